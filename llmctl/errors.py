@@ -1,0 +1,29 @@
+"""User-facing errors: each says what went wrong and what to do about it."""
+
+from __future__ import annotations
+
+
+class LlmctlError(Exception):
+    """A mistake or missing resource the user can fix; shown without a traceback."""
+
+    exit_code = 2
+
+
+class ModelNotFoundError(LlmctlError):
+    pass
+
+
+class ModelAccessError(LlmctlError):
+    """Gated or private repositories, or missing credentials."""
+
+
+class OfflineError(LlmctlError):
+    """The hub cannot be reached and nothing usable is cached."""
+
+
+class CorruptModelError(LlmctlError):
+    """A model file exists but cannot be parsed."""
+
+
+class UnsupportedModelError(LlmctlError):
+    pass

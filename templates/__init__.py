@@ -1,0 +1,1 @@
+"""Chat templates shipped with llmctl for models whose checkpoints carry none."""
