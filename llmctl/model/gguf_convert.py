@@ -225,6 +225,14 @@ def _save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
     logging.getLogger("transformers").setLevel(logging.ERROR)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     tokenizer.save_pretrained(str(out_dir))
+    # transformers 5 writes its own backend name and loader flags; a generic class name keeps
+    # the folder loadable by transformers 4.x and vLLM too.
+    config_path = out_dir / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_path.read_text(encoding="utf-8"))
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for key in ("is_local", "local_files_only", "backend"):
+        tokenizer_config.pop(key, None)
+    _write_json(config_path, tokenizer_config)
 
 
 def _write_card(out_dir: Path, meta: dict[str, Any], gguf_path: Path, base_model: str | None) -> None:
