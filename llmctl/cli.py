@@ -1,0 +1,120 @@
+"""The llmctl command line: thin commands over the shared core in llmctl.model."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from llmctl.errors import LlmctlError
+
+app = typer.Typer(
+    name="llmctl",
+    help="From a Hugging Face checkpoint to a measured service: inspect, license, ...",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+ModelArg = Annotated[
+    Optional[str],
+    typer.Argument(help="hub id (org/name), local model directory, .gguf file; omitted: the default model "
+                        "(SmolLM2-135M-Instruct)", show_default=False),
+]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="hub branch, tag or commit")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print machine-readable JSON instead of tables")]
+
+
+@app.command()
+def inspect(
+    model: ModelArg = None,
+    revision: RevisionOpt = None,
+    text: Annotated[Optional[str], typer.Option("--text", help="show the token ids and pieces of this text")] = None,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code",
+                                                    help="allow running the model's own Python code")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Architecture, parameters, KV cache size, tokenizer, chat template, license and backend of a model."""
+    from llmctl.display import print_json, render_inspect
+    from llmctl.model.report import build_inspect_report
+    from llmctl.model.source import resolve_model
+
+    source = resolve_model(model, revision, show_progress=not as_json)
+    report = build_inspect_report(source, text=text, trust_remote_code=trust_remote_code)
+    if as_json:
+        print_json(report)
+    else:
+        render_inspect(report)
+
+
+@app.command("license")
+def license_(
+    model: ModelArg = None,
+    revision: RevisionOpt = None,
+    require: Annotated[Optional[list[str]], typer.Option(
+        "--require", help="exit 1 unless the license allows it: commercial, derivatives, output-training "
+                          "(repeatable)")] = None,
+    write: Annotated[Optional[Path], typer.Option("--write", help="write LICENSE and NOTICE for a derived "
+                                                                   "artifact into this directory")] = None,
+    modification: Annotated[Optional[str], typer.Option(
+        "--modification", help="what the derived artifact changed, for NOTICE (e.g. 'quantized to 4-bit GPTQ')")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """What the model's license permits, with the clause for each answer."""
+    from llmctl.display import console, print_json, render_license
+    from llmctl.model.license import check_requirements, detect_license, write_license_files
+    from llmctl.model.source import resolve_model
+
+    source = resolve_model(model, revision, show_progress=not as_json)
+    report = detect_license(source)
+    failures = check_requirements(report, require or [])
+    written = write_license_files(report, write, source, modification=modification) if write else []
+    if as_json:
+        print_json({"report": report, "requirements": require or [], "unmet": failures,
+                    "written": [str(p) for p in written]})
+    else:
+        render_license(report)
+        for path in written:
+            console.print(f"wrote {path}")
+        for failure in failures:
+            console.print(f"[red]requirement not met: {failure}[/red]")
+    if failures:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    """Entry point: user errors print one line and exit 2; nothing prints a traceback."""
+    try:
+        app(standalone_mode=False)
+    except LlmctlError as exc:
+        _fail(str(exc), exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as exc:  # click usage errors and anything unexpected
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if isinstance(exc, click.exceptions.Abort):
+            _fail("aborted", 1)
+        if os.environ.get("LLMCTL_DEBUG"):
+            raise
+        _fail(f"internal error: {type(exc).__name__}: {exc} (set LLMCTL_DEBUG=1 for a traceback and "
+              "please report it)", 3)
+
+
+def _fail(message: str, code: int) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

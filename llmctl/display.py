@@ -1,0 +1,235 @@
+"""Rendering of command results: rich tables for people, JSON for machines."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from llmctl.model.license import LicenseReport
+from llmctl.model.license_db import Term
+from llmctl.model.report import InspectReport
+
+console = Console()
+
+_VERDICT_STYLE = {"yes": "green", "no": "red", "conditional": "yellow"}
+
+
+def to_jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False))
+
+
+def human_bytes(count: int | None) -> str:
+    if count is None:
+        return "?"
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
+        size /= 1024
+    return f"{count} B"
+
+
+def human_count(count: int | None) -> str:
+    if count is None:
+        return "?"
+    for threshold, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if count >= threshold:
+            return f"{count:,} ({count / threshold:.2f}{suffix})"
+    return f"{count:,}"
+
+
+def _facts_table(title: str) -> Table:
+    table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 2))
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column(overflow="fold")
+    return table
+
+
+def render_inspect(report: InspectReport) -> None:
+    spec, src = report.spec, report.source
+    console.print(f"[bold]{src.name}[/bold]  ({src.kind.value}: {src.path})")
+    if src.commit or src.revision:
+        console.print(f"revision: {src.revision or 'main'}" + (f" @ {src.commit}" if src.commit else ""))
+    if src.note:
+        console.print(f"[dim]{src.note}[/dim]")
+    console.print(_architecture_table(report))
+    console.print(_size_table(report))
+    console.print(_tokenizer_table(report))
+    if report.text_tokens is not None:
+        console.print(_tokens_table(report.text_tokens))
+    console.print(_misc_table(report))
+    for note in spec.notes:
+        console.print(f"[dim]note: {note}[/dim]")
+    for warning in report.warnings:
+        console.print(f"[yellow]warning: {warning}[/yellow]")
+
+
+def _architecture_table(report: InspectReport) -> Table:
+    spec = report.spec
+    att = spec.attention
+    table = _facts_table("Architecture")
+    table.add_row("model_type", spec.model_type)
+    table.add_row("architectures", ", ".join(spec.architectures) or "?")
+    table.add_row("structure", spec.structure)
+    table.add_row("layers", str(spec.num_layers))
+    table.add_row("hidden size", str(spec.hidden_size))
+    table.add_row("intermediate size", str(spec.intermediate_size))
+    heads = f"{att.num_heads} query / {att.num_kv_heads} KV, head_dim {att.head_dim}"
+    table.add_row("attention", f"{att.kind}: {heads}")
+    if att.kind == "MLA":
+        table.add_row("MLA ranks", f"q_lora {att.q_lora_rank}, kv_lora {att.kv_lora_rank}, qk_nope "
+                                   f"{att.qk_nope_head_dim}, qk_rope {att.qk_rope_head_dim}, v {att.v_head_dim}")
+    if att.sliding_window:
+        table.add_row("sliding window", f"{att.sliding_window} tokens on {att.sliding_layers} of "
+                                        f"{len(att.layer_types)} layers")
+    if att.qk_norm:
+        table.add_row("QK norm", "yes")
+    table.add_row("positional encoding", spec.positional.describe())
+    table.add_row("context length", f"{spec.max_context:,} ({spec.context_source})")
+    table.add_row("vocab size", f"{spec.vocab_size:,}")
+    if spec.moe:
+        moe = spec.moe
+        shared = f", {moe.num_shared_experts} shared" if moe.num_shared_experts else ""
+        table.add_row("MoE", f"{moe.num_experts} experts, top-{moe.top_k}{shared}, expert intermediate "
+                             f"{moe.expert_intermediate_size}; {len(moe.moe_layers)} MoE layers, "
+                             f"{len(moe.dense_layers)} dense")
+    lay = spec.layout
+    table.add_row("norm", f"{lay.norm}" + (", parallel residual" if lay.parallel_residual else ""))
+    biases = [name for name, on in (("qkv", lay.qkv_bias), ("o", lay.o_bias), ("mlp", lay.mlp_bias),
+                                    ("lm_head", lay.lm_head_bias)) if on]
+    table.add_row("biases", ", ".join(biases) or "none")
+    table.add_row("MLP", ("gated" if lay.gated_mlp else "plain") + (f" ({spec.activation})" if spec.activation else ""))
+    table.add_row("tied embeddings", "yes" if spec.tie_word_embeddings else "no")
+    table.add_row("dtype", spec.torch_dtype or "not stated")
+    table.add_row("quantization", spec.quantization.describe() if spec.quantization else "none")
+    table.add_row("remote code", "required (auto_map)" if spec.requires_remote_code
+                  else ("auto_map present, natively supported" if spec.auto_map else "not needed"))
+    return table
+
+
+def _size_table(report: InspectReport) -> Table:
+    w = report.weights
+    table = _facts_table("Parameters and size")
+    table.add_row("parameters", human_count(w.params) + f"  [dim]from {w.origin}[/dim]")
+    if w.params_from_headers is not None and w.params_from_config is not None:
+        check = "[green]agrees[/green]" if w.counts_agree else "[red]differs[/red]"
+        table.add_row("from config", f"{w.params_from_config:,} ({check})")
+    if report.spec.moe and w.active_params:
+        table.add_row("active per token", human_count(w.active_params))
+    if w.mtp_params:
+        table.add_row("MTP layers (apart)", human_count(w.mtp_params))
+    for dtype, size in sorted(w.bytes_by_dtype.items()):
+        table.add_row(f"bytes {dtype}", human_bytes(size))
+    if w.index_total_size is not None:
+        table.add_row("index total_size", f"{w.index_total_size:,} B ({human_bytes(w.index_total_size)})")
+    if w.rotary_buffer_elements:
+        table.add_row("rotary buffers (apart)", f"{w.rotary_buffer_elements:,} elements")
+    if w.quant_metadata_elements:
+        table.add_row("quant scales/zeros (apart)", f"{w.quant_metadata_elements:,} elements")
+    if w.note:
+        table.add_row("note", w.note)
+    kv = f"{report.kv_bytes_per_token_16bit:,} B at 16-bit"
+    if report.spec.dtype_bytes != 2:
+        kv += f", {report.kv_bytes_per_token_model_dtype:,} B at {report.spec.torch_dtype}"
+    table.add_row("KV cache per token", kv)
+    return table
+
+
+def _tokenizer_table(report: InspectReport) -> Table:
+    tok = report.tokenizer
+    table = _facts_table("Tokenizer")
+    table.add_row("class", tok.tokenizer_class or "?")
+    table.add_row("vocab size", f"{tok.vocab_size:,} ({tok.vocab_source})" if tok.vocab_size else "?")
+    for key, text in tok.special_tokens.items():
+        token_id = tok.special_token_ids.get(key)
+        table.add_row(key.replace("_token", ""), "-" if text is None else
+                      f"{text!r}" + (f" (id {token_id})" if token_id is not None else ""))
+    if tok.model_max_length:
+        table.add_row("model_max_length", f"{tok.model_max_length:,}")
+    template = tok.chat_template
+    table.add_row("chat template", "none — chat needs --chat-template" if template.text is None
+                  else f"from {template.source}" + (f" (named: {', '.join(template.names)})" if template.names else ""))
+    if tok.note:
+        table.add_row("note", tok.note)
+    return table
+
+
+def _tokens_table(tokens: list[tuple[int, str]]) -> Table:
+    table = Table(title=f"--text: {len(tokens)} tokens", title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("id", justify="right")
+    table.add_column("piece")
+    for position, (token_id, piece) in enumerate(tokens):
+        table.add_row(str(position), str(token_id), repr(piece))
+    return table
+
+
+def _misc_table(report: InspectReport) -> Table:
+    table = _facts_table("Serving")
+    gen = report.generation_defaults
+    table.add_row("generation defaults", ", ".join(f"{k}={v}" for k, v in gen.items()) if gen else "none")
+    lic = report.license
+    if lic.license:
+        table.add_row("license", f"{lic.license.id} — commercial use: {_verdict(lic.license.commercial)}")
+    else:
+        table.add_row("license", f"[yellow]{lic.declared or 'unknown'} — needs human review[/yellow]")
+    table.add_row("attention backend", f"{report.backend.backend}: {report.backend.reason}")
+    return table
+
+
+def _verdict(term: Term) -> str:
+    style = _VERDICT_STYLE.get(term.verdict, "white")
+    return f"[{style}]{term.verdict}[/{style}]"
+
+
+def render_license(report: LicenseReport) -> None:
+    console.print(f"[bold]{report.model}[/bold]" + (f"  (revision {report.revision})" if report.revision else ""))
+    info = report.license
+    if info is None:
+        console.print(f"[yellow]license: {report.declared or 'not found'} — not in llmctl's knowledge base; "
+                      "a human must review the terms[/yellow]")
+    else:
+        console.print(f"license: [bold]{info.name}[/bold] ({info.id})  {info.url}")
+        for line in report.evidence:
+            console.print(f"[dim]  found by: {line}[/dim]")
+        table = Table(show_header=True, header_style="bold")
+        table.add_column("question")
+        table.add_column("answer", no_wrap=True)
+        table.add_column("details", overflow="fold")
+        table.add_column("clause", overflow="fold")
+        rows = (("commercial use", info.commercial),
+                ("redistribute derivatives (e.g. quantized weights)", info.derivatives),
+                ("attribution required", info.attribution),
+                ("use restrictions", info.use_restrictions),
+                ("train other models on outputs", info.output_training))
+        for question, term in rows:
+            table.add_row(question, _verdict(term), term.summary, term.clause)
+        console.print(table)
+        if info.obligations:
+            console.print("[bold]A redistributed derivative must:[/bold]")
+            for text in info.obligations:
+                console.print(f"  • {text}")
+    if report.base_model:
+        console.print(f"base model: {report.base_model}")
+    for warning in report.warnings:
+        console.print(f"[yellow]warning: {warning}[/yellow]")

@@ -1,0 +1,136 @@
+"""Everything `llmctl inspect` knows about a model, gathered from its metadata files only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmctl.errors import CorruptModelError
+from llmctl.model.attention_backend import BackendChoice, choose_attention_backend
+from llmctl.model.license import LicenseReport, detect_license
+from llmctl.model.params import ConfigParamCount, TensorCount, count_from_config, count_from_tensors
+from llmctl.model.safetensors import WeightHeaders, read_weight_headers
+from llmctl.model.source import ModelSource, read_json
+from llmctl.model.spec import ModelSpec
+from llmctl.model.tokenizer import TokenizerFacts, generation_defaults, load_tokenizer, tokenize_text, tokenizer_facts
+
+
+@dataclass
+class WeightsSummary:
+    """Parameter counts and bytes, from safetensors headers where possible, else the config."""
+
+    origin: str  # where the exact numbers come from
+    params: int | None  # the best count: headers when read, else config
+    params_from_headers: int | None
+    params_from_config: int | None
+    active_params: int | None  # per token (MoE routes to top-k experts)
+    counts_agree: bool | None
+    bytes_by_dtype: dict[str, int] = field(default_factory=dict)
+    total_bytes: int | None = None
+    index_total_size: int | None = None
+    rotary_buffer_elements: int = 0
+    quant_metadata_elements: int = 0
+    mtp_params: int = 0
+    note: str | None = None
+
+
+@dataclass
+class InspectReport:
+    source: ModelSource
+    spec: ModelSpec
+    config_params: ConfigParamCount | None
+    weights: WeightsSummary
+    kv_bytes_per_token_16bit: int
+    kv_bytes_per_token_model_dtype: int
+    tokenizer: TokenizerFacts
+    generation_defaults: dict[str, Any]
+    license: LicenseReport
+    backend: BackendChoice
+    text_tokens: list[tuple[int, str]] | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def load_config(source: ModelSource) -> dict[str, Any]:
+    path = source.file("config.json")
+    if path is None:
+        raise CorruptModelError(
+            f"{source.name} has no config.json: it is not a transformers model repository "
+            "(pass a model folder or a hub id of a model)"
+        )
+    return read_json(path)
+
+
+def load_spec(source: ModelSource) -> ModelSpec:
+    return ModelSpec.from_config(load_config(source))
+
+
+def build_inspect_report(source: ModelSource, *, text: str | None = None,
+                         trust_remote_code: bool = False) -> InspectReport:
+    spec = load_spec(source)
+    config_count = count_from_config(spec)
+    headers = read_weight_headers(source)
+    weights = summarize_weights(spec, config_count, headers)
+    tokenizer = tokenizer_facts(source, spec.model_type, spec.vocab_size, trust_remote_code=trust_remote_code)
+    text_tokens = None
+    if text is not None:
+        text_tokens = _tokenize(source, tokenizer, text, trust_remote_code)
+    warnings = list(spec.warnings)
+    if spec.requires_remote_code and not trust_remote_code:
+        warnings.append("this model needs remote code (auto_map); llmctl never runs it unless you pass "
+                        "--trust-remote-code")
+    if weights.counts_agree is False:
+        warnings.append(f"parameter count from headers ({weights.params_from_headers:,}) differs from the "
+                        f"config-derived count ({weights.params_from_config:,})")
+    license_report = detect_license(source)
+    return InspectReport(
+        source=source, spec=spec, config_params=config_count, weights=weights,
+        kv_bytes_per_token_16bit=spec.kv_bytes_per_token(2),
+        kv_bytes_per_token_model_dtype=spec.kv_bytes_per_token(spec.dtype_bytes),
+        tokenizer=tokenizer, generation_defaults=generation_defaults(source),
+        license=license_report, backend=choose_attention_backend(spec),
+        text_tokens=text_tokens, warnings=warnings,
+    )
+
+
+def summarize_weights(spec: ModelSpec, config_count: ConfigParamCount | None, headers: WeightHeaders) -> WeightsSummary:
+    from_config = config_count.total if config_count else None
+    active = config_count.active if config_count else None
+    if headers.tensors:
+        counted: TensorCount = count_from_tensors(headers.tensors, spec)
+        agree = None if from_config is None else counted.total == from_config
+        return WeightsSummary(
+            origin=headers.origin, params=counted.total, params_from_headers=counted.total,
+            params_from_config=from_config, active_params=active, counts_agree=agree,
+            bytes_by_dtype=counted.bytes_by_dtype, total_bytes=counted.total_bytes,
+            index_total_size=headers.index_total_size, rotary_buffer_elements=counted.rotary_buffers,
+            quant_metadata_elements=counted.quant_metadata, mtp_params=counted.mtp,
+        )
+    dtype = spec.torch_dtype or "bfloat16"
+    total_bytes = headers.index_total_size
+    note = "computed from config.json"
+    if headers.reason:
+        note += f" (safetensors headers unavailable: {headers.reason})"
+    rotary = sum(1 for name in headers.index_tensor_names if name.endswith("rotary_emb.inv_freq"))
+    if rotary:
+        note += f"; the index also lists {rotary} rotary inv_freq buffers (not parameters)"
+    if total_bytes is None and from_config is not None and spec.quantization is None:
+        total_bytes = from_config * spec.dtype_bytes
+        note += f"; bytes estimated at {spec.dtype_bytes} per parameter ({dtype})"
+    elif total_bytes is None and spec.quantization is not None:
+        note += "; bytes not estimated: quantized checkpoint without headers or index"
+    label = spec.torch_dtype or "dtype not stated"
+    return WeightsSummary(
+        origin="config" if headers.origin == "none" else f"config + {headers.origin}",
+        params=from_config, params_from_headers=None, params_from_config=from_config, active_params=active,
+        counts_agree=None, bytes_by_dtype={label: total_bytes} if total_bytes else {}, total_bytes=total_bytes,
+        index_total_size=headers.index_total_size,
+        mtp_params=config_count.mtp if config_count else 0, note=note,
+    )
+
+
+def _tokenize(source: ModelSource, facts: TokenizerFacts, text: str, trust_remote_code: bool) -> list[tuple[int, str]]:
+    from llmctl.errors import LlmctlError
+
+    if not facts.loaded:
+        raise LlmctlError(f"cannot tokenize --text: {facts.note or 'the tokenizer could not be loaded'}")
+    return tokenize_text(load_tokenizer(source, trust_remote_code=trust_remote_code), text)
