@@ -142,8 +142,8 @@ def _size_table(report: InspectReport) -> Table:
         table.add_row(f"bytes {dtype}", human_bytes(size))
     if w.index_total_size is not None:
         table.add_row("index total_size", f"{w.index_total_size:,} B ({human_bytes(w.index_total_size)})")
-    if w.rotary_buffer_elements:
-        table.add_row("rotary buffers (apart)", f"{w.rotary_buffer_elements:,} elements")
+    if w.buffer_elements:
+        table.add_row("buffers (apart)", f"{w.buffer_elements:,} elements")
     if w.quant_metadata_elements:
         table.add_row("quant scales/zeros (apart)", f"{w.quant_metadata_elements:,} elements")
     if w.note:

@@ -15,7 +15,9 @@ SAFETENSORS_DTYPE_BYTES = {
     "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
     "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1,
 }
-ROTARY_BUFFER = re.compile(r"rotary_emb\.(inv_freq|cos_cached|sin_cached)$")
+# Buffers that checkpoints store beside the weights: rotary caches (old Llama checkpoints) and
+# DeepSeek-V3's router score-correction bias (a buffer in transformers, not a parameter).
+BUFFER = re.compile(r"(rotary_emb\.(inv_freq|cos_cached|sin_cached)|e_score_correction_bias)$")
 # Tensors that describe quantized weights rather than being weights themselves.
 QUANT_METADATA = re.compile(
     r"\.(qzeros|scales|g_idx|weight_scale|weight_scale_inv|input_scale|weight_zero_point|"
@@ -44,7 +46,7 @@ class TensorCount:
     total: int = 0
     bytes_by_dtype: dict[str, int] = field(default_factory=dict)
     params_by_dtype: dict[str, int] = field(default_factory=dict)
-    rotary_buffers: int = 0  # elements in rotary caches saved by old checkpoints
+    buffers: int = 0  # elements in rotary caches and router bias buffers
     quant_metadata: int = 0  # elements in scales / zeros / g_idx tensors
     packed_int4_tensors: int = 0
     skipped_tied_head: bool = False
@@ -129,7 +131,7 @@ def _moe_params(spec: ModelSpec) -> tuple[int, int]:
     moe, h = spec.moe, spec.hidden_size
     assert moe is not None
     expert = _mlp_params(h, moe.expert_intermediate_size, spec.layout.gated_mlp, False)
-    router = h * moe.num_experts + (moe.num_experts if moe.router_bias else 0)
+    router = h * moe.num_experts  # router_bias is a buffer, reported apart from parameters
     shared = 0
     if moe.shared_expert_intermediate_size:
         shared = _mlp_params(h, moe.shared_expert_intermediate_size, spec.layout.gated_mlp, False)
@@ -169,8 +171,8 @@ def count_from_tensors(tensors: dict[str, tuple[str, tuple[int, ...]]], spec: Mo
             elements *= int(dim)
         bytes_by_dtype[dtype] += elements * SAFETENSORS_DTYPE_BYTES.get(dtype, 0)
         result.tensor_count += 1
-        if ROTARY_BUFFER.search(name):
-            result.rotary_buffers += elements
+        if BUFFER.search(name):
+            result.buffers += elements
             continue
         if QUANT_METADATA.search(name):
             result.quant_metadata += elements

@@ -28,7 +28,7 @@ class WeightsSummary:
     bytes_by_dtype: dict[str, int] = field(default_factory=dict)
     total_bytes: int | None = None
     index_total_size: int | None = None
-    rotary_buffer_elements: int = 0
+    buffer_elements: int = 0
     quant_metadata_elements: int = 0
     mtp_params: int = 0
     note: str | None = None
@@ -102,7 +102,7 @@ def summarize_weights(spec: ModelSpec, config_count: ConfigParamCount | None, he
             origin=headers.origin, params=counted.total, params_from_headers=counted.total,
             params_from_config=from_config, active_params=active, counts_agree=agree,
             bytes_by_dtype=counted.bytes_by_dtype, total_bytes=counted.total_bytes,
-            index_total_size=headers.index_total_size, rotary_buffer_elements=counted.rotary_buffers,
+            index_total_size=headers.index_total_size, buffer_elements=counted.buffers,
             quant_metadata_elements=counted.quant_metadata, mtp_params=counted.mtp,
         )
     dtype = spec.torch_dtype or "bfloat16"

