@@ -88,7 +88,7 @@ def license_(
 def main() -> None:
     """Entry point: user errors print one line and exit 2; nothing prints a traceback."""
     try:
-        app(standalone_mode=False)
+        result = app(standalone_mode=False)  # returns the exit code of typer.Exit in this mode
     except LlmctlError as exc:
         _fail(str(exc), exc.exit_code)
     except typer.Exit as exc:
@@ -107,6 +107,7 @@ def main() -> None:
             raise
         _fail(f"internal error: {type(exc).__name__}: {exc} (set LLMCTL_DEBUG=1 for a traceback and "
               "please report it)", 3)
+    sys.exit(result if isinstance(result, int) else 0)
 
 
 def _fail(message: str, code: int) -> None:
