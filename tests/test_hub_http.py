@@ -1,0 +1,84 @@
+"""The real huggingface_hub code path against a hub-like server on 127.0.0.1: remote
+safetensors headers by HTTP range requests (no weights downloaded), gated and missing repos."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli
+from fake_hub import FakeHub, FakeRepo
+from safetensors.torch import save
+
+WEIGHTS = {
+    "model.embed_tokens.weight": torch.zeros(1000, 256),
+    "model.layers.0.self_attn.q_proj.weight": torch.zeros(256, 256),
+    "model.layers.0.self_attn.k_proj.weight": torch.zeros(128, 256),
+    "model.layers.0.self_attn.v_proj.weight": torch.zeros(128, 256),
+    "model.layers.0.self_attn.o_proj.weight": torch.zeros(256, 256),
+    "model.layers.0.mlp.gate_proj.weight": torch.zeros(512, 256),
+    "model.layers.0.mlp.up_proj.weight": torch.zeros(512, 256),
+    "model.layers.0.mlp.down_proj.weight": torch.zeros(256, 512),
+    "model.layers.0.input_layernorm.weight": torch.zeros(256),
+    "model.layers.0.post_attention_layernorm.weight": torch.zeros(256),
+    "model.norm.weight": torch.zeros(256),
+}
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+          "intermediate_size": 512, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "vocab_size": 1000, "max_position_embeddings": 2048, "tie_word_embeddings": True,
+          "torch_dtype": "float32"}
+
+
+@pytest.fixture()
+def hub(tmp_path: Path):
+    fake = FakeHub(repos={
+        "acme/tiny": FakeRepo(files={
+            "config.json": json.dumps(CONFIG).encode(),
+            "README.md": b"---\nlicense: apache-2.0\n---\n# tiny\n",
+            "model.safetensors": save(WEIGHTS),
+        }),
+        "acme/gated": FakeRepo(files={}, gated=True),
+    })
+    url = fake.start()
+    env = {"HF_ENDPOINT": url, "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(tmp_path / "cache"),
+           "HF_HUB_DISABLE_XET": "1"}
+    yield fake, env
+    fake.stop()
+
+
+def test_remote_headers_by_range_requests_without_downloading_weights(hub) -> None:
+    fake, env = hub
+    result = run_cli("inspect", "acme/tiny", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    expected = sum(t.numel() for t in WEIGHTS.values())
+    assert report["weights"]["origin"] == "remote headers (HTTP range requests)"
+    assert report["weights"]["params_from_headers"] == expected == report["weights"]["params_from_config"]
+    assert report["license"]["license"]["id"] == "apache-2.0"
+    weight_gets = [(m, r) for m, p, r in fake.requests if m == "GET" and p.endswith("model.safetensors")]
+    assert weight_gets and all(r is not None for _, r in weight_gets)  # only ranged reads of the header
+    assert not list(Path(env["HF_HUB_CACHE"]).rglob("model.safetensors"))  # weights never reached the cache
+
+
+def test_gated_repo_is_one_line_with_what_to_do(hub) -> None:
+    _, env = hub
+    result = run_cli("inspect", "acme/gated", env=env)
+    assert result.returncode == 2
+    assert "acme/gated is gated" in result.stderr and "HF_TOKEN" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_repo_is_one_line_with_what_to_do(hub) -> None:
+    _, env = hub
+    result = run_cli("license", "acme/nothing-here", env=env)
+    assert result.returncode == 2
+    assert "was not found on the hub" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_no_network_and_no_cache(tmp_path: Path) -> None:
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(tmp_path / "c")}
+    result = run_cli("inspect", "acme/tiny", env=env)
+    assert result.returncode == 2
+    assert "not in the local cache" in result.stderr and "hub cannot be reached" in result.stderr
