@@ -82,3 +82,19 @@ def test_no_network_and_no_cache(tmp_path: Path) -> None:
     result = run_cli("inspect", "acme/tiny", env=env)
     assert result.returncode == 2
     assert "not in the local cache" in result.stderr and "hub cannot be reached" in result.stderr
+
+
+def test_default_model_comes_from_the_hub_when_reachable(tmp_path: Path) -> None:
+    fake = FakeHub(repos={"HuggingFaceTB/SmolLM2-135M-Instruct": FakeRepo(files={
+        "config.json": json.dumps(CONFIG).encode(), "model.safetensors": save(WEIGHTS)})})
+    url = fake.start()
+    try:
+        env = {"HF_ENDPOINT": url, "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(tmp_path / "cache"),
+               "HF_HUB_DISABLE_XET": "1"}
+        result = run_cli("inspect", "--json", env=env)
+    finally:
+        fake.stop()
+    assert result.returncode == 0, result.stderr
+    source = json.loads(result.stdout)["source"]
+    assert source["kind"] == "hub" and source["repo_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert source["note"] is None  # not the GGUF fallback

@@ -1,0 +1,73 @@
+"""The `llmctl` command as a user runs it: tables, --json, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from hubcache import fixture_repos
+
+INSPECTABLE = [r for r in fixture_repos() if r != "Qwen/Qwen2.5-7B-Instruct"]  # that one is a card only
+
+
+@pytest.mark.parametrize("repo_id", INSPECTABLE)
+def test_inspect_every_fixture_as_json(repo_id: str) -> None:
+    result = run_cli("inspect", repo_id, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["source"]["repo_id"] == repo_id
+    assert report["spec"]["num_layers"] > 0 and report["weights"]["params"] > 0
+    assert report["kv_bytes_per_token_16bit"] > 0
+    assert report["license"]["license"]["id"]
+    assert report["backend"]["backend"] in ("torch-sdpa", "triton", "flash-attn")
+
+
+def test_inspect_bloom_table() -> None:
+    result = run_cli("inspect", "bigscience/bloom")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for text in ("ALiBi", "176,247,271,424", "4,014,080", "decoder-only", "templates/bloom.jinja",
+                 "bigscience-bloom-rail-1.0", "FlashAttention 3 has no ALiBi"):
+        assert text in out, text
+
+
+def test_inspect_qwen1_needs_remote_code() -> None:
+    result = run_cli("inspect", "Qwen/Qwen-72B")
+    assert result.returncode == 0
+    assert "--trust-remote-code" in result.stdout and "QWenTokenizer" in result.stdout
+
+
+def test_inspect_default_model_with_text(default_source) -> None:
+    result = run_cli("inspect", "--text", "Bonjour, café ☕", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    pieces = [piece for _, piece in report["text_tokens"]]
+    assert "".join(pieces).replace("\ufffd", "") in ("Bonjour, café ☕", "Bonjour, café ")
+    assert report["source"]["name"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert report["tokenizer"]["chat_template"]["source"] == "chat_template.jinja"
+    assert report["weights"]["counts_agree"] is True
+
+
+def test_help_lists_only_built_commands() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    assert "inspect" in result.stdout and "license" in result.stdout
+    for absent in ("serve", "quantize", "bench", "plan"):
+        assert f" {absent} " not in result.stdout
+
+
+def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{broken")
+    result = run_cli("inspect", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: config.json in") and "Traceback" not in result.stderr
+    missing = run_cli("inspect", "nobody/nothing")
+    assert missing.returncode == 2 and "hf download nobody/nothing" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+def test_text_needs_a_tokenizer() -> None:
+    result = run_cli("inspect", "bigscience/bloom", "--text", "hi")
+    assert result.returncode == 2 and "cannot tokenize --text" in result.stderr
