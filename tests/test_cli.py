@@ -71,3 +71,12 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
 def test_text_needs_a_tokenizer() -> None:
     result = run_cli("inspect", "bigscience/bloom", "--text", "hi")
     assert result.returncode == 2 and "cannot tokenize --text" in result.stderr
+
+
+def test_card_only_repo_is_not_a_model_but_has_a_license() -> None:
+    result = run_cli("inspect", "Qwen/Qwen2.5-7B-Instruct")
+    assert result.returncode == 2 and "has no config.json" in result.stderr
+    license_result = run_cli("license", "Qwen/Qwen2.5-7B-Instruct", "--json")
+    assert license_result.returncode == 0
+    report = json.loads(license_result.stdout)["report"]
+    assert report["license"]["id"] == "apache-2.0" and report["base_model"] == "Qwen/Qwen2.5-7B"
