@@ -197,8 +197,11 @@ def _misc_table(report: InspectReport) -> Table:
     return table
 
 
-def _verdict(term: Term) -> str:
+def _verdict(term: Term, *, obligation: bool = False) -> str:
+    """Colour a verdict; for obligations (attribution, restrictions) "yes" is the caution."""
     style = _VERDICT_STYLE.get(term.verdict, "white")
+    if obligation:
+        style = {"yes": "yellow", "no": "green"}.get(term.verdict, style)
     return f"[{style}]{term.verdict}[/{style}]"
 
 
@@ -217,13 +220,13 @@ def render_license(report: LicenseReport) -> None:
         table.add_column("answer", no_wrap=True)
         table.add_column("details", overflow="fold")
         table.add_column("clause", overflow="fold")
-        rows = (("commercial use", info.commercial),
-                ("redistribute derivatives (e.g. quantized weights)", info.derivatives),
-                ("attribution required", info.attribution),
-                ("use restrictions", info.use_restrictions),
-                ("train other models on outputs", info.output_training))
-        for question, term in rows:
-            table.add_row(question, _verdict(term), term.summary, term.clause)
+        rows = (("commercial use", info.commercial, False),
+                ("redistribute derivatives (e.g. quantized weights)", info.derivatives, False),
+                ("attribution required", info.attribution, True),
+                ("use restrictions", info.use_restrictions, True),
+                ("train other models on outputs", info.output_training, False))
+        for question, term, obligation in rows:
+            table.add_row(question, _verdict(term, obligation=obligation), term.summary, term.clause)
         console.print(table)
         if info.obligations:
             console.print("[bold]A redistributed derivative must:[/bold]")
