@@ -28,6 +28,22 @@ RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="hub bran
 JsonOpt = Annotated[bool, typer.Option("--json", help="print machine-readable JSON instead of tables")]
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from llmctl import __version__
+
+        print(f"llmctl {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """From a Hugging Face checkpoint to a measured service."""
+
+
 @app.command()
 def inspect(
     model: ModelArg = None,
@@ -96,12 +112,12 @@ def main() -> None:
     except KeyboardInterrupt:
         _fail("interrupted", 130)
     except Exception as exc:  # click usage errors and anything unexpected
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `llmctl`: the help was printed
+            sys.exit(0)
+        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):  # click's usage errors
             exc.show()
             sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
+        if type(exc).__name__ == "Abort":
             _fail("aborted", 1)
         if os.environ.get("LLMCTL_DEBUG"):
             raise

@@ -80,3 +80,11 @@ def test_card_only_repo_is_not_a_model_but_has_a_license() -> None:
     assert license_result.returncode == 0
     report = json.loads(license_result.stdout)["report"]
     assert report["license"]["id"] == "apache-2.0" and report["base_model"] == "Qwen/Qwen2.5-7B"
+
+
+def test_usage_errors_and_version() -> None:
+    bogus = run_cli("inspect", "--bogus")
+    assert bogus.returncode == 2 and "No such option" in bogus.stderr and "Traceback" not in bogus.stderr
+    assert run_cli().returncode == 0  # bare `llmctl` shows help
+    version = run_cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith("llmctl ")

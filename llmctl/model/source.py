@@ -50,6 +50,7 @@ METADATA_PATTERNS = [
     "model.safetensors.index.json",
     "quantize_config.json",
     "quant_config.json",
+    "*.py",  # remote-code models' modules: fetched so --trust-remote-code can run them, never run otherwise
 ]
 WEIGHT_PATTERNS = ["*.safetensors"]
 
