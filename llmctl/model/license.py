@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from llmctl.errors import LlmctlError
-from llmctl.model.license_db import CONDITIONAL, NO, YES, LicenseInfo, Term, lookup, match_text
+from llmctl.model.license_db import NO, YES, LicenseInfo, Term, lookup, match_text
 from llmctl.model.source import ModelSource
 
 LICENSE_FILE_NAMES = ("LICENSE", "LICENSE.txt", "LICENSE.md", "LICENSE-MODEL", "LICENSE_MODEL", "LICENCE",
@@ -184,7 +184,3 @@ def _notice_text(report: LicenseReport, source: ModelSource, modification: str |
     if info and info.use_restrictions.verdict == YES:
         lines += ["", f"Use restrictions: {info.use_restrictions.summary} ({info.use_restrictions.clause})."]
     return "\n".join(lines) + "\n"
-
-
-def verdict_label(term: Term) -> str:
-    return {YES: "yes", NO: "no", CONDITIONAL: "conditional"}.get(term.verdict, term.verdict)

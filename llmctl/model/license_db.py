@@ -70,11 +70,13 @@ def _rail(id_: str, name: str, url: str, section: str, signatures: tuple[str, ..
 
 def _llama(id_: str, version: str, release: str, url: str, *, built_with: str | None, name_prefix: str | None,
            outputs_restricted: bool, aup: str, extra_use: str = "") -> LicenseInfo:
-    notice = (f"Llama 2 is licensed under the LLAMA 2 Community License, Copyright (c) Meta Platforms, Inc. "
-              f"All Rights Reserved." if version == "2" else
-              f"{'Meta ' if version == '3' else ''}Llama {version} is licensed under the "
-              f"{'Meta ' if version == '3' else ''}Llama {version} Community License, Copyright © Meta "
-              f"Platforms, Inc. All Rights Reserved.")
+    if version == "2":
+        notice = "Llama 2 is licensed under the LLAMA 2 Community License, Copyright (c) Meta Platforms, Inc. " \
+                 "All Rights Reserved."
+    else:
+        brand = "Meta " if version == "3" else ""  # only Llama 3's texts say "Meta Llama"
+        notice = (f"{brand}Llama {version} is licensed under the {brand}Llama {version} Community License, "
+                  "Copyright © Meta Platforms, Inc. All Rights Reserved.")
     obligations = [f"provide a copy of the Llama {version} Community License Agreement with the weights (§1.b.i)"]
     if built_with:
         obligations.append(f"prominently display “{built_with}” on a related website, user interface, blog post, "

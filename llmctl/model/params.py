@@ -81,7 +81,7 @@ def count_from_config(spec: ModelSpec) -> ConfigParamCount | None:
         if moe is not None and layer in moe.moe_layers:
             total, active = _moe_params(spec)
         else:
-            total = active = _mlp_params(h, _dense_intermediate(spec), lay.gated_mlp, lay.mlp_bias)
+            total = active = _mlp_params(h, spec.intermediate_size, lay.gated_mlp, lay.mlp_bias)
         mlp_total += total
         mlp_active += active
     attention = attention_per_layer * spec.num_layers
@@ -92,10 +92,6 @@ def count_from_config(spec: ModelSpec) -> ConfigParamCount | None:
         embedding=embedding, attention=attention, mlp=mlp_total, norms=norms, lm_head=lm_head,
         total=total, active=active, mtp=_mtp_params(spec),
     )
-
-
-def _dense_intermediate(spec: ModelSpec) -> int:
-    return spec.intermediate_size
 
 
 def _attention_params(spec: ModelSpec) -> int:

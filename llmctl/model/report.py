@@ -5,14 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmctl.errors import CorruptModelError
+from llmctl.errors import CorruptModelError, LlmctlError
 from llmctl.model.attention_backend import BackendChoice, choose_attention_backend
 from llmctl.model.license import LicenseReport, detect_license
 from llmctl.model.params import ConfigParamCount, TensorCount, count_from_config, count_from_tensors
 from llmctl.model.safetensors import WeightHeaders, read_weight_headers
 from llmctl.model.source import ModelSource, read_json
 from llmctl.model.spec import ModelSpec
-from llmctl.model.tokenizer import TokenizerFacts, generation_defaults, load_tokenizer, tokenize_text, tokenizer_facts
+from llmctl.model.tokenizer import (
+    TokenizerFacts,
+    describe_tokenizer,
+    generation_defaults,
+    tokenize_text,
+    try_load_tokenizer,
+)
 
 
 @dataclass
@@ -70,10 +76,13 @@ def build_inspect_report(source: ModelSource, *, text: str | None = None,
     config_count = count_from_config(spec)
     headers = read_weight_headers(source)
     weights = summarize_weights(spec, config_count, headers)
-    tokenizer = tokenizer_facts(source, spec.model_type, spec.vocab_size, trust_remote_code=trust_remote_code)
+    loaded, why_not = try_load_tokenizer(source, trust_remote_code=trust_remote_code)
+    tokenizer = describe_tokenizer(source, spec.model_type, spec.vocab_size, loaded, why_not)
     text_tokens = None
     if text is not None:
-        text_tokens = _tokenize(source, tokenizer, text, trust_remote_code)
+        if loaded is None:
+            raise LlmctlError(f"cannot tokenize --text: {why_not or 'the tokenizer could not be loaded'}")
+        text_tokens = tokenize_text(loaded, text)  # the tokenizer loaded above, not a second load
     warnings = list(spec.warnings)
     if spec.requires_remote_code and not trust_remote_code:
         warnings.append("this model needs remote code (auto_map); llmctl never runs it unless you pass "
@@ -126,11 +135,3 @@ def summarize_weights(spec: ModelSpec, config_count: ConfigParamCount | None, he
         index_total_size=headers.index_total_size,
         mtp_params=config_count.mtp if config_count else 0, note=note,
     )
-
-
-def _tokenize(source: ModelSource, facts: TokenizerFacts, text: str, trust_remote_code: bool) -> list[tuple[int, str]]:
-    from llmctl.errors import LlmctlError
-
-    if not facts.loaded:
-        raise LlmctlError(f"cannot tokenize --text: {facts.note or 'the tokenizer could not be loaded'}")
-    return tokenize_text(load_tokenizer(source, trust_remote_code=trust_remote_code), text)

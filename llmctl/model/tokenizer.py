@@ -36,8 +36,26 @@ class TokenizerFacts:
 
 
 def tokenizer_facts(source: ModelSource, model_type: str, config_vocab: int, *, trust_remote_code: bool = False) -> TokenizerFacts:
+    tokenizer, note = try_load_tokenizer(source, trust_remote_code=trust_remote_code)
+    return describe_tokenizer(source, model_type, config_vocab, tokenizer, note)
+
+
+def try_load_tokenizer(source: ModelSource, *, trust_remote_code: bool = False) -> tuple[Any | None, str | None]:
+    """The tokenizer when it can be loaded, else None and the reason why not."""
+    if not any(source.file(name) for name in TOKENIZER_FILES):
+        return None, "no tokenizer files in the checkpoint: facts from tokenizer_config.json"
+    if _needs_remote_code(_tokenizer_config(source)) and not trust_remote_code:
+        return None, "the tokenizer is remote code: not loaded (pass --trust-remote-code to run it)"
+    try:
+        return load_tokenizer(source, trust_remote_code=trust_remote_code), None
+    except LlmctlError as exc:
+        return None, str(exc)
+
+
+def describe_tokenizer(source: ModelSource, model_type: str, config_vocab: int, tokenizer: Any | None,
+                       note: str | None) -> TokenizerFacts:
+    """Facts from the loaded tokenizer, or from its config files when it is not loaded."""
     tok_config = _tokenizer_config(source)
-    template = resolve_chat_template(source, model_type)
     facts = TokenizerFacts(
         tokenizer_class=tok_config.get("tokenizer_class"),
         loaded=False,
@@ -45,18 +63,10 @@ def tokenizer_facts(source: ModelSource, model_type: str, config_vocab: int, *, 
         vocab_source="config.json vocab_size",
         special_tokens=_special_tokens(source, tok_config),
         model_max_length=_max_length(tok_config.get("model_max_length")),
-        chat_template=template,
+        chat_template=resolve_chat_template(source, model_type),
+        note=note,
     )
-    if not any(source.file(name) for name in TOKENIZER_FILES):
-        facts.note = "no tokenizer files in the checkpoint: facts from tokenizer_config.json"
-        return facts
-    if _needs_remote_code(tok_config) and not trust_remote_code:
-        facts.note = "the tokenizer is remote code: not loaded (pass --trust-remote-code to run it)"
-        return facts
-    try:
-        tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
-    except LlmctlError as exc:
-        facts.note = str(exc)
+    if tokenizer is None:
         return facts
     facts.loaded = True
     facts.vocab_size = len(tokenizer)
