@@ -14,6 +14,8 @@ from rich.table import Table
 from llmctl.model.license import LicenseReport
 from llmctl.model.license_db import Term
 from llmctl.model.report import InspectReport
+from llmctl.plan.planner import LayoutPlan
+from llmctl.plan.planner import Plan as PlanResult
 
 console = Console()
 
@@ -236,3 +238,90 @@ def render_license(report: LicenseReport) -> None:
         console.print(f"base model: {report.base_model}")
     for warning in report.warnings:
         console.print(f"[yellow]warning: {warning}[/yellow]")
+
+
+def plan_to_dict(plan: PlanResult) -> dict[str, Any]:
+    """The plan for machines: every layout with its numbers in bytes, tokens and sequences."""
+    def layout(l: LayoutPlan) -> dict[str, Any]:
+        return {
+            "tp": l.tp, "pp": l.pp, "replicas": l.replicas, "gpus_per_replica": l.gpus_per_replica,
+            "feasible": l.feasible, "problems": l.problems,
+            "weights_bytes_per_gpu": l.weights_bytes, "non_kv_bytes_per_gpu": l.non_kv_bytes,
+            "kv_cache_bytes_per_gpu": l.kv_bytes, "kv_blocks": l.kv_blocks, "kv_tokens": l.kv_tokens,
+            "max_concurrency": round(l.max_concurrency, 4), "max_model_len_that_fits": l.max_model_len_that_fits,
+            "stages": to_jsonable(l.stages),
+        }
+
+    req = plan.request
+    return {
+        "model": plan.model,
+        "gpu": {"type": req.gpu.key, "name": req.gpu.name, "memory_bytes": req.gpu.memory_bytes,
+                "count": req.gpus, "nodes": req.nodes, "gpus_per_node": req.gpus_per_node},
+        "settings": {"gpu_memory_utilization": req.gpu_memory_utilization, "dtype": plan.dtype,
+                     "weights": plan.weight_format, "kv_cache_dtype_bytes": plan.kv_dtype_bytes,
+                     "max_model_len": plan.max_model_len, "max_num_seqs": req.max_num_seqs,
+                     "max_num_batched_tokens": req.max_num_batched_tokens, "block_size": req.block_size,
+                     "expert_parallel": req.expert_parallel, "min_concurrency": req.min_concurrency},
+        "params": {"total": plan.total_params, "active": plan.active_params},
+        "kv_bytes_per_token": plan.kv_bytes_per_token_model,
+        "recommended": layout(plan.recommended) if plan.recommended else None,
+        "layouts": [layout(l) for l in plan.layouts],
+        "suggestions": plan.suggestions, "notes": plan.notes, "commands": plan.commands,
+        "vllm_log": plan.vllm_log,
+    }
+
+
+def render_plan(plan: PlanResult, gpu_note: str | None = None) -> None:
+    req, spec = plan.request, plan.spec
+    params = f"{human_count(plan.total_params)} parameters"
+    if plan.active_params and plan.total_params and plan.active_params != plan.total_params:
+        params += f" ({human_count(plan.active_params)} active per token)"
+    console.print(f"[bold]{plan.model}[/bold]  {spec.num_layers} layers, {params}")
+    console.print(
+        f"{req.gpus} × {req.gpu.name} ({req.gpu.memory_gib:.2f} GiB"
+        + (f", {req.nodes} nodes" if req.nodes > 1 else "") + f"), utilization {req.gpu_memory_utilization:g}; "
+        f"weights {plan.weight_format}, KV {plan.kv_dtype_bytes * 8}-bit "
+        f"({plan.kv_bytes_per_token_model:,} bytes/token before TP); max-model-len {plan.max_model_len:,}")
+    if gpu_note:
+        console.print(f"[yellow]{gpu_note}[/yellow]")
+    table = Table(title="layouts considered", title_justify="left")
+    for column in ("TP", "PP", "replicas", "weights/GPU", "other/GPU", "KV/GPU", "KV tokens",
+                   f"seqs @ {plan.max_model_len:,}", "verdict"):
+        table.add_column(column, justify="right" if column != "verdict" else "left", overflow="fold")
+    for l in plan.layouts:
+        chosen = l is plan.recommended
+        verdict = "[bold green]recommended[/bold green]" if chosen else (
+            "[green]fits[/green]" if l.feasible else f"[red]{'; '.join(l.problems)}[/red]")
+        has_numbers = bool(l.stages) and l.kv_bytes > 0
+        table.add_row(
+            str(l.tp), str(l.pp), str(l.replicas),
+            human_bytes(l.weights_bytes) if l.stages else "-",
+            human_bytes(l.non_kv_bytes) if l.stages else "-",
+            human_bytes(max(l.kv_bytes, 0)) if has_numbers else "-",
+            f"{l.kv_tokens:,}" if has_numbers else "-",
+            f"{l.max_concurrency:.2f}x" if has_numbers else "-",
+            verdict,
+        )
+    console.print(table)
+    for note in plan.notes:
+        console.print(f"note: {note}")
+    best = plan.recommended
+    if best is None:
+        console.print("[bold red]No layout fits.[/bold red]")
+    else:
+        replicas = f", {best.replicas} replicas" if best.replicas > 1 else ""
+        console.print(f"[bold]Recommended:[/bold] TP {best.tp} × PP {best.pp}{replicas}: "
+                      f"{human_bytes(best.weights_bytes)} weights and {human_bytes(max(best.kv_bytes, 0))} KV "
+                      f"cache per GPU ({best.kv_blocks:,} blocks of {req.block_size} tokens)")
+        for line in plan.vllm_log:
+            console.print(f"  {line}")
+        if best.max_concurrency < req.min_concurrency:
+            console.print(f"[yellow]holds fewer than {req.min_concurrency:g} full-length sequences[/yellow]")
+    if plan.suggestions:
+        console.print("[bold]What would make it fit:[/bold]")
+        for suggestion in plan.suggestions:
+            console.print(f"  • {suggestion}")
+    if plan.commands:
+        console.print("[bold]Run it:[/bold]")
+        for command in plan.commands:
+            console.print(f"  {command}", highlight=False, soft_wrap=True)

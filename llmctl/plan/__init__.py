@@ -1,0 +1,1 @@
+"""Memory and parallelism planning: pure arithmetic over ModelSpec, shared with the engine."""

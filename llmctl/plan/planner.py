@@ -1,0 +1,433 @@
+"""Layout search: every TP × PP that divides the GPU count, evaluated and explained."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from llmctl.errors import LlmctlError
+from llmctl.model.params import count_from_config
+from llmctl.model.spec import ModelSpec
+from llmctl.plan.gpus import GPU_CATALOG, GpuType
+from llmctl.plan.kv import BLOCK_SIZE, KV_CACHE_DTYPES, StageKV, kv_dtype_bytes, stage_kv
+from llmctl.plan.memory import (
+    ActivationShape,
+    MemoryBudget,
+    activation_peak_bytes,
+    kv_pool,
+    max_concurrency,
+    runtime_overhead_bytes,
+)
+from llmctl.plan.weights import WeightFormat, pipeline_stages, stage_weights, weight_format
+
+GiB = 1024**3
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's chunked-prefill budget for serving on data-center GPUs
+WEIGHT_DTYPES = {"bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16": 2, "float32": 4, "float": 4}
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    gpu: GpuType
+    gpus: int = 1
+    nodes: int = 1
+    gpu_memory_utilization: float = 0.9
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    quantization: str | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    tp: int | None = None
+    pp: int | None = None
+    expert_parallel: bool = False
+    enforce_eager: bool = False
+    block_size: int = BLOCK_SIZE
+    min_concurrency: float = 1.0  # full-length sequences a replica must hold to be recommended
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
+
+
+@dataclass(frozen=True)
+class MeasuredMemory:
+    """Per-GPU numbers measured on a real run; they replace the planner's estimates."""
+
+    weights_bytes: int | None = None
+    activation_bytes: int | None = None
+    overhead_bytes: int | None = None
+
+
+@dataclass
+class StagePlan:
+    stage: int
+    layers: int
+    weights_bytes: int
+    activation_bytes: int
+    overhead_bytes: int
+    kv_available_bytes: int
+    kv_blocks: int
+    kv_tokens: int
+    kv_bytes_per_token: int  # this GPU, all of its layers
+    max_concurrency: float
+    max_model_len_that_fits: int
+
+
+@dataclass
+class LayoutPlan:
+    tp: int
+    pp: int
+    replicas: int  # independent copies (data parallel) on the remaining GPUs
+    feasible: bool = True
+    problems: list[str] = field(default_factory=list)
+    stages: list[StagePlan] = field(default_factory=list)
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp
+
+    def _worst(self, attr: str, pick=max):
+        return pick(getattr(s, attr) for s in self.stages) if self.stages else 0
+
+    @property
+    def weights_bytes(self) -> int:
+        return self._worst("weights_bytes")
+
+    @property
+    def non_kv_bytes(self) -> int:
+        return max((s.activation_bytes + s.overhead_bytes for s in self.stages), default=0)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self._worst("kv_available_bytes", min)
+
+    @property
+    def kv_blocks(self) -> int:
+        return self._worst("kv_blocks", min)
+
+    @property
+    def kv_tokens(self) -> int:
+        return self._worst("kv_tokens", min)
+
+    @property
+    def max_concurrency(self) -> float:
+        return self._worst("max_concurrency", min)
+
+    @property
+    def max_model_len_that_fits(self) -> int:
+        return self._worst("max_model_len_that_fits", min)
+
+
+@dataclass
+class Plan:
+    model: str
+    spec: ModelSpec
+    request: PlanRequest
+    dtype: str
+    weight_format: str
+    kv_dtype_bytes: int
+    max_model_len: int
+    total_params: int | None
+    active_params: int | None
+    kv_bytes_per_token_model: int  # all layers, before parallelism
+    layouts: list[LayoutPlan]
+    recommended: LayoutPlan | None
+    suggestions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    vllm_log: list[str] = field(default_factory=list)
+
+
+def resolve_dtype(dtype: str, spec: ModelSpec) -> str:
+    """vLLM's `--dtype auto`: the checkpoint's 16-bit dtype; float32 checkpoints run in bfloat16."""
+    name = dtype.lower()
+    if name == "auto":
+        own = (spec.torch_dtype or "bfloat16").lower()
+        return own if own in ("bfloat16", "float16") else "bfloat16"
+    if name not in WEIGHT_DTYPES:
+        raise LlmctlError(f"unknown --dtype {dtype!r}; choose auto, bfloat16, float16 or float32")
+    return {"bf16": "bfloat16", "half": "float16", "fp16": "float16", "float": "float32"}.get(name, name)
+
+
+def candidate_layouts(gpus: int) -> list[tuple[int, int]]:
+    """Every (TP, PP) whose product divides the GPU count."""
+    return [(tp, pp) for tp in range(1, gpus + 1) for pp in range(1, gpus + 1)
+            if gpus % (tp * pp) == 0]
+
+
+def structural_problems(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, tp: int, pp: int) -> list[str]:
+    """Why vLLM would refuse this layout before looking at memory."""
+    att, problems = spec.attention, []
+    if att.num_heads % tp:
+        problems.append(f"{att.num_heads} attention heads are not divisible by TP {tp}")
+    kv = att.num_kv_heads
+    if att.kind != "MLA" and kv and (tp % kv if tp > kv else kv % tp):
+        problems.append(f"{kv} KV heads cannot be split or replicated evenly over TP {tp}")
+    if pp > spec.num_layers:
+        problems.append(f"PP {pp} exceeds the {spec.num_layers} layers")
+    if tp > req.gpus_per_node:
+        problems.append(f"TP {tp} would cross nodes ({req.gpus_per_node} GPUs per node): keep TP inside a node "
+                        "and use PP across nodes")
+    moe = spec.moe
+    if spec.intermediate_size and spec.intermediate_size % tp and not (moe and not moe.dense_layers):
+        problems.append(f"intermediate size {spec.intermediate_size} is not divisible by TP {tp}")
+    if moe and not req.expert_parallel and moe.expert_intermediate_size % tp:
+        problems.append(f"expert intermediate size {moe.expert_intermediate_size} is not divisible by TP {tp} "
+                        "(try --enable-expert-parallel)")
+    if fmt.scale_kind == "group" and fmt.group_size > 0:
+        problems += _group_alignment_problems(spec, fmt.group_size, tp, req.expert_parallel)
+    return problems
+
+
+def _group_alignment_problems(spec: ModelSpec, group: int, tp: int, expert_parallel: bool) -> list[str]:
+    inputs = {"hidden size": spec.hidden_size}
+    moe = spec.moe
+    if not moe or moe.dense_layers:
+        inputs[f"intermediate size / TP ({spec.intermediate_size} / {tp})"] = spec.intermediate_size // tp
+    if moe:
+        part = moe.expert_intermediate_size // (1 if expert_parallel else tp)
+        inputs[f"expert intermediate size / TP ({moe.expert_intermediate_size} / {tp})"] = part
+    return [f"{name} {size} is not a multiple of the quantization group size {group}"
+            for name, size in inputs.items() if size % group]
+
+
+def evaluate_layout(spec: ModelSpec, req: PlanRequest, tp: int, pp: int, *, dtype_bytes: int, fmt: WeightFormat,
+                    kv_bytes: int, max_model_len: int, measured: MeasuredMemory | None = None) -> LayoutPlan:
+    layout = LayoutPlan(tp=tp, pp=pp, replicas=max(1, req.gpus // (tp * pp)))
+    layout.problems = structural_problems(spec, req, fmt, tp, pp)
+    if layout.problems:
+        layout.feasible = False
+        return layout
+    weights = stage_weights(spec, fmt, tp, pp, req.expert_parallel)
+    stages = pipeline_stages(spec.num_layers, pp)
+    for index, layers in enumerate(stages):
+        layout.stages.append(_plan_stage(spec, req, index, layers, weights[index].total_bytes, tp, pp,
+                                         dtype_bytes, kv_bytes, max_model_len, measured))
+    layout.problems = _memory_problems(layout, req, max_model_len)
+    layout.feasible = not layout.problems
+    return layout
+
+
+def _plan_stage(spec: ModelSpec, req: PlanRequest, index: int, layers: range, weights_bytes: int, tp: int, pp: int,
+                dtype_bytes: int, kv_bytes: int, max_model_len: int, measured: MeasuredMemory | None) -> StagePlan:
+    measured = measured or MeasuredMemory()
+    shape = ActivationShape(tokens=req.max_num_batched_tokens, sequences=req.max_num_seqs, tp=tp,
+                            dtype_bytes=dtype_bytes, last_stage=index == pp - 1)
+    budget = MemoryBudget(
+        total_bytes=req.gpu.memory_bytes,
+        utilization=req.gpu_memory_utilization,
+        weights_bytes=_pick(measured.weights_bytes, weights_bytes),
+        activation_bytes=_pick(measured.activation_bytes, activation_peak_bytes(spec, shape)),
+        overhead_bytes=_pick(measured.overhead_bytes, runtime_overhead_bytes(tp, pp, req.enforce_eager)),
+    )
+    geometry: StageKV = stage_kv(spec, tp, layers, kv_bytes, req.block_size)
+    pool = kv_pool(budget.kv_bytes, geometry)
+    step = req.max_num_batched_tokens
+    return StagePlan(
+        stage=index, layers=len(layers), weights_bytes=budget.weights_bytes,
+        activation_bytes=budget.activation_bytes, overhead_bytes=budget.overhead_bytes,
+        kv_available_bytes=budget.kv_bytes, kv_blocks=pool.num_blocks, kv_tokens=pool.tokens,
+        kv_bytes_per_token=geometry.bytes_per_token,
+        max_concurrency=max_concurrency(pool, geometry, max_model_len, step),
+        max_model_len_that_fits=geometry.max_length(pool.allocated_bytes, step),
+    )
+
+
+def _pick(measured: int | None, estimate: int) -> int:
+    return estimate if measured is None else measured
+
+
+def _memory_problems(layout: LayoutPlan, req: PlanRequest, max_model_len: int) -> list[str]:
+    usable = int(req.gpu.memory_bytes * req.gpu_memory_utilization)
+    problems = []
+    for stage in layout.stages:
+        where = f" (stage {stage.stage})" if layout.pp > 1 else ""
+        if stage.kv_available_bytes <= 0:
+            problems.append(
+                f"does not fit{where}: weights {_gib(stage.weights_bytes)} + activations "
+                f"{_gib(stage.activation_bytes)} + runtime {_gib(stage.overhead_bytes)} exceed the usable "
+                f"{_gib(usable)} ({req.gpu_memory_utilization:g} × {_gib(req.gpu.memory_bytes)})")
+        elif stage.max_model_len_that_fits < max_model_len:
+            problems.append(
+                f"KV cache{where} holds {stage.max_model_len_that_fits:,} tokens, less than one "
+                f"{max_model_len:,}-token sequence")
+    return problems[:1] if len(problems) > 1 and all("does not fit" in p for p in problems) else problems
+
+
+def _gib(count: int) -> str:
+    return f"{count / GiB:.2f} GiB"
+
+
+def recommend(layouts: list[LayoutPlan], min_concurrency: float) -> LayoutPlan | None:
+    """The smallest model-parallel group whose replica holds `min_concurrency` full-length
+    sequences (the rest of the GPUs become replicas); TP before PP. Else the most concurrent."""
+    feasible = [layout for layout in layouts if layout.feasible]
+    enough = [layout for layout in feasible if layout.max_concurrency >= min_concurrency]
+    if enough:
+        return min(enough, key=lambda l: (l.gpus_per_replica, l.pp, -l.max_concurrency))
+    return max(feasible, key=lambda l: (l.max_concurrency, -l.gpus_per_replica), default=None)
+
+
+def build_plan(spec: ModelSpec, req: PlanRequest, model: str, measured: MeasuredMemory | None = None,
+               *, suggest: bool = True) -> Plan:
+    _validate(spec, req)
+    dtype = resolve_dtype(req.dtype, spec)
+    dtype_bytes = WEIGHT_DTYPES[dtype]
+    quantization = req.quantization or (spec.quantization.method if spec.quantization else None)
+    if quantization and quantization not in ("awq", "gptq", "fp8", "int8"):
+        quantization = None  # a checkpoint format we do not size (e.g. bitsandbytes): plan it as 16-bit
+    fmt = weight_format(dtype_bytes, quantization, spec)
+    kv_bytes = kv_dtype_bytes(req.kv_cache_dtype, dtype_bytes)
+    max_model_len = req.max_model_len or spec.max_context
+    if req.tp or req.pp:
+        pairs = [(req.tp or 1, req.pp or 1)]
+    else:
+        pairs = candidate_layouts(req.gpus)
+    layouts = [evaluate_layout(spec, req, tp, pp, dtype_bytes=dtype_bytes, fmt=fmt, kv_bytes=kv_bytes,
+                               max_model_len=max_model_len, measured=measured) for tp, pp in pairs]
+    counts = count_from_config(spec)
+    plan = Plan(
+        model=model, spec=spec, request=req, dtype=dtype, weight_format=fmt.name if fmt.quantized else dtype,
+        kv_dtype_bytes=kv_bytes, max_model_len=max_model_len,
+        total_params=counts.total if counts else None, active_params=counts.active if counts else None,
+        kv_bytes_per_token_model=spec.kv_bytes_per_token(kv_bytes), layouts=layouts,
+        recommended=recommend(layouts, req.min_concurrency),
+    )
+    plan.notes = _notes(spec, req, fmt, plan)
+    if suggest and (plan.recommended is None or plan.recommended.max_concurrency < req.min_concurrency):
+        plan.suggestions = _suggestions(spec, req, model, plan)
+    if plan.recommended:
+        plan.commands = serve_commands(model, plan, quantization, fmt)
+        plan.vllm_log = vllm_log_lines(plan.recommended, max_model_len)
+    return plan
+
+
+def _validate(spec: ModelSpec, req: PlanRequest) -> None:
+    if req.gpus < 1:
+        raise LlmctlError("--gpus must be at least 1")
+    if req.nodes < 1 or req.gpus % req.nodes:
+        raise LlmctlError(f"{req.gpus} GPUs cannot be spread evenly over {req.nodes} nodes; pass --gpus-per-node")
+    if not 0 < req.gpu_memory_utilization <= 1:
+        raise LlmctlError(f"--gpu-memory-utilization must be in (0, 1], got {req.gpu_memory_utilization}")
+    for flag, value in (("--tp", req.tp), ("--pp", req.pp)):
+        if value is not None and value < 1:
+            raise LlmctlError(f"{flag} must be at least 1")
+    if (req.tp or 1) * (req.pp or 1) > req.gpus:
+        raise LlmctlError(f"TP {req.tp or 1} × PP {req.pp or 1} needs {(req.tp or 1) * (req.pp or 1)} GPUs; "
+                          f"only {req.gpus} given (pass --gpus)")
+    if req.max_model_len is not None and req.max_model_len > spec.max_context:
+        raise LlmctlError(f"--max-model-len {req.max_model_len} is longer than the model's context "
+                          f"({spec.max_context}, from {spec.context_source}); vLLM refuses it too")
+    if req.max_model_len is not None and req.max_model_len < 1:
+        raise LlmctlError("--max-model-len must be at least 1")
+    if req.max_num_seqs < 1 or req.max_num_batched_tokens < 1:
+        raise LlmctlError("--max-num-seqs and --max-num-batched-tokens must be at least 1")
+    if req.kv_cache_dtype.lower() not in ("auto", *KV_CACHE_DTYPES):
+        raise LlmctlError(f"unknown --kv-cache-dtype {req.kv_cache_dtype!r}; choose auto or fp8")
+
+
+def _notes(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, plan: Plan) -> list[str]:
+    notes = []
+    if spec.moe:
+        notes.append(f"MoE: {spec.moe.num_experts} experts, top-{spec.moe.top_k}; every expert's weights are "
+                     "resident, only the active parameters are computed per token")
+    if fmt.name == "fp8" and not req.gpu.fp8:
+        notes.append(f"{req.gpu.key} has no FP8 tensor cores: vLLM runs FP8 weights weight-only (Marlin), "
+                     "saving memory but not compute")
+    if spec.attention.sliding_window and spec.attention.sliding_layers:
+        notes.append(f"{spec.attention.sliding_layers} sliding-window layers keep at most "
+                     f"{spec.attention.sliding_window:,} tokens of KV per sequence")
+    if spec.attention.kind == "MLA":
+        notes.append("MLA: the compressed KV latent is replicated on every TP rank, so TP does not shrink "
+                     "KV per GPU")
+    elif spec.attention.num_kv_heads and any(l.tp > spec.attention.num_kv_heads for l in plan.layouts):
+        notes.append(f"TP above {spec.attention.num_kv_heads} replicates KV heads: KV per GPU stops shrinking")
+    return notes
+
+
+def _suggestions(spec: ModelSpec, req: PlanRequest, model: str, plan: Plan) -> list[str]:
+    """What would make it fit: each alternative is re-planned, not guessed."""
+    out = []
+
+    def fits(**changes) -> Plan | None:
+        trial = build_plan(spec, dataclasses.replace(req, **changes), model, suggest=False)
+        good = trial.recommended
+        return trial if good and good.max_concurrency >= req.min_concurrency else None
+
+    if not (req.quantization or spec.quantization):
+        trial = fits(quantization="awq")
+        if trial:
+            out.append(f"quantize to 4 bits (llmctl quantize --awq, then --quantization awq): fits at "
+                       f"TP {trial.recommended.tp} × PP {trial.recommended.pp}")
+    if req.kv_cache_dtype == "auto" and plan.kv_dtype_bytes > 1:
+        trial = fits(kv_cache_dtype="fp8")
+        if trial:
+            out.append(f"--kv-cache-dtype fp8 halves KV per token: fits at TP {trial.recommended.tp} × "
+                       f"PP {trial.recommended.pp}")
+    longest = max((l.max_model_len_that_fits for l in plan.layouts if l.stages and l.kv_blocks), default=0)
+    if 0 < longest < plan.max_model_len:
+        out.append(f"shorter context: --max-model-len {longest:,} fits one sequence "
+                   f"(asked {plan.max_model_len:,})")
+    for more in (2, 4, 8, 16):
+        gpus = req.gpus * more
+        nodes = max(req.nodes, math.ceil(gpus / max(req.gpus_per_node, 8)))
+        if gpus % nodes:
+            continue
+        trial = fits(gpus=gpus, nodes=nodes, tp=None, pp=None)
+        if trial:
+            best = trial.recommended
+            out.append(f"more GPUs: {gpus} × {req.gpu.key} ({nodes} node{'s' if nodes > 1 else ''}) fit at "
+                       f"TP {best.tp} × PP {best.pp}")
+            break
+    for gpu in sorted(GPU_CATALOG, key=lambda g: g.memory_bytes):
+        if gpu.memory_bytes > req.gpu.memory_bytes and fits(gpu=gpu):
+            out.append(f"bigger GPUs: {req.gpus} × {gpu.key} ({gpu.memory_gib:.0f} GiB) fit")
+            break
+    return out
+
+
+def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: WeightFormat) -> list[str]:
+    """`llmctl serve` and `vllm serve` command lines that realize the recommended layout."""
+    best, req = plan.recommended, plan.request
+    assert best is not None
+    target = model
+    prequantize = fmt.name in ("awq", "gptq") and not (plan.spec.quantization and
+                                                       plan.spec.quantization.method == fmt.name)
+    commands = []
+    if prequantize:
+        target = f"./{model.rstrip('/').split('/')[-1]}-{fmt.name}"
+        commands.append(f"llmctl quantize {model} --{fmt.name} --output {target}")
+    flags = [f"--tensor-parallel-size {best.tp}"]
+    if best.pp > 1:
+        flags.append(f"--pipeline-parallel-size {best.pp}")
+    flags += [f"--max-model-len {plan.max_model_len}", f"--gpu-memory-utilization {req.gpu_memory_utilization:g}"]
+    if req.dtype != "auto":
+        flags.append(f"--dtype {plan.dtype}")
+    if fmt.name in ("fp8", "int8") and not (plan.spec.quantization and plan.spec.quantization.method == fmt.name):
+        flags.append(f"--quantization {fmt.name}")
+    if req.kv_cache_dtype != "auto":
+        flags.append(f"--kv-cache-dtype {req.kv_cache_dtype}")
+    if req.max_num_seqs != DEFAULT_MAX_NUM_SEQS:
+        flags.append(f"--max-num-seqs {req.max_num_seqs}")
+    if req.max_num_batched_tokens != DEFAULT_MAX_NUM_BATCHED_TOKENS:
+        flags.append(f"--max-num-batched-tokens {req.max_num_batched_tokens}")
+    if req.expert_parallel:
+        flags.append("--enable-expert-parallel")
+    if req.enforce_eager:
+        flags.append("--enforce-eager")
+    llmctl_flags = [f.replace("--tensor-parallel-size", "--tp").replace("--pipeline-parallel-size", "--pp")
+                    for f in flags]
+    commands.append(f"llmctl serve {target} " + " ".join(llmctl_flags))
+    vllm_flags = flags + ([f"--data-parallel-size {best.replicas}"] if best.replicas > 1 else [])
+    commands.append(f"vllm serve {target} " + " ".join(vllm_flags))
+    return commands
+
+
+def vllm_log_lines(layout: LayoutPlan, max_model_len: int) -> list[str]:
+    """The two lines vLLM's startup log prints about the KV cache, from our numbers."""
+    return [
+        f"GPU KV cache size: {layout.kv_tokens:,} tokens",
+        f"Maximum concurrency for {max_model_len:,} tokens per request: {layout.max_concurrency:.2f}x",
+    ]

@@ -1,0 +1,208 @@
+"""Weight bytes per GPU under tensor and pipeline parallelism, in vLLM's sharding.
+
+Every decoder layer is described as the linear layers one tensor-parallel rank holds
+(exact input/output sizes, so quantization scales are counted exactly) plus the
+unquantized parameters it holds (norms, biases, routers). Column-parallel layers (QKV,
+gate/up, fc1) split their outputs by TP, row-parallel layers (o, down, fc2) their inputs;
+K/V heads are replicated when TP exceeds them; the vocabulary is padded to a multiple of
+64 and split by TP; norms and row-parallel biases are replicated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llmctl.errors import LlmctlError
+from llmctl.model.spec import ModelSpec
+
+VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
+QUANT_METHODS = ("awq", "gptq", "fp8", "int8")
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How one decoder linear layer of shape (in, out) is stored."""
+
+    name: str  # "bfloat16", "awq", ...
+    dense_bytes: int  # bytes per parameter of everything that is not a quantized linear
+    bits: int = 16
+    group_size: int = 0  # 0: not grouped
+    scale_kind: str = "none"  # "group" (awq/gptq), "channel" (int8), "tensor" / "block" (fp8)
+
+    @property
+    def quantized(self) -> bool:
+        return self.scale_kind != "none"
+
+    def linear_bytes(self, rows_in: int, cols_out: int) -> float:
+        weights = rows_in * cols_out * self.bits / 8
+        if self.scale_kind == "group":  # fp16 scale + packed zero per group and output column
+            groups = math.ceil(rows_in / self.group_size) if self.group_size > 0 else 1
+            return weights + groups * cols_out * (2 + self.bits / 8)
+        if self.scale_kind == "channel":  # one fp32 scale per output channel
+            return weights + 4 * cols_out
+        if self.scale_kind == "block":  # DeepSeek-style 128x128 fp32 block scales
+            return weights + 4 * math.ceil(rows_in / 128) * math.ceil(cols_out / 128)
+        if self.scale_kind == "tensor":
+            return weights + 4
+        return rows_in * cols_out * self.dense_bytes
+
+
+def weight_format(dtype_bytes: int, quantization: str | None, spec: ModelSpec) -> WeightFormat:
+    """The storage format for `--quantization` (or the checkpoint's own quantization)."""
+    method = (quantization or "").lower() or None
+    if method is None:
+        return WeightFormat(name=f"{dtype_bytes * 8}-bit", dense_bytes=dtype_bytes, bits=dtype_bytes * 8)
+    if method not in QUANT_METHODS:
+        raise LlmctlError(f"unknown quantization {quantization!r}; choose one of: {', '.join(QUANT_METHODS)}")
+    own = spec.quantization if spec.quantization and spec.quantization.method == method else None
+    if method in ("awq", "gptq"):
+        bits = (own.bits if own and own.bits else 4)
+        group = (own.group_size if own and own.group_size else 128)
+        return WeightFormat(method, dense_bytes=2, bits=bits, group_size=max(group, 0), scale_kind="group")
+    if method == "fp8":
+        block = bool(own and own.details.get("weight_block_size"))
+        return WeightFormat("fp8", dense_bytes=dtype_bytes, bits=8, scale_kind="block" if block else "tensor")
+    return WeightFormat("int8", dense_bytes=dtype_bytes, bits=8, scale_kind="channel")
+
+
+@dataclass(frozen=True)
+class RankTensors:
+    """What one TP rank of one decoder layer stores."""
+
+    linears: tuple[tuple[int, int], ...]  # (in, out) of each quantizable linear
+    other_params: int  # norms, biases, router: kept in the dense dtype
+
+    @property
+    def linear_params(self) -> int:
+        return sum(rows * cols for rows, cols in self.linears)
+
+
+def kv_heads_per_rank(spec: ModelSpec, tp: int) -> int:
+    """K/V heads each TP rank holds: split when TP divides them, replicated when TP exceeds them."""
+    return max(1, spec.attention.num_kv_heads // tp)
+
+
+def padded_vocab_per_rank(vocab: int, tp: int) -> int:
+    padded = math.ceil(vocab / VOCAB_PADDING) * VOCAB_PADDING
+    return math.ceil(padded / tp)
+
+
+def layer_rank_tensors(spec: ModelSpec, layer: int, tp: int, expert_parallel: bool = False) -> RankTensors:
+    attention = _attention_rank_tensors(spec, tp)
+    mlp = _mlp_rank_tensors(spec, layer, tp, expert_parallel)
+    norm_size = 2 * spec.hidden_size if spec.layout.norm == "layernorm" else spec.hidden_size
+    norms = spec.layout.norms_per_layer * norm_size + (2 * spec.attention.head_dim if spec.attention.qk_norm else 0)
+    return RankTensors(attention.linears + mlp.linears, attention.other_params + mlp.other_params + norms)
+
+
+def _attention_rank_tensors(spec: ModelSpec, tp: int) -> RankTensors:
+    att, h = spec.attention, spec.hidden_size
+    heads = att.num_heads // tp
+    if att.kind == "MLA":
+        nope, rope, v = att.qk_nope_head_dim or 0, att.qk_rope_head_dim or 0, att.v_head_dim or 0
+        kv_rank, q_rank = att.kv_lora_rank or 0, att.q_lora_rank or 0
+        linears: list[tuple[int, int]] = []
+        other = kv_rank  # kv_a_layernorm
+        if q_rank:  # q_a_proj is replicated, q_b_proj column-parallel
+            linears += [(h, q_rank), (q_rank, heads * (nope + rope))]
+            other += q_rank
+        else:
+            linears.append((h, heads * (nope + rope)))
+        linears += [(h, kv_rank + rope), (kv_rank, heads * (nope + v)), (heads * v, h)]
+        return RankTensors(tuple(linears), other)
+    kv = kv_heads_per_rank(spec, tp)
+    q_out, kv_out = heads * att.head_dim, kv * att.head_dim
+    other = (q_out + 2 * kv_out if spec.layout.qkv_bias else 0) + (h if spec.layout.o_bias else 0)
+    return RankTensors(((h, q_out + 2 * kv_out), (q_out, h)), other)
+
+
+def _dense_mlp(h: int, inter: int, gated: bool, bias: bool, tp: int) -> RankTensors:
+    part = inter // tp
+    up = (h, 2 * part) if gated else (h, part)
+    other = ((2 * part if gated else part) + h) if bias else 0
+    return RankTensors((up, (part, h)), other)
+
+
+def _mlp_rank_tensors(spec: ModelSpec, layer: int, tp: int, expert_parallel: bool) -> RankTensors:
+    h, lay, moe = spec.hidden_size, spec.layout, spec.moe
+    if moe is None or layer not in moe.moe_layers:
+        return _dense_mlp(h, spec.intermediate_size, lay.gated_mlp, lay.mlp_bias, tp)
+    if expert_parallel:  # whole experts spread over the TP ranks
+        expert = _dense_mlp(h, moe.expert_intermediate_size, lay.gated_mlp, False, 1)
+        copies = math.ceil(moe.num_experts / tp)
+    else:  # every expert split by TP
+        expert = _dense_mlp(h, moe.expert_intermediate_size, lay.gated_mlp, False, tp)
+        copies = moe.num_experts
+    linears = expert.linears * copies
+    if moe.shared_expert_intermediate_size:
+        linears += _dense_mlp(h, moe.shared_expert_intermediate_size, lay.gated_mlp, False, tp).linears
+    other = h * moe.num_experts + (h if moe.shared_expert_gate else 0)  # router (never quantized)
+    return RankTensors(linears, other)
+
+
+@dataclass(frozen=True)
+class StageWeights:
+    """Weights on one GPU of one pipeline stage."""
+
+    stage: int
+    layers: range
+    params: int  # logical parameters on the GPU
+    linear_bytes: int  # decoder linears, in the chosen (possibly quantized) format
+    other_bytes: int  # embeddings, LM head, norms, biases, routers
+
+    @property
+    def total_bytes(self) -> int:
+        return self.linear_bytes + self.other_bytes
+
+
+def pipeline_stages(num_layers: int, pp: int) -> list[range]:
+    """vLLM's split: equal parts, the remainder going to the stages before the last."""
+    sizes = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    stages, start = [], 0
+    for size in sizes:
+        stages.append(range(start, start + size))
+        start += size
+    return stages
+
+
+def stage_weights(spec: ModelSpec, fmt: WeightFormat, tp: int, pp: int,
+                  expert_parallel: bool = False) -> list[StageWeights]:
+    result = []
+    for index, layers in enumerate(pipeline_stages(spec.num_layers, pp)):
+        params = other = 0
+        linear_bytes = 0.0
+        for layer in layers:
+            tensors = layer_rank_tensors(spec, layer, tp, expert_parallel)
+            params += tensors.linear_params + tensors.other_params
+            other += tensors.other_params
+            linear_bytes += sum(fmt.linear_bytes(rows, cols) for rows, cols in tensors.linears)
+        edge = _edge_params(spec, tp, first=index == 0, last=index == pp - 1)
+        params += edge
+        other += edge
+        result.append(StageWeights(index, layers, params, int(round(linear_bytes)), other * fmt.dense_bytes))
+    return result
+
+
+def _edge_params(spec: ModelSpec, tp: int, *, first: bool, last: bool) -> int:
+    """Embedding on the first stage; final norm and LM head on the last. A tied head shares
+    the embedding when both sit on one GPU; otherwise the last stage holds its own copy."""
+    lay, h = spec.layout, spec.hidden_size
+    norm_size = 2 * h if lay.norm == "layernorm" else h
+    embed_dim = lay.word_embed_proj_dim or h
+    table = padded_vocab_per_rank(spec.vocab_size, tp) * embed_dim
+    params = 0
+    if first:
+        params += table + spec.positional.learned_positions * h
+        params += norm_size if lay.embedding_norm else 0
+        params += embed_dim * h if lay.word_embed_proj_dim else 0  # project_in
+    if last:
+        params += norm_size if lay.final_norm else 0
+        params += embed_dim * h if lay.word_embed_proj_dim else 0  # project_out
+        if not (spec.tie_word_embeddings and first):
+            params += table
+        if lay.lm_head_bias:
+            params += padded_vocab_per_rank(spec.vocab_size, tp)
+    return params
