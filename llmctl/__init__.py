@@ -1,3 +1,21 @@
-"""llmctl: one tool from a Hugging Face checkpoint to a measured service."""
+"""llmctl: from a Hugging Face checkpoint to a running, measured service."""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported lazily: `llmctl inspect` and `llmctl plan` never pay for torch.
+    if name == "LLM":
+        from llmctl.engine.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from llmctl.engine.sampling_params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module 'llmctl' has no attribute {name!r}")

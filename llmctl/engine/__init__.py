@@ -1,0 +1,1 @@
+"""The paged-attention inference engine: scheduler, block manager, runner, models, sampling."""

@@ -1,0 +1,58 @@
+"""EngineConfig: the engine's settings under vLLM's names, checked at startup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmctl.errors import LlmctlError
+
+GiB = 1024**3
+DEFAULT_CPU_KV_CACHE_MEMORY = 2 * GiB  # vLLM's CPU backend reserves VLLM_CPU_KVCACHE_SPACE (4 GiB) the same way
+SUPPORTED_BLOCK_SIZES = (8, 16, 32, 64)
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class EngineConfigError(LlmctlError):
+    """A setting that cannot work; the message names the flag and a value that does."""
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # hub id, folder, .gguf; None: the default model
+    revision: str | None = None
+    tokenizer: str | None = None  # defaults to the model's
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
+    max_model_len: int | None = None  # default: the model's context
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # default: 2048 on CPU, 8192 on GPU
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    kv_cache_memory: int | None = None  # bytes for the KV cache; CPU default 2 GiB
+    gpu_memory_utilization: float = 0.9
+    attention_backend: str = "auto"
+    seed: int = 0
+    enforce_eager: bool = True  # no CUDA graphs yet; kept for vLLM-compatible flags
+    device: str = "auto"
+    trust_remote_code: bool = False
+    show_progress: bool = False
+
+    def validate(self) -> None:
+        def bad(flag: str, message: str) -> None:
+            raise EngineConfigError(f"--{flag.replace('_', '-')} {message}")
+
+        if self.dtype not in DTYPES:
+            bad("dtype", f"{self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.block_size not in SUPPORTED_BLOCK_SIZES:
+            bad("block_size", f"{self.block_size} is not supported; use one of {SUPPORTED_BLOCK_SIZES}")
+        if self.max_num_seqs < 1:
+            bad("max_num_seqs", f"must be at least 1 (got {self.max_num_seqs}); 256 is the default")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            bad("max_num_batched_tokens", f"must be at least 1 (got {self.max_num_batched_tokens}); try 2048")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            bad("max_model_len", f"must be at least 1 (got {self.max_model_len})")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            bad("kv_cache_memory", f"must be a positive number of bytes (got {self.kv_cache_memory})")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            bad("gpu_memory_utilization", f"must be in (0, 1] (got {self.gpu_memory_utilization}); 0.9 is the default")
+        if self.attention_backend not in ("auto", "torch"):
+            bad("attention_backend", f"{self.attention_backend!r} is not available; use torch")

@@ -1,0 +1,63 @@
+"""The attention backend interface: write new K/V into the paged cache, attend over pages.
+
+A backend sees one step at a time. `prepare` runs once per step (index arithmetic shared
+by all layers); `forward` runs once per layer. A new backend (Triton, FlashAttention) is
+one new file implementing these two methods plus an entry in BACKENDS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Flat description of one step: T new tokens from B sequences."""
+
+    slot_mapping: torch.Tensor  # [T] cache slot (block * block_size + offset) of each new token
+    query_start_loc: list[int]  # [B + 1] where each sequence's new tokens start in the flat batch
+    seq_lens: list[int]  # [B] tokens in the cache after this step (context + new)
+    block_tables: list[list[int]]  # [B][blocks] physical blocks of each sequence
+    block_size: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    def query_len(self, i: int) -> int:
+        return self.query_start_loc[i + 1] - self.query_start_loc[i]
+
+
+@dataclass
+class KVCache:
+    """One layer's paged cache: [num_blocks, block_size, kv_heads, head_dim] for K and for V."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.key.numel() * self.key.element_size() * 2
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def prepare(self, meta: AttentionMetadata, device: torch.device) -> None: ...
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
+                scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+        """query [T, H, D], key/value [T, KVH, D] (new tokens) -> output [T, H, D]."""
+        ...
+
+
+def create_backend(name: str) -> AttentionBackend:
+    from llmctl.engine.layers.torch_attention import TorchAttention
+
+    backends = {"torch": TorchAttention}
+    if name not in backends:
+        raise ValueError(f"unknown attention backend {name!r}; available: {', '.join(backends)}")
+    return backends[name]()

@@ -1,0 +1,63 @@
+"""Positional encodings: rotary embeddings (with transformers' scaling rules) and ALiBi slopes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """RoPE in the rotate-half layout transformers uses for Llama-family checkpoints.
+
+    Frequencies come from transformers' own ROPE_INIT_FUNCTIONS (linear, dynamic, llama3,
+    yarn, longrope), so scaling matches the reference implementation exactly.
+    """
+
+    def __init__(self, hf_config: Any, head_dim: int) -> None:
+        super().__init__()
+        params = getattr(hf_config, "rope_parameters", None) or {}
+        rope_type = params.get("rope_type", "default")
+        if rope_type == "default":
+            theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+            rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+            inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+            scaling = 1.0
+        else:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.attention_scaling = float(scaling)
+
+    def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T]; query [T, H, D], key [T, KVH, D]."""
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq.unsqueeze(0)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.attention_scaling).to(query.dtype).unsqueeze(1)
+        sin = (emb.sin() * self.attention_scaling).to(query.dtype).unsqueeze(1)
+        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rotary = cos.shape[-1]
+    x_rot, x_pass = x[..., :rotary], x[..., rotary:]
+    half = rotary // 2
+    rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+    out = x_rot * cos + rotated * sin
+    return torch.cat((out, x_pass), dim=-1) if x_pass.numel() else out
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """Per-head ALiBi slopes as BLOOM computes them (also for head counts that are not powers of 2)."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+    base = 2 ** (-(2 ** -(math.log2(closest) - 3)))
+    slopes = torch.pow(torch.tensor(base, dtype=torch.float32), torch.arange(1, 1 + closest, dtype=torch.int32))
+    if closest != num_heads:
+        extra_base = 2 ** (-(2 ** -(math.log2(2 * closest) - 3)))
+        remaining = min(closest, num_heads - closest)
+        extra = torch.pow(torch.tensor(extra_base, dtype=torch.float32),
+                          torch.arange(1, 1 + 2 * remaining, 2, dtype=torch.int32))
+        slopes = torch.cat([slopes, extra])
+    return slopes

@@ -1,0 +1,282 @@
+"""LLMEngine: requests in, one scheduled step at a time, incremental outputs out."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from llmctl.engine.block_manager import BlockManager
+from llmctl.engine.config import EngineConfig
+from llmctl.engine.detokenizer import IncrementalDetokenizer
+from llmctl.engine.loader import LoadedModel, load_model
+from llmctl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from llmctl.engine.runner import ModelRunner, StepResult
+from llmctl.engine.sampler import SampleInput, prompt_logprob_entries, sample
+from llmctl.engine.sampling_params import InvalidRequestError, SamplingParams
+from llmctl.engine.scheduler import Scheduler
+from llmctl.engine.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger("llmctl.engine")
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence] = field(default_factory=list)
+    detokenizers: dict[int, IncrementalDetokenizer] = field(default_factory=dict)
+    texts: dict[int, str] = field(default_factory=dict)  # seq_id -> text after stop handling
+
+    @property
+    def finished(self) -> bool:
+        return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, **overrides: Any) -> None:
+        config = config or EngineConfig(**overrides)
+        config.validate()
+        self.config = config
+        self.loaded: LoadedModel = load_model(config)
+        self.tokenizer = self.loaded.tokenizer
+        self.max_model_len = self.loaded.max_model_len
+        self.block_manager = BlockManager(self.loaded.kv_pool.num_blocks, config.block_size,
+                                          config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.loaded.max_num_batched_tokens)
+        self.runner = ModelRunner(self.loaded.model, self.loaded.kv_caches, self.loaded.backend,
+                                  config.block_size, self.loaded.device)
+        self.requests: dict[str, Request] = {}
+        self._seq_ids = itertools.count()
+        self._default_generator = torch.Generator().manual_seed(config.seed)
+        self.eos_token_ids = self.loaded.eos_token_ids
+        self.generation_defaults = self.loaded.generation_defaults
+        self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
+
+    # -- requests -------------------------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        ids = [int(t) for t in prompt]
+        vocab = self.loaded.spec.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab}); got {bad[:3]}", "prompt")
+        return None, ids
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
+        text, ids = self.tokenize(prompt)
+        params = (params or SamplingParams()).with_defaults(self.generation_defaults)
+        self._check_lengths(ids, params)
+        request = Request(request_id, text, ids, params)
+        self.requests[request_id] = request
+        first = self._new_sequence(request, index=0)
+        first.waiting_to_fork = params.n > 1
+        self.scheduler.add(first)
+
+    def _check_lengths(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens; this model's maximum context length is {self.max_model_len} "
+                "tokens including the output: shorten the prompt", "prompt")
+        if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"max_tokens {params.max_tokens} plus the prompt's {len(ids)} tokens exceed the maximum context "
+                f"length {self.max_model_len}: use max_tokens ≤ {self.max_model_len - len(ids)}", "max_tokens")
+
+    def _new_sequence(self, request: Request, index: int) -> Sequence:
+        seq = Sequence(seq_id=next(self._seq_ids), request_id=request.request_id, index=index,
+                       prompt_token_ids=request.prompt_token_ids, params=request.params)
+        if request.params.seed is not None:
+            seq.generator = torch.Generator().manual_seed((request.params.seed + index) % 2**63)
+        request.seqs.append(seq)
+        request.detokenizers[seq.seq_id] = IncrementalDetokenizer(
+            self.tokenizer, request.prompt_token_ids, request.params.skip_special_tokens)
+        request.texts[seq.seq_id] = ""
+        return seq
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now and free its KV blocks."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        for seq in request.seqs:
+            if not seq.is_finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # -- one step -------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; returns an output for every request that advanced."""
+        sched = self.scheduler.schedule()
+        if sched.empty:
+            if self.scheduler.waiting and not self.scheduler.running:
+                self._fail_unschedulable()
+            return self._outputs({rid for rid, r in self.requests.items() if r.finished})
+        now = time.perf_counter()
+        for item in sched.scheduled:
+            item.seq.timings.first_scheduled = item.seq.timings.first_scheduled or now
+        result = self.runner.execute(sched)
+        chunk_starts = {item.seq.seq_id: (item.seq, item.seq.num_computed_tokens) for item in sched.scheduled}
+        for item in sched.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.register_full_blocks(item.seq)
+        self._record_prompt_logprobs(result, chunk_starts)
+        return self._outputs(self._sample_and_append(result))
+
+    def _outputs(self, request_ids: set[str]) -> list[RequestOutput]:
+        outputs = []
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            outputs.append(self._output(request))
+            if request.finished:
+                del self.requests[rid]
+        return outputs
+
+    def _record_prompt_logprobs(self, result: StepResult, chunks: dict[int, tuple[Sequence, int]]) -> None:
+        """Logits at position p score prompt token p + 1; entry 0 (no context) is None."""
+        for seq_id, logits in result.prompt_logits.items():
+            seq, chunk_start = chunks[seq_id]
+            if not seq.prompt_logprobs:
+                seq.prompt_logprobs.append(None)
+            first_target = chunk_start + 1
+            skip = len(seq.prompt_logprobs) - first_target  # already scored before a preemption
+            if skip < 0:
+                continue
+            targets = seq.prompt_token_ids[first_target + skip:first_target + logits.shape[0]]
+            seq.prompt_logprobs += prompt_logprob_entries(logits[skip:skip + len(targets)], targets,
+                                                          seq.params.prompt_logprobs or 0)
+
+    def _sample_and_append(self, result: StepResult) -> set[str]:
+        inputs, rows = [], []
+        for row, seq in enumerate(result.sample_seqs):
+            request = self.requests.get(seq.request_id)
+            if request is None or seq.is_finished:
+                continue
+            family = [seq]
+            if seq.waiting_to_fork:
+                seq.waiting_to_fork = False
+                for index in range(1, request.params.n):
+                    child = self._new_sequence(request, index)
+                    self.block_manager.fork(seq, child)
+                    child.status = SequenceStatus.RUNNING
+                    child.prompt_logprobs = list(seq.prompt_logprobs)
+                    self.scheduler.running.append(child)
+                    family.append(child)
+            for member in family:
+                inputs.append(self._sample_input(member))
+                rows.append(row)
+        if not inputs:
+            return set()
+        logits = result.sample_logits[torch.tensor(rows, dtype=torch.long)]
+        touched = set()
+        now = time.perf_counter()
+        for item, (token, logprob) in zip(inputs, sample(logits, inputs)):
+            self._append_token(item.seq, token, logprob, now)
+            touched.add(item.seq.request_id)
+        return touched
+
+    def _sample_input(self, seq: Sequence) -> SampleInput:
+        params = seq.params
+        blocked: list[int] = []
+        if len(seq.output_token_ids) < params.min_tokens:
+            blocked = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids)))
+        return SampleInput(seq, params, seq.generator or self._default_generator, blocked)
+
+    def _append_token(self, seq: Sequence, token: int, logprob, now: float) -> None:
+        if not seq.output_token_ids and seq.index == 0:
+            self.stats["prompt_tokens"] += len(seq.prompt_token_ids)
+        seq.output_token_ids.append(token)
+        self.stats["generation_tokens"] += 1
+        if logprob is not None:
+            seq.output_logprobs.append(logprob)
+        timings = seq.timings
+        timings.first_token = timings.first_token or now
+        timings.last_token = now
+        request = self.requests[seq.request_id]
+        detok = request.detokenizers[seq.seq_id]
+        detok.add(seq.output_token_ids)
+        request.texts[seq.seq_id] = detok.text
+        self._check_stop(seq, request, token)
+
+    def _check_stop(self, seq: Sequence, request: Request, token: int) -> None:
+        params = seq.params
+        generated = len(seq.output_token_ids)
+        if generated >= params.min_tokens:
+            if not params.ignore_eos and token in self.eos_token_ids:
+                return self._finish(seq, request, "stop", None, drop_token_text=True)
+            if token in params.stop_token_ids:
+                return self._finish(seq, request, "stop", token, drop_token_text=True)
+            if params.stop:
+                text = request.texts[seq.seq_id]
+                for stop in params.stop:
+                    at = text.find(stop)
+                    if at != -1:
+                        end = at + len(stop) if params.include_stop_str_in_output else at
+                        request.texts[seq.seq_id] = text[:end]
+                        return self._finish(seq, request, "stop", stop)
+        limit = params.max_tokens if params.max_tokens is not None else self.max_model_len
+        if generated >= limit or seq.num_tokens >= self.max_model_len:
+            self._finish(seq, request, "length", None)
+
+    def _finish(self, seq: Sequence, request: Request, reason: str, stop_reason, drop_token_text: bool = False) -> None:
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        if not drop_token_text and reason == "length":
+            request.detokenizers[seq.seq_id].flush(seq.output_token_ids)
+            request.texts[seq.seq_id] = request.detokenizers[seq.seq_id].text
+        seq.timings.finished = time.perf_counter()
+        self.scheduler.finish(seq)
+
+    def _fail_unschedulable(self) -> None:
+        """Nothing runs and the first waiting sequence cannot get blocks: it can never fit."""
+        seq = self.scheduler.waiting[0]
+        seq.finish_reason = "length"
+        seq.timings.finished = time.perf_counter()
+        self.scheduler.finish(seq)
+        logger.warning("request %s needs more KV blocks than the cache has; finished early", seq.request_id)
+
+    # -- outputs --------------------------------------------------------------------------
+    def _output(self, request: Request) -> RequestOutput:
+        completions = []
+        longest_stop = max((len(s) for s in request.params.stop), default=0)
+        for seq in request.seqs:
+            text = request.texts[seq.seq_id]
+            if not seq.is_finished and longest_stop > 1:
+                text = text[: max(0, len(text) - (longest_stop - 1))]  # a stop string may be forming
+            logprobs = list(seq.output_logprobs) if request.params.logprobs is not None else None
+            completions.append(CompletionOutput(
+                index=seq.index, text=text, token_ids=list(seq.output_token_ids),
+                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason, logprobs=logprobs,
+                cumulative_logprob=sum(lp.logprob for lp in logprobs) if logprobs else None,
+            ))
+        first = request.seqs[0]
+        timings = [s.timings for s in request.seqs]
+        metrics = RequestMetrics(
+            arrival_time=first.timings.arrival,
+            first_scheduled_time=first.timings.first_scheduled,
+            first_token_time=min((t.first_token for t in timings if t.first_token), default=None),
+            last_token_time=max((t.last_token for t in timings if t.last_token), default=None),
+            finished_time=max((t.finished for t in timings if t.finished), default=None) if request.finished else None,
+        )
+        return RequestOutput(
+            request_id=request.request_id, prompt=request.prompt, prompt_token_ids=request.prompt_token_ids,
+            outputs=sorted(completions, key=lambda c: c.index), finished=request.finished,
+            prompt_logprobs=list(first.prompt_logprobs) if request.params.prompt_logprobs is not None else None,
+            num_cached_tokens=first.num_cached_tokens, metrics=metrics,
+        )

@@ -1,0 +1,198 @@
+"""Startup: resolve the model, build it, load its weights, size and allocate the KV cache.
+
+The KV pool is sized with the plan module's accounting (llmctl.plan), so the bytes the
+engine allocates are the bytes `llmctl plan` predicts for the same settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
+from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_backend
+from llmctl.engine.models.common import WeightMismatchError
+from llmctl.engine.models.registry import create_model
+from llmctl.engine.weights import iterate_tensors
+from llmctl.errors import CorruptModelError
+from llmctl.model.report import load_spec
+from llmctl.model.source import ModelSource, resolve_model
+from llmctl.model.spec import ModelSpec
+from llmctl.model.tokenizer import generation_defaults, load_tokenizer
+from llmctl.plan.kv import StageKV, stage_kv
+from llmctl.plan.memory import KVPool, MemoryBudget, kv_pool, max_concurrency
+
+logger = logging.getLogger("llmctl.engine")
+GiB = 1024**3
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    source: ModelSource
+    spec: ModelSpec
+    hf_config: Any
+    model: nn.Module
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    backend: AttentionBackend
+    kv_geometry: StageKV
+    kv_pool: KVPool
+    kv_caches: list[KVCache]
+    max_model_len: int
+    max_num_batched_tokens: int
+    eos_token_ids: list[int]
+    generation_defaults: dict[str, Any]
+    weights_bytes: int
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(cache.nbytes for cache in self.kv_caches)
+
+
+def load_model(config: EngineConfig) -> LoadedModel:
+    started = time.perf_counter()
+    source = resolve_model(config.model, config.revision, weights=True, show_progress=config.show_progress)
+    spec = load_spec(source)
+    device = _device(config.device)
+    dtype = _dtype(config.dtype, device)
+    hf_config = _hf_config(source, config.trust_remote_code)
+    model = _build(spec, hf_config, dtype, device, source)
+    weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    tokenizer = load_tokenizer(source, trust_remote_code=config.trust_remote_code)
+    defaults = generation_defaults(source)
+    max_model_len = _max_model_len(config, spec)
+    max_batched = config.max_num_batched_tokens or (8192 if device.type == "cuda" else 2048)
+    geometry = stage_kv(spec, 1, range(spec.num_layers), torch.tensor([], dtype=dtype).element_size(),
+                        config.block_size)
+    available = _kv_memory(config, device, weights_bytes)
+    pool = kv_pool(available, geometry)
+    _check_fits(config, geometry, pool, max_model_len, max_batched, available)
+    caches = _allocate(spec, pool, dtype, device)
+    backend = create_backend("torch")
+    loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, geometry, pool, caches,
+                         max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes)
+    _log_startup(loaded, time.perf_counter() - started)
+    return loaded
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":  # bfloat16 matmuls are ~200x slower than float32 on CPUs without AMX
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return TORCH_DTYPES[name]
+
+
+def _hf_config(source: ModelSource, trust_remote_code: bool) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(source.path), trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise CorruptModelError(f"config.json of {source.name} could not be read by transformers: "
+                                f"{str(exc).splitlines()[0][:200]}") from None
+
+
+@contextlib.contextmanager
+def _no_init(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
+    """Build modules without random initialization (every weight is loaded afterwards)."""
+    saved = {cls: cls.reset_parameters for cls in (nn.Linear, nn.Embedding, nn.LayerNorm)}
+    previous = torch.get_default_dtype()
+    try:
+        for cls in saved:
+            cls.reset_parameters = lambda self: None  # type: ignore[method-assign]
+        torch.set_default_dtype(dtype)
+        with torch.device(device):
+            yield
+    finally:
+        for cls, method in saved.items():
+            cls.reset_parameters = method  # type: ignore[method-assign]
+        torch.set_default_dtype(previous)
+
+
+def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.device, source: ModelSource) -> nn.Module:
+    with _no_init(dtype, device):
+        model = create_model(spec, hf_config)
+    try:
+        model.load_weights(iterate_tensors(source.path, dtype))
+    except WeightMismatchError as exc:
+        raise CorruptModelError(f"the weights of {source.name} do not match its config.json: {exc}") from None
+    return model.eval()
+
+
+def _max_model_len(config: EngineConfig, spec: ModelSpec) -> int:
+    if config.max_model_len is None:
+        return spec.max_context
+    if config.max_model_len > spec.max_context:
+        raise EngineConfigError(
+            f"--max-model-len {config.max_model_len} is longer than the model's context ({spec.max_context}, "
+            f"from {spec.context_source}): use --max-model-len {spec.max_context} or less")
+    return config.max_model_len
+
+
+def _kv_memory(config: EngineConfig, device: torch.device, weights_bytes: int) -> int:
+    if config.kv_cache_memory is not None:
+        return config.kv_cache_memory
+    if device.type != "cuda":
+        return DEFAULT_CPU_KV_CACHE_MEMORY
+    free, total = torch.cuda.mem_get_info(device)
+    used_by_others = total - free - torch.cuda.memory_reserved(device)
+    budget = MemoryBudget(total_bytes=total, utilization=config.gpu_memory_utilization,
+                          weights_bytes=torch.cuda.memory_allocated(device) or weights_bytes,
+                          activation_bytes=0, overhead_bytes=max(0, used_by_others))
+    return budget.kv_bytes
+
+
+def _check_fits(config: EngineConfig, geometry: StageKV, pool: KVPool, max_model_len: int, step_tokens: int,
+                available: int) -> None:
+    need = geometry.sequence_bytes(max_model_len, step_tokens)
+    if pool.allocated_bytes >= need:
+        return
+    fits = geometry.max_length(pool.allocated_bytes, step_tokens)
+    flag = "--kv-cache-memory" if config.kv_cache_memory is not None or config.device != "cuda" else \
+        "--gpu-memory-utilization"
+    hint = f"use --max-model-len {fits} or more memory ({flag})" if fits > 0 else f"give more memory ({flag})"
+    raise EngineConfigError(
+        f"max_model_len {max_model_len} needs {need / GiB:.2f} GiB of KV cache for one sequence; "
+        f"{max(available, 0) / GiB:.2f} GiB is available: {hint}")
+
+
+def _allocate(spec: ModelSpec, pool: KVPool, dtype: torch.dtype, device: torch.device) -> list[KVCache]:
+    att = spec.attention
+    shape = (pool.num_blocks, pool.block_size, att.num_kv_heads, att.head_dim)
+    return [KVCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(spec.num_layers)]
+
+
+def _eos_ids(defaults: dict[str, Any], tokenizer: Any) -> list[int]:
+    value = defaults.get("eos_token_id")
+    ids = set(value if isinstance(value, list) else [value] if value is not None else [])
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(int(i) for i in ids)
+
+
+def _log_startup(loaded: LoadedModel, seconds: float) -> None:
+    pool, geometry = loaded.kv_pool, loaded.kv_geometry
+    concurrency = max_concurrency(pool, geometry, loaded.max_model_len, loaded.max_num_batched_tokens)
+    logger.info("model %s (%s), dtype %s on %s", loaded.source.name, ", ".join(loaded.spec.architectures),
+                str(loaded.dtype).removeprefix("torch."), loaded.device)
+    logger.info("attention backend torch: SDPA over gathered KV pages (%s positions); the Triton backend is not "
+                "built yet", loaded.spec.positional.describe())
+    logger.info("weights take %.2f GiB", loaded.weights_bytes / GiB)
+    logger.info("KV cache: %.2f GiB = %d blocks of %d tokens; GPU KV cache size: %s tokens",
+                pool.allocated_bytes / GiB, pool.num_blocks, pool.block_size, f"{pool.tokens:,}")
+    logger.info("Maximum concurrency for %s tokens per request: %.2fx", f"{loaded.max_model_len:,}", concurrency)
+    logger.info("loaded in %.2f s", seconds)

@@ -1,0 +1,1 @@
+"""Model implementations over the paged attention backend, one file per family."""

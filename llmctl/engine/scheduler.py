@@ -1,0 +1,136 @@
+"""One step at a time: running sequences first, then waiting ones, under a token budget.
+
+Every sequence advances by `num_tokens - num_computed_tokens` (1 for a decode, a chunk of
+the prompt for a prefill), so prefills and decodes share a step and a long prompt is
+split over steps. When blocks run out the newest running sequence is preempted: its
+blocks are freed, it goes back to the front of the queue and is recomputed later with
+the tokens it has generated so far.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from llmctl.engine.block_manager import BlockManager
+from llmctl.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """The step reaches the end of the sequence's tokens, so it yields a next token."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class Scheduler:
+    block_manager: BlockManager
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    long_prefill_token_threshold: int = 0  # 0: a prefill may use the whole remaining budget
+    waiting: deque[Sequence] = field(default_factory=deque)
+    running: list[Sequence] = field(default_factory=list)
+    num_preemptions: int = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if not out.preempted:  # no new admissions while memory is short
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if num_new <= 0:
+                index += 1
+                continue
+            while not self.block_manager.can_allocate(seq, num_new):
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            if seq.status != SequenceStatus.RUNNING:
+                break  # the sequence preempted itself: it was the newest
+            out.block_copies += self.block_manager.allocate(seq, num_new)
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+            index += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            self.block_manager.match_prefix(seq)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if self.long_prefill_token_threshold:
+                num_new = min(num_new, self.long_prefill_token_threshold)
+            if not self.block_manager.can_allocate(seq, num_new):
+                if not self.running and not out.scheduled:
+                    # Alone it does not fit a whole prompt: take what fits, chunked.
+                    num_new = min(num_new, self._tokens_that_fit(seq))
+                    if num_new <= 0:
+                        break
+                else:
+                    break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.block_copies += self.block_manager.allocate(seq, num_new)
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+
+    def _tokens_that_fit(self, seq: Sequence) -> int:
+        size = self.block_manager.block_size
+        room = len(seq.block_table) * size - seq.num_computed_tokens
+        return room + self.block_manager.num_free_blocks * size
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        for scheduled in [s for s in out.scheduled if s.seq is seq]:
+            out.scheduled.remove(scheduled)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and free its blocks at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED

@@ -1,0 +1,75 @@
+"""A Sequence: one prompt and the tokens generated for it, as the scheduler sees it."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from llmctl.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    rank: int  # 1 = the most likely token
+    top: dict[int, float] = field(default_factory=dict)  # alternatives: token id -> logprob
+
+
+@dataclass
+class Timings:
+    arrival: float = field(default_factory=time.perf_counter)
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    request_id: str
+    index: int  # which of the request's n completions
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0  # of the prompt, found in the prefix cache
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # hashes of the full blocks registered so far
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    generator: object | None = None  # torch.Generator for seeded sampling
+    timings: Timings = field(default_factory=Timings)
+    waiting_to_fork: bool = False  # n > 1: the siblings are created when the prompt is done
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_at(self, position: int) -> int:
+        prompt = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < prompt else self.output_token_ids[position - prompt]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed_tokens < len(self.prompt_token_ids)
