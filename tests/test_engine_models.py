@@ -1,0 +1,120 @@
+"""BLOOM (ALiBi) and OPT (learned positions) with random weights from real-shaped configs,
+and the Llama path with QKV bias (Qwen2) and untied heads, against transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmctl import LLM, SamplingParams
+from llmctl.errors import UnsupportedModelError
+
+PROMPTS = ["The capital of France is", "Hello, my name is", "1, 2, 3, 4,"]
+
+
+def save_random_model(model_config, folder: Path, tokenizer) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(model_config).to(torch.float32).eval()
+    with torch.no_grad():  # random weights large enough that outputs depend on every part
+        for param in model.parameters():
+            param.normal_(0, 0.2)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_source):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(default_source.path))
+
+
+def compare_with_transformers(folder: Path, tokenizer, max_tokens: int = 12) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    llm = LLM(str(folder), max_model_len=256, max_num_batched_tokens=7)  # chunked prefill too
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
+    outputs = llm.generate(PROMPTS, params)
+    for prompt, output in zip(PROMPTS, outputs):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            ref = hf.generate(ids, do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                              output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+                              eos_token_id=None)
+        tokens = ref.sequences[0, ids.shape[1]:].tolist()
+        assert output.outputs[0].token_ids == tokens, prompt
+        ref_lp = [float(torch.log_softmax(s[0], -1)[t]) for s, t in zip(ref.logits, tokens)]
+        ours = [lp.logprob for lp in output.outputs[0].logprobs]
+        assert max(abs(a - b) for a, b in zip(ours, ref_lp)) < 1e-3
+
+
+def test_bloom_alibi(tmp_path, tokenizer):
+    from transformers import BloomConfig
+
+    config = BloomConfig(vocab_size=len(tokenizer), hidden_size=64, n_layer=3, n_head=4,  # BLOOM-560m shape,
+                         layer_norm_epsilon=1e-5, apply_residual_connection_post_layernorm=False)  # scaled down
+    compare_with_transformers(save_random_model(config, tmp_path / "bloom", tokenizer), tokenizer)
+
+
+def test_bloom_with_head_count_not_a_power_of_two(tmp_path, tokenizer):
+    from transformers import BloomConfig
+
+    config = BloomConfig(vocab_size=len(tokenizer), hidden_size=72, n_layer=2, n_head=6)
+    compare_with_transformers(save_random_model(config, tmp_path / "bloom6", tokenizer), tokenizer)
+
+
+def test_opt_learned_positions(tmp_path, tokenizer):
+    from transformers import OPTConfig
+
+    config = OPTConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=3, ffn_dim=256,
+                       num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=64)
+    compare_with_transformers(save_random_model(config, tmp_path / "opt", tokenizer), tokenizer)
+
+
+def test_opt_350m_style_projection_and_post_norm(tmp_path, tokenizer):
+    from transformers import OPTConfig
+
+    config = OPTConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, ffn_dim=128,
+                       num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=32,
+                       do_layer_norm_before=False)
+    compare_with_transformers(save_random_model(config, tmp_path / "opt350", tokenizer), tokenizer)
+
+
+def test_qwen2_qkv_bias_untied_head_and_llama3_rope(tmp_path, tokenizer):
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=False)
+    compare_with_transformers(save_random_model(config, tmp_path / "qwen2", tokenizer), tokenizer)
+
+
+@pytest.mark.parametrize("rope_parameters", [
+    {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+    {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64, "rope_theta": 500000.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0},
+])
+def test_llama_rope_scaling(tmp_path, tokenizer, rope_parameters):
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
+                         rope_parameters=rope_parameters)
+    compare_with_transformers(save_random_model(config, tmp_path / "llama", tokenizer), tokenizer)
+
+
+def test_unsupported_architecture_lists_supported(tmp_path, tokenizer):
+    from transformers import GPT2Config
+
+    folder = save_random_model(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2),
+                               tmp_path / "gpt2", tokenizer)
+    with pytest.raises(UnsupportedModelError, match="supported architectures: LlamaForCausalLM"):
+        LLM(str(folder))
