@@ -1,0 +1,134 @@
+"""AsyncLLMEngine: the engine loop on its own thread, per-request async streams.
+
+The server's event loop never runs model code: requests and aborts are handed to the
+engine thread through a queue, and every step's outputs come back to each request's
+asyncio.Queue with call_soon_threadsafe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from llmctl.engine.llm_engine import LLMEngine
+from llmctl.engine.outputs import RequestOutput
+from llmctl.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("llmctl.engine")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped after an unexpected error; no request can be served."""
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    stream: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop]] = {}
+        self._wake = threading.Event()
+        self._stopping = False
+        self.dead_error: BaseException | None = None
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="llmctl-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and self.dead_error is None
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream outputs of one request; leaving the loop early (or being cancelled) aborts it."""
+        if self.dead_error is not None:
+            raise EngineDeadError(f"the engine stopped: {self.dead_error}")
+        request_id = request_id or f"req-{next(self._ids)}"
+        stream: asyncio.Queue = asyncio.Queue()
+        self._commands.put(_Add(request_id, prompt, params, stream, asyncio.get_running_loop()))
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+        self._wake.set()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    # -- the engine thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._drain_commands()
+                if not self.engine.has_unfinished_requests:
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+                for output in self.engine.step():
+                    self._deliver(output.request_id, output, done=output.finished)
+        except BaseException as exc:  # the loop must never die silently: every waiter hears about it
+            logger.exception("engine loop failed")
+            self.dead_error = exc
+            for request_id in list(self._streams):
+                self._deliver(request_id, EngineDeadError(f"the engine stopped: {exc}"), done=True)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Add):
+                self._streams[command.request_id] = (command.stream, command.loop)
+                try:
+                    self.engine.add_request(command.request_id, command.prompt, command.params)
+                except Exception as exc:  # invalid request: the caller gets the error
+                    self._deliver(command.request_id, exc, done=True)
+            else:
+                self.engine.abort(command.request_id)
+                self._streams.pop(command.request_id, None)
+
+    def _deliver(self, request_id: str, item: object, done: bool) -> None:
+        target = self._streams.get(request_id)
+        if target is None:
+            return
+        stream, loop = target
+        if done:
+            del self._streams[request_id]
+        try:
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+            self.engine.abort(request_id)

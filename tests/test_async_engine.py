@@ -1,0 +1,76 @@
+"""The async engine: concurrent streams, early exit aborts and frees blocks, bad requests raise."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llmctl import LLM, SamplingParams
+from llmctl.engine.async_engine import AsyncLLMEngine
+from llmctl.engine.sampling_params import InvalidRequestError
+
+
+@pytest.fixture(scope="module")
+def llm(default_source):
+    return LLM(str(default_source.path), max_model_len=512)
+
+
+def test_concurrent_streams_match_offline_generation(llm):
+    prompts = ["The capital of France is", "def add(a, b):", "Once upon a time", "Water is made of"]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    engine = AsyncLLMEngine(llm.engine)
+
+    async def one(prompt: str) -> tuple[list[int], int]:
+        chunks, last = 0, None
+        async for output in engine.generate(prompt, params):
+            chunks += 1
+            last = output
+        return last.outputs[0].token_ids, chunks
+
+    async def main():
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert [tokens for tokens, _ in results] == expected
+    assert all(chunks == 12 for _, chunks in results)  # one output per generated token
+
+
+def test_leaving_a_stream_aborts_and_frees_blocks(llm):
+    engine = AsyncLLMEngine(llm.engine)
+    manager = llm.engine.block_manager
+
+    async def main():
+        params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+        async for output in engine.generate("Tell me a very long story.", params, request_id="leaver"):
+            if len(output.outputs[0].token_ids) == 3:
+                break
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if not llm.engine.has_unfinished_requests:
+                break
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert not llm.engine.has_unfinished_requests
+    assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_invalid_request_raises_in_the_caller(llm):
+    engine = AsyncLLMEngine(llm.engine)
+
+    async def main():
+        async for _ in engine.generate([1] * 600, SamplingParams(max_tokens=1)):
+            pass
+
+    try:
+        with pytest.raises(InvalidRequestError, match="maximum context length is 512"):
+            asyncio.run(main())
+    finally:
+        engine.shutdown()
