@@ -1,8 +1,9 @@
 """Sampling one token per sequence from its logits, with the request's own settings.
 
 Log-probabilities are reported from the raw model distribution (before temperature and
-penalties), as vLLM does by default. Seeded requests draw from their own generator, so
-their output does not depend on what else is in the batch.
+penalties), as vLLM does by default. Each row draws one uniform number from its request's
+generator (seeded requests have their own), so a seeded output does not depend on the
+batch; the draw is an inverse-CDF lookup, batched over rows.
 """
 
 from __future__ import annotations
@@ -25,16 +26,27 @@ class SampleInput:
 
 def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, TokenLogprob | None]]:
     """logits [N, V] float32, one row per input; returns (token, logprob entry) per row."""
-    raw_logprobs = torch.log_softmax(logits, dim=-1)
+    need_logprobs = any(item.params.logprobs is not None for item in inputs)
+    raw_logprobs = torch.log_softmax(logits, dim=-1) if need_logprobs else None
+    processed = logits.clone()
+    for row, item in enumerate(inputs):
+        _apply_penalties(processed[row], item)
+    tokens = torch.argmax(processed, dim=-1)
+    sampled_rows = [row for row, item in enumerate(inputs) if not item.params.greedy]
+    if sampled_rows:
+        rows = torch.tensor(sampled_rows, dtype=torch.long)
+        probs = _probabilities(processed[rows], [inputs[r] for r in sampled_rows])
+        uniforms = torch.cat([torch.rand(1, generator=inputs[r].generator) for r in sampled_rows])
+        tokens[rows] = _inverse_cdf(probs, uniforms)
     results = []
     for row, item in enumerate(inputs):
-        processed = _apply_penalties(logits[row].clone(), item)
-        token = int(torch.argmax(processed)) if item.params.greedy else _draw(processed, item)
-        results.append((token, _logprob_entry(raw_logprobs[row], token, item.params.logprobs)))
+        token = int(tokens[row])
+        entry = _logprob_entry(raw_logprobs[row], token, item.params.logprobs) if raw_logprobs is not None else None
+        results.append((token, entry))
     return results
 
 
-def _apply_penalties(row: torch.Tensor, item: SampleInput) -> torch.Tensor:
+def _apply_penalties(row: torch.Tensor, item: SampleInput) -> None:
     params, seq = item.params, item.seq
     if item.blocked_token_ids:
         row[item.blocked_token_ids] = float("-inf")
@@ -45,27 +57,41 @@ def _apply_penalties(row: torch.Tensor, item: SampleInput) -> torch.Tensor:
     if (params.presence_penalty or params.frequency_penalty) and seq.output_token_ids:
         ids, counts = torch.unique(torch.tensor(seq.output_token_ids, dtype=torch.long), return_counts=True)
         row[ids] -= params.frequency_penalty * counts.to(row.dtype) + params.presence_penalty
-    return row
 
 
-def _draw(row: torch.Tensor, item: SampleInput) -> int:
-    params = item.params
-    row = row / max(params.temperature or 1.0, 1e-5)
-    if params.top_k and params.top_k > 0 and params.top_k < row.numel():
-        kth = torch.topk(row, params.top_k).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    probs = torch.softmax(row, dim=-1)
-    if params.top_p is not None and params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=False)
-        cumulative = torch.cumsum(sorted_probs, dim=-1)
-        remove = cumulative <= 1 - params.top_p
-        remove[-1] = False  # always keep the most likely token
-        probs = probs.scatter(0, order, sorted_probs.masked_fill(remove, 0.0))
-    if params.min_p:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, using the request's generator.
-    noise = torch.empty_like(probs).exponential_(generator=item.generator)
-    return int(torch.argmax(probs / noise))
+def _probabilities(logits: torch.Tensor, inputs: list[SampleInput]) -> torch.Tensor:
+    temperatures = torch.tensor([max(item.params.temperature or 1.0, 1e-5) for item in inputs])
+    logits = logits / temperatures.unsqueeze(1)
+    for row, item in enumerate(inputs):
+        top_k = item.params.top_k
+        if top_k and 0 < top_k < logits.shape[1]:
+            kth = torch.topk(logits[row], top_k).values[-1]
+            logits[row] = logits[row].masked_fill(logits[row] < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    for row, item in enumerate(inputs):
+        top_p, min_p = item.params.top_p, item.params.min_p
+        if top_p is not None and top_p < 1.0:
+            probs[row] = _top_p(probs[row], top_p)
+        if min_p:
+            probs[row] = probs[row].masked_fill(probs[row] < min_p * probs[row].max(), 0.0)
+    return probs
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (transformers' rule)."""
+    sorted_probs, order = torch.sort(probs, descending=False)
+    remove = torch.cumsum(sorted_probs, dim=-1) <= 1 - top_p
+    remove[-1] = False  # always keep the most likely token
+    return probs.scatter(0, order, sorted_probs.masked_fill(remove, 0.0))
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Token i is drawn with probability probs[i] / sum: the first index whose cumulative mass
+    exceeds u · total. Zero-probability tokens are never drawn."""
+    cumulative = torch.cumsum(probs, dim=-1)
+    targets = (uniforms * cumulative[:, -1]).unsqueeze(1)
+    tokens = torch.searchsorted(cumulative, targets, right=True).squeeze(1)
+    return tokens.clamp_(max=probs.shape[1] - 1)
 
 
 def _logprob_entry(raw: torch.Tensor, token: int, top_n: int | None) -> TokenLogprob | None:

@@ -33,14 +33,26 @@ class AttentionMetadata:
 
 @dataclass
 class KVCache:
-    """One layer's paged cache: [num_blocks, block_size, kv_heads, head_dim] for K and for V."""
+    """One layer's paged cache: [2, num_blocks, block_size, kv_heads, head_dim], K then V, in one
+    tensor so that a backend can gather both with one index operation."""
 
-    key: torch.Tensor
-    value: torch.Tensor
+    kv: torch.Tensor
+
+    @property
+    def key(self) -> torch.Tensor:
+        return self.kv[0]
+
+    @property
+    def value(self) -> torch.Tensor:
+        return self.kv[1]
+
+    def flat_slots(self) -> torch.Tensor:
+        """[2, num_blocks * block_size, kv_heads, head_dim]: one row per token slot."""
+        return self.kv.view(2, -1, *self.kv.shape[3:])
 
     @property
     def nbytes(self) -> int:
-        return self.key.numel() * self.key.element_size() * 2
+        return self.kv.numel() * self.kv.element_size()
 
 
 class AttentionBackend(Protocol):

@@ -1,7 +1,9 @@
 """The `torch` attention backend: gathers each sequence's pages and calls SDPA.
 
-Decodes (one new token each) run as one padded batch; prefill chunks run one sequence
-at a time with a causal mask offset by the tokens already in the cache.
+Decodes (one new token each) run as padded batches of similar context length; prefill
+chunks run one sequence at a time with a causal mask offset by the tokens already in the
+cache. For decodes the query heads that share a KV head are folded into the query-length
+dimension, so SDPA reads each K/V head once instead of repeating it per query head.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class TorchAttention:
     def __init__(self) -> None:
         self.meta: AttentionMetadata | None = None
         self.prefills: list[_Prefill] = []
-        self.decodes: _Decodes | None = None
+        self.decodes: list[_Decodes] = []
 
     def prepare(self, meta: AttentionMetadata, device: torch.device) -> None:
         self.meta = meta
@@ -59,41 +61,72 @@ class TorchAttention:
             mask = torch.arange(length).unsqueeze(0) <= query_pos
             self.prefills.append(_Prefill(slice(start, start + q_len), slots.to(device), mask.to(device),
                                           torch.arange(length, device=device)))
-        self.decodes = None
-        if decode_rows:
-            longest = max(decode_lens)
-            padded = torch.zeros(len(decode_rows), longest, dtype=torch.long)
-            for row, slots in enumerate(decode_slots):
-                padded[row, : len(slots)] = slots
-            valid = torch.arange(longest).unsqueeze(0) < torch.tensor(decode_lens).unsqueeze(1)
-            self.decodes = _Decodes(torch.tensor(decode_rows, device=device), padded.to(device),
-                                    valid[:, None, None, :].to(device), torch.arange(longest, device=device))
+        self.decodes = [_decode_batch([decode_rows[i] for i in group], [decode_slots[i] for i in group],
+                                      [decode_lens[i] for i in group], device)
+                        for group in _length_groups(decode_lens)]
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
         assert self.meta is not None, "prepare() runs before forward()"
-        flat_k = cache.key.view(-1, *cache.key.shape[2:])
-        flat_v = cache.value.view(-1, *cache.value.shape[2:])
-        flat_k.index_copy_(0, self.meta.slot_mapping, key.to(flat_k.dtype))
-        flat_v.index_copy_(0, self.meta.slot_mapping, value.to(flat_v.dtype))
+        kv = cache.flat_slots()  # [2, slots, KVH, D]
+        kv[0].index_copy_(0, self.meta.slot_mapping, key.to(kv.dtype))
+        kv[1].index_copy_(0, self.meta.slot_mapping, value.to(kv.dtype))
         output = torch.empty_like(query)
         gqa = query.shape[1] != key.shape[1]
         for p in self.prefills:
             q = query[p.tokens].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-            k = flat_k[p.key_slots].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, KVH, L, D]
-            v = flat_v[p.key_slots].transpose(0, 1).unsqueeze(0).to(q.dtype)
+            k, v = _gather(kv, p.key_slots, q.dtype)  # [1, KVH, L, D] each
             mask = _bias(p.mask, p.key_positions, alibi_slopes, q.dtype)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
             output[p.tokens] = out.squeeze(0).transpose(0, 1)
-        if self.decodes is not None:
-            d = self.decodes
-            q = query[d.rows].unsqueeze(2)  # [B, H, 1, D]
-            k = flat_k[d.key_slots].transpose(1, 2).to(q.dtype)  # [B, KVH, Lmax, D]
-            v = flat_v[d.key_slots].transpose(1, 2).to(q.dtype)
-            mask = _bias(d.mask, d.key_positions, alibi_slopes, q.dtype)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-            output[d.rows] = out.squeeze(2)
+        for d in self.decodes:
+            output.index_copy_(0, d.rows, _decode(query.index_select(0, d.rows), kv, d, scale, alibi_slopes))
         return output
+
+
+def _decode(query: torch.Tensor, kv: torch.Tensor, d: _Decodes, scale: float,
+            slopes: torch.Tensor | None) -> torch.Tensor:
+    """query [B, H, D] -> [B, H, D] for one new token per sequence."""
+    batch, heads, dim = query.shape
+    k, v = _gather(kv, d.key_slots, query.dtype)  # [B, KVH, Lmax, D] each
+    if slopes is None:  # fold the query heads of a KV head into the query-length dimension
+        q = query.view(batch, k.shape[1], heads // k.shape[1], dim)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=d.mask, scale=scale)
+        return out.reshape(batch, heads, dim)
+    mask = _bias(d.mask, d.key_positions, slopes, query.dtype)
+    out = F.scaled_dot_product_attention(query.unsqueeze(2), k, v, attn_mask=mask, scale=scale,
+                                         enable_gqa=heads != k.shape[1])
+    return out.squeeze(2)
+
+
+def _length_groups(lengths: list[int], ratio: float = 0.6) -> list[list[int]]:
+    """Indices grouped so that no group pads a context to more than 1/ratio of its length."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and lengths[i] >= ratio * lengths[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _decode_batch(rows: list[int], slots: list[torch.Tensor], lengths: list[int], device: torch.device) -> _Decodes:
+    longest = max(lengths)
+    padded = torch.zeros(len(rows), longest, dtype=torch.long)
+    for row, row_slots in enumerate(slots):
+        padded[row, : len(row_slots)] = row_slots
+    valid = torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    return _Decodes(torch.tensor(rows, device=device), padded.to(device), valid[:, None, None, :].to(device),
+                    torch.arange(longest, device=device))
+
+
+def _gather(kv: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of the given cache slots ([L] or [B, L]) with one index_select: [..., KVH, L, D] each."""
+    both = kv.index_select(1, slots.reshape(-1)).view(2, *slots.shape, *kv.shape[2:]).to(dtype)
+    if slots.dim() == 1:
+        both = both.unsqueeze(1)  # a batch of one
+    return both[0].transpose(1, 2), both[1].transpose(1, 2)
 
 
 def _bias(mask: torch.Tensor, key_positions: torch.Tensor, slopes: torch.Tensor | None,
