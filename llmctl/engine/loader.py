@@ -62,6 +62,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
     source = resolve_model(config.model, config.revision, weights=True, show_progress=config.show_progress)
     spec = load_spec(source)
     device = _device(config.device)
+    if device.type == "cpu":
+        keep_freed_memory_in_heap()
     dtype = _dtype(config.dtype, device)
     hf_config = _hf_config(source, config.trust_remote_code)
     model = _build(spec, hf_config, dtype, device, source)
@@ -81,6 +83,24 @@ def load_model(config: EngineConfig) -> LoadedModel:
                          max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes)
     _log_startup(loaded, time.perf_counter() - started)
     return loaded
+
+
+def keep_freed_memory_in_heap() -> None:
+    """glibc returns large freed blocks to the OS, so every big step tensor is page-faulted in
+    again; keeping them in the heap makes CPU steps markedly faster (vLLM recommends tcmalloc
+    for the same reason). Best effort: other C libraries are left alone."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name or "libc" not in name:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: serve allocations up to 1 GiB from the heap
+        libc.mallopt(-1, 1 << 31)  # M_TRIM_THRESHOLD: do not hand freed heap back eagerly
+    except (OSError, AttributeError):
+        pass
 
 
 def _device(name: str) -> torch.device:

@@ -1,9 +1,10 @@
-"""The `torch` attention backend: gathers each sequence's pages and calls SDPA.
+"""The `torch` attention backend: gathers each sequence's KV blocks and calls SDPA.
 
-Decodes (one new token each) run as padded batches of similar context length; prefill
-chunks run one sequence at a time with a causal mask offset by the tokens already in the
-cache. For decodes the query heads that share a KV head are folded into the query-length
-dimension, so SDPA reads each K/V head once instead of repeating it per query head.
+Blocks are gathered whole (one index per 16 tokens, so the copies are long contiguous
+runs), then positions past the sequence are masked. Decodes (one new token each) run as
+padded batches of similar context length, with the query heads that share a KV head
+folded into the query-length dimension so SDPA reads each K/V head once. Prefill chunks
+run one sequence at a time with a causal mask offset by the tokens already cached.
 """
 
 from __future__ import annotations
@@ -19,23 +20,17 @@ from llmctl.engine.layers.attention import AttentionMetadata, KVCache
 @dataclass
 class _Prefill:
     tokens: slice  # rows of the flat batch
-    key_slots: torch.Tensor  # [L] cache slots of the whole context
-    mask: torch.Tensor  # [q, L] True where attention is allowed
-    key_positions: torch.Tensor  # [L] for ALiBi
+    blocks: torch.Tensor  # [n] the sequence's blocks
+    mask: torch.Tensor  # [q, n * block_size] True where attention is allowed
+    key_positions: torch.Tensor  # [n * block_size] for ALiBi
 
 
 @dataclass
 class _Decodes:
     rows: torch.Tensor  # [B] rows of the flat batch
-    key_slots: torch.Tensor  # [B, Lmax]
-    mask: torch.Tensor  # [B, 1, 1, Lmax]
-    key_positions: torch.Tensor  # [Lmax]
-
-
-def _context_slots(block_table: list[int], length: int, block_size: int) -> torch.Tensor:
-    blocks = torch.tensor(block_table, dtype=torch.long)
-    positions = torch.arange(length)
-    return blocks[positions // block_size] * block_size + positions % block_size
+    blocks: torch.Tensor  # [B, n] padded block tables
+    mask: torch.Tensor  # [B, 1, 1, n * block_size]
+    key_positions: torch.Tensor  # [n * block_size]
 
 
 class TorchAttention:
@@ -45,50 +40,59 @@ class TorchAttention:
         self.meta: AttentionMetadata | None = None
         self.prefills: list[_Prefill] = []
         self.decodes: list[_Decodes] = []
+        self._workspace: torch.Tensor | None = None  # reused gather buffer: fresh large buffers cost page faults
 
     def prepare(self, meta: AttentionMetadata, device: torch.device) -> None:
         self.meta = meta
-        self.prefills, decode_rows, decode_slots, decode_lens = [], [], [], []
+        size = meta.block_size
+        self.prefills, decodes = [], []
         for i in range(meta.num_seqs):
             start, q_len, length = meta.query_start_loc[i], meta.query_len(i), meta.seq_lens[i]
-            slots = _context_slots(meta.block_tables[i], length, meta.block_size)
+            blocks = meta.block_tables[i][: -(-length // size)]
             if q_len == 1:
-                decode_rows.append(start)
-                decode_slots.append(slots)
-                decode_lens.append(length)
+                decodes.append((start, blocks, length))
                 continue
             query_pos = torch.arange(length - q_len, length).unsqueeze(1)
-            mask = torch.arange(length).unsqueeze(0) <= query_pos
-            self.prefills.append(_Prefill(slice(start, start + q_len), slots.to(device), mask.to(device),
-                                          torch.arange(length, device=device)))
-        self.decodes = [_decode_batch([decode_rows[i] for i in group], [decode_slots[i] for i in group],
-                                      [decode_lens[i] for i in group], device)
-                        for group in _length_groups(decode_lens)]
+            mask = torch.arange(len(blocks) * size).unsqueeze(0) <= query_pos
+            self.prefills.append(_Prefill(slice(start, start + q_len), torch.tensor(blocks, device=device),
+                                          mask.to(device), torch.arange(len(blocks) * size, device=device)))
+        self.decodes = [_decode_batch([decodes[i] for i in group], size, device)
+                        for group in _length_groups([length for _, _, length in decodes])]
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
         assert self.meta is not None, "prepare() runs before forward()"
-        kv = cache.flat_slots()  # [2, slots, KVH, D]
-        kv[0].index_copy_(0, self.meta.slot_mapping, key.to(kv.dtype))
-        kv[1].index_copy_(0, self.meta.slot_mapping, value.to(kv.dtype))
+        flat = cache.flat_slots()  # [2, slots, KVH, D]
+        flat[0].index_copy_(0, self.meta.slot_mapping, key.to(flat.dtype))
+        flat[1].index_copy_(0, self.meta.slot_mapping, value.to(flat.dtype))
         output = torch.empty_like(query)
         gqa = query.shape[1] != key.shape[1]
         for p in self.prefills:
             q = query[p.tokens].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-            k, v = _gather(kv, p.key_slots, q.dtype)  # [1, KVH, L, D] each
+            k, v = self._gather(cache.kv, p.blocks.unsqueeze(0), q.dtype)  # [1, KVH, L, D] each
             mask = _bias(p.mask, p.key_positions, alibi_slopes, q.dtype)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
             output[p.tokens] = out.squeeze(0).transpose(0, 1)
         for d in self.decodes:
-            output.index_copy_(0, d.rows, _decode(query.index_select(0, d.rows), kv, d, scale, alibi_slopes))
+            k, v = self._gather(cache.kv, d.blocks, query.dtype)  # [B, KVH, L, D] each
+            output.index_copy_(0, d.rows, _decode(query.index_select(0, d.rows), k, v, d, scale, alibi_slopes))
         return output
 
+    def _gather(self, kv: torch.Tensor, blocks: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv [2, num_blocks, block_size, KVH, D], blocks [B, n] -> K and V as [B, KVH, n * block_size, D]."""
+        batch, count = blocks.shape
+        needed = batch * count
+        if self._workspace is None or self._workspace.shape[1] < needed or self._workspace.dtype != kv.dtype:
+            self._workspace = torch.empty((2, max(needed, 256), *kv.shape[2:]), dtype=kv.dtype, device=kv.device)
+        both = torch.index_select(kv, 1, blocks.reshape(-1), out=self._workspace[:, :needed]).to(dtype)
+        both = both.view(2, batch, count * kv.shape[2], kv.shape[3], kv.shape[4])
+        return both[0].transpose(1, 2), both[1].transpose(1, 2)
 
-def _decode(query: torch.Tensor, kv: torch.Tensor, d: _Decodes, scale: float,
+
+def _decode(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d: _Decodes, scale: float,
             slopes: torch.Tensor | None) -> torch.Tensor:
-    """query [B, H, D] -> [B, H, D] for one new token per sequence."""
+    """query [B, H, D], K/V [B, KVH, L, D] -> [B, H, D] for one new token per sequence."""
     batch, heads, dim = query.shape
-    k, v = _gather(kv, d.key_slots, query.dtype)  # [B, KVH, Lmax, D] each
     if slopes is None:  # fold the query heads of a KV head into the query-length dimension
         q = query.view(batch, k.shape[1], heads // k.shape[1], dim)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=d.mask, scale=scale)
@@ -111,22 +115,15 @@ def _length_groups(lengths: list[int], ratio: float = 0.6) -> list[list[int]]:
     return groups
 
 
-def _decode_batch(rows: list[int], slots: list[torch.Tensor], lengths: list[int], device: torch.device) -> _Decodes:
-    longest = max(lengths)
-    padded = torch.zeros(len(rows), longest, dtype=torch.long)
-    for row, row_slots in enumerate(slots):
-        padded[row, : len(row_slots)] = row_slots
-    valid = torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
-    return _Decodes(torch.tensor(rows, device=device), padded.to(device), valid[:, None, None, :].to(device),
-                    torch.arange(longest, device=device))
-
-
-def _gather(kv: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of the given cache slots ([L] or [B, L]) with one index_select: [..., KVH, L, D] each."""
-    both = kv.index_select(1, slots.reshape(-1)).view(2, *slots.shape, *kv.shape[2:]).to(dtype)
-    if slots.dim() == 1:
-        both = both.unsqueeze(1)  # a batch of one
-    return both[0].transpose(1, 2), both[1].transpose(1, 2)
+def _decode_batch(items: list[tuple[int, list[int], int]], size: int, device: torch.device) -> _Decodes:
+    count = max(len(blocks) for _, blocks, _ in items)
+    padded = torch.zeros(len(items), count, dtype=torch.long)
+    for row, (_, blocks, _) in enumerate(items):
+        padded[row, : len(blocks)] = torch.tensor(blocks)
+    lengths = torch.tensor([length for _, _, length in items])
+    valid = torch.arange(count * size).unsqueeze(0) < lengths.unsqueeze(1)
+    return _Decodes(torch.tensor([row for row, _, _ in items], device=device), padded.to(device),
+                    valid[:, None, None, :].to(device), torch.arange(count * size, device=device))
 
 
 def _bias(mask: torch.Tensor, key_positions: torch.Tensor, slopes: torch.Tensor | None,
@@ -135,6 +132,6 @@ def _bias(mask: torch.Tensor, key_positions: torch.Tensor, slopes: torch.Tensor 
     if slopes is None:
         return mask
     bias = slopes.to(dtype).view(-1, 1, 1) * key_positions.to(dtype).view(1, 1, -1)  # [H, 1, L]
-    bias = bias.masked_fill(~mask, float("-inf")) if mask.dim() == 2 else \
-        bias.unsqueeze(0).masked_fill(~mask, float("-inf"))
-    return bias
+    if mask.dim() == 2:
+        return bias.masked_fill(~mask, float("-inf"))
+    return bias.unsqueeze(0).masked_fill(~mask, float("-inf"))
