@@ -30,14 +30,23 @@ class RotaryEmbedding(torch.nn.Module):
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.attention_scaling = float(scaling)
+        self._cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, cos, sin
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T]; query [T, H, D], key [T, KVH, D]."""
+        cos, sin = self._cos_sin(positions, query.dtype)
+        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # Every layer of a step rotates by the same positions: compute once per step.
+        if self._cached is not None and self._cached[0] is positions and self._cached[1].dtype == dtype:
+            return self._cached[1], self._cached[2]
         freqs = positions.float().unsqueeze(-1) * self.inv_freq.unsqueeze(0)
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.attention_scaling).to(query.dtype).unsqueeze(1)
-        sin = (emb.sin() * self.attention_scaling).to(query.dtype).unsqueeze(1)
-        return _rotate(query, cos, sin), _rotate(key, cos, sin)
+        cos = (emb.cos() * self.attention_scaling).to(dtype).unsqueeze(1)
+        sin = (emb.sin() * self.attention_scaling).to(dtype).unsqueeze(1)
+        self._cached = (positions, cos, sin)
+        return cos, sin
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from llmctl.engine.layers.attention import AttentionMetadata, KVCache
 @dataclass
 class _Prefill:
     tokens: slice  # rows of the flat batch
+    fresh: bool  # no earlier tokens in the cache: attend over the new K/V directly
     blocks: torch.Tensor  # [n] the sequence's blocks
     mask: torch.Tensor  # [q, n * block_size] True where attention is allowed
     key_positions: torch.Tensor  # [n * block_size] for ALiBi
@@ -54,7 +55,7 @@ class TorchAttention:
                 continue
             query_pos = torch.arange(length - q_len, length).unsqueeze(1)
             mask = torch.arange(len(blocks) * size).unsqueeze(0) <= query_pos
-            self.prefills.append(_Prefill(slice(start, start + q_len), torch.tensor(blocks, device=device),
+            self.prefills.append(_Prefill(slice(start, start + q_len), q_len == length, torch.tensor(blocks, device=device),
                                           mask.to(device), torch.arange(len(blocks) * size, device=device)))
         self.decodes = [_decode_batch([decodes[i] for i in group], size, device)
                         for group in _length_groups([length for _, _, length in decodes])]
@@ -69,6 +70,12 @@ class TorchAttention:
         gqa = query.shape[1] != key.shape[1]
         for p in self.prefills:
             q = query[p.tokens].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
+            if p.fresh and alibi_slopes is None:
+                k, v = key[p.tokens].transpose(0, 1).unsqueeze(0), value[p.tokens].transpose(0, 1).unsqueeze(0)
+                out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=scale,
+                                                     enable_gqa=gqa)
+                output[p.tokens] = out.squeeze(0).transpose(0, 1)
+                continue
             k, v = self._gather(cache.kv, p.blocks.unsqueeze(0), q.dtype)  # [1, KVH, L, D] each
             mask = _bias(p.mask, p.key_positions, alibi_slopes, q.dtype)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
