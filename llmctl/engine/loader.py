@@ -191,7 +191,7 @@ def _check_fits(config: EngineConfig, geometry: StageKV, pool: KVPool, max_model
 
 def _allocate(spec: ModelSpec, pool: KVPool, dtype: torch.dtype, device: torch.device) -> list[KVCache]:
     att = spec.attention
-    shape = (2, pool.num_blocks, pool.block_size, att.num_kv_heads, att.head_dim)
+    shape = (pool.num_blocks, pool.block_size, 2, att.num_kv_heads, att.head_dim)
     return [KVCache(torch.zeros(shape, dtype=dtype, device=device)) for _ in range(spec.num_layers)]
 
 

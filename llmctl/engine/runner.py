@@ -92,4 +92,4 @@ class ModelRunner:
         src = torch.tensor([s for s, _ in copies], device=self.device)
         dst = torch.tensor([d for _, d in copies], device=self.device)
         for cache in self.kv_caches:
-            cache.kv[:, dst] = cache.kv[:, src]
+            cache.kv[dst] = cache.kv[src]

@@ -33,22 +33,24 @@ class AttentionMetadata:
 
 @dataclass
 class KVCache:
-    """One layer's paged cache: [2, num_blocks, block_size, kv_heads, head_dim], K then V, in one
-    tensor so that a backend can gather both with one index operation."""
+    """One layer's paged cache: [num_blocks, block_size, 2, kv_heads, head_dim].
+
+    K and V of a token sit side by side, so gathering a block copies one contiguous run
+    holding both, and K (or V) of a gathered block range is still a strided view."""
 
     kv: torch.Tensor
 
     @property
     def key(self) -> torch.Tensor:
-        return self.kv[0]
+        return self.kv[:, :, 0]
 
     @property
     def value(self) -> torch.Tensor:
-        return self.kv[1]
+        return self.kv[:, :, 1]
 
     def flat_slots(self) -> torch.Tensor:
-        """[2, num_blocks * block_size, kv_heads, head_dim]: one row per token slot."""
-        return self.kv.view(2, -1, *self.kv.shape[3:])
+        """[num_blocks * block_size, 2, kv_heads, head_dim]: one row per token slot."""
+        return self.kv.view(-1, *self.kv.shape[2:])
 
     @property
     def nbytes(self) -> int:

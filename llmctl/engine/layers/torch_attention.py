@@ -63,9 +63,9 @@ class TorchAttention:
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
         assert self.meta is not None, "prepare() runs before forward()"
-        flat = cache.flat_slots()  # [2, slots, KVH, D]
-        flat[0].index_copy_(0, self.meta.slot_mapping, key.to(flat.dtype))
-        flat[1].index_copy_(0, self.meta.slot_mapping, value.to(flat.dtype))
+        flat = cache.flat_slots()  # [slots, 2, KVH, D]
+        flat[:, 0].index_copy_(0, self.meta.slot_mapping, key.to(flat.dtype))
+        flat[:, 1].index_copy_(0, self.meta.slot_mapping, value.to(flat.dtype))
         output = torch.empty_like(query)
         gqa = query.shape[1] != key.shape[1]
         for p in self.prefills:
@@ -86,14 +86,14 @@ class TorchAttention:
         return output
 
     def _gather(self, kv: torch.Tensor, blocks: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """kv [2, num_blocks, block_size, KVH, D], blocks [B, n] -> K and V as [B, KVH, n * block_size, D]."""
+        """kv [num_blocks, block_size, 2, KVH, D], blocks [B, n] -> K and V as [B, KVH, n * block_size, D]."""
         batch, count = blocks.shape
         needed = batch * count
-        if self._workspace is None or self._workspace.shape[1] < needed or self._workspace.dtype != kv.dtype:
-            self._workspace = torch.empty((2, max(needed, 256), *kv.shape[2:]), dtype=kv.dtype, device=kv.device)
-        both = torch.index_select(kv, 1, blocks.reshape(-1), out=self._workspace[:, :needed]).to(dtype)
-        both = both.view(2, batch, count * kv.shape[2], kv.shape[3], kv.shape[4])
-        return both[0].transpose(1, 2), both[1].transpose(1, 2)
+        if self._workspace is None or self._workspace.shape[0] < needed or self._workspace.dtype != kv.dtype:
+            self._workspace = torch.empty((max(needed, 256), *kv.shape[1:]), dtype=kv.dtype, device=kv.device)
+        both = torch.index_select(kv, 0, blocks.reshape(-1), out=self._workspace[:needed]).to(dtype)
+        both = both.view(batch, count * kv.shape[1], 2, kv.shape[3], kv.shape[4])
+        return both[:, :, 0].transpose(1, 2), both[:, :, 1].transpose(1, 2)
 
 
 def _decode(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d: _Decodes, scale: float,
