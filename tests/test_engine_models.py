@@ -118,3 +118,12 @@ def test_unsupported_architecture_lists_supported(tmp_path, tokenizer):
                                tmp_path / "gpt2", tokenizer)
     with pytest.raises(UnsupportedModelError, match="supported architectures: LlamaForCausalLM"):
         LLM(str(folder))
+
+
+def test_mistral_sliding_window(tmp_path, tokenizer):
+    from transformers import MistralConfig
+
+    config = MistralConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                           sliding_window=5)  # shorter than the prompts, so the window matters
+    compare_with_transformers(save_random_model(config, tmp_path / "mistral", tokenizer), tokenizer)

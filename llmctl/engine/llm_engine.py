@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from llmctl.engine.block_manager import BlockManager
+from llmctl.engine.block_manager import BlockManager, PrefixCacheStats
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.detokenizer import IncrementalDetokenizer
 from llmctl.engine.loader import LoadedModel, load_model
@@ -22,6 +22,25 @@ from llmctl.engine.scheduler import Scheduler
 from llmctl.engine.sequence import Sequence, SequenceStatus
 
 logger = logging.getLogger("llmctl.engine")
+
+
+def configure_logging() -> None:
+    """INFO lines on stderr, as vLLM prints its startup log, unless the application set up logging."""
+    package = logging.getLogger("llmctl")
+    if package.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(message)s", datefmt="%m-%d %H:%M:%S"))
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+
+
+def _uniform_sliding_window(spec) -> int | None:
+    """Mistral-style models slide every layer's window; mixed layouts are not supported yet."""
+    att = spec.attention
+    if att.sliding_window and att.layer_types and all(kind == "sliding" for kind in att.layer_types):
+        return att.sliding_window
+    return None
 
 
 @dataclass
@@ -43,6 +62,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, **overrides: Any) -> None:
         config = config or EngineConfig(**overrides)
         config.validate()
+        configure_logging()
         self.config = config
         self.loaded: LoadedModel = load_model(config)
         self.tokenizer = self.loaded.tokenizer
@@ -51,13 +71,26 @@ class LLMEngine:
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.loaded.max_num_batched_tokens)
         self.runner = ModelRunner(self.loaded.model, self.loaded.kv_caches, self.loaded.backend,
-                                  config.block_size, self.loaded.device)
+                                  config.block_size, self.loaded.device, _uniform_sliding_window(self.loaded.spec))
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self._default_generator = torch.Generator().manual_seed(config.seed)
         self.eos_token_ids = self.loaded.eos_token_ids
         self.generation_defaults = self.loaded.generation_defaults
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One tiny request through every code path, so the first real request is not the slow one."""
+        started = time.perf_counter()
+        self.add_request("llmctl-warm-up", [0] * 8, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+        while self.has_unfinished_requests:
+            self.step()
+        self.block_manager.reset_prefix_cache()
+        self.block_manager.stats = PrefixCacheStats()
+        self.scheduler.num_preemptions = 0
+        self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
+        logger.info("warm-up took %.2f s", time.perf_counter() - started)
 
     # -- requests -------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:

@@ -211,7 +211,8 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
     logger.info("attention backend torch: SDPA over gathered KV pages (%s positions); the Triton backend is not "
                 "built yet", loaded.spec.positional.describe())
     logger.info("weights take %.2f GiB", loaded.weights_bytes / GiB)
-    logger.info("KV cache: %.2f GiB = %d blocks of %d tokens; GPU KV cache size: %s tokens",
-                pool.allocated_bytes / GiB, pool.num_blocks, pool.block_size, f"{pool.tokens:,}")
+    logger.info("KV cache: %.2f GiB = %d blocks of %d tokens; %s KV cache size: %s tokens",
+                pool.allocated_bytes / GiB, pool.num_blocks, pool.block_size,
+                "GPU" if loaded.device.type == "cuda" else "CPU", f"{pool.tokens:,}")
     logger.info("Maximum concurrency for %s tokens per request: %.2fx", f"{loaded.max_model_len:,}", concurrency)
     logger.info("loaded in %.2f s", seconds)

@@ -30,7 +30,8 @@ class StepResult:
     prompt_logits: dict[int, torch.Tensor]  # seq_id -> [rows, V]
 
 
-def build_inputs(sched: SchedulerOutput, block_size: int, device: torch.device) -> StepInputs:
+def build_inputs(sched: SchedulerOutput, block_size: int, device: torch.device,
+                 sliding_window: int | None = None) -> StepInputs:
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -56,6 +57,7 @@ def build_inputs(sched: SchedulerOutput, block_size: int, device: torch.device) 
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
         query_start_loc=starts, seq_lens=lens, block_tables=tables, block_size=block_size,
+        sliding_window=sliding_window,
     )
     return StepInputs(torch.tensor(ids, dtype=torch.long, device=device),
                       torch.tensor(positions, dtype=torch.long, device=device),
@@ -64,8 +66,9 @@ def build_inputs(sched: SchedulerOutput, block_size: int, device: torch.device) 
 
 class ModelRunner:
     def __init__(self, model: nn.Module, kv_caches: list[KVCache], backend: AttentionBackend,
-                 block_size: int, device: torch.device) -> None:
+                 block_size: int, device: torch.device, sliding_window: int | None = None) -> None:
         self.model = model
+        self.sliding_window = sliding_window
         self.kv_caches = kv_caches
         self.backend = backend
         self.block_size = block_size
@@ -74,7 +77,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
         self._copy_blocks(sched.block_copies)
-        inputs = build_inputs(sched, self.block_size, self.device)
+        inputs = build_inputs(sched, self.block_size, self.device, self.sliding_window)
         self.backend.prepare(inputs.meta, self.device)
         hidden = self.model(inputs.input_ids, StepContext(inputs.positions, self.kv_caches, self.backend))
         rows = torch.tensor(inputs.sample_rows, dtype=torch.long, device=self.device)

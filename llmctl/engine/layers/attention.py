@@ -22,6 +22,7 @@ class AttentionMetadata:
     seq_lens: list[int]  # [B] tokens in the cache after this step (context + new)
     block_tables: list[list[int]]  # [B][blocks] physical blocks of each sequence
     block_size: int
+    sliding_window: int | None = None  # a query sees only keys less than this many positions back
 
     @property
     def num_seqs(self) -> int:

@@ -54,10 +54,14 @@ class TorchAttention:
                 decodes.append((start, blocks, length))
                 continue
             query_pos = torch.arange(length - q_len, length).unsqueeze(1)
-            mask = torch.arange(len(blocks) * size).unsqueeze(0) <= query_pos
-            self.prefills.append(_Prefill(slice(start, start + q_len), q_len == length, torch.tensor(blocks, device=device),
+            key_pos = torch.arange(len(blocks) * size).unsqueeze(0)
+            mask = key_pos <= query_pos
+            if meta.sliding_window:
+                mask &= key_pos > query_pos - meta.sliding_window
+            fresh = q_len == length and not meta.sliding_window
+            self.prefills.append(_Prefill(slice(start, start + q_len), fresh, torch.tensor(blocks, device=device),
                                           mask.to(device), torch.arange(len(blocks) * size, device=device)))
-        self.decodes = [_decode_batch([decodes[i] for i in group], size, device)
+        self.decodes = [_decode_batch([decodes[i] for i in group], size, device, meta.sliding_window)
                         for group in _length_groups([length for _, _, length in decodes])]
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
@@ -122,13 +126,17 @@ def _length_groups(lengths: list[int], ratio: float = 0.6) -> list[list[int]]:
     return groups
 
 
-def _decode_batch(items: list[tuple[int, list[int], int]], size: int, device: torch.device) -> _Decodes:
+def _decode_batch(items: list[tuple[int, list[int], int]], size: int, device: torch.device,
+                  window: int | None) -> _Decodes:
     count = max(len(blocks) for _, blocks, _ in items)
     padded = torch.zeros(len(items), count, dtype=torch.long)
     for row, (_, blocks, _) in enumerate(items):
         padded[row, : len(blocks)] = torch.tensor(blocks)
     lengths = torch.tensor([length for _, _, length in items])
-    valid = torch.arange(count * size).unsqueeze(0) < lengths.unsqueeze(1)
+    key_pos = torch.arange(count * size).unsqueeze(0)
+    valid = key_pos < lengths.unsqueeze(1)
+    if window:
+        valid &= key_pos > lengths.unsqueeze(1) - 1 - window
     return _Decodes(torch.tensor([row for row, _, _ in items], device=device), padded.to(device),
                     valid[:, None, None, :].to(device), torch.arange(count * size, device=device))
 
