@@ -14,7 +14,7 @@ from llmctl.errors import UnsupportedModelError
 PROMPTS = ["The capital of France is", "Hello, my name is", "1, 2, 3, 4,"]
 
 
-def save_random_model(model_config, folder: Path, tokenizer) -> Path:
+def save_random_model(model_config, folder: Path, tokenizer, max_shard_size: str = "5GB") -> Path:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -22,7 +22,7 @@ def save_random_model(model_config, folder: Path, tokenizer) -> Path:
     with torch.no_grad():  # random weights large enough that outputs depend on every part
         for param in model.parameters():
             param.normal_(0, 0.2)
-    model.save_pretrained(folder, safe_serialization=True)
+    model.save_pretrained(folder, safe_serialization=True, max_shard_size=max_shard_size)
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -92,7 +92,9 @@ def test_qwen2_qkv_bias_untied_head_and_llama3_rope(tmp_path, tokenizer):
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          tie_word_embeddings=False)
-    compare_with_transformers(save_random_model(config, tmp_path / "qwen2", tokenizer), tokenizer)
+    folder = save_random_model(config, tmp_path / "qwen2", tokenizer, max_shard_size="2MB")
+    assert len(list(folder.glob("*.safetensors"))) > 1 and (folder / "model.safetensors.index.json").exists()
+    compare_with_transformers(folder, tokenizer)
 
 
 @pytest.mark.parametrize("rope_parameters", [

@@ -177,3 +177,13 @@ def test_kv_bytes_equal_the_plan(llm):
                       MeasuredMemory(weights_bytes=0, activation_bytes=0, overhead_bytes=0))
     assert loaded.kv_cache_bytes == plan.recommended.kv_blocks * 16 * plan.recommended.stages[0].kv_bytes_per_token
     assert loaded.kv_pool.num_blocks == plan.recommended.kv_blocks
+
+
+def test_generation_config_defaults_apply_unless_overridden():
+    defaults = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+    filled = SamplingParams(max_tokens=4).with_defaults(defaults)
+    assert (filled.temperature, filled.top_p, filled.top_k, filled.repetition_penalty) == (0.7, 0.8, 20, 1.05)
+    explicit = SamplingParams(temperature=0.2, top_p=1.0, top_k=0, repetition_penalty=1.0).with_defaults(defaults)
+    assert (explicit.temperature, explicit.top_p, explicit.top_k, explicit.repetition_penalty) == (0.2, 1.0, 0, 1.0)
+    assert SamplingParams().with_defaults({"do_sample": False}).greedy
+    assert SamplingParams().with_defaults({}).temperature == 1.0
