@@ -155,6 +155,70 @@ def plan(
         raise typer.Exit(1)
 
 
+def _parse_bytes(value: str | None, flag: str) -> int | None:
+    """'4GiB', '512MiB', '2e9' or plain bytes."""
+    if value is None:
+        return None
+    units = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "b": 1}
+    text = value.strip().lower()
+    for unit, factor in sorted(units.items(), key=lambda kv: -len(kv[0])):
+        if text.endswith(unit):
+            try:
+                return int(float(text[: -len(unit)]) * factor)
+            except ValueError:
+                break
+    try:
+        return int(float(text))
+    except ValueError:
+        raise LlmctlError(f"{flag} {value!r} is not a size: use bytes or a unit, e.g. 4GiB") from None
+
+
+@app.command()
+def serve(
+    model: ModelArg = None,
+    revision: RevisionOpt = None,
+    host: Annotated[str, typer.Option("--host", help="address to listen on (0.0.0.0: all interfaces)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="port to listen on")] = 8000,
+    served_model_name: Annotated[Optional[list[str]], typer.Option(
+        "--served-model-name", help="name(s) clients use in 'model' (default: the model argument)")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMCTL_API_KEY",
+                                                   help="require 'Authorization: Bearer KEY' on /v1")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="context per sequence")] = None,
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", help="sequences per step")] = 256,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens",
+                                                                  help="tokens per step")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16, float16")] = "auto",
+    gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization")] = 0.9,
+    kv_cache_memory: Annotated[Optional[str], typer.Option("--kv-cache-memory",
+                                                           help="KV cache size, e.g. 4GiB (CPU default 2GiB)")] = None,
+    chat_template: Annotated[Optional[str], typer.Option("--chat-template",
+                                                         help="a Jinja file or a built-in name: chatml, bloom")] = None,
+    enable_prefix_caching: Annotated[bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching")] = True,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    max_queue_len: Annotated[Optional[int], typer.Option(
+        "--max-queue-len", help="requests that may wait beyond max-num-seqs; more get 503 + Retry-After")] = None,
+    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "--tp")] = 1,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+) -> None:
+    """An OpenAI-compatible server on llmctl's engine (completions, chat, streaming, metrics)."""
+    from llmctl.engine.config import EngineConfig
+    from llmctl.model.source import DEFAULT_MODEL_ID
+    from llmctl.server.serve import serve as run_server
+
+    if tensor_parallel_size != 1:
+        raise LlmctlError("--tensor-parallel-size above 1 is not implemented yet; serve on one device")
+    config = EngineConfig(model=model, revision=revision, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens, dtype=dtype,
+                          gpu_memory_utilization=gpu_memory_utilization,
+                          kv_cache_memory=_parse_bytes(kv_cache_memory, "--kv-cache-memory"),
+                          enable_prefix_caching=enable_prefix_caching, seed=seed,
+                          trust_remote_code=trust_remote_code, show_progress=True)
+    config.validate()
+    names = served_model_name or [model or DEFAULT_MODEL_ID]
+    raise typer.Exit(run_server(config, host=host, port=port, served_model_names=names, api_key=api_key,
+                                chat_template=chat_template, max_queue_len=max_queue_len))
+
+
 def main() -> None:
     """Entry point: user errors print one line and exit 2; nothing prints a traceback."""
     try:

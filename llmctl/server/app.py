@@ -1,0 +1,437 @@
+"""The OpenAI-compatible API over the async engine (starlette; run by uvicorn in `llmctl serve`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from llmctl import __version__
+from llmctl.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from llmctl.engine.config import EngineConfig
+from llmctl.engine.llm_engine import LLMEngine
+from llmctl.engine.outputs import RequestOutput
+from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.server.metrics import ServerMetrics
+from llmctl.server.protocol import APIError, Fields, bad, chat_messages, completion_prompts, sampling_request
+from llmctl.server.responses import (
+    chat_chunk,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    usage,
+)
+
+logger = logging.getLogger("llmctl.server")
+
+
+@dataclass
+class ServerSettings:
+    engine_config: EngineConfig
+    served_model_names: list[str]
+    api_key: str | None = None
+    chat_template: str | None = None  # Jinja source; None: the model's own
+    max_queue_len: int | None = None  # requests beyond the running ones that may wait
+
+
+@dataclass
+class ServerState:
+    settings: ServerSettings
+    engine: AsyncLLMEngine | None = None
+    load_error: str | None = None
+    in_flight: int = 0
+    metrics: ServerMetrics | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.served_model_names[0]
+
+
+def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
+               on_load_failure: Any = None) -> Starlette:
+    """The app; the engine loads on a background thread (or is given), /health says when it is ready."""
+    state = ServerState(settings)
+    state.metrics = ServerMetrics(lambda: state.engine.engine if state.engine else None, state.model_name)
+
+    def load() -> None:
+        try:
+            state.engine = AsyncLLMEngine(engine or LLMEngine(settings.engine_config))
+            chat_template(state)  # fail at startup, not on the first chat request, when a template is broken
+        except Exception as exc:  # reported by /health and the serve command
+            state.load_error = str(exc)
+            logger.error("engine failed to start: %s", exc)
+            if on_load_failure is not None:
+                on_load_failure(exc)
+
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        threading.Thread(target=load, name="llmctl-load", daemon=True).start()
+        yield
+        if state.engine is not None:
+            state.engine.shutdown()
+
+    def api(handler: Any) -> Any:
+        async def endpoint(request: Request) -> Response:
+            return await guarded(state, request, handler)
+        return endpoint
+
+    def plain(make: Any) -> Any:
+        async def endpoint(request: Request) -> Response:
+            return make()
+        return endpoint
+
+    routes = [
+        Route("/health", plain(lambda: health(state)), methods=["GET"]),
+        Route("/version", plain(lambda: JSONResponse({"version": __version__})), methods=["GET"]),
+        Route("/metrics", plain(lambda: Response(state.metrics.render(), media_type="text/plain; version=0.0.4")),
+              methods=["GET"]),
+        Route("/v1/models", api(models), methods=["GET"]),
+        Route("/v1/completions", api(completions), methods=["POST"]),
+        Route("/v1/chat/completions", api(chat_completions), methods=["POST"]),
+        Route("/v1/embeddings", api(embeddings), methods=["POST"]),
+        Route("/tokenize", api(tokenize), methods=["POST"]),
+        Route("/detokenize", api(detokenize), methods=["POST"]),
+        Route("/openapi.json", plain(lambda: JSONResponse(openapi_schema())), methods=["GET"]),
+        Route("/docs", plain(lambda: HTMLResponse(DOCS_PAGE)), methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
+        404: lambda r, e: error_response(APIError(f"no route {r.url.path}", 404)),
+        405: lambda r, e: error_response(APIError(f"method {r.method} is not allowed on {r.url.path}", 405)),
+    })
+    app.state.llmctl = state
+    return app
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def health(state: ServerState) -> Response:
+    if state.engine is not None and state.engine.is_running:
+        return Response(status_code=200)
+    reason = state.load_error or ("the engine stopped" if state.engine else "the model is loading")
+    return JSONResponse({"status": reason}, status_code=503)
+
+
+async def guarded(state: ServerState, request: Request, handler: Any) -> Response:
+    """Auth, readiness, queue limit and error mapping around every API handler."""
+    try:
+        check_api_key(state, request)
+        if state.engine is None or not state.engine.is_running:
+            why = state.load_error or "the model is still loading"
+            raise APIError(f"not ready: {why}", 503, headers={"Retry-After": "5"})
+        return await handler(state, request)
+    except APIError as exc:
+        return error_response(exc)
+    except InvalidRequestError as exc:
+        return error_response(bad(str(exc), exc.param))
+    except EngineDeadError as exc:
+        return error_response(APIError(str(exc), 503))
+
+
+def check_api_key(state: ServerState, request: Request) -> None:
+    key = state.settings.api_key
+    if not key or not request.url.path.startswith("/v1"):
+        return
+    header = request.headers.get("authorization", "")
+    if header != f"Bearer {key}":
+        raise APIError("invalid or missing API key: send 'Authorization: Bearer <key>'", 401,
+                       code="invalid_api_key")
+
+
+async def read_json(request: Request) -> Fields:
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad(f"the request body is not valid JSON: {exc}") from None
+    return Fields(body)
+
+
+def check_model(state: ServerState, fields: Fields) -> str:
+    name = fields.str("model")
+    if name is None:
+        return state.model_name
+    if name not in state.settings.served_model_names:
+        raise APIError(f"the model '{name}' does not exist; this server serves "
+                       f"{', '.join(state.settings.served_model_names)}", 404, param="model", code="model_not_found")
+    return name
+
+
+async def models(state: ServerState, request: Request) -> Response:
+    engine = state.engine.engine
+    data = [{"id": name, "object": "model", "created": state.created, "owned_by": "llmctl",
+             "root": str(engine.loaded.source.path), "max_model_len": engine.max_model_len}
+            for name in state.settings.served_model_names]
+    return JSONResponse({"object": "list", "data": data})
+
+
+def admit(state: ServerState, prompts: int) -> None:
+    """Refuse with 503 + Retry-After beyond the queue limit, rather than dropping anything."""
+    limit = state.settings.max_queue_len
+    if limit is None:
+        return
+    capacity = state.engine.engine.config.max_num_seqs + limit
+    if state.in_flight + prompts > capacity:
+        raise APIError(f"the server is at capacity ({capacity} requests in flight); retry later", 503,
+                       headers={"Retry-After": "1"})
+
+
+async def completions(state: ServerState, request: Request) -> Response:
+    fields = await read_json(request)
+    model = check_model(state, fields)
+    prompts = completion_prompts(fields)
+    sampling = sampling_request(fields, chat=False)
+    if fields.raw("max_tokens") is None:
+        sampling.params.max_tokens = 16  # OpenAI's default for completions
+        sampling.params.min_tokens = min(sampling.params.min_tokens, 16)
+    if sampling.echo and sampling.params.logprobs is not None:
+        sampling.params.prompt_logprobs = sampling.params.logprobs
+    engine = state.engine.engine
+    prepared = [engine.tokenize(p) for p in prompts]
+    return await run(state, request, model, prepared, sampling, chat=False)
+
+
+async def chat_completions(state: ServerState, request: Request) -> Response:
+    fields = await read_json(request)
+    model = check_model(state, fields)
+    messages = chat_messages(fields)
+    sampling = sampling_request(fields, chat=True)
+    template = chat_template(state)
+    if template is None:
+        raise bad("this model has no chat template: start the server with --chat-template FILE or a built-in name "
+                  "(chatml, bloom), or use /v1/completions", "messages")
+    tokenizer = state.engine.engine.tokenizer
+    text = tokenizer.apply_chat_template(messages, chat_template=template, add_generation_prompt=True,
+                                         tokenize=False)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return await run(state, request, model, [(text, ids)], sampling, chat=True)
+
+
+def chat_template(state: ServerState) -> str | None:
+    if state.settings.chat_template is not None:
+        return state.settings.chat_template
+    engine = state.engine.engine
+    own = getattr(engine.tokenizer, "chat_template", None)
+    if isinstance(own, str) and own:
+        return own
+    from llmctl.model.tokenizer import resolve_chat_template
+
+    return resolve_chat_template(engine.loaded.source, engine.loaded.spec.model_type).text
+
+
+async def run(state: ServerState, request: Request, model: str, prompts: list[tuple[str | None, list[int]]],
+              sampling: Any, *, chat: bool) -> Response:
+    admit(state, len(prompts))
+    request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    streams = [state.engine.generate(ids, sampling.params, f"{request_id}-{i}") for i, (_, ids) in enumerate(prompts)]
+    if sampling.stream:
+        return StreamingResponse(stream_events(state, request_id, model, prompts, streams, sampling, chat),
+                                 media_type="text/event-stream")
+    return await collect(state, request, request_id, model, prompts, streams, sampling, chat)
+
+
+async def collect(state: ServerState, request: Request, request_id: str, model: str, prompts: list, streams: list,
+                  sampling: Any, chat: bool) -> Response:
+    state.in_flight += len(streams)
+    try:
+        finals = await until_disconnect(request, asyncio.gather(*(last_output(state, s) for s in streams)))
+    finally:
+        state.in_flight -= len(streams)
+    if finals is None:  # the client went away: the generators were cancelled and aborted
+        return Response(status_code=499)
+    body = (chat_response if chat else completion_response)(request_id, model, state.created, finals, sampling,
+                                                           state.engine.engine.tokenizer, prompts)
+    return JSONResponse(body)
+
+
+async def last_output(state: ServerState, stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+    final, token_times = None, []
+    async for output in stream:
+        final = output
+        token_times.append(time.perf_counter())
+    record(state, final, token_times)
+    return final
+
+
+def record(state: ServerState, output: RequestOutput | None, token_times: list[float]) -> None:
+    if output is None or output.metrics is None:
+        return
+    m = output.metrics
+    state.metrics.observe_finished(m.ttft, token_times, m.e2e, [c.finish_reason or "abort" for c in output.outputs])
+
+
+async def until_disconnect(request: Request, work: asyncio.Future) -> Any:
+    """Await `work`, or cancel it (aborting its requests) when the client disconnects first."""
+    work = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(disconnected())
+    done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if work in done:
+        watcher.cancel()
+        return work.result()
+    work.cancel()
+    try:
+        await work
+    except (asyncio.CancelledError, Exception):
+        pass
+    return None
+
+
+async def stream_events(state: ServerState, request_id: str, model: str, prompts: list, streams: list,
+                        sampling: Any, chat: bool) -> AsyncIterator[str]:
+    """SSE: one event per new text of any choice, then usage (when asked) and [DONE]."""
+    n = sampling.params.n
+    queue: asyncio.Queue = asyncio.Queue()
+    state.in_flight += len(streams)
+
+    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+        token_times: list[float] = []
+        final = None
+        try:
+            async for output in stream:
+                token_times.append(time.perf_counter())
+                final = output
+                await queue.put((index, output))
+        except Exception as exc:  # an engine error ends the stream with an error event
+            await queue.put((index, exc))
+        finally:
+            record(state, final, token_times)
+            await queue.put((index, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    sent: dict[int, tuple[str, int]] = {}  # choice index -> (text sent, tokens sent)
+    finished: dict[int, RequestOutput] = {}
+    try:
+        if chat:
+            for choice in range(n * len(streams)):
+                yield sse(chat_chunk(request_id, model, state.created, choice, {"role": "assistant", "content": ""}))
+        elif sampling.echo:
+            for p, (text, _) in enumerate(prompts):
+                for j in range(n):
+                    yield sse(completion_chunk(request_id, model, state.created, p * n + j, text or "", None, None))
+        remaining = len(streams)
+        tokenizer = state.engine.engine.tokenizer
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+                continue
+            if isinstance(item, Exception):
+                message = item.message if isinstance(item, APIError) else str(item)
+                yield sse({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                     "code": 400}})
+                continue
+            if item.finished:
+                finished[index] = item
+            for completion in item.outputs:
+                choice = index * n + completion.index
+                text_sent, tokens_sent = sent.get(choice, ("", 0))
+                delta = completion.text[len(text_sent):]
+                new_tokens = completion.token_ids[tokens_sent:]
+                if not delta and not completion.finish_reason and not new_tokens:
+                    continue
+                if choice in sent and sent[choice] == ("\0done", -1):
+                    continue
+                logprobs = completion.logprobs[tokens_sent:] if completion.logprobs is not None else None
+                if chat:
+                    yield sse(chat_chunk(request_id, model, state.created, choice, {"content": delta} if delta else {},
+                                         completion.finish_reason, completion.stop_reason, logprobs, tokenizer))
+                else:
+                    yield sse(completion_chunk(request_id, model, state.created, choice, delta,
+                                               completion.finish_reason, completion.stop_reason, logprobs, tokenizer,
+                                               len(text_sent)))
+                sent[choice] = ("\0done", -1) if completion.finish_reason else (completion.text,
+                                                                               len(completion.token_ids))
+        if sampling.include_usage and finished:
+            yield sse({"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                       "created": state.created, "model": model, "choices": [],
+                       "usage": usage(list(finished.values()))})
+        yield "data: [DONE]\n\n"
+    finally:
+        state.in_flight -= len(streams)
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            await stream.aclose()
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def embeddings(state: ServerState, request: Request) -> Response:
+    raise bad(f"{state.model_name} is a text-generation model and serves no embeddings: start llmctl serve with an "
+              "embedding model (e.g. all-MiniLM-L6-v2) for /v1/embeddings", "model")
+
+
+async def tokenize(state: ServerState, request: Request) -> Response:
+    fields = await read_json(request)
+    check_model(state, fields)
+    engine = state.engine.engine
+    if fields.raw("messages") is not None:
+        template = chat_template(state)
+        if template is None:
+            raise bad("this model has no chat template; pass --chat-template", "messages")
+        text = engine.tokenizer.apply_chat_template(chat_messages(fields), chat_template=template,
+                                                    add_generation_prompt=fields.bool("add_generation_prompt", True),
+                                                    tokenize=False)
+        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+    else:
+        prompt = fields.str("prompt")
+        if prompt is None:
+            raise bad("prompt (a string) or messages is required", "prompt")
+        ids = engine.tokenizer.encode(prompt, add_special_tokens=fields.bool("add_special_tokens", True))
+    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len})
+
+
+async def detokenize(state: ServerState, request: Request) -> Response:
+    fields = await read_json(request)
+    check_model(state, fields)
+    tokens = fields.raw("tokens")
+    vocab = state.engine.engine.loaded.spec.vocab_size
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise bad("tokens must be a list of integers", "tokens")
+    if any(not 0 <= t < vocab for t in tokens):
+        raise bad(f"token ids must be in [0, {vocab})", "tokens")
+    return JSONResponse({"prompt": state.engine.engine.tokenizer.decode(tokens)})
+
+
+def openapi_schema() -> dict:
+    paths = {
+        "/v1/models": ("get", "List served models"),
+        "/v1/completions": ("post", "Create a completion (OpenAI)"),
+        "/v1/chat/completions": ("post", "Create a chat completion (OpenAI)"),
+        "/v1/embeddings": ("post", "Create embeddings (embedding models only)"),
+        "/tokenize": ("post", "Token ids of a prompt or of chat messages"),
+        "/detokenize": ("post", "Text of token ids"),
+        "/health": ("get", "200 when the engine is ready, 503 while loading or after it died"),
+        "/metrics": ("get", "Prometheus metrics (llmctl:...)"),
+        "/version": ("get", "llmctl version"),
+    }
+    return {"openapi": "3.1.0", "info": {"title": "llmctl OpenAI-compatible API", "version": __version__},
+            "paths": {path: {method: {"summary": summary, "responses": {"200": {"description": "OK"}}}}
+                      for path, (method, summary) in paths.items()}}
+
+
+DOCS_PAGE = """<!doctype html><html><head><title>llmctl API</title></head><body>
+<h1>llmctl OpenAI-compatible API</h1>
+<p>Endpoints: <code>GET /v1/models</code>, <code>POST /v1/completions</code>, <code>POST /v1/chat/completions</code>,
+<code>POST /v1/embeddings</code>, <code>POST /tokenize</code>, <code>POST /detokenize</code>, <code>GET /health</code>,
+<code>GET /metrics</code>, <code>GET /version</code>. Schema: <a href="/openapi.json">/openapi.json</a>.</p>
+</body></html>"""

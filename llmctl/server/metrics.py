@@ -1,0 +1,83 @@
+"""/metrics: vLLM's serving metrics under the `llmctl:` prefix, in the Prometheus text format.
+
+Gauges and engine counters are read from the engine when scraped; latency histograms are
+observed by the server as requests stream. Names and meanings: docs/serve.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0, 160.0)
+
+
+class EngineCollector:
+    """Reads the engine's state at scrape time (plain integer reads from the engine thread's objects)."""
+
+    def __init__(self, engine: Any, model_name: str) -> None:
+        self.engine = engine
+        self.labels = {"model_name": model_name}
+
+    def collect(self) -> Iterator[Any]:
+        engine = self.engine()
+        if engine is None:
+            return
+        scheduler, blocks = engine.scheduler, engine.block_manager
+        yield self._gauge("llmctl:num_requests_running", "Sequences in model execution batches.",
+                          len(scheduler.running))
+        yield self._gauge("llmctl:num_requests_waiting", "Sequences waiting to be scheduled.", len(scheduler.waiting))
+        yield self._gauge("llmctl:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = 100%).",
+                          blocks.usage)
+        yield self._counter("llmctl:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                            blocks.stats.queries)
+        yield self._counter("llmctl:prefix_cache_hits", "Prompt tokens found in the prefix cache.", blocks.stats.hits)
+        yield self._counter("llmctl:num_preemptions", "Sequences preempted (recomputed later) for lack of KV blocks.",
+                            scheduler.num_preemptions)
+        yield self._counter("llmctl:prompt_tokens", "Prefill tokens processed.", engine.stats["prompt_tokens"])
+        yield self._counter("llmctl:generation_tokens", "Generation tokens processed.",
+                            engine.stats["generation_tokens"])
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=list(self.labels))
+        family.add_metric(list(self.labels.values()), value)
+        return family
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=list(self.labels))
+        family.add_metric(list(self.labels.values()), value)
+        return family
+
+
+class ServerMetrics:
+    def __init__(self, engine_getter: Any, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineCollector(engine_getter, model_name))
+        labels = ["model_name"]
+        self.model_name = model_name
+        self.ttft = Histogram("llmctl:time_to_first_token_seconds", "Time to first token.", labels,
+                              buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram("llmctl:inter_token_latency_seconds", "Time between consecutive output tokens.", labels,
+                             buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("llmctl:e2e_request_latency_seconds", "End-to-end request latency.", labels,
+                             buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.success = Counter("llmctl:request_success", "Finished requests by finish reason.",
+                               labels + ["finished_reason"], registry=self.registry)
+
+    def observe_finished(self, ttft: float | None, token_times: list[float], e2e: float | None,
+                         reasons: list[str]) -> None:
+        name = self.model_name
+        if ttft is not None:
+            self.ttft.labels(name).observe(ttft)
+        for before, after in zip(token_times, token_times[1:]):
+            self.itl.labels(name).observe(after - before)
+        if e2e is not None:
+            self.e2e.labels(name).observe(e2e)
+        for reason in reasons:
+            self.success.labels(name, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,55 @@
+"""`llmctl serve`: settings from the command line, the app, uvicorn with graceful shutdown."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from llmctl.engine.config import EngineConfig
+from llmctl.errors import LlmctlError
+from llmctl.server.app import ServerSettings, create_app
+
+logger = logging.getLogger("llmctl.server")
+GRACEFUL_SHUTDOWN_SECONDS = 30  # SIGTERM: in-flight requests get this long to finish
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """A file path, or the name of a template shipped in llmctl/templates (chatml, bloom)."""
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_file():
+        return path.read_text()
+    from llmctl.model.tokenizer import builtin_template
+
+    try:
+        return builtin_template(value)
+    except Exception:
+        raise LlmctlError(f"--chat-template {value!r} is neither a file nor a built-in template (chatml, bloom)") \
+            from None
+
+
+def serve(config: EngineConfig, *, host: str, port: int, served_model_names: list[str], api_key: str | None,
+          chat_template: str | None, max_queue_len: int | None) -> int:
+    import uvicorn
+
+    from llmctl.engine.llm_engine import configure_logging
+
+    configure_logging()
+    settings = ServerSettings(config, served_model_names, api_key, load_chat_template(chat_template), max_queue_len)
+    failure: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def stop(exc: BaseException) -> None:
+        failure.append(exc)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(settings, on_load_failure=stop)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS))
+    logger.info("serving %s on http://%s:%d (OpenAI API under /v1)", served_model_names[0], host, port)
+    server.run()
+    if failure:
+        raise failure[0] if isinstance(failure[0], LlmctlError) else LlmctlError(str(failure[0]))
+    return 0
