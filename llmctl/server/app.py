@@ -48,6 +48,7 @@ class ServerSettings:
 class ServerState:
     settings: ServerSettings
     engine: AsyncLLMEngine | None = None
+    embedder: Any = None  # an EmbeddingModel when the served model is an encoder
     load_error: str | None = None
     in_flight: int = 0
     metrics: ServerMetrics | None = None
@@ -66,6 +67,8 @@ def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
 
     def load() -> None:
         try:
+            if engine is None and load_embedder(state):
+                return
             state.engine = AsyncLLMEngine(engine or LLMEngine(settings.engine_config))
             chat_template(state)  # fail at startup, not on the first chat request, when a template is broken
         except Exception as exc:  # reported by /health and the serve command
@@ -112,12 +115,29 @@ def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
     return app
 
 
+def load_embedder(state: ServerState) -> bool:
+    """Serve an encoder (e.g. all-MiniLM-L6-v2) through /v1/embeddings; False for generation models."""
+    from llmctl.engine.embedding import EmbeddingModel, is_embedding_model
+    from llmctl.model.report import load_spec
+    from llmctl.model.source import resolve_model
+
+    config = state.settings.engine_config
+    source = resolve_model(config.model, config.revision, weights=True, show_progress=False)
+    spec = load_spec(source)
+    if not is_embedding_model(spec):
+        return False
+    state.embedder = EmbeddingModel(source, spec, config.max_model_len)
+    logger.info("embedding model %s (%s pooling%s), %d dimensions", source.name, state.embedder.pooling.mode,
+                ", normalized" if state.embedder.pooling.normalize else "", spec.hidden_size)
+    return True
+
+
 def error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def health(state: ServerState) -> Response:
-    if state.engine is not None and state.engine.is_running:
+    if state.embedder is not None or (state.engine is not None and state.engine.is_running):
         return Response(status_code=200)
     reason = state.load_error or ("the engine stopped" if state.engine else "the model is loading")
     return JSONResponse({"status": reason}, status_code=503)
@@ -127,6 +147,10 @@ async def guarded(state: ServerState, request: Request, handler: Any) -> Respons
     """Auth, readiness, queue limit and error mapping around every API handler."""
     try:
         check_api_key(state, request)
+        if state.embedder is not None:
+            if handler not in (embeddings, models):
+                raise bad(f"{state.model_name} is an embedding model: it answers /v1/embeddings only")
+            return await handler(state, request)
         if state.engine is None or not state.engine.is_running:
             why = state.load_error or "the model is still loading"
             raise APIError(f"not ready: {why}", 503, headers={"Retry-After": "5"})
@@ -168,10 +192,12 @@ def check_model(state: ServerState, fields: Fields) -> str:
 
 
 async def models(state: ServerState, request: Request) -> Response:
-    engine = state.engine.engine
-    data = [{"id": name, "object": "model", "created": state.created, "owned_by": "llmctl",
-             "root": str(engine.loaded.source.path), "max_model_len": engine.max_model_len}
-            for name in state.settings.served_model_names]
+    if state.embedder is not None:
+        root, max_len = str(state.embedder.source.path), state.embedder.max_model_len
+    else:
+        root, max_len = str(state.engine.engine.loaded.source.path), state.engine.engine.max_model_len
+    data = [{"id": name, "object": "model", "created": state.created, "owned_by": "llmctl", "root": root,
+             "max_model_len": max_len} for name in state.settings.served_model_names]
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -376,8 +402,38 @@ def sse(payload: dict) -> str:
 
 
 async def embeddings(state: ServerState, request: Request) -> Response:
-    raise bad(f"{state.model_name} is a text-generation model and serves no embeddings: start llmctl serve with an "
-              "embedding model (e.g. all-MiniLM-L6-v2) for /v1/embeddings", "model")
+    if state.embedder is None:
+        raise bad(f"{state.model_name} is a text-generation model and serves no embeddings: start llmctl serve with "
+                  "an embedding model (e.g. all-MiniLM-L6-v2) for /v1/embeddings", "model")
+    from llmctl.engine.embedding import embed_inputs
+    from llmctl.errors import LlmctlError
+
+    fields = await read_json(request)
+    model = check_model(state, fields)
+    encoding = fields.str("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise bad(f"encoding_format must be float or base64, got {encoding!r}", "encoding_format")
+    if fields.raw("dimensions") is not None:
+        raise bad("dimensions is not supported: this model's embeddings have a fixed size", "dimensions")
+    try:
+        inputs = embed_inputs(fields.raw("input"))
+    except ValueError as exc:
+        raise bad(str(exc), "input") from None
+    try:
+        vectors, tokens = await asyncio.to_thread(state.embedder.embed, inputs)
+    except LlmctlError as exc:
+        raise bad(str(exc), "input") from None
+    data = [{"object": "embedding", "index": i, "embedding": _encode_vector(v, encoding)} for i, v in enumerate(vectors)]
+    return JSONResponse({"object": "list", "data": data, "model": model,
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+def _encode_vector(vector: Any, encoding: str) -> Any:
+    if encoding == "float":
+        return vector.tolist()
+    import base64
+
+    return base64.b64encode(vector.numpy().astype("<f4").tobytes()).decode("ascii")
 
 
 async def tokenize(state: ServerState, request: Request) -> Response:

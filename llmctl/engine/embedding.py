@@ -1,0 +1,106 @@
+"""Embedding models (BERT-style encoders such as all-MiniLM-L6-v2) for /v1/embeddings.
+
+Encoders need no KV cache or scheduler, so they run through transformers' own modules;
+pooling and normalization follow the model's sentence-transformers configuration
+(1_Pooling/config.json, modules.json), mean pooling and L2 normalization by default.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmctl.errors import LlmctlError
+from llmctl.model.source import ModelSource
+from llmctl.model.spec import ModelSpec
+
+ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "deberta-v2")
+
+
+def is_embedding_model(spec: ModelSpec) -> bool:
+    generative = any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in spec.architectures)
+    return not generative and spec.model_type in ENCODER_TYPES
+
+
+@dataclass
+class Pooling:
+    mode: str  # "mean" | "cls" | "max"
+    normalize: bool
+
+
+def read_pooling(folder: Path) -> Pooling:
+    mode, normalize = "mean", True
+    pooling = folder / "1_Pooling" / "config.json"
+    if pooling.exists():
+        config = json.loads(pooling.read_text())
+        mode = "cls" if config.get("pooling_mode_cls_token") else "max" if config.get("pooling_mode_max_tokens") \
+            else "mean"
+    modules = folder / "modules.json"
+    if modules.exists():
+        normalize = any("Normalize" in m.get("type", "") for m in json.loads(modules.read_text()))
+    return Pooling(mode, normalize)
+
+
+class EmbeddingModel:
+    def __init__(self, source: ModelSource, spec: ModelSpec, max_model_len: int | None = None,
+                 device: str = "cpu") -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.source, self.spec = source, spec
+        self.tokenizer = AutoTokenizer.from_pretrained(str(source.path))
+        self.model = AutoModel.from_pretrained(str(source.path), dtype=torch.float32).to(device).eval()
+        self.device = torch.device(device)
+        self.pooling = read_pooling(source.path)
+        self.max_model_len = min(max_model_len or spec.max_context, spec.max_context)
+
+    def token_ids(self, item: str | list[int]) -> list[int]:
+        if isinstance(item, str):
+            return self.tokenizer.encode(item, add_special_tokens=True)
+        return list(item)
+
+    @torch.inference_mode()
+    def embed(self, inputs: list[str | list[int]]) -> tuple[torch.Tensor, int]:
+        """[N, hidden] embeddings and the number of input tokens."""
+        ids = [self.token_ids(item) for item in inputs]
+        for index, row in enumerate(ids):
+            if len(row) > self.max_model_len:
+                raise LlmctlError(f"input {index} has {len(row)} tokens; this model's maximum is {self.max_model_len}")
+        longest = max(len(row) for row in ids)
+        pad = self.tokenizer.pad_token_id or 0
+        batch = torch.full((len(ids), longest), pad, dtype=torch.long)
+        mask = torch.zeros(len(ids), longest, dtype=torch.long)
+        for row, tokens in enumerate(ids):
+            batch[row, : len(tokens)] = torch.tensor(tokens)
+            mask[row, : len(tokens)] = 1
+        hidden = self.model(input_ids=batch.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
+        vectors = self._pool(hidden.float(), mask.to(self.device))
+        if self.pooling.normalize:
+            vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
+        return vectors.cpu(), int(mask.sum())
+
+    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.pooling.mode == "cls":
+            return hidden[:, 0]
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        if self.pooling.mode == "max":
+            return hidden.masked_fill(weights == 0, float("-inf")).max(dim=1).values
+        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+
+
+def embed_inputs(value: Any) -> list[str | list[int]]:
+    """OpenAI's `input`: a string, a list of strings, a list of token ids, or a list of token-id lists."""
+    if isinstance(value, str) and value:
+        return [value]
+    if isinstance(value, list) and value:
+        if all(isinstance(v, str) and v for v in value):
+            return list(value)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return [list(value)]
+        if all(isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+               for v in value):
+            return [list(v) for v in value]
+    raise ValueError("input must be a non-empty string, list of strings, list of token ids or list of token-id lists")
