@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 from pathlib import Path
+from typing import Iterator
 
 from llmctl.engine.config import EngineConfig
 from llmctl.errors import LlmctlError
@@ -29,6 +32,25 @@ def load_chat_template(value: str | None) -> str | None:
             from None
 
 
+def _graceful_server_class():  # uvicorn is imported lazily: `llmctl inspect` never pays for it
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """SIGTERM/SIGINT stop accepting, let in-flight requests finish, then exit 0 (uvicorn's own
+        handler re-raises the signal after shutdown, which makes the process exit with -15)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return GracefulServer
+
+
 def serve(config: EngineConfig, *, host: str, port: int, served_model_names: list[str], api_key: str | None,
           chat_template: str | None, max_queue_len: int | None) -> int:
     import uvicorn
@@ -38,7 +60,7 @@ def serve(config: EngineConfig, *, host: str, port: int, served_model_names: lis
     configure_logging()
     settings = ServerSettings(config, served_model_names, api_key, load_chat_template(chat_template), max_queue_len)
     failure: list[BaseException] = []
-    server: uvicorn.Server | None = None
+    server: uvicorn.Server | None = None  # set below; stop() may run before on a fast failure
 
     def stop(exc: BaseException) -> None:
         failure.append(exc)
@@ -46,8 +68,8 @@ def serve(config: EngineConfig, *, host: str, port: int, served_model_names: lis
             server.should_exit = True
 
     app = create_app(settings, on_load_failure=stop)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS))
+    server = _graceful_server_class()(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                                     timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS))
     logger.info("serving %s on http://%s:%d (OpenAI API under /v1)", served_model_names[0], host, port)
     server.run()
     if failure:

