@@ -277,3 +277,64 @@ def test_embeddings_match_sentence_transformers():
         assert code == 400 and "embedding model" in payload["error"]["message"]
     finally:
         server.stop()
+
+
+def test_health_is_503_while_loading_then_200(default_source):
+    import subprocess
+    import sys
+
+    from server_helpers import Server, free_port
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "llmctl", "serve", "--port", str(port), "--max-model-len",
+                                "256"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = Server(process, port)
+    statuses = []
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and 200 not in statuses:
+            try:
+                statuses.append(server.get("/health")[0])
+            except OSError:
+                pass
+            time.sleep(0.02)
+        assert statuses[0] == 503 and statuses[-1] == 200  # the port opens before the model is loaded
+    finally:
+        server.stop()
+
+
+def test_echo_returns_the_prompt(client):
+    result = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=2,
+                                       temperature=0, echo=True)
+    assert result.choices[0].text.startswith("The capital of France is Paris")
+
+
+def test_model_without_chat_template(tmp_path, default_source):
+    import shutil
+
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path / "no-template"
+    tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    server = start_server(str(folder), "--served-model-name", "tiny")
+    try:
+        code, payload = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+        assert code == 400 and "--chat-template" in payload["error"]["message"]
+    finally:
+        server.stop()
+    log = server.process.stdout.read()
+    assert "has no chat template" in log
+    server = start_server(str(folder), "--served-model-name", "tiny", "--chat-template", "chatml")
+    try:
+        code, payload = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                              "max_tokens": 2})
+        assert code == 200 and payload["usage"]["completion_tokens"] >= 1
+    finally:
+        server.stop()
+    shutil.rmtree(folder)

@@ -70,7 +70,9 @@ def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
             if engine is None and load_embedder(state):
                 return
             state.engine = AsyncLLMEngine(engine or LLMEngine(settings.engine_config))
-            chat_template(state)  # fail at startup, not on the first chat request, when a template is broken
+            if chat_template(state) is None:
+                logger.warning("%s has no chat template: /v1/chat/completions will answer 400 until the server is "
+                               "started with --chat-template (a file, or chatml / bloom)", state.model_name)
         except Exception as exc:  # reported by /health and the serve command
             state.load_error = str(exc)
             logger.error("engine failed to start: %s", exc)
@@ -161,6 +163,10 @@ async def guarded(state: ServerState, request: Request, handler: Any) -> Respons
         return error_response(bad(str(exc), exc.param))
     except EngineDeadError as exc:
         return error_response(APIError(str(exc), 503))
+    except Exception as exc:  # a bug of ours: still an OpenAI-shaped body, and the log has the traceback
+        logger.exception("internal error on %s", request.url.path)
+        return error_response(APIError(f"internal error: {type(exc).__name__}: {exc}", 500,
+                                       error_type="internal_server_error"))
 
 
 def check_api_key(state: ServerState, request: Request) -> None:
