@@ -53,8 +53,9 @@ def test_inspect_default_model_with_text(default_source) -> None:
 def test_help_lists_only_built_commands() -> None:
     result = run_cli("--help")
     assert result.returncode == 0
-    assert "inspect" in result.stdout and "license" in result.stdout and " plan " in result.stdout
-    for absent in ("serve", "quantize", "bench"):
+    for built in ("inspect", "license", " plan ", " serve "):
+        assert built in result.stdout
+    for absent in ("quantize", "bench"):
         assert f" {absent} " not in result.stdout
 
 

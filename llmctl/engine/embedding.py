@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -89,18 +88,3 @@ class EmbeddingModel:
         if self.pooling.mode == "max":
             return hidden.masked_fill(weights == 0, float("-inf")).max(dim=1).values
         return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
-
-
-def embed_inputs(value: Any) -> list[str | list[int]]:
-    """OpenAI's `input`: a string, a list of strings, a list of token ids, or a list of token-id lists."""
-    if isinstance(value, str) and value:
-        return [value]
-    if isinstance(value, list) and value:
-        if all(isinstance(v, str) and v for v in value):
-            return list(value)
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return [list(value)]
-        if all(isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
-               for v in value):
-            return [list(v) for v in value]
-    raise ValueError("input must be a non-empty string, list of strings, list of token ids or list of token-id lists")

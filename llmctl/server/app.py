@@ -23,7 +23,15 @@ from llmctl.engine.llm_engine import LLMEngine
 from llmctl.engine.outputs import RequestOutput
 from llmctl.engine.sampling_params import InvalidRequestError
 from llmctl.server.metrics import ServerMetrics
-from llmctl.server.protocol import APIError, Fields, bad, chat_messages, completion_prompts, sampling_request
+from llmctl.server.protocol import (
+    APIError,
+    Fields,
+    bad,
+    chat_messages,
+    completion_prompts,
+    prompt_list,
+    sampling_request,
+)
 from llmctl.server.responses import (
     chat_chunk,
     chat_response,
@@ -411,7 +419,6 @@ async def embeddings(state: ServerState, request: Request) -> Response:
     if state.embedder is None:
         raise bad(f"{state.model_name} is a text-generation model and serves no embeddings: start llmctl serve with "
                   "an embedding model (e.g. all-MiniLM-L6-v2) for /v1/embeddings", "model")
-    from llmctl.engine.embedding import embed_inputs
     from llmctl.errors import LlmctlError
 
     fields = await read_json(request)
@@ -421,10 +428,9 @@ async def embeddings(state: ServerState, request: Request) -> Response:
         raise bad(f"encoding_format must be float or base64, got {encoding!r}", "encoding_format")
     if fields.raw("dimensions") is not None:
         raise bad("dimensions is not supported: this model's embeddings have a fixed size", "dimensions")
-    try:
-        inputs = embed_inputs(fields.raw("input"))
-    except ValueError as exc:
-        raise bad(str(exc), "input") from None
+    inputs = prompt_list(fields.raw("input"), "input")
+    if any(item == "" for item in inputs):
+        raise bad("input must not contain empty strings", "input")
     try:
         vectors, tokens = await asyncio.to_thread(state.embedder.embed, inputs)
     except LlmctlError as exc:

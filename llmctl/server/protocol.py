@@ -178,22 +178,28 @@ def _logprobs(fields: Fields, chat: bool) -> tuple[bool, int]:
 
 
 def completion_prompts(fields: Fields) -> list[str | list[int]]:
-    """prompt: a string, a list of strings, a list of token ids, or a list of token-id lists."""
-    prompt = fields.raw("prompt")
-    if prompt is None:
-        raise bad("prompt is required", "prompt")
-    if isinstance(prompt, str):
-        return [prompt]
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, str) for p in prompt):
-            return list(prompt)
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return [list(prompt)]
-        if all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
-               for p in prompt):
-            return [list(p) for p in prompt]
-    raise bad("prompt must be a non-empty string, list of strings, list of token ids or list of token-id lists",
-              "prompt")
+    return prompt_list(fields.raw("prompt"), "prompt")
+
+
+def prompt_list(value: Any, param: str) -> list[str | list[int]]:
+    """OpenAI's prompt/input forms: a string, a list of strings, token ids, or a list of token-id lists."""
+    if value is None:
+        raise bad(f"{param} is required", param)
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value:
+        if all(isinstance(p, str) for p in value):
+            return list(value)
+        if all(_is_token(t) for t in value):
+            return [list(value)]
+        if all(isinstance(p, list) and p and all(_is_token(t) for t in p) for p in value):
+            return [list(p) for p in value]
+    raise bad(f"{param} must be a non-empty string, list of strings, list of token ids or list of token-id lists",
+              param)
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def chat_messages(fields: Fields) -> list[dict[str, str]]:
