@@ -57,7 +57,7 @@ def _to_int32(values: torch.Tensor) -> torch.Tensor:
 
 
 def pack_gptq(weight: QuantizedWeight) -> dict[str, torch.Tensor]:
-    bits, (out_features, in_features) = weight.bits, weight.q.shape
+    bits, in_features = weight.bits, weight.q.shape[1]
     qweight = _pack_rows(weight.q.t().contiguous(), bits)  # [in/k, out]
     qzeros = _pack_cols(weight.zeros.t().contiguous() - 1, bits)  # [groups, out/k], zero - 1 as v1 stores it
     return {

@@ -1,0 +1,40 @@
+"""Perplexity of a model on held-out text, computed with transformers on given weights."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+
+def load_dense_model(folder: Path, state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+    """The model of `folder` in float32, with `state` (e.g. dequantized weights) loaded over it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if state is None:
+        return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    config = AutoConfig.from_pretrained(str(folder))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise ValueError(f"weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    return model
+
+
+@torch.no_grad()
+def perplexity(model: torch.nn.Module, ids: list[int], seq_len: int = 512) -> float:
+    """exp(mean negative log-likelihood) over non-overlapping windows of `seq_len` tokens."""
+    total, count = 0.0, 0
+    for start in range(0, len(ids) - 1, seq_len):
+        window = torch.tensor([ids[start:start + seq_len + 1]])
+        if window.shape[1] < 2:
+            break
+        logits = model(window[:, :-1]).logits.float()
+        loss = torch.nn.functional.cross_entropy(logits[0], window[0, 1:], reduction="sum")
+        total += float(loss)
+        count += window.shape[1] - 1
+    return math.exp(total / count)
