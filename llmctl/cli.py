@@ -219,6 +219,42 @@ def serve(
                                 chat_template=chat_template, max_queue_len=max_queue_len))
 
 
+@app.command()
+def quantize(
+    model: ModelArg = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="folder for the quantized model")] = Path(
+        "quantized"),
+    gptq: Annotated[bool, typer.Option("--gptq", help="GPTQ (symmetric, act-order off): vLLM's gptq/marlin")] = False,
+    awq: Annotated[bool, typer.Option("--awq", help="AWQ (asymmetric, GEMM format)")] = False,
+    revision: RevisionOpt = None,
+    bits: Annotated[int, typer.Option("--bits", help="4 (GPTQ also 8)")] = 4,
+    group_size: Annotated[int, typer.Option("--group-size", help="inputs per scale; -1: per channel")] = 128,
+    calib_file: Annotated[Optional[Path], typer.Option("--calib-file", help="calibration text (.txt or .jsonl)")] = None,
+    calib_samples: Annotated[int, typer.Option("--calib-samples")] = 128,
+    calib_seq_len: Annotated[int, typer.Option("--calib-seq-len")] = 512,
+    eval_file: Annotated[Optional[Path], typer.Option(
+        "--eval", help="held-out text: print perplexity of the original, round-to-nearest and the result")] = None,
+    eval_tokens: Annotated[int, typer.Option("--eval-tokens", help="tokens of --eval text to score")] = 4096,
+    no_redistribute: Annotated[bool, typer.Option(
+        "--no-redistribute", help="local use only: quantize even when the license forbids sharing derivatives")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """4-bit GPTQ or AWQ checkpoints that vLLM, transformers and llmctl load unchanged."""
+    from llmctl.display import print_json, render_quantize
+    from llmctl.quant.command import QuantizeOptions, run_quantize
+
+    if gptq == awq:
+        raise LlmctlError("choose exactly one of --gptq and --awq")
+    summary = run_quantize(QuantizeOptions(
+        model=model, method="gptq" if gptq else "awq", output=output, revision=revision, bits=bits,
+        group_size=group_size, calib_file=calib_file, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
+        eval_file=eval_file, eval_tokens=eval_tokens, redistribute=not no_redistribute, show_progress=not as_json))
+    if as_json:
+        print_json(summary)
+    else:
+        render_quantize(summary)
+
+
 def main() -> None:
     """Entry point: user errors print one line and exit 2; nothing prints a traceback."""
     try:

@@ -325,3 +325,15 @@ def render_plan(plan: PlanResult, gpu_note: str | None = None) -> None:
         console.print("[bold]Run it:[/bold]")
         for command in plan.commands:
             console.print(f"  {command}", highlight=False, soft_wrap=True)
+
+
+def render_quantize(summary: Any) -> None:
+    table = _facts_table(f"{summary.model}: {summary.method.upper()} {summary.bits}-bit")
+    table.add_row("layers", str(summary.layers))
+    table.add_row("bits / group", f"{summary.bits} / {summary.group_size}")
+    table.add_row("size", f"{human_bytes(summary.size_before)} → {human_bytes(summary.size_after)}")
+    table.add_row("time", f"{summary.seconds:.1f} s")
+    table.add_row("output", str(summary.output))
+    for name, value in summary.perplexity.items():
+        table.add_row(f"perplexity ({name})", f"{value:.2f}")
+    console.print(table)

@@ -67,7 +67,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     dtype = _dtype(config.dtype, device)
     hf_config = _hf_config(source, config.trust_remote_code)
     model = _build(spec, hf_config, dtype, device, source)
-    weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    weights_bytes = model_weight_bytes(model)
     tokenizer = load_tokenizer(source, trust_remote_code=config.trust_remote_code)
     defaults = generation_defaults(source)
     max_model_len = _max_model_len(config, spec)
@@ -101,6 +101,14 @@ def keep_freed_memory_in_heap() -> None:
         libc.mallopt(-1, 1 << 31)  # M_TRIM_THRESHOLD: do not hand freed heap back eagerly
     except (OSError, AttributeError):
         pass
+
+
+def model_weight_bytes(model: nn.Module) -> int:
+    """Parameters plus packed quantized weights (buffers of QuantLinear layers)."""
+    from llmctl.engine.layers.quant_linear import QuantLinear
+
+    dense = sum(p.numel() * p.element_size() for p in model.parameters())
+    return dense + sum(m.nbytes for m in model.modules() if isinstance(m, QuantLinear))
 
 
 def _device(name: str) -> torch.device:

@@ -154,10 +154,12 @@ _CC_TITLES = {
     "cc-by-4.0": "ATTRIBUTION 4.0 INTERNATIONAL",
     "cc-by-sa-4.0": "ATTRIBUTION-SHAREALIKE 4.0 INTERNATIONAL",
     "cc-by-nc-4.0": "ATTRIBUTION-NONCOMMERCIAL 4.0 INTERNATIONAL",
+    "cc-by-nd-4.0": "ATTRIBUTION-NODERIVATIVES 4.0 INTERNATIONAL",
 }
 
 
-def _creative_commons(id_: str, name: str, *, share_alike: bool = False, non_commercial: bool = False) -> LicenseInfo:
+def _creative_commons(id_: str, name: str, *, share_alike: bool = False, non_commercial: bool = False,
+                      no_derivatives: bool = False) -> LicenseInfo:
     obligations = ["credit the creator, link the license and indicate that you made changes (§3(a)(1))"]
     if share_alike:
         obligations.append("license the adapted material under the same or a compatible license (§3(b))")
@@ -165,9 +167,11 @@ def _creative_commons(id_: str, name: str, *, share_alike: bool = False, non_com
         id=id_, name=name, url=f"https://creativecommons.org/licenses/{id_.removeprefix('cc-')}/",
         commercial=Term(NO, "non-commercial use only", "§2(a)(1) and §1(i) NonCommercial") if non_commercial
         else Term(YES, "commercial use is allowed", "§2(a)(1) License grant"),
-        derivatives=Term(YES, "adapted material may be shared with attribution" +
-                         (" under the same license" if share_alike else "") +
-                         (", non-commercially" if non_commercial else ""), "§2(a)(1)(B), §3"),
+        derivatives=Term(NO, "adapted material (e.g. quantized weights) may be made but not shared",
+                         "§2(a)(1)(B) NoDerivatives") if no_derivatives else
+        Term(YES, "adapted material may be shared with attribution" +
+             (" under the same license" if share_alike else "") +
+             (", non-commercially" if non_commercial else ""), "§2(a)(1)(B), §3"),
         attribution=Term(YES, "credit the creator, link the license, indicate changes", "§3(a)"),
         use_restrictions=Term(YES, "non-commercial only", "§2(a)(1)") if non_commercial else _NO_USE_LIMIT,
         output_training=_NO_OUTPUT_LIMIT,
@@ -291,6 +295,8 @@ LICENSES: tuple[LicenseInfo, ...] = (
                       share_alike=True),
     _creative_commons("cc-by-nc-4.0", "Creative Commons Attribution-NonCommercial 4.0 International (CC BY-NC 4.0)",
                       non_commercial=True),
+    _creative_commons("cc-by-nd-4.0", "Creative Commons Attribution-NoDerivatives 4.0 International (CC BY-ND 4.0)",
+                      no_derivatives=True),
 )
 
 BY_ID: dict[str, LicenseInfo] = {info.id: info for info in LICENSES}

@@ -9,8 +9,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmctl.engine.layers.positions import RotaryEmbedding
+from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.models.common import RMSNorm, StepContext, WeightMismatchError, load_into
-from llmctl.model.spec import ModelSpec
+from llmctl.model.spec import ModelSpec, QuantizationSpec
+
+PACKED = ("qweight", "qzeros", "scales", "g_idx")
+
+
+def make_linear(in_features: int, out_features: int, bias: bool, quant: QuantizationSpec | None) -> nn.Module:
+    """nn.Linear, or a QuantLinear for GPTQ/AWQ checkpoints."""
+    if quant is None or quant.method not in ("gptq", "awq"):
+        return nn.Linear(in_features, out_features, bias=bias)
+    return QuantLinear(in_features, out_features, bias, quant.method, quant.bits or 4, quant.group_size or 128)
 
 
 class LlamaAttention(nn.Module):
@@ -19,8 +29,9 @@ class LlamaAttention(nn.Module):
         att = spec.attention
         self.num_heads, self.num_kv_heads, self.head_dim = att.num_heads, att.num_kv_heads, att.head_dim
         self.q_size, self.kv_size = att.num_heads * att.head_dim, att.num_kv_heads * att.head_dim
-        self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.layout.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=spec.layout.o_bias)
+        quant = spec.quantization
+        self.qkv_proj = make_linear(spec.hidden_size, self.q_size + 2 * self.kv_size, spec.layout.qkv_bias, quant)
+        self.o_proj = make_linear(self.q_size, spec.hidden_size, spec.layout.o_bias, quant)
         self.rotary = rotary
         self.scale = self.head_dim**-0.5
 
@@ -35,11 +46,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, bias: bool) -> None:
+    def __init__(self, hidden: int, intermediate: int, bias: bool, quant: QuantizationSpec | None = None) -> None:
         super().__init__()
         self.intermediate = intermediate
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_up_proj = make_linear(hidden, 2 * intermediate, bias, quant)
+        self.down_proj = make_linear(intermediate, hidden, bias, quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
@@ -50,7 +61,7 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, eps: float) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(spec, rotary)
-        self.mlp = LlamaMLP(spec.hidden_size, spec.intermediate_size, spec.layout.mlp_bias)
+        self.mlp = LlamaMLP(spec.hidden_size, spec.intermediate_size, spec.layout.mlp_bias, spec.quantization)
         self.input_layernorm = RMSNorm(spec.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps)
 
@@ -84,6 +95,7 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """transformers names; q/k/v and gate/up are fused into one matmul each."""
         pending: dict[str, dict[str, torch.Tensor]] = {}
+        packed: dict[str, dict[int, dict[str, torch.Tensor]]] = {}  # fused target -> slot -> packed tensors
         direct = []
         fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
                  "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
@@ -92,6 +104,10 @@ class LlamaForCausalLM(nn.Module):
             if "rotary_emb." in name:
                 continue
             parts = name.split(".")
+            if parts[-1] in PACKED:
+                target, slot = fused.get(parts[-2], (parts[-2], 0))
+                packed.setdefault(".".join(parts[:-2] + [target]), {}).setdefault(slot, {})[parts[-1]] = tensor
+                continue
             if len(parts) >= 2 and parts[-2] in fused:
                 target, slot = fused[parts[-2]]
                 key = ".".join(parts[:-2] + [target, parts[-1]])
@@ -103,6 +119,13 @@ class LlamaForCausalLM(nn.Module):
                 raise WeightMismatchError(f"{key}: checkpoint lacks some of its fused parts")
             direct.append((key, torch.cat([pieces[i] for i in sorted(pieces)], dim=0)))
         loaded = load_into(self, direct)
+        modules = dict(self.named_modules())
+        for target, slots in packed.items():
+            module = modules.get(target)
+            if not isinstance(module, QuantLinear):
+                raise WeightMismatchError(f"{target}: packed quantized tensors, but config.json declares no "
+                                          "gptq/awq quantization_config")
+            module.load_parts([slots[i] for i in sorted(slots)])
         expected = {n for n, _ in self.named_parameters()}
         if self.spec.tie_word_embeddings:
             loaded.add("lm_head.weight")

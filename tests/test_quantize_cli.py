@@ -1,0 +1,113 @@
+"""`llmctl quantize` end to end on the default model: output folder, engine loading, license refusal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import run_cli
+
+WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "data" / \
+    "wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
+
+
+@pytest.fixture(scope="module")
+def gptq_folder(tmp_path_factory, default_source):
+    out = tmp_path_factory.mktemp("q") / "smollm2-gptq"
+    result = run_cli("quantize", "--gptq", "--group-size", "64", "--calib-file", str(WIKITEXT),
+                     "--calib-samples", "8", "--calib-seq-len", "128", "--output", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    return out, json.loads(result.stdout)
+
+
+def test_output_folder_is_a_complete_model(gptq_folder):
+    out, summary = gptq_folder
+    assert summary["layers"] == 30 and summary["size_after"] < summary["size_before"] / 4
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"] == {
+        "quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False, "sym": True, "damp_percent": 0.01,
+        "true_sequential": False, "static_groups": False, "checkpoint_format": "gptq"}
+    assert json.loads((out / "quantize_config.json").read_text())["group_size"] == 64
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                 "README.md", "LICENSE", "NOTICE"):
+        assert (out / name).exists(), name
+    front = yaml.safe_load((out / "README.md").read_text().split("---")[1])
+    assert front["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert front["base_model_relation"] == "quantized" and front["license"] == "apache-2.0"
+    assert "quantized to 4-bit GPTQ" in (out / "NOTICE").read_text()
+
+
+def test_engine_serves_it_like_transformers_on_the_dequantized_weights(gptq_folder):
+    from safetensors.torch import load_file
+    from llmctl import LLM, SamplingParams
+    from llmctl.quant.formats import unpack_gptq
+
+    out, _ = gptq_folder
+    tensors = load_file(str(out / "model.safetensors"))
+    state = {}
+    for name, tensor in tensors.items():
+        if name.endswith(".qweight"):
+            base = name.removesuffix(".qweight")
+            parts = {k: tensors[f"{base}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")}
+            state[f"{base}.weight"] = unpack_gptq(parts, 4, 64).dequantize()
+        elif not name.endswith((".qzeros", ".scales", ".g_idx")):
+            state[name] = tensor.float()
+    config = json.loads((out / "config.json").read_text())
+    config.pop("quantization_config")
+    dense = out.parent / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps(config))
+    model = _dense_model(dense, state)
+    llm = LLM(str(out), max_model_len=256)
+    prompt = "The capital of France is"
+    ours = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    ids = llm.get_tokenizer()(prompt, return_tensors="pt").input_ids
+    ref = model.generate(ids, do_sample=False, max_new_tokens=12, min_new_tokens=12, pad_token_id=0)
+    assert ours.token_ids == ref[0, ids.shape[1]:].tolist()
+    # the packed weights stay packed: bytes as `llmctl plan --quantization gptq` counts them
+    from llmctl.engine.layers.quant_linear import QuantLinear
+    from llmctl.plan.weights import stage_weights, weight_format
+
+    spec = llm.engine.loaded.spec
+    packed = sum(m.nbytes for m in llm.engine.loaded.model.modules() if isinstance(m, QuantLinear))
+    [stage] = stage_weights(spec, weight_format(2, "gptq", spec), 1, 1)
+    assert packed == stage.linear_bytes
+
+
+def _dense_model(folder: Path, state: dict) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(folder)), dtype=torch.float32).eval()
+    model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    return model
+
+
+def test_license_refusal_names_the_clause(tmp_path, default_source):
+    import shutil
+
+    folder = tmp_path / "nd-model"
+    shutil.copytree(default_source.path, folder)
+    (folder / "README.md").write_text("---\nlicense: cc-by-nd-4.0\n---\n# a no-derivatives model\n")
+    result = run_cli("quantize", str(folder), "--gptq", "--group-size", "64", "--calib-file", str(WIKITEXT),
+                     "--output", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "refusing to make a redistributable quantized copy" in result.stderr
+    assert "§2(a)(1)(B) NoDerivatives" in result.stderr and "--no-redistribute" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_offline_without_calibration_file_says_what_to_pass(tmp_path, default_source):
+    result = run_cli("quantize", "--gptq", "--group-size", "64", "--output", str(tmp_path / "y"))
+    assert result.returncode == 2 and "--calib-file" in result.stderr
+
+
+def test_group_size_128_on_smollm2_names_sizes_that_work(tmp_path, default_source):
+    result = run_cli("quantize", "--awq", "--calib-file", str(WIKITEXT), "--output", str(tmp_path / "z"))
+    assert result.returncode == 2
+    assert "group size 128 does not divide the hidden size 576" in result.stderr
+    assert "use --group-size 32 or 64" in result.stderr
