@@ -111,3 +111,39 @@ def test_group_size_128_on_smollm2_names_sizes_that_work(tmp_path, default_sourc
     assert result.returncode == 2
     assert "group size 128 does not divide the hidden size 576" in result.stderr
     assert "use --group-size 32 or 64" in result.stderr
+
+
+def test_awq_checkpoint_through_the_engine(tmp_path, default_source):
+    from safetensors.torch import load_file
+
+    from llmctl import LLM, SamplingParams
+    from llmctl.quant.formats import unpack_awq
+
+    out = tmp_path / "smollm2-awq"
+    result = run_cli("quantize", "--awq", "--group-size", "64", "--calib-file", str(WIKITEXT), "--calib-samples", "4",
+                     "--calib-seq-len", "64", "--output", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"] == {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
+                                             "version": "gemm", "modules_to_not_convert": None}
+    tensors = load_file(str(out / "model.safetensors"))
+    assert tensors["model.layers.0.self_attn.q_proj.qweight"].shape == (576, 576 // 8)
+    state = {}
+    for name, tensor in tensors.items():
+        if name.endswith(".qweight"):
+            base = name.removesuffix(".qweight")
+            parts = {k: tensors[f"{base}.{k}"] for k in ("qweight", "qzeros", "scales")}
+            state[f"{base}.weight"] = unpack_awq(parts, 64).dequantize()
+        elif not name.endswith((".qzeros", ".scales")):
+            state[name] = tensor.float()
+    config.pop("quantization_config")
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps(config))
+    model = _dense_model(dense, state)
+    llm = LLM(str(out), max_model_len=256)
+    prompt = "Once upon a time"
+    ours = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    ids = llm.get_tokenizer()(prompt, return_tensors="pt").input_ids
+    ref = model.generate(ids, do_sample=False, max_new_tokens=12, min_new_tokens=12, pad_token_id=0)
+    assert ours.token_ids == ref[0, ids.shape[1]:].tolist()
