@@ -53,9 +53,9 @@ def test_inspect_default_model_with_text(default_source) -> None:
 def test_help_lists_only_built_commands() -> None:
     result = run_cli("--help")
     assert result.returncode == 0
-    for built in ("inspect", "license", " plan ", " serve "):
+    for built in ("inspect", "license", " plan ", " serve ", " quantize "):
         assert built in result.stdout
-    for absent in ("quantize", "bench"):
+    for absent in ("bench",):
         assert f" {absent} " not in result.stdout
 
 

@@ -1,0 +1,58 @@
+"""Time, peak memory and perplexity of quantizing the default model (SmolLM2-135M-Instruct).
+
+    python benchmarks/quantize_smollm2.py [--calib-samples 32] [--calib-seq-len 256] [--group-size 64]
+
+Calibration: random windows of the WikiText-2 test split in ../shared/fixtures/data;
+evaluation: its last --eval-tokens tokens, never used for calibration. Prints fp32 / RTN
+(asymmetric) / GPTQ / AWQ perplexity, seconds and peak resident memory for each method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "data" / \
+    "wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calib-samples", type=int, default=32)
+    parser.add_argument("--calib-seq-len", type=int, default=256)
+    parser.add_argument("--group-size", type=int, default=64)
+    parser.add_argument("--eval-tokens", type=int, default=4096)
+    args = parser.parse_args()
+
+    from llmctl.model.source import resolve_model
+    from llmctl.model.tokenizer import load_tokenizer
+    from llmctl.quant.calibration import calibration_samples, read_texts, token_stream
+    from llmctl.quant.evaluate import load_dense_model, perplexity
+    from llmctl.quant.pipeline import quantize_model
+    from llmctl.quant.rtn import QuantConfig
+
+    source = resolve_model(None, weights=True, show_progress=False)
+    tokenizer = load_tokenizer(source)
+    eval_ids = token_stream(tokenizer, read_texts(DATA))[-args.eval_tokens:]
+    calibration = calibration_samples(tokenizer, DATA, args.calib_samples, args.calib_seq_len,
+                                      skip_tail=args.eval_tokens)
+    print(f"SmolLM2-135M-Instruct, 4-bit, group {args.group_size}, calibration {args.calib_samples} x "
+          f"{args.calib_seq_len} tokens, evaluation {len(eval_ids)} tokens")
+    print(f"{'method':8} {'perplexity':>10} {'seconds':>8} {'peak RSS':>10}")
+    print(f"{'fp32':8} {perplexity(load_dense_model(source.path), eval_ids):10.2f}")
+    for method, symmetric in (("rtn", False), ("gptq", True), ("awq", False)):
+        started = time.perf_counter()
+        result = quantize_model(source.path, method, QuantConfig(4, args.group_size, symmetric), calibration)
+        seconds = time.perf_counter() - started
+        ppl = perplexity(load_dense_model(source.path, result.dequantized), eval_ids)
+        print(f"{method:8} {ppl:10.2f} {seconds:8.1f} {peak_rss_mib():8.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
