@@ -19,7 +19,8 @@ WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "data" 
 def gptq_folder(tmp_path_factory, default_source):
     out = tmp_path_factory.mktemp("q") / "smollm2-gptq"
     result = run_cli("quantize", "--gptq", "--group-size", "64", "--calib-file", str(WIKITEXT),
-                     "--calib-samples", "8", "--calib-seq-len", "128", "--output", str(out), "--json")
+                     "--calib-samples", "8", "--calib-seq-len", "128", "--output", str(out), "--json",
+                     "--eval", str(WIKITEXT), "--eval-tokens", "512")
     assert result.returncode == 0, result.stderr
     return out, json.loads(result.stdout)
 
@@ -27,6 +28,8 @@ def gptq_folder(tmp_path_factory, default_source):
 def test_output_folder_is_a_complete_model(gptq_folder):
     out, summary = gptq_folder
     assert summary["layers"] == 30 and summary["size_after"] < summary["size_before"] / 4
+    ppl = summary["perplexity"]
+    assert set(ppl) == {"original", "rtn", "gptq"} and ppl["original"] < ppl["rtn"]
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"] == {
         "quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False, "sym": True, "damp_percent": 0.01,
