@@ -45,40 +45,49 @@ def test_output_folder_is_a_complete_model(gptq_folder):
 
 
 def test_engine_serves_it_like_transformers_on_the_dequantized_weights(gptq_folder):
-    from safetensors.torch import load_file
-    from llmctl import LLM, SamplingParams
+    from llmctl.engine.layers.quant_linear import QuantLinear
+    from llmctl.plan.weights import stage_weights, weight_format
     from llmctl.quant.formats import unpack_gptq
 
     out, _ = gptq_folder
-    tensors = load_file(str(out / "model.safetensors"))
-    state = {}
-    for name, tensor in tensors.items():
-        if name.endswith(".qweight"):
-            base = name.removesuffix(".qweight")
-            parts = {k: tensors[f"{base}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")}
-            state[f"{base}.weight"] = unpack_gptq(parts, 4, 64).dequantize()
-        elif not name.endswith((".qzeros", ".scales", ".g_idx")):
-            state[name] = tensor.float()
-    config = json.loads((out / "config.json").read_text())
-    config.pop("quantization_config")
-    dense = out.parent / "dense"
-    dense.mkdir()
-    (dense / "config.json").write_text(json.dumps(config))
-    model = _dense_model(dense, state)
-    llm = LLM(str(out), max_model_len=256)
-    prompt = "The capital of France is"
-    ours = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
-    ids = llm.get_tokenizer()(prompt, return_tensors="pt").input_ids
-    ref = model.generate(ids, do_sample=False, max_new_tokens=12, min_new_tokens=12, pad_token_id=0)
-    assert ours.token_ids == ref[0, ids.shape[1]:].tolist()
+    llm = assert_engine_matches_dense(out, lambda parts: unpack_gptq(parts, 4, 64), "The capital of France is")
     # the packed weights stay packed: bytes as `llmctl plan --quantization gptq` counts them
-    from llmctl.engine.layers.quant_linear import QuantLinear
-    from llmctl.plan.weights import stage_weights, weight_format
-
     spec = llm.engine.loaded.spec
     packed = sum(m.nbytes for m in llm.engine.loaded.model.modules() if isinstance(m, QuantLinear))
     [stage] = stage_weights(spec, weight_format(2, "gptq", spec), 1, 1)
     assert packed == stage.linear_bytes
+
+
+def assert_engine_matches_dense(out: Path, unpack, prompt: str):
+    """Greedy tokens of the engine on the packed checkpoint == transformers on weights unpacked by the formats
+    module (an independent path from the engine's QuantLinear)."""
+    from safetensors.torch import load_file
+
+    from llmctl import LLM, SamplingParams
+
+    tensors = load_file(str(out / "model.safetensors"))
+    metadata = (".qzeros", ".scales", ".g_idx")
+    state = {}
+    for name, tensor in tensors.items():
+        if name.endswith(".qweight"):
+            base = name.removesuffix(".qweight")
+            parts = {k: tensors[f"{base}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")
+                     if f"{base}.{k}" in tensors}
+            state[f"{base}.weight"] = unpack(parts).dequantize()
+        elif not name.endswith(metadata):
+            state[name] = tensor.float()
+    config = json.loads((out / "config.json").read_text())
+    config.pop("quantization_config")
+    dense = out.parent / f"{out.name}-dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps(config))
+    model = _dense_model(dense, state)
+    llm = LLM(str(out), max_model_len=256)
+    ours = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    ids = llm.get_tokenizer()(prompt, return_tensors="pt").input_ids
+    ref = model.generate(ids, do_sample=False, max_new_tokens=12, min_new_tokens=12, pad_token_id=0)
+    assert ours.token_ids == ref[0, ids.shape[1]:].tolist()
+    return llm
 
 
 def _dense_model(folder: Path, state: dict) -> torch.nn.Module:
@@ -119,7 +128,6 @@ def test_group_size_128_on_smollm2_names_sizes_that_work(tmp_path, default_sourc
 def test_awq_checkpoint_through_the_engine(tmp_path, default_source):
     from safetensors.torch import load_file
 
-    from llmctl import LLM, SamplingParams
     from llmctl.quant.formats import unpack_awq
 
     out = tmp_path / "smollm2-awq"
@@ -129,24 +137,5 @@ def test_awq_checkpoint_through_the_engine(tmp_path, default_source):
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"] == {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
                                              "version": "gemm", "modules_to_not_convert": None}
-    tensors = load_file(str(out / "model.safetensors"))
-    assert tensors["model.layers.0.self_attn.q_proj.qweight"].shape == (576, 576 // 8)
-    state = {}
-    for name, tensor in tensors.items():
-        if name.endswith(".qweight"):
-            base = name.removesuffix(".qweight")
-            parts = {k: tensors[f"{base}.{k}"] for k in ("qweight", "qzeros", "scales")}
-            state[f"{base}.weight"] = unpack_awq(parts, 64).dequantize()
-        elif not name.endswith((".qzeros", ".scales")):
-            state[name] = tensor.float()
-    config.pop("quantization_config")
-    dense = tmp_path / "dense"
-    dense.mkdir()
-    (dense / "config.json").write_text(json.dumps(config))
-    model = _dense_model(dense, state)
-    llm = LLM(str(out), max_model_len=256)
-    prompt = "Once upon a time"
-    ours = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
-    ids = llm.get_tokenizer()(prompt, return_tensors="pt").input_ids
-    ref = model.generate(ids, do_sample=False, max_new_tokens=12, min_new_tokens=12, pad_token_id=0)
-    assert ours.token_ids == ref[0, ids.shape[1]:].tolist()
+    assert load_file(str(out / "model.safetensors"))["model.layers.0.self_attn.q_proj.qweight"].shape == (576, 72)
+    assert_engine_matches_dense(out, lambda parts: unpack_awq(parts, 64), "Once upon a time")
