@@ -356,6 +356,7 @@ async def stream_events(state: ServerState, request_id: str, model: str, prompts
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     sent: dict[int, tuple[str, int]] = {}  # choice index -> (text sent, tokens sent)
+    closed: set[int] = set()  # choices whose finish_reason was sent
     finished: dict[int, RequestOutput] = {}
     try:
         if chat:
@@ -381,12 +382,11 @@ async def stream_events(state: ServerState, request_id: str, model: str, prompts
                 finished[index] = item
             for completion in item.outputs:
                 choice = index * n + completion.index
+                if choice in closed:
+                    continue
                 text_sent, tokens_sent = sent.get(choice, ("", 0))
                 delta = completion.text[len(text_sent):]
-                new_tokens = completion.token_ids[tokens_sent:]
-                if not delta and not completion.finish_reason and not new_tokens:
-                    continue
-                if choice in sent and sent[choice] == ("\0done", -1):
+                if not delta and not completion.finish_reason and len(completion.token_ids) == tokens_sent:
                     continue
                 logprobs = completion.logprobs[tokens_sent:] if completion.logprobs is not None else None
                 if chat:
@@ -396,8 +396,9 @@ async def stream_events(state: ServerState, request_id: str, model: str, prompts
                     yield sse(completion_chunk(request_id, model, state.created, choice, delta,
                                                completion.finish_reason, completion.stop_reason, logprobs, tokenizer,
                                                len(text_sent)))
-                sent[choice] = ("\0done", -1) if completion.finish_reason else (completion.text,
-                                                                               len(completion.token_ids))
+                sent[choice] = (completion.text, len(completion.token_ids))
+                if completion.finish_reason:
+                    closed.add(choice)
         if sampling.include_usage and finished:
             yield sse({"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
                        "created": state.created, "model": model, "choices": [],
