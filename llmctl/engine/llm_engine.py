@@ -52,6 +52,7 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)
     detokenizers: dict[int, IncrementalDetokenizer] = field(default_factory=dict)
     texts: dict[int, str] = field(default_factory=dict)  # seq_id -> text after stop handling
+    stop_searched: dict[int, int] = field(default_factory=dict)  # seq_id -> text length already searched
 
     @property
     def finished(self) -> bool:
@@ -253,13 +254,15 @@ class LLMEngine:
         generated = len(seq.output_token_ids)
         if generated >= params.min_tokens:
             if not params.ignore_eos and token in self.eos_token_ids:
-                return self._finish(seq, request, "stop", None, drop_token_text=True)
+                return self._finish(seq, request, "stop", None)
             if token in params.stop_token_ids:
-                return self._finish(seq, request, "stop", token, drop_token_text=True)
+                return self._finish(seq, request, "stop", token)
             if params.stop:
                 text = request.texts[seq.seq_id]
+                searched = request.stop_searched.get(seq.seq_id, 0)  # no stop string ended before this
+                request.stop_searched[seq.seq_id] = len(text)
                 for stop in params.stop:
-                    at = text.find(stop)
+                    at = text.find(stop, max(0, searched - len(stop) + 1))
                     if at != -1:
                         end = at + len(stop) if params.include_stop_str_in_output else at
                         request.texts[seq.seq_id] = text[:end]
@@ -268,9 +271,9 @@ class LLMEngine:
         if generated >= limit or seq.num_tokens >= self.max_model_len:
             self._finish(seq, request, "length", None)
 
-    def _finish(self, seq: Sequence, request: Request, reason: str, stop_reason, drop_token_text: bool = False) -> None:
+    def _finish(self, seq: Sequence, request: Request, reason: str, stop_reason) -> None:
         seq.finish_reason, seq.stop_reason = reason, stop_reason
-        if not drop_token_text and reason == "length":
+        if reason == "length":  # nothing more is coming: emit the text held back for incomplete characters
             request.detokenizers[seq.seq_id].flush(seq.output_token_ids)
             request.texts[seq.seq_id] = request.detokenizers[seq.seq_id].text
         seq.timings.finished = time.perf_counter()

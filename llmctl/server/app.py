@@ -57,6 +57,7 @@ class ServerState:
     settings: ServerSettings
     engine: AsyncLLMEngine | None = None
     embedder: Any = None  # an EmbeddingModel when the served model is an encoder
+    template: str | None = None  # the chat template, resolved once at startup
     load_error: str | None = None
     in_flight: int = 0
     metrics: ServerMetrics | None = None
@@ -78,7 +79,8 @@ def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
             if engine is None and load_embedder(state):
                 return
             state.engine = AsyncLLMEngine(engine or LLMEngine(settings.engine_config))
-            if chat_template(state) is None:
+            state.template = chat_template(state)
+            if state.template is None:
                 logger.warning("%s has no chat template: /v1/chat/completions will answer 400 until the server is "
                                "started with --chat-template (a file, or chatml / bloom)", state.model_name)
         except Exception as exc:  # reported by /health and the serve command
@@ -246,7 +248,7 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     model = check_model(state, fields)
     messages = chat_messages(fields)
     sampling = sampling_request(fields, chat=True)
-    template = chat_template(state)
+    template = state.template
     if template is None:
         raise bad("this model has no chat template: start the server with --chat-template FILE or a built-in name "
                   "(chatml, bloom), or use /v1/completions", "messages")
@@ -258,6 +260,7 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
 
 
 def chat_template(state: ServerState) -> str | None:
+    """--chat-template, else the model's own, else llmctl's for its family (e.g. BLOOM)."""
     if state.settings.chat_template is not None:
         return state.settings.chat_template
     engine = state.engine.engine
@@ -454,7 +457,7 @@ async def tokenize(state: ServerState, request: Request) -> Response:
     check_model(state, fields)
     engine = state.engine.engine
     if fields.raw("messages") is not None:
-        template = chat_template(state)
+        template = state.template
         if template is None:
             raise bad("this model has no chat template; pass --chat-template", "messages")
         text = engine.tokenizer.apply_chat_template(chat_messages(fields), chat_template=template,
