@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from llmctl.errors import LlmctlError
+
+if TYPE_CHECKING:
+    from llmctl.bench.datasets import DatasetOptions
 
 app = typer.Typer(
     name="llmctl",
@@ -253,6 +256,179 @@ def quantize(
         print_json(summary)
     else:
         render_quantize(summary)
+
+
+bench_app = typer.Typer(help="Latency and throughput benchmarks: any OpenAI-compatible server, or the engine "
+                             "in-process.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+DatasetNameOpt = Annotated[str, typer.Option("--dataset-name", help="random, sharegpt, shared-prefix or custom (JSONL)")]
+DatasetPathOpt = Annotated[Optional[Path], typer.Option("--dataset-path", help="ShareGPT JSON or custom JSONL file")]
+NumPromptsOpt = Annotated[int, typer.Option("--num-prompts", help="requests in the workload")]
+InputLenOpt = Annotated[int, typer.Option("--random-input-len", help="random: prompt tokens")]
+OutputLenOpt = Annotated[int, typer.Option("--random-output-len", help="random: output tokens")]
+RangeRatioOpt = Annotated[float, typer.Option("--random-range-ratio",
+                                              help="random: lengths uniform in len·[1−r, 1+r]")]
+ShareGPTLenOpt = Annotated[Optional[int], typer.Option("--sharegpt-output-len",
+                                                       help="sharegpt: output tokens (default: the reply's)")]
+GroupsOpt = Annotated[int, typer.Option("--shared-prefix-groups", help="shared-prefix: distinct system prompts")]
+PrefixLenOpt = Annotated[int, typer.Option("--shared-prefix-len", help="shared-prefix: system prompt tokens")]
+QuestionLenOpt = Annotated[int, typer.Option("--shared-prefix-question-len", help="shared-prefix: question tokens")]
+PrefixOutputOpt = Annotated[int, typer.Option("--shared-prefix-output-len", help="shared-prefix: output tokens")]
+CustomLenOpt = Annotated[int, typer.Option("--custom-output-len", help="custom: output tokens when a line has none")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="makes datasets and arrival times reproducible")]
+PercentilesOpt = Annotated[str, typer.Option("--metric-percentiles", help="comma-separated percentiles to report")]
+
+
+def _dataset_options(**values: Any) -> DatasetOptions:
+    from llmctl.bench.datasets import DatasetOptions
+
+    return DatasetOptions(**values)
+
+
+def _percentiles(text: str) -> tuple[float, ...]:
+    from llmctl.bench.serve_bench import parse_list
+
+    values = tuple(parse_list(text, "--metric-percentiles", float))
+    if any(not 0 < p < 100 for p in values):
+        raise LlmctlError("--metric-percentiles must be between 0 and 100")
+    return values
+
+
+@bench_app.command("serve")
+def bench_serve(
+    base_url: Annotated[str, typer.Option("--base-url", help="the server, without /v1")] = "http://127.0.0.1:8000",
+    model: Annotated[Optional[str], typer.Option("--model", help="default: the server's first model")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="default: the model's")] = None,
+    endpoint: Annotated[str, typer.Option("--endpoint", help="completions or chat")] = "completions",
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="OPENAI_API_KEY")] = None,
+    dataset_name: DatasetNameOpt = "random",
+    dataset_path: DatasetPathOpt = None,
+    num_prompts: NumPromptsOpt = 1000,
+    random_input_len: InputLenOpt = 1024,
+    random_output_len: OutputLenOpt = 128,
+    random_range_ratio: RangeRatioOpt = 0.0,
+    sharegpt_output_len: ShareGPTLenOpt = None,
+    shared_prefix_groups: GroupsOpt = 4,
+    shared_prefix_len: PrefixLenOpt = 512,
+    shared_prefix_question_len: QuestionLenOpt = 32,
+    shared_prefix_output_len: PrefixOutputOpt = 128,
+    custom_output_len: CustomLenOpt = 256,
+    request_rate: Annotated[str, typer.Option(
+        "--request-rate", help="requests/s (Poisson), inf = all at once; a list sweeps: 1,2,4,inf")] = "inf",
+    burstiness: Annotated[float, typer.Option(
+        "--burstiness", help="gamma shape of arrival gaps: 1 Poisson, <1 burstier, >1 steadier")] = 1.0,
+    max_concurrency: Annotated[Optional[str], typer.Option(
+        "--max-concurrency", help="requests in flight at most; a list sweeps: 1,4,16,64")] = None,
+    num_warmups: Annotated[int, typer.Option("--num-warmups", help="unmeasured requests sent first")] = 0,
+    goodput: Annotated[Optional[list[str]], typer.Option(
+        "--goodput", help="SLOs in ms, e.g. --goodput ttft:500 --goodput tpot:50 (also e2el)")] = None,
+    metric_percentiles: PercentilesOpt = "90,99",
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="generate exactly the requested tokens")] = False,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="default: the server's")] = None,
+    save_result: Annotated[bool, typer.Option("--save-result", help="write the results as JSON")] = False,
+    result_filename: Annotated[Optional[Path], typer.Option(
+        "--result-filename", help="JSON file for --save-result (implies it)")] = None,
+    result_dir: Annotated[Path, typer.Option("--result-dir", help="folder for a generated result name")] = Path("."),
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="write PNG charts into this folder")] = None,
+    ready_check_timeout_sec: Annotated[float, typer.Option(
+        "--ready-check-timeout-sec", help="wait this long for a starting server")] = 600,
+    seed: SeedOpt = 0,
+) -> None:
+    """Benchmark an OpenAI-compatible server, with `vllm bench serve`'s flags and metric definitions."""
+    from rich.console import Console
+
+    from llmctl.bench.metrics import parse_goodput
+    from llmctl.bench.report import bench_progress, render_run, run_to_json, save_json, write_plots
+    from llmctl.bench.serve_bench import (ServeBenchOptions, parse_concurrency, parse_list, parse_rate,
+                                          run_serve_bench)
+
+    percentiles = _percentiles(metric_percentiles)
+    dataset = _dataset_options(
+        name=dataset_name, path=dataset_path, num_prompts=num_prompts, seed=seed, random_input_len=random_input_len,
+        random_output_len=random_output_len, random_range_ratio=random_range_ratio,
+        sharegpt_output_len=sharegpt_output_len, shared_prefix_groups=shared_prefix_groups,
+        shared_prefix_len=shared_prefix_len, shared_prefix_question_len=shared_prefix_question_len,
+        shared_prefix_output_len=shared_prefix_output_len, custom_output_len=custom_output_len)
+    if burstiness <= 0:
+        raise LlmctlError("--burstiness must be positive")
+    options = ServeBenchOptions(
+        base_url=base_url, model=model, tokenizer=tokenizer, endpoint=endpoint, api_key=api_key, dataset=dataset,
+        request_rates=parse_list(request_rate, "--request-rate", parse_rate), burstiness=burstiness,
+        max_concurrencies=parse_list(max_concurrency or "none", "--max-concurrency", parse_concurrency),
+        num_warmups=num_warmups, goodput=parse_goodput(goodput or []), percentiles=percentiles,
+        ignore_eos=ignore_eos, temperature=temperature, ready_check_timeout_s=ready_check_timeout_sec)
+    console = Console()
+    with bench_progress(console) as on_point:
+        run = run_serve_bench(options, on_point)
+    for warning in run.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+    render_run(console, run, percentiles)
+    if save_result or result_filename:
+        path = result_filename or result_dir / _result_name(run.model, options.request_rates)
+        save_json(run_to_json(run, percentiles), path)
+        console.print(f"results: {path}")
+    if plot:
+        for path in write_plots(run, plot):
+            console.print(f"chart: {path}")
+
+
+def _result_name(model: str, rates: list[float]) -> str:
+    from datetime import datetime
+
+    rate = "-".join("inf" if r == float("inf") else f"{r:g}" for r in rates)
+    return f"openai-{rate}qps-{model.split('/')[-1]}-{datetime.now():%Y%m%d-%H%M%S}.json"
+
+
+@bench_app.command("offline")
+def bench_offline(
+    model: ModelArg = None,
+    dataset_name: DatasetNameOpt = "random",
+    dataset_path: DatasetPathOpt = None,
+    num_prompts: NumPromptsOpt = 64,
+    random_input_len: InputLenOpt = 128,
+    random_output_len: OutputLenOpt = 128,
+    random_range_ratio: RangeRatioOpt = 0.0,
+    sharegpt_output_len: ShareGPTLenOpt = None,
+    shared_prefix_groups: GroupsOpt = 4,
+    shared_prefix_len: PrefixLenOpt = 512,
+    shared_prefix_question_len: QuestionLenOpt = 32,
+    shared_prefix_output_len: PrefixOutputOpt = 128,
+    custom_output_len: CustomLenOpt = 256,
+    temperature: Annotated[float, typer.Option("--temperature")] = 1.0,
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = 256,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len")] = None,
+    compare: Annotated[Optional[str], typer.Option(
+        "--compare", help="also run the workload through transformers generate: transformers")] = None,
+    hf_batch_size: Annotated[int, typer.Option("--hf-batch-size", help="--compare: sequences per padded batch")] = 16,
+    metric_percentiles: PercentilesOpt = "90,99",
+    seed: SeedOpt = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """The same workloads through the engine in-process: tokens/s, requests/s, TTFT/TPOT; --compare transformers."""
+    from rich.console import Console
+
+    from llmctl.bench.offline import OfflineOptions, run_offline
+    from llmctl.bench.report import offline_to_dict, render_offline
+    from llmctl.display import print_json
+
+    dataset = _dataset_options(
+        name=dataset_name, path=dataset_path, num_prompts=num_prompts, seed=seed, random_input_len=random_input_len,
+        random_output_len=random_output_len, random_range_ratio=random_range_ratio,
+        sharegpt_output_len=sharegpt_output_len, shared_prefix_groups=shared_prefix_groups,
+        shared_prefix_len=shared_prefix_len, shared_prefix_question_len=shared_prefix_question_len,
+        shared_prefix_output_len=shared_prefix_output_len, custom_output_len=custom_output_len)
+    if hf_batch_size < 1:
+        raise LlmctlError("--hf-batch-size must be at least 1")
+    result = run_offline(OfflineOptions(
+        model=model, dataset=dataset, temperature=temperature, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, compare=compare,
+        hf_batch_size=hf_batch_size, percentiles=_percentiles(metric_percentiles)))
+    if as_json:
+        print_json(offline_to_dict(result))
+    else:
+        render_offline(Console(), result)
 
 
 def main() -> None:

@@ -3,13 +3,24 @@ the columns not yet quantized through the inverse Hessian of the layer's inputs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from llmctl.quant.formats import QuantizedWeight
-from llmctl.quant.rtn import QuantConfig, group_params, quantize_values
+from llmctl.quant.rtn import QuantConfig, quantize_values, search_group_params
 
 BLOCK_SIZE = 128
 DAMPING = 0.01
+
+
+@dataclass(frozen=True)
+class GPTQOptions:
+    # Visit columns by decreasing Hessian diagonal (the most sensitive first) while keeping the
+    # groups contiguous in the original order ("static groups"): the result is stored as
+    # desc_act false with a trivial g_idx, which every GPTQ kernel (vLLM's included) reads.
+    act_order: bool = True
+    damping: float = DAMPING
 
 
 class HessianAccumulator:
@@ -28,8 +39,9 @@ class HessianAccumulator:
         return (2.0 / max(self.count, 1)) * self.h
 
 
-def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, config: QuantConfig) -> QuantizedWeight:
-    """weight [out, in]; returns the integers and group parameters (act-order off, as vLLM needs)."""
+def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, config: QuantConfig,
+                  options: GPTQOptions = GPTQOptions()) -> QuantizedWeight:
+    """weight [out, in]; returns the integers and group parameters in the original column order."""
     w = weight.detach().to(torch.float64).clone()
     out_features, in_features = w.shape
     group = config.group_for(in_features)
@@ -37,29 +49,33 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, config: QuantConf
     dead = torch.diag(h) == 0  # inputs that never fire: any value works, so quantize them from zero
     h[dead, dead] = 1
     w[:, dead] = 0
-    h += DAMPING * torch.mean(torch.diag(h)) * torch.eye(in_features, dtype=h.dtype)
+    # Group parameters fixed up front from the weights as they are (a range search per group),
+    # so the visiting order below cannot split a group.
+    grouped = w.reshape(out_features, in_features // group, group).permute(1, 0, 2)
+    params = [search_group_params(g, config) for g in grouped]
+    scales = torch.stack([s for s, _ in params], dim=1)
+    zeros = torch.stack([z for _, z in params], dim=1)
+
+    order = torch.argsort(torch.diag(h), descending=True) if options.act_order else torch.arange(in_features)
+    w, h = w[:, order], h[order][:, order]
+    h += options.damping * torch.mean(torch.diag(h)) * torch.eye(in_features, dtype=h.dtype)
     h_inv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    column_group = order // group  # the group of each visited column
 
     q = torch.zeros_like(w)
-    scales = torch.zeros(out_features, in_features // group, dtype=torch.float64)
-    zeros = torch.zeros_like(scales)
-    scale = zero = None
     for start in range(0, in_features, BLOCK_SIZE):
         end = min(start + BLOCK_SIZE, in_features)
         block = w[:, start:end].clone()
         errors = torch.zeros_like(block)
         h_block = h_inv[start:end, start:end]
         for i in range(end - start):
-            column = start + i
-            if column % group == 0:  # group parameters from the weights as updated so far
-                span = torch.cat([block[:, i:], w[:, end:]], dim=1)[:, :group]
-                scale, zero = group_params(span, config)
-                scales[:, column // group], zeros[:, column // group] = scale, zero
+            g = column_group[start + i]
+            scale, zero = scales[:, g], zeros[:, g]
             values = quantize_values(block[:, i:i + 1], scale, zero, config.maxq).squeeze(1)
-            q[:, column] = values
-            dequantized = (values - zero) * scale
-            error = (block[:, i] - dequantized) / h_block[i, i]
+            q[:, start + i] = values
+            error = (block[:, i] - (values - zero) * scale) / h_block[i, i]
             block[:, i:] -= error.unsqueeze(1) @ h_block[i, i:].unsqueeze(0)
             errors[:, i] = error
         w[:, end:] -= errors @ h_inv[start:end, end:]
+    q = q[:, torch.argsort(order)]
     return QuantizedWeight(q.to(torch.int32), scales.float(), zeros.to(torch.int32), config.bits, group)

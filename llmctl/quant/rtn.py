@@ -41,6 +41,29 @@ def group_params(w: torch.Tensor, config: QuantConfig) -> tuple[torch.Tensor, to
     return scale, zero
 
 
+def search_group_params(w: torch.Tensor, config: QuantConfig, steps: int = 20,
+                        max_shrink: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Like `group_params`, but tries ranges shrunk by up to `max_shrink` and keeps, per row, the one
+    with the least squared rounding error (GPTQ's "mse" quantizer): clipping a few outliers buys
+    finer steps for all the other weights."""
+    best_scale, best_zero = group_params(w, config)
+    best_error = _rounding_error(w, best_scale, best_zero, config.maxq)
+    for step in range(1, steps + 1):
+        shrink = 1 - max_shrink * step / steps
+        scale, zero = group_params(w * shrink, config)
+        error = _rounding_error(w, scale, zero, config.maxq)
+        better = error < best_error
+        best_scale = torch.where(better, scale, best_scale)
+        best_zero = torch.where(better, zero, best_zero)
+        best_error = torch.minimum(error, best_error)
+    return best_scale, best_zero
+
+
+def _rounding_error(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, maxq: int) -> torch.Tensor:
+    q = quantize_values(w, scale, zero, maxq)
+    return ((q - zero.unsqueeze(1)) * scale.unsqueeze(1) - w).pow(2).sum(dim=1)
+
+
 def quantize_values(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, maxq: int) -> torch.Tensor:
     """Integers for `w` [rows, n] with per-row scale/zero."""
     return torch.clamp(torch.round(w / scale.unsqueeze(1)) + zero.unsqueeze(1), 0, maxq)

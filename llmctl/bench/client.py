@@ -1,0 +1,138 @@
+"""One streamed request to an OpenAI-compatible server, timed the way `vllm bench serve` times it.
+
+TTFT is the time to the first chunk carrying text; each later text chunk adds one ITL
+gap; latency (E2EL) ends at the last text chunk's arrival. Output tokens come from
+the final usage chunk (`stream_options.include_usage`) when the server sends one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+
+from llmctl.bench.datasets import SampleRequest
+
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+@dataclass
+class RequestSettings:
+    base_url: str
+    model: str
+    endpoint: str = "completions"
+    api_key: str | None = None
+    ignore_eos: bool = False
+    temperature: float | None = None
+    timeout_s: float = 6 * 3600  # a benchmark may queue requests for a long time; never hang forever
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+@dataclass
+class RequestOutcome:
+    prompt_len: int
+    expected_output_len: int
+    success: bool = False
+    error: str = ""
+    start_time: float = 0.0  # perf_counter when sent
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    generated_text: str = ""
+    output_tokens: int | None = None  # from the server's usage, when it reported one
+
+
+def request_body(request: SampleRequest, settings: RequestSettings) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": settings.model, "max_tokens": request.expected_output_len, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if settings.endpoint == "chat":
+        messages = [{"role": "user", "content": request.prompt}]
+        if request.system:
+            messages.insert(0, {"role": "system", "content": request.system})
+        body["messages"] = messages
+    else:
+        body["prompt"] = request.full_prompt
+    if settings.ignore_eos:
+        body["ignore_eos"] = True  # a vLLM extension; llmctl serve and vLLM honour it
+    if settings.temperature is not None:
+        body["temperature"] = settings.temperature
+    return body
+
+
+async def send_request(client: httpx2.AsyncClient, request: SampleRequest, settings: RequestSettings) -> RequestOutcome:
+    outcome = RequestOutcome(request.prompt_len, request.expected_output_len)
+    url = settings.base_url + ENDPOINTS[settings.endpoint]
+    outcome.start_time = start = time.perf_counter()
+    try:
+        async with client.stream("POST", url, json=request_body(request, settings), headers=settings.headers,
+                                 timeout=settings.timeout_s) as response:
+            if response.status_code != 200:
+                body = (await response.aread()).decode("utf-8", "replace")
+                outcome.error = f"HTTP {response.status_code}: {_error_message(body)}"
+                return outcome
+            await _read_stream(response, outcome, start)
+    except httpx2.HTTPError as error:
+        outcome.error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return outcome
+
+
+async def _read_stream(response: httpx2.Response, outcome: RequestOutcome, start: float) -> None:
+    last = start
+    done = False
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:"):].strip()
+        if data == "[DONE]":
+            done = True
+            break
+        now = time.perf_counter()
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            outcome.error = f"the server streamed a chunk that is not JSON: {data[:120]}"
+            return
+        if chunk.get("error"):
+            outcome.error = f"the server reported an error mid-stream: {_error_message(json.dumps(chunk))}"
+            return
+        if chunk.get("usage"):
+            outcome.output_tokens = chunk["usage"].get("completion_tokens")
+        text = _chunk_text(chunk)
+        if text:
+            if not outcome.generated_text:
+                outcome.ttft = now - start
+            else:
+                outcome.itl.append(now - last)
+            last = now
+            outcome.generated_text += text
+    if not done:
+        outcome.error = "the connection closed before the stream finished (no [DONE])"
+        return
+    outcome.latency = last - start
+    outcome.success = True
+
+
+def _chunk_text(chunk: dict[str, Any]) -> str:
+    text = ""
+    for choice in chunk.get("choices") or []:
+        if "text" in choice:
+            text += choice.get("text") or ""
+        delta = choice.get("delta") or {}
+        text += (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+    return text
+
+
+def _error_message(body: str) -> str:
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return body.strip()[:300] or "(empty body)"
+    if isinstance(error, dict):
+        return str(error.get("message", error))[:300]
+    return str(error)[:300]

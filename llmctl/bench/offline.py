@@ -1,0 +1,138 @@
+"""`llmctl bench offline`: a workload through the engine in-process, optionally also through
+transformers `generate` on the same weights for a ratio.
+
+Like `vllm bench throughput`, every request asks for its output length with ignore_eos
+and all requests arrive at once. TTFT and TPOT come from the engine's own per-request
+timings. transformers runs padded batches (left padding) in arrival order, each batch
+until its longest request; only the requested tokens count as output.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from llmctl.bench.datasets import DatasetOptions, SampleRequest, sample_requests
+from llmctl.bench.metrics import Distribution
+from llmctl.bench.tokens import LocalTokenizer
+from llmctl.errors import LlmctlError
+
+COMPARE_WITH = ("transformers",)
+
+
+@dataclass
+class OfflineOptions:
+    model: str | None = None
+    dataset: DatasetOptions = field(default_factory=DatasetOptions)
+    temperature: float = 1.0
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    compare: str | None = None
+    hf_batch_size: int = 16
+    percentiles: tuple[float, ...] = (90.0, 99.0)
+
+
+@dataclass
+class Throughput:
+    seconds: float
+    requests: int
+    input_tokens: int
+    output_tokens: int
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        return (self.input_tokens + self.output_tokens) / self.seconds
+
+
+@dataclass
+class OfflineResult:
+    model: str
+    llmctl: Throughput
+    ttft: Distribution
+    tpot: Distribution
+    preemptions: int
+    transformers: Throughput | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.transformers is None:
+            return None
+        return self.llmctl.output_tokens_per_s / self.transformers.output_tokens_per_s
+
+
+def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None] | None = None) -> OfflineResult:
+    from llmctl.engine.llm import LLM
+    from llmctl.engine.sampling_params import SamplingParams
+
+    if options.compare not in (None, *COMPARE_WITH):
+        raise LlmctlError(f"--compare takes {', '.join(COMPARE_WITH)}")
+    llm = LLM(options.model, max_num_seqs=options.max_num_seqs, max_model_len=options.max_model_len,
+              max_num_batched_tokens=options.max_num_batched_tokens)
+    tokenizer = LocalTokenizer(llm.engine.loaded.source.name, llm.get_tokenizer())
+    requests = sample_requests(options.dataset, tokenizer, tokenizer.words())
+    prompts = [tokenizer.encode(r.full_prompt) for r in requests]
+    params = [SamplingParams(temperature=options.temperature, max_tokens=r.expected_output_len, ignore_eos=True,
+                             seed=options.dataset.seed + i) for i, r in enumerate(requests)]
+    llm.generate([prompts[0]], [SamplingParams(max_tokens=4)])  # warm-up: first-call costs are not throughput
+    engine = llm.engine
+    for index, (prompt, param) in enumerate(zip(prompts, params)):
+        engine.add_request(f"bench-{index}", prompt, param)
+    started = time.perf_counter()
+    finished = []
+    while engine.has_unfinished_requests:
+        finished += [o for o in engine.step() if o.finished]
+        if on_progress:
+            on_progress(len(finished), len(requests))
+    seconds = time.perf_counter() - started
+    output_tokens = sum(len(o.outputs[0].token_ids) for o in finished)
+    ttfts = [o.metrics.ttft for o in finished if o.metrics and o.metrics.ttft is not None]
+    tpots = [(o.metrics.e2e - o.metrics.ttft) / (len(o.outputs[0].token_ids) - 1) for o in finished
+             if o.metrics and o.metrics.e2e is not None and len(o.outputs[0].token_ids) > 1]
+    result = OfflineResult(
+        model=engine.loaded.source.name,
+        llmctl=Throughput(seconds, len(finished), sum(len(p) for p in prompts), output_tokens),
+        ttft=Distribution.of(ttfts, options.percentiles), tpot=Distribution.of(tpots, options.percentiles),
+        preemptions=engine.scheduler.num_preemptions)
+    if options.compare == "transformers":
+        path = engine.loaded.source.path
+        del llm, engine
+        result.transformers = run_transformers(str(path), prompts, requests, options)
+    return result
+
+
+def run_transformers(path: str, prompts: list[list[int]], requests: list[SampleRequest],
+                     options: OfflineOptions) -> Throughput:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    sampling: dict[str, Any] = ({"do_sample": True, "temperature": options.temperature, "top_p": 1.0, "top_k": 0}
+                                if options.temperature > 0 else {"do_sample": False})
+    started = time.perf_counter()
+    for first in range(0, len(prompts), options.hf_batch_size):
+        batch = prompts[first:first + options.hf_batch_size]
+        longest = max(len(p) for p in batch)
+        ids = torch.full((len(batch), longest), pad, dtype=torch.long)
+        mask = torch.zeros(len(batch), longest, dtype=torch.long)
+        for row, prompt in enumerate(batch):
+            ids[row, longest - len(prompt):] = torch.tensor(prompt)
+            mask[row, longest - len(prompt):] = 1
+        new_tokens = max(r.expected_output_len for r in requests[first:first + options.hf_batch_size])
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                           pad_token_id=pad, **sampling)
+    seconds = time.perf_counter() - started
+    return Throughput(seconds, len(prompts), sum(len(p) for p in prompts),
+                      sum(r.expected_output_len for r in requests))
