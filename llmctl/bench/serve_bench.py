@@ -71,7 +71,7 @@ def parse_rate(text: str) -> float:
 
 
 def parse_concurrency(text: str) -> int | None:
-    if text.lower() in ("none", "inf", "0"):
+    if text.lower() in ("none", "inf"):
         return None
     value = int(text)
     if value < 1:

@@ -1,0 +1,294 @@
+"""llmctl bench: metric definitions, datasets, load shapes, failures, and a real `llmctl serve` run."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from server_helpers import start_server
+from timed_server import TimedServer, Timing
+
+from llmctl.bench.client import RequestOutcome
+from llmctl.bench.datasets import DatasetOptions, sample_requests
+from llmctl.bench.load import LoadPoint, arrival_offsets
+from llmctl.bench.metrics import calculate_metrics, parse_goodput, peak_concurrency
+from llmctl.bench.server_metrics import parse_metrics
+from llmctl.bench.tokens import load_local_tokenizer
+from llmctl.errors import LlmctlError
+from llmctl.model.source import DEFAULT_MODEL_ID
+
+FIRST, GAP, TOKENS = 0.2, 0.05, 6
+# Tolerance for timings measured over real sockets on a busy 2-core machine.
+TOLERANCE_S = 0.04
+
+
+@pytest.fixture(scope="module")
+def smol():
+    tokenizer = load_local_tokenizer(None)
+    return tokenizer, tokenizer.words()
+
+
+def bench(server_url: str, *args: str, tmp_path) -> dict:
+    out = tmp_path / "result.json"
+    result = run_cli("bench", "serve", "--base-url", server_url, "--tokenizer", DEFAULT_MODEL_ID, "--dataset-name", "random",
+                     "--random-input-len", "8", "--random-output-len", str(TOKENS), "--result-filename", str(out),
+                     *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(out.read_text())
+
+
+# --- metrics against a server with known timing ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate, concurrency", [("inf", "none"), ("8", "none"), ("inf", "2")])
+def test_measured_latencies_match_the_known_timing(tmp_path, rate, concurrency):
+    with TimedServer(Timing(FIRST, GAP)) as server:
+        data = bench(server.url, "--num-prompts", "6", "--request-rate", rate, "--max-concurrency", concurrency,
+                     tmp_path=tmp_path)
+    e2el = FIRST + (TOKENS - 1) * GAP
+    assert data["completed"] == 6 and data["failed"] == 0
+    assert data["output_lens"] == [TOKENS] * 6  # from the server's usage
+    assert data["mean_ttft_ms"] == pytest.approx(FIRST * 1000, abs=TOLERANCE_S * 1000)
+    assert data["median_itl_ms"] == pytest.approx(GAP * 1000, abs=TOLERANCE_S * 1000)
+    assert data["mean_tpot_ms"] == pytest.approx(GAP * 1000, abs=TOLERANCE_S * 1000)
+    assert data["mean_e2el_ms"] == pytest.approx(e2el * 1000, abs=2 * TOLERANCE_S * 1000)
+    assert all(len(gaps) == TOKENS - 1 for gaps in data["itls"])
+    # the wall time follows from the load shape: all at once, paced arrivals, or two at a time
+    if rate == "inf" and concurrency == "none":
+        expected_duration = e2el
+    elif rate == "8":
+        expected_duration = 6 / 8 + e2el  # the last request is sent at num_prompts / rate
+    else:
+        expected_duration = 3 * e2el
+    assert data["duration"] == pytest.approx(expected_duration, rel=0.2)
+    assert data["request_throughput"] == pytest.approx(6 / data["duration"])
+    assert data["output_throughput"] == pytest.approx(6 * TOKENS / data["duration"])
+    assert data["max_concurrent_requests"] == (2 if concurrency == "2" else data["max_concurrent_requests"])
+    if rate == "inf" and concurrency == "none":
+        assert data["max_concurrent_requests"] == 6
+
+
+def test_chat_endpoint_and_server_metrics(tmp_path):
+    with TimedServer(Timing(FIRST, GAP)) as server:
+        data = bench(server.url, "--num-prompts", "4", "--endpoint", "chat", "--max-concurrency", "4",
+                     tmp_path=tmp_path)
+    assert data["completed"] == 4 and data["mean_ttft_ms"] == pytest.approx(FIRST * 1000, abs=TOLERANCE_S * 1000)
+    stats = data["server_metrics"]  # the timed server's vLLM-named counters: 4 arrivals
+    assert stats["preemptions"] == 2 and stats["prefix_cache_queries"] == 400 and stats["prefix_cache_hits"] == 100
+    assert stats["prefix_cache_hit_rate"] == 0.25
+    assert 0 < stats["kv_cache_usage_peak"] <= 0.4
+
+
+def test_errors_and_dropped_connections_are_failures_with_reasons(tmp_path):
+    with TimedServer(Timing(0.05, 0.01, fail={1: "error", 3: "drop"})) as server:
+        data = bench(server.url, "--num-prompts", "6", "--max-concurrency", "1", tmp_path=tmp_path)
+    assert data["completed"] == 4 and data["failed"] == 2
+    errors = [e for e in data["errors"] if e]
+    assert any("HTTP 500: the model is on fire" in e for e in errors)
+    assert any("closed before the stream finished" in e or "RemoteProtocolError" in e for e in errors)
+    assert sorted(data["output_lens"]) == [0, 0] + [TOKENS] * 4
+
+
+def test_sweep_writes_a_curve_and_charts(tmp_path):
+    with TimedServer(Timing(0.05, 0.01)) as server:
+        data = bench(server.url, "--num-prompts", "4", "--max-concurrency", "1,4", "--plot", str(tmp_path / "png"),
+                     tmp_path=tmp_path)
+    assert [p["max_concurrency"] for p in data["sweep"]] == [1, 4]
+    assert data["sweep"][0]["duration"] > data["sweep"][1]["duration"]
+    for name in ("latency_vs_throughput.png", "ttft_distribution.png", "itl_distribution.png"):
+        assert (tmp_path / "png" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_goodput_counts_requests_within_every_slo(tmp_path):
+    with TimedServer(Timing(FIRST, GAP)) as server:
+        data = bench(server.url, "--num-prompts", "4", "--goodput", "ttft:5000", "--goodput", "tpot:1000",
+                     tmp_path=tmp_path)
+        strict = bench(server.url, "--num-prompts", "4", "--goodput", "ttft:1", tmp_path=tmp_path)
+    assert data["request_goodput"] == pytest.approx(data["request_throughput"])
+    assert strict["request_goodput"] == 0
+
+
+# --- metric arithmetic ------------------------------------------------------------------------------------
+
+
+def outcome(start: float, ttft: float, gaps: list[float], tokens: int | None = None) -> RequestOutcome:
+    return RequestOutcome(prompt_len=10, expected_output_len=len(gaps) + 1, success=True, start_time=start,
+                          ttft=ttft, latency=ttft + sum(gaps), itl=gaps, generated_text="x" * (len(gaps) + 1),
+                          output_tokens=tokens if tokens is not None else len(gaps) + 1)
+
+
+def test_metric_definitions_follow_vllm():
+    outcomes = [outcome(0.0, 0.1, [0.02, 0.04]), outcome(0.05, 0.3, [0.1] * 4), outcome(0.1, 0.2, []),
+                RequestOutcome(10, 5, success=False, error="boom")]
+    m = calculate_metrics(outcomes, duration=2.0, slos={"ttft": 250, "tpot": 50})
+    assert (m.completed, m.failed, m.total_input_tokens, m.total_output_tokens) == (3, 1, 30, 9)
+    tpots = [0.06 / 2, 0.4 / 4]  # (e2el − ttft) / (tokens − 1); a one-token request has no TPOT
+    assert m.latencies["tpot"].mean == pytest.approx(np.mean(tpots) * 1000)
+    itls = [0.02, 0.04] + [0.1] * 4
+    assert m.latencies["itl"].percentiles[99.0] == pytest.approx(np.percentile(itls, 99) * 1000)
+    assert m.latencies["ttft"].median == pytest.approx(200)
+    # good: request 1 (ttft 100, tpot 30) and request 3 (ttft 200, tpot counted as 0); request 2 misses TTFT
+    assert m.request_goodput == pytest.approx(2 / 2.0)
+    assert m.request_throughput == 1.5 and m.output_throughput == 4.5 and m.total_token_throughput == 19.5
+    assert m.output_lens == [3, 5, 1, 0] and m.errors == ["", "", "", "boom"]
+
+
+def test_output_tokens_fall_back_to_the_tokenizer_without_usage():
+    no_usage = outcome(0.0, 0.1, [0.05, 0.05], tokens=None)
+    no_usage.output_tokens = None
+    m = calculate_metrics([no_usage], 1.0, {}, count_tokens=lambda text: 7)
+    assert m.output_lens == [7] and m.request_goodput is None
+
+
+def test_peak_concurrency_uses_half_open_intervals():
+    # back to back requests never overlap; a third one inside the first does
+    outcomes = [outcome(0.0, 0.5, [0.5]), outcome(1.0, 0.5, [0.5]), outcome(0.2, 0.1, [0.1])]
+    assert peak_concurrency(outcomes) == 2
+
+
+def test_goodput_flag_parsing():
+    assert parse_goodput(["ttft:200 tpot:50", "e2el:1000"]) == {"ttft": 200, "tpot": 50, "e2el": 1000}
+    for bad in ("itl:5", "ttft:fast", "ttft:-1"):
+        with pytest.raises(LlmctlError):
+            parse_goodput([bad])
+
+
+def test_arrivals_poisson_gamma_and_inf():
+    assert arrival_offsets(5, LoadPoint(math.inf), seed=0) == [0.0] * 5
+    poisson = arrival_offsets(200, LoadPoint(4.0, 1.0), seed=1)
+    assert poisson[-1] == pytest.approx(200 / 4)  # rescaled so the last leaves at num_prompts / rate
+    assert poisson == sorted(poisson) and poisson == arrival_offsets(200, LoadPoint(4.0, 1.0), seed=1)
+    gaps = np.diff(poisson)
+    bursty = np.diff(arrival_offsets(200, LoadPoint(4.0, 0.25), seed=1))
+    steady = np.diff(arrival_offsets(200, LoadPoint(4.0, 16.0), seed=1))
+    assert np.std(bursty) > np.std(gaps) > np.std(steady)  # the coefficient of variation is 1/sqrt(burstiness)
+
+
+def test_prometheus_text_is_read_without_prefixes():
+    text = ('# TYPE llmctl:num_preemptions counter\nllmctl:num_preemptions_total{model_name="a"} 3.0\n'
+            '# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name="a",engine="0"} 0.5\n'
+            'vllm:kv_cache_usage_perc{model_name="a",engine="1"} 0.25\n')
+    assert parse_metrics(text) == {"num_preemptions_total": 3.0, "kv_cache_usage_perc": 0.75}
+
+
+# --- datasets ---------------------------------------------------------------------------------------------
+
+
+def test_random_prompts_tokenize_to_the_requested_lengths(smol):
+    tokenizer, words = smol
+    options = DatasetOptions(num_prompts=20, random_input_len=64, random_output_len=16, random_range_ratio=0.5,
+                             seed=3)
+    requests = sample_requests(options, tokenizer, words)
+    for request in requests:
+        assert len(tokenizer.encode(request.prompt)) == request.prompt_len
+        assert 32 <= request.prompt_len <= 96 and 8 <= request.expected_output_len <= 24
+    assert len({r.prompt_len for r in requests}) > 5  # the range ratio spreads them
+    assert requests == sample_requests(options, tokenizer, words)  # seeded: the same workload
+    other = sample_requests(DatasetOptions(**{**options.__dict__, "seed": 4}), tokenizer, words)
+    assert [r.prompt for r in other] != [r.prompt for r in requests]
+
+
+def test_sharegpt_file_is_parsed_filtered_and_sampled(smol, tmp_path):
+    tokenizer, words = smol
+    rng = random.Random(0)
+    records = [{"id": str(i), "conversations": [
+        {"from": "human", "value": " ".join(rng.choice(words).strip() for _ in range(10 + i))},
+        {"from": "gpt", "value": " ".join(rng.choice(words).strip() for _ in range(20 + i))}]} for i in range(12)]
+    records.append({"id": "short", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]})
+    records.append({"id": "one-turn", "conversations": [{"from": "human", "value": "only a question here"}]})
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(records))
+    options = DatasetOptions(name="sharegpt", path=path, num_prompts=8, seed=1)
+    requests = sample_requests(options, tokenizer, words)
+    assert len(requests) == 8 and requests == sample_requests(options, tokenizer, words)
+    replies = {r["conversations"][0]["value"]: r["conversations"][1]["value"] for r in records[:12]}
+    for request in requests:
+        assert request.prompt in replies  # the tiny and the one-turn conversations are filtered out
+        assert request.prompt_len == len(tokenizer.encode(request.prompt))
+        assert request.expected_output_len == len(tokenizer.encode(replies[request.prompt]))
+    fixed = sample_requests(DatasetOptions(name="sharegpt", path=path, num_prompts=3, sharegpt_output_len=5),
+                            tokenizer, words)
+    assert [r.expected_output_len for r in fixed] == [5, 5, 5]
+
+
+def test_shared_prefix_groups_share_a_system_prompt(smol):
+    tokenizer, words = smol
+    options = DatasetOptions(name="shared-prefix", num_prompts=6, shared_prefix_groups=2, shared_prefix_len=40,
+                             shared_prefix_question_len=8, shared_prefix_output_len=4)
+    requests = sample_requests(options, tokenizer, words)
+    assert len({r.system for r in requests}) == 2 and len({r.prompt for r in requests}) == 6
+    assert all(len(tokenizer.encode(r.system)) == 40 and len(tokenizer.encode(r.prompt)) == 8 for r in requests)
+    assert all(r.prompt_len == len(tokenizer.encode(r.full_prompt)) for r in requests)
+
+
+def test_custom_jsonl_and_bad_files(smol, tmp_path):
+    tokenizer, words = smol
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "Tell me about Paris.", "output_tokens": 12}\n\n{"prompt": "And Rome?"}\n')
+    requests = sample_requests(DatasetOptions(name="custom", path=path, custom_output_len=7), tokenizer, words)
+    assert sorted(r.expected_output_len for r in requests) == [7, 12]
+    path.write_text('{"text": "no prompt key"}\n')
+    with pytest.raises(LlmctlError, match="prompts.jsonl:1 needs a \"prompt\" string"):
+        sample_requests(DatasetOptions(name="custom", path=path), tokenizer, words)
+    with pytest.raises(LlmctlError, match="needs --dataset-path"):
+        sample_requests(DatasetOptions(name="sharegpt"), tokenizer, words)
+
+
+# --- the command line -------------------------------------------------------------------------------------
+
+
+def test_unreachable_server_is_one_clear_line():
+    result = run_cli("bench", "serve", "--base-url", "http://127.0.0.1:9", "--ready-check-timeout-sec", "1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "is unreachable" in result.stderr and "llmctl serve" in result.stderr
+
+
+@pytest.mark.parametrize("flag, value, message", [("--request-rate", "fast", "comma-separated list"),
+                                                  ("--max-concurrency", "0", "comma-separated list"),
+                                                  ("--goodput", "itl:5", "ttft, tpot or e2el"),
+                                                  ("--dataset-name", "sonnet", "unknown --dataset-name")])
+def test_bad_flags_are_one_clear_line(flag, value, message):
+    # also the path where the served model's tokenizer cannot be loaded (no /tokenize here either)
+    with TimedServer(Timing(0.01, 0.01)) as server:
+        result = run_cli("bench", "serve", "--base-url", server.url, "--num-prompts", "2", flag, value)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_against_llmctl_serve_with_the_default_model(tmp_path, smol):
+    server = start_server("--max-num-seqs", "8")
+    try:
+        out = tmp_path / "smol.json"
+        result = run_cli("bench", "serve", "--base-url", server.url, "--num-prompts", "6", "--random-input-len",
+                         "24", "--random-output-len", "8", "--random-range-ratio", "0.5", "--ignore-eos",
+                         "--request-rate", "20", "--num-warmups", "1", "--result-filename", str(out))
+        assert result.returncode == 0, result.stdout + result.stderr
+        data = json.loads(out.read_text())
+        assert data["completed"] == 6 and data["failed"] == 0
+        assert data["model_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+        # usage-based counts equal the requested lengths because of ignore_eos (the seeded workload, rebuilt here)
+        tokenizer, words = smol
+        requests = sample_requests(DatasetOptions(num_prompts=6, random_input_len=24, random_output_len=8,
+                                                  random_range_ratio=0.5), tokenizer, words)
+        assert data["output_lens"] == [r.expected_output_len for r in requests]
+        assert data["input_lens"] == [r.prompt_len for r in requests]
+        assert data["server_metrics"]["prefix_cache_queries"] >= sum(data["input_lens"])
+        assert "Output token throughput" in result.stdout and "KV-cache usage" in result.stdout
+    finally:
+        server.stop()
+
+
+def test_offline_with_transformers_comparison():
+    result = run_cli("bench", "offline", "--num-prompts", "4", "--random-input-len", "16", "--random-output-len",
+                     "8", "--compare", "transformers", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["llmctl"]["requests"] == 4 and data["llmctl"]["output_tokens"] == 32
+    assert data["llmctl"]["input_tokens"] == 64 and data["transformers"]["output_tokens"] == 32
+    assert data["ratio_output_tokens_per_s"] == pytest.approx(
+        data["llmctl"]["output_tokens_per_s"] / data["transformers"]["output_tokens_per_s"])
+    assert data["ttft_ms"]["mean"] > 0 and data["tpot_ms"]["mean"] > 0
