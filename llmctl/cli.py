@@ -227,11 +227,14 @@ def quantize(
     model: ModelArg = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="folder for the quantized model")] = Path(
         "quantized"),
-    gptq: Annotated[bool, typer.Option("--gptq", help="GPTQ (symmetric, act-order off): vLLM's gptq/marlin")] = False,
+    gptq: Annotated[bool, typer.Option("--gptq", help="GPTQ (symmetric, stored desc_act false): vLLM's gptq/marlin")] = False,
     awq: Annotated[bool, typer.Option("--awq", help="AWQ (asymmetric, GEMM format)")] = False,
     revision: RevisionOpt = None,
     bits: Annotated[int, typer.Option("--bits", help="4 (GPTQ also 8)")] = 4,
     group_size: Annotated[int, typer.Option("--group-size", help="inputs per scale; -1: per channel")] = 128,
+    act_order: Annotated[bool, typer.Option(
+        "--act-order/--no-act-order", help="GPTQ: most sensitive columns first, with static groups (the "
+                                           "checkpoint stays desc_act false)")] = True,
     calib_file: Annotated[Optional[Path], typer.Option("--calib-file", help="calibration text (.txt or .jsonl)")] = None,
     calib_samples: Annotated[int, typer.Option("--calib-samples")] = 128,
     calib_seq_len: Annotated[int, typer.Option("--calib-seq-len")] = 512,
@@ -250,8 +253,9 @@ def quantize(
         raise LlmctlError("choose exactly one of --gptq and --awq")
     summary = run_quantize(QuantizeOptions(
         model=model, method="gptq" if gptq else "awq", output=output, revision=revision, bits=bits,
-        group_size=group_size, calib_file=calib_file, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
-        eval_file=eval_file, eval_tokens=eval_tokens, redistribute=not no_redistribute, show_progress=not as_json))
+        group_size=group_size, act_order=act_order, calib_file=calib_file, calib_samples=calib_samples,
+        calib_seq_len=calib_seq_len, eval_file=eval_file, eval_tokens=eval_tokens, redistribute=not no_redistribute,
+        show_progress=not as_json))
     if as_json:
         print_json(summary)
     else:

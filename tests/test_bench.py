@@ -260,16 +260,17 @@ def test_bad_flags_are_one_clear_line(flag, value, message):
 
 
 def test_against_llmctl_serve_with_the_default_model(tmp_path, smol):
-    server = start_server("--max-num-seqs", "8")
+    # served under a name no tokenizer can be loaded for: prompt lengths are counted by the server's /tokenize
+    server = start_server("--max-num-seqs", "8", "--served-model-name", "my-smol")
     try:
         out = tmp_path / "smol.json"
         result = run_cli("bench", "serve", "--base-url", server.url, "--num-prompts", "6", "--random-input-len",
                          "24", "--random-output-len", "8", "--random-range-ratio", "0.5", "--ignore-eos",
                          "--request-rate", "20", "--num-warmups", "1", "--result-filename", str(out))
         assert result.returncode == 0, result.stdout + result.stderr
+        assert "counting tokens with the server's /tokenize" in " ".join(result.stdout.split())
         data = json.loads(out.read_text())
-        assert data["completed"] == 6 and data["failed"] == 0
-        assert data["model_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+        assert data["completed"] == 6 and data["failed"] == 0 and data["model_id"] == "my-smol"
         # usage-based counts equal the requested lengths because of ignore_eos (the seeded workload, rebuilt here)
         tokenizer, words = smol
         requests = sample_requests(DatasetOptions(num_prompts=6, random_input_len=24, random_output_len=8,
@@ -280,6 +281,16 @@ def test_against_llmctl_serve_with_the_default_model(tmp_path, smol):
         assert "Output token throughput" in result.stdout and "KV-cache usage" in result.stdout
     finally:
         server.stop()
+
+
+def test_unloadable_tokenizer_without_tokenize_endpoint_warns(tmp_path):
+    out = tmp_path / "result.json"
+    with TimedServer(Timing(0.01, 0.01)) as server:
+        result = run_cli("bench", "serve", "--base-url", server.url, "--num-prompts", "2", "--random-input-len", "8",
+                         "--random-output-len", "2", "--result-filename", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "counted with the default model's tokenizer" in " ".join(result.stdout.split())
+    assert json.loads(out.read_text())["input_lens"] == [8, 8]
 
 
 def test_offline_with_transformers_comparison():

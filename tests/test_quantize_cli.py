@@ -33,7 +33,7 @@ def test_output_folder_is_a_complete_model(gptq_folder):
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"] == {
         "quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False, "sym": True, "damp_percent": 0.01,
-        "true_sequential": False, "static_groups": False, "checkpoint_format": "gptq"}
+        "true_sequential": False, "static_groups": True, "checkpoint_format": "gptq"}
     assert json.loads((out / "quantize_config.json").read_text())["group_size"] == 64
     for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
                  "README.md", "LICENSE", "NOTICE"):

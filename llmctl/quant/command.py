@@ -29,6 +29,7 @@ class QuantizeOptions:
     revision: str | None = None
     bits: int = 4
     group_size: int = 128
+    act_order: bool = True
     calib_file: Path | None = None
     calib_samples: int = 128
     calib_seq_len: int = 512
@@ -69,7 +70,8 @@ def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
         Path(options.eval_file).resolve() == Path(calib_file).resolve() else 0
     calibration = calibration_samples(tokenizer, calib_file, options.calib_samples, options.calib_seq_len,
                                       options.seed, skip_tail=holdout)
-    config = QuantConfig(bits=options.bits, group_size=options.group_size, symmetric=options.method == "gptq")
+    config = QuantConfig(bits=options.bits, group_size=options.group_size, symmetric=options.method == "gptq",
+                         act_order=options.act_order)
     started = time.perf_counter()
     layers = int(read_json(source.path / "config.json").get("num_hidden_layers", 0))
     with progress_bar(f"{options.method.upper()} {options.bits}-bit, layer by layer", layers,

@@ -3,8 +3,6 @@ the columns not yet quantized through the inverse Hessian of the layer's inputs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from llmctl.quant.formats import QuantizedWeight
@@ -12,15 +10,6 @@ from llmctl.quant.rtn import QuantConfig, quantize_values, search_group_params
 
 BLOCK_SIZE = 128
 DAMPING = 0.01
-
-
-@dataclass(frozen=True)
-class GPTQOptions:
-    # Visit columns by decreasing Hessian diagonal (the most sensitive first) while keeping the
-    # groups contiguous in the original order ("static groups"): the result is stored as
-    # desc_act false with a trivial g_idx, which every GPTQ kernel (vLLM's included) reads.
-    act_order: bool = True
-    damping: float = DAMPING
 
 
 class HessianAccumulator:
@@ -39,8 +28,7 @@ class HessianAccumulator:
         return (2.0 / max(self.count, 1)) * self.h
 
 
-def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, config: QuantConfig,
-                  options: GPTQOptions = GPTQOptions()) -> QuantizedWeight:
+def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, config: QuantConfig) -> QuantizedWeight:
     """weight [out, in]; returns the integers and group parameters in the original column order."""
     w = weight.detach().to(torch.float64).clone()
     out_features, in_features = w.shape
@@ -49,18 +37,21 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, config: QuantConf
     dead = torch.diag(h) == 0  # inputs that never fire: any value works, so quantize them from zero
     h[dead, dead] = 1
     w[:, dead] = 0
-    # Group parameters fixed up front from the weights as they are (a range search per group),
-    # so the visiting order below cannot split a group.
-    grouped = w.reshape(out_features, in_features // group, group).permute(1, 0, 2)
-    params = [search_group_params(g, config) for g in grouped]
-    scales = torch.stack([s for s, _ in params], dim=1)
-    zeros = torch.stack([z for _, z in params], dim=1)
-
-    order = torch.argsort(torch.diag(h), descending=True) if options.act_order else torch.arange(in_features)
+    groups = in_features // group
+    scales = torch.zeros(out_features, groups, dtype=torch.float64)
+    zeros = torch.zeros_like(scales)
+    if config.act_order:
+        # Static groups: parameters fixed up front from the weights as they are (the visiting
+        # order below would otherwise split groups and need a permuted g_idx).
+        for g, weights in enumerate(w.reshape(out_features, groups, group).unbind(1)):
+            scales[:, g], zeros[:, g] = search_group_params(weights, config)
+        order = torch.argsort(torch.diag(h), descending=True)
+    else:
+        order = torch.arange(in_features)
     w, h = w[:, order], h[order][:, order]
-    h += options.damping * torch.mean(torch.diag(h)) * torch.eye(in_features, dtype=h.dtype)
+    h += DAMPING * torch.mean(torch.diag(h)) * torch.eye(in_features, dtype=h.dtype)
     h_inv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    column_group = order // group  # the group of each visited column
+    column_group = (order // group).tolist()  # the group of each visited column
 
     q = torch.zeros_like(w)
     for start in range(0, in_features, BLOCK_SIZE):
@@ -70,6 +61,9 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, config: QuantConf
         h_block = h_inv[start:end, start:end]
         for i in range(end - start):
             g = column_group[start + i]
+            if not config.act_order and (start + i) % group == 0:  # from the weights as updated so far
+                span = torch.cat([block[:, i:], w[:, end:]], dim=1)[:, :group]
+                scales[:, g], zeros[:, g] = search_group_params(span, config)
             scale, zero = scales[:, g], zeros[:, g]
             values = quantize_values(block[:, i:i + 1], scale, zero, config.maxq).squeeze(1)
             q[:, start + i] = values

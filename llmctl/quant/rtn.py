@@ -14,6 +14,11 @@ class QuantConfig:
     bits: int = 4
     group_size: int = 128  # -1: one group per output channel (the whole input)
     symmetric: bool = False
+    # GPTQ only: visit columns by decreasing Hessian diagonal (the most sensitive first) while
+    # keeping groups contiguous in the original order ("static groups"), so the checkpoint is
+    # still desc_act false with a trivial g_idx, which every GPTQ kernel (vLLM's included) reads.
+    # Off: the original order, group parameters taken at each group start from the updated weights.
+    act_order: bool = True
 
     @property
     def maxq(self) -> int:

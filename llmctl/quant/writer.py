@@ -17,6 +17,7 @@ import yaml
 
 from llmctl.model.license import LicenseReport, write_license_files
 from llmctl.model.source import ModelSource, read_json
+from llmctl.quant.gptq import DAMPING
 from llmctl.quant.rtn import QuantConfig
 
 SHARD_BYTES = 2 * 1024**3
@@ -28,7 +29,8 @@ COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.j
 def quantization_config(method: str, config: QuantConfig) -> dict[str, Any]:
     if method == "gptq":
         return {"quant_method": "gptq", "bits": config.bits, "group_size": config.group_size, "desc_act": False,
-                "sym": True, "damp_percent": 0.01, "true_sequential": False, "static_groups": False,
+                "sym": True, "damp_percent": DAMPING, "true_sequential": False,
+                "static_groups": config.act_order,  # act-order ran with static groups: g_idx stays in order
                 "checkpoint_format": "gptq"}
     return {"quant_method": "awq", "bits": config.bits, "group_size": config.group_size, "zero_point": True,
             "version": "gemm", "modules_to_not_convert": None}
