@@ -284,10 +284,15 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="makes datasets and arrival
 PercentilesOpt = Annotated[str, typer.Option("--metric-percentiles", help="comma-separated percentiles to report")]
 
 
-def _dataset_options(**values: Any) -> DatasetOptions:
+def _dataset_options(flags: dict[str, Any]) -> DatasetOptions:
+    """The workload flags of a bench command (its parameters, by name) as DatasetOptions."""
+    import dataclasses
+
     from llmctl.bench.datasets import DatasetOptions
 
-    return DatasetOptions(**values)
+    names = {f.name for f in dataclasses.fields(DatasetOptions)}
+    return DatasetOptions(name=flags["dataset_name"], path=flags["dataset_path"],
+                          **{k: v for k, v in flags.items() if k in names and k not in ("name", "path")})
 
 
 def _percentiles(text: str) -> tuple[float, ...]:
@@ -348,12 +353,7 @@ def bench_serve(
                                           run_serve_bench)
 
     percentiles = _percentiles(metric_percentiles)
-    dataset = _dataset_options(
-        name=dataset_name, path=dataset_path, num_prompts=num_prompts, seed=seed, random_input_len=random_input_len,
-        random_output_len=random_output_len, random_range_ratio=random_range_ratio,
-        sharegpt_output_len=sharegpt_output_len, shared_prefix_groups=shared_prefix_groups,
-        shared_prefix_len=shared_prefix_len, shared_prefix_question_len=shared_prefix_question_len,
-        shared_prefix_output_len=shared_prefix_output_len, custom_output_len=custom_output_len)
+    dataset = _dataset_options(locals())
     if burstiness <= 0:
         raise LlmctlError("--burstiness must be positive")
     options = ServeBenchOptions(
@@ -364,9 +364,7 @@ def bench_serve(
         ignore_eos=ignore_eos, temperature=temperature, ready_check_timeout_s=ready_check_timeout_sec)
     console = Console()
     with bench_progress(console) as on_point:
-        run = run_serve_bench(options, on_point)
-    for warning in run.warnings:
-        console.print(f"[yellow]warning:[/] {warning}")
+        run = run_serve_bench(options, on_point, lambda text: console.print(f"[yellow]warning:[/] {text}"))
     render_run(console, run, percentiles)
     if save_result or result_filename:
         path = result_filename or result_dir / _result_name(run.model, options.request_rates)
@@ -417,12 +415,7 @@ def bench_offline(
     from llmctl.bench.report import offline_to_dict, render_offline
     from llmctl.display import print_json
 
-    dataset = _dataset_options(
-        name=dataset_name, path=dataset_path, num_prompts=num_prompts, seed=seed, random_input_len=random_input_len,
-        random_output_len=random_output_len, random_range_ratio=random_range_ratio,
-        sharegpt_output_len=sharegpt_output_len, shared_prefix_groups=shared_prefix_groups,
-        shared_prefix_len=shared_prefix_len, shared_prefix_question_len=shared_prefix_question_len,
-        shared_prefix_output_len=shared_prefix_output_len, custom_output_len=custom_output_len)
+    dataset = _dataset_options(locals())
     if hf_batch_size < 1:
         raise LlmctlError("--hf-batch-size must be at least 1")
     result = run_offline(OfflineOptions(

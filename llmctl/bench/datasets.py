@@ -13,6 +13,7 @@ from pathlib import Path
 
 from llmctl.bench.tokens import TokenCounter
 from llmctl.errors import LlmctlError
+from llmctl.jsonl import read_jsonl
 
 DATASETS = ("random", "sharegpt", "shared-prefix", "custom")
 SHAREGPT_MIN_LEN = 4  # vLLM's filters: drop tiny turns and pairs too long for a 2,048-token context
@@ -138,13 +139,7 @@ def custom_requests(options: DatasetOptions, counter: TokenCounter, rng: random.
     """JSONL, one {"prompt": "...", "output_tokens": N} per line (output_tokens optional)."""
     path = _need_path(options)
     requests = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            raise LlmctlError(f"{path}:{number} is not valid JSON") from None
+    for number, record in read_jsonl(path):
         prompt = record.get("prompt") if isinstance(record, dict) else None
         if not isinstance(prompt, str):
             raise LlmctlError(f"{path}:{number} needs a \"prompt\" string")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import time
@@ -128,20 +129,22 @@ def choose_tokenizer(options: ServeBenchOptions, model: str, headers: dict[str, 
 
 
 def run_serve_bench(options: ServeBenchOptions,
-                    on_point: Callable[[LoadPoint, int], Callable[[RequestOutcome], None]] | None = None
-                    ) -> ServeBenchRun:
+                    on_point: Callable[[LoadPoint, int], Callable[[RequestOutcome], None]] | None = None,
+                    on_warning: Callable[[str], None] | None = None) -> ServeBenchRun:
     if options.endpoint not in ENDPOINTS:
         raise LlmctlError(f"--endpoint must be one of {', '.join(ENDPOINTS)}")
     base_url = options.base_url.rstrip("/")
-    if base_url.endswith("/v1"):
-        base_url = base_url[:-3]
-    options.base_url = base_url
-    settings = RequestSettings(base_url, "", options.endpoint, options.api_key, options.ignore_eos,
+    options = dataclasses.replace(options, base_url=base_url[:-3] if base_url.endswith("/v1") else base_url)
+    settings = RequestSettings(options.base_url, "", options.endpoint, options.api_key, options.ignore_eos,
                                options.temperature)
-    model = options.model or first_server_model(base_url, settings.headers, options.ready_check_timeout_s)
-    settings.model = model
+    settings.model = options.model or first_server_model(options.base_url, settings.headers,
+                                                         options.ready_check_timeout_s)
+    model = settings.model
     warnings: list[str] = []
     counter, words_from = choose_tokenizer(options, model, settings.headers, warnings)
+    for warning in warnings:
+        if on_warning:
+            on_warning(warning)
     requests = sample_requests(options.dataset, counter, words_from.words())
     points = []
     for rate, cap in itertools.product(options.request_rates, options.max_concurrencies):

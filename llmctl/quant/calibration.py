@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import torch
 
 from llmctl.errors import LlmctlError
+from llmctl.jsonl import read_jsonl
 
 JSONL_TEXT_KEYS = ("text", "content", "prompt")
 
@@ -19,13 +19,7 @@ def read_texts(path: Path) -> list[str]:
         raise LlmctlError(f"calibration file {path} does not exist")
     if path.suffix == ".jsonl":
         texts = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                raise LlmctlError(f"{path}:{number} is not valid JSON") from None
+        for number, record in read_jsonl(path):
             text = next((record[k] for k in JSONL_TEXT_KEYS if isinstance(record, dict) and
                          isinstance(record.get(k), str)), None)
             if text is None:
