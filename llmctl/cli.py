@@ -227,7 +227,8 @@ def quantize(
     model: ModelArg = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="folder for the quantized model")] = Path(
         "quantized"),
-    gptq: Annotated[bool, typer.Option("--gptq", help="GPTQ (symmetric, stored desc_act false): vLLM's gptq/marlin")] = False,
+    gptq: Annotated[bool, typer.Option(
+        "--gptq", help="GPTQ (symmetric, stored desc_act false): vLLM's gptq/marlin")] = False,
     awq: Annotated[bool, typer.Option("--awq", help="AWQ (asymmetric, GEMM format)")] = False,
     revision: RevisionOpt = None,
     bits: Annotated[int, typer.Option("--bits", help="4 (GPTQ also 8)")] = 4,
@@ -371,7 +372,7 @@ def bench_serve(
         save_json(run_to_json(run, percentiles), path)
         console.print(f"results: {path}")
     if plot:
-        for path in write_plots(run, plot):
+        for path in write_plots(run, plot, percentiles):
             console.print(f"chart: {path}")
 
 

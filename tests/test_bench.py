@@ -35,8 +35,8 @@ def smol():
 
 def bench(server_url: str, *args: str, tmp_path) -> dict:
     out = tmp_path / "result.json"
-    result = run_cli("bench", "serve", "--base-url", server_url, "--tokenizer", DEFAULT_MODEL_ID, "--dataset-name", "random",
-                     "--random-input-len", "8", "--random-output-len", str(TOKENS), "--result-filename", str(out),
+    result = run_cli("bench", "serve", "--base-url", server_url, "--tokenizer", DEFAULT_MODEL_ID,
+                     "--dataset-name", "random", "--random-input-len", "8", "--random-output-len", str(TOKENS), "--result-filename", str(out),
                      *args)
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(out.read_text())

@@ -121,25 +121,26 @@ def render_run(console: Console, run: ServeBenchRun, percentiles: tuple[float, .
             extra[f"Error ({failures.count(error)}×)"] = error
         console.print(metrics_table(f"{run.model} · {result.load.point.label()}", result.metrics, percentiles, extra))
     if len(run.points) > 1:
-        console.print(sweep_table(run))
+        console.print(sweep_table(run, percentiles))
 
 
-def sweep_table(run: ServeBenchRun) -> Table:
+def sweep_table(run: ServeBenchRun, percentiles: tuple[float, ...]) -> Table:
+    top = max(percentiles)
     table = Table(title="Latency–throughput curve")
-    for column in ("rate (req/s)", "max conc.", "req/s", "output tok/s", "median TTFT ms", "p99 TTFT ms",
-                   "median TPOT ms", "p99 TPOT ms", "failed"):
+    for column in ("rate (req/s)", "max conc.", "req/s", "output tok/s", "median TTFT ms", f"p{top:g} TTFT ms",
+                   "median TPOT ms", f"p{top:g} TPOT ms", "failed"):
         table.add_column(column, justify="right")
     for result in run.points:
         m, point = result.metrics, result.load.point
+        ttft, tpot = m.latencies["ttft"], m.latencies["tpot"]
         table.add_row(str(_number(point.request_rate)), str(point.max_concurrency or "-"),
                       f"{m.request_throughput:.2f}", f"{m.output_throughput:.1f}",
-                      f"{m.latencies['ttft'].median:.1f}", f"{m.latencies['ttft'].percentiles.get(99.0, float('nan')):.1f}",
-                      f"{m.latencies['tpot'].median:.1f}", f"{m.latencies['tpot'].percentiles.get(99.0, float('nan')):.1f}",
-                      str(m.failed))
+                      f"{ttft.median:.1f}", f"{ttft.percentiles[top]:.1f}", f"{tpot.median:.1f}",
+                      f"{tpot.percentiles[top]:.1f}", str(m.failed))
     return table
 
 
-def write_plots(run: ServeBenchRun, folder: Path) -> list[Path]:
+def write_plots(run: ServeBenchRun, folder: Path, percentiles: tuple[float, ...]) -> list[Path]:
     """PNG charts: TTFT and ITL distributions per load point, and the latency–throughput curve of a sweep."""
     try:
         import matplotlib
@@ -164,12 +165,13 @@ def write_plots(run: ServeBenchRun, folder: Path) -> list[Path]:
         written.append(_save(fig, folder / f"{kind}_distribution.png"))
     if len(run.points) > 1:
         fig, ax = plt.subplots(figsize=(7, 4))
+        top = max(percentiles)
         throughput = [r.metrics.output_throughput for r in run.points]
         for name in ("ttft", "tpot"):
             ax.plot(throughput, [r.metrics.latencies[name].median for r in run.points], marker="o",
                     label=f"median {TITLES[name]}")
-            ax.plot(throughput, [r.metrics.latencies[name].percentiles.get(99.0, math.nan) for r in run.points],
-                    marker="x", linestyle="--", label=f"p99 {TITLES[name]}")
+            ax.plot(throughput, [r.metrics.latencies[name].percentiles[top] for r in run.points],
+                    marker="x", linestyle="--", label=f"p{top:g} {TITLES[name]}")
         ax.set_xlabel("output throughput (tok/s)")
         ax.set_ylabel("latency (ms)")
         ax.set_yscale("log")
@@ -191,8 +193,8 @@ def _save(fig: Any, path: Path) -> Path:
 @contextmanager
 def bench_progress(console: Console) -> Iterator[Callable[[LoadPoint, int], Callable[[RequestOutcome], None]]]:
     """A live progress bar per load point; yields the factory run_serve_bench calls per point."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("failed {task.fields[failed]}"),
-               TimeElapsedColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("failed {task.fields[failed]}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         def start_point(point: LoadPoint, total: int) -> Callable[[RequestOutcome], None]:
             task = progress.add_task(point.label(), total=total, failed=0)
