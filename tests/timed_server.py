@@ -105,7 +105,7 @@ class TimedServer:
                 choice = {"index": 0, "delta": {"content": " word"}} if chat else {"index": 0, "text": " word"}
                 yield f"data: {json.dumps({'choices': [choice]})}\n\n"
                 self.served_tokens += 1
-            usage = {"prompt_tokens": 1, "completion_tokens": tokens, "total_tokens": tokens + 1}
+            usage = {"completion_tokens": tokens}  # no prompt_tokens: bench keeps its own prompt counts
             yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
         finally:

@@ -1,8 +1,9 @@
 """One streamed request to an OpenAI-compatible server, timed the way `vllm bench serve` times it.
 
-TTFT is the time to the first chunk carrying text; each later text chunk adds one ITL
-gap; latency (E2EL) ends at the last text chunk's arrival. Output tokens come from
-the final usage chunk (`stream_options.include_usage`) when the server sends one.
+TTFT is the time to the first chunk with choices (a generation step, even one whose text
+is empty); each later such chunk adds one ITL gap; latency (E2EL) ends at the last one.
+Output and prompt token counts come from the final usage chunk
+(`stream_options.include_usage`) when the server sends one.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class RequestSettings:
 
 @dataclass
 class RequestOutcome:
-    prompt_len: int
+    prompt_len: int  # the server's count (usage) when it gives one, else the dataset's
     expected_output_len: int
     success: bool = False
     error: str = ""
@@ -84,7 +85,7 @@ async def send_request(client: httpx2.AsyncClient, request: SampleRequest, setti
 
 async def _read_stream(response: httpx2.Response, outcome: RequestOutcome, start: float) -> None:
     last = start
-    done = False
+    done, first = False, True
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
             continue
@@ -103,14 +104,14 @@ async def _read_stream(response: httpx2.Response, outcome: RequestOutcome, start
             return
         if chunk.get("usage"):
             outcome.output_tokens = chunk["usage"].get("completion_tokens")
-        text = _chunk_text(chunk)
-        if text:
-            if not outcome.generated_text:
-                outcome.ttft = now - start
+            outcome.prompt_len = chunk["usage"].get("prompt_tokens") or outcome.prompt_len
+        if chunk.get("choices"):  # one generation step, even when its text is empty (as vLLM counts)
+            if first:
+                outcome.ttft, first = now - start, False
             else:
                 outcome.itl.append(now - last)
             last = now
-            outcome.generated_text += text
+            outcome.generated_text += _chunk_text(chunk)
     if not done:
         outcome.error = "the connection closed before the stream finished (no [DONE])"
         return

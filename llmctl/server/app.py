@@ -363,11 +363,9 @@ async def stream_events(state: ServerState, request_id: str, model: str, prompts
     sent: dict[int, tuple[str, int]] = {}  # choice index -> (text sent, tokens sent)
     closed: set[int] = set()  # choices whose finish_reason was sent
     finished: dict[int, RequestOutput] = {}
+    greeted = False  # chat: the role chunk was sent
     try:
-        if chat:
-            for choice in range(n * len(streams)):
-                yield sse(chat_chunk(request_id, model, state.created, choice, {"role": "assistant", "content": ""}))
-        elif sampling.echo:
+        if sampling.echo and not chat:
             for p, (text, _) in enumerate(prompts):
                 for j in range(n):
                     yield sse(completion_chunk(request_id, model, state.created, p * n + j, text or "", None, None))
@@ -375,6 +373,11 @@ async def stream_events(state: ServerState, request_id: str, model: str, prompts
         tokenizer = state.engine.engine.tokenizer
         while remaining:
             index, item = await queue.get()
+            if chat and not greeted:  # the role chunk goes out with the first output, as vLLM sends it
+                greeted = True
+                for choice in range(n * len(streams)):
+                    yield sse(chat_chunk(request_id, model, state.created, choice,
+                                         {"role": "assistant", "content": ""}))
             if item is None:
                 remaining -= 1
                 continue
