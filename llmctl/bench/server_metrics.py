@@ -14,7 +14,7 @@ import httpx2
 from prometheus_client.parser import text_string_to_metric_families
 
 KV_USAGE = ("kv_cache_usage_perc", "gpu_cache_usage_perc")  # vLLM v1 name, then the older one
-SAMPLE_INTERVAL_S = 0.25
+SAMPLE_INTERVAL_S = 1.0  # often enough for a peak; rarer scrapes perturb a busy server less
 
 
 @dataclass
