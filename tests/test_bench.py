@@ -75,8 +75,9 @@ def test_measured_latencies_match_the_known_timing(tmp_path, rate, concurrency):
 
 def test_chat_endpoint_and_server_metrics(tmp_path):
     with TimedServer(Timing(FIRST, GAP)) as server:
+        # 40 tokens: each request streams ~2.2 s, long enough for the once-a-second KV-usage samples
         data = bench(server.url, "--num-prompts", "4", "--endpoint", "chat", "--max-concurrency", "4",
-                     tmp_path=tmp_path)
+                     "--random-output-len", "40", tmp_path=tmp_path)
     assert data["completed"] == 4 and data["mean_ttft_ms"] == pytest.approx(FIRST * 1000, abs=TOLERANCE_S * 1000)
     stats = data["server_metrics"]  # the timed server's vLLM-named counters: 4 arrivals
     assert stats["preemptions"] == 2 and stats["prefix_cache_queries"] == 400 and stats["prefix_cache_hits"] == 100
