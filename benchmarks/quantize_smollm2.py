@@ -2,7 +2,7 @@
 
     python benchmarks/quantize_smollm2.py [--calib-samples 32] [--calib-seq-len 256] [--group-size 64]
 
-Calibration: random windows of the WikiText-2 test split in ../shared/fixtures/data;
+Calibration: random windows of the WikiText-2 test split in tests/fixtures/data;
 evaluation: its last --eval-tokens tokens, never used for calibration. Prints fp32 / RTN
 (asymmetric) / GPTQ / AWQ perplexity, seconds and peak resident memory for each method.
 """
@@ -14,7 +14,7 @@ import resource
 import time
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "data" / \
+DATA = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "data" / \
     "wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
 
 

@@ -1,4 +1,4 @@
-"""Test environment: a Hugging Face cache built from ../shared/fixtures/hub, offline.
+"""Test environment: a Hugging Face cache built from tests/fixtures/hub, offline.
 
 huggingface_hub reads HF_HUB_CACHE and HF_HUB_OFFLINE when it is imported, so they are
 set here, before any test module imports it. Subprocess tests inherit the same env.

@@ -1,4 +1,4 @@
-"""Lay out ../shared/fixtures/hub as a Hugging Face cache, the way huggingface_hub writes one."""
+"""Lay out tests/fixtures/hub as a Hugging Face cache, the way huggingface_hub writes one."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 HUB_FIXTURES = FIXTURES / "hub"
 
 

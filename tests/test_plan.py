@@ -16,7 +16,7 @@ from llmctl.plan.kv import stage_kv
 from llmctl.plan.planner import MeasuredMemory, PlanRequest, build_plan
 from llmctl.plan.weights import pipeline_stages, stage_weights, weight_format
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "hub"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hub"
 GiB = 1024**3
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "data" / \
+WIKITEXT = Path(__file__).resolve().parent / "fixtures" / "data" / \
     "wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
 EVAL_TOKENS = 4096
 CALIB_SAMPLES, CALIB_SEQ_LEN = 32, 256

@@ -11,7 +11,7 @@ import yaml
 
 from conftest import run_cli
 
-WIKITEXT = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "data" / \
+WIKITEXT = Path(__file__).resolve().parent / "fixtures" / "data" / \
     "wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
 
 
