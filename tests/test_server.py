@@ -338,3 +338,62 @@ def test_model_without_chat_template(tmp_path, default_source):
     finally:
         server.stop()
     shutil.rmtree(folder)
+
+
+@pytest.fixture(scope="module")
+def prompt_scorer(default_source):
+    """transformers' log-probability of each prompt token given the ones before it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(default_source.path), dtype=torch.float32).eval()
+
+    def score(ids: list[int]) -> list[float]:
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+        return [float(logprobs[i - 1, ids[i]]) for i in range(1, len(ids))]
+
+    return score
+
+
+def check_echoed_logprobs(choice, ids: list[int], reference: list[float], tokenizer) -> None:
+    logprobs = choice.logprobs
+    prompt_len = len(ids)
+    assert logprobs.tokens[:prompt_len] == [tokenizer.decode([t]) for t in ids]
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert logprobs.token_logprobs[1:prompt_len] == pytest.approx(reference, abs=1e-3)
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.text_offset) == prompt_len + 1
+    assert logprobs.text_offset == [sum(len(p) for p in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
+    assert choice.text.startswith("".join(logprobs.tokens[:prompt_len]))
+
+
+def test_echo_logprobs_score_every_prompt_token(client, server, prompt_scorer, default_source):
+    """The loglikelihood request of evaluation harnesses: max_tokens 1, logprobs 1, echo true."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
+    texts = ["The capital of France is", "Water boils at one hundred degrees"]
+    result = client.completions.create(model=MODEL, prompt=texts, max_tokens=1, temperature=0, logprobs=1,
+                                       echo=True, n=2)
+    assert len(result.choices) == 4
+    for choice in result.choices:
+        ids = tokenizer.encode(texts[choice.index // 2])
+        check_echoed_logprobs(choice, ids, prompt_scorer(ids), tokenizer)
+        assert choice.logprobs.tokens[0] == tokenizer.decode([ids[0]])
+    token_prompts = [[504, 3575, 282, 4649, 314, 7042], [1978, 253, 655]]
+    result = client.completions.create(model=MODEL, prompt=token_prompts, max_tokens=1, temperature=0, logprobs=1,
+                                       echo=True)
+    assert result.choices[0].logprobs.tokens[0] == "The"
+    for choice in result.choices:
+        ids = token_prompts[choice.index]
+        check_echoed_logprobs(choice, ids, prompt_scorer(ids), tokenizer)
+    whole = client.completions.create(model=MODEL, prompt=texts[0], max_tokens=3, temperature=0, logprobs=1,
+                                      echo=True)
+    chunks = [c.choices[0] for c in client.completions.create(model=MODEL, prompt=texts[0], max_tokens=3,
+                                                              temperature=0, logprobs=1, echo=True, stream=True)
+              if c.choices]
+    assert "".join(c.text for c in chunks) == whole.choices[0].text
+    streamed = [lp for c in chunks if c.logprobs for lp in c.logprobs.token_logprobs]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(whole.choices[0].logprobs.token_logprobs[1:])
+    offsets = [o for c in chunks if c.logprobs for o in c.logprobs.text_offset]
+    assert offsets == whole.choices[0].logprobs.text_offset

@@ -38,6 +38,7 @@ from llmctl.server.responses import (
     chat_response,
     completion_chunk,
     completion_response,
+    echo_logprobs,
     usage,
 )
 
@@ -365,10 +366,7 @@ async def stream_events(state: ServerState, request_id: str, model: str, prompts
     finished: dict[int, RequestOutput] = {}
     greeted = False  # chat: the role chunk was sent
     try:
-        if sampling.echo and not chat:
-            for p, (text, _) in enumerate(prompts):
-                for j in range(n):
-                    yield sse(completion_chunk(request_id, model, state.created, p * n + j, text or "", None, None))
+        echoed: dict[int, int] = {}  # prompt index -> length of its echoed text (sent with its first output)
         remaining = len(streams)
         tokenizer = state.engine.engine.tokenizer
         while remaining:
@@ -386,6 +384,12 @@ async def stream_events(state: ServerState, request_id: str, model: str, prompts
                 yield sse({"error": {"message": message, "type": "invalid_request_error", "param": None,
                                      "code": 400}})
                 continue
+            if sampling.echo and not chat and index not in echoed:
+                chunks = echo_chunks(request_id, model, state.created, index, n, prompts[index][0], item, sampling,
+                                     tokenizer)
+                echoed[index] = len(chunks[0]["choices"][0]["text"])
+                for chunk in chunks:
+                    yield sse(chunk)
             if item.finished:
                 finished[index] = item
             for completion in item.outputs:
@@ -403,7 +407,7 @@ async def stream_events(state: ServerState, request_id: str, model: str, prompts
                 else:
                     yield sse(completion_chunk(request_id, model, state.created, choice, delta,
                                                completion.finish_reason, completion.stop_reason, logprobs, tokenizer,
-                                               len(text_sent)))
+                                               echoed.get(index, 0) + len(text_sent)))
                 sent[choice] = (completion.text, len(completion.token_ids))
                 if completion.finish_reason:
                     closed.add(choice)
@@ -418,6 +422,19 @@ async def stream_events(state: ServerState, request_id: str, model: str, prompts
             task.cancel()
         for stream in streams:
             await stream.aclose()
+
+
+def echo_chunks(request_id: str, model: str, created: int, index: int, n: int, text: str | None,
+                output: RequestOutput, sampling: Any, tokenizer: Any) -> list[dict]:
+    """The prompt of each of a prompt's n choices, with its logprobs when asked, before any output."""
+    text = text if text is not None else tokenizer.decode(output.prompt_token_ids)
+    logprobs = echo_logprobs(output, [], tokenizer) if sampling.params.logprobs is not None else None
+    chunks = []
+    for j in range(n):
+        chunk = completion_chunk(request_id, model, created, index * n + j, text, None, None)
+        chunk["choices"][0]["logprobs"] = logprobs
+        chunks.append(chunk)
+    return chunks
 
 
 def sse(payload: dict) -> str:

@@ -18,16 +18,27 @@ def _piece(tokenizer: Any, token: int) -> str:
     return tokenizer.decode([token])
 
 
-def completion_logprobs(entries: list[TokenLogprob], tokenizer: Any, offset: int = 0) -> dict[str, list]:
+def completion_logprobs(entries: list[TokenLogprob | None], tokenizer: Any, offset: int = 0,
+                        token_ids: list[int] | None = None) -> dict[str, list]:
+    """OpenAI's completion logprobs. An entry may be None (the first prompt token has no context,
+    so no logprob): then its token comes from `token_ids` and its logprob is null, as vLLM answers."""
     tokens, logprobs, tops, offsets = [], [], [], []
-    for entry in entries:
-        piece = _piece(tokenizer, entry.token_id)
+    for position, entry in enumerate(entries):
+        token_id = entry.token_id if entry is not None else token_ids[position]
+        piece = _piece(tokenizer, token_id)
         tokens.append(piece)
-        logprobs.append(entry.logprob)
-        tops.append({_piece(tokenizer, t): lp for t, lp in entry.top.items()} or None)
+        logprobs.append(entry.logprob if entry is not None else None)
+        tops.append(({_piece(tokenizer, t): lp for t, lp in entry.top.items()} or None) if entry is not None else None)
         offsets.append(offset)
         offset += len(piece)
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def echo_logprobs(output: RequestOutput, completion_entries: list[TokenLogprob], tokenizer: Any) -> dict[str, list]:
+    """Every prompt token (the first with a null logprob), then the generated ones."""
+    prompt_entries = list(output.prompt_logprobs or [None] * len(output.prompt_token_ids))
+    ids = list(output.prompt_token_ids) + [e.token_id for e in completion_entries]
+    return completion_logprobs(prompt_entries + list(completion_entries), tokenizer, token_ids=ids)
 
 
 def chat_logprobs(entries: list[TokenLogprob], tokenizer: Any) -> dict[str, list]:
@@ -49,10 +60,8 @@ def completion_response(request_id: str, model: str, created: int, outputs: list
             text = (prompt_text + completion.text) if sampling.echo else completion.text
             logprobs = None
             if completion.logprobs is not None:
-                entries = list(completion.logprobs)
-                if sampling.echo and output.prompt_logprobs:
-                    entries = [e for e in output.prompt_logprobs[1:] if e is not None] + entries
-                logprobs = completion_logprobs(entries, tokenizer)
+                logprobs = echo_logprobs(output, completion.logprobs, tokenizer) if sampling.echo else \
+                    completion_logprobs(completion.logprobs, tokenizer)
             choices.append({"index": p * n + completion.index, "text": text, "logprobs": logprobs,
                             "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason})
     return {"id": request_id, "object": "text_completion", "created": created, "model": model,
