@@ -222,6 +222,26 @@ def test_api_key_and_queue_limit(default_source):
         served = [r for r in results if not isinstance(r, Exception)]
         assert len(served) == 1 and len(refused) == 1
         assert refused[0].status_code == 503 and refused[0].response.headers["retry-after"] == "1"
+
+        def fresh_client():  # one per event loop
+            return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="sekret", max_retries=0)
+
+        async def streams():  # admitted when they arrive, not when their bodies start
+            client = fresh_client()
+
+            async def one():
+                stream = await client.completions.create(model=MODEL, prompt="Hi", max_tokens=20, stream=True,
+                                                         extra_body={"ignore_eos": True})
+                return [chunk async for chunk in stream]
+            return await asyncio.gather(*(one() for _ in range(4)), return_exceptions=True)
+
+        results = asyncio.run(streams())
+        assert sum(not isinstance(r, Exception) for r in results) == 1, results
+        assert all(r.status_code == 503 for r in results if isinstance(r, Exception))
+        with pytest.raises(openai.APIStatusError, match="needs 2") as refused_n:  # n counts: 2 sequences > 1
+            asyncio.run(fresh_client().completions.create(model=MODEL, prompt="Hi", max_tokens=2, n=2))
+        assert refused_n.value.status_code == 503
+        assert asyncio.run(fresh_client().completions.create(model=MODEL, prompt="Hi", max_tokens=2)).choices
         assert server.get("/health")[0] == 200  # /health needs no key
     finally:
         server.stop()

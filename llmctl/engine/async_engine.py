@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from llmctl.engine.llm_engine import LLMEngine
+from llmctl.engine.llm_engine import LLMEngine, StepFailedError
 from llmctl.engine.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 
@@ -97,7 +97,13 @@ class AsyncLLMEngine:
                     self._wake.wait(0.5)
                     self._wake.clear()
                     continue
-                for output in self.engine.step():
+                try:
+                    outputs = self.engine.step()
+                except StepFailedError as exc:
+                    for request_id in exc.request_ids:
+                        self._deliver(request_id, exc, done=True)
+                    continue
+                for output in outputs:
                     self._deliver(output.request_id, output, done=output.finished)
         except BaseException as exc:  # the loop must never die silently: every waiter hears about it
             logger.exception("engine loop failed")

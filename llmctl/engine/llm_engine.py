@@ -18,7 +18,7 @@ from llmctl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutpu
 from llmctl.engine.runner import ModelRunner, StepResult
 from llmctl.engine.sampler import SampleInput, prompt_logprob_entries, sample
 from llmctl.engine.sampling_params import InvalidRequestError, SamplingParams
-from llmctl.engine.scheduler import Scheduler
+from llmctl.engine.scheduler import Scheduler, SchedulerOutput
 from llmctl.engine.sequence import Sequence, SequenceStatus
 
 logger = logging.getLogger("llmctl.engine")
@@ -41,6 +41,14 @@ def _uniform_sliding_window(spec) -> int | None:
     if att.sliding_window and att.layer_types and all(kind == "sliding" for kind in att.layer_types):
         return att.sliding_window
     return None
+
+
+class StepFailedError(RuntimeError):
+    """A model step raised: its requests were aborted (blocks freed); other requests are unaffected."""
+
+    def __init__(self, request_ids: list[str], cause: Exception) -> None:
+        super().__init__(f"the model step failed: {type(cause).__name__}: {cause}")
+        self.request_ids = request_ids
 
 
 @dataclass
@@ -164,7 +172,10 @@ class LLMEngine:
         now = time.perf_counter()
         for item in sched.scheduled:
             item.seq.timings.first_scheduled = item.seq.timings.first_scheduled or now
-        result = self.runner.execute(sched)
+        try:
+            result = self.runner.execute(sched)
+        except Exception as exc:  # fail this step's requests only; the engine and the others go on
+            raise self._fail_step(sched, exc) from exc
         chunk_starts = {item.seq.seq_id: (item.seq, item.seq.num_computed_tokens) for item in sched.scheduled}
         for item in sched.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
@@ -278,6 +289,14 @@ class LLMEngine:
             request.texts[seq.seq_id] = request.detokenizers[seq.seq_id].text
         seq.timings.finished = time.perf_counter()
         self.scheduler.finish(seq)
+
+    def _fail_step(self, sched: SchedulerOutput, exc: Exception) -> StepFailedError:
+        request_ids = sorted({item.seq.request_id for item in sched.scheduled})
+        for request_id in request_ids:
+            self.abort(request_id)
+        logger.error("a model step failed (%s: %s); its requests %s were aborted", type(exc).__name__, exc,
+                     ", ".join(request_ids), exc_info=exc)
+        return StepFailedError(request_ids, exc)
 
     def _fail_unschedulable(self) -> None:
         """Nothing runs and the first waiting sequence cannot get blocks: it can never fit."""

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from llmctl import __version__
 from llmctl.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.llm_engine import LLMEngine
+from llmctl.engine.llm_engine import LLMEngine, StepFailedError
 from llmctl.engine.outputs import RequestOutput
 from llmctl.engine.sampling_params import InvalidRequestError
 from llmctl.server.metrics import ServerMetrics
@@ -170,16 +170,22 @@ async def guarded(state: ServerState, request: Request, handler: Any) -> Respons
             why = state.load_error or "the model is still loading"
             raise APIError(f"not ready: {why}", 503, headers={"Retry-After": "5"})
         return await handler(state, request)
-    except APIError as exc:
-        return error_response(exc)
-    except InvalidRequestError as exc:
-        return error_response(bad(str(exc), exc.param))
-    except EngineDeadError as exc:
-        return error_response(APIError(str(exc), 503))
-    except Exception as exc:  # a bug of ours: still an OpenAI-shaped body, and the log has the traceback
-        logger.exception("internal error on %s", request.url.path)
-        return error_response(APIError(f"internal error: {type(exc).__name__}: {exc}", 500,
-                                       error_type="internal_server_error"))
+    except Exception as exc:
+        return error_response(as_api_error(exc, request.url.path))
+
+
+def as_api_error(exc: Exception, where: str) -> APIError:
+    """The OpenAI-shaped error for anything a handler or a stream raised, with the right status and type."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, InvalidRequestError):
+        return bad(str(exc), exc.param)
+    if isinstance(exc, EngineDeadError):
+        return APIError(str(exc), 503, error_type="service_unavailable")
+    if isinstance(exc, StepFailedError):  # logged with its traceback by the engine
+        return APIError(str(exc), 500, error_type="internal_server_error")
+    logger.error("internal error on %s", where, exc_info=exc)  # a bug of ours: the log has the traceback
+    return APIError(f"internal error: {type(exc).__name__}: {exc}", 500, error_type="internal_server_error")
 
 
 def check_api_key(state: ServerState, request: Request) -> None:
@@ -220,15 +226,45 @@ async def models(state: ServerState, request: Request) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
-def admit(state: ServerState, prompts: int) -> None:
-    """Refuse with 503 + Retry-After beyond the queue limit, rather than dropping anything."""
+@dataclass
+class Admission:
+    """Sequences a request holds against the queue limit, from admission until its response is done."""
+
+    state: ServerState
+    sequences: int
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.state.in_flight -= self.sequences
+
+
+def admit(state: ServerState, sequences: int) -> Admission:
+    """Count a request's sequences (prompts × n) at once, so simultaneous requests cannot all slip past
+    the limit; beyond it refuse with 503 + Retry-After rather than dropping anything."""
     limit = state.settings.max_queue_len
-    if limit is None:
-        return
-    capacity = state.engine.engine.config.max_num_seqs + limit
-    if state.in_flight + prompts > capacity:
-        raise APIError(f"the server is at capacity ({capacity} requests in flight); retry later", 503,
-                       headers={"Retry-After": "1"})
+    if limit is not None:
+        capacity = state.engine.engine.config.max_num_seqs + limit
+        if state.in_flight + sequences > capacity:
+            raise APIError(f"the server is at capacity ({capacity} sequences in flight or queued, this request "
+                           f"needs {sequences}); retry later", 503, headers={"Retry-After": "1"})
+    state.in_flight += sequences
+    return Admission(state, sequences)
+
+
+class AdmittedStream(StreamingResponse):
+    """A streaming response that gives its admission back however it ends (done, error, disconnect)."""
+
+    def __init__(self, admission: Admission, content: AsyncIterator[str]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self.admission = admission
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.admission.release()
 
 
 async def completions(state: ServerState, request: Request) -> Response:
@@ -277,22 +313,20 @@ def chat_template(state: ServerState) -> str | None:
 
 async def run(state: ServerState, request: Request, model: str, prompts: list[tuple[str | None, list[int]]],
               sampling: Any, *, chat: bool) -> Response:
-    admit(state, len(prompts))
+    admission = admit(state, len(prompts) * sampling.params.n)
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     streams = [state.engine.generate(ids, sampling.params, f"{request_id}-{i}") for i, (_, ids) in enumerate(prompts)]
     if sampling.stream:
-        return StreamingResponse(stream_events(state, request_id, model, prompts, streams, sampling, chat),
-                                 media_type="text/event-stream")
-    return await collect(state, request, request_id, model, prompts, streams, sampling, chat)
+        return AdmittedStream(admission, stream_events(state, request_id, model, prompts, streams, sampling, chat))
+    try:
+        return await collect(state, request, request_id, model, prompts, streams, sampling, chat)
+    finally:
+        admission.release()
 
 
 async def collect(state: ServerState, request: Request, request_id: str, model: str, prompts: list, streams: list,
                   sampling: Any, chat: bool) -> Response:
-    state.in_flight += len(streams)
-    try:
-        finals = await until_disconnect(request, asyncio.gather(*(last_output(state, s) for s in streams)))
-    finally:
-        state.in_flight -= len(streams)
+    finals = await until_disconnect(request, asyncio.gather(*(last_output(state, s) for s in streams)))
     if finals is None:  # the client went away: the generators were cancelled and aborted
         return Response(status_code=499)
     body = (chat_response if chat else completion_response)(request_id, model, state.created, finals, sampling,
@@ -344,7 +378,6 @@ async def stream_events(state: ServerState, request_id: str, model: str, prompts
     """SSE: one event per new text of any choice, then usage (when asked) and [DONE]."""
     n = sampling.params.n
     queue: asyncio.Queue = asyncio.Queue()
-    state.in_flight += len(streams)
 
     async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
         token_times: list[float] = []
@@ -380,9 +413,7 @@ async def stream_events(state: ServerState, request_id: str, model: str, prompts
                 remaining -= 1
                 continue
             if isinstance(item, Exception):
-                message = item.message if isinstance(item, APIError) else str(item)
-                yield sse({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                     "code": 400}})
+                yield sse(as_api_error(item, request_id).body())
                 continue
             if sampling.echo and not chat and index not in echoed:
                 chunks = echo_chunks(request_id, model, state.created, index, n, prompts[index][0], item, sampling,
@@ -417,7 +448,6 @@ async def stream_events(state: ServerState, request_id: str, model: str, prompts
                        "usage": usage(list(finished.values()))})
         yield "data: [DONE]\n\n"
     finally:
-        state.in_flight -= len(streams)
         for task in tasks:
             task.cancel()
         for stream in streams:
