@@ -448,10 +448,10 @@ async def stream_events(state: ServerState, request_id: str, model: str, prompts
                        "usage": usage(list(finished.values()))})
         yield "data: [DONE]\n\n"
     finally:
+        # A cancelled pump raises inside its engine stream, whose own cleanup aborts the request; nothing
+        # here awaits, because a client that went away cancels this generator and every await in it.
         for task in tasks:
             task.cancel()
-        for stream in streams:
-            await stream.aclose()
 
 
 def echo_chunks(request_id: str, model: str, created: int, index: int, n: int, text: str | None,

@@ -1,0 +1,105 @@
+"""Faults: clients that leave in every phase free their KV blocks; a failing model step fails only its
+requests; the server keeps serving afterwards."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx2 as httpx
+import pytest
+
+from inprocess_server import InProcessServer
+from llmctl.engine.llm_engine import LLMEngine
+from llmctl.engine.sequence import SequenceStatus
+
+FAULT_TOKEN = 4242  # a prompt starting with this token id makes the model step fail
+
+
+@pytest.fixture(scope="module")
+def engine(default_source):
+    # Small steps: a 600-token prompt takes ten prefill steps, so a client can leave in the middle.
+    return LLMEngine(model=str(default_source.path), max_model_len=1024, max_num_seqs=2, max_num_batched_tokens=64)
+
+
+@pytest.fixture()
+def server(engine):
+    with InProcessServer(engine) as server:
+        yield server
+        assert server.wait_idle(), "requests or KV blocks were left behind"
+
+
+def completion(prompt, max_tokens: int, stream: bool = False) -> dict:
+    return {"model": "test-model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": stream}
+
+
+def wait_for(condition, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, "timed out waiting for the engine"
+        time.sleep(0.01)
+
+
+def sequences(engine, status: SequenceStatus) -> list:
+    return [s for r in list(engine.requests.values()) for s in r.seqs if s.status == status]
+
+
+def test_clients_leaving_in_every_phase_free_their_blocks(server, engine):
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        # Streaming: leave after a few tokens.
+        with client.stream("POST", "/v1/completions", json=completion("Tell me a story", 500, True)) as response:
+            lines = response.iter_lines()
+            for _ in range(3):
+                next(line for line in lines if line.startswith("data:"))
+        assert server.wait_idle()
+        # Prefilling: leave while a long prompt is still being computed chunk by chunk.
+        with client.stream("POST", "/v1/completions", json=completion([1000] * 600, 50, True)):
+            wait_for(lambda: any(s.in_prefill and s.num_computed_tokens > 0
+                                 for s in sequences(engine, SequenceStatus.RUNNING)))
+        assert server.wait_idle()
+        # Queued: two long requests fill max_num_seqs; a third waits, and its client leaves (non-streaming).
+        busy = [client.stream("POST", "/v1/completions", json=completion("Count", 500, True)) for _ in range(2)]
+        for stream in busy:
+            stream.__enter__()
+        wait_for(lambda: len(sequences(engine, SequenceStatus.RUNNING)) == 2)
+        with ThreadPoolExecutor(1) as pool:  # the client gives up after 3 s, while its request still waits
+            queued = pool.submit(client.post, "/v1/completions", json=completion("Queued", 20), timeout=3.0)
+            wait_for(lambda: len(sequences(engine, SequenceStatus.WAITING)) == 1)
+            with pytest.raises(httpx.ReadTimeout):
+                queued.result()
+        wait_for(lambda: not sequences(engine, SequenceStatus.WAITING), timeout=10)  # the queued one was aborted
+        for stream in busy:
+            stream.__exit__(None, None, None)
+    assert server.wait_idle()
+
+
+def test_a_failing_model_step_fails_only_its_requests(server, engine):
+    original = engine.runner.execute
+
+    def execute(sched):
+        if any(item.seq.prompt_token_ids[0] == FAULT_TOKEN and len(item.seq.output_token_ids) >= 2
+               for item in sched.scheduled):
+            raise RuntimeError("injected fault")
+        return original(sched)
+
+    engine.runner.execute = execute
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            response = client.post("/v1/completions", json=completion([FAULT_TOKEN, 5, 6], 10))
+            assert response.status_code == 500
+            error = response.json()["error"]
+            assert error["type"] == "internal_server_error" and error["code"] == 500
+            assert "injected fault" in error["message"]
+            with client.stream("POST", "/v1/completions", json=completion([FAULT_TOKEN, 7], 10, True)) as stream:
+                events = [json.loads(line[5:]) for line in stream.iter_lines()
+                          if line.startswith("data:") and line != "data: [DONE]"]
+            assert events[-1]["error"]["code"] == 500 and events[-1]["error"]["type"] == "internal_server_error"
+            assert sum(1 for e in events if "choices" in e) == 2  # the tokens before the fault arrived
+            # The engine lives on: a request that does not trigger the fault is served.
+            ok = client.post("/v1/completions", json=completion("The capital of France is", 4))
+            assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
+            assert client.get("/health").status_code == 200
+    finally:
+        engine.runner.execute = original
