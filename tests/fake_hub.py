@@ -21,6 +21,7 @@ class FakeRepo:
     files: dict[str, bytes]
     commit: str = "0123456789abcdef0123456789abcdef01234567"
     gated: bool = False
+    failing: dict[str, int] = field(default_factory=dict)  # file name -> HTTP status answered for it
 
 
 @dataclass
@@ -63,6 +64,8 @@ class FakeHub:
                                         "oid": hashlib.sha1(d).hexdigest()} for n, d in sorted(repo.files.items())])
                     return self._send(200, body.encode(), {"Content-Type": "application/json"}, send_body)
                 filename = resolve.group(3)
+                if filename in repo.failing:
+                    return self._error(repo.failing[filename], "", "failing on purpose")
                 if filename not in repo.files:
                     return self._error(404, "EntryNotFound", "Entry not found")
                 self._send_file(repo, repo.files[filename], send_body)

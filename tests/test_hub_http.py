@@ -40,6 +40,9 @@ def hub(tmp_path: Path):
             "model.safetensors": save(WEIGHTS),
         }),
         "acme/gated": FakeRepo(files={}, gated=True),
+        "acme/locked-weights": FakeRepo(files={"config.json": json.dumps(CONFIG).encode(),
+                                               "model.safetensors": save(WEIGHTS)},
+                                        failing={"model.safetensors": 401}),
     })
     url = fake.start()
     env = {"HF_ENDPOINT": url, "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(tmp_path / "cache"),
@@ -60,6 +63,31 @@ def test_remote_headers_by_range_requests_without_downloading_weights(hub) -> No
     weight_gets = [(m, r) for m, p, r in fake.requests if m == "GET" and p.endswith("model.safetensors")]
     assert weight_gets and all(r is not None for _, r in weight_gets)  # only ranged reads of the header
     assert not list(Path(env["HF_HUB_CACHE"]).rglob("model.safetensors"))  # weights never reached the cache
+
+
+def test_header_failures_say_what_happened_not_offline(hub) -> None:
+    _, env = hub
+    result = run_cli("inspect", "acme/locked-weights", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    note = json.dumps(json.loads(result.stdout)["weights"])
+    assert "access denied reading the headers (HTTP 401)" in note and "HF_TOKEN" in note
+    assert "offline" not in note
+
+
+def test_calibration_download_failure_is_reported_as_such(hub, tmp_path: Path, default_source) -> None:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    _, env = hub
+    folder = tmp_path / "tiny"
+    tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
+    tokenizer.save_pretrained(folder)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                 num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)).save_pretrained(
+        folder)
+    result = run_cli("quantize", str(folder), "--awq", "--no-redistribute", "-o", str(tmp_path / "out"), env=env)
+    assert result.returncode == 2
+    assert "downloading the default calibration set mit-han-lab/pile-val-backup failed" in result.stderr
+    assert "RepositoryNotFoundError" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_gated_repo_is_one_line_with_what_to_do(hub) -> None:

@@ -247,15 +247,33 @@ def test_api_key_and_queue_limit(default_source):
         server.stop()
 
 
-def test_sigterm_finishes_in_flight_streams_and_exits_0(default_source):
-    server = start_server("--max-model-len", "512")
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
-    stream = client.completions.create(model=MODEL, prompt="Tell a story", max_tokens=40, stream=True,
-                                       extra_body={"ignore_eos": True})
-    first = next(iter(stream))
-    server.process.send_signal(signal.SIGTERM)
-    rest = list(stream)
-    assert first.choices and rest[-1].choices[0].finish_reason == "length"
+def test_sigterm_under_load_loses_no_accepted_request(default_source):
+    """Streams and non-streaming requests in flight when SIGTERM arrives all finish; then exit 0."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = start_server("--max-model-len", "512", "--max-num-seqs", "2")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+    def streamed() -> str | None:
+        stream = client.completions.create(model=MODEL, prompt="Tell a story", max_tokens=30, stream=True,
+                                           extra_body={"ignore_eos": True})
+        return [c for c in stream if c.choices][-1].choices[0].finish_reason
+
+    def whole() -> str | None:
+        return client.completions.create(model=MODEL, prompt="Count to ten", max_tokens=30,
+                                         extra_body={"ignore_eos": True}).choices[0].finish_reason
+
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(streamed) for _ in range(3)] + [pool.submit(whole) for _ in range(3)]
+        deadline = time.time() + 60
+        while time.time() < deadline:  # all six accepted: two running, four queued behind max-num-seqs
+            values = metrics(server)
+            if values.get("llmctl:num_requests_running", 0) + values.get("llmctl:num_requests_waiting", 0) == 6:
+                break
+            time.sleep(0.05)
+        server.process.send_signal(signal.SIGTERM)
+        reasons = [f.result(timeout=120) for f in futures]
+    assert reasons == ["length"] * 6
     assert server.process.wait(timeout=60) == 0
 
 

@@ -44,12 +44,12 @@ def read_weight_headers(source: ModelSource) -> WeightHeaders:
     if all(f.is_file() for f in local_files):
         tensors = _read_local_headers(local_files)
         return WeightHeaders("local headers", tensors, index_total, names, len(local_files))
+    reason = "offline and the shards are not in the cache" if source.kind == SourceKind.HUB else "no safetensors files"
     if source.kind == SourceKind.HUB and source.repo_id and not hub_is_offline():
-        remote = _read_remote_headers(source)
+        remote, reason = _read_remote_headers(source)
         if remote is not None:
             remote.index_total_size, remote.index_tensor_names = index_total, names
             return remote
-    reason = "offline and the shards are not in the cache" if source.kind == SourceKind.HUB else "no safetensors files"
     origin = "index only" if index is not None else "none"
     return WeightHeaders(origin, {}, index_total, names, len(shards), reason=reason)
 
@@ -71,24 +71,39 @@ def _read_local_headers(files: list[Path]) -> dict[str, tuple[str, tuple[int, ..
     return tensors
 
 
-def _read_remote_headers(source: ModelSource) -> WeightHeaders | None:
+def _read_remote_headers(source: ModelSource) -> tuple[WeightHeaders | None, str]:
+    """The headers by HTTP range requests, or None and what really went wrong."""
     from huggingface_hub import get_safetensors_metadata
 
     try:
         metadata = get_safetensors_metadata(source.repo_id, revision=source.commit or source.revision)
-    except Exception as exc:  # not a safetensors repo, or the network failed midway
+    except Exception as exc:
         name = type(exc).__name__
         if name == "SafetensorsParsingError":
             raise CorruptModelError(
                 f"a safetensors header in {source.repo_id} is corrupt ({_short(exc)})"
             ) from None
-        return None
+        return None, _remote_failure(exc)
     tensors = {
         name: (info.dtype, tuple(info.shape))
         for file_meta in metadata.files_metadata.values()
         for name, info in file_meta.tensors.items()
     }
-    return WeightHeaders("remote headers (HTTP range requests)", tensors, shard_count=len(metadata.files_metadata))
+    return WeightHeaders("remote headers (HTTP range requests)", tensors,
+                         shard_count=len(metadata.files_metadata)), ""
+
+
+def _remote_failure(exc: Exception) -> str:
+    """Say which of the usual causes it was: no safetensors, no access, or the network."""
+    name = type(exc).__name__
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if name == "NotASafetensorsRepoError":
+        return "the repository has no safetensors files"
+    if name == "GatedRepoError" or status in (401, 403):
+        return f"access denied reading the headers (HTTP {status}): log in with `hf auth login` or set HF_TOKEN"
+    if status is not None:
+        return f"the hub answered HTTP {status} reading the headers ({_short(exc)})"
+    return f"the hub could not be reached reading the headers ({name}: {_short(exc)})"
 
 
 def _short(exc: Exception) -> str:

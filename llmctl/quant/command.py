@@ -105,16 +105,18 @@ def _check_options(options: QuantizeOptions) -> None:
 
 
 def _download_pileval() -> Path | None:
-    """pileval from the hub when reachable (None offline: the caller asks for --calib-file)."""
+    """pileval from the hub (None offline: the caller asks for --calib-file); a failed download says why."""
     if hub_is_offline():
         return None
-    try:
-        import zstandard
-        from huggingface_hub import hf_hub_download
+    import zstandard
+    from huggingface_hub import hf_hub_download
 
+    try:
         compressed = Path(hf_hub_download(PILEVAL[0], PILEVAL[1], repo_type="dataset"))
-    except Exception:
-        return None
+    except Exception as exc:
+        cause = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        raise LlmctlError(f"downloading the default calibration set {PILEVAL[0]} failed ({type(exc).__name__}: "
+                          f"{cause}): pass --calib-file FILE (.txt or .jsonl), or fix the hub access") from None
     target = compressed.with_suffix("")
     if not target.exists():
         with open(compressed, "rb") as src, open(target, "wb") as dst:
