@@ -255,12 +255,12 @@ def test_sigterm_under_load_loses_no_accepted_request(default_source):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
     def streamed() -> str | None:
-        stream = client.completions.create(model=MODEL, prompt="Tell a story", max_tokens=30, stream=True,
+        stream = client.completions.create(model=MODEL, prompt="Tell a story", max_tokens=12, stream=True,
                                            extra_body={"ignore_eos": True})
         return [c for c in stream if c.choices][-1].choices[0].finish_reason
 
     def whole() -> str | None:
-        return client.completions.create(model=MODEL, prompt="Count to ten", max_tokens=30,
+        return client.completions.create(model=MODEL, prompt="Count to ten", max_tokens=12,
                                          extra_body={"ignore_eos": True}).choices[0].finish_reason
 
     with ThreadPoolExecutor(6) as pool:
