@@ -129,3 +129,31 @@ def test_mistral_sliding_window(tmp_path, tokenizer):
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                            sliding_window=5)  # shorter than the prompts, so the window matters
     compare_with_transformers(save_random_model(config, tmp_path / "mistral", tokenizer), tokenizer)
+
+
+def test_sliding_window_long_generation_on_a_small_pool(tmp_path, tokenizer):
+    """Blocks that slide out of the window go back to the pool: a generation many times longer than
+    the pool holds runs to its end, two at once (with preemption), token for token as transformers."""
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    config = MistralConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                           sliding_window=32)
+    folder = save_random_model(config, tmp_path / "mistral-long", tokenizer)
+    probe = LLM(str(folder), max_model_len=512, max_num_batched_tokens=16)
+    block_bytes = probe.engine.loaded.kv_geometry.block_bytes
+    llm = LLM(str(folder), max_model_len=512, max_num_batched_tokens=16, kv_cache_memory=6 * block_bytes)
+    manager = llm.engine.block_manager
+    assert manager.num_blocks == 6  # one sequence of 200+ tokens alone would need 14 blocks without the window
+    max_tokens = 200
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    for prompt, output in zip(PROMPTS, outputs):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            ref = hf.generate(ids, do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                              pad_token_id=0, eos_token_id=None)
+        assert output.outputs[0].finish_reason == "length" and len(output.outputs[0].token_ids) == max_tokens
+        assert output.outputs[0].token_ids == ref[0, ids.shape[1]:].tolist(), prompt
+    assert llm.engine.scheduler.num_preemptions > 0  # three sequences did not fit side by side all the time
+    assert manager.num_free_blocks == manager.num_blocks

@@ -1,5 +1,9 @@
 """KV block pool: block tables, reference counts, prefix caching, copy-on-write.
 
+Sliding-window models give back the blocks that every later query has slid past, so a
+sequence holds about the window's worth of blocks however long it grows; its block table
+keeps SLID_OUT in their place.
+
 A full block is identified by a chained hash of its parent's hash and its token ids, so
 equal prefixes map to equal blocks. The stored token ids are compared on every hit, so a
 hash collision can never serve the wrong K/V. Freed blocks that carry a hash stay
@@ -12,6 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from llmctl.engine.sequence import Sequence
+
+SLID_OUT = -1  # a block-table entry whose block was given back (outside the sliding window)
 
 
 @dataclass
@@ -37,6 +43,7 @@ class BlockManager:
     num_blocks: int
     block_size: int
     enable_prefix_caching: bool = True
+    sliding_window: int | None = None  # every layer attends to at most this many tokens back
     blocks: list[Block] = field(init=False)
     free_ids: list[int] = field(init=False)  # never hashed, or hash dropped
     evictable: OrderedDict[int, None] = field(init=False)  # free but still cached, LRU order
@@ -107,6 +114,18 @@ class BlockManager:
             seq.block_hashes.append(digest)
             parent = digest
 
+    def release_slid_out(self, seq: Sequence) -> None:
+        """Give back the blocks before the window of the sequence's next query (at num_computed_tokens),
+        which sees keys after position - window. Full blocks were hashed already and stay cached."""
+        if not self.sliding_window:
+            return
+        first_needed = seq.num_computed_tokens - self.sliding_window + 1
+        end = min(max(0, first_needed) // self.block_size, len(seq.block_table))
+        for index in range(seq.num_slid_out_blocks, end):
+            self._release(seq.block_table[index])
+            seq.block_table[index] = SLID_OUT
+        seq.num_slid_out_blocks = max(seq.num_slid_out_blocks, end)
+
     # -- allocation -----------------------------------------------------------------------
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.blocks_needed(seq, num_new_tokens) + self._cow_needed(seq) <= self.num_free_blocks
@@ -135,18 +154,20 @@ class BlockManager:
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares all of the parent's blocks (n > 1 completions of one prompt)."""
-        for block_id in parent.block_table:
+        for block_id in parent.block_table[parent.num_slid_out_blocks:]:
             self.blocks[block_id].ref_count += 1
         child.block_table = list(parent.block_table)
+        child.num_slid_out_blocks = parent.num_slid_out_blocks
         child.block_hashes = list(parent.block_hashes)
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_cached_tokens = parent.num_cached_tokens
 
     def free(self, seq: Sequence) -> None:
         # Release the tail first so that, when evicted, the deepest blocks go before their prefixes.
-        for block_id in reversed(seq.block_table):
+        for block_id in reversed(seq.block_table[seq.num_slid_out_blocks:]):
             self._release(block_id)
         seq.block_table = []
+        seq.num_slid_out_blocks = 0
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 

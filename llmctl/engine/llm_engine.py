@@ -76,11 +76,12 @@ class LLMEngine:
         self.loaded: LoadedModel = load_model(config)
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = self.loaded.max_model_len
+        window = _uniform_sliding_window(self.loaded.spec)
         self.block_manager = BlockManager(self.loaded.kv_pool.num_blocks, config.block_size,
-                                          config.enable_prefix_caching)
+                                          config.enable_prefix_caching, window)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.loaded.max_num_batched_tokens)
         self.runner = ModelRunner(self.loaded.model, self.loaded.kv_caches, self.loaded.backend,
-                                  config.block_size, self.loaded.device, _uniform_sliding_window(self.loaded.spec))
+                                  config.block_size, self.loaded.device, window)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self._default_generator = torch.Generator().manual_seed(config.seed)

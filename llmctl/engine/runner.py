@@ -47,7 +47,7 @@ def build_inputs(sched: SchedulerOutput, block_size: int, device: torch.device,
             slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
         starts.append(len(ids))
         lens.append(start + item.num_new_tokens)
-        tables.append(seq.block_table)
+        tables.append(_readable(seq))
         if item.samples:
             sample_rows.append(len(ids) - 1)
             sample_seqs.append(seq)
@@ -62,6 +62,13 @@ def build_inputs(sched: SchedulerOutput, block_size: int, device: torch.device,
     return StepInputs(torch.tensor(ids, dtype=torch.long, device=device),
                       torch.tensor(positions, dtype=torch.long, device=device),
                       meta, sample_rows, sample_seqs, prompt_rows)
+
+
+def _readable(seq: Sequence) -> list[int]:
+    """The block table with slid-out entries pointing at block 0: the window mask hides what is there."""
+    if not seq.num_slid_out_blocks:
+        return seq.block_table
+    return [0] * seq.num_slid_out_blocks + seq.block_table[seq.num_slid_out_blocks:]
 
 
 class ModelRunner:

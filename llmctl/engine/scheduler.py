@@ -71,6 +71,7 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
+            self.block_manager.release_slid_out(seq)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if num_new <= 0:
                 index += 1
@@ -92,6 +93,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             self.block_manager.match_prefix(seq)
+            self.block_manager.release_slid_out(seq)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if self.long_prefill_token_threshold:
                 num_new = min(num_new, self.long_prefill_token_threshold)

@@ -44,6 +44,7 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # of the prompt, found in the prefix cache
     block_table: list[int] = field(default_factory=list)
+    num_slid_out_blocks: int = 0  # leading block-table entries given back (sliding window)
     block_hashes: list[int] = field(default_factory=list)  # hashes of the full blocks registered so far
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
