@@ -202,10 +202,22 @@ def serve(
         "--max-queue-len", help="requests that may wait beyond max-num-seqs; more get 503 + Retry-After")] = None,
     tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "--tp")] = 1,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+    max_request_bytes: Annotated[str, typer.Option(
+        "--max-request-bytes", help="largest request body accepted (413 beyond), e.g. 16MiB")] = "16MiB",
+    metrics_auth: Annotated[bool, typer.Option(
+        "--metrics-auth", help="with --api-key, /metrics needs the key too")] = False,
+    allowed_origins: Annotated[Optional[list[str]], typer.Option(
+        "--allowed-origins", help="CORS: origins browsers may call the API from (none by default)")] = None,
+    disable_log_requests: Annotated[bool, typer.Option(
+        "--disable-log-requests", help="no access-log line per request")] = False,
+    disable_log_stats: Annotated[bool, typer.Option(
+        "--disable-log-stats", help="no periodic engine stats line")] = False,
 ) -> None:
     """An OpenAI-compatible server on llmctl's engine (completions, chat, streaming, metrics)."""
     from llmctl.engine.config import EngineConfig
     from llmctl.model.source import DEFAULT_MODEL_ID
+    from llmctl.server.app import ServerSettings
+    from llmctl.server.serve import load_chat_template
     from llmctl.server.serve import serve as run_server
 
     if tensor_parallel_size != 1:
@@ -217,9 +229,17 @@ def serve(
                           enable_prefix_caching=enable_prefix_caching, seed=seed,
                           trust_remote_code=trust_remote_code, show_progress=True)
     config.validate()
-    names = served_model_name or [model or DEFAULT_MODEL_ID]
-    raise typer.Exit(run_server(config, host=host, port=port, served_model_names=names, api_key=api_key,
-                                chat_template=chat_template, max_queue_len=max_queue_len))
+    if max_queue_len is not None and max_queue_len < 0:
+        raise LlmctlError(f"--max-queue-len must be 0 or more (got {max_queue_len})")
+    settings = ServerSettings(
+        config, served_model_name or [model or DEFAULT_MODEL_ID], api_key=api_key,
+        chat_template=load_chat_template(chat_template), max_queue_len=max_queue_len,
+        max_request_bytes=_parse_bytes(max_request_bytes, "--max-request-bytes"), metrics_auth=metrics_auth,
+        allowed_origins=allowed_origins or [], log_requests=not disable_log_requests,
+        stats_interval=None if disable_log_stats else 10.0)
+    if metrics_auth and not api_key:
+        raise LlmctlError("--metrics-auth protects /metrics with the API key: give --api-key too")
+    raise typer.Exit(run_server(settings, host=host, port=port))
 
 
 @app.command()

@@ -103,3 +103,49 @@ def test_a_failing_model_step_fails_only_its_requests(server, engine):
             assert client.get("/health").status_code == 200
     finally:
         engine.runner.execute = original
+
+
+def test_limits_auth_cors_and_request_ids(engine, caplog):
+    import logging
+    import socket
+
+    caplog.set_level(logging.INFO, logger="llmctl")
+    settings = dict(api_key="sekret", metrics_auth=True, max_request_bytes=4096, body_timeout=1.0,
+                    stats_interval=0.2)
+    with InProcessServer(engine, **settings) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        key = {"Authorization": "Bearer sekret"}
+        big = client.post("/v1/completions", headers=key, content=b"{" + b" " * 5000 + b"}")
+        assert big.status_code == 413 and "--max-request-bytes" in big.json()["error"]["message"]
+        many = client.post("/v1/completions", headers=key, json={"prompt": ["a"] * 1025, "max_tokens": 1})
+        assert many.status_code in (400, 413)
+        assert client.post("/v1/completions", headers=key, json={"prompt": "a", "n": 129}).status_code == 400
+        # A client that never finishes its body is answered 408, not waited on forever.
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekret\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
+            sock.settimeout(20)
+            assert b" 408 " in sock.recv(4096).split(b"\r\n")[0] + b" "
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", headers=key).status_code == 200
+        assert client.get("/health").status_code == 200
+        # CORS is off unless origins are configured: no allow-origin header for a browser preflight.
+        preflight = client.options("/v1/completions", headers={"Origin": "http://evil.example",
+                                                               "Access-Control-Request-Method": "POST"})
+        assert "access-control-allow-origin" not in preflight.headers
+        ok = client.post("/v1/completions", headers={**key, "X-Request-Id": "trace-123"},
+                         json=completion("Hello", 8))
+        assert ok.status_code == 200 and ok.headers["x-request-id"] == "trace-123"
+        assert ok.json()["id"] == "cmpl-trace-123"
+        refused = client.post("/v1/completions", json=completion("Hello", 2))
+        assert refused.status_code == 401 and refused.headers["x-request-id"]
+        time.sleep(0.5)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any('"POST /v1/completions" 200' in line and "request_id=trace-123" in line for line in lines)
+    assert any(line.startswith("Avg prompt throughput:") and "KV cache usage" in line for line in lines)
+
+
+def test_cors_when_configured(engine):
+    with InProcessServer(engine, allowed_origins=["http://app.example"]) as server:
+        response = httpx.options(server.url + "/v1/completions", headers={
+            "Origin": "http://app.example", "Access-Control-Request-Method": "POST"})
+        assert response.headers["access-control-allow-origin"] == "http://app.example"

@@ -6,13 +6,15 @@ import asyncio
 import contextlib
 import json
 import logging
+import hmac
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -24,6 +26,7 @@ from llmctl.engine.llm_engine import LLMEngine, StepFailedError
 from llmctl.engine.outputs import RequestOutput
 from llmctl.engine.sampling_params import InvalidRequestError
 from llmctl.server.metrics import ServerMetrics
+from llmctl.server.operability import RequestLog, StatsLogger, request_id_of
 from llmctl.server.protocol import (
     APIError,
     Fields,
@@ -51,7 +54,13 @@ class ServerSettings:
     served_model_names: list[str]
     api_key: str | None = None
     chat_template: str | None = None  # Jinja source; None: the model's own
-    max_queue_len: int | None = None  # requests beyond the running ones that may wait
+    max_queue_len: int | None = None  # sequences beyond max_num_seqs that may wait
+    max_request_bytes: int = 16 * 1024**2  # larger bodies get 413
+    body_timeout: float = 30.0  # seconds a client may take to send its request body (408 after)
+    metrics_auth: bool = False  # with api_key: /metrics needs the key too
+    allowed_origins: list[str] = field(default_factory=list)  # CORS: off unless origins are given
+    log_requests: bool = True  # one access-log line per request
+    stats_interval: float | None = 10.0  # seconds between engine stats lines; None: off
 
 
 @dataclass
@@ -94,7 +103,13 @@ def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         threading.Thread(target=load, name="llmctl-load", daemon=True).start()
+        stats = StatsLogger(lambda: state.engine.engine if state.engine else None, settings.stats_interval) \
+            if settings.stats_interval else None
+        if stats:
+            stats.start()
         yield
+        if stats:
+            stats.stop()
         if state.engine is not None:
             state.engine.shutdown()
 
@@ -108,11 +123,18 @@ def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
             return make()
         return endpoint
 
+    async def metrics_endpoint(request: Request) -> Response:
+        if settings.metrics_auth:
+            try:
+                check_api_key(state, request, always=True)
+            except APIError as exc:
+                return error_response(exc)
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
     routes = [
         Route("/health", plain(lambda: health(state)), methods=["GET"]),
         Route("/version", plain(lambda: JSONResponse({"version": __version__})), methods=["GET"]),
-        Route("/metrics", plain(lambda: Response(state.metrics.render(), media_type="text/plain; version=0.0.4")),
-              methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/models", api(models), methods=["GET"]),
         Route("/v1/completions", api(completions), methods=["POST"]),
         Route("/v1/chat/completions", api(chat_completions), methods=["POST"]),
@@ -122,7 +144,11 @@ def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
         Route("/openapi.json", plain(lambda: JSONResponse(openapi_schema())), methods=["GET"]),
         Route("/docs", plain(lambda: HTMLResponse(DOCS_PAGE)), methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
+    middleware = [Middleware(RequestLog, enabled=settings.log_requests)]
+    if settings.allowed_origins:  # CORS only when asked for: browsers elsewhere cannot call the API by default
+        middleware.append(Middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["*"],
+                                     allow_headers=["*"]))
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware, exception_handlers={
         404: lambda r, e: error_response(APIError(f"no route {r.url.path}", 404)),
         405: lambda r, e: error_response(APIError(f"method {r.method} is not allowed on {r.url.path}", 405)),
     })
@@ -171,7 +197,7 @@ async def guarded(state: ServerState, request: Request, handler: Any) -> Respons
             raise APIError(f"not ready: {why}", 503, headers={"Retry-After": "5"})
         return await handler(state, request)
     except Exception as exc:
-        return error_response(as_api_error(exc, request.url.path))
+        return error_response(as_api_error(exc, f"{request.url.path} request_id={request_id_of(request.scope)}"))
 
 
 def as_api_error(exc: Exception, where: str) -> APIError:
@@ -188,22 +214,45 @@ def as_api_error(exc: Exception, where: str) -> APIError:
     return APIError(f"internal error: {type(exc).__name__}: {exc}", 500, error_type="internal_server_error")
 
 
-def check_api_key(state: ServerState, request: Request) -> None:
+def check_api_key(state: ServerState, request: Request, always: bool = False) -> None:
     key = state.settings.api_key
-    if not key or not request.url.path.startswith("/v1"):
+    if not key or not (always or request.url.path.startswith("/v1")):
         return
     header = request.headers.get("authorization", "")
-    if header != f"Bearer {key}":
+    # Constant time: how long the comparison takes says nothing about how much of the key was right.
+    if not hmac.compare_digest(header.encode(), f"Bearer {key}".encode()):
         raise APIError("invalid or missing API key: send 'Authorization: Bearer <key>'", 401,
                        code="invalid_api_key")
 
 
 async def read_json(request: Request) -> Fields:
+    settings = request.app.state.llmctl.settings
     try:
-        body = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError) as exc:
+        raw = await asyncio.wait_for(read_body(request, settings.max_request_bytes), settings.body_timeout)
+    except asyncio.TimeoutError:
+        raise APIError(f"the request body did not arrive within {settings.body_timeout:g} s", 408) from None
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise bad(f"the request body is not valid JSON: {exc}") from None
     return Fields(body)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(f"the request body is larger than {limit} bytes (--max-request-bytes)", 413)
 
 
 def check_model(state: ServerState, fields: Fields) -> str:
@@ -314,7 +363,7 @@ def chat_template(state: ServerState) -> str | None:
 async def run(state: ServerState, request: Request, model: str, prompts: list[tuple[str | None, list[int]]],
               sampling: Any, *, chat: bool) -> Response:
     admission = admit(state, len(prompts) * sampling.params.n)
-    request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    request_id = ("chatcmpl-" if chat else "cmpl-") + request_id_of(request.scope)
     streams = [state.engine.generate(ids, sampling.params, f"{request_id}-{i}") for i, (_, ids) in enumerate(prompts)]
     if sampling.stream:
         return AdmittedStream(admission, stream_events(state, request_id, model, prompts, streams, sampling, chat))

@@ -181,8 +181,19 @@ def completion_prompts(fields: Fields) -> list[str | list[int]]:
     return prompt_list(fields.raw("prompt"), "prompt")
 
 
+MAX_PROMPTS_PER_REQUEST = 1024
+
+
 def prompt_list(value: Any, param: str) -> list[str | list[int]]:
     """OpenAI's prompt/input forms: a string, a list of strings, token ids, or a list of token-id lists."""
+    prompts = _prompt_forms(value, param)
+    if len(prompts) > MAX_PROMPTS_PER_REQUEST:
+        raise bad(f"{param} holds {len(prompts)} prompts; at most {MAX_PROMPTS_PER_REQUEST} per request: split the "
+                  "batch", param)
+    return prompts
+
+
+def _prompt_forms(value: Any, param: str) -> list[str | list[int]]:
     if value is None:
         raise bad(f"{param} is required", param)
     if isinstance(value, str):

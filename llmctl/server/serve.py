@@ -8,7 +8,6 @@ import signal
 from pathlib import Path
 from typing import Iterator
 
-from llmctl.engine.config import EngineConfig
 from llmctl.errors import LlmctlError
 from llmctl.server.app import ServerSettings, create_app
 
@@ -51,14 +50,12 @@ def _graceful_server_class():  # uvicorn is imported lazily: `llmctl inspect` ne
     return GracefulServer
 
 
-def serve(config: EngineConfig, *, host: str, port: int, served_model_names: list[str], api_key: str | None,
-          chat_template: str | None, max_queue_len: int | None) -> int:
+def serve(settings: ServerSettings, *, host: str, port: int) -> int:
     import uvicorn
 
     from llmctl.engine.llm_engine import configure_logging
 
     configure_logging()
-    settings = ServerSettings(config, served_model_names, api_key, load_chat_template(chat_template), max_queue_len)
     failure: list[BaseException] = []
     server: uvicorn.Server | None = None  # set below; stop() may run before on a fast failure
 
@@ -70,7 +67,7 @@ def serve(config: EngineConfig, *, host: str, port: int, served_model_names: lis
     app = create_app(settings, on_load_failure=stop)
     server = _graceful_server_class()(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                      timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS))
-    logger.info("serving %s on http://%s:%d (OpenAI API under /v1)", served_model_names[0], host, port)
+    logger.info("serving %s on http://%s:%d (OpenAI API under /v1)", settings.served_model_names[0], host, port)
     server.run()
     if failure:
         raise failure[0] if isinstance(failure[0], LlmctlError) else LlmctlError(str(failure[0]))

@@ -1,0 +1,109 @@
+"""What an operator sees: a request id on every request, an access log line per request, and a
+periodic engine stats line (vLLM's "Avg prompt throughput … Running … KV cache usage" line)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+logger = logging.getLogger("llmctl.server")
+REQUEST_ID_HEADER = "x-request-id"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def request_id_of(scope: dict) -> str:
+    return scope.get("state", {}).get("request_id", "-")
+
+
+class RequestLog:
+    """ASGI middleware: takes the client's X-Request-Id (when it is a plain token) or makes one, returns
+    it as a response header, and logs one line per request with its status and duration when asked."""
+
+    def __init__(self, app: Any, enabled: bool) -> None:
+        self.app, self.enabled = app, enabled
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER.encode(), b"").decode("latin-1")
+        request_id = given if _SAFE_ID.match(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        started, status = time.perf_counter(), [0]
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER.encode(), request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if self.enabled:
+                client = scope.get("client") or ("-", 0)
+                logger.info('%s:%s "%s %s" %s %.3f s request_id=%s', client[0], client[1], scope["method"],
+                            scope["path"], status[0] or "disconnected", time.perf_counter() - started, request_id)
+
+
+@dataclass
+class _Totals:
+    prompt_tokens: int
+    generation_tokens: int
+    queries: int
+    hits: int
+    at: float
+
+
+class StatsLogger:
+    """Every `interval` seconds while the engine has work (or just had), one INFO line of throughput,
+    queue and KV-cache state, computed from the engine's counters over the interval."""
+
+    def __init__(self, engine_getter: Callable[[], Any], interval: float) -> None:
+        self.engine_getter, self.interval = engine_getter, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="llmctl-stats", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        last: _Totals | None = None
+        while not self._stop.wait(self.interval):
+            engine = self.engine_getter()
+            if engine is None:
+                continue
+            now = self._totals(engine)
+            if last is not None:
+                line = stats_line(engine, last, now)
+                if line:
+                    logger.info(line)
+            last = now
+
+    @staticmethod
+    def _totals(engine: Any) -> _Totals:
+        stats = engine.block_manager.stats
+        return _Totals(engine.stats["prompt_tokens"], engine.stats["generation_tokens"], stats.queries, stats.hits,
+                       time.perf_counter())
+
+
+def stats_line(engine: Any, before: _Totals, now: _Totals) -> str | None:
+    """None when nothing ran and nothing waits (an idle server stays quiet, as vLLM's does)."""
+    running, waiting = len(engine.scheduler.running), len(engine.scheduler.waiting)
+    prompt = now.prompt_tokens - before.prompt_tokens
+    generated = now.generation_tokens - before.generation_tokens
+    if not (prompt or generated or running or waiting):
+        return None
+    seconds = max(now.at - before.at, 1e-9)
+    queries = now.queries - before.queries
+    hit_rate = 100.0 * (now.hits - before.hits) / queries if queries else 0.0
+    return (f"Avg prompt throughput: {prompt / seconds:.1f} tokens/s, Avg generation throughput: "
+            f"{generated / seconds:.1f} tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, "
+            f"KV cache usage: {100.0 * engine.block_manager.usage:.1f}%, Prefix cache hit rate: {hit_rate:.1f}%")
