@@ -7,6 +7,53 @@ from dataclasses import dataclass, field
 from llmctl.errors import LlmctlError
 
 MAX_LOGPROBS = 20
+MAX_N = 128
+
+
+@dataclass(frozen=True)
+class Range:
+    """The allowed values of a numeric setting: checked here, and published in the server's OpenAPI schema."""
+
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+
+    def contains(self, value: float) -> bool:
+        low_ok = self.minimum is None or (value > self.minimum if self.exclusive_minimum else value >= self.minimum)
+        return low_ok and (self.maximum is None or value <= self.maximum)
+
+    def describe(self) -> str:
+        if self.maximum is None:
+            return f"greater than {self.minimum:g}" if self.exclusive_minimum else f"at least {self.minimum:g}"
+        if self.exclusive_minimum:
+            return f"in ({self.minimum:g}, {self.maximum:g}]"
+        return f"between {self.minimum:g} and {self.maximum:g}"
+
+    def json_schema(self) -> dict[str, float]:
+        schema: dict[str, float] = {}
+        if self.minimum is not None:
+            schema["exclusiveMinimum" if self.exclusive_minimum else "minimum"] = self.minimum
+        if self.maximum is not None:
+            schema["maximum"] = self.maximum
+        return schema
+
+
+# One home for every range: SamplingParams.validate, the HTTP validator and /openapi.json all read it.
+RANGES: dict[str, Range] = {
+    "n": Range(1, MAX_N),
+    "temperature": Range(0, 100),
+    "top_p": Range(0, 1, exclusive_minimum=True),
+    "top_k": Range(-1),
+    "min_p": Range(0, 1),
+    "repetition_penalty": Range(0, 2, exclusive_minimum=True),
+    "presence_penalty": Range(-2, 2),
+    "frequency_penalty": Range(-2, 2),
+    "max_tokens": Range(1),
+    "min_tokens": Range(0),
+    "logprobs": Range(0, MAX_LOGPROBS),
+    "prompt_logprobs": Range(0, MAX_LOGPROBS),
+    "seed": Range(-(2**63), 2**64 - 1),
+}
 
 
 class InvalidRequestError(LlmctlError):
@@ -45,34 +92,12 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        def bad(param: str, message: str) -> None:
-            raise InvalidRequestError(f"{param} {message}", param)
-
-        if not 1 <= self.n <= 128:
-            bad("n", f"must be between 1 and 128, got {self.n}")
-        if self.temperature is not None and not 0 <= self.temperature <= 100:
-            bad("temperature", f"must be between 0 and 100, got {self.temperature}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            bad("top_p", f"must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k < -1:
-            bad("top_k", f"must be -1 (off), 0 (off) or positive, got {self.top_k}")
-        if not 0 <= self.min_p <= 1:
-            bad("min_p", f"must be in [0, 1], got {self.min_p}")
-        if self.repetition_penalty is not None and not 0 < self.repetition_penalty <= 2:
-            bad("repetition_penalty", f"must be in (0, 2], got {self.repetition_penalty}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                bad(name, f"must be between -2 and 2, got {getattr(self, name)}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            bad("max_tokens", f"must be at least 1, got {self.max_tokens}")
-        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
-            bad("min_tokens", f"must be between 0 and max_tokens, got {self.min_tokens}")
-        for name in ("logprobs", "prompt_logprobs"):
+        for name, allowed in RANGES.items():
             value = getattr(self, name)
-            if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                bad(name, f"must be between 0 and {MAX_LOGPROBS}, got {value}")
-        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
-            bad("seed", "must fit in 64 bits")
+            if value is not None and not allowed.contains(value):
+                raise InvalidRequestError(f"{name} must be {allowed.describe()}, got {value}", name)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidRequestError(f"min_tokens must be at most max_tokens, got {self.min_tokens}", "min_tokens")
 
     @property
     def greedy(self) -> bool:

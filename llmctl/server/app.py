@@ -26,6 +26,7 @@ from llmctl.engine.llm_engine import LLMEngine, StepFailedError
 from llmctl.engine.outputs import RequestOutput
 from llmctl.engine.sampling_params import InvalidRequestError
 from llmctl.server.metrics import ServerMetrics
+from llmctl.server.openapi import openapi_schema
 from llmctl.server.operability import RequestLog, StatsLogger, request_id_of
 from llmctl.server.protocol import (
     APIError,
@@ -583,23 +584,6 @@ async def detokenize(state: ServerState, request: Request) -> Response:
     if any(not 0 <= t < vocab for t in tokens):
         raise bad(f"token ids must be in [0, {vocab})", "tokens")
     return JSONResponse({"prompt": state.engine.engine.tokenizer.decode(tokens)})
-
-
-def openapi_schema() -> dict:
-    paths = {
-        "/v1/models": ("get", "List served models"),
-        "/v1/completions": ("post", "Create a completion (OpenAI)"),
-        "/v1/chat/completions": ("post", "Create a chat completion (OpenAI)"),
-        "/v1/embeddings": ("post", "Create embeddings (embedding models only)"),
-        "/tokenize": ("post", "Token ids of a prompt or of chat messages"),
-        "/detokenize": ("post", "Text of token ids"),
-        "/health": ("get", "200 when the engine is ready, 503 while loading or after it died"),
-        "/metrics": ("get", "Prometheus metrics (llmctl:...)"),
-        "/version": ("get", "llmctl version"),
-    }
-    return {"openapi": "3.1.0", "info": {"title": "llmctl OpenAI-compatible API", "version": __version__},
-            "paths": {path: {method: {"summary": summary, "responses": {"200": {"description": "OK"}}}}
-                      for path, (method, summary) in paths.items()}}
 
 
 DOCS_PAGE = """<!doctype html><html><head><title>llmctl API</title></head><body>

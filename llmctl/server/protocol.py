@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llmctl.engine.sampling_params import MAX_LOGPROBS, InvalidRequestError, SamplingParams
+from llmctl.engine.sampling_params import RANGES, InvalidRequestError, SamplingParams
 
 
 class APIError(Exception):
@@ -32,6 +32,8 @@ class APIError(Exception):
 def bad(message: str, param: str | None = None) -> APIError:
     return APIError(message, 400, param)
 
+
+MAX_PROMPTS_PER_REQUEST = 1024
 
 # Fields vLLM accepts that we accept and ignore, and ones we refuse with a clear message.
 IGNORED = {"user", "stream_options", "service_tier", "store", "metadata", "parallel_tool_calls"}
@@ -78,6 +80,11 @@ class Fields:
     def str(self, name: str, default: str | None = None) -> str | None:
         return self._get(name, (str,), "a string", default)
 
+    def typed(self, name: str, spec: FieldSpec) -> Any:
+        """The field read as its FieldSpec declares it."""
+        read = {"integer": self.int, "number": self.float, "boolean": self.bool, "string": self.str}[spec.kind]
+        return read(name, spec.default)
+
     def raw(self, name: str, default: Any = None) -> Any:
         return self.body.get(name, default)
 
@@ -112,6 +119,99 @@ def int_list(fields: Fields, name: str) -> list[int]:
     raise bad(f"{name} must be a list of integers", name)
 
 
+@dataclass(frozen=True)
+class FieldSpec:
+    """A request field as the validator reads it and as /openapi.json publishes it."""
+
+    kind: str  # JSON type: integer | number | boolean | string, or "custom" (schema given)
+    description: str
+    default: Any = None
+    schema: dict[str, Any] | None = None  # for custom fields
+
+    def json_schema(self, name: str) -> dict[str, Any]:
+        schema = dict(self.schema) if self.schema else {"type": self.kind}
+        if name in RANGES and self.kind in ("integer", "number"):
+            schema.update(RANGES[name].json_schema())
+        if self.default is not None:
+            schema["default"] = self.default
+        return {**schema, "description": self.description}
+
+
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+
+# The sampling fields both generation endpoints read into SamplingParams (ranges: RANGES).
+SAMPLING_FIELDS: dict[str, FieldSpec] = {
+    "n": FieldSpec("integer", "completions to generate for each prompt", 1),
+    "temperature": FieldSpec("number", "sampling temperature; 0 is greedy (default: the model's generation_config)"),
+    "top_p": FieldSpec("number", "nucleus sampling: keep the most likely tokens up to this probability mass"),
+    "top_k": FieldSpec("integer", "keep the k most likely tokens; 0 or -1: off"),
+    "min_p": FieldSpec("number", "drop tokens less likely than min_p times the most likely one", 0.0),
+    "seed": FieldSpec("integer", "seed for reproducible sampling of this request"),
+    "repetition_penalty": FieldSpec("number", "divide logits of tokens seen in prompt or output (transformers' rule)"),
+    "presence_penalty": FieldSpec("number", "subtracted from logits of tokens already generated", 0.0),
+    "frequency_penalty": FieldSpec("number", "subtracted per occurrence of a token already generated", 0.0),
+    "include_stop_str_in_output": FieldSpec("boolean", "keep the matched stop string in the text", False),
+    "ignore_eos": FieldSpec("boolean", "keep generating past the end-of-sequence token", False),
+    "min_tokens": FieldSpec("integer", "tokens to generate before EOS or stop tokens may end the output", 0),
+    "prompt_logprobs": FieldSpec("integer", "log-probabilities of each prompt token, with this many alternatives"),
+    "skip_special_tokens": FieldSpec("boolean", "leave special tokens out of the text", True),
+}
+
+# Fields read by their own parsers below; their schemas are published beside them.
+COMMON_FIELDS: dict[str, FieldSpec] = {
+    "model": FieldSpec("string", "a served model name (default: the first)"),
+    "max_tokens": FieldSpec("integer", "most tokens to generate (completions default 16; chat: up to the context)"),
+    "stream": FieldSpec("boolean", "send server-sent events as tokens are generated", False),
+    "stream_options": FieldSpec("custom", "include_usage: a last chunk with token counts", schema={
+        "type": "object", "properties": {"include_usage": {"type": "boolean"}}}),
+    "stop": FieldSpec("custom", "up to 16 strings that end the output", schema={
+        "anyOf": [{"type": "string"}, {**_STRINGS, "maxItems": 16}]}),
+    "stop_token_ids": FieldSpec("custom", "token ids that end the output", schema=_TOKEN_IDS),
+}
+COMPLETION_FIELDS: dict[str, FieldSpec] = {
+    "prompt": FieldSpec("custom", "a string, strings, token ids, or lists of token ids", schema={"anyOf": [
+        {"type": "string"}, {**_STRINGS, "minItems": 1, "maxItems": MAX_PROMPTS_PER_REQUEST},
+        {**_TOKEN_IDS, "minItems": 1},
+        {"type": "array", "items": {**_TOKEN_IDS, "minItems": 1}, "minItems": 1, "maxItems": MAX_PROMPTS_PER_REQUEST}]}),
+    "echo": FieldSpec("boolean", "return the prompt before the completion (with its logprobs when asked)", False),
+    "logprobs": FieldSpec("integer", "log-probabilities of each output token, with this many alternatives"),
+    **COMMON_FIELDS, **SAMPLING_FIELDS,
+}
+CHAT_FIELDS: dict[str, FieldSpec] = {
+    "messages": FieldSpec("custom", "the conversation: role and text content of each message", schema={
+        "type": "array", "minItems": 1, "items": {"type": "object", "required": ["role"], "properties": {
+            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+            "content": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
+                "type": "object", "required": ["type", "text"],
+                "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]}}}}),
+    "logprobs": FieldSpec("boolean", "log-probability of each output token", False),
+    "top_logprobs": FieldSpec("integer", "alternatives per output token (needs logprobs)", 0, schema={
+        "type": "integer", **RANGES["logprobs"].json_schema()}),
+    "max_completion_tokens": FieldSpec("integer", "most tokens to generate (OpenAI's newer name for max_tokens)"),
+    **COMMON_FIELDS, **SAMPLING_FIELDS,
+}
+
+EMBEDDING_FIELDS: dict[str, FieldSpec] = {
+    "input": FieldSpec("custom", "text(s) or token ids to embed", schema=COMPLETION_FIELDS["prompt"].schema),
+    "model": COMMON_FIELDS["model"],
+    "encoding_format": FieldSpec("custom", "float or base64 (little-endian float32)", "float",
+                                 schema={"enum": ["float", "base64"]}),
+}
+TOKENIZE_FIELDS: dict[str, FieldSpec] = {
+    "model": COMMON_FIELDS["model"],
+    "prompt": FieldSpec("string", "text to tokenize (or give messages)"),
+    "messages": CHAT_FIELDS["messages"],
+    "add_special_tokens": FieldSpec("boolean", "add the tokenizer's special tokens (prompt)", True),
+    "add_generation_prompt": FieldSpec("boolean", "end with the assistant's turn (messages)", True),
+}
+DETOKENIZE_FIELDS: dict[str, FieldSpec] = {
+    "model": COMMON_FIELDS["model"],
+    "tokens": FieldSpec("custom", "token ids to turn into text", schema=_TOKEN_IDS),
+}
+REQUIRED_FIELDS = {"completions": ["prompt"], "chat": ["messages"], "embeddings": ["input"], "detokenize": ["tokens"]}
+
+
 @dataclass
 class SamplingRequest:
     params: SamplingParams
@@ -126,34 +226,15 @@ def sampling_request(fields: Fields, *, chat: bool) -> SamplingRequest:
     max_tokens = fields.int("max_completion_tokens") if chat else None
     if max_tokens is None:
         max_tokens = fields.int("max_tokens")
-    if max_tokens is not None and max_tokens <= 0:
-        raise bad(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
     logprobs, top_logprobs = _logprobs(fields, chat)
     stream = fields.bool("stream")
     options = fields.raw("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad("stream_options must be an object", "stream_options")
+    sampling = {name: fields.typed(name, spec) for name, spec in SAMPLING_FIELDS.items()}
     try:
-        params = SamplingParams(
-            n=fields.int("n", 1),
-            temperature=fields.float("temperature"),
-            top_p=fields.float("top_p"),
-            top_k=fields.int("top_k"),
-            min_p=fields.float("min_p", 0.0),
-            seed=fields.int("seed"),
-            repetition_penalty=fields.float("repetition_penalty"),
-            presence_penalty=fields.float("presence_penalty", 0.0),
-            frequency_penalty=fields.float("frequency_penalty", 0.0),
-            stop=stop_strings(fields),
-            stop_token_ids=int_list(fields, "stop_token_ids"),
-            include_stop_str_in_output=fields.bool("include_stop_str_in_output"),
-            ignore_eos=fields.bool("ignore_eos"),
-            max_tokens=max_tokens,
-            min_tokens=fields.int("min_tokens", 0),
-            logprobs=top_logprobs if logprobs else None,
-            prompt_logprobs=fields.int("prompt_logprobs"),
-            skip_special_tokens=fields.bool("skip_special_tokens", True),
-        )
+        params = SamplingParams(**sampling, stop=stop_strings(fields), stop_token_ids=int_list(fields, "stop_token_ids"),
+                                max_tokens=max_tokens, logprobs=top_logprobs if logprobs else None)
     except InvalidRequestError as exc:
         raise bad(str(exc), exc.param) from None
     include_usage = bool(options and options.get("include_usage"))
@@ -164,24 +245,20 @@ def _logprobs(fields: Fields, chat: bool) -> tuple[bool, int]:
     if chat:  # chat: logprobs is a boolean, top_logprobs the number of alternatives
         wanted = fields.bool("logprobs")
         top = fields.int("top_logprobs", 0) or 0
-        if not 0 <= top <= MAX_LOGPROBS:
-            raise bad(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {top}", "top_logprobs")
+        if not RANGES["logprobs"].contains(top):
+            raise bad(f"top_logprobs must be {RANGES['logprobs'].describe()}, got {top}", "top_logprobs")
         if top and not wanted:
             raise bad("top_logprobs needs logprobs: true", "top_logprobs")
         return wanted, top
-    count = fields.int("logprobs")  # completions: logprobs is the number of alternatives
+    count = fields.int("logprobs")  # completions: logprobs is the number of alternatives (checked as such)
     if count is None:
         return False, 0
-    if not 0 <= count <= MAX_LOGPROBS:
-        raise bad(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {count}", "logprobs")
     return True, count
 
 
 def completion_prompts(fields: Fields) -> list[str | list[int]]:
     return prompt_list(fields.raw("prompt"), "prompt")
 
-
-MAX_PROMPTS_PER_REQUEST = 1024
 
 
 def prompt_list(value: Any, param: str) -> list[str | list[int]]:

@@ -1,0 +1,61 @@
+"""/openapi.json: every endpoint with its request fields, built from the FieldSpec tables the
+validator reads (llmctl.server.protocol) and the ranges SamplingParams checks, so they cannot drift."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmctl import __version__
+from llmctl.server.protocol import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    DETOKENIZE_FIELDS,
+    EMBEDDING_FIELDS,
+    REQUIRED_FIELDS,
+    TOKENIZE_FIELDS,
+    FieldSpec,
+)
+
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "integer", "null"]}}}}}
+ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model or route",
+          "408": "the request body did not arrive in time", "413": "request body too large",
+          "500": "the model step failed", "503": "loading, queue full, or the engine stopped"}
+
+
+def request_schema(fields: dict[str, FieldSpec], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "required": required,
+            "properties": {name: spec.json_schema(name) for name, spec in fields.items()}}
+
+
+def _post(summary: str, fields: dict[str, FieldSpec], required: list[str], response: str) -> dict[str, Any]:
+    responses = {"200": {"description": response}}
+    responses.update({code: {"description": text, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+                      for code, text in ERRORS.items()})
+    return {"post": {"summary": summary, "requestBody": {"required": True, "content": {
+        "application/json": {"schema": request_schema(fields, required)}}}, "responses": responses}}
+
+
+def _get(summary: str) -> dict[str, Any]:
+    return {"get": {"summary": summary, "responses": {"200": {"description": "OK"}}}}
+
+
+def openapi_schema() -> dict[str, Any]:
+    paths = {
+        "/v1/models": _get("List served models"),
+        "/v1/completions": _post("Create a completion (OpenAI)", COMPLETION_FIELDS, REQUIRED_FIELDS["completions"],
+                                 "a text_completion, or server-sent events when stream is true"),
+        "/v1/chat/completions": _post("Create a chat completion (OpenAI)", CHAT_FIELDS, REQUIRED_FIELDS["chat"],
+                                      "a chat.completion, or server-sent events when stream is true"),
+        "/v1/embeddings": _post("Create embeddings (embedding models only)", EMBEDDING_FIELDS,
+                                REQUIRED_FIELDS["embeddings"], "a list of embeddings"),
+        "/tokenize": _post("Token ids of a prompt or of chat messages", TOKENIZE_FIELDS, [], "tokens, count"),
+        "/detokenize": _post("Text of token ids", DETOKENIZE_FIELDS, REQUIRED_FIELDS["detokenize"], "prompt"),
+        "/health": _get("200 when the engine is ready, 503 while loading or after it died"),
+        "/metrics": _get("Prometheus metrics (llmctl:...)"),
+        "/version": _get("llmctl version"),
+    }
+    return {"openapi": "3.1.0", "info": {"title": "llmctl OpenAI-compatible API", "version": __version__},
+            "paths": paths}

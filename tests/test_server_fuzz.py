@@ -1,0 +1,141 @@
+"""Property-based requests against a real `llmctl serve`: request bodies drawn from the same FieldSpec
+tables the validator and /openapi.json use, valid ones and hostile ones. No 5xx, no hang, and the
+server still answers correctly afterwards."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmctl.engine.sampling_params import RANGES
+from llmctl.server.protocol import CHAT_FIELDS, COMPLETION_FIELDS, FieldSpec
+from server_helpers import start_server
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TIMEOUT = 60  # seconds: a request that takes longer counts as hung
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                max_size=4), max_leaves=10)
+
+
+def valid_value(name: str, spec: FieldSpec) -> st.SearchStrategy:
+    """A value the published schema allows (sizes kept small so the engine's work stays small)."""
+    if spec.kind == "boolean":
+        return st.booleans()
+    if spec.kind in ("integer", "number"):
+        allowed = RANGES.get(name)
+        low = allowed.minimum if allowed and allowed.minimum is not None else -5
+        high = allowed.maximum if allowed and allowed.maximum is not None else 50
+        if name == "n":
+            high = 3
+        if name in ("max_tokens", "max_completion_tokens", "min_tokens"):
+            low, high = (1 if name != "min_tokens" else 0), 4
+        if spec.kind == "integer":
+            return st.integers(int(low) + (1 if allowed and allowed.exclusive_minimum else 0), int(min(high, 2**40)))
+        return st.floats(low, high, exclude_min=bool(allowed and allowed.exclusive_minimum))
+    if spec.kind == "string":
+        return st.just(MODEL)
+    return {
+        "prompt": st.one_of(st.text(min_size=1, max_size=30), st.lists(st.integers(0, 49151), min_size=1, max_size=8)),
+        "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]),
+                                                    "content": st.text(max_size=30)}), min_size=1, max_size=3),
+        "stop": st.one_of(st.text(min_size=1, max_size=5), st.lists(st.text(max_size=5), max_size=3)),
+        "stop_token_ids": st.lists(st.integers(0, 49151), max_size=3),
+        "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+        "top_logprobs": st.integers(0, 5),
+    }[name]
+
+
+def bodies(fields: dict[str, FieldSpec], required: str) -> st.SearchStrategy:
+    names = [n for n in fields if n != required]
+
+    @st.composite
+    def build(draw):
+        chosen = draw(st.lists(st.sampled_from(names), unique=True, max_size=8))
+        body = {required: draw(valid_value(required, fields[required]))}
+        hostile = draw(st.booleans())
+        for name in chosen:
+            body[name] = draw(JSON if hostile and draw(st.booleans()) else valid_value(name, fields[name]))
+        body.setdefault("max_tokens", draw(st.integers(1, 4)))
+        if not hostile:  # rules across fields, which a schema does not express
+            body["min_tokens"] = min(body.get("min_tokens", 0), body["max_tokens"])
+            if body.get("top_logprobs"):
+                body["logprobs"] = True
+        return body, hostile
+
+    return build()
+
+
+def send(url: str, body: dict) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.fixture(scope="module")
+def server(default_source):
+    server = start_server("--max-model-len", "256", "--disable-log-requests")
+    yield server
+    server.stop()
+
+
+def check(server, path: str, body: dict, hostile: bool) -> None:
+    status, raw = send(server.url + path, body)
+    assert status < 500, (body, raw[:500])
+    if not body.get("stream") or status != 200:
+        payload = json.loads(raw)
+        assert ("error" in payload) == (status != 200), (body, payload)
+    else:
+        assert raw.rstrip().endswith(b"data: [DONE]") or b'"error"' in raw, (body, raw[-300:])
+    if not hostile and status != 200:  # valid by the schema: only content limits may refuse it
+        assert b"context length" in raw or b"must be" in raw or b"at most" in raw, (body, raw[:500])
+
+
+FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                       HealthCheck.too_slow])
+
+
+@FUZZ
+@given(case=bodies(COMPLETION_FIELDS, "prompt"))
+def test_fuzzed_completions(server, case):
+    check(server, "/v1/completions", *case)
+
+
+@FUZZ
+@given(case=bodies(CHAT_FIELDS, "messages"))
+def test_fuzzed_chat(server, case):
+    check(server, "/v1/chat/completions", *case)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.one_of(st.binary(max_size=200), JSON.map(lambda v: json.dumps(v).encode())))
+def test_arbitrary_bytes_are_refused_cleanly(server, raw):
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+        request = urllib.request.Request(server.url + path, data=raw, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+                status = response.status
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        assert status < 500, (path, raw)
+
+
+def test_the_server_is_still_right_after_fuzzing(server):
+    status, raw = send(server.url + "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 3,
+                                                        "temperature": 0})
+    assert status == 200 and json.loads(raw)["choices"][0]["text"].startswith(" Paris")
+    assert server.get("/health")[0] == 200
+    schema = json.loads(server.get("/openapi.json")[1])
+    fields = schema["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert fields["properties"]["top_p"] == {"type": "number", "exclusiveMinimum": 0, "maximum": 1,
+                                             "description": COMPLETION_FIELDS["top_p"].description}
