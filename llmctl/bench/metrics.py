@@ -91,6 +91,11 @@ def peak_concurrency(outcomes: list[RequestOutcome]) -> int:
     return peak
 
 
+def time_per_output_token(e2e: float, ttft: float, output_tokens: int) -> float:
+    """TPOT: (E2EL − TTFT) / (output tokens − 1); 0 for a single output token, as vLLM counts it."""
+    return (e2e - ttft) / (output_tokens - 1) if output_tokens > 1 else 0.0
+
+
 def calculate_metrics(outcomes: list[RequestOutcome], duration: float, slos: dict[str, float],
                       count_tokens: Callable[[str], int] | None = None,
                       percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> BenchmarkMetrics:
@@ -102,7 +107,7 @@ def calculate_metrics(outcomes: list[RequestOutcome], duration: float, slos: dic
             continue
         length = output_length(outcome, count_tokens)
         output_lens.append(length)
-        tpot = (outcome.latency - outcome.ttft) / (length - 1) if length > 1 else 0.0
+        tpot = time_per_output_token(outcome.latency, outcome.ttft, length)
         if length > 1:
             tpots.append(tpot)
         all_tpots.append(tpot)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from llmctl.bench.datasets import DatasetOptions, SampleRequest, sample_requests
-from llmctl.bench.metrics import Distribution
+from llmctl.bench.metrics import Distribution, time_per_output_token
 from llmctl.bench.tokens import LocalTokenizer
 from llmctl.errors import LlmctlError
 
@@ -98,7 +98,7 @@ def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None]
     seconds = time.perf_counter() - started
     output_tokens = sum(len(o.outputs[0].token_ids) for o in finished)
     ttfts = [o.metrics.ttft for o in finished if o.metrics and o.metrics.ttft is not None]
-    tpots = [(o.metrics.e2e - o.metrics.ttft) / (len(o.outputs[0].token_ids) - 1) for o in finished
+    tpots = [time_per_output_token(o.metrics.e2e, o.metrics.ttft, len(o.outputs[0].token_ids)) for o in finished
              if o.metrics and o.metrics.e2e is not None and len(o.outputs[0].token_ids) > 1]
     result = OfflineResult(
         model=engine.loaded.source.name,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmctl.units import GiB
 from llmctl.errors import LlmctlError
 
-GiB = 1024**3
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * GiB  # vLLM's CPU backend reserves VLLM_CPU_KVCACHE_SPACE (4 GiB) the same way
 SUPPORTED_BLOCK_SIZES = (8, 16, 32, 64)
 DTYPES = ("auto", "float32", "bfloat16", "float16")

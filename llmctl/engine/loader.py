@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from llmctl.units import GiB
 from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_backend
 from llmctl.engine.models.common import WeightMismatchError
@@ -29,7 +30,6 @@ from llmctl.plan.kv import StageKV, stage_kv
 from llmctl.plan.memory import KVPool, MemoryBudget, kv_pool, max_concurrency
 
 logger = logging.getLogger("llmctl.engine")
-GiB = 1024**3
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

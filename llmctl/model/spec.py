@@ -161,11 +161,15 @@ class ModelSpec:
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """KV cache bytes for one token across all layers, before any parallelism."""
+        return self.num_layers * self.kv_bytes_per_token_layer(dtype_bytes)
+
+    def kv_bytes_per_token_layer(self, dtype_bytes: int, kv_heads: int | None = None) -> int:
+        """One token, one layer: 2 · kv_heads · head_dim · dtype bytes (kv_heads: per TP rank when given);
+        MLA stores one latent of kv_lora_rank + qk_rope_head_dim, the same on every rank."""
         att = self.attention
         if att.kind == "MLA":
-            per_layer = (att.kv_lora_rank or 0) + (att.qk_rope_head_dim or 0)
-            return self.num_layers * per_layer * dtype_bytes
-        return 2 * self.num_layers * att.num_kv_heads * att.head_dim * dtype_bytes
+            return ((att.kv_lora_rank or 0) + (att.qk_rope_head_dim or 0)) * dtype_bytes
+        return 2 * (att.num_kv_heads if kv_heads is None else kv_heads) * att.head_dim * dtype_bytes
 
     @property
     def dtype_bytes(self) -> int:

@@ -13,9 +13,9 @@ import re
 import shutil
 from dataclasses import dataclass
 
+from llmctl.units import GiB
 from llmctl.errors import LlmctlError
 
-GiB = 1024**3
 
 
 @dataclass(frozen=True)

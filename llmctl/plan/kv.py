@@ -31,10 +31,7 @@ def kv_dtype_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
 
 
 def kv_bytes_per_token_per_layer(spec: ModelSpec, tp: int, dtype_bytes: int) -> int:
-    att = spec.attention
-    if att.kind == "MLA":
-        return ((att.kv_lora_rank or 0) + (att.qk_rope_head_dim or 0)) * dtype_bytes
-    return 2 * kv_heads_per_rank(spec, tp) * att.head_dim * dtype_bytes
+    return spec.kv_bytes_per_token_layer(dtype_bytes, kv_heads_per_rank(spec, tp))
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmctl.units import GiB
 from llmctl.model.spec import ModelSpec
 from llmctl.plan.kv import StageKV
 
-GiB = 1024**3
 # Runtime memory that is neither weights, activations nor KV (documented in docs/plan.md).
 CUDA_CONTEXT_BYTES = int(0.5 * GiB)  # CUDA context, cuBLAS/cuDNN workspaces
 COMMUNICATION_BYTES = int(1.0 * GiB)  # NCCL and custom all-reduce buffers, when TP·PP > 1

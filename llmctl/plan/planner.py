@@ -6,6 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from llmctl.units import GiB
 from llmctl.errors import LlmctlError
 from llmctl.model.params import count_from_config
 from llmctl.model.spec import ModelSpec
@@ -21,7 +22,6 @@ from llmctl.plan.memory import (
 )
 from llmctl.plan.weights import WeightFormat, pipeline_stages, stage_weights, weight_format
 
-GiB = 1024**3
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's chunked-prefill budget for serving on data-center GPUs
 WEIGHT_DTYPES = {"bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16": 2, "float32": 4, "float": 4}

@@ -29,7 +29,7 @@ class QuantizedWeight:
     group_size: int  # inputs per group (the whole input when per channel)
 
     def dequantize(self) -> torch.Tensor:
-        groups = torch.arange(self.q.shape[1]) // self.group_size
+        groups = torch.arange(self.q.shape[1], device=self.q.device) // self.group_size
         return (self.q - self.zeros[:, groups]).float() * self.scales[:, groups]
 
 
@@ -80,10 +80,15 @@ def _unpack_cols(packed: torch.Tensor, bits: int) -> torch.Tensor:
 def unpack_gptq(tensors: dict[str, torch.Tensor], bits: int, group_size: int) -> QuantizedWeight:
     q = _unpack_rows(tensors["qweight"], bits).t().contiguous()  # [out, in]
     zeros = (_unpack_cols(tensors["qzeros"], bits) + 1).t().contiguous()  # [out, groups]
-    g_idx = tensors.get("g_idx")
-    if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(q.shape[1]) // max(group_size, 1)):
-        raise ValueError("act-order (desc_act) GPTQ checkpoints with a permuted g_idx are not supported")
+    check_g_idx(tensors.get("g_idx"), q.shape[1], group_size)
     return QuantizedWeight(q, tensors["scales"].float().t().contiguous(), zeros, bits, group_size)
+
+
+def check_g_idx(g_idx: torch.Tensor | None, in_features: int, group_size: int) -> None:
+    """Only the contiguous group order (desc_act false, what llmctl writes) is read."""
+    expected = torch.arange(in_features, device=g_idx.device if g_idx is not None else None) // max(group_size, 1)
+    if g_idx is not None and not torch.equal(g_idx.long(), expected):
+        raise ValueError("act-order (desc_act) GPTQ checkpoints with a permuted g_idx are not supported")
 
 
 def _awq_pack(values: torch.Tensor) -> torch.Tensor:
@@ -99,7 +104,7 @@ def _awq_pack(values: torch.Tensor) -> torch.Tensor:
 def _awq_unpack(packed: torch.Tensor) -> torch.Tensor:
     rows, packs = packed.shape
     wide = packed.to(torch.int64) & 0xFFFFFFFF
-    values = torch.zeros(rows, packs, 8, dtype=torch.int64)
+    values = torch.zeros(rows, packs, 8, dtype=torch.int64, device=packed.device)
     for nibble, column in enumerate(AWQ_ORDER):
         values[:, :, column] = (wide >> (4 * nibble)) & 0xF
     return values.view(rows, packs * 8).to(torch.int32)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-AWQ_UNORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # output column j of a pack is stored at nibble AWQ_UNORDER[j]
+from llmctl.quant.formats import check_g_idx, unpack_awq, unpack_gptq
 
 
 class QuantLinear(nn.Module):
@@ -39,34 +39,18 @@ class QuantLinear(nn.Module):
         if self.scales.shape != (groups, self.out_features):
             raise ValueError(f"scales have shape {tuple(self.scales.shape)}, expected {(groups, self.out_features)}")
         for part in parts:
-            g_idx = part.get("g_idx")
-            if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(self.in_features) // self.group_size):
-                raise ValueError("GPTQ act-order checkpoints (permuted g_idx) are not supported")
+            check_g_idx(part.get("g_idx"), self.in_features, self.group_size)
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.qweight, self.qzeros, self.scales))
 
-    def _unpack(self, packed: torch.Tensor, along_rows: bool) -> torch.Tensor:
-        shifts = torch.arange(0, 32, self.bits, device=packed.device, dtype=torch.int32)
-        mask = (1 << self.bits) - 1
-        if along_rows:  # GPTQ qweight: [in/k, out] -> [in, out]
-            values = (packed.unsqueeze(1) >> shifts.view(1, -1, 1)) & mask
-            return values.reshape(-1, packed.shape[1])
-        values = (packed.unsqueeze(-1) >> shifts.view(1, 1, -1)) & mask  # [..., out/k, k]
-        if self.method == "awq":
-            values = values[..., list(AWQ_UNORDER)]
-        return values.reshape(packed.shape[0], -1)
-
     def dequantize(self) -> torch.Tensor:
-        """[out, in] float weight."""
-        q = self._unpack(self.qweight, along_rows=self.method == "gptq")  # [in, out]
-        zeros = self._unpack(self.qzeros, along_rows=False)  # [groups, out]
+        """[out, in] float weight, unpacked by the same code that reads and writes the formats."""
+        packed = {"qweight": self.qweight, "qzeros": self.qzeros, "scales": self.scales}
         if self.method == "gptq":
-            zeros = zeros + 1  # GPTQ v1 stores zero - 1
-        groups = torch.arange(self.in_features, device=q.device) // self.group_size
-        weight = (q - zeros[groups]).float() * self.scales.float()[groups]
-        return weight.t()
+            return unpack_gptq(packed, self.bits, self.group_size).dequantize()
+        return unpack_awq(packed, self.group_size).dequantize()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.dequantize().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))

@@ -1,0 +1,3 @@
+"""Byte units, defined once."""
+
+GiB = 1024**3
