@@ -3,41 +3,26 @@ test holds: the test can look at the engine's KV blocks and inject a fault into 
 
 from __future__ import annotations
 
-import threading
 import time
-
-import uvicorn
 
 from llmctl.engine.llm_engine import LLMEngine
 from llmctl.server.app import ServerSettings, create_app
-from server_helpers import free_port
+from server_helpers import ThreadedUvicorn
 
 
-class InProcessServer:
+class InProcessServer(ThreadedUvicorn):
     def __init__(self, engine: LLMEngine, **settings) -> None:
         self.engine = engine
         app = create_app(ServerSettings(engine.config, ["test-model"], **settings), engine=engine)
         self.state = app.state.llmctl
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(app)
 
     def __enter__(self) -> InProcessServer:
-        self.thread.start()
-        deadline = time.time() + 60
-        while not (self.server.started and self.state.engine is not None and self.state.engine.is_running):
-            if time.time() > deadline:
-                raise RuntimeError("the in-process server did not start")
-            time.sleep(0.05)
+        self.start(ready=lambda: self.state.engine is not None and self.state.engine.is_running)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        self.stop()
         self.state.engine.shutdown()
 
     def wait_idle(self, timeout: float = 30) -> bool:

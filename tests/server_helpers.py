@@ -63,3 +63,32 @@ def start_server(*args: str, timeout: float = 120) -> Server:
         time.sleep(0.3)
     server.stop()
     raise RuntimeError("server did not become healthy in time")
+
+
+class ThreadedUvicorn:
+    """An ASGI app under a real uvicorn on a free 127.0.0.1 port, on a thread of this process."""
+
+    def __init__(self, app) -> None:
+        import threading
+
+        import uvicorn
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, ready=lambda: True, timeout: float = 60) -> None:
+        self.thread.start()
+        deadline = time.time() + timeout
+        while not (self.server.started and ready()):
+            if time.time() > deadline:
+                raise RuntimeError("the in-process server did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)

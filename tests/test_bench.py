@@ -23,8 +23,11 @@ from llmctl.errors import LlmctlError
 from llmctl.model.source import DEFAULT_MODEL_ID
 
 FIRST, GAP, TOKENS = 0.2, 0.05, 6
-# Tolerance for timings measured over real sockets on a busy 2-core machine.
-TOLERANCE_S = 0.04
+
+def near(measured_ms: float, nominal_s: float, slack_s: float = 0.25) -> bool:
+    """The timed server only sleeps, so a measurement is never shorter than its nominal time (5 ms for clock
+    granularity); a busy 2-core machine may make it longer, by up to `slack_s`."""
+    return nominal_s * 1000 - 5 <= measured_ms <= (nominal_s + slack_s) * 1000
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +56,11 @@ def test_measured_latencies_match_the_known_timing(tmp_path, rate, concurrency):
     e2el = FIRST + (TOKENS - 1) * GAP
     assert data["completed"] == 6 and data["failed"] == 0
     assert data["output_lens"] == [TOKENS] * 6  # from the server's usage
-    assert data["mean_ttft_ms"] == pytest.approx(FIRST * 1000, abs=TOLERANCE_S * 1000)
-    assert data["median_itl_ms"] == pytest.approx(GAP * 1000, abs=TOLERANCE_S * 1000)
-    assert data["mean_tpot_ms"] == pytest.approx(GAP * 1000, abs=TOLERANCE_S * 1000)
-    assert data["mean_e2el_ms"] == pytest.approx(e2el * 1000, abs=2 * TOLERANCE_S * 1000)
+    assert near(data["mean_ttft_ms"], FIRST), data["mean_ttft_ms"]
+    # a gap between two chunks can look shorter than the server's when the first of them was delayed in transit
+    assert GAP * 1000 - 20 <= data["median_itl_ms"] <= (GAP + 0.1) * 1000, data["median_itl_ms"]
+    assert near(data["mean_tpot_ms"], GAP - 0.01, slack_s=0.1), data["mean_tpot_ms"]
+    assert near(data["mean_e2el_ms"], e2el, slack_s=0.4), data["mean_e2el_ms"]
     assert all(len(gaps) == TOKENS - 1 for gaps in data["itls"])
     # the wall time follows from the load shape: all at once, paced arrivals, or two at a time
     if rate == "inf" and concurrency == "none":
@@ -65,12 +69,12 @@ def test_measured_latencies_match_the_known_timing(tmp_path, rate, concurrency):
         expected_duration = 6 / 8 + e2el  # the last request is sent at num_prompts / rate
     else:
         expected_duration = 3 * e2el
-    assert data["duration"] == pytest.approx(expected_duration, rel=0.2)
+    assert near(data["duration"] * 1000, expected_duration, slack_s=1.0), data["duration"]
     assert data["request_throughput"] == pytest.approx(6 / data["duration"])
     assert data["output_throughput"] == pytest.approx(6 * TOKENS / data["duration"])
-    assert data["max_concurrent_requests"] == (2 if concurrency == "2" else data["max_concurrent_requests"])
-    if rate == "inf" and concurrency == "none":
-        assert data["max_concurrent_requests"] == 6
+    # all six at once; at most two; paced every 125 ms while each lasts at least 450 ms, so they overlap
+    low, high = {("inf", "none"): (6, 6), ("inf", "2"): (2, 2), ("8", "none"): (2, 6)}[(rate, concurrency)]
+    assert low <= data["max_concurrent_requests"] <= high, data["max_concurrent_requests"]
 
 
 def test_chat_endpoint_and_server_metrics(tmp_path):
@@ -78,7 +82,7 @@ def test_chat_endpoint_and_server_metrics(tmp_path):
         # 40 tokens: each request streams ~2.2 s, long enough for the once-a-second KV-usage samples
         data = bench(server.url, "--num-prompts", "4", "--endpoint", "chat", "--max-concurrency", "4",
                      "--random-output-len", "40", tmp_path=tmp_path)
-    assert data["completed"] == 4 and data["mean_ttft_ms"] == pytest.approx(FIRST * 1000, abs=TOLERANCE_S * 1000)
+    assert data["completed"] == 4 and near(data["mean_ttft_ms"], FIRST), data["mean_ttft_ms"]
     stats = data["server_metrics"]  # the timed server's vLLM-named counters: 4 arrivals
     assert stats["preemptions"] == 2 and stats["prefix_cache_queries"] == 400 and stats["prefix_cache_hits"] == 100
     assert stats["prefix_cache_hit_rate"] == 0.25

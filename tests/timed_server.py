@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from dataclasses import dataclass, field
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from server_helpers import free_port
+from server_helpers import ThreadedUvicorn
 
 
 @dataclass
@@ -44,26 +41,18 @@ class TimedServer:
             Route("/v1/chat/completions", self.complete, methods=["POST"]),
             Route("/metrics", self.metrics),
         ])
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.http = ThreadedUvicorn(app)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.http.url
 
     def __enter__(self) -> TimedServer:
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            if time.time() > deadline:
-                raise RuntimeError("the timed server did not start")
-            time.sleep(0.05)
+        self.http.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.http.stop()
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": "timed-model", "object": "model",
