@@ -202,6 +202,9 @@ def serve(
         "--max-queue-len", help="requests that may wait beyond max-num-seqs; more get 503 + Retry-After")] = None,
     tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "--tp")] = 1,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+    allow_pickle_weights: Annotated[bool, typer.Option(
+        "--allow-pickle-weights", help="load pytorch_model*.bin when a model has no safetensors "
+                                       "(torch.load weights_only); off: safetensors only")] = False,
     max_request_bytes: Annotated[str, typer.Option(
         "--max-request-bytes", help="largest request body accepted (413 beyond), e.g. 16MiB")] = "16MiB",
     metrics_auth: Annotated[bool, typer.Option(
@@ -227,7 +230,8 @@ def serve(
                           gpu_memory_utilization=gpu_memory_utilization,
                           kv_cache_memory=_parse_bytes(kv_cache_memory, "--kv-cache-memory"),
                           enable_prefix_caching=enable_prefix_caching, seed=seed,
-                          trust_remote_code=trust_remote_code, show_progress=True)
+                          trust_remote_code=trust_remote_code, allow_pickle_weights=allow_pickle_weights,
+                          show_progress=True)
     config.validate()
     if max_queue_len is not None and max_queue_len < 0:
         raise LlmctlError(f"--max-queue-len must be 0 or more (got {max_queue_len})")

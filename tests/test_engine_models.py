@@ -157,3 +157,29 @@ def test_sliding_window_long_generation_on_a_small_pool(tmp_path, tokenizer):
         assert output.outputs[0].token_ids == ref[0, ids.shape[1]:].tolist(), prompt
     assert llm.engine.scheduler.num_preemptions > 0  # three sequences did not fit side by side all the time
     assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_pickled_weights_only_when_allowed(tmp_path, tokenizer):
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from conftest import run_cli
+    from llmctl.errors import CorruptModelError
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    safe = save_random_model(config, tmp_path / "safe", tokenizer)
+    pickled = Path(shutil.copytree(safe, tmp_path / "pickled"))
+    torch.save(load_file(str(pickled / "model.safetensors")), pickled / "pytorch_model.bin")
+    (pickled / "model.safetensors").unlink()
+    with pytest.raises(CorruptModelError, match="--allow-pickle-weights"):
+        LLM(str(pickled), max_model_len=128)
+    result = run_cli("serve", str(pickled), "--port", "0")
+    assert result.returncode == 2 and "--allow-pickle-weights" in result.stderr
+    assert "Traceback" not in result.stderr
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    expected = LLM(str(safe), max_model_len=128).generate(PROMPTS, params)
+    allowed = LLM(str(pickled), max_model_len=128, allow_pickle_weights=True).generate(PROMPTS, params)
+    assert [o.outputs[0].token_ids for o in allowed] == [o.outputs[0].token_ids for o in expected]

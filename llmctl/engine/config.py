@@ -34,6 +34,7 @@ class EngineConfig:
     enforce_eager: bool = True  # no CUDA graphs yet; kept for vLLM-compatible flags
     device: str = "auto"
     trust_remote_code: bool = False
+    allow_pickle_weights: bool = False  # load pytorch_model*.bin (torch.load weights_only) when no safetensors
     show_progress: bool = False
 
     def validate(self) -> None:

@@ -46,12 +46,18 @@ def read_pooling(folder: Path) -> Pooling:
 
 class EmbeddingModel:
     def __init__(self, source: ModelSource, spec: ModelSpec, max_model_len: int | None = None,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", allow_pickle_weights: bool = False) -> None:
         from transformers import AutoModel, AutoTokenizer
 
+        from llmctl.engine.weights import safetensors_files
+
         self.source, self.spec = source, spec
+        if not allow_pickle_weights:
+            safetensors_files(source.path)  # a clear error when only pickled .bin weights are there
         self.tokenizer = AutoTokenizer.from_pretrained(str(source.path))
-        self.model = AutoModel.from_pretrained(str(source.path), dtype=torch.float32).to(device).eval()
+        self.model = AutoModel.from_pretrained(str(source.path), dtype=torch.float32,
+                                               use_safetensors=None if allow_pickle_weights else True)
+        self.model = self.model.to(device).eval()
         self.device = torch.device(device)
         self.pooling = read_pooling(source.path)
         self.max_model_len = min(max_model_len or spec.max_context, spec.max_context)

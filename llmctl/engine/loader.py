@@ -66,7 +66,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         keep_freed_memory_in_heap()
     dtype = _dtype(config.dtype, device)
     hf_config = _hf_config(source, config.trust_remote_code)
-    model = _build(spec, hf_config, dtype, device, source)
+    model = _build(spec, hf_config, dtype, device, source, config.allow_pickle_weights)
     weights_bytes = model_weight_bytes(model)
     tokenizer = load_tokenizer(source, trust_remote_code=config.trust_remote_code)
     defaults = generation_defaults(source)
@@ -150,11 +150,12 @@ def _no_init(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.device, source: ModelSource) -> nn.Module:
+def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.device, source: ModelSource,
+           allow_pickle: bool = False) -> nn.Module:
     with _no_init(dtype, device):
         model = create_model(spec, hf_config)
     try:
-        model.load_weights(iterate_tensors(source.path, dtype))
+        model.load_weights(iterate_tensors(source.path, dtype, allow_pickle))
     except WeightMismatchError as exc:
         raise CorruptModelError(f"the weights of {source.name} do not match its config.json: {exc}") from None
     return model.eval()

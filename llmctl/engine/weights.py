@@ -14,20 +14,37 @@ from llmctl.errors import CorruptModelError
 def safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError) as exc:
-            raise CorruptModelError(f"{index} is not a valid safetensors index: {exc}") from exc
-        return [folder / name for name in sorted(set(weight_map.values()))]
+        return _indexed(index)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise CorruptModelError(
-            f"{folder} has no *.safetensors weights (PyTorch .bin checkpoints are not loaded: convert them "
-            "with transformers' save_pretrained(safe_serialization=True))")
+        if pickle_files(folder):
+            raise CorruptModelError(
+                f"{folder} has only pickled PyTorch .bin weights, which llmctl does not load by default (unpickling "
+                "can run code): convert them with transformers' save_pretrained (it writes safetensors), or pass "
+                "--allow-pickle-weights to load them with torch.load(weights_only=True)")
+        raise CorruptModelError(f"{folder} has no *.safetensors weights")
     return files
 
 
-def iterate_tensors(folder: Path, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+def pickle_files(folder: Path) -> list[Path]:
+    index = folder / "pytorch_model.bin.index.json"
+    return _indexed(index) if index.exists() else sorted(folder.glob("pytorch_model*.bin"))
+
+
+def _indexed(index: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (ValueError, KeyError) as exc:
+        raise CorruptModelError(f"{index} is not a valid weight index: {exc}") from exc
+    return [index.parent / name for name in sorted(set(weight_map.values()))]
+
+
+def iterate_tensors(folder: Path, dtype: torch.dtype,
+                    allow_pickle: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """safetensors; pickled .bin files only when allowed and nothing else is there."""
+    if allow_pickle and not list(folder.glob("*.safetensors")) and pickle_files(folder):
+        yield from _pickled_tensors(folder, dtype)
+        return
     from safetensors import SafetensorError, safe_open
 
     for path in safetensors_files(folder):
@@ -40,3 +57,13 @@ def iterate_tensors(folder: Path, dtype: torch.dtype) -> Iterator[tuple[str, tor
                     yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
         except SafetensorError as exc:
             raise CorruptModelError(f"{path} is not a readable safetensors file: {exc}") from exc
+
+
+def _pickled_tensors(folder: Path, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in pickle_files(folder):
+        try:  # weights_only: torch's restricted unpickler, tensors and plain containers only
+            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except Exception as exc:
+            raise CorruptModelError(f"{path} is not a loadable PyTorch weights file: {exc}") from exc
+        for name, tensor in state.items():
+            yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor

@@ -13,7 +13,7 @@ def load_dense_model(folder: Path, state: dict[str, torch.Tensor] | None = None)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if state is None:
-        return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+        return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, use_safetensors=True).eval()
     config = AutoConfig.from_pretrained(str(folder))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -168,7 +168,8 @@ def load_embedder(state: ServerState) -> bool:
     spec = load_spec(source)
     if not is_embedding_model(spec):
         return False
-    state.embedder = EmbeddingModel(source, spec, config.max_model_len)
+    state.embedder = EmbeddingModel(source, spec, config.max_model_len,
+                                    allow_pickle_weights=config.allow_pickle_weights)
     logger.info("embedding model %s (%s pooling%s), %d dimensions", source.name, state.embedder.pooling.mode,
                 ", normalized" if state.embedder.pooling.normalize else "", spec.hidden_size)
     return True
