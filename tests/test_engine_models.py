@@ -183,3 +183,21 @@ def test_pickled_weights_only_when_allowed(tmp_path, tokenizer):
     expected = LLM(str(safe), max_model_len=128).generate(PROMPTS, params)
     allowed = LLM(str(pickled), max_model_len=128, allow_pickle_weights=True).generate(PROMPTS, params)
     assert [o.outputs[0].token_ids for o in allowed] == [o.outputs[0].token_ids for o in expected]
+
+
+def test_remote_code_never_runs_without_the_flag(tmp_path):
+    """A repository whose config points at its own Python (auto_map): serving it must not import that code."""
+    from conftest import run_cli
+
+    folder = tmp_path / "qwen1"
+    folder.mkdir()
+    fixture = Path(__file__).parent / "fixtures" / "hub" / "Qwen" / "Qwen-72B" / "config.json"
+    (folder / "config.json").write_text(fixture.read_text())
+    marker = tmp_path / "remote-code-ran"
+    code = f"open({str(marker)!r}, 'w').close()\nfrom transformers import PretrainedConfig\n" \
+           "class QWenConfig(PretrainedConfig):\n    model_type = 'qwen'\n"
+    (folder / "configuration_qwen.py").write_text(code)
+    (folder / "modeling_qwen.py").write_text(code)
+    result = run_cli("serve", str(folder), "--port", "0")
+    assert result.returncode == 2 and "--trust-remote-code" in result.stderr and "Traceback" not in result.stderr
+    assert not marker.exists()

@@ -116,7 +116,7 @@ def run_transformers(path: str, prompts: list[list[int]], requests: list[SampleR
                      options: OfflineOptions) -> Throughput:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False).eval()
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     sampling: dict[str, Any] = ({"do_sample": True, "temperature": options.temperature, "top_p": 1.0, "top_k": 0}
                                 if options.temperature > 0 else {"do_sample": False})

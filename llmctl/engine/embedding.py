@@ -54,8 +54,8 @@ class EmbeddingModel:
         self.source, self.spec = source, spec
         if not allow_pickle_weights:
             safetensors_files(source.path)  # a clear error when only pickled .bin weights are there
-        self.tokenizer = AutoTokenizer.from_pretrained(str(source.path))
-        self.model = AutoModel.from_pretrained(str(source.path), dtype=torch.float32,
+        self.tokenizer = AutoTokenizer.from_pretrained(str(source.path), trust_remote_code=False)
+        self.model = AutoModel.from_pretrained(str(source.path), dtype=torch.float32, trust_remote_code=False,
                                                use_safetensors=None if allow_pickle_weights else True)
         self.model = self.model.to(device).eval()
         self.device = torch.device(device)

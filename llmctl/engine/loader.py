@@ -21,7 +21,7 @@ from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_bac
 from llmctl.engine.models.common import WeightMismatchError
 from llmctl.engine.models.registry import create_model
 from llmctl.engine.weights import iterate_tensors
-from llmctl.errors import CorruptModelError
+from llmctl.errors import CorruptModelError, UnsupportedModelError
 from llmctl.model.report import load_spec
 from llmctl.model.source import ModelSource, resolve_model
 from llmctl.model.spec import ModelSpec
@@ -61,6 +61,11 @@ def load_model(config: EngineConfig) -> LoadedModel:
     started = time.perf_counter()
     source = resolve_model(config.model, config.revision, weights=True, show_progress=config.show_progress)
     spec = load_spec(source)
+    if spec.requires_remote_code and not config.trust_remote_code:
+        raise UnsupportedModelError(
+            f"{source.name} needs the Python code shipped in its repository (auto_map) and llmctl never runs it "
+            "without --trust-remote-code; llmctl's engine also has no implementation of "
+            f"{', '.join(spec.architectures) or spec.model_type}")
     device = _device(config.device)
     if device.type == "cpu":
         keep_freed_memory_in_heap()

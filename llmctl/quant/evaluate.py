@@ -13,8 +13,9 @@ def load_dense_model(folder: Path, state: dict[str, torch.Tensor] | None = None)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if state is None:
-        return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, use_safetensors=True).eval()
-    config = AutoConfig.from_pretrained(str(folder))
+        return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, use_safetensors=True,
+                                                    trust_remote_code=False).eval()
+    config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]

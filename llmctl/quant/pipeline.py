@@ -87,7 +87,7 @@ def quantize_model(folder: Path, method: str, config: QuantConfig, calibration: 
     """calibration: [samples, seq_len] token ids. method: gptq | awq | rtn."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    hf_config = AutoConfig.from_pretrained(str(folder))
+    hf_config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
     check_supported(hf_config, config)
     hf_config._attn_implementation = "sdpa"
     reader = CheckpointReader(folder)
