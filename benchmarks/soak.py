@@ -81,7 +81,8 @@ def start_server(args: argparse.Namespace, log: Path) -> Server:
 
 def bench(server: Server, args: argparse.Namespace, out: Path, *, prompts: int, rate: str,
           concurrency: str = "none") -> dict:
-    command = [sys.executable, "-m", "llmctl", "bench", "serve", "--base-url", server.url, "--num-prompts", str(prompts),
+    command = [sys.executable, "-m", "llmctl", "bench", "serve", "--base-url", server.url,
+               "--num-prompts", str(prompts),
                "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
                "--request-rate", rate, "--max-concurrency", concurrency, "--ignore-eos", "--save-result",
                "--result-filename", str(out), "--seed", str(int(time.time()))]

@@ -199,7 +199,8 @@ def serve(
     enable_prefix_caching: Annotated[bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching")] = True,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     max_queue_len: Annotated[Optional[int], typer.Option(
-        "--max-queue-len", help="requests that may wait beyond max-num-seqs; more get 503 + Retry-After")] = None,
+        "--max-queue-len",
+        help="sequences (prompts × n) that may wait beyond max-num-seqs; more get 503 + Retry-After")] = None,
     tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "--tp")] = 1,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
     allow_pickle_weights: Annotated[bool, typer.Option(

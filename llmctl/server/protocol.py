@@ -173,7 +173,8 @@ COMPLETION_FIELDS: dict[str, FieldSpec] = {
     "prompt": FieldSpec("custom", "a string, strings, token ids, or lists of token ids", schema={"anyOf": [
         {"type": "string"}, {**_STRINGS, "minItems": 1, "maxItems": MAX_PROMPTS_PER_REQUEST},
         {**_TOKEN_IDS, "minItems": 1},
-        {"type": "array", "items": {**_TOKEN_IDS, "minItems": 1}, "minItems": 1, "maxItems": MAX_PROMPTS_PER_REQUEST}]}),
+        {"type": "array", "items": {**_TOKEN_IDS, "minItems": 1}, "minItems": 1,
+         "maxItems": MAX_PROMPTS_PER_REQUEST}]}),
     "echo": FieldSpec("boolean", "return the prompt before the completion (with its logprobs when asked)", False),
     "logprobs": FieldSpec("integer", "log-probabilities of each output token, with this many alternatives"),
     **COMMON_FIELDS, **SAMPLING_FIELDS,
@@ -233,7 +234,8 @@ def sampling_request(fields: Fields, *, chat: bool) -> SamplingRequest:
         raise bad("stream_options must be an object", "stream_options")
     sampling = {name: fields.typed(name, spec) for name, spec in SAMPLING_FIELDS.items()}
     try:
-        params = SamplingParams(**sampling, stop=stop_strings(fields), stop_token_ids=int_list(fields, "stop_token_ids"),
+        params = SamplingParams(**sampling, stop=stop_strings(fields),
+                                stop_token_ids=int_list(fields, "stop_token_ids"),
                                 max_tokens=max_tokens, logprobs=top_logprobs if logprobs else None)
     except InvalidRequestError as exc:
         raise bad(str(exc), exc.param) from None
