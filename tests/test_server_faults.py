@@ -110,14 +110,14 @@ def test_limits_auth_cors_and_request_ids(engine, caplog):
     import socket
 
     caplog.set_level(logging.INFO, logger="llmctl")
-    settings = dict(api_key="sekret", metrics_auth=True, max_request_bytes=4096, body_timeout=1.0,
+    settings = dict(api_key="sekret", metrics_auth=True, max_request_bytes=8192, body_timeout=1.0,
                     stats_interval=0.2)
     with InProcessServer(engine, **settings) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         key = {"Authorization": "Bearer sekret"}
-        big = client.post("/v1/completions", headers=key, content=b"{" + b" " * 5000 + b"}")
+        big = client.post("/v1/completions", headers=key, content=b"{" + b" " * 9000 + b"}")
         assert big.status_code == 413 and "--max-request-bytes" in big.json()["error"]["message"]
         many = client.post("/v1/completions", headers=key, json={"prompt": ["a"] * 1025, "max_tokens": 1})
-        assert many.status_code in (400, 413)
+        assert many.status_code == 400 and "at most 1024" in many.json()["error"]["message"]
         assert client.post("/v1/completions", headers=key, json={"prompt": "a", "n": 129}).status_code == 400
         # A client that never finishes its body is answered 408, not waited on forever.
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
@@ -149,3 +149,28 @@ def test_cors_when_configured(engine):
         response = httpx.options(server.url + "/v1/completions", headers={
             "Origin": "http://app.example", "Access-Control-Request-Method": "POST"})
         assert response.headers["access-control-allow-origin"] == "http://app.example"
+
+
+def test_a_dead_engine_is_reported_as_such(default_source):
+    """An error outside a model step stops the engine: streams end with a 500 event (as vLLM reports a dead
+    engine), /health turns 503 and new requests are refused with 503."""
+    engine = LLMEngine(model=str(default_source.path), max_model_len=256)
+    original = engine.scheduler.schedule
+    calls = {"n": 0}
+
+    def schedule():
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise RuntimeError("scheduler bug")
+        return original()
+
+    engine.scheduler.schedule = schedule
+    with InProcessServer(engine) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        with client.stream("POST", "/v1/completions", json=completion("Hello", 20, True)) as stream:
+            events = [json.loads(line[5:]) for line in stream.iter_lines()
+                      if line.startswith("data:") and line != "data: [DONE]"]
+        error = events[-1]["error"]
+        assert error["code"] == 500 and error["type"] == "internal_server_error" and "scheduler bug" in error["message"]
+        assert client.get("/health").status_code == 503
+        refused = client.post("/v1/completions", json=completion("Hello", 2))
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "service_unavailable"

@@ -208,9 +208,7 @@ def as_api_error(exc: Exception, where: str) -> APIError:
         return exc
     if isinstance(exc, InvalidRequestError):
         return bad(str(exc), exc.param)
-    if isinstance(exc, EngineDeadError):
-        return APIError(str(exc), 503, error_type="service_unavailable")
-    if isinstance(exc, StepFailedError):  # logged with its traceback by the engine
+    if isinstance(exc, (EngineDeadError, StepFailedError)):  # 500 as vLLM answers; the engine logged the traceback
         return APIError(str(exc), 500, error_type="internal_server_error")
     logger.error("internal error on %s", where, exc_info=exc)  # a bug of ours: the log has the traceback
     return APIError(f"internal error: {type(exc).__name__}: {exc}", 500, error_type="internal_server_error")
