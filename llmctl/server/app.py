@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from llmctl import __version__
@@ -25,6 +25,7 @@ from llmctl.engine.config import EngineConfig
 from llmctl.engine.llm_engine import LLMEngine, StepFailedError
 from llmctl.engine.outputs import RequestOutput
 from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.server.admission import AdmittedStream, InFlight
 from llmctl.server.metrics import ServerMetrics
 from llmctl.server.openapi import openapi_schema
 from llmctl.server.operability import RequestLog, StatsLogger, request_id_of
@@ -71,7 +72,7 @@ class ServerState:
     embedder: Any = None  # an EmbeddingModel when the served model is an encoder
     template: str | None = None  # the chat template, resolved once at startup
     load_error: str | None = None
-    in_flight: int = 0
+    in_flight: InFlight | None = None
     metrics: ServerMetrics | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -84,6 +85,7 @@ def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
                on_load_failure: Any = None) -> Starlette:
     """The app; the engine loads on a background thread (or is given), /health says when it is ready."""
     state = ServerState(settings)
+    state.in_flight = InFlight(settings.engine_config.max_num_seqs, settings.max_queue_len)
     state.metrics = ServerMetrics(lambda: state.engine.engine if state.engine else None, state.model_name)
 
     def load() -> None:
@@ -275,47 +277,6 @@ async def models(state: ServerState, request: Request) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
-@dataclass
-class Admission:
-    """Sequences a request holds against the queue limit, from admission until its response is done."""
-
-    state: ServerState
-    sequences: int
-    released: bool = False
-
-    def release(self) -> None:
-        if not self.released:
-            self.released = True
-            self.state.in_flight -= self.sequences
-
-
-def admit(state: ServerState, sequences: int) -> Admission:
-    """Count a request's sequences (prompts × n) at once, so simultaneous requests cannot all slip past
-    the limit; beyond it refuse with 503 + Retry-After rather than dropping anything."""
-    limit = state.settings.max_queue_len
-    if limit is not None:
-        capacity = state.engine.engine.config.max_num_seqs + limit
-        if state.in_flight + sequences > capacity:
-            raise APIError(f"the server is at capacity ({capacity} sequences in flight or queued, this request "
-                           f"needs {sequences}); retry later", 503, headers={"Retry-After": "1"})
-    state.in_flight += sequences
-    return Admission(state, sequences)
-
-
-class AdmittedStream(StreamingResponse):
-    """A streaming response that gives its admission back however it ends (done, error, disconnect)."""
-
-    def __init__(self, admission: Admission, content: AsyncIterator[str]) -> None:
-        super().__init__(content, media_type="text/event-stream")
-        self.admission = admission
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.admission.release()
-
-
 async def completions(state: ServerState, request: Request) -> Response:
     fields = await read_json(request)
     model = check_model(state, fields)
@@ -362,7 +323,7 @@ def chat_template(state: ServerState) -> str | None:
 
 async def run(state: ServerState, request: Request, model: str, prompts: list[tuple[str | None, list[int]]],
               sampling: Any, *, chat: bool) -> Response:
-    admission = admit(state, len(prompts) * sampling.params.n)
+    admission = state.in_flight.admit(len(prompts) * sampling.params.n)
     request_id = ("chatcmpl-" if chat else "cmpl-") + request_id_of(request.scope)
     streams = [state.engine.generate(ids, sampling.params, f"{request_id}-{i}") for i, (_, ids) in enumerate(prompts)]
     if sampling.stream:
