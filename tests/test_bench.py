@@ -308,3 +308,31 @@ def test_offline_with_transformers_comparison():
     assert data["ratio_output_tokens_per_s"] == pytest.approx(
         data["llmctl"]["output_tokens_per_s"] / data["transformers"]["output_tokens_per_s"])
     assert data["ttft_ms"]["mean"] > 0 and data["tpot_ms"]["mean"] > 0
+
+
+def test_sse_lines_break_only_where_server_sent_events_do():
+    """vLLM leaves U+2028, U+2029 and U+0085 raw inside JSON strings; they must not split an event."""
+    import asyncio
+
+    from llmctl.bench.client import sse_lines
+
+    text = 'data: {"text": "a\u2028b\x85c\u2029d"}\r\n\r\ndata: [DONE]\n\n'
+
+    async def chunks():
+        for i in range(0, len(text), 7):  # arbitrary chunk boundaries, one inside a CRLF
+            yield text[i:i + 7]
+
+    async def collect():
+        return [line async for line in sse_lines(chunks())]
+
+    lines = [line for line in asyncio.run(collect()) if line]
+    assert lines == ['data: {"text": "a\u2028b\x85c\u2029d"}', "data: [DONE]"]
+    assert json.loads(lines[0][5:])["text"] == "a\u2028b\x85c\u2029d"
+
+
+def test_served_events_escape_characters_some_readers_take_for_line_breaks():
+    from llmctl.server.app import sse
+
+    event = sse({"text": "a\u2028b\x85c\x1cd"})
+    assert event.splitlines() == [event[:-2], ""]  # str.splitlines sees one line, then the blank separator
+    assert json.loads(event[len("data: "):])["text"] == "a\u2028b\x85c\x1cd"

@@ -9,9 +9,10 @@ Output and prompt token counts come from the final usage chunk
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, AsyncIterator
 
 import httpx2
 
@@ -86,7 +87,7 @@ async def send_request(client: httpx2.AsyncClient, request: SampleRequest, setti
 async def _read_stream(response: httpx2.Response, outcome: RequestOutcome, start: float) -> None:
     last = start
     done, first = False, True
-    async for line in response.aiter_lines():
+    async for line in sse_lines(response.aiter_text()):
         if not line.startswith("data:"):
             continue
         data = line[len("data:"):].strip()
@@ -117,6 +118,19 @@ async def _read_stream(response: httpx2.Response, outcome: RequestOutcome, start
         return
     outcome.latency = last - start
     outcome.success = True
+
+
+async def sse_lines(texts: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Lines as server-sent events define them: ended by LF, CR or CRLF only. (httpx's aiter_lines also breaks
+    at U+2028, U+0085 and the like, which servers such as vLLM leave raw inside JSON strings.)"""
+    pending = ""
+    async for text in texts:
+        pending += text
+        *lines, pending = re.split(r"\r\n|\r|\n", pending)
+        for line in lines:
+            yield line
+    if pending:
+        yield pending
 
 
 def _chunk_text(chunk: dict[str, Any]) -> str:

@@ -477,8 +477,14 @@ def echo_chunks(request_id: str, model: str, created: int, index: int, n: int, t
     return chunks
 
 
+# Characters JSON leaves raw but that many line readers (str.splitlines, httpx's iter_lines) take for line
+# breaks, which would cut an event in two; escaped they are the same JSON.
+_LINE_BREAKS_FOR_SOME = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"}  # < 0x20: JSON escapes
+_ESCAPE_LINE_BREAKS = str.maketrans(_LINE_BREAKS_FOR_SOME)
+
+
 def sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    return f"data: {json.dumps(payload, ensure_ascii=False).translate(_ESCAPE_LINE_BREAKS)}\n\n"
 
 
 async def embeddings(state: ServerState, request: Request) -> Response:
