@@ -174,3 +174,17 @@ def test_a_dead_engine_is_reported_as_such(default_source):
         assert client.get("/health").status_code == 503
         refused = client.post("/v1/completions", json=completion("Hello", 2))
         assert refused.status_code == 503 and refused.json()["error"]["type"] == "service_unavailable"
+
+
+def test_clients_may_reuse_a_request_id(server):
+    """X-Request-Id is the client's label: two requests in flight with the same one are both served."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def send(_):
+        return httpx.post(server.url + "/v1/completions", headers={"X-Request-Id": "same"},
+                          json=completion("Hello", 6), timeout=60)
+
+    with ThreadPoolExecutor(2) as pool:
+        responses = list(pool.map(send, range(2)))
+    assert [r.status_code for r in responses] == [200, 200]
+    assert all(r.json()["id"] == "cmpl-same" for r in responses)

@@ -7,10 +7,11 @@ import contextlib
 import json
 import logging
 import hmac
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -75,6 +76,8 @@ class ServerState:
     in_flight: InFlight | None = None
     metrics: ServerMetrics | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    # Engine ids stay unique when clients reuse an X-Request-Id: the response id is theirs, the engine's is ours.
+    engine_ids: Iterator[int] = field(default_factory=itertools.count)
 
     @property
     def model_name(self) -> str:
@@ -325,7 +328,9 @@ async def run(state: ServerState, request: Request, model: str, prompts: list[tu
               sampling: Any, *, chat: bool) -> Response:
     admission = state.in_flight.admit(len(prompts) * sampling.params.n)
     request_id = ("chatcmpl-" if chat else "cmpl-") + request_id_of(request.scope)
-    streams = [state.engine.generate(ids, sampling.params, f"{request_id}-{i}") for i, (_, ids) in enumerate(prompts)]
+    number = next(state.engine_ids)
+    streams = [state.engine.generate(ids, sampling.params, f"{request_id}-{number}-{i}")
+               for i, (_, ids) in enumerate(prompts)]
     if sampling.stream:
         return AdmittedStream(admission, stream_events(state, request_id, model, prompts, streams, sampling, chat))
     try:
