@@ -3,6 +3,7 @@ and the Llama path with QKV bias (Qwen2) and untied heads, against transformers.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -198,6 +199,12 @@ def test_remote_code_never_runs_without_the_flag(tmp_path):
            "class QWenConfig(PretrainedConfig):\n    model_type = 'qwen'\n"
     (folder / "configuration_qwen.py").write_text(code)
     (folder / "modeling_qwen.py").write_text(code)
+    result = run_cli("serve", str(folder), "--port", "0")  # Qwen (1) is served natively: no remote code needed
+    assert result.returncode == 2 and "no *.safetensors" in result.stderr and "Traceback" not in result.stderr
+    config = json.loads(fixture.read_text())
+    config.update(architectures=["FooForCausalLM"], model_type="foo",
+                  auto_map={"AutoConfig": "configuration_qwen.QWenConfig"})
+    (folder / "config.json").write_text(json.dumps(config))
     result = run_cli("serve", str(folder), "--port", "0")
     assert result.returncode == 2 and "--trust-remote-code" in result.stderr and "Traceback" not in result.stderr
     assert not marker.exists()

@@ -76,15 +76,15 @@ def test_clients_leaving_in_every_phase_free_their_blocks(server, engine):
 
 
 def test_a_failing_model_step_fails_only_its_requests(server, engine):
-    original = engine.runner.execute
+    original = engine.executor.submit
 
-    def execute(sched):
-        if any(item.seq.prompt_token_ids[0] == FAULT_TOKEN and len(item.seq.output_token_ids) >= 2
-               for item in sched.scheduled):
+    def submit(batch):  # requests here run one at a time: the running sequences are the batch's
+        if any(seq.prompt_token_ids[0] == FAULT_TOKEN and len(seq.output_token_ids) >= 2
+               for seq in engine.scheduler.running):
             raise RuntimeError("injected fault")
-        return original(sched)
+        return original(batch)
 
-    engine.runner.execute = execute
+    engine.executor.submit = submit
     try:
         with httpx.Client(base_url=server.url, timeout=60) as client:
             response = client.post("/v1/completions", json=completion([FAULT_TOKEN, 5, 6], 10))
@@ -102,7 +102,7 @@ def test_a_failing_model_step_fails_only_its_requests(server, engine):
             assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
             assert client.get("/health").status_code == 200
     finally:
-        engine.runner.execute = original
+        engine.executor.submit = original
 
 
 def test_limits_auth_cors_and_request_ids(engine, caplog):

@@ -36,6 +36,10 @@ class EngineConfig:
     trust_remote_code: bool = False
     allow_pickle_weights: bool = False  # load pytorch_model*.bin (torch.load weights_only) when no safetensors
     show_progress: bool = False
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1  # replicas behind one server (llmctl.engine.data_parallel)
+    cpu_threads: int | None = None  # torch threads per rank; default: the cores shared evenly
 
     def validate(self) -> None:
         def bad(flag: str, message: str) -> None:
@@ -55,5 +59,10 @@ class EngineConfig:
             bad("kv_cache_memory", f"must be a positive number of bytes (got {self.kv_cache_memory})")
         if not 0 < self.gpu_memory_utilization <= 1:
             bad("gpu_memory_utilization", f"must be in (0, 1] (got {self.gpu_memory_utilization}); 0.9 is the default")
+        for flag in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            if getattr(self, flag) < 1:
+                bad(flag, f"must be at least 1 (got {getattr(self, flag)})")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
         if self.attention_backend not in ("auto", "torch"):
             bad("attention_backend", f"{self.attention_backend!r} is not available; use torch")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,9 +14,10 @@ import torch
 from llmctl.engine.block_manager import BlockManager, PrefixCacheStats
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.detokenizer import IncrementalDetokenizer
-from llmctl.engine.loader import LoadedModel, load_model
+from llmctl.engine.loader import LoadedModel
 from llmctl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from llmctl.engine.runner import ModelRunner, StepResult
+from llmctl.engine.parallel.executor import Executor, WorkerLostError, create_executor, sliding_window
+from llmctl.engine.runner import StepResult, build_batch
 from llmctl.engine.sampler import SampleInput, prompt_logprob_entries, sample
 from llmctl.engine.sampling_params import InvalidRequestError, SamplingParams
 from llmctl.engine.scheduler import Scheduler, SchedulerOutput
@@ -33,14 +35,6 @@ def configure_logging() -> None:
     handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(message)s", datefmt="%m-%d %H:%M:%S"))
     package.addHandler(handler)
     package.setLevel(logging.INFO)
-
-
-def _uniform_sliding_window(spec) -> int | None:
-    """Mistral-style models slide every layer's window; mixed layouts are not supported yet."""
-    att = spec.attention
-    if att.sliding_window and att.layer_types and all(kind == "sliding" for kind in att.layer_types):
-        return att.sliding_window
-    return None
 
 
 class StepFailedError(RuntimeError):
@@ -73,15 +67,15 @@ class LLMEngine:
         config.validate()
         configure_logging()
         self.config = config
-        self.loaded: LoadedModel = load_model(config)
+        self.executor: Executor = create_executor(config)
+        self.loaded: LoadedModel = self.executor.loaded
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = self.loaded.max_model_len
-        window = _uniform_sliding_window(self.loaded.spec)
         self.block_manager = BlockManager(self.loaded.kv_pool.num_blocks, config.block_size,
-                                          config.enable_prefix_caching, window)
+                                          config.enable_prefix_caching, sliding_window(self.loaded))
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.loaded.max_num_batched_tokens)
-        self.runner = ModelRunner(self.loaded.model, self.loaded.kv_caches, self.loaded.backend,
-                                  config.block_size, self.loaded.device, window)
+        self.in_flight: deque[tuple[int, SchedulerOutput, list[Sequence]]] = deque()  # (lane, ...) submitted
+        self._next_lane = 0
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self._default_generator = torch.Generator().manual_seed(config.seed)
@@ -122,8 +116,15 @@ class LLMEngine:
         request = Request(request_id, text, ids, params)
         self.requests[request_id] = request
         first = self._new_sequence(request, index=0)
+        first.lane = self._emptiest_lane()
         first.waiting_to_fork = params.n > 1
         self.scheduler.add(first)
+
+    def _emptiest_lane(self) -> int:
+        load = [0] * self.executor.max_in_flight
+        for seq in itertools.chain(self.scheduler.running, self.scheduler.waiting):
+            load[seq.lane] += 1
+        return load.index(min(load))
 
     def _check_lengths(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
@@ -160,29 +161,58 @@ class LLMEngine:
 
     @property
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests or self.in_flight)
 
     # -- one step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; returns an output for every request that advanced."""
-        sched = self.scheduler.schedule()
-        if sched.empty:
+        """Run one scheduled step; returns an output for every request that advanced.
+
+        With pipeline parallelism up to PP batches are in flight: this submits batches until
+        the pipeline is full, then completes the oldest one."""
+        self._fill_pipeline()
+        if not self.in_flight:
             if self.scheduler.waiting and not self.scheduler.running:
                 self._fail_unschedulable()
             return self._outputs({rid for rid, r in self.requests.items() if r.finished})
-        now = time.perf_counter()
-        for item in sched.scheduled:
-            item.seq.timings.first_scheduled = item.seq.timings.first_scheduled or now
+        _, sched, sample_seqs = self.in_flight.popleft()
         try:
-            result = self.runner.execute(sched)
+            logits = self.executor.collect()
+        except WorkerLostError:
+            raise
         except Exception as exc:  # fail this step's requests only; the engine and the others go on
             raise self._fail_step(sched, exc) from exc
         chunk_starts = {item.seq.seq_id: (item.seq, item.seq.num_computed_tokens) for item in sched.scheduled}
         for item in sched.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.register_full_blocks(item.seq)
+            if not item.seq.is_finished:  # aborted while its batch was in flight
+                item.seq.num_computed_tokens += item.num_new_tokens
+                self.block_manager.register_full_blocks(item.seq)
+        result = StepResult(logits.sample_logits, logits.prompt_logits, sample_seqs)
         self._record_prompt_logprobs(result, chunk_starts)
         return self._outputs(self._sample_and_append(result))
+
+    def _fill_pipeline(self) -> None:
+        lanes = self.executor.max_in_flight
+        tried = 0
+        while len(self.in_flight) < lanes and tried < lanes:
+            lane, self._next_lane = self._next_lane, (self._next_lane + 1) % lanes
+            tried += 1
+            if any(busy == lane for busy, _, _ in self.in_flight):
+                continue  # its previous batch has not come back
+            sched = self.scheduler.schedule(lane)
+            if sched.empty:
+                continue
+            tried = 0
+            now = time.perf_counter()
+            for item in sched.scheduled:
+                item.seq.timings.first_scheduled = item.seq.timings.first_scheduled or now
+            batch, sample_seqs = build_batch(sched, self.config.block_size)
+            try:
+                self.executor.submit(batch)
+            except WorkerLostError:
+                raise
+            except Exception as exc:
+                raise self._fail_step(sched, exc) from exc
+            self.in_flight.append((lane, sched, sample_seqs))
 
     def _outputs(self, request_ids: set[str]) -> list[RequestOutput]:
         outputs = []

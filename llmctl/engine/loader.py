@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -18,8 +18,9 @@ from torch import nn
 from llmctl.units import GiB
 from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_backend
-from llmctl.engine.models.common import WeightMismatchError
-from llmctl.engine.models.registry import create_model
+from llmctl.engine.models.common import Shard, WeightMismatchError
+from llmctl.engine.models.registry import create_model, is_supported
+from llmctl.engine.parallel.group import Rank, TPGroup, local_rank
 from llmctl.engine.weights import iterate_tensors
 from llmctl.errors import CorruptModelError, UnsupportedModelError
 from llmctl.model.report import load_spec
@@ -27,6 +28,7 @@ from llmctl.model.source import ModelSource, resolve_model
 from llmctl.model.spec import ModelSpec
 from llmctl.model.tokenizer import generation_defaults, load_tokenizer
 from llmctl.plan.kv import StageKV, stage_kv
+from llmctl.plan.weights import kv_heads_per_rank, pipeline_stages
 from llmctl.plan.memory import KVPool, MemoryBudget, kv_pool, max_concurrency
 
 logger = logging.getLogger("llmctl.engine")
@@ -45,49 +47,79 @@ class LoadedModel:
     backend: AttentionBackend
     kv_geometry: StageKV
     kv_pool: KVPool
-    kv_caches: list[KVCache]
+    kv_caches: dict[int, KVCache]  # by layer: the layers this process runs
     max_model_len: int
     max_num_batched_tokens: int
     eos_token_ids: list[int]
     generation_defaults: dict[str, Any]
     weights_bytes: int
+    placement: Placement = field(default_factory=lambda: Placement())
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(cache.nbytes for cache in self.kv_caches)
+        return sum(cache.nbytes for cache in self.kv_caches.values())
 
 
-def load_model(config: EngineConfig) -> LoadedModel:
+def _same(blocks: int) -> int:
+    return blocks
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which part of the model this process loads, and how ranks agree on the KV pool."""
+
+    rank: Rank = Rank(0)
+    group: TPGroup = field(default_factory=TPGroup)
+    agree_on_blocks: Callable[[int], int] = _same  # the minimum over all ranks
+
+    def shard(self, num_layers: int) -> Shard:
+        layers = pipeline_stages(num_layers, self.rank.pp)[self.rank.pp_rank] if self.rank.pp > 1 else None
+        return Shard(self.group, layers, self.rank.is_first_stage, self.rank.is_last_stage)
+
+
+def load_model(config: EngineConfig, placement: Placement | None = None) -> LoadedModel:
+    """Everything one process needs: with a placement, only its TP shard of its pipeline stage."""
     started = time.perf_counter()
     source = resolve_model(config.model, config.revision, weights=True, show_progress=config.show_progress)
     spec = load_spec(source)
-    if spec.requires_remote_code and not config.trust_remote_code:
-        raise UnsupportedModelError(
-            f"{source.name} needs the Python code shipped in its repository (auto_map) and llmctl never runs it "
-            "without --trust-remote-code; llmctl's engine also has no implementation of "
-            f"{', '.join(spec.architectures) or spec.model_type}")
-    device = _device(config.device)
+    _check_native(spec, source, config.trust_remote_code)
+    placement = placement or Placement()
+    shard, rank = placement.shard(spec.num_layers), placement.rank
+    device = _device(config.device, rank)
     if device.type == "cpu":
         keep_freed_memory_in_heap()
     dtype = _dtype(config.dtype, device)
-    hf_config = _hf_config(source, config.trust_remote_code)
-    model = _build(spec, hf_config, dtype, device, source, config.allow_pickle_weights)
+    hf_config = _hf_config(source, spec, config.trust_remote_code)
+    model = _build(spec, hf_config, dtype, device, source, shard, config.allow_pickle_weights)
     weights_bytes = model_weight_bytes(model)
     tokenizer = load_tokenizer(source, trust_remote_code=config.trust_remote_code)
     defaults = generation_defaults(source)
     max_model_len = _max_model_len(config, spec)
     max_batched = config.max_num_batched_tokens or (8192 if device.type == "cuda" else 2048)
-    geometry = stage_kv(spec, 1, range(spec.num_layers), torch.tensor([], dtype=dtype).element_size(),
-                        config.block_size)
+    layers = shard.stage_layers(spec.num_layers)
+    geometry = stage_kv(spec, rank.tp, layers, torch.tensor([], dtype=dtype).element_size(), config.block_size)
     available = _kv_memory(config, device, weights_bytes)
     pool = kv_pool(available, geometry)
+    agreed = placement.agree_on_blocks(pool.num_blocks)
+    if agreed != pool.num_blocks:  # the KV pool is the smallest that every rank holds
+        pool = kv_pool(agreed * geometry.block_bytes, geometry)
     _check_fits(config, geometry, pool, max_model_len, max_batched, available)
-    caches = _allocate(spec, pool, dtype, device)
+    caches = _allocate(spec, pool, layers, kv_heads_per_rank(spec, rank.tp), dtype, device)
     backend = create_backend("torch")
     loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, geometry, pool, caches,
-                         max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes)
-    _log_startup(loaded, time.perf_counter() - started)
+                         max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes, placement)
+    if rank.rank == 0:
+        _log_startup(loaded, time.perf_counter() - started)
     return loaded
+
+
+def _check_native(spec: ModelSpec, source: ModelSource, trust_remote_code: bool) -> None:
+    """Remote code is never run; a model whose architecture the engine implements natively needs none."""
+    if spec.requires_remote_code and not trust_remote_code and not is_supported(spec):
+        raise UnsupportedModelError(
+            f"{source.name} needs the Python code shipped in its repository (auto_map) and llmctl never runs it "
+            "without --trust-remote-code; llmctl's engine also has no implementation of "
+            f"{', '.join(spec.architectures) or spec.model_type}")
 
 
 def keep_freed_memory_in_heap() -> None:
@@ -116,9 +148,11 @@ def model_weight_bytes(model: nn.Module) -> int:
     return dense + sum(m.nbytes for m in model.modules() if isinstance(m, QuantLinear))
 
 
-def _device(name: str) -> torch.device:
+def _device(name: str, rank: Rank) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and rank.world_size > 1:  # one GPU per rank (LOCAL_RANK under torchrun)
+        return torch.device("cuda", local_rank(rank) % max(1, torch.cuda.device_count()))
     return torch.device(name)
 
 
@@ -128,9 +162,11 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     return TORCH_DTYPES[name]
 
 
-def _hf_config(source: ModelSource, trust_remote_code: bool) -> Any:
+def _hf_config(source: ModelSource, spec: ModelSpec, trust_remote_code: bool) -> Any:
     from transformers import AutoConfig
 
+    if spec.model_type == "qwen" and not trust_remote_code:
+        return qwen1_config(source)
     try:
         return AutoConfig.from_pretrained(str(source.path), trust_remote_code=trust_remote_code)
     except Exception as exc:
@@ -155,10 +191,23 @@ def _no_init(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+def qwen1_config(source: ModelSource) -> Any:
+    """Qwen (1) ships its config class as remote code: the few fields the engine reads, under Llama's names."""
+    import json
+
+    from transformers import PretrainedConfig
+
+    raw = json.loads((source.path / "config.json").read_text())
+    raw.pop("auto_map", None)
+    raw.update(rope_theta=float(raw.get("rotary_emb_base", 10000.0)),
+               rms_norm_eps=float(raw.get("layer_norm_epsilon", 1e-6)))
+    return PretrainedConfig(**raw)
+
+
 def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.device, source: ModelSource,
-           allow_pickle: bool = False) -> nn.Module:
+           shard: Shard, allow_pickle: bool = False) -> nn.Module:
     with _no_init(dtype, device):
-        model = create_model(spec, hf_config)
+        model = create_model(spec, hf_config, shard)
     try:
         model.load_weights(iterate_tensors(source.path, dtype, allow_pickle))
     except WeightMismatchError as exc:
@@ -203,10 +252,10 @@ def _check_fits(config: EngineConfig, geometry: StageKV, pool: KVPool, max_model
         f"{max(available, 0) / GiB:.2f} GiB is available: {hint}")
 
 
-def _allocate(spec: ModelSpec, pool: KVPool, dtype: torch.dtype, device: torch.device) -> list[KVCache]:
-    att = spec.attention
-    shape = (pool.num_blocks, pool.block_size, 2, att.num_kv_heads, att.head_dim)
-    return [KVCache(torch.zeros(shape, dtype=dtype, device=device)) for _ in range(spec.num_layers)]
+def _allocate(spec: ModelSpec, pool: KVPool, layers: range, kv_heads: int, dtype: torch.dtype,
+              device: torch.device) -> dict[int, KVCache]:
+    shape = (pool.num_blocks, pool.block_size, 2, kv_heads, spec.attention.head_dim)
+    return {layer: KVCache(torch.zeros(shape, dtype=dtype, device=device)) for layer in layers}
 
 
 def _eos_ids(defaults: dict[str, Any], tokenizer: Any) -> list[int]:

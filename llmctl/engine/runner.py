@@ -1,4 +1,5 @@
-"""Turns a scheduled step into flat tensors, runs the model, returns the logits that matter."""
+"""Turns a scheduled step into a StepBatch (plain lists: the message a driver sends to its
+workers), runs this process's part of the model on it, and returns the logits that matter."""
 
 from __future__ import annotations
 
@@ -14,24 +15,37 @@ from llmctl.engine.sequence import Sequence
 
 
 @dataclass
-class StepInputs:
-    input_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
-    meta: AttentionMetadata
+class StepBatch:
+    """One step, flat: T new tokens of B sequences. Small and picklable."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]  # cache slot (block * block_size + offset) of each new token
+    query_start_loc: list[int]  # [B + 1]
+    seq_lens: list[int]  # [B] tokens in the cache after this step
+    block_tables: list[list[int]]
     sample_rows: list[int]  # last token of each sequence that samples
-    sample_seqs: list[Sequence]
-    prompt_rows: dict[int, list[int]] = field(default_factory=dict)  # seq_id -> rows whose logits predict prompt tokens
+    prompt_rows: dict[int, list[int]] = field(default_factory=dict)  # seq_id -> rows scoring prompt tokens
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
 
 
 @dataclass
-class StepResult:
-    sample_logits: torch.Tensor  # [N, V] float32, one row per sampling sequence
-    sample_seqs: list[Sequence]
+class StepLogits:
+    sample_logits: torch.Tensor  # [N, V] float32 on the CPU, one row per sampling sequence
     prompt_logits: dict[int, torch.Tensor]  # seq_id -> [rows, V]
 
 
-def build_inputs(sched: SchedulerOutput, block_size: int, device: torch.device,
-                 sliding_window: int | None = None) -> StepInputs:
+@dataclass
+class StepResult(StepLogits):
+    sample_seqs: list[Sequence] = field(default_factory=list)
+
+
+def build_batch(sched: SchedulerOutput, block_size: int) -> tuple[StepBatch, list[Sequence]]:
+    """The step's batch and the sequences its sample rows belong to (in row order)."""
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -54,14 +68,9 @@ def build_inputs(sched: SchedulerOutput, block_size: int, device: torch.device,
         if seq.params.prompt_logprobs is not None and start < len(seq.prompt_token_ids) - 1:
             last = min(start + item.num_new_tokens, len(seq.prompt_token_ids) - 1)
             prompt_rows[seq.seq_id] = [row0 + p - start for p in range(start, last)]
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-        query_start_loc=starts, seq_lens=lens, block_tables=tables, block_size=block_size,
-        sliding_window=sliding_window,
-    )
-    return StepInputs(torch.tensor(ids, dtype=torch.long, device=device),
-                      torch.tensor(positions, dtype=torch.long, device=device),
-                      meta, sample_rows, sample_seqs, prompt_rows)
+    batch = StepBatch(ids, positions, slots, starts, lens, tables, sample_rows, prompt_rows,
+                      list(sched.block_copies))
+    return batch, sample_seqs
 
 
 def _readable(seq: Sequence) -> list[int]:
@@ -72,7 +81,9 @@ def _readable(seq: Sequence) -> list[int]:
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, kv_caches: list[KVCache], backend: AttentionBackend,
+    """Runs one process's model part: every layer (TP 1), or one pipeline stage's shard."""
+
+    def __init__(self, model: nn.Module, kv_caches: dict[int, KVCache], backend: AttentionBackend,
                  block_size: int, device: torch.device, sliding_window: int | None = None) -> None:
         self.model = model
         self.sliding_window = sliding_window
@@ -81,25 +92,40 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
 
-    @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
-        self._copy_blocks(sched.block_copies)
-        inputs = build_inputs(sched, self.block_size, self.device, self.sliding_window)
-        self.backend.prepare(inputs.meta, self.device)
-        hidden = self.model(inputs.input_ids, StepContext(inputs.positions, self.kv_caches, self.backend))
-        rows = torch.tensor(inputs.sample_rows, dtype=torch.long, device=self.device)
-        sample_logits = self.model.compute_logits(hidden[rows]).float() if inputs.sample_rows else \
+        """A whole step in this process (the single-process engine)."""
+        batch, seqs = build_batch(sched, self.block_size)
+        logits = self.logits(batch, self.forward(batch))
+        return StepResult(logits.sample_logits, logits.prompt_logits, seqs)
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """This stage's layers on the batch: token ids in (first stage) or the previous stage's hidden states."""
+        self._copy_blocks(batch.block_copies)
+        device = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(batch.slot_mapping, dtype=torch.long, device=device),
+            query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens, block_tables=batch.block_tables,
+            block_size=self.block_size, sliding_window=self.sliding_window)
+        self.backend.prepare(meta, device)
+        positions = torch.tensor(batch.positions, dtype=torch.long, device=device)
+        input_ids = torch.tensor(batch.input_ids, dtype=torch.long, device=device)
+        return self.model(input_ids, StepContext(positions, self.kv_caches, self.backend), hidden)
+
+    @torch.inference_mode()
+    def logits(self, batch: StepBatch, hidden: torch.Tensor) -> StepLogits:
+        """The last stage's logits for sampling rows and prompt-logprob rows, on the host."""
+        rows = torch.tensor(batch.sample_rows, dtype=torch.long, device=self.device)
+        sample = self.model.compute_logits(hidden[rows]).float() if batch.sample_rows else \
             torch.empty(0, device=self.device)
-        prompt_logits = {
-            seq_id: self.model.compute_logits(hidden[torch.tensor(r, device=self.device)]).float()
-            for seq_id, r in inputs.prompt_rows.items() if r
-        }
-        return StepResult(sample_logits.cpu(), inputs.sample_seqs, {k: v.cpu() for k, v in prompt_logits.items()})
+        prompt = {seq_id: self.model.compute_logits(hidden[torch.tensor(r, device=self.device)]).float().cpu()
+                  for seq_id, r in batch.prompt_rows.items() if r}
+        return StepLogits(sample.cpu(), prompt)
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
             return
         src = torch.tensor([s for s, _ in copies], device=self.device)
         dst = torch.tensor([d for _, d in copies], device=self.device)
-        for cache in self.kv_caches:
+        for cache in self.kv_caches.values():
             cache.kv[dst] = cache.kv[src]

@@ -5,6 +5,10 @@ the prompt for a prefill), so prefills and decodes share a step and a long promp
 split over steps. When blocks run out the newest running sequence is preempted: its
 blocks are freed, it goes back to the front of the queue and is recomputed later with
 the tokens it has generated so far.
+
+With pipeline parallelism the sequences are split into lanes, one per batch in flight
+(vLLM's virtual engines): a lane is scheduled only when its previous batch has come back,
+so a sequence is never in two batches at once.
 """
 
 from __future__ import annotations
@@ -59,25 +63,26 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, lane: int = 0) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        budget = self._schedule_running(out, budget)
+        budget = self._schedule_running(out, budget, lane)
         if not out.preempted:  # no new admissions while memory is short
-            self._schedule_waiting(out, budget)
+            self._schedule_waiting(out, budget, lane)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, out: SchedulerOutput, budget: int, lane: int) -> int:
         index = 0
-        while index < len(self.running) and budget > 0:
-            seq = self.running[index]
+        running = [seq for seq in self.running if seq.lane == lane]
+        while index < len(running) and budget > 0:
+            seq = running[index]
             self.block_manager.release_slid_out(seq)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if num_new <= 0:
                 index += 1
                 continue
             while not self.block_manager.can_allocate(seq, num_new):
-                victim = self.running[-1]
+                victim = running.pop()
                 self._preempt(victim, out)
                 if victim is seq:
                     break
@@ -89,9 +94,11 @@ class Scheduler:
             index += 1
         return budget
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, lane: int) -> None:
+        while budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = next((s for s in self.waiting if s.lane == lane), None)
+            if seq is None:
+                break
             self.block_manager.match_prefix(seq)
             self.block_manager.release_slid_out(seq)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
@@ -105,7 +112,7 @@ class Scheduler:
                         break
                 else:
                     break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.block_copies += self.block_manager.allocate(seq, num_new)

@@ -54,6 +54,7 @@ class Sequence:
     timings: Timings = field(default_factory=Timings)
     waiting_to_fork: bool = False  # n > 1: the siblings are created when the prompt is done
     num_preemptions: int = 0
+    lane: int = 0  # pipeline parallel: which of the PP batches in flight this sequence rides in
 
     @property
     def num_tokens(self) -> int:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -39,9 +40,27 @@ def _indexed(index: Path) -> list[Path]:
     return [index.parent / name for name in sorted(set(weight_map.values()))]
 
 
-def iterate_tensors(folder: Path, dtype: torch.dtype,
-                    allow_pickle: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-    """safetensors; pickled .bin files only when allowed and nothing else is there."""
+@dataclass
+class CheckpointTensor:
+    """One checkpoint tensor, read lazily: a tensor-parallel rank reads only its rows or columns,
+    so no process ever holds the whole checkpoint."""
+
+    name: str
+    shape: tuple[int, ...]
+    _reader: Callable[[tuple[slice, ...]], torch.Tensor]
+    _dtype: torch.dtype  # floating-point tensors are converted to the model's dtype
+
+    def read(self, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """The whole tensor, or [start, stop) along `dim`."""
+        index = [slice(None)] * len(self.shape)
+        if dim is not None:
+            index[dim] = slice(start, self.shape[dim] if stop is None else stop)
+        tensor = self._reader(tuple(index))
+        return tensor.to(self._dtype) if tensor.is_floating_point() else tensor
+
+
+def iterate_tensors(folder: Path, dtype: torch.dtype, allow_pickle: bool = False) -> Iterator[CheckpointTensor]:
+    """safetensors (read slice by slice); pickled .bin files only when allowed and nothing else is there."""
     if allow_pickle and not list(folder.glob("*.safetensors")) and pickle_files(folder):
         yield from _pickled_tensors(folder, dtype)
         return
@@ -53,17 +72,17 @@ def iterate_tensors(folder: Path, dtype: torch.dtype,
         try:
             with safe_open(str(path), framework="pt") as handle:
                 for name in handle.keys():
-                    tensor = handle.get_tensor(name)
-                    yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
+                    part = handle.get_slice(name)
+                    yield CheckpointTensor(name, tuple(part.get_shape()), part.__getitem__, dtype)
         except SafetensorError as exc:
             raise CorruptModelError(f"{path} is not a readable safetensors file: {exc}") from exc
 
 
-def _pickled_tensors(folder: Path, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+def _pickled_tensors(folder: Path, dtype: torch.dtype) -> Iterator[CheckpointTensor]:
     for path in pickle_files(folder):
         try:  # weights_only: torch's restricted unpickler, tensors and plain containers only
             state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
         except Exception as exc:
             raise CorruptModelError(f"{path} is not a loadable PyTorch weights file: {exc}") from exc
         for name, tensor in state.items():
-            yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
+            yield CheckpointTensor(name, tuple(tensor.shape), tensor.__getitem__, dtype)

@@ -124,3 +124,23 @@ def unpack_awq(tensors: dict[str, torch.Tensor], group_size: int) -> QuantizedWe
     q = _awq_unpack(tensors["qweight"]).t().contiguous()
     zeros = _awq_unpack(tensors["qzeros"]).t().contiguous()
     return QuantizedWeight(q, tensors["scales"].float().t().contiguous(), zeros, 4, group_size)
+
+
+def packed_shard_range(method: str, name: str, along: str, start: int, stop: int, bits: int,
+                       group_size: int) -> tuple[int, int, int] | None:
+    """(dim, lo, hi) of packed tensor `name` that holds outputs (along="out") or inputs
+    (along="in") [start, stop) of a GPTQ/AWQ linear; None: every rank reads it whole.
+
+    GPTQ: qweight [in/pack, out], qzeros [groups, out/pack], scales [groups, out], g_idx [in].
+    AWQ:  qweight [in, out/pack], qzeros [groups, out/pack], scales [groups, out].
+    """
+    pack = 32 // bits
+    if along == "out":
+        if name == "g_idx":
+            return None
+        factor = pack if name == "qzeros" or (method == "awq" and name == "qweight") else 1
+        return 1, start // factor, stop // factor
+    if name == "g_idx":
+        return 0, start, stop
+    factor = (pack if method == "gptq" else 1) if name == "qweight" else group_size
+    return 0, start // factor, stop // factor

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
+from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear, VocabParallelEmbedding
 from llmctl.engine.layers.positions import alibi_slopes
-from llmctl.engine.models.common import StepContext, WeightMismatchError, load_into
+from llmctl.engine.models.common import Shard, StepContext, Target, layer_index, load_checkpoint
+from llmctl.engine.parallel.group import TPGroup
 from llmctl.model.spec import ModelSpec
 
 
@@ -18,12 +20,16 @@ def bloom_gelu(x: torch.Tensor) -> torch.Tensor:
 
 
 class BloomAttention(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, group: TPGroup) -> None:
         super().__init__()
-        self.num_heads, self.head_dim = spec.attention.num_heads, spec.attention.head_dim
-        self.query_key_value = nn.Linear(spec.hidden_size, 3 * spec.hidden_size)
-        self.dense = nn.Linear(spec.hidden_size, spec.hidden_size)
-        self.register_buffer("slopes", alibi_slopes(self.num_heads), persistent=False)
+        heads, self.head_dim = spec.attention.num_heads, spec.attention.head_dim
+        self.num_heads = heads // group.size
+        first = group.rank * self.num_heads
+        # query_key_value rows are [head][q, k, v][head_dim]: a rank's heads are one contiguous run of rows
+        self.query_key_value = ColumnParallelLinear(spec.hidden_size, [Part.split(3 * spec.hidden_size, group)], True)
+        self.dense = RowParallelLinear(Part.split(spec.hidden_size, group), spec.hidden_size, True, group)
+        self.register_buffer("slopes", alibi_slopes(heads)[first:first + self.num_heads].contiguous(),
+                             persistent=False)
         self.scale = self.head_dim**-0.5
 
     def forward(self, x: torch.Tensor, ctx: StepContext, layer: int) -> torch.Tensor:
@@ -35,14 +41,15 @@ class BloomAttention(nn.Module):
 
 
 class BloomBlock(nn.Module):
-    def __init__(self, spec: ModelSpec, eps: float, residual_after_norm: bool) -> None:
+    def __init__(self, spec: ModelSpec, eps: float, residual_after_norm: bool, group: TPGroup) -> None:
         super().__init__()
         h = spec.hidden_size
         self.input_layernorm = nn.LayerNorm(h, eps=eps)
-        self.self_attention = BloomAttention(spec)
+        self.self_attention = BloomAttention(spec, group)
         self.post_attention_layernorm = nn.LayerNorm(h, eps=eps)
-        self.dense_h_to_4h = nn.Linear(h, spec.intermediate_size)
-        self.dense_4h_to_h = nn.Linear(spec.intermediate_size, h)
+        inner = Part.split(spec.intermediate_size, group)
+        self.dense_h_to_4h = ColumnParallelLinear(h, [inner], True)
+        self.dense_4h_to_h = RowParallelLinear(inner, h, True, group)
         self.residual_after_norm = residual_after_norm
 
     def forward(self, x: torch.Tensor, ctx: StepContext, layer: int) -> torch.Tensor:
@@ -54,33 +61,45 @@ class BloomBlock(nn.Module):
 
 
 class BloomForCausalLM(nn.Module):
-    def __init__(self, spec: ModelSpec, hf_config: Any) -> None:
+    def __init__(self, spec: ModelSpec, hf_config: Any, shard: Shard | None = None) -> None:
         super().__init__()
-        self.spec = spec
+        shard = shard or Shard()
+        self.spec, self.stage_layers = spec, shard.stage_layers(spec.num_layers)
         eps = float(getattr(hf_config, "layer_norm_epsilon", 1e-5))
         after = bool(getattr(hf_config, "apply_residual_connection_post_layernorm", False))
-        self.word_embeddings = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.word_embeddings_layernorm = nn.LayerNorm(spec.hidden_size, eps=eps)
-        self.h = nn.ModuleList(BloomBlock(spec, eps, after) for _ in range(spec.num_layers))
-        self.ln_f = nn.LayerNorm(spec.hidden_size, eps=eps)
+        h, group = spec.hidden_size, shard.group
+        self.word_embeddings = VocabParallelEmbedding(spec.vocab_size, h, group) if shard.is_first else None
+        self.word_embeddings_layernorm = nn.LayerNorm(h, eps=eps) if shard.is_first else None
+        self.h = nn.ModuleList(BloomBlock(spec, eps, after, group) if i in self.stage_layers else nn.Identity()
+                               for i in range(spec.num_layers))
+        self.ln_f = nn.LayerNorm(h, eps=eps) if shard.is_last else None
+        self.lm_head = None  # BLOOM ties its head to the embedding; a later stage keeps its own copy
+        if shard.is_last:
+            self.lm_head = self.word_embeddings or VocabParallelEmbedding(spec.vocab_size, h, group)
 
-    def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        x = self.word_embeddings_layernorm(self.word_embeddings(input_ids))
-        for index, block in enumerate(self.h):
-            x = block(x, ctx, index)
-        return self.ln_f(x)
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.word_embeddings_layernorm(self.word_embeddings(input_ids)) if self.word_embeddings is not None \
+            else hidden
+        for index in self.stage_layers:
+            x = self.h[index](x, ctx, index)
+        return self.ln_f(x) if self.ln_f is not None else x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.word_embeddings.weight.t()  # BLOOM ties its head to the embedding
+        return self.lm_head.logits(hidden)
 
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        renamed = []
-        for name, tensor in tensors:
-            name = name.removeprefix("transformer.")
-            name = name.replace("self_attention.dense_h_to_4h", "dense_h_to_4h")
-            name = name.replace("mlp.dense_h_to_4h", "dense_h_to_4h").replace("mlp.dense_4h_to_h", "dense_4h_to_h")
-            renamed.append((name, tensor))
-        loaded = load_into(self, renamed)
-        missing = {n for n, _ in self.named_parameters()} - loaded
-        if missing:
-            raise WeightMismatchError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+    def load_weights(self, tensors: Any) -> None:
+        load_checkpoint(self, tensors, self.targets)
+
+    def targets(self, name: str) -> list[Target]:
+        name = name.removeprefix("transformer.")
+        name = name.replace("self_attention.dense_h_to_4h", "dense_h_to_4h")
+        name = name.replace("mlp.dense_h_to_4h", "dense_h_to_4h").replace("mlp.dense_4h_to_h", "dense_4h_to_h")
+        layer = layer_index(name, "h.")
+        if name.startswith("h.") and layer is not None and layer not in self.stage_layers:
+            return []
+        if name == "word_embeddings.weight":
+            out = [Target(name)] if self.word_embeddings is not None else []
+            if self.lm_head is not None and self.lm_head is not self.word_embeddings:
+                out.append(Target("lm_head.weight"))
+            return out
+        return [Target(name)]

@@ -1,37 +1,38 @@
-"""The Llama family: Llama 2/3/3.1, Mistral, Qwen2/2.5 (QKV bias), SmolLM2."""
+"""The Llama family: Llama 2/3/3.1, Mistral, Qwen2/2.5 (QKV bias), SmolLM2 — and Qwen (1),
+which within its trained context is the same network under other tensor names."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear, VocabParallelEmbedding
 from llmctl.engine.layers.positions import RotaryEmbedding
-from llmctl.engine.layers.quant_linear import QuantLinear
-from llmctl.engine.models.common import RMSNorm, StepContext, WeightMismatchError, load_into
+from llmctl.engine.models.common import RMSNorm, Shard, StepContext, Target, layer_index, load_checkpoint
+from llmctl.engine.weights import CheckpointTensor
 from llmctl.model.spec import ModelSpec, QuantizationSpec
+from llmctl.engine.parallel.group import TPGroup
 
-PACKED = ("qweight", "qzeros", "scales", "g_idx")
-
-
-def make_linear(in_features: int, out_features: int, bias: bool, quant: QuantizationSpec | None) -> nn.Module:
-    """nn.Linear, or a QuantLinear for GPTQ/AWQ checkpoints."""
-    if quant is None or quant.method not in ("gptq", "awq"):
-        return nn.Linear(in_features, out_features, bias=bias)
-    return QuantLinear(in_features, out_features, bias, quant.method, quant.bits or 4, quant.group_size or 128)
+FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+QWEN1_NAMES = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.c_proj": "self_attn.o_proj",
+               "mlp.w2": "mlp.gate_proj", "mlp.w1": "mlp.up_proj", "mlp.c_proj": "mlp.down_proj"}
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding) -> None:
+    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, group: TPGroup) -> None:
         super().__init__()
         att = spec.attention
-        self.num_heads, self.num_kv_heads, self.head_dim = att.num_heads, att.num_kv_heads, att.head_dim
-        self.q_size, self.kv_size = att.num_heads * att.head_dim, att.num_kv_heads * att.head_dim
+        q = Part.split(att.num_heads * att.head_dim, group)
+        kv = Part.kv_heads(att.num_kv_heads, att.head_dim, group)
+        self.num_heads, self.num_kv_heads, self.head_dim = q.size // att.head_dim, kv.size // att.head_dim, att.head_dim
+        self.q_size, self.kv_size = q.size, kv.size
         quant = spec.quantization
-        self.qkv_proj = make_linear(spec.hidden_size, self.q_size + 2 * self.kv_size, spec.layout.qkv_bias, quant)
-        self.o_proj = make_linear(self.q_size, spec.hidden_size, spec.layout.o_bias, quant)
+        self.qkv_proj = ColumnParallelLinear(spec.hidden_size, [q, kv, kv], spec.layout.qkv_bias, quant)
+        self.o_proj = RowParallelLinear(q, spec.hidden_size, spec.layout.o_bias, group, quant)
         self.rotary = rotary
         self.scale = self.head_dim**-0.5
 
@@ -46,11 +47,13 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, bias: bool, quant: QuantizationSpec | None = None) -> None:
+    def __init__(self, hidden: int, intermediate: int, bias: bool, group: TPGroup,
+                 quant: QuantizationSpec | None = None) -> None:
         super().__init__()
-        self.intermediate = intermediate
-        self.gate_up_proj = make_linear(hidden, 2 * intermediate, bias, quant)
-        self.down_proj = make_linear(intermediate, hidden, bias, quant)
+        part = Part.split(intermediate, group)
+        self.intermediate = part.size
+        self.gate_up_proj = ColumnParallelLinear(hidden, [part, part], bias, quant)
+        self.down_proj = RowParallelLinear(part, hidden, bias, group, quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
@@ -58,10 +61,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, eps: float) -> None:
+    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, eps: float, group: TPGroup) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(spec, rotary)
-        self.mlp = LlamaMLP(spec.hidden_size, spec.intermediate_size, spec.layout.mlp_bias, spec.quantization)
+        self.self_attn = LlamaAttention(spec, rotary, group)
+        self.mlp = LlamaMLP(spec.hidden_size, spec.intermediate_size, spec.layout.mlp_bias, group, spec.quantization)
         self.input_layernorm = RMSNorm(spec.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps)
 
@@ -71,64 +74,69 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, spec: ModelSpec, hf_config: Any) -> None:
+    def __init__(self, spec: ModelSpec, hf_config: Any, shard: Shard | None = None) -> None:
         super().__init__()
-        self.spec = spec
-        eps = float(getattr(hf_config, "rms_norm_eps", 1e-6))
+        shard = shard or Shard()
+        self.spec, self.shard = spec, shard
+        self.stage_layers = shard.stage_layers(spec.num_layers)
+        eps = float(getattr(hf_config, "rms_norm_eps", getattr(hf_config, "layer_norm_epsilon", 1e-6)))
         rotary = RotaryEmbedding(hf_config, spec.attention.head_dim)
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, rotary, eps) for _ in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, eps)
-        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
-        if spec.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        group = shard.group
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, group) \
+            if shard.is_first else None
+        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, rotary, eps, group) if i in self.stage_layers
+                                    else nn.Identity() for i in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, eps) if shard.is_last else None
+        self.lm_head = None
+        if shard.is_last:
+            tied_here = spec.tie_word_embeddings and self.embed_tokens is not None
+            self.lm_head = self.embed_tokens if tied_here else \
+                VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, group)
+        self.qwen1 = spec.model_type == "qwen"
 
-    def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        for index, layer in enumerate(self.layers):
-            x = layer(x, ctx, index)
-        return self.norm(x)
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed_tokens(input_ids) if self.embed_tokens is not None else hidden
+        for index in self.stage_layers:
+            x = self.layers[index](x, ctx, index)
+        return self.norm(x) if self.norm is not None else x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        return self.lm_head.logits(hidden)
 
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """transformers names; q/k/v and gate/up are fused into one matmul each."""
-        pending: dict[str, dict[str, torch.Tensor]] = {}
-        packed: dict[str, dict[int, dict[str, torch.Tensor]]] = {}  # fused target -> slot -> packed tensors
-        direct = []
-        fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-                 "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-        for name, tensor in tensors:
-            name = name.removeprefix("model.")
-            if "rotary_emb." in name:
-                continue
+    def load_weights(self, tensors: list[CheckpointTensor] | Any) -> None:
+        load_checkpoint(self, tensors, self.targets)
+
+    def targets(self, name: str) -> list[Target]:
+        """transformers' names (and Qwen 1's) → our parameters; q/k/v and gate/up are fused."""
+        name = self._qwen1_name(name) if self.qwen1 else name.removeprefix("model.")
+        if "rotary_emb." in name:
+            return []
+        layer = layer_index(name, "layers.")
+        if layer is not None:
+            if layer not in self.stage_layers:
+                return []
+            if name.endswith("self_attn.c_attn.weight") or name.endswith("self_attn.c_attn.bias"):
+                kind = name.rsplit(".", 1)[1]  # Qwen 1: q, k and v stacked in one tensor
+                rows = self.spec.attention.num_heads * self.spec.attention.head_dim
+                return [Target(f"layers.{layer}.self_attn.qkv_proj.{kind}", i, i * rows) for i in range(3)]
             parts = name.split(".")
-            if parts[-1] in PACKED:
-                target, slot = fused.get(parts[-2], (parts[-2], 0))
-                packed.setdefault(".".join(parts[:-2] + [target]), {}).setdefault(slot, {})[parts[-1]] = tensor
-                continue
-            if len(parts) >= 2 and parts[-2] in fused:
-                target, slot = fused[parts[-2]]
-                key = ".".join(parts[:-2] + [target, parts[-1]])
-                pending.setdefault(key, {})[slot] = tensor
-                continue
-            direct.append((name, tensor))
-        for key, pieces in pending.items():
-            if len(pieces) != (3 if ".qkv_proj." in key else 2):
-                raise WeightMismatchError(f"{key}: checkpoint lacks some of its fused parts")
-            direct.append((key, torch.cat([pieces[i] for i in sorted(pieces)], dim=0)))
-        loaded = load_into(self, direct)
-        modules = dict(self.named_modules())
-        for target, slots in packed.items():
-            module = modules.get(target)
-            if not isinstance(module, QuantLinear):
-                raise WeightMismatchError(f"{target}: packed quantized tensors, but config.json declares no "
-                                          "gptq/awq quantization_config")
-            module.load_parts([slots[i] for i in sorted(slots)])
-        expected = {n for n, _ in self.named_parameters()}
-        if self.spec.tie_word_embeddings:
-            loaded.add("lm_head.weight")
-        missing = expected - loaded
-        if missing:
-            raise WeightMismatchError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+            owner = parts[-2] if parts[-1] in ("weight", "bias", "qweight", "qzeros", "scales", "g_idx") else None
+            if owner in FUSED:
+                fused, slot = FUSED[owner]
+                return [Target(".".join(parts[:-2] + [fused, parts[-1]]), slot)]
+            return [Target(name)]
+        if name == "embed_tokens.weight":
+            out = [Target(name)] if self.embed_tokens is not None else []
+            if self.spec.tie_word_embeddings and self.lm_head is not None and self.lm_head is not self.embed_tokens:
+                out.append(Target("lm_head.weight"))
+            return out
+        return [Target(name)]
+
+    @staticmethod
+    def _qwen1_name(name: str) -> str:
+        name = name.removeprefix("transformer.").replace("wte.", "embed_tokens.").replace("ln_f.", "norm.")
+        name = name.replace("h.", "layers.", 1) if name.startswith("h.") else name
+        name = name.replace(".attn.c_attn.", ".self_attn.c_attn.")
+        for old, new in QWEN1_NAMES.items():
+            name = name.replace(f".{old}.", f".{new}.")
+        return name

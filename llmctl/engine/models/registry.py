@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from llmctl.engine.models.common import Shard
 from llmctl.errors import UnsupportedModelError
 from llmctl.model.spec import ModelSpec
 
@@ -13,26 +14,31 @@ SUPPORTED = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
+    "QWenLMHeadModel": "llama",  # Qwen (1): Llama-shaped under other names; its remote code is never run
     "BloomForCausalLM": "bloom",
     "OPTForCausalLM": "opt",
 }
 
 
-def create_model(spec: ModelSpec, hf_config: Any) -> nn.Module:
+def is_supported(spec: ModelSpec) -> bool:
+    return any(arch in SUPPORTED for arch in spec.architectures)
+
+
+def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None) -> nn.Module:
     for arch in spec.architectures:
         family = SUPPORTED.get(arch)
         if family == "llama":
             from llmctl.engine.models.llama import LlamaForCausalLM
 
-            return LlamaForCausalLM(spec, hf_config)
+            return LlamaForCausalLM(spec, hf_config, shard)
         if family == "bloom":
             from llmctl.engine.models.bloom import BloomForCausalLM
 
-            return BloomForCausalLM(spec, hf_config)
+            return BloomForCausalLM(spec, hf_config, shard)
         if family == "opt":
             from llmctl.engine.models.opt import OPTForCausalLM
 
-            return OPTForCausalLM(spec, hf_config)
+            return OPTForCausalLM(spec, hf_config, shard)
     names = ", ".join(spec.architectures) or spec.model_type
     raise UnsupportedModelError(
         f"the engine does not support {names} yet; supported architectures: {', '.join(SUPPORTED)}")

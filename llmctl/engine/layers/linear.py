@@ -1,0 +1,189 @@
+"""Tensor-parallel linear layers and embeddings, sharded as vLLM shards them.
+
+Column-parallel layers (QKV, gate/up, fc1) keep a slice of the output rows; row-parallel
+layers (o, down, fc2) keep a slice of the input columns, sum their partial products with
+one all-reduce and add the bias once, after it. The vocabulary is padded to a multiple of
+64 and split evenly, for the embedding and the LM head alike. Every layer loads from
+`CheckpointTensor`s, reading only its own rows or columns. With TP 1 they are plain
+linears, so the single-process engine runs the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmctl.engine.layers.quant_linear import QuantLinear
+from llmctl.engine.parallel.group import TPGroup
+from llmctl.engine.weights import CheckpointTensor
+from llmctl.model.spec import QuantizationSpec
+from llmctl.plan.weights import padded_vocab_per_rank
+from llmctl.quant.formats import packed_shard_range
+
+PACKED = ("qweight", "qzeros", "scales", "g_idx")
+
+
+@dataclass(frozen=True)
+class Part:
+    """A rank's rows [start, start + size) of one logical part (q, k, v, gate, up) of `total` rows."""
+
+    total: int
+    start: int
+    size: int
+
+    @staticmethod
+    def split(total: int, group: TPGroup) -> "Part":
+        size = total // group.size
+        return Part(total, group.rank * size, size)
+
+    @staticmethod
+    def kv_heads(num_kv_heads: int, head_dim: int, group: TPGroup) -> "Part":
+        """K or V: split by head when TP divides the KV heads, else one replicated head per rank."""
+        total = num_kv_heads * head_dim
+        if num_kv_heads >= group.size:
+            return Part.split(total, group)
+        head = group.rank * num_kv_heads // group.size
+        return Part(total, head * head_dim, head_dim)
+
+
+class LoadError(ValueError):
+    """A checkpoint tensor does not fit the layer (shape, or a quantized layout that cannot be split)."""
+
+
+def _local_linear(in_features: int, out_features: int, bias: bool, quant: QuantizationSpec | None) -> nn.Module:
+    if quant is None or quant.method not in ("gptq", "awq"):
+        return nn.Linear(in_features, out_features, bias=bias)
+    return QuantLinear(in_features, out_features, bias, quant.method, quant.bits or 4, quant.group_size or 128)
+
+
+def _check_rows(tensor: CheckpointTensor, dim: int, expected: int) -> None:
+    if tensor.shape[dim] != expected:
+        raise LoadError(f"{tensor.name}: checkpoint shape {tensor.shape}, expected {expected} along dim {dim}")
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x Wᵀ for this rank's output rows of one or more fused parts."""
+
+    def __init__(self, in_features: int, parts: list[Part], bias: bool, quant: QuantizationSpec | None = None) -> None:
+        super().__init__()
+        self.parts = parts
+        self.out_features = sum(p.size for p in parts)
+        self.inner = _local_linear(in_features, self.out_features, bias, quant)
+        self._pending: dict[int, dict[str, torch.Tensor]] = {}
+
+    def expected(self) -> set[tuple[str, int]]:
+        kinds = ("weight",) if isinstance(self.inner, nn.Linear) else ("qweight", "qzeros", "scales")
+        kinds += ("bias",) if self.inner.bias is not None else ()
+        return {(kind, i) for kind in kinds for i in range(len(self.parts))}
+
+    def load(self, kind: str, tensor: CheckpointTensor, part: int, offset: int = 0) -> None:
+        """`tensor` holds part `part` (at row `offset` when several parts share one tensor)."""
+        p = self.parts[part]
+        begin = sum(q.size for q in self.parts[:part])
+        if kind in PACKED:
+            self._stash(kind, tensor, part, p)
+            return
+        if tensor.shape[0] < offset + p.total or (not offset and tensor.shape[0] != p.total):
+            raise LoadError(f"{tensor.name}: checkpoint shape {tensor.shape}, expected {p.total} rows")
+        target = self.inner.weight if kind == "weight" else self.inner.bias
+        with torch.no_grad():
+            target[begin:begin + p.size].copy_(tensor.read(0, offset + p.start, offset + p.start + p.size))
+
+    def _stash(self, kind: str, tensor: CheckpointTensor, part: int, p: Part) -> None:
+        inner = self.inner
+        if p.start % inner.pack or p.size % inner.pack:
+            raise LoadError(f"{tensor.name}: output rows {p.start}..{p.start + p.size} of this rank are not on "
+                            f"{inner.pack}-column boundaries of the packed {inner.method.upper()} layout")
+        where = packed_shard_range(inner.method, kind, "out", p.start, p.start + p.size, inner.bits,
+                                   inner.group_size)
+        self._pending.setdefault(part, {})[kind] = tensor.read(*where) if where else tensor.read()
+
+    def finish_loading(self) -> None:
+        if isinstance(self.inner, QuantLinear):
+            self.inner.load_parts([self._pending[i] for i in range(len(self.parts))])
+            self._pending = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x_rank W_rankᵀ) + b: this rank's input columns, the bias added once."""
+
+    def __init__(self, part: Part, out_features: int, bias: bool, group: TPGroup,
+                 quant: QuantizationSpec | None = None) -> None:
+        super().__init__()
+        self.part, self.group = part, group
+        self.inner = _local_linear(part.size, out_features, False, quant)
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self._pending: dict[str, torch.Tensor] = {}
+
+    def expected(self) -> set[tuple[str, int]]:
+        kinds = ("weight",) if isinstance(self.inner, nn.Linear) else ("qweight", "qzeros", "scales")
+        return {(kind, 0) for kind in kinds + (("bias",) if self.bias is not None else ())}
+
+    def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int = 0) -> None:
+        p = self.part
+        if kind == "bias":
+            with torch.no_grad():
+                self.bias.copy_(tensor.read())
+        elif kind in PACKED:
+            inner = self.inner
+            if p.start % inner.group_size or p.size % inner.group_size:
+                raise LoadError(f"{tensor.name}: input columns {p.start}..{p.start + p.size} of this rank are not "
+                                f"on boundaries of the quantization groups ({inner.group_size})")
+            read = tensor.read(*packed_shard_range(inner.method, kind, "in", p.start, p.start + p.size,
+                                                   inner.bits, inner.group_size))
+            self._pending[kind] = read - p.start // inner.group_size if kind == "g_idx" else read
+        else:
+            _check_rows(tensor, 1, p.total)
+            with torch.no_grad():
+                self.inner.weight.copy_(tensor.read(1, p.start, p.start + p.size))
+
+    def finish_loading(self) -> None:
+        if isinstance(self.inner, QuantLinear):
+            self.inner.load_parts([self._pending])
+            self._pending = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.group.all_reduce(self.inner(x))
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """This rank's rows of the (padded) vocabulary; tokens owned elsewhere give zeros, summed by all-reduce."""
+
+    def __init__(self, vocab_size: int, dim: int, group: TPGroup) -> None:
+        super().__init__()
+        self.vocab_size, self.group = vocab_size, group
+        rows = padded_vocab_per_rank(vocab_size, group.size)
+        self.start = group.rank * rows
+        self.weight = nn.Parameter(torch.zeros(rows, dim))
+
+    def expected(self) -> set[tuple[str, int]]:
+        return {("weight", 0)}
+
+    def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int = 0) -> None:
+        _check_rows(tensor, 0, self.vocab_size)
+        stop = min(self.start + self.weight.shape[0], self.vocab_size)
+        with torch.no_grad():
+            if stop > self.start:
+                self.weight[:stop - self.start].copy_(tensor.read(0, self.start, stop))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """As the LM head (tied or not): every rank gets [T, vocab]."""
+        return self.group.all_gather(F.linear(hidden, self.weight))[..., :self.vocab_size]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.group.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.group.all_reduce(out.masked_fill(outside.unsqueeze(-1), 0))
+
+
+ParallelLMHead = VocabParallelEmbedding  # an untied head: the same sharding, used through .logits()

@@ -1,0 +1,187 @@
+"""How the driver runs steps: in its own process, or over TP × PP ranks.
+
+The engine submits batches and collects their logits in order. A local executor has one
+batch in flight; a pipeline of PP stages keeps up to PP batches in flight, so every stage
+has work while the others compute.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from typing import Protocol
+
+import torch.distributed as dist
+
+from llmctl.engine.config import EngineConfig
+from llmctl.engine.loader import LoadedModel, Placement, load_model
+from llmctl.engine.parallel.channel import Groups, all_gather_ints, all_reduce_min, connect, recv_object
+from llmctl.engine.parallel.group import Rank
+from llmctl.engine.parallel.launch import Launch, spawn_workers, threads_per_rank, torchrun_rank, under_torchrun
+from llmctl.engine.parallel.stage import StageRunner, Stop
+from llmctl.engine.runner import ModelRunner, StepBatch, StepLogits
+from llmctl.errors import LlmctlError
+from llmctl.units import GiB
+
+logger = logging.getLogger("llmctl.engine")
+
+
+class WorkerLostError(RuntimeError):
+    """A rank died or stopped answering: the engine cannot go on."""
+
+
+class Executor(Protocol):
+    loaded: LoadedModel
+    max_in_flight: int
+
+    def submit(self, batch: StepBatch) -> None: ...
+
+    def collect(self) -> StepLogits: ...
+
+    def healthy(self) -> bool: ...
+
+    def shutdown(self) -> None: ...
+
+
+def sliding_window(loaded: LoadedModel) -> int | None:
+    """Mistral-style models slide every layer's window; mixed layouts are not supported yet."""
+    att = loaded.spec.attention
+    if att.sliding_window and att.layer_types and all(kind == "sliding" for kind in att.layer_types):
+        return att.sliding_window
+    return None
+
+
+def make_runner(loaded: LoadedModel, block_size: int) -> ModelRunner:
+    return ModelRunner(loaded.model, loaded.kv_caches, loaded.backend, block_size, loaded.device,
+                       sliding_window(loaded))
+
+
+class LocalExecutor:
+    """Every layer in this process; a batch's logits are ready when submit returns."""
+
+    max_in_flight = 1
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.loaded = load_model(config)
+        self.runner = make_runner(self.loaded, config.block_size)
+        self.rank_memory = [(self.loaded.weights_bytes, self.loaded.kv_cache_bytes)]
+        self._ready: deque[StepLogits] = deque()
+
+    def submit(self, batch: StepBatch) -> None:
+        self._ready.append(self.runner.logits(batch, self.runner.forward(batch)))
+
+    def collect(self) -> StepLogits:
+        return self._ready.popleft()
+
+    def healthy(self) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
+
+def build_stage(config: EngineConfig, rank: Rank, store: dist.Store) -> StageRunner:
+    """Any rank: join the groups, load this rank's shard, agree on the KV pool, report memory."""
+    from llmctl.engine.loader import _device
+
+    groups = connect(store, rank, _device(config.device, rank))
+    placement = Placement(rank, groups.tp, lambda blocks: all_reduce_min(groups.world_control, blocks))
+    loaded = load_model(config, placement)
+    stage = StageRunner(loaded, make_runner(loaded, config.block_size), groups)
+    stage.rank_memory = [tuple(m) for m in all_gather_ints(
+        groups.world_control, [loaded.weights_bytes, loaded.kv_cache_bytes], rank.world_size)]
+    return stage
+
+
+class ParallelExecutor:
+    """The driver: rank 0 runs stage 0 / TP rank 0 itself and drives the other ranks."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+        self.rank = torchrun_rank(tp, pp) if under_torchrun() else Rank(0, tp, pp)
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", tp * pp)) * config.data_parallel_size
+        self.threads = config.cpu_threads or threads_per_rank(local_ranks)
+        started = time.perf_counter()
+        self.launch: Launch = spawn_workers(config, self.rank, self.threads)
+        try:
+            self.stage = build_stage(config, self.rank, self.launch.store)
+        except LlmctlError:
+            self.launch.stop(timeout=1)
+            raise
+        except Exception as exc:
+            self.launch.stop(timeout=1)
+            raise self._startup_error(exc) from None
+        self.loaded = self.stage.loaded
+        self.groups: Groups = self.stage.groups
+        self.rank_memory = self.stage.rank_memory
+        self.max_in_flight = pp
+        self._ready: deque[StepLogits] = deque()
+        self._log_layout(time.perf_counter() - started)
+
+    def _startup_error(self, exc: Exception) -> LlmctlError:
+        """A worker's own error (it wrote it to the store before exiting), else what the driver saw."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            for index in range(1, self.rank.world_size):
+                key = f"error/{index}"
+                if self.launch.store.check([key]):
+                    return LlmctlError(self.launch.store.get(key).decode())
+            time.sleep(0.2)
+        return LlmctlError(f"the worker ranks did not start: {exc}")
+
+    def submit(self, batch: StepBatch) -> None:
+        try:
+            logits = self.stage.run(batch)
+        except RuntimeError as exc:
+            raise self._lost(exc) from exc
+        if logits is not None:
+            self._ready.append(logits)
+
+    def collect(self) -> StepLogits:
+        if self._ready:
+            return self._ready.popleft()
+        try:
+            return recv_object(self.groups.world_data, self.rank.last_stage_leader)
+        except RuntimeError as exc:
+            raise self._lost(exc) from exc
+
+    def _lost(self, exc: Exception) -> WorkerLostError:
+        dead = [p.name for p in self.launch.processes if not p.is_alive()]
+        what = f"{', '.join(dead)} exited" if dead else "a rank stopped answering"
+        return WorkerLostError(f"{what} ({str(exc).splitlines()[0][:200]})")
+
+    def healthy(self) -> bool:
+        return self.launch.alive()
+
+    def shutdown(self) -> None:
+        if self.launch.alive():
+            try:
+                self.stage.run(Stop())
+                self.stage.outbox.flush()
+            except RuntimeError:
+                pass
+        self.launch.stop()
+
+    def _log_layout(self, seconds: float) -> None:
+        rank = self.rank
+        logger.info("%d ranks (TP %d × PP %d), %s, %d CPU threads per rank; started in %.2f s",
+                    rank.world_size, rank.tp, rank.pp,
+                    "under torchrun" if under_torchrun() else "spawned by llmctl", self.threads, seconds)
+        for index, (weights, kv) in enumerate(self.rank_memory):
+            logger.info("rank %d (stage %d, TP rank %d): weights %.3f GiB, KV cache %.3f GiB", index,
+                        index // rank.tp, index % rank.tp, weights / GiB, kv / GiB)
+
+
+def create_executor(config: EngineConfig) -> Executor:
+    if config.tensor_parallel_size * config.pipeline_parallel_size == 1 and not under_torchrun():
+        return LocalExecutor(config)
+    from llmctl.engine.parallel.layout import check_layout
+    from llmctl.model.report import load_spec
+    from llmctl.model.source import resolve_model
+
+    spec = load_spec(resolve_model(config.model, config.revision, weights=False))
+    check_layout(spec, config, config.device)
+    return ParallelExecutor(config)
+

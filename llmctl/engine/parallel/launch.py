@@ -1,0 +1,122 @@
+"""Starting the ranks: llmctl spawns them on one machine, or torchrun starts one process per
+rank on each machine and every process finds its place from RANK / WORLD_SIZE / MASTER_ADDR.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import datetime
+import logging
+import multiprocessing
+import os
+import signal
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from llmctl.engine.config import EngineConfig
+from llmctl.engine.parallel.group import Rank
+
+logger = logging.getLogger("llmctl.engine")
+STARTUP_TIMEOUT = 600.0  # loading a big checkpoint shard can take minutes
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ
+                                                   and "MASTER_ADDR" in os.environ)
+
+
+def torchrun_rank(tp: int, pp: int) -> Rank:
+    world = int(os.environ["WORLD_SIZE"])
+    if world != tp * pp:
+        from llmctl.engine.config import EngineConfigError
+
+        raise EngineConfigError(f"torchrun started {world} processes; --tp {tp} × --pp {pp} needs {tp * pp}: "
+                                f"use --nnodes × --nproc-per-node = {tp * pp}")
+    return Rank(int(os.environ["RANK"]), tp, pp)
+
+
+def threads_per_rank(ranks_on_this_machine: int) -> int:
+    """CPU ranks share the machine's cores evenly (OMP_NUM_THREADS or --cpu-threads override it)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    return max(1, (os.cpu_count() or 1) // ranks_on_this_machine)
+
+
+@dataclass
+class Launch:
+    """The store every rank meets at, and the worker processes llmctl started itself."""
+
+    store: dist.Store
+    host: str
+    port: int
+    processes: list[multiprocessing.Process] = field(default_factory=list)
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.processes)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for process in self.processes:
+            process.join(timeout)
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+                process.join(2)
+
+
+def open_store(rank: Rank) -> tuple[dist.Store, str, int]:
+    """torchrun's store (or MASTER_ADDR:MASTER_PORT's), or a new one on a free local port."""
+    timeout = datetime.timedelta(seconds=STARTUP_TIMEOUT)
+    if under_torchrun():
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        is_master = rank.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        store = dist.TCPStore(host, port, rank.world_size if is_master else None, is_master, timeout=timeout,
+                              wait_for_workers=False)
+        return dist.PrefixStore("llmctl/", store), host, port
+    store = dist.TCPStore("127.0.0.1", 0, rank.world_size, True, timeout=timeout, wait_for_workers=False)
+    return store, "127.0.0.1", store.port
+
+
+def spawn_workers(config: EngineConfig, driver: Rank, threads: int) -> Launch:
+    store, host, port = open_store(driver)
+    launch = Launch(store, host, port)
+    if under_torchrun():
+        return launch
+    context = multiprocessing.get_context("spawn")
+    for index in range(1, driver.world_size):
+        process = context.Process(target=worker_main, name=f"llmctl-rank{index}", daemon=True,
+                                  args=(config, Rank(index, driver.tp, driver.pp), host, port, threads))
+        process.start()
+        launch.processes.append(process)
+    return launch
+
+
+def die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the process that started it dies (no orphans)."""
+    name = ctypes.util.find_library("c")
+    try:
+        ctypes.CDLL(name).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError, TypeError):
+        pass
+
+
+def worker_main(config: EngineConfig, rank: Rank, host: str, port: int, threads: int) -> None:
+    """Entry point of a spawned rank (also of a non-zero torchrun rank, through run_worker)."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the driver, which stops us in order
+    torch.set_num_threads(threads)
+    store = dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT))
+    run_worker(config, rank, store)
+
+
+def run_worker(config: EngineConfig, rank: Rank, store: dist.Store) -> None:
+    from llmctl.engine.parallel.executor import build_stage
+
+    try:
+        stage = build_stage(config, rank, store)
+    except Exception as exc:  # the driver reports it: one line, the same a single process would print
+        store.set(f"error/{rank.rank}", f"rank {rank.rank}: {exc}")
+        raise SystemExit(1) from None
+    stage.serve_forever()

@@ -1,0 +1,46 @@
+"""Is a TP × PP layout possible for this model? Asked before any process starts, with
+`llmctl plan`'s own rules (llmctl.plan.planner.structural_problems), so both agree."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from llmctl.engine.config import EngineConfig, EngineConfigError
+from llmctl.model.spec import ModelSpec
+from llmctl.plan.gpus import GpuType
+from llmctl.plan.planner import PlanRequest, structural_problems
+from llmctl.plan.weights import weight_format
+
+
+def layout_problems(spec: ModelSpec, tp: int, pp: int) -> list[str]:
+    quant = spec.quantization.method if spec.quantization else None
+    fmt = weight_format(2, quant, spec)
+    request = PlanRequest(gpu=_ANY_GPU, gpus=tp * pp)  # one node: TP may use all of it
+    return structural_problems(spec, request, fmt, tp, pp)
+
+
+def check_layout(spec: ModelSpec, config: EngineConfig, device: str) -> None:
+    """One line naming what is wrong and the sizes that work."""
+    tp, pp, dp = config.tensor_parallel_size, config.pipeline_parallel_size, config.data_parallel_size
+    problems = layout_problems(spec, tp, pp)
+    if problems:
+        working_tp = [t for t in range(1, 65) if not layout_problems(spec, t, 1)]
+        working_pp = [p for p in range(1, min(spec.num_layers, 64) + 1) if not layout_problems(spec, 1, p)]
+        raise EngineConfigError(
+            f"--tp {tp} --pp {pp} cannot run this model: {'; '.join(problems)}. "
+            f"TP sizes that work: {_sizes(working_tp)}; PP sizes: {_sizes(working_pp)}")
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        gpus = torch.cuda.device_count()
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", tp * pp * dp))
+        if local > gpus:
+            raise EngineConfigError(f"--tp {tp} × --pp {pp} × --dp {dp} needs {local} GPUs on this machine and it "
+                                    f"has {gpus}: use fewer ranks, or torchrun over several machines")
+
+
+def _sizes(values: list[int]) -> str:
+    return ", ".join(str(v) for v in values[:12]) + (" …" if len(values) > 12 else "")
+
+
+_ANY_GPU = GpuType(key="any", name="any", memory_bytes=80 * 1024**3, interconnect="any", fp8=False)

@@ -1,0 +1,78 @@
+"""One rank's share of a step: receive the batch, run this stage's layers, pass the result on.
+
+Rank 0 (the driver) also runs a stage: stage 0, TP rank 0. It hands each batch to its TP
+peers by broadcast; every stage forwards the batch with its hidden states to the same TP
+position of the next stage; the last stage's TP rank 0 sends the logits back to rank 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmctl.engine.loader import LoadedModel
+from llmctl.engine.parallel.channel import Groups, Outbox, broadcast_object, recv_object, send_object
+from llmctl.engine.runner import ModelRunner, StepBatch, StepLogits
+
+
+@dataclass
+class Stop:
+    """Sent instead of a batch: the worker exits its loop."""
+
+
+class StageRunner:
+    """The rank-local part of the pipeline, shared by the driver and the workers."""
+
+    def __init__(self, loaded: LoadedModel, runner: ModelRunner, groups: Groups) -> None:
+        self.loaded, self.runner, self.groups, self.rank = loaded, runner, groups, groups.rank
+        self.outbox = Outbox()
+        self.rank_memory: list[tuple[int, int]] = []  # (weights, KV) bytes of every rank, gathered at startup
+
+    def receive(self) -> StepBatch | Stop:
+        """Wait (idle, without a time limit) for the next batch; a later stage gets hidden states with it."""
+        rank = self.rank
+        if rank.is_first_stage:
+            return broadcast_object(self.groups.tp_control, None)
+        return recv_object(self.groups.world_control, rank.peer_in_stage(rank.pp_rank - 1))
+
+    def hidden_from_previous(self, batch: StepBatch) -> torch.Tensor:
+        hidden = torch.empty(batch.num_tokens, self.loaded.spec.hidden_size, dtype=self.loaded.dtype)
+        self.groups.world_data.recv([hidden], self.rank.peer_in_stage(self.rank.pp_rank - 1), 0).wait()
+        return hidden.to(self.loaded.device)
+
+    def run(self, message: StepBatch | Stop) -> StepLogits | None:
+        """This rank's part of one step; returns the logits where they end up in this process."""
+        rank = self.rank
+        if rank.rank == 0 and rank.tp > 1:
+            broadcast_object(self.groups.tp_control, message)
+        if isinstance(message, Stop):
+            self._pass_on(message, None)
+            return None
+        hidden = None if rank.is_first_stage else self.hidden_from_previous(message)
+        hidden = self.runner.forward(message, hidden)
+        if not rank.is_last_stage:
+            self._pass_on(message, hidden)
+            return None
+        logits = self.runner.logits(message, hidden)
+        if rank.tp_rank == 0 and rank.rank != 0:
+            send_object(self.outbox, self.groups.world_data, logits, 0)
+        return logits
+
+    def _pass_on(self, message: StepBatch | Stop, hidden: torch.Tensor | None) -> None:
+        rank = self.rank
+        if rank.is_last_stage:
+            return
+        peer = rank.peer_in_stage(rank.pp_rank + 1)
+        send_object(self.outbox, self.groups.world_control, message, peer)
+        if hidden is not None:
+            self.outbox.send(self.groups.world_data, [hidden.contiguous().cpu()], peer)
+
+    def serve_forever(self) -> None:
+        """A worker's loop: steps until the driver says stop."""
+        while True:
+            message = self.receive()
+            self.run(message)
+            if isinstance(message, Stop):
+                self.outbox.flush()
+                return
