@@ -176,6 +176,13 @@ def _parse_bytes(value: str | None, flag: str) -> int | None:
         raise LlmctlError(f"{flag} {value!r} is not a size: use bytes or a unit, e.g. 4GiB") from None
 
 
+TPOpt = Annotated[int, typer.Option("--tensor-parallel-size", "--tp", help="ranks each layer is split over")]
+PPOpt = Annotated[int, typer.Option("--pipeline-parallel-size", "--pp", help="stages the layers are split into")]
+DPOpt = Annotated[int, typer.Option("--data-parallel-size", "--dp", help="engine replicas behind one server")]
+CPUThreadsOpt = Annotated[Optional[int], typer.Option(
+    "--cpu-threads", help="torch threads per rank (default: the CPU cores shared evenly)")]
+
+
 @app.command()
 def serve(
     model: ModelArg = None,
@@ -201,7 +208,12 @@ def serve(
     max_queue_len: Annotated[Optional[int], typer.Option(
         "--max-queue-len",
         help="sequences (prompts × n) that may wait beyond max-num-seqs; more get 503 + Retry-After")] = None,
-    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "--tp")] = 1,
+    tensor_parallel_size: TPOpt = 1,
+    pipeline_parallel_size: PPOpt = 1,
+    data_parallel_size: DPOpt = 1,
+    cpu_threads: CPUThreadsOpt = None,
+    enforce_eager: Annotated[bool, typer.Option(
+        "--enforce-eager", help="accepted as vLLM accepts it: the engine always runs eagerly (no CUDA graphs)")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
     allow_pickle_weights: Annotated[bool, typer.Option(
         "--allow-pickle-weights", help="load pytorch_model*.bin when a model has no safetensors "
@@ -224,16 +236,20 @@ def serve(
     from llmctl.server.serve import load_chat_template
     from llmctl.server.serve import serve as run_server
 
-    if tensor_parallel_size != 1:
-        raise LlmctlError("--tensor-parallel-size above 1 is not implemented yet; serve on one device")
+    from llmctl.engine.parallel.launch import run_torchrun_worker_if_not_driver
+
     config = EngineConfig(model=model, revision=revision, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, dtype=dtype,
                           gpu_memory_utilization=gpu_memory_utilization,
                           kv_cache_memory=_parse_bytes(kv_cache_memory, "--kv-cache-memory"),
                           enable_prefix_caching=enable_prefix_caching, seed=seed,
                           trust_remote_code=trust_remote_code, allow_pickle_weights=allow_pickle_weights,
-                          show_progress=True)
+                          show_progress=True, tensor_parallel_size=tensor_parallel_size,
+                          pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
+                          cpu_threads=cpu_threads)
     config.validate()
+    if run_torchrun_worker_if_not_driver(config):  # torchrun rank > 0: a worker, no HTTP server
+        return
     if max_queue_len is not None and max_queue_len < 0:
         raise LlmctlError(f"--max-queue-len must be 0 or more (got {max_queue_len})")
     settings = ServerSettings(
@@ -424,6 +440,10 @@ def bench_offline(
     shared_prefix_output_len: PrefixOutputOpt = 128,
     custom_output_len: CustomLenOpt = 256,
     temperature: Annotated[float, typer.Option("--temperature")] = 1.0,
+    tensor_parallel_size: TPOpt = 1,
+    pipeline_parallel_size: PPOpt = 1,
+    data_parallel_size: DPOpt = 1,
+    cpu_threads: CPUThreadsOpt = None,
     max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = 256,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens")] = None,
     max_model_len: Annotated[Optional[int], typer.Option("--max-model-len")] = None,
@@ -447,7 +467,9 @@ def bench_offline(
     result = run_offline(OfflineOptions(
         model=model, dataset=dataset, temperature=temperature, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, compare=compare,
-        hf_batch_size=hf_batch_size, percentiles=_percentiles(metric_percentiles)))
+        hf_batch_size=hf_batch_size, percentiles=_percentiles(metric_percentiles),
+        parallel={"tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
+                  "data_parallel_size": data_parallel_size, "cpu_threads": cpu_threads}))
     if as_json:
         print_json(offline_to_dict(result))
     else:

@@ -34,6 +34,7 @@ class OfflineOptions:
     compare: str | None = None
     hf_batch_size: int = 16
     percentiles: tuple[float, ...] = (90.0, 99.0)
+    parallel: dict[str, Any] = field(default_factory=dict)  # tensor/pipeline/data_parallel_size, cpu_threads
 
 
 @dataclass
@@ -72,14 +73,49 @@ class OfflineResult:
         return self.llmctl.output_tokens_per_s / self.transformers.output_tokens_per_s
 
 
+def run_engines(engines: list[Any], on_progress: Callable[[int], None]) -> list[Any]:
+    """Step every engine until it is done, each on its own thread when there are several replicas."""
+    import threading
+
+    finished: list[Any] = []
+    lock = threading.Lock()
+
+    def drive(engine: Any) -> None:
+        while engine.has_unfinished_requests:
+            done = [o for o in engine.step() if o.finished]
+            with lock:
+                finished.extend(done)
+                on_progress(len(finished))
+
+    threads = [threading.Thread(target=drive, args=(e,), name=f"llmctl-replica{i}") for i, e in enumerate(engines)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return finished
+
+
 def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None] | None = None) -> OfflineResult:
     from llmctl.engine.llm import LLM
     from llmctl.engine.sampling_params import SamplingParams
 
     if options.compare not in (None, *COMPARE_WITH):
         raise LlmctlError(f"--compare takes {', '.join(COMPARE_WITH)}")
+    parallel = {k: v for k, v in options.parallel.items() if v is not None}
+    replicas = parallel.pop("data_parallel_size", 1)
+    if replicas > 1 and parallel.get("tensor_parallel_size", 1) * parallel.get("pipeline_parallel_size", 1) == 1:
+        import torch
+
+        from llmctl.engine.data_parallel import replica_threads
+        from llmctl.engine.config import EngineConfig
+
+        torch.set_num_threads(replica_threads(EngineConfig(data_parallel_size=replicas, **parallel)))
     llm = LLM(options.model, max_num_seqs=options.max_num_seqs, max_model_len=options.max_model_len,
-              max_num_batched_tokens=options.max_num_batched_tokens)
+              max_num_batched_tokens=options.max_num_batched_tokens, **parallel)
+    engines = [llm.engine] + [LLM(options.model, max_num_seqs=options.max_num_seqs,
+                                  max_model_len=options.max_model_len,
+                                  max_num_batched_tokens=options.max_num_batched_tokens, **parallel).engine
+                              for _ in range(replicas - 1)]
     tokenizer = LocalTokenizer(llm.engine.loaded.source.name, llm.get_tokenizer())
     requests = sample_requests(options.dataset, tokenizer, tokenizer.words())
     prompts = [tokenizer.encode(r.full_prompt) for r in requests]
@@ -87,14 +123,13 @@ def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None]
                              seed=options.dataset.seed + i) for i, r in enumerate(requests)]
     llm.generate([prompts[0]], [SamplingParams(max_tokens=4)])  # warm-up: first-call costs are not throughput
     engine = llm.engine
+    work = [0] * len(engines)  # data parallel: each request to the replica with the least work so far
     for index, (prompt, param) in enumerate(zip(prompts, params)):
-        engine.add_request(f"bench-{index}", prompt, param)
+        target = work.index(min(work))
+        work[target] += len(prompt) + (param.max_tokens or 0)
+        engines[target].add_request(f"bench-{index}", prompt, param)
     started = time.perf_counter()
-    finished = []
-    while engine.has_unfinished_requests:
-        finished += [o for o in engine.step() if o.finished]
-        if on_progress:
-            on_progress(len(finished), len(requests))
+    finished = run_engines(engines, lambda done: on_progress(done, len(requests)) if on_progress else None)
     seconds = time.perf_counter() - started
     output_tokens = sum(len(o.outputs[0].token_ids) for o in finished)
     ttfts = [o.metrics.ttft for o in finished if o.metrics and o.metrics.ttft is not None]

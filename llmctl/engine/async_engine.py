@@ -54,7 +54,11 @@ class AsyncLLMEngine:
 
     @property
     def is_running(self) -> bool:
-        return self._thread.is_alive() and self.dead_error is None
+        return self._thread.is_alive() and self.dead_error is None and self.engine.executor.healthy()
+
+    @property
+    def replicas(self) -> list["AsyncLLMEngine"]:
+        return [self]
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
@@ -87,6 +91,7 @@ class AsyncLLMEngine:
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout)
+        self.engine.executor.shutdown()  # worker ranks exit with the engine
 
     # -- the engine thread ------------------------------------------------------------------
     def _run(self) -> None:

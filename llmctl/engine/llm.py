@@ -20,6 +20,10 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
         self._ids = itertools.count()
 
+    def shutdown(self) -> None:
+        """Stop the worker ranks of a tensor/pipeline-parallel engine (they also exit with this process)."""
+        self.engine.executor.shutdown()
+
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 

@@ -183,6 +183,10 @@ def structural_problems(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, tp
 
 def _group_alignment_problems(spec: ModelSpec, group: int, tp: int, expert_parallel: bool) -> list[str]:
     inputs = {"hidden size": spec.hidden_size}
+    att = spec.attention
+    if att.kind != "MLA" and tp > 1:  # o_proj's input columns are split by TP
+        q_size = att.num_heads * att.head_dim
+        inputs[f"attention output / TP ({q_size} / {tp})"] = q_size // tp
     moe = spec.moe
     if not moe or moe.dense_layers:
         inputs[f"intermediate size / TP ({spec.intermediate_size} / {tp})"] = spec.intermediate_size // tp
@@ -388,8 +392,13 @@ def _suggestions(spec: ModelSpec, req: PlanRequest, model: str, plan: Plan) -> l
     return out
 
 
+# Flags plan may need that `llmctl serve` refuses today; a layout needing one gets no llmctl command.
+LLMCTL_SERVE_LACKS = ("--quantization", "--kv-cache-dtype", "--enable-expert-parallel")
+
+
 def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: WeightFormat) -> list[str]:
-    """`llmctl serve` and `vllm serve` command lines that realize the recommended layout."""
+    """`llmctl serve` and `vllm serve` command lines that realize the recommended layout; every
+    llmctl flag here is one `llmctl serve` accepts (tests parse them)."""
     best, req = plan.recommended, plan.request
     assert best is not None
     target = model
@@ -417,9 +426,14 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
         flags.append("--enable-expert-parallel")
     if req.enforce_eager:
         flags.append("--enforce-eager")
-    llmctl_flags = [f.replace("--tensor-parallel-size", "--tp").replace("--pipeline-parallel-size", "--pp")
-                    for f in flags]
-    commands.append(f"llmctl serve {target} " + " ".join(llmctl_flags))
+    unsupported = [f for f in flags if f.split()[0] in LLMCTL_SERVE_LACKS]
+    if unsupported:
+        plan.notes.append(f"llmctl serve cannot run this layout yet ({', '.join(unsupported)}): the vllm serve "
+                          "command below can")
+    else:
+        llmctl_flags = [f.replace("--tensor-parallel-size", "--tp").replace("--pipeline-parallel-size", "--pp")
+                        for f in flags] + ([f"--dp {best.replicas}"] if best.replicas > 1 else [])
+        commands.append(f"llmctl serve {target} " + " ".join(llmctl_flags))
     vllm_flags = flags + ([f"--data-parallel-size {best.replicas}"] if best.replicas > 1 else [])
     commands.append(f"vllm serve {target} " + " ".join(vllm_flags))
     return commands

@@ -21,6 +21,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from llmctl import __version__
+from llmctl.engine.data_parallel import create_async_engine
 from llmctl.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.llm_engine import LLMEngine, StepFailedError
@@ -84,18 +85,40 @@ class ServerState:
         return self.settings.served_model_names[0]
 
 
+async def _exit_when_ranks_are_lost(state: ServerState, stop: Any) -> None:
+    """A lost worker rank cannot come back: once in-flight requests have their errors, stop the
+    server with a failure so a supervisor restarts it (a single-process engine stays up, 503)."""
+    from llmctl.engine.parallel.executor import WorkerLostError
+
+    while True:
+        await asyncio.sleep(0.5)
+        engine = state.engine
+        if engine is None or stop is None:
+            continue
+        lost = [r for r in engine.replicas if not r.engine.executor.healthy()
+                or isinstance(r.dead_error, WorkerLostError)]
+        if lost:
+            reason = lost[0].dead_error or "a worker rank exited"
+            logger.error("engine ranks lost (%s): failing in-flight requests and stopping", reason)
+            await asyncio.sleep(1.0)  # let the error responses of in-flight requests go out
+            stop(WorkerLostError(f"a worker rank was lost: {reason}"))
+            return
+
+
 def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
                on_load_failure: Any = None) -> Starlette:
     """The app; the engine loads on a background thread (or is given), /health says when it is ready."""
     state = ServerState(settings)
     state.in_flight = InFlight(settings.engine_config.max_num_seqs, settings.max_queue_len)
-    state.metrics = ServerMetrics(lambda: state.engine.engine if state.engine else None, state.model_name)
+    state.metrics = ServerMetrics(lambda: [r.engine for r in state.engine.replicas] if state.engine else [],
+                                  state.model_name)
 
     def load() -> None:
         try:
             if engine is None and load_embedder(state):
                 return
-            state.engine = AsyncLLMEngine(engine or LLMEngine(settings.engine_config))
+            state.engine = AsyncLLMEngine(engine) if engine is not None else \
+                create_async_engine(settings.engine_config)
             state.template = chat_template(state)
             if state.template is None:
                 logger.warning("%s has no chat template: /v1/chat/completions will answer 400 until the server is "
@@ -113,7 +136,9 @@ def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
             if settings.stats_interval else None
         if stats:
             stats.start()
+        watcher = asyncio.create_task(_exit_when_ranks_are_lost(state, on_load_failure))
         yield
+        watcher.cancel()
         if stats:
             stats.stop()
         if state.engine is not None:

@@ -23,33 +23,36 @@ class EngineCollector:
         self.labels = {"model_name": model_name}
 
     def collect(self) -> Iterator[Any]:
-        engine = self.engine()
-        if engine is None:
+        engines = self.engine()
+        if not engines:
             return
-        scheduler, blocks = engine.scheduler, engine.block_manager
-        yield self._gauge("llmctl:num_requests_running", "Sequences in model execution batches.",
-                          len(scheduler.running))
-        yield self._gauge("llmctl:num_requests_waiting", "Sequences waiting to be scheduled.", len(scheduler.waiting))
-        yield self._gauge("llmctl:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = 100%).",
-                          blocks.usage)
-        yield self._counter("llmctl:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                            blocks.stats.queries)
-        yield self._counter("llmctl:prefix_cache_hits", "Prompt tokens found in the prefix cache.", blocks.stats.hits)
-        yield self._counter("llmctl:num_preemptions", "Sequences preempted (recomputed later) for lack of KV blocks.",
-                            scheduler.num_preemptions)
-        yield self._counter("llmctl:prompt_tokens", "Prefill tokens processed.", engine.stats["prompt_tokens"])
-        yield self._counter("llmctl:generation_tokens", "Generation tokens processed.",
-                            engine.stats["generation_tokens"])
+        # One sample per engine; with --dp each replica is labelled, as vLLM labels engine="i".
+        labelled = [({**self.labels, "engine": str(i)} if len(engines) > 1 else self.labels, e)
+                    for i, e in enumerate(engines)]
+        names = list(labelled[0][0])
 
-    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(name, doc, labels=list(self.labels))
-        family.add_metric(list(self.labels.values()), value)
-        return family
+        def family(kind: type, name: str, doc: str, read: Any) -> Any:
+            metric = kind(name, doc, labels=names)
+            for labels, engine in labelled:
+                metric.add_metric(list(labels.values()), read(engine))
+            return metric
 
-    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
-        family = CounterMetricFamily(name, doc, labels=list(self.labels))
-        family.add_metric(list(self.labels.values()), value)
-        return family
+        gauge, counter = GaugeMetricFamily, CounterMetricFamily
+        yield family(gauge, "llmctl:num_requests_running", "Sequences in model execution batches.",
+                     lambda e: len(e.scheduler.running))
+        yield family(gauge, "llmctl:num_requests_waiting", "Sequences waiting to be scheduled.",
+                     lambda e: len(e.scheduler.waiting))
+        yield family(gauge, "llmctl:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = 100%).",
+                     lambda e: e.block_manager.usage)
+        yield family(counter, "llmctl:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                     lambda e: e.block_manager.stats.queries)
+        yield family(counter, "llmctl:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                     lambda e: e.block_manager.stats.hits)
+        yield family(counter, "llmctl:num_preemptions", "Sequences preempted (recomputed later) for lack of KV "
+                     "blocks.", lambda e: e.scheduler.num_preemptions)
+        yield family(counter, "llmctl:prompt_tokens", "Prefill tokens processed.", lambda e: e.stats["prompt_tokens"])
+        yield family(counter, "llmctl:generation_tokens", "Generation tokens processed.",
+                     lambda e: e.stats["generation_tokens"])
 
 
 class ServerMetrics:

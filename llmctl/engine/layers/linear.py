@@ -79,15 +79,17 @@ class ColumnParallelLinear(nn.Module):
         kinds += ("bias",) if self.inner.bias is not None else ()
         return {(kind, i) for kind in kinds for i in range(len(self.parts))}
 
-    def load(self, kind: str, tensor: CheckpointTensor, part: int, offset: int = 0) -> None:
+    def load(self, kind: str, tensor: CheckpointTensor, part: int, offset: int | None = None) -> None:
         """`tensor` holds part `part` (at row `offset` when several parts share one tensor)."""
         p = self.parts[part]
         begin = sum(q.size for q in self.parts[:part])
         if kind in PACKED:
             self._stash(kind, tensor, part, p)
             return
-        if tensor.shape[0] < offset + p.total or (not offset and tensor.shape[0] != p.total):
+        fits = tensor.shape[0] == p.total if offset is None else tensor.shape[0] >= offset + p.total
+        if not fits:
             raise LoadError(f"{tensor.name}: checkpoint shape {tensor.shape}, expected {p.total} rows")
+        offset = offset or 0
         target = self.inner.weight if kind == "weight" else self.inner.bias
         with torch.no_grad():
             target[begin:begin + p.size].copy_(tensor.read(0, offset + p.start, offset + p.start + p.size))
@@ -125,7 +127,7 @@ class RowParallelLinear(nn.Module):
         kinds = ("weight",) if isinstance(self.inner, nn.Linear) else ("qweight", "qzeros", "scales")
         return {(kind, 0) for kind in kinds + (("bias",) if self.bias is not None else ())}
 
-    def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int = 0) -> None:
+    def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int | None = None) -> None:
         p = self.part
         if kind == "bias":
             with torch.no_grad():
@@ -166,7 +168,7 @@ class VocabParallelEmbedding(nn.Module):
     def expected(self) -> set[tuple[str, int]]:
         return {("weight", 0)}
 
-    def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int = 0) -> None:
+    def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int | None = None) -> None:
         _check_rows(tensor, 0, self.vocab_size)
         stop = min(self.start + self.weight.shape[0], self.vocab_size)
         with torch.no_grad():

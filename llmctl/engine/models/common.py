@@ -61,7 +61,7 @@ class Target:
 
     path: str
     part: int = 0
-    offset: int = 0
+    offset: int | None = None  # None: the tensor is this part alone
 
 
 def layer_index(name: str, marker: str) -> int | None:

@@ -120,3 +120,15 @@ def run_worker(config: EngineConfig, rank: Rank, store: dist.Store) -> None:
         store.set(f"error/{rank.rank}", f"rank {rank.rank}: {exc}")
         raise SystemExit(1) from None
     stage.serve_forever()
+
+
+def run_torchrun_worker_if_not_driver(config: EngineConfig) -> bool:
+    """Under torchrun every process runs `llmctl serve …`: rank 0 goes on as the driver and API
+    server; the other ranks become workers here and return True when the driver stops them."""
+    if not under_torchrun() or int(os.environ.get("RANK", "0")) == 0:
+        return False
+    rank = torchrun_rank(config.tensor_parallel_size, config.pipeline_parallel_size)
+    torch.set_num_threads(config.cpu_threads or threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    store, _, _ = open_store(rank)
+    run_worker(config, rank, store)
+    return True

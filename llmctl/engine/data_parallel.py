@@ -1,0 +1,85 @@
+"""Data parallelism: D engine replicas (each its own TP × PP ranks) behind one API server.
+
+Each request goes to the replica with the least outstanding work (prompt tokens plus the
+tokens still to generate of the requests it is serving), as vLLM's DP coordinator
+balances by queue length. Replicas share nothing: a replica that dies makes the whole
+server unhealthy, as one engine would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from typing import AsyncIterator
+
+import torch
+
+from llmctl.engine.async_engine import AsyncLLMEngine
+from llmctl.engine.config import EngineConfig
+from llmctl.engine.llm_engine import LLMEngine
+from llmctl.engine.outputs import RequestOutput
+from llmctl.engine.sampling_params import SamplingParams
+
+
+def create_async_engine(config: EngineConfig) -> AsyncLLMEngine | "DataParallelEngine":
+    if config.data_parallel_size == 1:
+        return AsyncLLMEngine(LLMEngine(config))
+    return DataParallelEngine(config)
+
+
+def replica_threads(config: EngineConfig) -> int:
+    """Replicas of one rank each run in this process: they share its cores evenly."""
+    if config.cpu_threads:
+        return config.cpu_threads
+    return max(1, (os.cpu_count() or 1) // config.data_parallel_size)
+
+
+class DataParallelEngine:
+    """The AsyncLLMEngine interface over several replicas."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        if config.tensor_parallel_size * config.pipeline_parallel_size == 1:
+            torch.set_num_threads(replica_threads(config))  # each replica's steps run on their own thread
+        single = dataclasses.replace(config, data_parallel_size=1)
+        self.replicas = [AsyncLLMEngine(LLMEngine(single)) for _ in range(config.data_parallel_size)]
+        self._outstanding = [0] * len(self.replicas)
+        self._lock = threading.Lock()
+
+    @property
+    def engine(self) -> LLMEngine:
+        """Replica 0: tokenizer, model facts and limits are the same in every replica."""
+        return self.replicas[0].engine
+
+    @property
+    def is_running(self) -> bool:
+        return all(replica.is_running for replica in self.replicas)
+
+    @property
+    def dead_error(self) -> BaseException | None:
+        return next((r.dead_error for r in self.replicas if r.dead_error is not None), None)
+
+    def pick(self) -> int:
+        with self._lock:
+            return min(range(len(self.replicas)), key=lambda i: self._outstanding[i])
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        work = (len(prompt) if isinstance(prompt, list) else 1) + (params.max_tokens or 0) * params.n
+        index = self.pick()
+        with self._lock:
+            self._outstanding[index] += work
+        try:
+            async for output in self.replicas[index].generate(prompt, params, request_id):
+                yield output
+        finally:
+            with self._lock:
+                self._outstanding[index] -= work
+
+    @property
+    def engines(self) -> list[LLMEngine]:
+        return [replica.engine for replica in self.replicas]
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        for replica in self.replicas:
+            replica.shutdown(timeout)

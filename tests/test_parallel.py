@@ -1,0 +1,180 @@
+"""Tensor and pipeline parallelism over real processes (gloo on CPU): sharded engines produce the
+tokens and log-probabilities of the single-process engine, on every architecture and format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmctl import LLM, SamplingParams
+from llmctl.engine.config import EngineConfigError
+
+PROMPTS = ["The capital of France is", "Hello, my name is", [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]]
+PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=0)
+
+
+def random_model(config, folder: Path, tokenizer) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, 0.2)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def quantized_model(folder: Path, method: str, tokenizer, tmp: Path) -> Path:
+    from llmctl.quant.pipeline import quantize_model
+    from llmctl.quant.rtn import QuantConfig
+    from llmctl.quant.writer import quantization_config, write_checkpoint
+
+    config = QuantConfig(bits=4, group_size=32, symmetric=method == "gptq")
+    torch.manual_seed(1)
+    result = quantize_model(folder, method, config, torch.randint(0, 400, (4, 32)))
+    out = tmp / f"{folder.name}-{method}"
+    out.mkdir()
+    write_checkpoint(out, result.tensors)
+    model_config = json.loads((folder / "config.json").read_text())
+    model_config["quantization_config"] = quantization_config(method, config)
+    (out / "config.json").write_text(json.dumps(model_config))
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_source):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(default_source.path))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tokenizer) -> dict[str, Path]:
+    from transformers import BloomConfig, LlamaConfig, OPTConfig, Qwen2Config
+
+    tmp = tmp_path_factory.mktemp("parallel")
+    vocab = len(tokenizer)
+    out = {
+        "llama-1kv": random_model(LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                                              num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
+                                              tie_word_embeddings=False), tmp / "llama", tokenizer),
+        "qwen2": random_model(Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+                              tmp / "qwen2", tokenizer),
+        "bloom": random_model(BloomConfig(vocab_size=vocab, hidden_size=72, n_layer=3, n_head=6),  # 3 heads/rank
+                              tmp / "bloom", tokenizer),
+        "opt": random_model(OPTConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, ffn_dim=128,
+                                      num_attention_heads=4, max_position_embeddings=256, word_embed_proj_dim=32),
+                            tmp / "opt", tokenizer),
+    }
+    dense = random_model(LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2), tmp / "llama-q", tokenizer)
+    out["gptq"] = quantized_model(dense, "gptq", tokenizer, tmp)
+    out["awq"] = quantized_model(dense, "awq", tokenizer, tmp)
+    return out
+
+
+def generate(folder: Path, tp: int = 1, pp: int = 1):
+    llm = LLM(str(folder), tensor_parallel_size=tp, pipeline_parallel_size=pp, max_model_len=128,
+              max_num_batched_tokens=9, kv_cache_memory=64 * 1024**2)  # chunked prefill across ranks too
+    try:
+        outputs = llm.generate(PROMPTS, PARAMS)
+        memory = llm.engine.executor.rank_memory
+    finally:
+        llm.shutdown()
+    return [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs]) for o in outputs], memory
+
+
+def assert_same(expected, got) -> None:
+    for (tokens, logprobs), (their_tokens, their_logprobs) in zip(expected, got):
+        assert their_tokens == tokens
+        assert max(abs(a - b) for a, b in zip(logprobs, their_logprobs)) <= 1e-4
+
+
+LAYOUTS = {"llama-1kv": [(2, 1), (1, 2), (2, 2)], "qwen2": [(2, 1), (1, 2)], "bloom": [(2, 1), (2, 2)],
+           "opt": [(2, 1), (1, 2)], "gptq": [(2, 1), (1, 2)], "awq": [(2, 1)]}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_sharded_engines_equal_one_process(models, name):
+    expected, _ = generate(models[name])
+    for tp, pp in LAYOUTS[name]:
+        got, memory = generate(models[name], tp, pp)
+        assert len(memory) == tp * pp
+        assert_same(expected, got)
+
+
+def test_each_rank_holds_what_the_plan_says(models):
+    from llmctl.model.report import load_spec
+    from llmctl.model.source import resolve_model
+    from llmctl.plan.kv import stage_kv
+    from llmctl.plan.memory import kv_pool
+    from llmctl.plan.weights import pipeline_stages, stage_weights, weight_format
+
+    folder = models["llama-1kv"]
+    spec = load_spec(resolve_model(str(folder)))
+    _, memory = generate(folder, 2, 2)
+    weights = stage_weights(spec, weight_format(4, None, spec), 2, 2)
+    stages = pipeline_stages(spec.num_layers, 2)
+    pools = [kv_pool(64 * 1024**2, stage_kv(spec, 2, layers, 4, 16)) for layers in stages]
+    blocks = min(pool.num_blocks for pool in pools)  # the pool every rank can hold
+    for rank, (weights_bytes, kv_bytes) in enumerate(memory):
+        stage = rank // 2
+        assert weights_bytes == weights[stage].total_bytes
+        assert kv_bytes == blocks * stage_kv(spec, 2, stages[stage], 4, 16).block_bytes
+
+
+def test_wrong_layouts_are_one_line_before_any_process_starts(models):
+    with pytest.raises(EngineConfigError, match=r"--tp 3 .*TP sizes that work: 1, 2, 4"):
+        LLM(str(models["llama-1kv"]), tensor_parallel_size=3)
+    with pytest.raises(EngineConfigError, match=r"PP 4 exceeds the 3 layers"):
+        LLM(str(models["llama-1kv"]), pipeline_parallel_size=4)
+
+
+def test_quantized_groups_that_do_not_split_name_the_sizes_that_work(models):
+    with pytest.raises(EngineConfigError, match=r"group size 32.*TP sizes that work: 1, 2\b"):
+        LLM(str(models["gptq"]), tensor_parallel_size=4)
+
+
+def test_qwen1_runs_natively_as_qwen2_does(tmp_path, tokenizer):
+    """Qwen (1) checkpoints (QWenLMHeadModel, remote code in its repo) with Qwen2's remapped weights."""
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen2Config
+
+    source = random_model(Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4),
+                          tmp_path / "qwen2-mha", tokenizer)  # Qwen (1) has as many KV heads as heads
+    tensors = load_file(str(source / "model.safetensors"))
+    config = json.loads((source / "config.json").read_text())
+    renamed = {}
+    for layer in range(config["num_hidden_layers"]):
+        old, new = f"model.layers.{layer}.", f"transformer.h.{layer}."
+        for kind in ("weight", "bias"):
+            renamed[f"{new}attn.c_attn.{kind}"] = torch.cat(
+                [tensors.pop(f"{old}self_attn.{p}_proj.{kind}") for p in "qkv"])
+        for ours, theirs in (("self_attn.o_proj", "attn.c_proj"), ("mlp.gate_proj", "mlp.w2"),
+                             ("mlp.up_proj", "mlp.w1"), ("mlp.down_proj", "mlp.c_proj"),
+                             ("input_layernorm", "ln_1"), ("post_attention_layernorm", "ln_2")):
+            renamed[f"{new}{theirs}.weight"] = tensors.pop(f"{old}{ours}.weight")
+    renamed["transformer.wte.weight"] = tensors.pop("model.embed_tokens.weight")
+    renamed["transformer.ln_f.weight"] = tensors.pop("model.norm.weight")
+    renamed["lm_head.weight"] = tensors.pop("lm_head.weight", renamed["transformer.wte.weight"]).clone()
+    qwen = tmp_path / "qwen1"
+    qwen.mkdir()
+    save_file(renamed, str(qwen / "model.safetensors"))
+    (qwen / "config.json").write_text(json.dumps({
+        "architectures": ["QWenLMHeadModel"], "model_type": "qwen", "auto_map": {"AutoConfig": "x.QWenConfig"},
+        "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": config["num_hidden_layers"],
+        "num_attention_heads": 4, "kv_channels": 16, "vocab_size": config["vocab_size"], "seq_length": 128,
+        "max_position_embeddings": 128, "rotary_emb_base": config.get("rope_theta", 10000.0),
+        "layer_norm_epsilon": config["rms_norm_eps"], "no_bias": True, "torch_dtype": "float32"}))
+    tokenizer.save_pretrained(qwen)
+    expected, _ = generate(source)
+    assert_same(expected, generate(qwen)[0])
+    assert_same(expected, generate(qwen, 2)[0])
