@@ -72,8 +72,8 @@ def test_tiny_token_budget_chunks_every_prompt(default_source, reference):
     scheduled = []
     original = llm.engine.scheduler.schedule
 
-    def spy():
-        out = original()
+    def spy(lane=0):
+        out = original(lane)
         scheduled.append(out.num_tokens)
         return out
 

@@ -4,8 +4,6 @@ rank on each machine and every process finds its place from RANK / WORLD_SIZE / 
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import datetime
 import logging
 import multiprocessing
@@ -94,12 +92,20 @@ def spawn_workers(config: EngineConfig, driver: Rank, threads: int) -> Launch:
 
 
 def die_with_parent() -> None:
-    """Linux: the kernel kills this worker when the process that started it dies (no orphans)."""
-    name = ctypes.util.find_library("c")
-    try:
-        ctypes.CDLL(name).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError, TypeError):
-        pass
+    """The worker exits when the process that started it is gone (no orphans). A watcher thread,
+    not prctl(PR_SET_PDEATHSIG): that fires when the parent *thread* ends, and the server
+    starts its engine on a loader thread that ends once the model is up."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="llmctl-parent-watch", daemon=True).start()
 
 
 def worker_main(config: EngineConfig, rank: Rank, host: str, port: int, threads: int) -> None:

@@ -1,0 +1,164 @@
+"""`llmctl serve --tp/--pp/--dp` as users run it: real processes, the openai client, lost ranks,
+orphan-free shutdown, torchrun on two "nodes" of this machine, and plan's commands parse."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from server_helpers import free_port, start_server
+
+PROMPT = "The capital of France is"
+
+
+def child_pids(pid: int) -> set[int]:
+    """Every descendant of pid, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def complete(url: str, max_tokens: int = 8) -> list[str]:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+    response = client.completions.create(model=client.models.list().data[0].id, prompt=PROMPT,
+                                         max_tokens=max_tokens, temperature=0, logprobs=1)
+    return response.choices[0].logprobs.tokens
+
+
+@pytest.fixture(scope="module")
+def single_tokens():
+    server = start_server("--max-model-len", "256", "--disable-log-stats")
+    try:
+        return complete(server.url)
+    finally:
+        server.stop()
+
+
+def test_smollm2_at_tp3_through_serve_and_the_openai_client(single_tokens):
+    server = start_server("--tp", "3", "--max-model-len", "256", "--disable-log-stats", timeout=240)
+    try:
+        assert complete(server.url) == single_tokens
+        workers = child_pids(server.process.pid)
+        assert len([p for p in workers if alive(p)]) >= 2
+    finally:
+        assert server.stop() == 0
+    time.sleep(1)
+    assert not [p for p in workers if alive(p)], "worker ranks outlived the server"
+
+
+def test_pp2_and_dp2_through_serve(single_tokens):
+    for flags in (["--pp", "2"], ["--dp", "2"]):
+        server = start_server(*flags, "--max-model-len", "256", "--disable-log-stats", timeout=240)
+        try:
+            assert complete(server.url) == single_tokens
+            status, metrics = server.get("/metrics")
+            if "--dp" in flags:
+                assert 'engine="1"' in metrics
+        finally:
+            assert server.stop() == 0
+
+
+def test_a_killed_worker_fails_requests_and_stops_the_server():
+    import httpx2 as httpx
+
+    server = start_server("--pp", "2", "--max-model-len", "512", "--disable-log-stats", timeout=240)
+    try:
+        workers = [p for p in child_pids(server.process.pid) if alive(p)]
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            with client.stream("POST", "/v1/completions", json={
+                    "model": client.get("/v1/models").json()["data"][0]["id"], "prompt": PROMPT,
+                    "max_tokens": 400, "ignore_eos": True, "stream": True}) as stream:
+                lines = stream.iter_lines()
+                next(line for line in lines if line.startswith("data:"))
+                for pid in workers:
+                    os.kill(pid, signal.SIGKILL)
+                started = time.monotonic()
+                rest = [line for line in lines if line.startswith("data:")]
+            assert time.monotonic() - started < 30
+            assert any('"error"' in line for line in rest)
+        code = server.process.wait(timeout=30)
+        assert code != 0
+    finally:
+        server.stop()
+
+
+def test_two_torchrun_nodes_give_the_same_tokens(single_tokens):
+    port, http = free_port(), free_port()
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    serve = ["-m", "llmctl", "serve", "--pp", "2", "--max-model-len", "256", "--port", str(http),
+             "--disable-log-stats"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(torchrun + ["--node-rank", str(i)] + serve, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+        from server_helpers import Server
+
+        server = Server(nodes[0], http)
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            try:
+                if server.get("/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert all(n.poll() is None for n in nodes), nodes[0].stdout.read() if nodes[0].poll() else ""
+            time.sleep(0.5)
+        assert complete(server.url) == single_tokens
+    finally:
+        for node in nodes:
+            node.send_signal(signal.SIGTERM)
+        for node in nodes:
+            try:
+                node.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                node.kill()
+
+
+def test_every_serve_command_plan_prints_parses():
+    """plan's llmctl commands for the models the seeds profile go through serve's own argument parser."""
+    import typer
+
+    from llmctl.cli import app
+    from llmctl.model.report import load_spec
+    from llmctl.model.source import resolve_model
+    from llmctl.plan.gpus import lookup_gpu
+    from llmctl.plan.planner import PlanRequest, build_plan
+
+    command = typer.main.get_command(app).commands["serve"]
+    for model, gpus, extra in (("bigscience/bloom", 8, {}), ("Qwen/Qwen-72B", 8, {}),
+                               ("bigscience/bloom", 16, {"nodes": 2}), ("Qwen/Qwen-72B", 4, {"quantization": "awq"})):
+        spec = load_spec(resolve_model(model, weights=False))
+        plan = build_plan(spec, PlanRequest(gpu=lookup_gpu("h100"), gpus=gpus, **extra), model)
+        lines = [c for c in plan.commands if c.startswith("llmctl serve")]
+        assert lines, plan.notes
+        for line in lines:
+            with command.make_context("serve", line.split()[2:]) as context:
+                assert context.params["tensor_parallel_size"] >= 1
