@@ -9,7 +9,9 @@ from torch import nn
 
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear, VocabParallelEmbedding
 from llmctl.engine.layers.positions import alibi_slopes
-from llmctl.engine.models.common import Shard, StepContext, Target, layer_index, load_checkpoint
+from llmctl.engine.models.common import (
+    Shard, StepContext, Target, embedding_targets, layer_index, load_checkpoint,
+)
 from llmctl.engine.parallel.group import TPGroup
 from llmctl.model.spec import ModelSpec
 
@@ -98,8 +100,5 @@ class BloomForCausalLM(nn.Module):
         if name.startswith("h.") and layer is not None and layer not in self.stage_layers:
             return []
         if name == "word_embeddings.weight":
-            out = [Target(name)] if self.word_embeddings is not None else []
-            if self.lm_head is not None and self.lm_head is not self.word_embeddings:
-                out.append(Target("lm_head.weight"))
-            return out
+            return embedding_targets(name, self.word_embeddings, self.lm_head, True)
         return [Target(name)]

@@ -64,6 +64,15 @@ class Target:
     offset: int | None = None  # None: the tensor is this part alone
 
 
+def embedding_targets(name: str, embedding: nn.Module | None, lm_head: nn.Module | None,
+                      tied: bool = True) -> list[Target]:
+    """The embedding table loads on the first stage; a tied head on another stage loads its own copy."""
+    out = [Target(name)] if embedding is not None else []
+    if tied and lm_head is not None and lm_head is not embedding:
+        out.append(Target("lm_head.weight"))
+    return out
+
+
 def layer_index(name: str, marker: str) -> int | None:
     """3 for 'model.layers.3.mlp...' with marker 'layers.'."""
     at = name.find(marker)

@@ -11,7 +11,9 @@ from torch import nn
 
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear, VocabParallelEmbedding
 from llmctl.engine.layers.positions import RotaryEmbedding
-from llmctl.engine.models.common import RMSNorm, Shard, StepContext, Target, layer_index, load_checkpoint
+from llmctl.engine.models.common import (
+    RMSNorm, Shard, StepContext, Target, embedding_targets, layer_index, load_checkpoint,
+)
 from llmctl.engine.weights import CheckpointTensor
 from llmctl.model.spec import ModelSpec, QuantizationSpec
 from llmctl.engine.parallel.group import TPGroup
@@ -126,10 +128,7 @@ class LlamaForCausalLM(nn.Module):
                 return [Target(".".join(parts[:-2] + [fused, parts[-1]]), slot)]
             return [Target(name)]
         if name == "embed_tokens.weight":
-            out = [Target(name)] if self.embed_tokens is not None else []
-            if self.spec.tie_word_embeddings and self.lm_head is not None and self.lm_head is not self.embed_tokens:
-                out.append(Target("lm_head.weight"))
-            return out
+            return embedding_targets(name, self.embed_tokens, self.lm_head, self.spec.tie_word_embeddings)
         return [Target(name)]
 
     @staticmethod

@@ -9,7 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear, VocabParallelEmbedding
-from llmctl.engine.models.common import Shard, StepContext, Target, layer_index, load_checkpoint
+from llmctl.engine.models.common import (
+    Shard, StepContext, Target, embedding_targets, layer_index, load_checkpoint,
+)
 from llmctl.engine.parallel.group import TPGroup
 from llmctl.model.spec import ModelSpec
 
@@ -112,8 +114,5 @@ class OPTForCausalLM(nn.Module):
                 return [Target(".".join(parts[:-2] + ["qkv_proj", parts[-1]]), QKV[parts[-2]])]
             return [Target(name)]
         if name == "embed_tokens.weight":
-            out = [Target(name)] if self.embed_tokens is not None else []
-            if self.lm_head is not None and self.lm_head is not self.embed_tokens:
-                out.append(Target("lm_head.weight"))
-            return out
+            return embedding_targets(name, self.embed_tokens, self.lm_head, True)
         return [Target(name)]
