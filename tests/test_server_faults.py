@@ -158,11 +158,11 @@ def test_a_dead_engine_is_reported_as_such(default_source):
     original = engine.scheduler.schedule
     calls = {"n": 0}
 
-    def schedule():
+    def schedule(lane=0):
         calls["n"] += 1
         if calls["n"] > 3:
             raise RuntimeError("scheduler bug")
-        return original()
+        return original(lane)
 
     engine.scheduler.schedule = schedule
     with InProcessServer(engine) as server, httpx.Client(base_url=server.url, timeout=60) as client:
