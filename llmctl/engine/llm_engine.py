@@ -121,6 +121,8 @@ class LLMEngine:
         self.scheduler.add(first)
 
     def _emptiest_lane(self) -> int:
+        if self.executor.max_in_flight == 1:
+            return 0
         load = [0] * self.executor.max_in_flight
         for seq in itertools.chain(self.scheduler.running, self.scheduler.waiting):
             load[seq.lane] += 1

@@ -273,8 +273,9 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
                 str(loaded.dtype).removeprefix("torch."), loaded.device)
     logger.info("attention backend torch: SDPA over gathered KV pages (%s positions); the Triton backend is not "
                 "built yet", loaded.spec.positional.describe())
-    logger.info("weights take %.2f GiB", loaded.weights_bytes / GiB)
-    logger.info("KV cache: %.2f GiB = %d blocks of %d tokens; %s KV cache size: %s tokens",
+    where = " on rank 0 (every rank is listed below)" if loaded.placement.rank.world_size > 1 else ""
+    logger.info("weights take %.2f GiB%s", loaded.weights_bytes / GiB, where)
+    logger.info("KV cache%s: %.2f GiB = %d blocks of %d tokens; %s KV cache size: %s tokens", where,
                 pool.allocated_bytes / GiB, pool.num_blocks, pool.block_size,
                 "GPU" if loaded.device.type == "cuda" else "CPU", f"{pool.tokens:,}")
     logger.info("Maximum concurrency for %s tokens per request: %.2fx", f"{loaded.max_model_len:,}", concurrency)

@@ -186,6 +186,3 @@ class VocabParallelEmbedding(nn.Module):
         outside = (local < 0) | (local >= self.weight.shape[0])
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
         return self.group.all_reduce(out.masked_fill(outside.unsqueeze(-1), 0))
-
-
-ParallelLMHead = VocabParallelEmbedding  # an untied head: the same sharding, used through .logits()
