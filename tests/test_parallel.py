@@ -121,7 +121,7 @@ def test_each_rank_holds_what_the_plan_says(models):
     spec = load_spec(resolve_model(str(folder)))
     _, memory = generate(folder, 2, 2)
     weights = stage_weights(spec, weight_format(4, None, spec), 2, 2)
-    stages = pipeline_stages(spec.num_layers, 2)
+    stages = pipeline_stages(spec, 2)
     pools = [kv_pool(64 * 1024**2, stage_kv(spec, 2, layers, 4, 16)) for layers in stages]
     blocks = min(pool.num_blocks for pool in pools)  # the pool every rank can hold
     for rank, (weights_bytes, kv_bytes) in enumerate(memory):
@@ -172,9 +172,12 @@ def test_qwen1_runs_natively_as_qwen2_does(tmp_path, tokenizer):
         "architectures": ["QWenLMHeadModel"], "model_type": "qwen", "auto_map": {"AutoConfig": "x.QWenConfig"},
         "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": config["num_hidden_layers"],
         "num_attention_heads": 4, "kv_channels": 16, "vocab_size": config["vocab_size"], "seq_length": 128,
-        "max_position_embeddings": 128, "rotary_emb_base": config.get("rope_theta", 10000.0),
+        "max_position_embeddings": 256, "rotary_emb_base": config.get("rope_theta", 10000.0),
         "layer_norm_epsilon": config["rms_norm_eps"], "no_bias": True, "torch_dtype": "float32"}))
     tokenizer.save_pretrained(qwen)
     expected, _ = generate(source)
     assert_same(expected, generate(qwen)[0])
     assert_same(expected, generate(qwen, 2)[0])
+    # past seq_length Qwen (1) would need logn attention and dynamic NTK: refused, not computed wrongly
+    with pytest.raises(EngineConfigError, match=r"longer than the model's context \(128, from seq_length\)"):
+        LLM(str(qwen), max_model_len=256)

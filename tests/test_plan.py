@@ -14,7 +14,7 @@ from llmctl.model.spec import ModelSpec
 from llmctl.plan.gpus import lookup_gpu
 from llmctl.plan.kv import stage_kv
 from llmctl.plan.planner import MeasuredMemory, PlanRequest, build_plan
-from llmctl.plan.weights import pipeline_stages, stage_weights, weight_format
+from llmctl.plan.weights import lm_head_in_layers, pipeline_stages, split_layers, stage_weights, weight_format
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hub"
 GiB = 1024**3
@@ -133,10 +133,19 @@ def test_tp_shards_linears_and_pp_duplicates_only_a_tied_table():
     assert sum(s.params for s in bloom_stages) == bloom_whole.params + bloom.vocab_size * bloom.hidden_size
 
 
-def test_pipeline_split_follows_vllm():
-    assert [len(r) for r in pipeline_stages(61, 4)] == [15, 15, 16, 15]
-    assert [len(r) for r in pipeline_stages(32, 3)] == [11, 11, 10]
-    assert [r.start for r in pipeline_stages(80, 4)] == [0, 20, 40, 60]
+def test_pipeline_split_follows_vllm_and_weighs_the_lm_head():
+    assert [len(r) for r in split_layers(61, 4)] == [15, 15, 16, 15]
+    assert [len(r) for r in split_layers(32, 3)] == [11, 11, 10]
+    assert [r.start for r in split_layers(80, 4)] == [0, 20, 40, 60]
+    assert [len(r) for r in split_layers(30, 2, head_layers=8.0)] == [19, 11]
+    assert [len(r) for r in split_layers(4, 4, head_layers=8.0)] == [1, 1, 1, 1]  # every stage keeps a layer
+    from llmctl.model.report import load_spec
+    from llmctl.model.source import resolve_model
+
+    smol = load_spec(resolve_model(None))  # a 49152 × 576 head is 8 of its 3.5M-parameter layers
+    assert round(lm_head_in_layers(smol), 1) == 8.0
+    assert [len(r) for r in pipeline_stages(smol, 2)] == [19, 11]
+    assert [len(r) for r in pipeline_stages(fixture_spec("bigscience/bloom"), 2)] == [36, 34]  # its head: 1.5 layers
 
 
 def test_kv_heads_replicate_beyond_tp_and_mla_is_replicated():

@@ -103,13 +103,11 @@ def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None]
         raise LlmctlError(f"--compare takes {', '.join(COMPARE_WITH)}")
     parallel = {k: v for k, v in options.parallel.items() if v is not None}
     replicas = parallel.pop("data_parallel_size", 1)
-    if replicas > 1 and parallel.get("tensor_parallel_size", 1) * parallel.get("pipeline_parallel_size", 1) == 1:
-        import torch
-
-        from llmctl.engine.data_parallel import replica_threads
+    if replicas > 1:  # every replica's ranks share this machine's cores
         from llmctl.engine.config import EngineConfig
+        from llmctl.engine.threads import threads_per_rank
 
-        torch.set_num_threads(replica_threads(EngineConfig(data_parallel_size=replicas, **parallel)))
+        parallel["cpu_threads"] = threads_per_rank(EngineConfig(data_parallel_size=replicas, **parallel))
     llm = LLM(options.model, max_num_seqs=options.max_num_seqs, max_model_len=options.max_model_len,
               max_num_batched_tokens=options.max_num_batched_tokens, **parallel)
     engines = [llm.engine] + [LLM(options.model, max_num_seqs=options.max_num_seqs,

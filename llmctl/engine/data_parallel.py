@@ -9,39 +9,27 @@ server unhealthy, as one engine would.
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from typing import AsyncIterator
-
-import torch
 
 from llmctl.engine.async_engine import AsyncLLMEngine
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.llm_engine import LLMEngine
 from llmctl.engine.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
-
+from llmctl.engine.threads import threads_per_rank
 
 def create_async_engine(config: EngineConfig) -> AsyncLLMEngine | "DataParallelEngine":
     if config.data_parallel_size == 1:
         return AsyncLLMEngine(LLMEngine(config))
     return DataParallelEngine(config)
 
-
-def replica_threads(config: EngineConfig) -> int:
-    """Replicas of one rank each run in this process: they share its cores evenly."""
-    if config.cpu_threads:
-        return config.cpu_threads
-    return max(1, (os.cpu_count() or 1) // config.data_parallel_size)
-
-
 class DataParallelEngine:
     """The AsyncLLMEngine interface over several replicas."""
 
     def __init__(self, config: EngineConfig) -> None:
-        if config.tensor_parallel_size * config.pipeline_parallel_size == 1:
-            torch.set_num_threads(replica_threads(config))  # each replica's steps run on their own thread
-        single = dataclasses.replace(config, data_parallel_size=1)
+        # every replica's ranks share this machine's cores
+        single = dataclasses.replace(config, data_parallel_size=1, cpu_threads=threads_per_rank(config))
         self.replicas = [AsyncLLMEngine(LLMEngine(single)) for _ in range(config.data_parallel_size)]
         self._outstanding = [0] * len(self.replicas)
         self._lock = threading.Lock()

@@ -72,8 +72,8 @@ class Placement:
     group: TPGroup = field(default_factory=TPGroup)
     agree_on_blocks: Callable[[int], int] = _same  # the minimum over all ranks
 
-    def shard(self, num_layers: int) -> Shard:
-        layers = pipeline_stages(num_layers, self.rank.pp)[self.rank.pp_rank] if self.rank.pp > 1 else None
+    def shard(self, spec: ModelSpec) -> Shard:
+        layers = pipeline_stages(spec, self.rank.pp)[self.rank.pp_rank] if self.rank.pp > 1 else None
         return Shard(self.group, layers, self.rank.is_first_stage, self.rank.is_last_stage)
 
 
@@ -84,7 +84,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     spec = load_spec(source)
     _check_native(spec, source, config.trust_remote_code)
     placement = placement or Placement()
-    shard, rank = placement.shard(spec.num_layers), placement.rank
+    shard, rank = placement.shard(spec), placement.rank
     device = _device(config.device, rank)
     if device.type == "cpu":
         keep_freed_memory_in_heap()

@@ -224,6 +224,12 @@ def build_spec(raw_config: dict[str, Any]) -> ModelSpec:
     attention = _attention(reader, text_type, facts, num_layers)
     positional = _positional(reader, text_type, facts)
     context, context_source = _context(config, raw_config)
+    if text_type == "qwen" and isinstance(config.get("seq_length"), int) and config["seq_length"] < context:
+        # Past its trained context Qwen (1) switches on logn attention and dynamic NTK, which llmctl
+        # does not implement: serve only what it computes exactly.
+        context, context_source = config["seq_length"], "seq_length"
+        notes.append(f"Qwen (1): context capped at seq_length {context}; longer contexts need its logn attention "
+                     "and dynamic NTK scaling, which llmctl does not implement")
     if context_source == "default":
         notes.append(f"config names no context length; {DEFAULT_CONTEXT} assumed (vLLM's default)")
     if reader.missing:

@@ -205,7 +205,7 @@ def evaluate_layout(spec: ModelSpec, req: PlanRequest, tp: int, pp: int, *, dtyp
         layout.feasible = False
         return layout
     weights = stage_weights(spec, fmt, tp, pp, req.expert_parallel)
-    stages = pipeline_stages(spec.num_layers, pp)
+    stages = pipeline_stages(spec, pp)
     for index, layers in enumerate(stages):
         layout.stages.append(_plan_stage(spec, req, index, layers, weights[index].total_bytes, tp, pp,
                                          dtype_bytes, kv_bytes, max_model_len, measured))

@@ -156,10 +156,15 @@ class StageWeights:
         return self.linear_bytes + self.other_bytes
 
 
-def pipeline_stages(num_layers: int, pp: int) -> list[range]:
-    """vLLM's split: equal parts, the remainder going to the stages before the last."""
-    sizes = [num_layers // pp] * pp
-    for i in range(2, num_layers % pp + 2):
+def split_layers(num_layers: int, pp: int, head_layers: float = 0.0) -> list[range]:
+    """vLLM's split (equal parts, the remainder going to the stages before the last), except that
+    the last stage also runs the LM head, which counts as `head_layers` layers of work there."""
+    if pp == 1:
+        return [range(num_layers)]
+    last = max(1, min(num_layers - (pp - 1), math.floor((num_layers + head_layers) / pp - head_layers)))
+    rest = num_layers - last
+    sizes = [rest // (pp - 1)] * (pp - 1) + [last]
+    for i in range(2, rest % (pp - 1) + 2):
         sizes[-i] += 1
     stages, start = [], 0
     for size in sizes:
@@ -168,10 +173,22 @@ def pipeline_stages(num_layers: int, pp: int) -> list[range]:
     return stages
 
 
+def lm_head_in_layers(spec: ModelSpec) -> float:
+    """The LM head's matmul work per token, in decoder layers (SmolLM2-135M: 8; Llama-3-70B: 1.2)."""
+    head = padded_vocab_per_rank(spec.vocab_size, 1) * (spec.layout.word_embed_proj_dim or spec.hidden_size)
+    return head / layer_rank_tensors(spec, spec.num_layers - 1, 1).linear_params
+
+
+def pipeline_stages(spec: ModelSpec, pp: int) -> list[range]:
+    """The layers of each pipeline stage, balanced by work: a decode step is as slow as its
+    slowest stage, and the last one also runs the LM head."""
+    return split_layers(spec.num_layers, pp, lm_head_in_layers(spec))
+
+
 def stage_weights(spec: ModelSpec, fmt: WeightFormat, tp: int, pp: int,
                   expert_parallel: bool = False) -> list[StageWeights]:
     result = []
-    for index, layers in enumerate(pipeline_stages(spec.num_layers, pp)):
+    for index, layers in enumerate(pipeline_stages(spec, pp)):
         params = other = 0
         linear_bytes = 0.0
         for layer in layers:

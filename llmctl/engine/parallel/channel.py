@@ -8,9 +8,11 @@ hangs fails the step instead of hanging the server.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -65,9 +67,40 @@ class Outbox:
         self._pending = []
 
 
+class _TensorsApart(pickle.Pickler):
+    """Pickles an object with its CPU tensors left out (their shape and dtype stand in), so they
+    travel as raw bytes after it: pickling a tensor's storage costs more than sending it."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.tensors: list[torch.Tensor] = []
+
+    def persistent_id(self, obj: object) -> tuple | None:
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            self.tensors.append(obj.detach().contiguous())
+            return ("tensor", tuple(obj.shape), str(obj.dtype).removeprefix("torch."))
+        return None
+
+
+class _TensorsReceived(pickle.Unpickler):
+    def __init__(self, payload: bytes, receive: Callable[[torch.Tensor], None]) -> None:
+        super().__init__(io.BytesIO(payload))
+        self.receive = receive
+
+    def persistent_load(self, pid: tuple) -> torch.Tensor:
+        _, shape, dtype = pid
+        tensor = torch.empty(shape, dtype=getattr(torch, dtype))
+        self.receive(tensor)
+        return tensor
+
+
 def encode(obj: object) -> list[torch.Tensor]:
-    payload = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
-    return [torch.tensor([payload.numel()], dtype=torch.int64), payload]
+    """[size, pickled object, tensor, tensor, …]"""
+    buffer = io.BytesIO()
+    pickler = _TensorsApart(buffer)
+    pickler.dump(obj)
+    payload = torch.frombuffer(bytearray(buffer.getbuffer()), dtype=torch.uint8)
+    return [torch.tensor([payload.numel()], dtype=torch.int64), payload, *pickler.tensors]
 
 
 def send_object(outbox: Outbox, pg: dist.ProcessGroup, obj: object, dst: int) -> None:
@@ -79,19 +112,22 @@ def recv_object(pg: dist.ProcessGroup, src: int) -> object:
     pg.recv([size], src, 0).wait()
     payload = torch.empty(int(size.item()), dtype=torch.uint8)
     pg.recv([payload], src, 0).wait()
-    return pickle.loads(payload.numpy().tobytes())
+    return _TensorsReceived(payload.numpy().tobytes(), lambda t: pg.recv([t], src, 0).wait()).load()
 
 
 def broadcast_object(pg: dist.ProcessGroup, obj: object | None, root: int = 0) -> object:
     """`obj` from the root to every member (the others pass None)."""
     options = dist.BroadcastOptions()
     options.rootRank = root
-    size, payload = encode(obj) if obj is not None else (torch.empty(1, dtype=torch.int64), None)
+    if obj is not None:
+        for tensor in encode(obj):
+            pg.broadcast([tensor], options).wait()
+        return obj
+    size = torch.empty(1, dtype=torch.int64)
     pg.broadcast([size], options).wait()
-    if payload is None:
-        payload = torch.empty(int(size.item()), dtype=torch.uint8)
+    payload = torch.empty(int(size.item()), dtype=torch.uint8)
     pg.broadcast([payload], options).wait()
-    return obj if obj is not None else pickle.loads(payload.numpy().tobytes())
+    return _TensorsReceived(payload.numpy().tobytes(), lambda t: pg.broadcast([t], options).wait()).load()
 
 
 def all_reduce_min(pg: dist.ProcessGroup, value: int) -> int:

@@ -8,7 +8,6 @@ has work while the others compute.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import deque
 from typing import Protocol
@@ -19,9 +18,10 @@ from llmctl.engine.config import EngineConfig
 from llmctl.engine.loader import LoadedModel, Placement, load_model
 from llmctl.engine.parallel.channel import Groups, all_gather_ints, all_reduce_min, connect, recv_object
 from llmctl.engine.parallel.group import Rank
-from llmctl.engine.parallel.launch import Launch, spawn_workers, threads_per_rank, torchrun_rank, under_torchrun
+from llmctl.engine.parallel.launch import Launch, spawn_workers, torchrun_rank, under_torchrun
 from llmctl.engine.parallel.stage import StageRunner, Stop
 from llmctl.engine.runner import ModelRunner, StepBatch, StepLogits
+from llmctl.engine.threads import use_threads
 from llmctl.errors import LlmctlError
 from llmctl.units import GiB
 
@@ -64,6 +64,7 @@ class LocalExecutor:
     max_in_flight = 1
 
     def __init__(self, config: EngineConfig) -> None:
+        self.threads = use_threads(config)
         self.loaded = load_model(config)
         self.runner = make_runner(self.loaded, config.block_size)
         self.rank_memory = [(self.loaded.weights_bytes, self.loaded.kv_cache_bytes)]
@@ -101,8 +102,7 @@ class ParallelExecutor:
     def __init__(self, config: EngineConfig) -> None:
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         self.rank = torchrun_rank(tp, pp) if under_torchrun() else Rank(0, tp, pp)
-        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", tp * pp)) * config.data_parallel_size
-        self.threads = config.cpu_threads or threads_per_rank(local_ranks)
+        self.threads = use_threads(config)  # the driver is a rank too: it must not take every core
         started = time.perf_counter()
         self.launch: Launch = spawn_workers(config, self.rank, self.threads)
         try:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.parallel.group import Rank
+from llmctl.engine.threads import use_threads
 
 logger = logging.getLogger("llmctl.engine")
 STARTUP_TIMEOUT = 600.0  # loading a big checkpoint shard can take minutes
@@ -34,13 +35,6 @@ def torchrun_rank(tp: int, pp: int) -> Rank:
         raise EngineConfigError(f"torchrun started {world} processes; --tp {tp} × --pp {pp} needs {tp * pp}: "
                                 f"use --nnodes × --nproc-per-node = {tp * pp}")
     return Rank(int(os.environ["RANK"]), tp, pp)
-
-
-def threads_per_rank(ranks_on_this_machine: int) -> int:
-    """CPU ranks share the machine's cores evenly (OMP_NUM_THREADS or --cpu-threads override it)."""
-    if "OMP_NUM_THREADS" in os.environ:
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    return max(1, (os.cpu_count() or 1) // ranks_on_this_machine)
 
 
 @dataclass
@@ -134,7 +128,7 @@ def run_torchrun_worker_if_not_driver(config: EngineConfig) -> bool:
     if not under_torchrun() or int(os.environ.get("RANK", "0")) == 0:
         return False
     rank = torchrun_rank(config.tensor_parallel_size, config.pipeline_parallel_size)
-    torch.set_num_threads(config.cpu_threads or threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    use_threads(config)
     store, _, _ = open_store(rank)
     run_worker(config, rank, store)
     return True
