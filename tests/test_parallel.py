@@ -181,3 +181,24 @@ def test_qwen1_runs_natively_as_qwen2_does(tmp_path, tokenizer):
     # past seq_length Qwen (1) would need logn attention and dynamic NTK: refused, not computed wrongly
     with pytest.raises(EngineConfigError, match=r"longer than the model's context \(128, from seq_length\)"):
         LLM(str(qwen), max_model_len=256)
+
+
+def test_each_rank_takes_its_share_of_the_cores(monkeypatch):
+    from llmctl.engine.config import EngineConfig
+    from llmctl.engine.threads import available_cores, threads_per_rank
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cores = available_cores()
+    assert threads_per_rank(EngineConfig()) == cores
+    assert threads_per_rank(EngineConfig(pipeline_parallel_size=2)) == max(1, cores // 2)
+    assert threads_per_rank(EngineConfig(tensor_parallel_size=2, data_parallel_size=2)) == max(1, cores // 4)
+    assert threads_per_rank(EngineConfig(cpu_threads=3)) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert threads_per_rank(EngineConfig(pipeline_parallel_size=2)) == 5
+    before = torch.get_num_threads()
+    try:
+        LLM(None, cpu_threads=1, max_model_len=64)  # one process: --cpu-threads applies to it too
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -66,6 +66,8 @@ class LocalExecutor:
     def __init__(self, config: EngineConfig) -> None:
         self.threads = use_threads(config)
         self.loaded = load_model(config)
+        if self.loaded.device.type == "cpu":
+            logger.info("%d CPU threads (--cpu-threads or OMP_NUM_THREADS to change)", self.threads)
         self.runner = make_runner(self.loaded, config.block_size)
         self.rank_memory = [(self.loaded.weights_bytes, self.loaded.kv_cache_bytes)]
         self._ready: deque[StepLogits] = deque()
