@@ -20,6 +20,13 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.pop("HF_TOKEN", None)
 # The converted default model is reused across runs when a persistent cache is given.
 os.environ.setdefault("LLMCTL_CACHE", str(_ROOT / "llmctl-cache"))
+# Triton kernels run on CPU tensors in its interpreter, which must be chosen before triton is
+# imported; with a GPU they run compiled. Subprocess tests (servers, workers) inherit this.
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
 
 sys.path.insert(0, str(Path(__file__).parent))
 from hubcache import build_hub_cache  # noqa: E402

@@ -1,0 +1,86 @@
+"""The Triton kernels against their torch references: under the interpreter on CPU tensors in
+float32 (TRITON_INTERPRET=1, set by conftest), compiled on a GPU when one is present."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from llmctl.engine.layers.positions import alibi_slopes  # noqa: E402
+from llmctl.kernels.attention import AttentionOptions, paged_attention, paged_attention_reference  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.float32 if DEVICE == "cpu" else torch.bfloat16
+TOLERANCE = 1e-4 if DTYPE == torch.float32 else 1.5e-2
+
+
+def paged_step(query_lens: list[int], seq_lens: list[int], *, heads: int, kv_heads: int, dim: int, block_size: int,
+               pool_blocks: int = 64, seed: int = 0):
+    """A step over a NaN-filled pool: each sequence's pages are random, non-contiguous blocks."""
+    gen = torch.Generator().manual_seed(seed)
+    cache = torch.full((pool_blocks, block_size, 2, kv_heads, dim), float("nan"), dtype=DTYPE)
+    pages = [-(-length // block_size) for length in seq_lens]
+    chosen = torch.randperm(pool_blocks, generator=gen)[: sum(pages)]
+    width = max(pages)
+    tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+    used = 0
+    for seq, (count, length) in enumerate(zip(pages, seq_lens)):
+        tables[seq, :count] = chosen[used:used + count].to(torch.int32)
+        used += count
+        flat = cache[tables[seq, :count].long()].flatten(0, 1)
+        flat[:length] = torch.randn(length, 2, kv_heads, dim, generator=gen).to(DTYPE)
+        cache[tables[seq, :count].long()] = flat.view(count, block_size, 2, kv_heads, dim)
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    query = torch.randn(starts[-1], heads, dim, generator=gen).to(DTYPE)
+    return (query.to(DEVICE), cache.to(DEVICE), tables.to(DEVICE),
+            torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE), starts)
+
+
+def check(query_lens, seq_lens, *, heads, kv_heads, dim, block_size, segments=None, pool_blocks=64, **options):
+    query, cache, tables, lens, starts = paged_step(query_lens, seq_lens, heads=heads, kv_heads=kv_heads, dim=dim,
+                                                    block_size=block_size, pool_blocks=pool_blocks)
+    opts = AttentionOptions(scale=dim ** -0.5, **options)
+    expected = paged_attention_reference(query, cache, tables, lens, torch.tensor(starts), opts)
+    got = paged_attention(query, cache, tables, lens, starts, opts, num_segments=segments)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE, rtol=TOLERANCE)
+
+
+@pytest.mark.parametrize("dim", [64, 80, 128])
+@pytest.mark.parametrize("group", [1, 3, 4, 5])
+def test_mixed_step_of_prefill_chunks_and_decodes(dim, group):
+    # a fresh prefill, a chunk on top of cached tokens (5 new of 18), and decodes of several lengths
+    check([7, 5, 1, 1, 1], [7, 18, 1, 33, 70], heads=2 * group, kv_heads=2, dim=dim, block_size=16)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_long_chunk_and_block_sizes(block_size):
+    check([129, 1], [463, 200], heads=4, kv_heads=1, dim=64, block_size=block_size)
+
+
+@pytest.mark.parametrize("segments", [1, 4, None])
+def test_long_decodes_split_along_the_context(segments):
+    check([1, 1], [2000, 37], heads=4, kv_heads=2, dim=64, block_size=16, segments=segments, pool_blocks=160)
+
+
+def test_a_large_pool():
+    # 32,768 blocks: block × stride is computed in int64 (a GPU pool of 80 GB passes 2^31 elements)
+    check([3, 1], [20, 50], heads=2, kv_heads=1, dim=64, block_size=16, pool_blocks=32_768)
+
+
+def test_alibi():
+    check([6, 1, 1], [6, 21, 40], heads=6, kv_heads=6, dim=64, block_size=16, alibi_slopes=alibi_slopes(6).to(DEVICE))
+
+
+def test_sliding_window():
+    check([9, 1, 4], [9, 50, 40], heads=4, kv_heads=2, dim=64, block_size=16, sliding_window=8)
+    check([1, 1], [1500, 20], heads=4, kv_heads=2, dim=64, block_size=16, sliding_window=100, segments=4,
+          pool_blocks=128)
+
+
+def test_softcap():
+    check([5, 1], [5, 30], heads=4, kv_heads=4, dim=64, block_size=16, softcap=2.0)
