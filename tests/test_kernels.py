@@ -112,3 +112,29 @@ def test_attention_over_an_fp8_cache():
     expected = paged_attention_reference(query, fp8, tables, lens, torch.tensor(starts), opts)
     got = paged_attention(query, fp8, tables, lens, starts, opts)
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE, rtol=TOLERANCE)
+
+
+@pytest.mark.parametrize("method,act_order", [("gptq", False), ("gptq", True), ("awq", False)])
+@pytest.mark.parametrize("rows", [1, 5, 33])
+def test_w4a16_matches_the_unpacked_weights(method, act_order, rows):
+    from llmctl.kernels.w4a16 import w4a16_matmul, w4a16_reference
+    from llmctl.quant.formats import QuantizedWeight, pack_awq, pack_gptq
+
+    gen = torch.Generator().manual_seed(2)
+    inner, cols, group = 96, 80, 32  # K not a multiple of BLOCK_K · 2, N not of BLOCK_N
+    weight = QuantizedWeight(q=torch.randint(0, 16, (cols, inner), generator=gen, dtype=torch.int32),
+                             scales=(torch.rand(cols, inner // group, generator=gen) / 10 + 0.01).half().float(),
+                             zeros=torch.randint(1, 16, (cols, inner // group), generator=gen, dtype=torch.int32),
+                             bits=4, group_size=group)
+    packed = pack_gptq(weight) if method == "gptq" else pack_awq(weight)
+    g_idx = packed.get("g_idx")
+    if act_order:  # desc_act: each input row's group as a permutation gives it
+        g_idx = g_idx[torch.randperm(inner, generator=gen)].contiguous()
+    x = torch.randn(rows, inner, generator=gen).to(DTYPE)
+    args = [packed[k].to(DEVICE) for k in ("qweight", "qzeros", "scales")]
+    g_idx = g_idx.to(DEVICE) if g_idx is not None else None
+    expected = w4a16_reference(x.to(DEVICE), method, *args, g_idx, group)
+    got = w4a16_matmul(x.to(DEVICE), method, *args, g_idx, group)
+    torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE * 10, rtol=TOLERANCE * 10)
+    if not act_order:  # and the reference multiplies by the weight we packed
+        torch.testing.assert_close(expected.float().cpu(), x.float() @ weight.dequantize().t(), atol=1e-4, rtol=1e-4)

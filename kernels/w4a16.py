@@ -1,0 +1,91 @@
+"""W4A16 GEMM: activations in 16/32-bit floats times GPTQ or AWQ packed 4-bit weights.
+
+The packed weights are read as stored (`llmctl.quant.formats` documents both layouts) and
+dequantized inside the K loop, one [BLOCK_K, BLOCK_N] tile at a time, so the full-precision
+weight never exists in memory; products accumulate in float32.
+
+- GPTQ v1: qweight [K/8, N] packs 8 input rows per int32; qzeros [groups, N/8] holds zero − 1;
+  g_idx [K] gives each input row's group (act-order checkpoints permute it).
+- AWQ GEMM: qweight [K, N/8] packs 8 output columns per int32 in the nibble order
+  0, 2, 4, 6, 1, 3, 5, 7; qzeros [groups, N/8] the same way; group = row // group_size.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def w4a16_reference(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torch.Tensor,
+                    scales: torch.Tensor, g_idx: torch.Tensor | None, group_size: int) -> torch.Tensor:
+    """x [M, K] @ the dequantized weight, through the same unpacking code that writes the formats."""
+    from llmctl.quant.formats import _awq_unpack, _unpack_cols, _unpack_rows
+
+    if method == "gptq":
+        q = _unpack_rows(qweight.cpu(), 4)  # [K, N]
+        zeros = _unpack_cols(qzeros.cpu(), 4) + 1  # [groups, N]
+    else:
+        q, zeros = _awq_unpack(qweight.cpu()), _awq_unpack(qzeros.cpu())
+    groups = g_idx.long().cpu() if g_idx is not None else torch.arange(q.shape[0]) // group_size
+    weight = (q - zeros[groups]).float() * scales.float().cpu()[groups]  # [K, N]
+    return (x.float() @ weight.to(x.device)).to(x.dtype)
+
+
+def w4a16_matmul(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                 g_idx: torch.Tensor | None, group_size: int) -> torch.Tensor:
+    """x [M, K] -> [M, N] in x's dtype."""
+    rows, inner = x.shape
+    cols = scales.shape[1]
+    if g_idx is None:
+        g_idx = torch.arange(inner, device=x.device, dtype=torch.int32) // group_size
+    out = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
+    block_m = max(16, min(64, triton.next_power_of_2(rows)))
+    block_n, block_k = 64, 32
+    grid = (triton.cdiv(rows, block_m), triton.cdiv(cols, block_n))
+    _w4a16_kernel[grid](
+        x, qweight, qzeros, scales, g_idx, out, rows, cols, inner,
+        x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0),
+        AWQ=method == "awq", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    return out
+
+
+@triton.jit
+def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K,
+                  stride_x, stride_qweight, stride_qzeros, stride_scales, stride_out,
+                  AWQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok, col_ok = rows < M, cols < N
+    if AWQ:  # column c sits in pack c // 8 at nibble (c % 8 // 2) + 4 · (c % 2)
+        col_shift = ((cols % 8) // 2 + 4 * (cols % 2)) * 4
+    else:  # GPTQ packs the zero points by column, in order
+        col_shift = (cols % 8) * 4
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        inner = start + tl.arange(0, BLOCK_K)
+        inner_ok = inner < K
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + inner[None, :],
+                    mask=row_ok[:, None] & inner_ok[None, :], other=0.0).to(tl.float32)
+        group = tl.load(g_idx_ptr + inner, mask=inner_ok, other=0)
+        tile_ok = inner_ok[:, None] & col_ok[None, :]
+        if AWQ:
+            packed = tl.load(qweight_ptr + inner[:, None].to(tl.int64) * stride_qweight + (cols // 8)[None, :],
+                             mask=tile_ok, other=0)
+            q = (packed >> col_shift[None, :]) & 0xF
+        else:  # GPTQ packs 8 input rows per int32, lowest bits first
+            packed = tl.load(qweight_ptr + (inner // 8)[:, None].to(tl.int64) * stride_qweight + cols[None, :],
+                             mask=tile_ok, other=0)
+            q = (packed >> ((inner % 8) * 4)[:, None]) & 0xF
+        zero_pack = tl.load(qzeros_ptr + group[:, None].to(tl.int64) * stride_qzeros + (cols // 8)[None, :],
+                            mask=tile_ok, other=0)
+        zero = (zero_pack >> col_shift[None, :]) & 0xF
+        if not AWQ:
+            zero += 1  # GPTQ v1 stores zero − 1
+        scale = tl.load(scales_ptr + group[:, None].to(tl.int64) * stride_scales + cols[None, :],
+                        mask=tile_ok, other=0.0).to(tl.float32)
+        weight = (q - zero).to(tl.float32) * scale
+        acc += tl.dot(x, weight)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_out + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
