@@ -35,11 +35,11 @@ def tokenizer(default_source):
     return AutoTokenizer.from_pretrained(str(default_source.path))
 
 
-def compare_with_transformers(folder: Path, tokenizer, max_tokens: int = 12) -> None:
+def compare_with_transformers(folder: Path, tokenizer, max_tokens: int = 12, **engine_args) -> None:
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-    llm = LLM(str(folder), max_model_len=256, max_num_batched_tokens=7)  # chunked prefill too
+    llm = LLM(str(folder), max_model_len=256, max_num_batched_tokens=7, **engine_args)  # chunked prefill too
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
     outputs = llm.generate(PROMPTS, params)
     for prompt, output in zip(PROMPTS, outputs):
@@ -208,3 +208,36 @@ def test_remote_code_never_runs_without_the_flag(tmp_path):
     result = run_cli("serve", str(folder), "--port", "0")
     assert result.returncode == 2 and "--trust-remote-code" in result.stderr and "Traceback" not in result.stderr
     assert not marker.exists()
+
+
+# The Triton backend: compiled on a GPU, under Triton's interpreter on this CPU (conftest sets
+# TRITON_INTERPRET=1). Small models, few tokens: the interpreter runs every program in Python.
+@pytest.mark.parametrize("family", ["llama-gqa", "bloom-alibi", "mistral-window"])
+def test_triton_attention_backend_matches_transformers(tmp_path, tokenizer, family):
+    pytest.importorskip("triton")
+    from transformers import BloomConfig, LlamaConfig, MistralConfig
+
+    config = {
+        "llama-gqa": LlamaConfig(vocab_size=len(tokenizer), hidden_size=96, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256),
+        "bloom-alibi": BloomConfig(vocab_size=len(tokenizer), hidden_size=72, n_layer=2, n_head=6),
+        "mistral-window": MistralConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=256, sliding_window=5),
+    }[family]
+    compare_with_transformers(save_random_model(config, tmp_path / family, tokenizer), tokenizer, max_tokens=6,
+                              attention_backend="triton")
+
+
+def test_triton_backend_on_cpu_without_the_interpreter_is_one_clear_line(tmp_path, tokenizer, monkeypatch):
+    from transformers import LlamaConfig
+
+    from llmctl.engine.config import EngineConfigError
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    folder = save_random_model(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                           num_hidden_layers=1, num_attention_heads=2), tmp_path / "l", tokenizer)
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU the Triton backend runs compiled")
+    with pytest.raises(EngineConfigError, match="--attention-backend triton: .*use --attention-backend torch"):
+        LLM(str(folder), attention_backend="triton")

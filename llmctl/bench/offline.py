@@ -34,7 +34,7 @@ class OfflineOptions:
     compare: str | None = None
     hf_batch_size: int = 16
     percentiles: tuple[float, ...] = (90.0, 99.0)
-    parallel: dict[str, Any] = field(default_factory=dict)  # tensor/pipeline/data_parallel_size, cpu_threads
+    parallel: dict[str, Any] = field(default_factory=dict)  # engine options: tensor/pipeline/data_parallel_size, cpu_threads, attention_backend
 
 
 @dataclass

@@ -29,7 +29,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     kv_cache_memory: int | None = None  # bytes for the KV cache; CPU default 2 GiB
     gpu_memory_utilization: float = 0.9
-    attention_backend: str = "auto"
+    attention_backend: str = "auto"  # triton on CUDA, torch on CPU (llmctl.model.attention_backend)
     seed: int = 0
     enforce_eager: bool = True  # no CUDA graphs yet; kept for vLLM-compatible flags
     device: str = "auto"
@@ -64,5 +64,5 @@ class EngineConfig:
                 bad(flag, f"must be at least 1 (got {getattr(self, flag)})")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
-        if self.attention_backend not in ("auto", "torch"):
-            bad("attention_backend", f"{self.attention_backend!r} is not available; use torch")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            bad("attention_backend", f"{self.attention_backend!r} is not a backend; use auto, torch or triton")

@@ -18,6 +18,7 @@ from torch import nn
 from llmctl.units import GiB
 from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_backend
+from llmctl.model.attention_backend import BackendChoice, choose_attention_backend, triton_usable
 from llmctl.engine.models.common import Shard, WeightMismatchError
 from llmctl.engine.models.registry import create_model, is_supported
 from llmctl.engine.parallel.group import Rank, TPGroup, local_rank
@@ -54,6 +55,7 @@ class LoadedModel:
     generation_defaults: dict[str, Any]
     weights_bytes: int
     placement: Placement = field(default_factory=lambda: Placement())
+    attention_reason: str = ""  # why this backend (inspect says the same)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -105,9 +107,11 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
         pool = kv_pool(agreed * geometry.block_bytes, geometry)
     _check_fits(config, geometry, pool, max_model_len, max_batched, available)
     caches = _allocate(spec, pool, layers, kv_heads_per_rank(spec, rank.tp), dtype, device)
-    backend = create_backend("torch")
+    choice = _attention_backend(config, spec, device)
+    backend = create_backend(choice.backend)
     loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, geometry, pool, caches,
-                         max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes, placement)
+                         max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes, placement,
+                         choice.reason)
     if rank.rank == 0:
         _log_startup(loaded, time.perf_counter() - started)
     return loaded
@@ -266,13 +270,21 @@ def _eos_ids(defaults: dict[str, Any], tokenizer: Any) -> list[int]:
     return sorted(int(i) for i in ids)
 
 
+def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.device) -> BackendChoice:
+    choice = choose_attention_backend(spec, cuda=device.type == "cuda", requested=config.attention_backend)
+    if choice.backend == "triton":
+        problem = triton_usable(device.type == "cuda")
+        if problem:
+            raise EngineConfigError(f"--attention-backend triton: {problem}")
+    return choice
+
+
 def _log_startup(loaded: LoadedModel, seconds: float) -> None:
     pool, geometry = loaded.kv_pool, loaded.kv_geometry
     concurrency = max_concurrency(pool, geometry, loaded.max_model_len, loaded.max_num_batched_tokens)
     logger.info("model %s (%s), dtype %s on %s", loaded.source.name, ", ".join(loaded.spec.architectures),
                 str(loaded.dtype).removeprefix("torch."), loaded.device)
-    logger.info("attention backend torch: SDPA over gathered KV pages (%s positions); the Triton backend is not "
-                "built yet", loaded.spec.positional.describe())
+    logger.info("attention backend %s: %s", loaded.backend.name, loaded.attention_reason)
     where = " on rank 0 (every rank is listed below)" if loaded.placement.rank.world_size > 1 else ""
     logger.info("weights take %.2f GiB%s", loaded.weights_bytes / GiB, where)
     logger.info("KV cache%s: %.2f GiB = %d blocks of %d tokens; %s KV cache size: %s tokens", where,

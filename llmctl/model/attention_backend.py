@@ -1,21 +1,27 @@
-"""Which attention backend fits a model: positional encoding first, then what is installed."""
+"""Which attention backend `llmctl serve` runs for a model: one answer for `inspect`, the
+startup log and the engine, so they cannot disagree.
+
+- `triton`: llmctl's Triton paged-attention kernel (`llmctl.kernels.attention`), reading the
+  paged KV cache in place. The default on CUDA GPUs.
+- `torch`: SDPA over KV pages gathered into a padded copy. The default on CPUs, where Triton
+  kernels run only in its (slow, test-only) interpreter.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 
 from llmctl.model.spec import ModelSpec
 
+BACKENDS = ("torch", "triton")
+
 
 @dataclass(frozen=True)
 class BackendChoice:
-    backend: str  # "flash-attn" | "triton" | "torch-sdpa"
+    backend: str  # "torch" | "triton"
     reason: str
-
-
-def _installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
 
 
 def _cuda_available() -> bool:
@@ -26,23 +32,33 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None) -> BackendChoice:
-    """ALiBi -> Triton on a GPU or torch SDPA, never FlashAttention 3 (it has no ALiBi);
-    RoPE/learned -> FlashAttention when installed, else Triton on a GPU, else torch SDPA."""
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, requested: str = "auto") -> BackendChoice:
+    """`requested` is --attention-backend: auto, torch or triton."""
     cuda = _cuda_available() if cuda is None else cuda
-    triton_ok = cuda and _installed("triton")
-    if spec.positional.kind == "alibi":
-        if triton_ok:
-            return BackendChoice("triton", "ALiBi bias is applied inside llmctl's Triton paged-attention kernel "
-                                           "(FlashAttention 3 has no ALiBi support)")
-        return BackendChoice("torch-sdpa", "ALiBi needs an additive bias: torch SDPA with a bias mask "
-                                           "(FlashAttention 3 has no ALiBi support; no GPU Triton here)")
-    if spec.attention.kind == "MLA" and not cuda:
-        return BackendChoice("torch-sdpa", "MLA: latent K/V expanded per head, then torch SDPA (no GPU here)")
-    if cuda and _installed("flash_attn"):
-        return BackendChoice("flash-attn", f"{spec.positional.describe()}: FlashAttention is installed")
-    if triton_ok:
-        return BackendChoice("triton", f"{spec.positional.describe()}: llmctl's Triton paged-attention kernel "
-                                       "(FlashAttention not installed)")
-    return BackendChoice("torch-sdpa", f"{spec.positional.describe()}: torch SDPA "
-                                       "(no GPU; FlashAttention and Triton need CUDA)")
+    features = spec.positional.describe() + (", ALiBi bias added in the kernel" if spec.positional.kind == "alibi" else "")
+    if requested == "torch":
+        return BackendChoice("torch", f"{features}: torch SDPA over gathered KV pages (--attention-backend torch)")
+    if requested == "triton":
+        where = "on the GPU" if cuda else "in Triton's interpreter on CPU tensors (TRITON_INTERPRET=1; slow, for tests)"
+        return BackendChoice("triton", f"{features}: llmctl's Triton paged-attention kernel {where} "
+                                       "(--attention-backend triton)")
+    if cuda and _triton_installed():
+        return BackendChoice("triton", f"{features}: llmctl's Triton paged-attention kernel, reading the KV pages "
+                                       "in place (the default on CUDA)")
+    if cuda:
+        return BackendChoice("torch", f"{features}: torch SDPA over gathered KV pages (triton is not installed)")
+    return BackendChoice("torch", f"{features}: torch SDPA over gathered KV pages (no GPU: Triton kernels need CUDA)")
+
+
+def triton_usable(cuda: bool) -> str | None:
+    """Why the Triton backend cannot run here, or None."""
+    if not _triton_installed():
+        return "triton is not installed (pip install 'triton>=3.9'): use --attention-backend torch"
+    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        return ("Triton kernels need a CUDA GPU; on CPU tensors they run only in Triton's interpreter "
+                "(TRITON_INTERPRET=1, slow, for tests): use --attention-backend torch")
+    return None

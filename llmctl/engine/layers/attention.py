@@ -70,9 +70,12 @@ class AttentionBackend(Protocol):
 
 
 def create_backend(name: str) -> AttentionBackend:
-    from llmctl.engine.layers.torch_attention import TorchAttention
+    if name == "triton":
+        from llmctl.engine.layers.triton_attention import TritonAttention
 
-    backends = {"torch": TorchAttention}
-    if name not in backends:
-        raise ValueError(f"unknown attention backend {name!r}; available: {', '.join(backends)}")
-    return backends[name]()
+        return TritonAttention()
+    if name == "torch":
+        from llmctl.engine.layers.torch_attention import TorchAttention
+
+        return TorchAttention()
+    raise ValueError(f"unknown attention backend {name!r}; available: torch, triton")
