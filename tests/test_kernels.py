@@ -138,3 +138,23 @@ def test_w4a16_matches_the_unpacked_weights(method, act_order, rows):
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE * 10, rtol=TOLERANCE * 10)
     if not act_order:  # and the reference multiplies by the weight we packed
         torch.testing.assert_close(expected.float().cpu(), x.float() @ weight.dequantize().t(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_quantized_linear_through_the_kernel_equals_torch_dequantization(method):
+    """What a CUDA forward runs (fused parts, bias) against the CPU path, on the same layer."""
+    from llmctl.engine.layers.quant_linear import QuantLinear
+    from llmctl.quant.formats import QuantizedWeight, pack_awq, pack_gptq
+
+    gen = torch.Generator().manual_seed(3)
+    parts = []
+    for cols in (48, 32):  # a fused projection: two linears' packed outputs side by side
+        weight = QuantizedWeight(q=torch.randint(0, 16, (cols, 64), generator=gen, dtype=torch.int32),
+                                 scales=torch.rand(cols, 2, generator=gen) / 10, bits=4, group_size=32,
+                                 zeros=torch.randint(1, 16, (cols, 2), generator=gen, dtype=torch.int32))
+        parts.append(pack_gptq(weight) if method == "gptq" else pack_awq(weight))
+    layer = QuantLinear(64, 80, bias=True, method=method, bits=4, group_size=32)
+    layer.load_parts(parts)
+    layer.bias.data.normal_(generator=gen)
+    x = torch.randn(2, 3, 64, generator=gen)
+    torch.testing.assert_close(layer.forward_w4a16(x), layer(x), atol=1e-4, rtol=1e-4)

@@ -1,7 +1,9 @@
-"""A linear layer with GPTQ or AWQ packed weights, dequantized in torch at every forward.
+"""A linear layer with GPTQ or AWQ packed weights.
 
-This is the slot a Triton W4A16 kernel fills later: the packed tensors stay as loaded
-(so memory is what `llmctl plan --quantization` predicts), only `forward` changes.
+The packed tensors stay as loaded, on the model's device (so memory is what `llmctl plan
+--quantization` predicts). On CUDA, 4-bit weights run through llmctl's Triton W4A16 GEMM
+(`llmctl.kernels.w4a16`), which dequantizes inside its K loop; elsewhere (CPUs, other bit
+widths) the weight is dequantized in torch at every forward.
 Fused projections (QKV, gate/up) concatenate their parts along the output dimension,
 which both formats allow because they pack outputs in whole groups of 8.
 """
@@ -32,8 +34,9 @@ class QuantLinear(nn.Module):
 
     def load_parts(self, parts: list[dict[str, torch.Tensor]]) -> None:
         """Packed tensors of one or more linears that this layer runs as one (concatenated outputs)."""
+        device = self.qweight.device  # where the model was built: the checkpoint is read on the CPU
         for name in ("qweight", "qzeros", "scales"):
-            setattr(self, name, torch.cat([part[name] for part in parts], dim=1).contiguous())
+            setattr(self, name, torch.cat([part[name] for part in parts], dim=1).to(device).contiguous())
         self.scales = self.scales.to(torch.float16)  # as stored (the loader may have upcast it)
         groups = -(-self.in_features // self.group_size)
         if self.scales.shape != (groups, self.out_features):
@@ -53,4 +56,16 @@ class QuantLinear(nn.Module):
         return unpack_awq(packed, self.group_size).dequantize()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and self.bits == 4:
+            return self.forward_w4a16(x)
         return F.linear(x, self.dequantize().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+
+    def forward_w4a16(self, x: torch.Tensor) -> torch.Tensor:
+        """Through the Triton kernel (on CPU tensors only under TRITON_INTERPRET=1, which tests use)."""
+        from llmctl.kernels.w4a16 import w4a16_matmul
+
+        out = w4a16_matmul(x.reshape(-1, self.in_features), self.method, self.qweight, self.qzeros, self.scales,
+                           None, self.group_size)
+        if self.bias is not None:
+            out += self.bias.to(out.dtype)
+        return out.view(*x.shape[:-1], self.out_features)
