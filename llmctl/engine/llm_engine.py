@@ -262,7 +262,7 @@ class LLMEngine:
                 rows.append(row)
         if not inputs:
             return set()
-        logits = result.sample_logits[torch.tensor(rows, dtype=torch.long)]
+        logits = result.sample_logits[torch.tensor(rows, dtype=torch.long, device=result.sample_logits.device)]
         touched = set()
         now = time.perf_counter()
         for item, (token, logprob) in zip(inputs, sample(logits, inputs)):

@@ -12,6 +12,7 @@ from llmctl.engine.layers.attention import AttentionBackend, AttentionMetadata, 
 from llmctl.engine.models.common import StepContext
 from llmctl.engine.scheduler import SchedulerOutput
 from llmctl.engine.sequence import Sequence
+from llmctl.engine.transfer import to_device
 
 
 @dataclass
@@ -35,7 +36,7 @@ class StepBatch:
 
 @dataclass
 class StepLogits:
-    sample_logits: torch.Tensor  # [N, V] float32 on the CPU, one row per sampling sequence
+    sample_logits: torch.Tensor  # [N, V] float32 on the model's device, one row per sampling sequence
     prompt_logits: dict[int, torch.Tensor]  # seq_id -> [rows, V]
 
 
@@ -104,23 +105,24 @@ class ModelRunner:
         self._copy_blocks(batch.block_copies)
         device = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(batch.slot_mapping, dtype=torch.long, device=device),
+            slot_mapping=to_device(batch.slot_mapping, torch.long, device),
             query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens, block_tables=batch.block_tables,
             block_size=self.block_size, sliding_window=self.sliding_window)
         self.backend.prepare(meta, device)
-        positions = torch.tensor(batch.positions, dtype=torch.long, device=device)
-        input_ids = torch.tensor(batch.input_ids, dtype=torch.long, device=device)
+        positions = to_device(batch.positions, torch.long, device)
+        input_ids = to_device(batch.input_ids, torch.long, device)
         return self.model(input_ids, StepContext(positions, self.kv_caches, self.backend), hidden)
 
     @torch.inference_mode()
     def logits(self, batch: StepBatch, hidden: torch.Tensor) -> StepLogits:
-        """The last stage's logits for sampling rows and prompt-logprob rows, on the host."""
-        rows = torch.tensor(batch.sample_rows, dtype=torch.long, device=self.device)
+        """The last stage's logits: sampling rows stay on the device (the sampler runs there),
+        prompt-logprob rows go to the host."""
+        rows = to_device(batch.sample_rows, torch.long, self.device)
         sample = self.model.compute_logits(hidden[rows]).float() if batch.sample_rows else \
             torch.empty(0, device=self.device)
         prompt = {seq_id: self.model.compute_logits(hidden[torch.tensor(r, device=self.device)]).float().cpu()
                   for seq_id, r in batch.prompt_rows.items() if r}
-        return StepLogits(sample.cpu(), prompt)
+        return StepLogits(sample, prompt)
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:

@@ -1,9 +1,11 @@
 """Sampling one token per sequence from its logits, with the request's own settings.
 
-Log-probabilities are reported from the raw model distribution (before temperature and
-penalties), as vLLM does by default. Each row draws one uniform number from its request's
-generator (seeded requests have their own), so a seeded output does not depend on the
-batch; the draw is an inverse-CDF lookup, batched over rows.
+Everything runs batched on the logits' device, one tensor op per setting for all rows
+(temperature, top-k, top-p, min-p, penalties, blocked ids); only the sampled ids and the
+requested log-probabilities go to the host. Log-probabilities are reported from the raw
+model distribution (before temperature and penalties), as vLLM does by default. Each row
+draws one uniform number from its request's generator (seeded requests have their own), so
+a seeded output does not depend on the batch; the draw is an inverse-CDF lookup.
 """
 
 from __future__ import annotations
@@ -26,63 +28,77 @@ class SampleInput:
 
 def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, TokenLogprob | None]]:
     """logits [N, V] float32, one row per input; returns (token, logprob entry) per row."""
-    need_logprobs = any(item.params.logprobs is not None for item in inputs)
-    raw_logprobs = torch.log_softmax(logits, dim=-1) if need_logprobs else None
     processed = logits.clone()
-    for row, item in enumerate(inputs):
-        _apply_penalties(processed[row], item)
+    _block(processed, inputs)
+    _apply_penalties(processed, inputs)
     tokens = torch.argmax(processed, dim=-1)
     sampled_rows = [row for row, item in enumerate(inputs) if not item.params.greedy]
     if sampled_rows:
-        rows = torch.tensor(sampled_rows, dtype=torch.long)
-        probs = _probabilities(processed[rows], [inputs[r] for r in sampled_rows])
+        rows = torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)
+        probs = _probabilities(processed[rows], [inputs[r].params for r in sampled_rows])
         uniforms = torch.cat([torch.rand(1, generator=inputs[r].generator) for r in sampled_rows])
-        tokens[rows] = _inverse_cdf(probs, uniforms)
-    results = []
-    for row, item in enumerate(inputs):
-        token = int(tokens[row])
-        entry = _logprob_entry(raw_logprobs[row], token, item.params.logprobs) if raw_logprobs is not None else None
-        results.append((token, entry))
-    return results
+        tokens[rows] = _inverse_cdf(probs, uniforms.to(logits.device))
+    logprobs = _logprobs(logits, tokens, [item.params.logprobs for item in inputs])
+    return list(zip(tokens.tolist(), logprobs))
 
 
-def _apply_penalties(row: torch.Tensor, item: SampleInput) -> None:
-    params, seq = item.params, item.seq
-    if item.blocked_token_ids:
-        row[item.blocked_token_ids] = float("-inf")
-    if params.repetition_penalty and params.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(seq.all_token_ids)), dtype=torch.long)
-        values = row[seen]
-        row[seen] = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
-    if (params.presence_penalty or params.frequency_penalty) and seq.output_token_ids:
-        ids, counts = torch.unique(torch.tensor(seq.output_token_ids, dtype=torch.long), return_counts=True)
-        row[ids] -= params.frequency_penalty * counts.to(row.dtype) + params.presence_penalty
+def _flat_pairs(per_row: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = [row for row, ids in enumerate(per_row) for _ in ids]
+    ids = [token for tokens in per_row for token in tokens]
+    return (torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(ids, dtype=torch.long, device=device))
 
 
-def _probabilities(logits: torch.Tensor, inputs: list[SampleInput]) -> torch.Tensor:
-    temperatures = torch.tensor([max(item.params.temperature or 1.0, 1e-5) for item in inputs])
+def _block(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
+    if any(item.blocked_token_ids for item in inputs):
+        rows, ids = _flat_pairs([item.blocked_token_ids for item in inputs], logits.device)
+        logits[rows, ids] = float("-inf")
+
+
+def _apply_penalties(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
+    device = logits.device
+    repetition = [item.params.repetition_penalty or 1.0 for item in inputs]
+    if any(p != 1.0 for p in repetition):  # transformers' rule: divide positive logits, multiply negative
+        rows, ids = _flat_pairs([sorted(set(item.seq.all_token_ids)) if p != 1.0 else []
+                                 for item, p in zip(inputs, repetition)], device)
+        penalty = torch.tensor(repetition, device=device)[rows]
+        values = logits[rows, ids]
+        logits[rows, ids] = torch.where(values > 0, values / penalty, values * penalty)
+    if any((item.params.presence_penalty or item.params.frequency_penalty) and item.seq.output_token_ids
+           for item in inputs):
+        rows, ids = _flat_pairs([item.seq.output_token_ids for item in inputs], device)
+        counts = torch.zeros_like(logits).index_put_((rows, ids), torch.ones_like(rows, dtype=logits.dtype),
+                                                     accumulate=True)
+        frequency = torch.tensor([item.params.frequency_penalty or 0.0 for item in inputs], device=device)
+        presence = torch.tensor([item.params.presence_penalty or 0.0 for item in inputs], device=device)
+        logits -= frequency.unsqueeze(1) * counts + presence.unsqueeze(1) * (counts > 0)
+
+
+def _probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    device, vocab = logits.device, logits.shape[1]
+    temperatures = torch.tensor([max(p.temperature or 1.0, 1e-5) for p in params], device=device)
     logits = logits / temperatures.unsqueeze(1)
-    for row, item in enumerate(inputs):
-        top_k = item.params.top_k
-        if top_k and 0 < top_k < logits.shape[1]:
-            kth = torch.topk(logits[row], top_k).values[-1]
-            logits[row] = logits[row].masked_fill(logits[row] < kth, float("-inf"))
+    top_k = [p.top_k if p.top_k and 0 < p.top_k < vocab else 0 for p in params]
+    if any(top_k):
+        k = torch.tensor(top_k, device=device)
+        kth = torch.sort(logits, dim=-1, descending=True).values.gather(1, (k.clamp(min=1) - 1).unsqueeze(1))
+        logits = logits.masked_fill((logits < kth) & (k > 0).unsqueeze(1), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    for row, item in enumerate(inputs):
-        top_p, min_p = item.params.top_p, item.params.min_p
-        if top_p is not None and top_p < 1.0:
-            probs[row] = _top_p(probs[row], top_p)
-        if min_p:
-            probs[row] = probs[row].masked_fill(probs[row] < min_p * probs[row].max(), 0.0)
+    top_p = [p.top_p if p.top_p is not None and p.top_p < 1.0 else 1.0 for p in params]
+    if any(v < 1.0 for v in top_p):
+        probs = _top_p(probs, torch.tensor(top_p, device=device))
+    min_p = [p.min_p or 0.0 for p in params]
+    if any(min_p):
+        floor = torch.tensor(min_p, device=device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < floor, 0.0)
     return probs
 
 
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches top_p (transformers' rule)."""
-    sorted_probs, order = torch.sort(probs, descending=False)
-    remove = torch.cumsum(sorted_probs, dim=-1) <= 1 - top_p
-    remove[-1] = False  # always keep the most likely token
-    return probs.scatter(0, order, sorted_probs.masked_fill(remove, 0.0))
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=False)
+    remove = torch.cumsum(sorted_probs, dim=-1) <= (1 - top_p).unsqueeze(1)
+    remove[:, -1] = False  # always keep the most likely token
+    return probs.scatter(1, order, sorted_probs.masked_fill(remove, 0.0))
 
 
 def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -94,19 +110,31 @@ def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return tokens.clamp_(max=probs.shape[1] - 1)
 
 
-def _logprob_entry(raw: torch.Tensor, token: int, top_n: int | None) -> TokenLogprob | None:
-    if top_n is None:
-        return None
-    chosen = float(raw[token])
-    rank = int((raw > raw[token]).sum()) + 1
-    top: dict[int, float] = {}
-    if top_n > 0:
-        values, ids = torch.topk(raw, top_n)
-        top = {int(i): float(v) for i, v in zip(ids, values)}
-    return TokenLogprob(token_id=token, logprob=chosen, rank=rank, top=top)
+def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: list[int | None]) -> list[TokenLogprob | None]:
+    """Entries for the rows that asked, computed for those rows only."""
+    rows = [row for row, n in enumerate(top_n) if n is not None]
+    if not rows:
+        return [None] * len(top_n)
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    entries = _entries(torch.log_softmax(logits[index], dim=-1), tokens[index], [top_n[r] or 0 for r in rows])
+    result: list[TokenLogprob | None] = [None] * len(top_n)
+    for row, entry in zip(rows, entries):
+        result[row] = entry
+    return result
+
+
+def _entries(raw: torch.Tensor, tokens: torch.Tensor, top_n: list[int]) -> list[TokenLogprob]:
+    """raw log-probabilities [R, V], the chosen token of each row -> one entry per row (one host copy)."""
+    chosen = raw.gather(1, tokens.unsqueeze(1))
+    ranks = (raw > chosen).sum(dim=-1) + 1
+    most = max(top_n)
+    values, ids = torch.topk(raw, most, dim=-1) if most else (raw[:, :0], tokens[:0].view(raw.shape[0], 0))
+    host = [t.cpu().tolist() for t in (tokens, chosen.squeeze(1), ranks, values, ids)]
+    return [TokenLogprob(token_id=token, logprob=logprob, rank=rank, top=dict(zip(top_ids[:n], top_values[:n])))
+            for token, logprob, rank, top_values, top_ids, n in zip(*host, top_n)]
 
 
 def prompt_logprob_entries(logits: torch.Tensor, next_tokens: list[int], top_n: int) -> list[TokenLogprob]:
     """Log-probabilities of each prompt token given the tokens before it."""
-    raw = torch.log_softmax(logits, dim=-1)
-    return [_logprob_entry(raw[row], token, top_n) for row, token in enumerate(next_tokens)]  # type: ignore[misc]
+    tokens = torch.tensor(next_tokens, dtype=torch.long, device=logits.device)
+    return _entries(torch.log_softmax(logits[: len(next_tokens)], dim=-1), tokens, [top_n] * len(next_tokens))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from llmctl.engine.layers.attention import AttentionMetadata, KVCache
+from llmctl.engine.transfer import to_device
 
 
 class TritonAttention:
@@ -27,8 +28,8 @@ class TritonAttention:
         tables = torch.zeros(len(meta.block_tables), max(width, 1), dtype=torch.int32)
         for row, table in enumerate(meta.block_tables):
             tables[row, :len(table)] = torch.tensor(table, dtype=torch.int32)
-        self.block_tables = _to_device(tables, device)
-        self.seq_lens = _to_device(torch.tensor(meta.seq_lens, dtype=torch.int32), device)
+        self.block_tables = to_device(tables, torch.int32, device)
+        self.seq_lens = to_device(meta.seq_lens, torch.int32, device)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
@@ -41,8 +42,3 @@ class TritonAttention:
         return self._attention.paged_attention(query.contiguous(), cache.kv, self.block_tables, self.seq_lens,
                                                meta.query_start_loc, options, seq_lens_list=meta.seq_lens)
 
-
-def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if device.type != "cuda":
-        return tensor
-    return tensor.pin_memory().to(device, non_blocking=True)

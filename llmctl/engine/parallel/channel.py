@@ -68,16 +68,17 @@ class Outbox:
 
 
 class _TensorsApart(pickle.Pickler):
-    """Pickles an object with its CPU tensors left out (their shape and dtype stand in), so they
-    travel as raw bytes after it: pickling a tensor's storage costs more than sending it."""
+    """Pickles an object with its tensors left out (their shape and dtype stand in), so they
+    travel as raw bytes after it: pickling a tensor's storage costs more than sending it. They
+    go through the CPU (gloo) and arrive as CPU tensors."""
 
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.tensors: list[torch.Tensor] = []
 
     def persistent_id(self, obj: object) -> tuple | None:
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-            self.tensors.append(obj.detach().contiguous())
+        if isinstance(obj, torch.Tensor):
+            self.tensors.append(obj.detach().cpu().contiguous())
             return ("tensor", tuple(obj.shape), str(obj.dtype).removeprefix("torch."))
         return None
 
