@@ -12,8 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0  # the largest finite e4m3 value: stored values are clamped to it
+from llmctl.engine.layers.attention import FP8, FP8_MAX
 
 
 def store_kv_reference(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,

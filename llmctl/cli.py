@@ -181,6 +181,8 @@ PPOpt = Annotated[int, typer.Option("--pipeline-parallel-size", "--pp", help="st
 DPOpt = Annotated[int, typer.Option("--data-parallel-size", "--dp", help="engine replicas behind one server")]
 CPUThreadsOpt = Annotated[Optional[int], typer.Option(
     "--cpu-threads", help="torch threads per rank (default: the CPU cores shared evenly)")]
+KVCacheDtypeOpt = Annotated[str, typer.Option(
+    "--kv-cache-dtype", help="auto (the model's dtype) or fp8 (e4m3, scale 1.0: half of bfloat16's KV bytes)")]
 AttentionBackendOpt = Annotated[str, typer.Option(
     "--attention-backend", help="auto (triton on CUDA, torch on CPU), torch or triton")]
 
@@ -215,6 +217,7 @@ def serve(
     data_parallel_size: DPOpt = 1,
     cpu_threads: CPUThreadsOpt = None,
     attention_backend: AttentionBackendOpt = "auto",
+    kv_cache_dtype: KVCacheDtypeOpt = "auto",
     enforce_eager: Annotated[bool, typer.Option(
         "--enforce-eager", help="accepted as vLLM accepts it: the engine always runs eagerly (no CUDA graphs)")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
@@ -249,7 +252,8 @@ def serve(
                           trust_remote_code=trust_remote_code, allow_pickle_weights=allow_pickle_weights,
                           show_progress=True, tensor_parallel_size=tensor_parallel_size,
                           pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
-                          cpu_threads=cpu_threads, attention_backend=attention_backend)
+                          cpu_threads=cpu_threads, attention_backend=attention_backend,
+                          kv_cache_dtype=kv_cache_dtype)
     config.validate()
     if run_torchrun_worker_if_not_driver(config):  # torchrun rank > 0: a worker, no HTTP server
         return
@@ -448,6 +452,7 @@ def bench_offline(
     data_parallel_size: DPOpt = 1,
     cpu_threads: CPUThreadsOpt = None,
     attention_backend: AttentionBackendOpt = "auto",
+    kv_cache_dtype: KVCacheDtypeOpt = "auto",
     max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = 256,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens")] = None,
     max_model_len: Annotated[Optional[int], typer.Option("--max-model-len")] = None,
@@ -474,7 +479,7 @@ def bench_offline(
         hf_batch_size=hf_batch_size, percentiles=_percentiles(metric_percentiles),
         parallel={"tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
                   "data_parallel_size": data_parallel_size, "cpu_threads": cpu_threads,
-                  "attention_backend": attention_backend}))
+                  "attention_backend": attention_backend, "kv_cache_dtype": kv_cache_dtype}))
     if as_json:
         print_json(offline_to_dict(result))
     else:

@@ -154,7 +154,8 @@ def test_every_serve_command_plan_prints_parses():
 
     command = typer.main.get_command(app).commands["serve"]
     for model, gpus, extra in (("bigscience/bloom", 8, {}), ("Qwen/Qwen-72B", 8, {}),
-                               ("bigscience/bloom", 16, {"nodes": 2}), ("Qwen/Qwen-72B", 4, {"quantization": "awq"})):
+                               ("bigscience/bloom", 16, {"nodes": 2}), ("Qwen/Qwen-72B", 4, {"quantization": "awq"}),
+                               ("Qwen/Qwen-72B", 4, {"kv_cache_dtype": "fp8"})):
         spec = load_spec(resolve_model(model, weights=False))
         plan = build_plan(spec, PlanRequest(gpu=lookup_gpu("h100"), gpus=gpus, **extra), model)
         lines = [c for c in plan.commands if c.startswith("llmctl serve")]
@@ -162,3 +163,4 @@ def test_every_serve_command_plan_prints_parses():
         for line in lines:
             with command.make_context("serve", line.split()[2:]) as context:
                 assert context.params["tensor_parallel_size"] >= 1
+                assert context.params["kv_cache_dtype"] == extra.get("kv_cache_dtype", "auto")

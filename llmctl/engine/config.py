@@ -29,6 +29,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     kv_cache_memory: int | None = None  # bytes for the KV cache; CPU default 2 GiB
     gpu_memory_utilization: float = 0.9
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) or fp8 (e4m3): half of bfloat16's KV bytes
     attention_backend: str = "auto"  # triton on CUDA, torch on CPU (llmctl.model.attention_backend)
     seed: int = 0
     enforce_eager: bool = True  # no CUDA graphs yet; kept for vLLM-compatible flags
@@ -64,5 +65,7 @@ class EngineConfig:
                 bad(flag, f"must be at least 1 (got {getattr(self, flag)})")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
+        if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
+            bad("kv_cache_dtype", f"{self.kv_cache_dtype!r} is not supported; use auto or fp8 (e4m3)")
         if self.attention_backend not in ("auto", "torch", "triton"):
             bad("attention_backend", f"{self.attention_backend!r} is not a backend; use auto, torch or triton")

@@ -99,14 +99,15 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     max_model_len = _max_model_len(config, spec)
     max_batched = config.max_num_batched_tokens or (8192 if device.type == "cuda" else 2048)
     layers = shard.stage_layers(spec.num_layers)
-    geometry = stage_kv(spec, rank.tp, layers, torch.tensor([], dtype=dtype).element_size(), config.block_size)
+    cache_dtype = _kv_cache_dtype(config.kv_cache_dtype, dtype)
+    geometry = stage_kv(spec, rank.tp, layers, torch.tensor([], dtype=cache_dtype).element_size(), config.block_size)
     available = _kv_memory(config, device, weights_bytes)
     pool = kv_pool(available, geometry)
     agreed = placement.agree_on_blocks(pool.num_blocks)
     if agreed != pool.num_blocks:  # the KV pool is the smallest that every rank holds
         pool = kv_pool(agreed * geometry.block_bytes, geometry)
     _check_fits(config, geometry, pool, max_model_len, max_batched, available)
-    caches = _allocate(spec, pool, layers, kv_heads_per_rank(spec, rank.tp), dtype, device)
+    caches = _allocate(spec, pool, layers, kv_heads_per_rank(spec, rank.tp), cache_dtype, device)
     choice = _attention_backend(config, spec, device)
     backend = create_backend(choice.backend)
     loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, geometry, pool, caches,
@@ -164,6 +165,12 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":  # bfloat16 matmuls are ~200x slower than float32 on CPUs without AMX
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return TORCH_DTYPES[name]
+
+
+def _kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """auto: the model's dtype; fp8: e4m3 with a scale of 1.0, as vLLM uses when a checkpoint
+    carries no KV scales (values beyond ±448 are clamped)."""
+    return model_dtype if name == "auto" else torch.float8_e4m3fn
 
 
 def _hf_config(source: ModelSource, spec: ModelSpec, trust_remote_code: bool) -> Any:

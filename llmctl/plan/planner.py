@@ -393,7 +393,7 @@ def _suggestions(spec: ModelSpec, req: PlanRequest, model: str, plan: Plan) -> l
 
 
 # Flags plan may need that `llmctl serve` refuses today; a layout needing one gets no llmctl command.
-LLMCTL_SERVE_LACKS = ("--quantization", "--kv-cache-dtype", "--enable-expert-parallel")
+LLMCTL_SERVE_LACKS = ("--quantization", "--enable-expert-parallel")
 
 
 def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: WeightFormat) -> list[str]:

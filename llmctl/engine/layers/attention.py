@@ -12,6 +12,9 @@ from typing import Protocol
 
 import torch
 
+FP8 = torch.float8_e4m3fn  # --kv-cache-dtype fp8 (scale 1.0)
+FP8_MAX = 448.0  # e4m3's largest finite value: stored K/V are clamped to it
+
 
 @dataclass
 class AttentionMetadata:

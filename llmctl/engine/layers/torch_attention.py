@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from llmctl.engine.layers.attention import AttentionMetadata, KVCache
+from llmctl.engine.layers.attention import FP8, FP8_MAX, AttentionMetadata, KVCache
 
 
 @dataclass
@@ -67,14 +67,12 @@ class TorchAttention:
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
         assert self.meta is not None, "prepare() runs before forward()"
-        flat = cache.flat_slots()  # [slots, 2, KVH, D]
-        flat[:, 0].index_copy_(0, self.meta.slot_mapping, key.to(flat.dtype))
-        flat[:, 1].index_copy_(0, self.meta.slot_mapping, value.to(flat.dtype))
+        _store(cache.flat_slots(), self.meta.slot_mapping, key, value)
         output = torch.empty_like(query)
         gqa = query.shape[1] != key.shape[1]
         for p in self.prefills:
             q = query[p.tokens].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-            if p.fresh and alibi_slopes is None:
+            if p.fresh and alibi_slopes is None and cache.kv.dtype != FP8:  # fp8: attend to what is stored
                 k, v = key[p.tokens].transpose(0, 1).unsqueeze(0), value[p.tokens].transpose(0, 1).unsqueeze(0)
                 out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=scale,
                                                      enable_gqa=gqa)
@@ -98,6 +96,17 @@ class TorchAttention:
         both = torch.index_select(kv, 0, blocks.reshape(-1), out=self._workspace[:needed]).to(dtype)
         both = both.view(batch, count * kv.shape[1], 2, kv.shape[3], kv.shape[4])
         return both[:, :, 0].transpose(1, 2), both[:, :, 1].transpose(1, 2)
+
+
+def _store(flat: torch.Tensor, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+    """New K/V into their slots of flat [slots, 2, KVH, D]; fp8 caches are written as bytes
+    (torch has no fp8 index_copy on CPUs), clamped to e4m3's range."""
+    for index, new in enumerate((key, value)):
+        if flat.dtype == FP8:
+            new = new.float().clamp(-FP8_MAX, FP8_MAX).to(FP8).view(torch.uint8)
+            flat.view(torch.uint8)[:, index].index_copy_(0, slots, new)
+        else:
+            flat[:, index].index_copy_(0, slots, new.to(flat.dtype))
 
 
 def _decode(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d: _Decodes, scale: float,
