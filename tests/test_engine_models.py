@@ -271,3 +271,20 @@ def test_fp8_kv_cache(tmp_path, tokenizer):
         assert torch_out.outputs[0].token_ids == full.outputs[0].token_ids
         pairs = zip(torch_out.outputs[0].logprobs, full.outputs[0].logprobs)
         assert max(abs(a.logprob - b.logprob) for a, b in pairs) < 0.05
+
+
+def test_the_profile_step_is_a_real_step_of_the_largest_size():
+    """On a GPU the KV pool leaves room for the activation peak of this step (measured with CUDA's
+    allocator statistics); here the step itself runs, through every layer, on throwaway caches."""
+    from llmctl.engine.layers.attention import KVCache
+    from llmctl.engine.profile import dummy_prefill, run_dummy_step
+
+    batch, blocks = dummy_prefill(100, 40, 16)
+    assert batch.num_tokens == 100 and batch.seq_lens == [40, 40, 20] and blocks == 3 + 3 + 2
+    assert len(set(batch.slot_mapping)) == 100 and max(batch.slot_mapping) < blocks * 16
+    loaded = LLM(None, max_model_len=64).engine.loaded
+    caches = {layer: KVCache(torch.zeros(blocks, 16, *cache.kv.shape[2:])) for layer, cache in loaded.kv_caches.items()}
+    run_dummy_step(loaded.model, lambda count: caches, loaded.backend, batch, blocks, 16, loaded.device,
+                   loaded.spec.hidden_size, first_stage=True, last_stage=True)
+    for cache in caches.values():  # every layer stored K/V for all 100 tokens
+        assert cache.kv.flatten(0, 1)[torch.tensor(batch.slot_mapping)].abs().sum(dim=(1, 2, 3)).gt(0).all()

@@ -18,6 +18,7 @@ from torch import nn
 from llmctl.units import GiB
 from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_backend
+from llmctl.engine.profile import dummy_prefill, measure_activation_peak, run_dummy_step
 from llmctl.model.attention_backend import BackendChoice, choose_attention_backend, triton_usable
 from llmctl.engine.models.common import Shard, WeightMismatchError
 from llmctl.engine.models.registry import create_model, is_supported
@@ -101,15 +102,26 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     layers = shard.stage_layers(spec.num_layers)
     cache_dtype = _kv_cache_dtype(config.kv_cache_dtype, dtype)
     geometry = stage_kv(spec, rank.tp, layers, torch.tensor([], dtype=cache_dtype).element_size(), config.block_size)
-    available = _kv_memory(config, device, weights_bytes)
+    choice = _attention_backend(config, spec, device)
+    backend = create_backend(choice.backend)
+    kv_heads = kv_heads_per_rank(spec, rank.tp)
+
+    def make_caches(blocks: int) -> dict[int, KVCache]:
+        return _allocate(spec, blocks, config.block_size, layers, kv_heads, cache_dtype, device)
+
+    activation = 0
+    if device.type == "cuda" and config.kv_cache_memory is None:
+        batch, blocks = dummy_prefill(max_batched, max_model_len, config.block_size)
+        activation = measure_activation_peak(device, lambda: run_dummy_step(
+            model, make_caches, backend, batch, blocks, config.block_size, device, spec.hidden_size,
+            shard.is_first, shard.is_last))
+    available = _kv_memory(config, device, weights_bytes, activation, max_batched)
     pool = kv_pool(available, geometry)
     agreed = placement.agree_on_blocks(pool.num_blocks)
     if agreed != pool.num_blocks:  # the KV pool is the smallest that every rank holds
         pool = kv_pool(agreed * geometry.block_bytes, geometry)
     _check_fits(config, geometry, pool, max_model_len, max_batched, available)
-    caches = _allocate(spec, pool, layers, kv_heads_per_rank(spec, rank.tp), cache_dtype, device)
-    choice = _attention_backend(config, spec, device)
-    backend = create_backend(choice.backend)
+    caches = make_caches(pool.num_blocks)
     loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, geometry, pool, caches,
                          max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes, placement,
                          choice.reason)
@@ -236,7 +248,8 @@ def _max_model_len(config: EngineConfig, spec: ModelSpec) -> int:
     return config.max_model_len
 
 
-def _kv_memory(config: EngineConfig, device: torch.device, weights_bytes: int) -> int:
+def _kv_memory(config: EngineConfig, device: torch.device, weights_bytes: int, activation_bytes: int,
+               step_tokens: int) -> int:
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory
     if device.type != "cuda":
@@ -245,7 +258,11 @@ def _kv_memory(config: EngineConfig, device: torch.device, weights_bytes: int) -
     used_by_others = total - free - torch.cuda.memory_reserved(device)
     budget = MemoryBudget(total_bytes=total, utilization=config.gpu_memory_utilization,
                           weights_bytes=torch.cuda.memory_allocated(device) or weights_bytes,
-                          activation_bytes=0, overhead_bytes=max(0, used_by_others))
+                          activation_bytes=activation_bytes, overhead_bytes=max(0, used_by_others))
+    logger.info("KV budget %.2f GiB = %.2f × %.2f GiB total − %.2f GiB weights − %.2f GiB activation peak "
+                "(measured at %d tokens) − %.2f GiB used outside this process's allocator", budget.kv_bytes / GiB,
+                config.gpu_memory_utilization, total / GiB, budget.weights_bytes / GiB, activation_bytes / GiB,
+                step_tokens, budget.overhead_bytes / GiB)
     return budget.kv_bytes
 
 
@@ -263,9 +280,9 @@ def _check_fits(config: EngineConfig, geometry: StageKV, pool: KVPool, max_model
         f"{max(available, 0) / GiB:.2f} GiB is available: {hint}")
 
 
-def _allocate(spec: ModelSpec, pool: KVPool, layers: range, kv_heads: int, dtype: torch.dtype,
+def _allocate(spec: ModelSpec, num_blocks: int, block_size: int, layers: range, kv_heads: int, dtype: torch.dtype,
               device: torch.device) -> dict[int, KVCache]:
-    shape = (pool.num_blocks, pool.block_size, 2, kv_heads, spec.attention.head_dim)
+    shape = (num_blocks, block_size, 2, kv_heads, spec.attention.head_dim)
     return {layer: KVCache(torch.zeros(shape, dtype=dtype, device=device)) for layer in layers}
 
 
