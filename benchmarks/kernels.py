@@ -44,7 +44,7 @@ def copy_bandwidth(device: str, nbytes: int) -> float:
 
 def decode_attention(device: str, dtype: torch.dtype, batch: int, context: int, heads: int, kv_heads: int,
                      dim: int, block_size: int, repeats: int) -> None:
-    from llmctl.kernels.attention import AttentionOptions, paged_attention
+    from llmctl.kernels.attention import AttentionOptions, paged_attention, plan_step
 
     pages = -(-context // block_size)
     cache = torch.randn(batch * pages, block_size, 2, kv_heads, dim, device=device).to(dtype)
@@ -56,9 +56,9 @@ def decode_attention(device: str, dtype: torch.dtype, batch: int, context: int, 
     kv_bytes = batch * context * 2 * kv_heads * dim * cache.element_size()
     peak = copy_bandwidth(device, 1 << 30) if device == "cuda" else float("nan")
     for segments in (1, None):
-        seconds = timed(lambda: paged_attention(query, cache, tables, lens, starts, options,
-                                                seq_lens_list=[context] * batch, num_segments=segments), repeats)
-        label = "one pass" if segments == 1 else "auto split"
+        layout = plan_step(starts, [context] * batch, heads, kv_heads, torch.device(device), num_segments=segments)
+        seconds = timed(lambda: paged_attention(query, cache, tables, lens, layout, options), repeats)
+        label = f"{layout.num_segments} segment{'s' if layout.num_segments > 1 else ''}"
         print(f"decode attention, batch {batch} × context {context}, {heads}/{kv_heads} heads × {dim} ({label}): "
               f"{seconds * 1e6:8.1f} µs, {kv_bytes / seconds / 1e9:7.1f} GB/s of KV "
               f"({kv_bytes / seconds / peak:.0%} of copy bandwidth {peak / 1e9:.0f} GB/s)")

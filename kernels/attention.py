@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from llmctl.engine.transfer import to_device
+
 # A program's rows: query tokens × the query heads of one KV head. 16 is the smallest tl.dot takes.
 DECODE_ROWS = 16
 PREFILL_ROWS = 64
@@ -83,56 +85,69 @@ def query_blocks(query_start_loc: list[int], tokens_per_block: int) -> tuple[lis
     return seqs, firsts
 
 
-def choose_segments(query_start_loc: list[int], seq_lens: list[int], kv_heads: int) -> int:
+def choose_segments(decode_only: bool, seq_lens: list[int], kv_heads: int) -> int:
     """Split the context only where it pays: decodes only, long contexts, too few programs otherwise."""
-    decode_only = all(b - a <= 1 for a, b in zip(query_start_loc, query_start_loc[1:]))
     if decode_only and seq_lens and max(seq_lens) >= LONG_CONTEXT and len(seq_lens) * kv_heads < 256:
         return SEGMENTS
     return 1
 
 
-def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                    query_start_loc: list[int], options: AttentionOptions, *, seq_lens_list: list[int] | None = None,
-                    num_segments: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """query [T, H, D]; kv_cache [blocks, block_size, 2, KVH, D]; block_tables [B, n] int32;
-    seq_lens [B] int32 (tokens in the cache, this step's included); query_start_loc [B + 1]."""
-    tokens, heads, dim = query.shape
-    block_size, kv_heads = kv_cache.shape[1], kv_cache.shape[3]
+@dataclass(frozen=True)
+class StepLayout:
+    """How a step's queries map onto programs: planned once per step, shared by every layer.
+    Only device tensors and integers, so a launch from it can be captured in a CUDA graph."""
+
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    block_seq: torch.Tensor  # [programs] int32: the sequence of each program
+    block_first: torch.Tensor  # [programs] int32: its first query token
+    rows: int  # query tokens × the query heads of one KV head, per program
+    group: int  # query heads per KV head
+    num_segments: int
+
+
+def plan_step(query_start_loc: list[int], seq_lens: list[int], heads: int, kv_heads: int, device: torch.device,
+              num_segments: int | None = None) -> StepLayout:
     group = heads // kv_heads
     decode_only = all(b - a <= 1 for a, b in zip(query_start_loc, query_start_loc[1:]))
     rows = max(DECODE_ROWS if decode_only else PREFILL_ROWS, triton.next_power_of_2(group))
-    per_block = rows // group
-    seqs, firsts = query_blocks(query_start_loc, per_block)
-    if num_segments is None:
-        num_segments = choose_segments(query_start_loc, seq_lens_list or seq_lens.tolist(), kv_heads)
-    device = query.device
-    block_seq = torch.tensor(seqs, dtype=torch.int32).to(device, non_blocking=True)
-    block_first = torch.tensor(firsts, dtype=torch.int32).to(device, non_blocking=True)
-    starts = torch.tensor(query_start_loc, dtype=torch.int32).to(device, non_blocking=True)
+    seqs, firsts = query_blocks(query_start_loc, rows // group)
+    segments = num_segments or choose_segments(decode_only, seq_lens, kv_heads)
+    return StepLayout(*(to_device(values, torch.int32, device) for values in (query_start_loc, seqs, firsts)),
+                      rows, group, segments)
+
+
+def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                    layout: StepLayout, options: AttentionOptions, out: torch.Tensor | None = None) -> torch.Tensor:
+    """query [T, H, D]; kv_cache [blocks, block_size, 2, KVH, D]; block_tables [B, n] int32;
+    seq_lens [B] int32 (tokens in the cache, this step's included)."""
+    tokens, heads, dim = query.shape
+    block_size, kv_heads = kv_cache.shape[1], kv_cache.shape[3]
     out = torch.empty_like(query) if out is None else out
-    if not seqs:
+    programs, segments = layout.block_seq.shape[0], layout.num_segments
+    if programs == 0:
         return out
     padded_dim = triton.next_power_of_2(dim)
-    if num_segments > 1:
-        partial = torch.empty(tokens, heads, num_segments, padded_dim, dtype=torch.float32, device=device)
-        maxes = torch.empty(tokens, heads, num_segments, dtype=torch.float32, device=device)
+    if segments > 1:
+        partial = torch.empty(tokens, heads, segments, padded_dim, dtype=torch.float32, device=query.device)
+        maxes = torch.empty(tokens, heads, segments, dtype=torch.float32, device=query.device)
         sums = torch.empty_like(maxes)
     else:
         partial = maxes = sums = out  # unused
     slopes = options.alibi_slopes if options.alibi_slopes is not None else out
-    _attention_kernel[(len(seqs), kv_heads, num_segments)](
-        out, partial, maxes, sums, query, kv_cache, block_tables, seq_lens, starts, block_seq, block_first, slopes,
+    _attention_kernel[(programs, kv_heads, segments)](
+        out, partial, maxes, sums, query, kv_cache, block_tables, seq_lens, layout.query_start_loc,
+        layout.block_seq, layout.block_first, slopes,
         options.scale, options.softcap or 0.0, options.k_scale, options.v_scale,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), block_tables.stride(0),
-        GROUP=group, HEAD_DIM=dim, PADDED_DIM=padded_dim, BLOCK_SIZE=block_size, ROWS=rows, PER_BLOCK=per_block,
-        WINDOW=options.sliding_window or 0, ALIBI=options.alibi_slopes is not None, SOFTCAP=bool(options.softcap),
-        SEGMENTS=num_segments,
+        GROUP=layout.group, HEAD_DIM=dim, PADDED_DIM=padded_dim, BLOCK_SIZE=block_size, ROWS=layout.rows,
+        PER_BLOCK=layout.rows // layout.group, WINDOW=options.sliding_window or 0,
+        ALIBI=options.alibi_slopes is not None, SOFTCAP=bool(options.softcap), SEGMENTS=segments,
     )
-    if num_segments > 1:
+    if segments > 1:
         _merge_kernel[(tokens, heads)](
             out, partial, maxes, sums, out.stride(0), out.stride(1),
-            HEAD_DIM=dim, PADDED_DIM=padded_dim, SEGMENTS=num_segments)
+            HEAD_DIM=dim, PADDED_DIM=padded_dim, SEGMENTS=segments)
     return out
 
 

@@ -183,6 +183,8 @@ CPUThreadsOpt = Annotated[Optional[int], typer.Option(
     "--cpu-threads", help="torch threads per rank (default: the CPU cores shared evenly)")]
 KVCacheDtypeOpt = Annotated[str, typer.Option(
     "--kv-cache-dtype", help="auto (the model's dtype) or fp8 (e4m3, scale 1.0: half of bfloat16's KV bytes)")]
+EnforceEagerOpt = Annotated[bool, typer.Option(
+    "--enforce-eager", help="no CUDA graphs for decode steps (they are captured on CUDA with the triton backend)")]
 AttentionBackendOpt = Annotated[str, typer.Option(
     "--attention-backend", help="auto (triton on CUDA, torch on CPU), torch or triton")]
 
@@ -218,8 +220,7 @@ def serve(
     cpu_threads: CPUThreadsOpt = None,
     attention_backend: AttentionBackendOpt = "auto",
     kv_cache_dtype: KVCacheDtypeOpt = "auto",
-    enforce_eager: Annotated[bool, typer.Option(
-        "--enforce-eager", help="accepted as vLLM accepts it: the engine always runs eagerly (no CUDA graphs)")] = False,
+    enforce_eager: EnforceEagerOpt = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
     allow_pickle_weights: Annotated[bool, typer.Option(
         "--allow-pickle-weights", help="load pytorch_model*.bin when a model has no safetensors "
@@ -253,7 +254,7 @@ def serve(
                           show_progress=True, tensor_parallel_size=tensor_parallel_size,
                           pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
                           cpu_threads=cpu_threads, attention_backend=attention_backend,
-                          kv_cache_dtype=kv_cache_dtype)
+                          kv_cache_dtype=kv_cache_dtype, enforce_eager=enforce_eager)
     config.validate()
     if run_torchrun_worker_if_not_driver(config):  # torchrun rank > 0: a worker, no HTTP server
         return
@@ -453,6 +454,7 @@ def bench_offline(
     cpu_threads: CPUThreadsOpt = None,
     attention_backend: AttentionBackendOpt = "auto",
     kv_cache_dtype: KVCacheDtypeOpt = "auto",
+    enforce_eager: EnforceEagerOpt = False,
     max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = 256,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens")] = None,
     max_model_len: Annotated[Optional[int], typer.Option("--max-model-len")] = None,
@@ -479,7 +481,8 @@ def bench_offline(
         hf_batch_size=hf_batch_size, percentiles=_percentiles(metric_percentiles),
         parallel={"tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
                   "data_parallel_size": data_parallel_size, "cpu_threads": cpu_threads,
-                  "attention_backend": attention_backend, "kv_cache_dtype": kv_cache_dtype}))
+                  "attention_backend": attention_backend, "kv_cache_dtype": kv_cache_dtype,
+                  "enforce_eager": enforce_eager}))
     if as_json:
         print_json(offline_to_dict(result))
     else:

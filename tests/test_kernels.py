@@ -9,7 +9,8 @@ import torch
 pytest.importorskip("triton")
 
 from llmctl.engine.layers.positions import alibi_slopes  # noqa: E402
-from llmctl.kernels.attention import AttentionOptions, paged_attention, paged_attention_reference  # noqa: E402
+from llmctl.kernels.attention import (  # noqa: E402
+    AttentionOptions, paged_attention, paged_attention_reference, plan_step)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.float32 if DEVICE == "cpu" else torch.bfloat16
@@ -45,7 +46,10 @@ def check(query_lens, seq_lens, *, heads, kv_heads, dim, block_size, segments=No
                                                     block_size=block_size, pool_blocks=pool_blocks)
     opts = AttentionOptions(scale=dim ** -0.5, **options)
     expected = paged_attention_reference(query, cache, tables, lens, torch.tensor(starts), opts)
-    got = paged_attention(query, cache, tables, lens, starts, opts, num_segments=segments)
+    layout = plan_step(starts, seq_lens, heads, kv_heads, query.device, num_segments=segments)
+    if segments is None and max(seq_lens) >= 1024 and set(query_lens) == {1}:
+        assert layout.num_segments > 1  # long decodes with few sequences split by themselves
+    got = paged_attention(query, cache, tables, lens, layout, opts)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE, rtol=TOLERANCE)
 
@@ -110,7 +114,7 @@ def test_attention_over_an_fp8_cache():
     fp8 = (cache.float() / 0.05).clamp(-448, 448).to(torch.float8_e4m3fn)
     opts = AttentionOptions(scale=0.125, k_scale=0.05, v_scale=0.05)
     expected = paged_attention_reference(query, fp8, tables, lens, torch.tensor(starts), opts)
-    got = paged_attention(query, fp8, tables, lens, starts, opts)
+    got = paged_attention(query, fp8, tables, lens, plan_step(starts, [4, 40], 4, 2, query.device), opts)
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE, rtol=TOLERANCE)
 
 

@@ -32,7 +32,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) or fp8 (e4m3): half of bfloat16's KV bytes
     attention_backend: str = "auto"  # triton on CUDA, torch on CPU (llmctl.model.attention_backend)
     seed: int = 0
-    enforce_eager: bool = True  # no CUDA graphs yet; kept for vLLM-compatible flags
+    enforce_eager: bool = False  # True: no CUDA graphs for decode steps (llmctl.engine.cuda_graphs)
     device: str = "auto"
     trust_remote_code: bool = False
     allow_pickle_weights: bool = False  # load pytorch_model*.bin (torch.load weights_only) when no safetensors

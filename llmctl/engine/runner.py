@@ -4,6 +4,7 @@ workers), runs this process's part of the model on it, and returns the logits th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -13,6 +14,9 @@ from llmctl.engine.models.common import StepContext
 from llmctl.engine.scheduler import SchedulerOutput
 from llmctl.engine.sequence import Sequence
 from llmctl.engine.transfer import to_device
+
+if TYPE_CHECKING:
+    from llmctl.engine.cuda_graphs import DecodeGraphs
 
 
 @dataclass
@@ -81,6 +85,11 @@ def _readable(seq: Sequence) -> list[int]:
     return [0] * seq.num_slid_out_blocks + seq.block_table[seq.num_slid_out_blocks:]
 
 
+def is_decode_step(batch: StepBatch) -> bool:
+    """One new token per sequence and no copy-on-write: a step a captured graph can replay."""
+    return batch.num_tokens == len(batch.seq_lens) and not batch.block_copies
+
+
 class ModelRunner:
     """Runs one process's model part: every layer (TP 1), or one pipeline stage's shard."""
 
@@ -92,6 +101,7 @@ class ModelRunner:
         self.backend = backend
         self.block_size = block_size
         self.device = device
+        self.graphs: DecodeGraphs | None = None  # captured decode steps (llmctl.engine.cuda_graphs)
 
     def execute(self, sched: SchedulerOutput) -> StepResult:
         """A whole step in this process (the single-process engine)."""
@@ -102,6 +112,9 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: StepBatch, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """This stage's layers on the batch: token ids in (first stage) or the previous stage's hidden states."""
+        if self.graphs is not None and hidden is None and is_decode_step(batch) \
+                and len(batch.seq_lens) <= self.graphs.largest:
+            return self.graphs.run(batch)
         self._copy_blocks(batch.block_copies)
         device = self.device
         meta = AttentionMetadata(

@@ -2,15 +2,32 @@
 
 `prepare` turns the step's lists into int32 device tensors once per step (copied from pinned
 memory without blocking on CUDA); `forward` stores the new K/V (`kernels.kv_store`) and runs
-one paged-attention launch for the whole step (`kernels.attention`).
+one paged-attention launch for the whole step (`kernels.attention`). A forward reads only
+device tensors, so a decode step can be captured in a CUDA graph over static buffers
+(`use_static`, see `llmctl.engine.cuda_graphs`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from llmctl.engine.layers.attention import AttentionMetadata, KVCache
 from llmctl.engine.transfer import to_device
+
+
+@dataclass
+class StepTensors:
+    """What attention reads in a step, on the device."""
+
+    slot_mapping: torch.Tensor  # [T] int64, -1 = store nothing
+    block_tables: torch.Tensor  # [B, n] int32
+    seq_lens: torch.Tensor  # [B] int32
+    layout: object | None  # kernels.attention.StepLayout; planned by the first layer when None
+    query_start_loc: list[int]
+    seq_lens_list: list[int]
+    sliding_window: int | None
 
 
 class TritonAttention:
@@ -20,25 +37,35 @@ class TritonAttention:
         from llmctl.kernels import attention, kv_store  # imports triton: only when this backend is chosen
 
         self._attention, self._kv_store = attention, kv_store
-        self.meta: AttentionMetadata | None = None
+        self.step: StepTensors | None = None
 
     def prepare(self, meta: AttentionMetadata, device: torch.device) -> None:
-        self.meta = meta
         width = max((len(t) for t in meta.block_tables), default=1)
         tables = torch.zeros(len(meta.block_tables), max(width, 1), dtype=torch.int32)
         for row, table in enumerate(meta.block_tables):
             tables[row, :len(table)] = torch.tensor(table, dtype=torch.int32)
-        self.block_tables = to_device(tables, torch.int32, device)
-        self.seq_lens = to_device(meta.seq_lens, torch.int32, device)
+        self.step = StepTensors(meta.slot_mapping, to_device(tables, torch.int32, device),
+                                to_device(meta.seq_lens, torch.int32, device), None, meta.query_start_loc,
+                                meta.seq_lens, meta.sliding_window)
+
+    def use_static(self, step: StepTensors) -> None:
+        """Read the step from these tensors (a captured graph's buffers) until the next prepare."""
+        self.step = step
+
+    def plan_decodes(self, size: int, heads: int, kv_heads: int, device: torch.device) -> object:
+        """The layout of `size` one-token sequences, in one segment (fixed for a captured graph)."""
+        return self._attention.plan_step(list(range(size + 1)), [1] * size, heads, kv_heads, device, num_segments=1)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
-        meta = self.meta
-        assert meta is not None, "prepare() runs before forward()"
-        self._kv_store.store_kv(key.contiguous(), value.contiguous(), cache.kv, meta.slot_mapping)
+        step = self.step
+        assert step is not None, "prepare() or use_static() runs before forward()"
+        self._kv_store.store_kv(key.contiguous(), value.contiguous(), cache.kv, step.slot_mapping)
+        if step.layout is None:  # the first layer of the step plans it for all
+            step.layout = self._attention.plan_step(step.query_start_loc, step.seq_lens_list, query.shape[1],
+                                                    key.shape[1], query.device)
         options = self._attention.AttentionOptions(
             scale=scale, alibi_slopes=None if alibi_slopes is None else alibi_slopes.float().contiguous(),
-            sliding_window=meta.sliding_window)
-        return self._attention.paged_attention(query.contiguous(), cache.kv, self.block_tables, self.seq_lens,
-                                               meta.query_start_loc, options, seq_lens_list=meta.seq_lens)
-
+            sliding_window=step.sliding_window)
+        return self._attention.paged_attention(query.contiguous(), cache.kv, step.block_tables, step.seq_lens,
+                                               step.layout, options)

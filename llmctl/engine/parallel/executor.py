@@ -15,6 +15,7 @@ from typing import Protocol
 import torch.distributed as dist
 
 from llmctl.engine.config import EngineConfig
+from llmctl.engine.cuda_graphs import decode_graphs
 from llmctl.engine.loader import LoadedModel, Placement, load_model
 from llmctl.engine.parallel.channel import Groups, all_gather_ints, all_reduce_min, connect, recv_object
 from llmctl.engine.parallel.group import Rank
@@ -69,6 +70,7 @@ class LocalExecutor:
         if self.loaded.device.type == "cpu":
             logger.info("%d CPU threads (--cpu-threads or OMP_NUM_THREADS to change)", self.threads)
         self.runner = make_runner(self.loaded, config.block_size)
+        self.runner.graphs = decode_graphs(self.loaded, config, sliding_window(self.loaded))
         self.rank_memory = [(self.loaded.weights_bytes, self.loaded.kv_cache_bytes)]
         self._ready: deque[StepLogits] = deque()
 

@@ -1,0 +1,137 @@
+"""CUDA graphs for decode steps: one captured forward per batch size, replayed over static buffers.
+
+A decode step launches hundreds of small kernels; on a GPU their launch overhead, not the
+math, sets the step time. Each capture size (vLLM's: 1, 2, 4, then multiples of 8 up to
+max_num_seqs) gets one graph of the model's forward over static input buffers; a step of n
+sequences copies its ids, positions, slots and block tables into the buffers of the next
+size up (padding rows store nothing: slot -1) and replays that graph.
+
+Only the `triton` attention backend can be captured (the `torch` backend groups sequences
+on the host), and only with every layer in this process (TP 1, PP 1). `--enforce-eager`
+turns graphs off. With `capture=False` the same static-buffer path runs eagerly: that is
+how the CPU tests check it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+
+import torch
+from torch import nn
+
+from llmctl.engine.config import EngineConfig
+from llmctl.engine.layers.attention import KVCache
+from llmctl.engine.layers.triton_attention import StepTensors, TritonAttention
+from llmctl.engine.models.common import StepContext
+from llmctl.engine.loader import LoadedModel
+from llmctl.engine.runner import StepBatch
+from llmctl.plan.weights import kv_heads_per_rank
+
+logger = logging.getLogger("llmctl.engine")
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """vLLM's decode capture sizes: 1, 2, 4, then every multiple of 8, up to max_num_seqs."""
+    sizes = [s for s in (1, 2, 4) if s <= max_num_seqs] + list(range(8, max_num_seqs + 1, 8))
+    if sizes[-1] < max_num_seqs:
+        sizes.append(max_num_seqs)  # the largest batch the scheduler forms always has a graph
+    return sizes
+
+
+class DecodeGraphs:
+    """Static buffers of the largest size; each size's graph reads a prefix of them."""
+
+    def __init__(self, model: nn.Module, backend: TritonAttention, kv_caches: dict[int, KVCache], sizes: list[int],
+                 max_blocks_per_seq: int, heads: int, kv_heads: int, sliding_window: int | None,
+                 device: torch.device, capture: bool = True) -> None:
+        self.model, self.backend, self.kv_caches, self.device = model, backend, kv_caches, device
+        self.sizes = sorted(sizes)
+        largest = self.sizes[-1]
+        self.input_ids = torch.zeros(largest, dtype=torch.long, device=device)
+        self.positions = torch.zeros(largest, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((largest,), -1, dtype=torch.long, device=device)
+        self.seq_lens = torch.ones(largest, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(largest, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.steps = {size: StepTensors(self.slot_mapping[:size], self.block_tables[:size], self.seq_lens[:size],
+                                        backend.plan_decodes(size, heads, kv_heads, device), list(range(size + 1)),
+                                        [1] * size, sliding_window) for size in self.sizes}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        if capture:
+            self._capture_all()
+
+    @property
+    def largest(self) -> int:
+        return self.sizes[-1]
+
+    def _forward(self, size: int) -> torch.Tensor:
+        self.backend.use_static(self.steps[size])
+        return self.model(self.input_ids[:size], StepContext(self.positions[:size], self.kv_caches, self.backend))
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        started = time.perf_counter()
+        pool = None
+        for size in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
+            self._forward(size)  # compiles the kernels outside the capture
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[size] = self._forward(size)
+            pool = graph.pool()
+            self.graphs[size] = graph
+        torch.cuda.synchronize(self.device)
+        logger.info("CUDA graphs captured for decode batches of %s sequences in %.2f s (--enforce-eager turns "
+                    "them off)", ", ".join(map(str, self.sizes)), time.perf_counter() - started)
+
+    @torch.inference_mode()
+    def run(self, batch: StepBatch) -> torch.Tensor:
+        """Hidden states [n, hidden] of a decode step of n ≤ largest sequences."""
+        count = len(batch.seq_lens)
+        size = self.sizes[bisect.bisect_left(self.sizes, count)]
+        self._fill(batch, size)
+        if self.graphs:
+            self.graphs[size].replay()
+            return self.outputs[size][:count]
+        return self._forward(size)[:count]
+
+    def _fill(self, batch: StepBatch, size: int) -> None:
+        count = len(batch.seq_lens)
+        pad = size - count
+        tables = torch.zeros(size, self.block_tables.shape[1], dtype=torch.int32)
+        for row, table in enumerate(batch.block_tables):
+            tables[row, :len(table)] = torch.tensor(table, dtype=torch.int32)
+        host = [
+            (self.input_ids, torch.tensor(batch.input_ids + [0] * pad)),
+            (self.positions, torch.tensor(batch.positions + [0] * pad)),
+            (self.slot_mapping, torch.tensor(batch.slot_mapping + [-1] * pad)),  # padding rows store nothing
+            (self.seq_lens, torch.tensor(batch.seq_lens + [1] * pad, dtype=torch.int32)),
+            (self.block_tables, tables),
+        ]
+        for static, values in host:
+            if self.device.type == "cuda":
+                values = values.pin_memory()
+            static[:size].copy_(values, non_blocking=True)
+
+
+def decode_graphs(loaded: LoadedModel, config: EngineConfig, window: int | None, capture: bool = True
+                  ) -> DecodeGraphs | None:
+    """The graphs this process can use, or None (and the reason in the log)."""
+    why_not = None
+    if config.enforce_eager:
+        why_not = "--enforce-eager"
+    elif loaded.device.type != "cuda" and capture:
+        return None  # CPUs have no graphs to capture: nothing to say
+    elif not isinstance(loaded.backend, TritonAttention):
+        why_not = "the torch attention backend cannot be captured"
+    elif loaded.placement.rank.world_size > 1:
+        why_not = "tensor/pipeline parallelism (collectives are not captured yet)"
+    if why_not:
+        logger.info("CUDA graphs off: %s", why_not)
+        return None
+    spec = loaded.spec
+    return DecodeGraphs(loaded.model, loaded.backend, loaded.kv_caches, capture_sizes(config.max_num_seqs),
+                        -(-loaded.max_model_len // config.block_size), spec.attention.num_heads,
+                        kv_heads_per_rank(spec, 1), window, loaded.device, capture)
