@@ -290,36 +290,66 @@ def test_the_profile_step_is_a_real_step_of_the_largest_size():
         assert cache.kv.flatten(0, 1)[torch.tensor(batch.slot_mapping)].abs().sum(dim=(1, 2, 3)).gt(0).all()
 
 
-@pytest.mark.parametrize("family", ["llama-gqa", "bloom-alibi"])
-def test_decode_steps_through_the_cuda_graph_buffers_match_transformers(tmp_path, tokenizer, family):
-    """What a captured graph replays, run eagerly: decode steps copied into static buffers of the
-    next capture size up (3 sequences in the size-4 graph's buffers, a padding row storing nothing).
-    With a GPU, the second half captures and replays real graphs."""
-    pytest.importorskip("triton")
-    from transformers import AutoModelForCausalLM, BloomConfig, LlamaConfig
+def graph_test_model(tmp_path, tokenizer, family: str) -> Path:
+    from transformers import BloomConfig, LlamaConfig
 
-    from llmctl.engine.cuda_graphs import capture_sizes, decode_graphs
-    from llmctl.engine.parallel.executor import sliding_window
-
-    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20] and capture_sizes(256)[-2:] == [248, 256]
     config = {"llama-gqa": LlamaConfig(vocab_size=len(tokenizer), hidden_size=96, intermediate_size=128,
                                        num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2),
               "bloom-alibi": BloomConfig(vocab_size=len(tokenizer), hidden_size=72, n_layer=2, n_head=6)}[family]
-    folder = save_random_model(config, tmp_path / family, tokenizer)
+    return save_random_model(config, tmp_path / family, tokenizer)
+
+
+def generate_through_graphs(folder: Path, tokenizer, capture: bool) -> None:
+    """Decode steps through the graphs' static buffers (3 sequences in the size-4 buffers, a padding
+    row storing nothing): captured and replayed on a GPU, the same path run eagerly elsewhere."""
+    from transformers import AutoModelForCausalLM
+
+    from llmctl.engine.cuda_graphs import decode_graphs
+    from llmctl.engine.parallel.executor import sliding_window
+
+    llm = LLM(str(folder), max_model_len=128, max_num_seqs=4, attention_backend="triton",
+              device="cuda" if capture else "auto", dtype="float32")
+    executor = llm.engine.executor
+    if not capture:
+        executor.runner.graphs = decode_graphs(executor.loaded, llm.engine.config, sliding_window(executor.loaded),
+                                               capture=False)
+    graphs = executor.runner.graphs
+    assert graphs is not None and bool(graphs.graphs) == capture
+    replays: list[int] = []
+    run = graphs.run
+    graphs.run = lambda batch: replays.append(len(batch.seq_lens)) or run(batch)
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    assert 3 in replays  # the three prompts decoded together, in the size-4 buffers
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-    for capture in (False, True) if torch.cuda.is_available() else (False,):
-        llm = LLM(str(folder), max_model_len=128, max_num_seqs=4, attention_backend="triton")
-        executor = llm.engine.executor
-        executor.runner.graphs = decode_graphs(executor.loaded, llm.engine.config,
-                                               sliding_window(executor.loaded), capture=capture)
-        replays = []
-        run = executor.runner.graphs.run
-        executor.runner.graphs.run = lambda batch: replays.append(len(batch.seq_lens)) or run(batch)
-        outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
-        assert 3 in replays  # the three prompts decoded together, in the size-4 buffers
-        for prompt, output in zip(PROMPTS, outputs):
-            ids = tokenizer(prompt, return_tensors="pt").input_ids
-            with torch.no_grad():
-                ref = hf.generate(ids, do_sample=False, max_new_tokens=5, min_new_tokens=5, pad_token_id=0,
-                                  eos_token_id=None)
-            assert output.outputs[0].token_ids == ref[0, ids.shape[1]:].tolist(), prompt
+    for prompt, output in zip(PROMPTS, outputs):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            ref = hf.generate(ids, do_sample=False, max_new_tokens=5, min_new_tokens=5, pad_token_id=0,
+                              eos_token_id=None)
+        assert output.outputs[0].token_ids == ref[0, ids.shape[1]:].tolist(), prompt
+
+
+@pytest.mark.parametrize("family", ["llama-gqa", "bloom-alibi"])
+def test_decode_steps_through_the_cuda_graph_buffers_match_transformers(tmp_path, tokenizer, family):
+    pytest.importorskip("triton")
+    from llmctl.engine.cuda_graphs import capture_sizes
+
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20] and capture_sizes(256)[-2:] == [248, 256]
+    generate_through_graphs(graph_test_model(tmp_path, tokenizer, family), tokenizer, capture=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+@pytest.mark.parametrize("family", ["llama-gqa", "bloom-alibi"])
+def test_captured_cuda_graphs_replay_what_transformers_generates(tmp_path, tokenizer, family):
+    generate_through_graphs(graph_test_model(tmp_path, tokenizer, family), tokenizer, capture=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the activation peak is measured with CUDA's allocator")
+def test_gpu_kv_pool_leaves_the_measured_activation_peak(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="llmctl.engine"):
+        small = LLM(None, device="cuda", max_num_batched_tokens=256).engine.loaded
+        large = LLM(None, device="cuda", max_num_batched_tokens=4096).engine.loaded
+    assert 0 < small.activation_peak_bytes < large.activation_peak_bytes  # it grows with the step
+    assert any("activation peak (measured at 4096 tokens)" in r.getMessage() for r in caplog.records)

@@ -57,6 +57,7 @@ class LoadedModel:
     weights_bytes: int
     placement: Placement = field(default_factory=lambda: Placement())
     attention_reason: str = ""  # why this backend (inspect says the same)
+    activation_peak_bytes: int = 0  # measured on GPUs before sizing the KV pool (llmctl.engine.profile)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -124,7 +125,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     caches = make_caches(pool.num_blocks)
     loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, geometry, pool, caches,
                          max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes, placement,
-                         choice.reason)
+                         choice.reason, activation)
     if rank.rank == 0:
         _log_startup(loaded, time.perf_counter() - started)
     return loaded
