@@ -29,7 +29,7 @@ def test_inspect_bloom_table() -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for text in ("ALiBi", "176,247,271,424", "4,014,080", "decoder-only", "templates/bloom.jinja",
-                 "bigscience-bloom-rail-1.0", "FlashAttention 3 has no ALiBi"):
+                 "bigscience-bloom-rail-1.0", "ALiBi bias as an additive mask"):
         assert text in out, text
 
 
@@ -89,3 +89,16 @@ def test_usage_errors_and_version() -> None:
     assert run_cli().returncode == 0  # bare `llmctl` shows help
     version = run_cli("--version")
     assert version.returncode == 0 and version.stdout.startswith("llmctl ")
+
+
+def test_the_backend_inspect_names_is_the_one_serve_runs() -> None:
+    pytest.importorskip("triton")
+    from llmctl.model.attention_backend import choose_attention_backend
+    from llmctl.model.report import load_spec
+    from llmctl.model.source import resolve_model
+
+    bloom = load_spec(resolve_model("bigscience/bloom", weights=False))
+    on_gpu = choose_attention_backend(bloom, cuda=True)
+    assert on_gpu.backend == "triton" and "adding the ALiBi bias itself" in on_gpu.reason
+    assert choose_attention_backend(bloom, cuda=False).backend == "torch"
+    assert choose_attention_backend(bloom, cuda=True, requested="torch").backend == "torch"

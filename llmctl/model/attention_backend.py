@@ -39,19 +39,21 @@ def _triton_installed() -> bool:
 def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, requested: str = "auto") -> BackendChoice:
     """`requested` is --attention-backend: auto, torch or triton."""
     cuda = _cuda_available() if cuda is None else cuda
-    features = spec.positional.describe() + (", ALiBi bias added in the kernel" if spec.positional.kind == "alibi" else "")
+    alibi = spec.positional.kind == "alibi"
+    torch_sdpa = f"{spec.positional.describe()}: torch SDPA over gathered KV pages" + \
+        (" with the ALiBi bias as an additive mask" if alibi else "")
+    kernel = f"{spec.positional.describe()}: llmctl's Triton paged-attention kernel, reading the KV pages in place" + \
+        (" and adding the ALiBi bias itself" if alibi else "")
     if requested == "torch":
-        return BackendChoice("torch", f"{features}: torch SDPA over gathered KV pages (--attention-backend torch)")
+        return BackendChoice("torch", f"{torch_sdpa} (--attention-backend torch)")
     if requested == "triton":
-        where = "on the GPU" if cuda else "in Triton's interpreter on CPU tensors (TRITON_INTERPRET=1; slow, for tests)"
-        return BackendChoice("triton", f"{features}: llmctl's Triton paged-attention kernel {where} "
-                                       "(--attention-backend triton)")
+        where = "" if cuda else "; on CPU tensors only in Triton's interpreter (TRITON_INTERPRET=1, slow, for tests)"
+        return BackendChoice("triton", f"{kernel} (--attention-backend triton{where})")
     if cuda and _triton_installed():
-        return BackendChoice("triton", f"{features}: llmctl's Triton paged-attention kernel, reading the KV pages "
-                                       "in place (the default on CUDA)")
+        return BackendChoice("triton", f"{kernel} (the default on CUDA)")
     if cuda:
-        return BackendChoice("torch", f"{features}: torch SDPA over gathered KV pages (triton is not installed)")
-    return BackendChoice("torch", f"{features}: torch SDPA over gathered KV pages (no GPU: Triton kernels need CUDA)")
+        return BackendChoice("torch", f"{torch_sdpa} (triton is not installed)")
+    return BackendChoice("torch", f"{torch_sdpa} (no GPU: the Triton kernels need CUDA)")
 
 
 def triton_usable(cuda: bool) -> str | None:
