@@ -143,6 +143,7 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
         GROUP=layout.group, HEAD_DIM=dim, PADDED_DIM=padded_dim, BLOCK_SIZE=block_size, ROWS=layout.rows,
         PER_BLOCK=layout.rows // layout.group, WINDOW=options.sliding_window or 0,
         ALIBI=options.alibi_slopes is not None, SOFTCAP=bool(options.softcap), SEGMENTS=segments,
+        KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
     )
     if segments > 1:
         _merge_kernel[(tokens, heads)](
@@ -159,7 +160,8 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tab
               stride_block, stride_slot, stride_kv, stride_head, stride_table,
               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PADDED_DIM: tl.constexpr,
               BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, PER_BLOCK: tl.constexpr,
-              WINDOW: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SEGMENTS: tl.constexpr):
+              WINDOW: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SEGMENTS: tl.constexpr,
+              KV_FP8: tl.constexpr):
     program, kv_head, segment = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq = tl.load(block_seq_ptr + program)
     first = tl.load(block_first_ptr + program)
@@ -173,8 +175,9 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tab
     position = seq_len - (seq_stop - seq_start) + (token - seq_start)  # of each query in the sequence
     dims = tl.arange(0, PADDED_DIM)
     dim_ok = dims < HEAD_DIM
+    # operands stay in the model's dtype (bf16 on GPUs: tensor cores), products accumulate in float32
     q = tl.load(q_ptr + token[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :],
-                mask=valid[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)
+                mask=valid[:, None] & dim_ok[None, :], other=0.0)
 
     # the keys any row of this block may see, in whole pages, then this segment's share of them
     last_key = tl.max(tl.where(valid, position, 0), 0)
@@ -199,9 +202,12 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tab
         key_ok = key_pos < seq_len
         at = kv_ptr + block * stride_block + slot[:, None] * stride_slot + kv_head * stride_head + dims[None, :]
         load_ok = key_ok[:, None] & dim_ok[None, :]  # never read unused slots: they may hold NaN
-        k = tl.load(at, mask=load_ok, other=0.0).to(tl.float32) * k_scale
-        v = tl.load(at + stride_kv, mask=load_ok, other=0.0).to(tl.float32) * v_scale
-        score = tl.dot(q, tl.trans(k)) * scale
+        k = tl.load(at, mask=load_ok, other=0.0)
+        v = tl.load(at + stride_kv, mask=load_ok, other=0.0)
+        if KV_FP8:
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
+        score = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
         if SOFTCAP:
             score = softcap * (2.0 * tl.sigmoid(2.0 * score / softcap) - 1.0)  # softcap · tanh(score / softcap)
         if ALIBI:
@@ -215,7 +221,7 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tab
         weights = tl.exp(score - shift[:, None])
         rescale = tl.exp(best - shift)
         total = total * rescale + tl.sum(weights, 1)
-        acc = acc * rescale[:, None] + tl.dot(weights, v)
+        acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
         best = new_best
 
     if SEGMENTS == 1:

@@ -67,7 +67,7 @@ def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr
         inner = start + tl.arange(0, BLOCK_K)
         inner_ok = inner < K
         x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + inner[None, :],
-                    mask=row_ok[:, None] & inner_ok[None, :], other=0.0).to(tl.float32)
+                    mask=row_ok[:, None] & inner_ok[None, :], other=0.0)
         group = tl.load(g_idx_ptr + inner, mask=inner_ok, other=0)
         tile_ok = inner_ok[:, None] & col_ok[None, :]
         if AWQ:
@@ -86,6 +86,6 @@ def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr
         scale = tl.load(scales_ptr + group[:, None].to(tl.int64) * stride_scales + cols[None, :],
                         mask=tile_ok, other=0.0).to(tl.float32)
         weight = (q - zero).to(tl.float32) * scale
-        acc += tl.dot(x, weight)
+        acc += tl.dot(x, weight.to(x.dtype))  # bf16/fp16 operands on GPUs (tensor cores), fp32 accumulation
     tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_out + cols[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None] & col_ok[None, :])
