@@ -184,7 +184,7 @@ CPUThreadsOpt = Annotated[Optional[int], typer.Option(
 KVCacheDtypeOpt = Annotated[str, typer.Option(
     "--kv-cache-dtype", help="auto (the model's dtype) or fp8 (e4m3, scale 1.0: half of bfloat16's KV bytes)")]
 EnforceEagerOpt = Annotated[bool, typer.Option(
-    "--enforce-eager", help="no CUDA graphs for decode steps (they are captured on CUDA with the triton backend)")]
+    "--enforce-eager", help="no CUDA graphs for decode steps (captured on CUDA with the triton backend at TP 1, PP 1)")]
 AttentionBackendOpt = Annotated[str, typer.Option(
     "--attention-backend", help="auto (triton on CUDA, torch on CPU), torch or triton")]
 
