@@ -186,7 +186,7 @@ KVCacheDtypeOpt = Annotated[str, typer.Option(
 EnforceEagerOpt = Annotated[bool, typer.Option(
     "--enforce-eager", help="no CUDA graphs for decode steps (captured on CUDA with the triton backend at TP 1, PP 1)")]
 AttentionBackendOpt = Annotated[str, typer.Option(
-    "--attention-backend", help="auto (triton on CUDA, torch on CPU), torch or triton")]
+    "--attention-backend", help="auto (triton on CUDA; on CPUs llmctl's C++ kernel, cpu), cpu, torch or triton")]
 
 
 @app.command()

@@ -30,7 +30,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None  # bytes for the KV cache; CPU default 2 GiB
     gpu_memory_utilization: float = 0.9
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) or fp8 (e4m3): half of bfloat16's KV bytes
-    attention_backend: str = "auto"  # triton on CUDA, torch on CPU (llmctl.model.attention_backend)
+    attention_backend: str = "auto"  # triton on CUDA, cpu (C++) on CPUs (llmctl.model.attention_backend)
     seed: int = 0
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps (llmctl.engine.cuda_graphs)
     device: str = "auto"
@@ -67,5 +67,5 @@ class EngineConfig:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
         if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
             bad("kv_cache_dtype", f"{self.kv_cache_dtype!r} is not supported; use auto or fp8 (e4m3)")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            bad("attention_backend", f"{self.attention_backend!r} is not a backend; use auto, torch or triton")
+        if self.attention_backend not in ("auto", "cpu", "torch", "triton"):
+            bad("attention_backend", f"{self.attention_backend!r} is not a backend; use auto, cpu, torch or triton")

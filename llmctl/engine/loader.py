@@ -18,6 +18,7 @@ from torch import nn
 from llmctl.units import GiB
 from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_backend
+from llmctl.kernels.cpu import CPUKernelsUnavailable
 from llmctl.engine.profile import dummy_prefill, measure_activation_peak, run_dummy_step
 from llmctl.model.attention_backend import BackendChoice, choose_attention_backend, triton_usable
 from llmctl.engine.models.common import Shard, WeightMismatchError
@@ -103,8 +104,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     layers = shard.stage_layers(spec.num_layers)
     cache_dtype = _kv_cache_dtype(config.kv_cache_dtype, dtype)
     geometry = stage_kv(spec, rank.tp, layers, torch.tensor([], dtype=cache_dtype).element_size(), config.block_size)
-    choice = _attention_backend(config, spec, device)
-    backend = create_backend(choice.backend)
+    choice, backend = _attention_backend(config, spec, device)
     kv_heads = kv_heads_per_rank(spec, rank.tp)
 
     def make_caches(blocks: int) -> dict[int, KVCache]:
@@ -295,13 +295,32 @@ def _eos_ids(defaults: dict[str, Any], tokenizer: Any) -> list[int]:
     return sorted(int(i) for i in ids)
 
 
-def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.device) -> BackendChoice:
-    choice = choose_attention_backend(spec, cuda=device.type == "cuda", requested=config.attention_backend)
+def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.device
+                       ) -> tuple[BackendChoice, AttentionBackend]:
+    cuda = device.type == "cuda"
+    choice = choose_attention_backend(spec, cuda=cuda, requested=config.attention_backend,
+                                      kv_cache_dtype=config.kv_cache_dtype)
     if choice.backend == "triton":
-        problem = triton_usable(device.type == "cuda")
+        problem = triton_usable(cuda)
         if problem:
             raise EngineConfigError(f"--attention-backend triton: {problem}")
-    return choice
+    if choice.backend != "cpu":
+        return choice, create_backend(choice.backend)
+    if cuda:
+        raise EngineConfigError("--attention-backend cpu: the C++ kernel runs on CPU tensors; on a GPU use triton "
+                                "(the default) or torch")
+    if config.kv_cache_dtype.startswith("fp8"):
+        raise EngineConfigError("--attention-backend cpu: the C++ kernel reads caches in the model's dtype; "
+                                "with --kv-cache-dtype fp8 use --attention-backend torch")
+    try:
+        return choice, create_backend("cpu")
+    except CPUKernelsUnavailable as exc:
+        if config.attention_backend == "cpu":
+            raise EngineConfigError(f"--attention-backend cpu: {exc}; or use --attention-backend torch") from None
+        logger.warning("%s; attending with torch SDPA instead", exc)
+        fallback = choose_attention_backend(spec, cuda=False, requested="torch")
+        return BackendChoice("torch", fallback.reason.replace("--attention-backend torch", str(exc))), \
+            create_backend("torch")
 
 
 def _log_startup(loaded: LoadedModel, seconds: float) -> None:

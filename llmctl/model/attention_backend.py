@@ -3,8 +3,11 @@ startup log and the engine, so they cannot disagree.
 
 - `triton`: llmctl's Triton paged-attention kernel (`llmctl.kernels.attention`), reading the
   paged KV cache in place. The default on CUDA GPUs.
-- `torch`: SDPA over KV pages gathered into a padded copy. The default on CPUs, where Triton
-  kernels run only in its (slow, test-only) interpreter.
+- `cpu`: llmctl's C++ paged-attention kernel (`llmctl.kernels.cpu`) for decodes and short
+  chunks, reading the KV pages in place; fresh prefills use torch SDPA. The default on CPUs
+  (Triton kernels run there only in its slow, test-only interpreter). Built on first use.
+- `torch`: SDPA over KV pages gathered into a padded copy: the reference, and the fallback
+  where the C++ kernel cannot be built or the KV cache is fp8.
 """
 
 from __future__ import annotations
@@ -15,12 +18,12 @@ from dataclasses import dataclass
 
 from llmctl.model.spec import ModelSpec
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("cpu", "torch", "triton")
 
 
 @dataclass(frozen=True)
 class BackendChoice:
-    backend: str  # "torch" | "triton"
+    backend: str  # "cpu" | "torch" | "triton"
     reason: str
 
 
@@ -36,16 +39,28 @@ def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, requested: str = "auto") -> BackendChoice:
-    """`requested` is --attention-backend: auto, torch or triton."""
+def _cpu_kernel_problem() -> str | None:
+    """Why the C++ CPU kernel cannot be built here, without building it (inspect must stay fast)."""
+    from llmctl.kernels import cpu
+
+    return cpu.missing_tools()
+
+
+def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, requested: str = "auto",
+                             kv_cache_dtype: str = "auto") -> BackendChoice:
+    """`requested` is --attention-backend: auto, cpu, torch or triton."""
     cuda = _cuda_available() if cuda is None else cuda
     alibi = spec.positional.kind == "alibi"
     torch_sdpa = f"{spec.positional.describe()}: torch SDPA over gathered KV pages" + \
         (" with the ALiBi bias as an additive mask" if alibi else "")
     kernel = f"{spec.positional.describe()}: llmctl's Triton paged-attention kernel, reading the KV pages in place" + \
         (" and adding the ALiBi bias itself" if alibi else "")
+    cpu_kernel = f"{spec.positional.describe()}: llmctl's C++ paged-attention kernel for decodes, reading the KV " \
+        "pages in place" + (" and adding the ALiBi bias itself" if alibi else "") + "; torch SDPA for prefills"
     if requested == "torch":
         return BackendChoice("torch", f"{torch_sdpa} (--attention-backend torch)")
+    if requested == "cpu":
+        return BackendChoice("cpu", f"{cpu_kernel} (--attention-backend cpu)")
     if requested == "triton":
         where = "" if cuda else "; on CPU tensors only in Triton's interpreter (TRITON_INTERPRET=1, slow, for tests)"
         return BackendChoice("triton", f"{kernel} (--attention-backend triton{where})")
@@ -53,7 +68,13 @@ def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, reque
         return BackendChoice("triton", f"{kernel} (the default on CUDA)")
     if cuda:
         return BackendChoice("torch", f"{torch_sdpa} (triton is not installed)")
-    return BackendChoice("torch", f"{torch_sdpa} (no GPU: the Triton kernels need CUDA)")
+    if kv_cache_dtype.startswith("fp8"):
+        return BackendChoice("torch", f"{torch_sdpa} (the C++ CPU kernel reads caches in the model's dtype, "
+                                      "not fp8)")
+    problem = _cpu_kernel_problem()
+    if problem:
+        return BackendChoice("torch", f"{torch_sdpa} (the C++ CPU kernel cannot be built: {problem})")
+    return BackendChoice("cpu", f"{cpu_kernel} (the default on CPUs)")
 
 
 def triton_usable(cuda: bool) -> str | None:

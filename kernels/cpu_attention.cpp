@@ -1,0 +1,238 @@
+// Paged attention and KV store for CPUs, reading the engine's cache in place.
+//
+// Cache layout (llmctl.engine.layers.attention.KVCache): [num_blocks, block_size, 2, KVH, D],
+// so a token's K and V sit side by side. Queries are flat [T, H, D]: the new tokens of
+// every sequence one after another (query_start_loc [B + 1] says where each starts), and
+// a sequence's new tokens are the last ones of its seq_lens[b] cached tokens (causal).
+//
+// One work item is (a run of up to TOKENS_PER_ITEM query tokens of one sequence, one KV
+// head): for each token it walks the keys once for all the query heads that share that KV
+// head (GQA), keeps the scores in a per-item buffer, takes an exact softmax, then walks the
+// values once. Items run on torch's own OpenMP threads (at::parallel_for), so
+// torch.set_num_threads governs this kernel as it does the GEMMs. Sums are in float32.
+//
+// Built on first use by llmctl/kernels/cpu.py (torch.utils.cpp_extension) and cached.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t TOKENS_PER_ITEM = 16;
+
+struct Item {
+  int64_t seq;
+  int64_t token_begin;  // rows of the flat query
+  int64_t token_end;
+};
+
+template <typename T>
+inline float to_float(T value) {
+  return static_cast<float>(value);
+}
+
+// DIM > 0: the head size as a compile-time constant (fully unrolled, vectorized rows); 0: `dim`.
+template <int DIM>
+inline float dot(const float* a, const float* b, int64_t dim) {
+  const int64_t n = DIM > 0 ? DIM : dim;
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+template <int DIM>
+inline void add_scaled(float* acc, float p, const float* v, int64_t dim) {
+  const int64_t n = DIM > 0 ? DIM : dim;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) acc[i] += p * v[i];
+}
+
+// Scores of one query head -> unnormalized probabilities in place; returns their sum.
+inline float exponentiate(float* row, int64_t n) {
+  float top = row[0];
+  for (int64_t j = 1; j < n; ++j) top = std::max(top, row[j]);
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    row[j] = std::exp(row[j] - top);  // vectorized through libmvec (-ffast-math)
+    sum += row[j];
+  }
+  return sum;
+}
+
+// A row as float32: float rows are read in place, others converted into `buffer`.
+template <typename T>
+inline const float* as_float(const T* src, float* buffer, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) buffer[i] = to_float(src[i]);
+  return buffer;
+}
+
+template <>
+inline const float* as_float<float>(const float* src, float*, int64_t) {
+  return src;
+}
+
+std::vector<Item> split_items(const int32_t* starts, int64_t num_seqs) {
+  std::vector<Item> items;
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    for (int64_t t = starts[b]; t < starts[b + 1]; t += TOKENS_PER_ITEM) {
+      items.push_back({b, t, std::min<int64_t>(t + TOKENS_PER_ITEM, starts[b + 1])});
+    }
+  }
+  return items;
+}
+
+template <typename T, int DIM>
+void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
+            const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale,
+            const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window) {
+  const int64_t heads = query.size(1), dim = query.size(2);
+  const int64_t block_size = kv_cache.size(1), kv_heads = kv_cache.size(3);
+  const int64_t group = heads / kv_heads;
+  const int64_t max_blocks = block_tables.size(1);
+  const T* q_ptr = query.data_ptr<T>();
+  const T* kv_ptr = kv_cache.data_ptr<T>();
+  T* out_ptr = out.data_ptr<T>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* starts = query_start_loc.data_ptr<int32_t>();
+  const float* slopes = alibi_slopes.has_value() ? alibi_slopes->data_ptr<float>() : nullptr;
+  const int64_t q_token_stride = query.stride(0), q_head_stride = query.stride(1);
+  const int64_t o_token_stride = out.stride(0), o_head_stride = out.stride(1);
+  const int64_t slot_stride = 2 * kv_heads * dim;  // one token's K and V
+  const std::vector<Item> items = split_items(starts, seq_lens.size(0));
+  const int64_t num_work = static_cast<int64_t>(items.size()) * kv_heads;
+
+  // Items differ in context length: hand them out dynamically, on torch's OpenMP threads.
+#pragma omp parallel num_threads(at::get_num_threads())
+  {
+    std::vector<float> q(group * dim), acc(group * dim), row(dim), scores, sums(group);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t work = 0; work < num_work; ++work) {
+      const Item& item = items[work / kv_heads];
+      const int64_t kv_head = work % kv_heads;
+      const int64_t first_query_pos = lens[item.seq] - (starts[item.seq + 1] - starts[item.seq]);
+      const int32_t* table = tables + item.seq * max_blocks;
+      const T* k_base = kv_ptr + kv_head * dim;
+      const T* v_base = kv_ptr + (kv_heads + kv_head) * dim;
+      for (int64_t token = item.token_begin; token < item.token_end; ++token) {
+        const int64_t pos = first_query_pos + (token - starts[item.seq]);
+        const int64_t first_key = sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
+        const int64_t num_keys = pos + 1 - first_key;
+        scores.resize(group * num_keys);
+        for (int64_t g = 0; g < group; ++g) {  // the scale folded into q
+          const T* src = q_ptr + token * q_token_stride + (kv_head * group + g) * q_head_stride;
+          for (int64_t d = 0; d < dim; ++d) q[g * dim + d] = to_float(src[d]) * static_cast<float>(scale);
+        }
+        for (int64_t j = 0; j < num_keys; ++j) {  // each key row read once for the whole group
+          const int64_t key_pos = first_key + j;
+          const int64_t slot = static_cast<int64_t>(table[key_pos / block_size]) * block_size + key_pos % block_size;
+          const float* k = as_float(k_base + slot * slot_stride, row.data(), dim);
+          for (int64_t g = 0; g < group; ++g) scores[g * num_keys + j] = dot<DIM>(q.data() + g * dim, k, dim);
+        }
+        for (int64_t g = 0; g < group; ++g) {
+          float* head_scores = scores.data() + g * num_keys;
+          if (slopes) {  // ALiBi as BLOOM adds it: slope · key position
+            const float slope = slopes[kv_head * group + g];
+            for (int64_t j = 0; j < num_keys; ++j) head_scores[j] += slope * static_cast<float>(first_key + j);
+          }
+          sums[g] = exponentiate(head_scores, num_keys);
+        }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t j = 0; j < num_keys; ++j) {  // each value row read once for the whole group
+          const int64_t key_pos = first_key + j;
+          const int64_t slot = static_cast<int64_t>(table[key_pos / block_size]) * block_size + key_pos % block_size;
+          const float* v = as_float(v_base + slot * slot_stride, row.data(), dim);
+          for (int64_t g = 0; g < group; ++g) add_scaled<DIM>(acc.data() + g * dim, scores[g * num_keys + j], v, dim);
+        }
+        for (int64_t g = 0; g < group; ++g) {
+          T* dst = out_ptr + token * o_token_stride + (kv_head * group + g) * o_head_stride;
+          const float inverse = 1.f / sums[g];
+          for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(acc[g * dim + d] * inverse);
+        }
+      }
+    }
+  }
+}
+
+// The common head sizes get fully unrolled rows; others take the runtime-size loop.
+template <typename T>
+void attend_any_dim(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                    const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+                    double scale, const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window) {
+  auto run = [&](auto dim) {
+    attend<T, decltype(dim)::value>(out, query, kv_cache, block_tables, seq_lens, query_start_loc, scale,
+                                    alibi_slopes, sliding_window);
+  };
+  switch (query.size(2)) {
+    case 64: run(std::integral_constant<int, 64>{}); break;
+    case 80: run(std::integral_constant<int, 80>{}); break;
+    case 96: run(std::integral_constant<int, 96>{}); break;
+    case 128: run(std::integral_constant<int, 128>{}); break;
+    default: run(std::integral_constant<int, 0>{});
+  }
+}
+
+void check(bool ok, const char* message) { TORCH_CHECK(ok, "llmctl cpu paged_attention: ", message); }
+
+void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& kv_cache,
+                     const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+                     double scale, const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window) {
+  check(query.dim() == 3 && out.sizes() == query.sizes(), "query and out are [T, H, D]");
+  check(query.stride(2) == 1 && out.stride(2) == 1, "query and out rows must be contiguous");
+  check(kv_cache.dim() == 5 && kv_cache.is_contiguous(), "kv_cache is a contiguous [blocks, block_size, 2, KVH, D]");
+  check(kv_cache.scalar_type() == query.scalar_type() && out.scalar_type() == query.scalar_type(),
+        "query, out and kv_cache share one dtype");
+  check(query.size(1) % kv_cache.size(3) == 0 && query.size(2) == kv_cache.size(4), "heads do not match the cache");
+  for (const at::Tensor* t : {&block_tables, &seq_lens, &query_start_loc}) {
+    check(t->scalar_type() == at::kInt && t->is_contiguous(), "block tables and lengths are contiguous int32");
+  }
+  check(!alibi_slopes.has_value() || (alibi_slopes->scalar_type() == at::kFloat && alibi_slopes->numel() == query.size(1)),
+        "alibi_slopes is float32 [H]");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
+    attend_any_dim<scalar_t>(out, query, kv_cache, block_tables, seq_lens, query_start_loc, scale, alibi_slopes,
+                             sliding_window);
+  });
+}
+
+// New K/V [T, KVH, D] into their cache slots; slot -1 skips the token.
+void store_kv(at::Tensor kv_cache, const at::Tensor& slots, const at::Tensor& key, const at::Tensor& value) {
+  check(kv_cache.is_contiguous() && key.is_contiguous() && value.is_contiguous(), "store_kv needs contiguous tensors");
+  check(slots.scalar_type() == at::kLong, "slots are int64");
+  check(key.scalar_type() == kv_cache.scalar_type() && value.scalar_type() == kv_cache.scalar_type(),
+        "key, value and cache share one dtype");
+  const int64_t row = key.size(1) * key.size(2);  // one token's K (or V)
+  const int64_t bytes = row * key.element_size();
+  const int64_t* slot_ptr = slots.data_ptr<int64_t>();
+  char* cache = static_cast<char*>(kv_cache.data_ptr());
+  const char* k = static_cast<const char*>(key.data_ptr());
+  const char* v = static_cast<const char*>(value.data_ptr());
+  at::parallel_for(0, key.size(0), 64, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      if (slot_ptr[t] < 0) continue;
+      char* dst = cache + slot_ptr[t] * 2 * bytes;
+      std::copy(k + t * bytes, k + (t + 1) * bytes, dst);
+      std::copy(v + t * bytes, v + (t + 1) * bytes, dst + bytes);
+    }
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY(llmctl_cpu, m) {
+  m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, "
+        "Tensor query_start_loc, float scale, Tensor? alibi_slopes, int sliding_window) -> ()");
+  m.def("store_kv(Tensor(a!) kv_cache, Tensor slots, Tensor key, Tensor value) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(llmctl_cpu, CPU, m) {
+  m.impl("paged_attention", &paged_attention);
+  m.impl("store_kv", &store_kv);
+}

@@ -1,0 +1,73 @@
+"""The `cpu` attention backend: llmctl's C++ paged-attention kernel for the tokens it suits.
+
+Decodes and short chunks (speculative or prefix-cache continuations, up to
+`PAGED_QUERY_LIMIT` new tokens) go to `torch.ops.llmctl_cpu.paged_attention`, which reads
+the KV pages in place: no gathered copy, no padding to the longest context, no mask. A
+fresh prefill (nothing cached before it) attends over its own new K/V with torch's SDPA,
+and a long chunk on top of cached tokens gathers its pages for SDPA: both are large
+matrix products that SDPA's blocked kernel does better than a per-token loop. The `torch`
+backend (llmctl.engine.layers.torch_attention) is the reference this one is tested against.
+An fp8 KV cache runs on the `torch` backend (llmctl.model.attention_backend decides).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llmctl.engine.layers.attention import AttentionMetadata, KVCache
+from llmctl.engine.layers.torch_attention import TorchAttention
+from llmctl.kernels import cpu as cpu_kernels
+
+PAGED_QUERY_LIMIT = 16  # new tokens of a sequence up to which the paged kernel beats gather + SDPA
+
+
+class CPUAttention:
+    name = "cpu"
+
+    def __init__(self) -> None:
+        cpu_kernels.load()
+        self.torch = TorchAttention()  # fresh prefills and long chunks
+        self.meta: AttentionMetadata | None = None
+        self.paged_rows: torch.Tensor | None = None  # flat rows the paged kernel answers; None: all of them
+        self.paged: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # tables, lens, starts (int32)
+
+    def prepare(self, meta: AttentionMetadata, device: torch.device) -> None:
+        self.meta = meta
+        paged = [i for i in range(meta.num_seqs)
+                 if meta.query_len(i) <= PAGED_QUERY_LIMIT and meta.query_len(i) < meta.seq_lens[i]]
+        chosen = set(paged)
+        self.torch.prepare(meta, device, only=[i for i in range(meta.num_seqs) if i not in chosen])
+        self.paged, self.paged_rows = None, None
+        if not paged:
+            return
+        lens = [meta.query_len(i) for i in paged]
+        starts = [0]
+        for length in lens:
+            starts.append(starts[-1] + length)
+        width = max(len(meta.block_tables[i]) for i in paged)
+        tables = torch.zeros(len(paged), width, dtype=torch.int32)
+        for row, i in enumerate(paged):
+            tables[row, : len(meta.block_tables[i])] = torch.tensor(meta.block_tables[i], dtype=torch.int32)
+        self.paged = (tables, torch.tensor([meta.seq_lens[i] for i in paged], dtype=torch.int32),
+                      torch.tensor(starts, dtype=torch.int32))
+        if len(paged) < meta.num_seqs:
+            self.paged_rows = torch.tensor([r for i in paged for r in range(meta.query_start_loc[i],
+                                                                            meta.query_start_loc[i + 1])])
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
+                scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+        assert self.meta is not None, "prepare() runs before forward()"
+        cpu_kernels.store_kv(cache.kv, self.meta.slot_mapping, key.contiguous(), value.contiguous())
+        output = self.torch.attend(query, key, value, cache, scale=scale, alibi_slopes=alibi_slopes)
+        if self.paged is None:
+            return output
+        tables, lens, starts = self.paged
+        rows = self.paged_rows
+        q = query if rows is None else query.index_select(0, rows)
+        out = torch.empty_like(q)
+        cpu_kernels.paged_attention(out, q, cache.kv, tables, lens, starts, scale, alibi_slopes,
+                                    self.meta.sliding_window)
+        if rows is None:
+            return out
+        output.index_copy_(0, rows, out)
+        return output
