@@ -1,12 +1,15 @@
-"""The C++ CPU kernels (kernels/cpu_attention.cpp): built once per machine, then loaded from a cache.
+"""The C++ CPU kernels (kernels/cpu_*.cpp): built once per machine, then loaded from a cache.
 
 `torch.utils.cpp_extension` compiles the source with the machine's C++ compiler (-O3,
 -march=native, -ffast-math, OpenMP shared with torch's own runtime) into
 `$LLMCTL_CACHE/cpu_kernels/<key>/llmctl_cpu.so`; the key covers the source, torch's version
 and the CPU's instruction sets, so an edit, a torch upgrade or another CPU builds anew.
 A cached library loads in milliseconds; `python -m llmctl.kernels.cpu` builds it ahead of
-time (scripts/setup.sh does). The ops are `torch.ops.llmctl_cpu.paged_attention` and
-`torch.ops.llmctl_cpu.store_kv`; their reference is `llmctl.kernels.attention.paged_attention_reference`.
+time (scripts/setup.sh does). The ops, each tested against a torch reference:
+
+- `paged_attention`, `store_kv` (cpu_attention.cpp): reference `llmctl.kernels.attention.paged_attention_reference`;
+- `rms_norm` (with the residual add fused), `rotary` (cpu_layers.cpp): references are the
+  torch modules in llmctl.engine.models.common and llmctl.engine.layers.positions.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 
 from llmctl.model.source import llmctl_cache_dir
 
-SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_attention.cpp", "cpu_layers.cpp")]
 LIBRARY = "llmctl_cpu"
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]  # fast-math: vectorized exp (libmvec)
 
@@ -43,7 +46,7 @@ def _cpu_flags() -> str:
 
 
 def build_directory() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(FLAGS).encode()
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + torch.__version__.encode() + " ".join(FLAGS).encode()
                          + _cpu_flags().encode() + platform.machine().encode()).hexdigest()[:16]
     return llmctl_cache_dir() / "cpu_kernels" / key
 
@@ -74,12 +77,13 @@ def load() -> None:
     # cpp_extension runs `ninja` from PATH: the one installed in this environment may not be on it.
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     try:
-        cpp_extension.load(LIBRARY, [str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+        cpp_extension.load(LIBRARY, [str(s) for s in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
                            build_directory=str(directory), is_python_module=False, verbose=False)
     except (RuntimeError, OSError, ImportError) as exc:
         raise CPUKernelsUnavailable(f"building llmctl's C++ CPU attention kernel failed: {exc}") from exc
 
 
+@functools.cache
 def unavailable_reason() -> str | None:
     """None when the ops load (building them if needed), else why not."""
     try:
@@ -87,6 +91,11 @@ def unavailable_reason() -> str | None:
     except CPUKernelsUnavailable as exc:
         return str(exc)
     return None
+
+
+def fused_layers_for(x: torch.Tensor) -> bool:
+    """Whether rms_norm/rotary can take this tensor: on the CPU, with the kernels built."""
+    return x.device.type == "cpu" and unavailable_reason() is None
 
 
 def paged_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -112,3 +121,17 @@ if __name__ == "__main__":
     if reason:
         sys.exit(reason)
     print(f"llmctl C++ CPU kernels ready in {build_directory()}")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of x [rows, size]; with `residual`, x += residual first, in place (x is the new residual)."""
+    load()
+    out = torch.empty_like(x)
+    torch.ops.llmctl_cpu.rms_norm(out, x, residual, weight, eps)
+    return out
+
+
+def rotary(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate-half RoPE in place on query [T, H, D] and key [T, KVH, D]; cos/sin [T, rotary]."""
+    load()
+    torch.ops.llmctl_cpu.rotary(query, key, cos, sin)

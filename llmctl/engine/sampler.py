@@ -28,11 +28,12 @@ class SampleInput:
 
 def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, TokenLogprob | None]]:
     """logits [N, V] float32, one row per input; returns (token, logprob entry) per row."""
-    processed = logits.clone()
+    processed = logits.clone() if _edits_logits(inputs) else logits
     _block(processed, inputs)
     _apply_penalties(processed, inputs)
-    tokens = torch.argmax(processed, dim=-1)
     sampled_rows = [row for row, item in enumerate(inputs) if not item.params.greedy]
+    tokens = torch.argmax(processed, dim=-1) if len(sampled_rows) < len(inputs) else \
+        torch.empty(len(inputs), dtype=torch.long, device=logits.device)
     if sampled_rows:
         rows = torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)
         probs = _probabilities(processed[rows], [inputs[r].params for r in sampled_rows])
@@ -40,6 +41,12 @@ def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, T
         tokens[rows] = _inverse_cdf(probs, uniforms.to(logits.device))
     logprobs = _logprobs(logits, tokens, [item.params.logprobs for item in inputs])
     return list(zip(tokens.tolist(), logprobs))
+
+
+def _edits_logits(inputs: list[SampleInput]) -> bool:
+    """Whether blocking or penalties change logits (they then work on a copy: logprobs stay raw)."""
+    return any(item.blocked_token_ids or (item.params.repetition_penalty or 1.0) != 1.0
+               or item.params.presence_penalty or item.params.frequency_penalty for item in inputs)
 
 
 def _flat_pairs(per_row: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmctl.engine.layers import cpu_gemm
 from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.parallel.group import TPGroup
 from llmctl.engine.weights import CheckpointTensor
@@ -164,6 +165,7 @@ class VocabParallelEmbedding(nn.Module):
         rows = padded_vocab_per_rank(vocab_size, group.size)
         self.start = group.rank * rows
         self.weight = nn.Parameter(torch.zeros(rows, dim))
+        self.packed_head: torch.Tensor | None = None  # oneDNN's copy for the LM head on CPUs (cpu_gemm)
 
     def expected(self) -> set[tuple[str, int]]:
         return {("weight", 0)}
@@ -177,7 +179,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """As the LM head (tied or not): every rank gets [T, vocab]."""
-        return self.group.all_gather(F.linear(hidden, self.weight))[..., :self.vocab_size]
+        return self.group.all_gather(cpu_gemm.linear(hidden, self.weight, self.packed_head))[..., :self.vocab_size]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.group.size == 1:

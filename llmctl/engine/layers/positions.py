@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from llmctl.kernels import cpu as cpu_kernels
+
 
 class RotaryEmbedding(torch.nn.Module):
     """RoPE in the rotate-half layout transformers uses for Llama-family checkpoints.
@@ -33,8 +35,11 @@ class RotaryEmbedding(torch.nn.Module):
         self._cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, cos, sin
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T]; query [T, H, D], key [T, KVH, D]."""
+        """positions [T]; query [T, H, D], key [T, KVH, D]. On CPUs rotated in place by one C++ op."""
         cos, sin = self._cos_sin(positions, query.dtype)
+        if cpu_kernels.fused_layers_for(query) and query.stride(-1) == 1 and key.stride(-1) == 1:
+            cpu_kernels.rotary(query, key, cos.squeeze(1), sin.squeeze(1))
+            return query, key
         return _rotate(query, cos, sin), _rotate(key, cos, sin)
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

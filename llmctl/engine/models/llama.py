@@ -71,8 +71,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, layer: int) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), ctx, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attended, x = self.post_attention_layernorm.add_and_norm(self.self_attn(self.input_layernorm(x), ctx, layer), x)
+        return x + self.mlp(attended)
 
 
 class LlamaForCausalLM(nn.Module):

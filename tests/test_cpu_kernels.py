@@ -1,0 +1,108 @@
+"""The C++ CPU kernels (kernels/cpu_*.cpp, built by llmctl.kernels.cpu) against their torch
+references: paged attention and the KV store, the fused RMSNorm and rotary layers, and the
+oneDNN-packed linears."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from llmctl.engine.layers import cpu_gemm
+from llmctl.engine.layers.positions import _rotate, alibi_slopes
+from llmctl.engine.models.common import RMSNorm
+from llmctl.kernels import cpu
+from llmctl.kernels.attention import AttentionOptions, paged_attention_reference
+from paged_steps import paged_step
+
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    reason = cpu.unavailable_reason()
+    assert reason is None, reason  # the machines this project supports all have g++ and ninja
+
+
+def check(query_lens, seq_lens, *, heads, kv_heads, dim, block_size=16, dtype=torch.float32, pool_blocks=64,
+          **options):
+    query, cache, tables, lens, starts = paged_step(query_lens, seq_lens, heads=heads, kv_heads=kv_heads, dim=dim,
+                                                    block_size=block_size, dtype=dtype, pool_blocks=pool_blocks)
+    opts = AttentionOptions(scale=dim ** -0.5, **options)
+    expected = paged_attention_reference(query, cache, tables, lens, torch.tensor(starts), opts)
+    got = cpu.paged_attention(torch.empty_like(query), query, cache, tables, lens,
+                              torch.tensor(starts, dtype=torch.int32), opts.scale, opts.alibi_slopes,
+                              opts.sliding_window)
+    assert torch.isfinite(got).all()  # never a NaN page past a sequence's end
+    torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dim", [64, 80, 128, 72])  # 72: the runtime-size path
+@pytest.mark.parametrize("group", [1, 3, 4, 5])
+def test_paged_attention_on_decodes_and_chunks(dim, group):
+    # decodes of several lengths, a chunk of 5 new tokens on top of 13 cached, a fresh prefill
+    check([1, 5, 1, 1, 7], [1, 18, 33, 70, 7], heads=2 * group, kv_heads=2, dim=dim)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_paged_attention_block_sizes_and_long_context(block_size):
+    check([1, 16, 1], [463, 200, 1000], heads=4, kv_heads=1, dim=64, block_size=block_size, pool_blocks=128)
+
+
+def test_paged_attention_bfloat16():
+    check([1, 3, 1], [40, 20, 9], heads=6, kv_heads=2, dim=64, dtype=torch.bfloat16)
+
+
+def test_paged_attention_alibi_and_window():
+    check([1, 4, 1], [21, 6, 40], heads=6, kv_heads=6, dim=64, alibi_slopes=alibi_slopes(6))
+    check([1, 4, 1], [50, 40, 9], heads=4, kv_heads=2, dim=64, sliding_window=8)
+
+
+def test_store_kv_writes_slots_and_skips_minus_one():
+    gen = torch.Generator().manual_seed(1)
+    key, value = (torch.randn(6, 3, 80, generator=gen) for _ in range(2))
+    slots = torch.tensor([5, 17, -1, 0, 63, 40])
+    got = torch.zeros(4, 16, 2, 3, 80)
+    cpu.store_kv(got, slots, key, value)
+    flat = got.view(-1, 2, 3, 80)
+    kept = slots >= 0
+    assert torch.equal(flat[slots[kept], 0], key[kept]) and torch.equal(flat[slots[kept], 1], value[kept])
+    assert not flat[1:5].any()  # untouched slots stay as they were
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_and_the_fused_residual_add(dtype):
+    norm = RMSNorm(576, 1e-5).to(dtype)
+    norm.weight.data = torch.randn(576).to(dtype)
+    x, branch = torch.randn(7, 576).to(dtype), torch.randn(7, 576).to(dtype)
+    tolerance = dict(atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    torch.testing.assert_close(cpu.rms_norm(x.clone(), norm.weight, 1e-5), norm.reference(x), **tolerance)
+    stream = x.clone()
+    normed, total = norm.add_and_norm(branch, stream)
+    assert total is stream  # the residual stream is updated in place
+    torch.testing.assert_close(total, x + branch, atol=0, rtol=0)
+    torch.testing.assert_close(normed, norm.reference(x + branch), **tolerance)
+
+
+@pytest.mark.parametrize("rotary_dim", [64, 32])  # 32: partial rotary, the rest of each head untouched
+def test_rotary_in_place_on_strided_heads(rotary_dim):
+    qkv = torch.randn(5, 9 * 64 + 2 * 3 * 64)
+    query, key = qkv[:, :576].view(5, 9, 64), qkv[:, 576:768].view(5, 3, 64)  # views of the fused QKV output
+    cos, sin = torch.randn(5, rotary_dim), torch.randn(5, rotary_dim)
+    expected = _rotate(query, cos.unsqueeze(1), sin.unsqueeze(1)), _rotate(key, cos.unsqueeze(1), sin.unsqueeze(1))
+    value_before = qkv[:, 768:].clone()
+    cpu.rotary(query, key, cos, sin)
+    torch.testing.assert_close(query, expected[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(key, expected[1], atol=1e-5, rtol=1e-5)
+    assert torch.equal(qkv[:, 768:], value_before)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 17, 300])  # below SMALL_BATCH the plain weight runs
+def test_packed_linear_equals_the_plain_one(rows):
+    plain = nn.Linear(96, 40)
+    holder = nn.Sequential(plain)
+    assert cpu_gemm.pack_linears(holder) == 96 * 40 * 4
+    packed = holder[0]
+    assert isinstance(packed, cpu_gemm.PackedLinear) and packed.weight is plain.weight
+    x = torch.randn(rows, 96)
+    torch.testing.assert_close(packed(x), nn.functional.linear(x, plain.weight, plain.bias), atol=1e-5, rtol=1e-5)
