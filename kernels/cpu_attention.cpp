@@ -79,6 +79,20 @@ inline const float* as_float<float>(const float* src, float*, int64_t) {
   return src;
 }
 
+// f(j, slot) for keys first .. first + count - 1 of a sequence, walking its block table one
+// block at a time (no division per key).
+template <typename F>
+inline void for_each_slot(const int32_t* table, int64_t block_size, int64_t first, int64_t count, F&& f) {
+  for (int64_t j = 0, pos = first; j < count;) {
+    const int64_t offset = pos % block_size;
+    const int64_t run = std::min(block_size - offset, count - j);
+    const int64_t base = static_cast<int64_t>(table[pos / block_size]) * block_size + offset;
+    for (int64_t r = 0; r < run; ++r) f(j + r, base + r);
+    j += run;
+    pos += run;
+  }
+}
+
 std::vector<Item> split_items(const int32_t* starts, int64_t num_seqs) {
   std::vector<Item> items;
   for (int64_t b = 0; b < num_seqs; ++b) {
@@ -131,12 +145,10 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
           const T* src = q_ptr + token * q_token_stride + (kv_head * group + g) * q_head_stride;
           for (int64_t d = 0; d < dim; ++d) q[g * dim + d] = to_float(src[d]) * static_cast<float>(scale);
         }
-        for (int64_t j = 0; j < num_keys; ++j) {  // each key row read once for the whole group
-          const int64_t key_pos = first_key + j;
-          const int64_t slot = static_cast<int64_t>(table[key_pos / block_size]) * block_size + key_pos % block_size;
-          const float* k = as_float(k_base + slot * slot_stride, row.data(), dim);
+        for_each_slot(table, block_size, first_key, num_keys, [&](int64_t j, int64_t slot) {
+          const float* k = as_float(k_base + slot * slot_stride, row.data(), dim);  // read once for the group
           for (int64_t g = 0; g < group; ++g) scores[g * num_keys + j] = dot<DIM>(q.data() + g * dim, k, dim);
-        }
+        });
         for (int64_t g = 0; g < group; ++g) {
           float* head_scores = scores.data() + g * num_keys;
           if (slopes) {  // ALiBi as BLOOM adds it: slope · key position
@@ -146,12 +158,10 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
           sums[g] = exponentiate(head_scores, num_keys);
         }
         std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t j = 0; j < num_keys; ++j) {  // each value row read once for the whole group
-          const int64_t key_pos = first_key + j;
-          const int64_t slot = static_cast<int64_t>(table[key_pos / block_size]) * block_size + key_pos % block_size;
-          const float* v = as_float(v_base + slot * slot_stride, row.data(), dim);
+        for_each_slot(table, block_size, first_key, num_keys, [&](int64_t j, int64_t slot) {
+          const float* v = as_float(v_base + slot * slot_stride, row.data(), dim);  // read once for the group
           for (int64_t g = 0; g < group; ++g) add_scaled<DIM>(acc.data() + g * dim, scores[g * num_keys + j], v, dim);
-        }
+        });
         for (int64_t g = 0; g < group; ++g) {
           T* dst = out_ptr + token * o_token_stride + (kv_head * group + g) * o_head_stride;
           const float inverse = 1.f / sums[g];
