@@ -8,8 +8,9 @@ A cached library loads in milliseconds; `python -m llmctl.kernels.cpu` builds it
 time (scripts/setup.sh does). The ops, each tested against a torch reference:
 
 - `paged_attention`, `store_kv` (cpu_attention.cpp): reference `llmctl.kernels.attention.paged_attention_reference`;
-- `rms_norm` (with the residual add fused), `rotary` (cpu_layers.cpp): references are the
-  torch modules in llmctl.engine.models.common and llmctl.engine.layers.positions.
+- `rms_norm` (with the residual add fused), `rotary`, `silu_and_mul` (cpu_layers.cpp):
+  references are the torch code in llmctl.engine.models (common, llama) and
+  llmctl.engine.layers.positions.
 """
 
 from __future__ import annotations
@@ -135,3 +136,11 @@ def rotary(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch
     """Rotate-half RoPE in place on query [T, H, D] and key [T, KVH, D]; cos/sin [T, rotary]."""
     load()
     torch.ops.llmctl_cpu.rotary(query, key, cos, sin)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for x = [gate | up] of shape [M, 2I]."""
+    load()
+    out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype)
+    torch.ops.llmctl_cpu.silu_and_mul(out, x)
+    return out

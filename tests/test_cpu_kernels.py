@@ -106,3 +106,12 @@ def test_packed_linear_equals_the_plain_one(rows):
     assert isinstance(packed, cpu_gemm.PackedLinear) and packed.weight is plain.weight
     x = torch.randn(rows, 96)
     torch.testing.assert_close(packed(x), nn.functional.linear(x, plain.weight, plain.bias), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_of_the_fused_gate_up_output(dtype):
+    from llmctl.engine.models.llama import silu_and_mul
+
+    fused = torch.randn(9, 2 * 1536).to(dtype) * 4
+    torch.testing.assert_close(cpu.silu_and_mul(fused), silu_and_mul(fused, 1536), atol=TOLERANCE[dtype],
+                               rtol=TOLERANCE[dtype])

@@ -210,14 +210,39 @@ def test_remote_code_never_runs_without_the_flag(tmp_path):
     assert not marker.exists()
 
 
-# The Triton backend: compiled on a GPU, under Triton's interpreter on this CPU (conftest sets
-# TRITON_INTERPRET=1). Small models, few tokens: the interpreter runs every program in Python.
+# On CPUs the default is the `cpu` backend (every test above runs it: chunks of <= 7 tokens on top
+# of the cache go through the C++ kernel next to decodes); `torch` is its reference and stays exact too.
 @pytest.mark.parametrize("family", ["llama-gqa", "bloom-alibi", "mistral-window"])
-def test_triton_attention_backend_matches_transformers(tmp_path, tokenizer, family):
-    pytest.importorskip("triton")
+def test_torch_reference_backend_matches_transformers(tmp_path, tokenizer, family):
+    compare_with_transformers(save_random_model(small_config(family, tokenizer), tmp_path / family, tokenizer),
+                              tokenizer, max_tokens=6, attention_backend="torch")
+
+
+def test_cpu_backend_falls_back_to_torch_when_the_kernel_cannot_be_built(tmp_path, tokenizer, monkeypatch, caplog):
+    from llmctl.engine.config import EngineConfigError
+    from llmctl.kernels import cpu
+
+    def cannot_build():
+        raise cpu.CPUKernelsUnavailable("cannot build llmctl's C++ CPU attention kernel: no C++ compiler")
+
+    folder = save_random_model(small_config("llama-gqa", tokenizer), tmp_path / "l", tokenizer)
+    monkeypatch.setattr(cpu, "load", cannot_build)
+    monkeypatch.setattr(cpu, "unavailable_reason", lambda: "no C++ compiler")  # the fused layers fall back too
+    with caplog.at_level("INFO", logger="llmctl"):
+        llm = LLM(str(folder), max_model_len=64)
+    assert llm.engine.executor.runner.backend.name == "torch"
+    assert "no C++ compiler; attending with torch SDPA instead" in caplog.text
+    with pytest.raises(EngineConfigError, match="--attention-backend cpu: .*no C\+\+ compiler.*torch"):
+        LLM(str(folder), attention_backend="cpu")
+    monkeypatch.undo()
+    with pytest.raises(EngineConfigError, match="--attention-backend cpu: .*fp8.*--attention-backend torch"):
+        LLM(str(folder), attention_backend="cpu", kv_cache_dtype="fp8")
+
+
+def small_config(family: str, tokenizer):
     from transformers import BloomConfig, LlamaConfig, MistralConfig
 
-    config = {
+    return {
         "llama-gqa": LlamaConfig(vocab_size=len(tokenizer), hidden_size=96, intermediate_size=128, num_hidden_layers=2,
                                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256),
         "bloom-alibi": BloomConfig(vocab_size=len(tokenizer), hidden_size=72, n_layer=2, n_head=6),
@@ -225,8 +250,15 @@ def test_triton_attention_backend_matches_transformers(tmp_path, tokenizer, fami
                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                         max_position_embeddings=256, sliding_window=5),
     }[family]
-    compare_with_transformers(save_random_model(config, tmp_path / family, tokenizer), tokenizer, max_tokens=6,
-                              attention_backend="triton")
+
+
+# The Triton backend: compiled on a GPU, under Triton's interpreter on this CPU (conftest sets
+# TRITON_INTERPRET=1). Small models, few tokens: the interpreter runs every program in Python.
+@pytest.mark.parametrize("family", ["llama-gqa", "bloom-alibi", "mistral-window"])
+def test_triton_attention_backend_matches_transformers(tmp_path, tokenizer, family):
+    pytest.importorskip("triton")
+    compare_with_transformers(save_random_model(small_config(family, tokenizer), tmp_path / family, tokenizer),
+                              tokenizer, max_tokens=6, attention_backend="triton")
 
 
 def test_triton_backend_on_cpu_without_the_interpreter_is_one_clear_line(tmp_path, tokenizer, monkeypatch):

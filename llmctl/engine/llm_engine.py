@@ -262,7 +262,9 @@ class LLMEngine:
                 rows.append(row)
         if not inputs:
             return set()
-        logits = result.sample_logits[torch.tensor(rows, dtype=torch.long, device=result.sample_logits.device)]
+        logits = result.sample_logits
+        if rows != list(range(logits.shape[0])):  # some rows finished, or forked into several sequences
+            logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
         touched = set()
         now = time.perf_counter()
         for item, (token, logprob) in zip(inputs, sample(logits, inputs)):

@@ -35,10 +35,15 @@ def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, T
     tokens = torch.argmax(processed, dim=-1) if len(sampled_rows) < len(inputs) else \
         torch.empty(len(inputs), dtype=torch.long, device=logits.device)
     if sampled_rows:
+        every_row = len(sampled_rows) == len(inputs)
         rows = torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)
-        probs = _probabilities(processed[rows], [inputs[r].params for r in sampled_rows])
+        probs = _probabilities(processed if every_row else processed[rows], [inputs[r].params for r in sampled_rows])
         uniforms = torch.cat([torch.rand(1, generator=inputs[r].generator) for r in sampled_rows])
-        tokens[rows] = _inverse_cdf(probs, uniforms.to(logits.device))
+        drawn = _inverse_cdf(probs, uniforms.to(logits.device))
+        if every_row:
+            tokens = drawn
+        else:
+            tokens[rows] = drawn
     logprobs = _logprobs(logits, tokens, [item.params.logprobs for item in inputs])
     return list(zip(tokens.tolist(), logprobs))
 

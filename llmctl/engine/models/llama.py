@@ -15,6 +15,7 @@ from llmctl.engine.models.common import (
     RMSNorm, Shard, StepContext, Target, embedding_targets, layer_index, load_checkpoint,
 )
 from llmctl.engine.weights import CheckpointTensor
+from llmctl.kernels import cpu as cpu_kernels
 from llmctl.model.spec import ModelSpec, QuantizationSpec
 from llmctl.engine.parallel.group import TPGroup
 
@@ -58,8 +59,16 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(part, hidden, bias, group, quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        fused = self.gate_up_proj(x)
+        if fused.dim() == 2 and fused.stride(1) == 1 and cpu_kernels.fused_layers_for(fused):
+            return self.down_proj(cpu_kernels.silu_and_mul(fused))
+        return self.down_proj(silu_and_mul(fused, self.intermediate))
+
+
+def silu_and_mul(fused: torch.Tensor, intermediate: int) -> torch.Tensor:
+    """The reference of the fused C++ op: silu(gate) * up of the [gate | up] projection."""
+    gate, up = fused.split(intermediate, dim=-1)
+    return F.silu(gate) * up
 
 
 class LlamaDecoderLayer(nn.Module):
