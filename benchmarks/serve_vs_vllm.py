@@ -24,7 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-VLLM = Path("/tmp/vllmenv/bin/vllm")
+VLLM_PYTHON = Path("/tmp/vllmenv/bin/python")
 LLMCTL = Path(sys.executable).with_name("llmctl")
 
 
@@ -47,7 +47,9 @@ def _server(name: str, model_dir: str, port: int, log: Path) -> subprocess.Popen
         command = [str(LLMCTL), "serve", model_dir, "--port", str(port), "--dtype", "float32"]
     else:
         env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="2")
-        command = [str(VLLM), "serve", model_dir, "--port", str(port), "--dtype", "float32", "--max-model-len", "1024"]
+        # `vllm serve` itself fails in vllm-cpu 0.32.0 (it looks up the version of a package named "vllm")
+        command = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+                   "--port", str(port), "--dtype", "float32", "--max-model-len", "1024"]
     return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -77,7 +79,7 @@ def main() -> None:
     parser.add_argument("--no-vllm", action="store_true")
     args = parser.parse_args()
     model_dir = args.model_dir or _default_model_dir()
-    servers = ["llmctl"] + ([] if args.no_vllm or not VLLM.exists() else ["vllm-cpu"])
+    servers = ["llmctl"] + ([] if args.no_vllm or not VLLM_PYTHON.exists() else ["vllm-cpu"])
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for index, name in enumerate(servers):
@@ -89,8 +91,9 @@ def main() -> None:
                     result = _bench(port, model_dir, rate, args.num_prompts, Path(scratch) / f"{name}-{rate}.json")
                     rows.append((name, up, rate, result))
             finally:
-                os.killpg(process.pid, signal.SIGTERM)
-                process.wait(timeout=60)
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGTERM)
+                    process.wait(timeout=60)
     print(f"{'server':<9} {'up in':>6} {'rate':>5} {'out tok/s':>9} {'TTFT mean':>10} {'TTFT p99':>9} "
           f"{'TPOT mean':>10}  (ms)")
     for name, up, rate, r in rows:
