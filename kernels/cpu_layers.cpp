@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <type_traits>
 
 namespace {
 
@@ -99,18 +100,22 @@ void rotary(at::Tensor query, at::Tensor key, const at::Tensor& cos, const at::T
 // one pass instead of a split, a silu and a product, each writing an [M, I] temporary.
 template <typename T>
 void silu_rows(at::Tensor& out, const at::Tensor& x) {
-  const int64_t rows = x.size(0), width = out.size(1);
+  const int64_t rows = x.size(0), width = out.size(1), row_stride = x.stride(0);
   const T* x_ptr = x.data_ptr<T>();
   T* out_ptr = out.data_ptr<T>();
   at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
-      const T* gate = x_ptr + row * x.stride(0);
+      const T* gate = x_ptr + row * row_stride;
       const T* up = gate + width;
       T* o = out_ptr + row * width;
+      if constexpr (std::is_same_v<T, float>) {  // vectorized, exp through libmvec
 #pragma omp simd
-      for (int64_t i = 0; i < width; ++i) {
-        const float g = static_cast<float>(gate[i]);
-        o[i] = static_cast<T>(static_cast<float>(static_cast<T>(g / (1.f + std::exp(-g)))) * static_cast<float>(up[i]));
+        for (int64_t i = 0; i < width; ++i) o[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+      } else {  // as torch: silu rounded to T, then the product
+        for (int64_t i = 0; i < width; ++i) {
+          const float g = static_cast<float>(gate[i]);
+          o[i] = static_cast<T>(static_cast<float>(static_cast<T>(g / (1.f + std::exp(-g)))) * static_cast<float>(up[i]));
+        }
       }
     }
   });
