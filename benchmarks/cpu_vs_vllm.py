@@ -37,10 +37,10 @@ def workload(num_prompts: int, seed: int = 0) -> list[tuple[list[int], int]]:
             for _ in range(num_prompts)]
 
 
-def run_llmctl(model: str | None, requests: list[tuple[list[int], int]], extra: dict) -> float:
+def run_llmctl(model: str | None, requests: list[tuple[list[int], int]], dtype: str, extra: dict) -> float:
     from llmctl import LLM, SamplingParams
 
-    llm = LLM(model, dtype="float32", **extra)
+    llm = LLM(model, dtype=dtype, **extra)
     llm.generate([requests[0][0]], SamplingParams(max_tokens=4))  # warm-up, as for vllm
     params = [SamplingParams(temperature=0.6, max_tokens=out, ignore_eos=True) for _, out in requests]
     start = time.perf_counter()
@@ -49,11 +49,11 @@ def run_llmctl(model: str | None, requests: list[tuple[list[int], int]], extra: 
     return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
 
 
-def run_vllm(model: str, requests: list[tuple[list[int], int]]) -> float:
+def run_vllm(model: str, requests: list[tuple[list[int], int]], dtype: str) -> float:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    llm = LLM(model=model, dtype="float32", gpu_memory_utilization=0.25, max_model_len=1024,
+    llm = LLM(model=model, dtype=dtype, gpu_memory_utilization=0.25, max_model_len=1024,
               enable_prefix_caching=True)
     llm.generate([TokensPrompt(prompt_token_ids=requests[0][0])], SamplingParams(max_tokens=4), use_tqdm=False)
     prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in requests]
@@ -68,15 +68,15 @@ def run_vllm(model: str, requests: list[tuple[list[int], int]]) -> float:
 def worker(args: argparse.Namespace) -> None:
     requests = workload(args.num_prompts[0], args.seed)
     if args.worker == "vllm":
-        rate = run_vllm(args.model_dir, requests)
+        rate = run_vllm(args.model_dir, requests, args.dtype)
     else:
-        rate = run_llmctl(args.model, requests, json.loads(args.llmctl_args))
+        rate = run_llmctl(args.model, requests, args.dtype, json.loads(args.llmctl_args))
     print(json.dumps({"engine": args.worker, "output_tok_s": rate}))
 
 
 def _spawn(engine: str, python: str, num_prompts: int, args: argparse.Namespace) -> float:
     command = [python, __file__, "--worker", engine, "--num-prompts", str(num_prompts), "--seed", str(args.seed),
-               "--model-dir", args.model_dir, "--llmctl-args", args.llmctl_args]
+               "--model-dir", args.model_dir, "--llmctl-args", args.llmctl_args, "--dtype", args.dtype]
     if args.model:
         command += ["--model", args.model]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -101,6 +101,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="llmctl's model argument (default: the default model)")
     parser.add_argument("--model-dir", default=None, help="safetensors folder for vllm (default: llmctl's copy)")
     parser.add_argument("--llmctl-args", default="{}", help='extra LLM(...) arguments as JSON, e.g. \'{"cpu_threads": 2}\'')
+    parser.add_argument("--dtype", default="float32", help="both engines' dtype (the workload's is float32)")
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--worker", choices=("llmctl", "vllm"), help=argparse.SUPPRESS)
     args = parser.parse_args()
