@@ -95,7 +95,7 @@ def unavailable_reason() -> str | None:
 
 
 def fused_layers_for(x: torch.Tensor) -> bool:
-    """Whether rms_norm/rotary can take this tensor: on the CPU, with the kernels built."""
+    """Whether rms_norm, rotary and silu_and_mul can take this tensor: on the CPU, with the kernels built."""
     return x.device.type == "cpu" and unavailable_reason() is None
 
 
@@ -115,13 +115,6 @@ def store_kv(kv_cache: torch.Tensor, slots: torch.Tensor, key: torch.Tensor, val
     """New K/V [T, KVH, D] into slots [T] (int64, -1 skips) of kv_cache [blocks, block_size, 2, KVH, D]."""
     load()
     torch.ops.llmctl_cpu.store_kv(kv_cache, slots, key, value)
-
-
-if __name__ == "__main__":
-    reason = unavailable_reason()
-    if reason:
-        sys.exit(reason)
-    print(f"llmctl C++ CPU kernels ready in {build_directory()}")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -144,3 +137,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype)
     torch.ops.llmctl_cpu.silu_and_mul(out, x)
     return out
+
+
+if __name__ == "__main__":
+    reason = unavailable_reason()
+    if reason:
+        sys.exit(reason)
+    print(f"llmctl C++ CPU kernels ready in {build_directory()}")

@@ -21,7 +21,7 @@ from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_bac
 from llmctl.engine.layers.cpu_gemm import pack_linears
 from llmctl.kernels.cpu import CPUKernelsUnavailable
 from llmctl.engine.profile import dummy_prefill, measure_activation_peak, run_dummy_step
-from llmctl.model.attention_backend import BackendChoice, choose_attention_backend, triton_usable
+from llmctl.model.attention_backend import BackendChoice, choose_attention_backend, torch_fallback, triton_usable
 from llmctl.engine.models.common import Shard, WeightMismatchError
 from llmctl.engine.models.registry import create_model, is_supported
 from llmctl.engine.parallel.group import Rank, TPGroup, local_rank
@@ -321,9 +321,7 @@ def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.devi
         if config.attention_backend == "cpu":
             raise EngineConfigError(f"--attention-backend cpu: {exc}; or use --attention-backend torch") from None
         logger.warning("%s; attending with torch SDPA instead", exc)
-        fallback = choose_attention_backend(spec, cuda=False, requested="torch")
-        return BackendChoice("torch", fallback.reason.replace("--attention-backend torch", str(exc))), \
-            create_backend("torch")
+        return torch_fallback(spec, str(exc)), create_backend("torch")
 
 
 def _log_startup(loaded: LoadedModel, seconds: float) -> None:

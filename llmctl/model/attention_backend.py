@@ -51,8 +51,7 @@ def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, reque
     """`requested` is --attention-backend: auto, cpu, torch or triton."""
     cuda = _cuda_available() if cuda is None else cuda
     alibi = spec.positional.kind == "alibi"
-    torch_sdpa = f"{spec.positional.describe()}: torch SDPA over gathered KV pages" + \
-        (" with the ALiBi bias as an additive mask" if alibi else "")
+    torch_sdpa = _torch_sdpa(spec)
     kernel = f"{spec.positional.describe()}: llmctl's Triton paged-attention kernel, reading the KV pages in place" + \
         (" and adding the ALiBi bias itself" if alibi else "")
     cpu_kernel = f"{spec.positional.describe()}: llmctl's C++ paged-attention kernel for decodes, reading the KV " \
@@ -69,12 +68,21 @@ def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, reque
     if cuda:
         return BackendChoice("torch", f"{torch_sdpa} (triton is not installed)")
     if kv_cache_dtype.startswith("fp8"):
-        return BackendChoice("torch", f"{torch_sdpa} (the C++ CPU kernel reads caches in the model's dtype, "
-                                      "not fp8)")
+        return torch_fallback(spec, "the C++ CPU kernel reads caches in the model's dtype, not fp8")
     problem = _cpu_kernel_problem()
     if problem:
-        return BackendChoice("torch", f"{torch_sdpa} (the C++ CPU kernel cannot be built: {problem})")
+        return torch_fallback(spec, f"the C++ CPU kernel cannot be built: {problem}")
     return BackendChoice("cpu", f"{cpu_kernel} (the default on CPUs)")
+
+
+def torch_fallback(spec: ModelSpec, why: str) -> BackendChoice:
+    """The torch backend where the C++ CPU kernel cannot run, saying why."""
+    return BackendChoice("torch", f"{_torch_sdpa(spec)} ({why})")
+
+
+def _torch_sdpa(spec: ModelSpec) -> str:
+    return f"{spec.positional.describe()}: torch SDPA over gathered KV pages" + \
+        (" with the ALiBi bias as an additive mask" if spec.positional.kind == "alibi" else "")
 
 
 def triton_usable(cuda: bool) -> str | None:

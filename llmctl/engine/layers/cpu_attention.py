@@ -45,9 +45,8 @@ class CPUAttention:
         for length in lens:
             starts.append(starts[-1] + length)
         width = max(len(meta.block_tables[i]) for i in paged)
-        tables = torch.zeros(len(paged), width, dtype=torch.int32)
-        for row, i in enumerate(paged):
-            tables[row, : len(meta.block_tables[i])] = torch.tensor(meta.block_tables[i], dtype=torch.int32)
+        tables = torch.tensor([meta.block_tables[i] + [0] * (width - len(meta.block_tables[i])) for i in paged],
+                              dtype=torch.int32)  # padding is never read: each sequence stops at its length
         self.paged = (tables, torch.tensor([meta.seq_lens[i] for i in paged], dtype=torch.int32),
                       torch.tensor(starts, dtype=torch.int32))
         if len(paged) < meta.num_seqs:

@@ -3,8 +3,9 @@
 torch's plain `F.linear` hands MKL the weight in its checkpoint layout, and MKL reorders it
 for every call; at the batch sizes of decoding (a few to a few dozen rows) that reorder
 costs as much as the product. oneDNN's prepacked layout (`torch.ops.mkldnn`) skips it:
-measured with `benchmarks/cpu_gemm.py`, 1.2-2x faster from 4 to 64 rows on SmolLM2's
-shapes. Below `SMALL_BATCH` rows (one or two sequences decoding) oneDNN's per-call setup
+measured with `benchmarks/cpu_gemm.py` on SmolLM2's shapes, 1.3-2.2x faster for gate/up and
+the LM head from 4 to 64 rows, 1.0-1.8x for the smaller ones, about even at prefill sizes
+(256-2048 rows). Below `SMALL_BATCH` rows (one or two sequences decoding) oneDNN's per-call setup
 costs more than it saves, so those steps keep the plain weight — which is why the packed
 copy is added, not swapped in, and only when the host has the memory for it.
 """
