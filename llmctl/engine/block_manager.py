@@ -130,6 +130,17 @@ class BlockManager:
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.blocks_needed(seq, num_new_tokens) + self._cow_needed(seq) <= self.num_free_blocks
 
+    def can_allocate_in_place(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Room for the tokens without a copy-on-write (which only a model step can carry out)."""
+        return not self._cow_needed(seq) and self.can_allocate(seq, num_new_tokens)
+
+    def trim(self, seq: Sequence) -> None:
+        """Give back trailing blocks beyond the computed tokens: those allocated for speculative
+        tokens that were rejected. They were never full, so never hashed."""
+        keep = -(-seq.num_computed_tokens // self.block_size)
+        while len(seq.block_table) > max(keep, seq.num_slid_out_blocks):
+            self._release(seq.block_table.pop())
+
     def allocate(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
         """Give `seq` room for `num_new_tokens` more tokens. Returns (src, dst) block copies
         for copy-on-write: a shared, partly filled last block is copied before it is written."""

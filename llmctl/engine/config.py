@@ -41,6 +41,7 @@ class EngineConfig:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1  # replicas behind one server (llmctl.engine.data_parallel)
     cpu_threads: int | None = None  # torch threads per rank; default: the cores shared evenly
+    speculative_config: str | dict | None = None  # vLLM's JSON (llmctl.engine.spec_decode.config); None: off
 
     def validate(self) -> None:
         def bad(flag: str, message: str) -> None:
@@ -67,5 +68,9 @@ class EngineConfig:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
         if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
             bad("kv_cache_dtype", f"{self.kv_cache_dtype!r} is not supported; use auto or fp8 (e4m3)")
+        if self.speculative_config is not None:
+            from llmctl.engine.spec_decode.config import parse_speculative_config
+
+            parse_speculative_config(self.speculative_config)  # a bad config fails before the model loads
         if self.attention_backend not in ("auto", "cpu", "torch", "triton"):
             bad("attention_backend", f"{self.attention_backend!r} is not a backend; use auto, cpu, torch or triton")

@@ -21,7 +21,10 @@ from llmctl.engine.runner import StepResult, build_batch
 from llmctl.engine.sampler import SampleInput, prompt_logprob_entries, sample
 from llmctl.engine.sampling_params import InvalidRequestError, SamplingParams
 from llmctl.engine.scheduler import Scheduler, SchedulerOutput
-from llmctl.engine.sequence import Sequence, SequenceStatus
+from llmctl.engine.sequence import Sequence, SequenceStatus, TokenLogprob
+from llmctl.engine.spec_decode.proposal import Draft
+from llmctl.engine.spec_decode.rejection import VerifyInput, verify
+from llmctl.engine.spec_decode.speculator import Speculator
 
 logger = logging.getLogger("llmctl.engine")
 
@@ -82,6 +85,9 @@ class LLMEngine:
         self.eos_token_ids = self.loaded.eos_token_ids
         self.generation_defaults = self.loaded.generation_defaults
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
+        self.speculator = Speculator.create(config, self.loaded, self._default_generator)
+        if self.speculator is not None:
+            logger.info("speculative decoding: %s", self.speculator.describe())
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -94,6 +100,8 @@ class LLMEngine:
         self.block_manager.stats = PrefixCacheStats()
         self.scheduler.num_preemptions = 0
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
+        if self.speculator is not None:
+            self.speculator.reset_stats()
         logger.info("warm-up took %.2f s", time.perf_counter() - started)
 
     # -- requests -------------------------------------------------------------------------
@@ -186,11 +194,23 @@ class LLMEngine:
         chunk_starts = {item.seq.seq_id: (item.seq, item.seq.num_computed_tokens) for item in sched.scheduled}
         for item in sched.scheduled:
             if not item.seq.is_finished:  # aborted while its batch was in flight
-                item.seq.num_computed_tokens += item.num_new_tokens
+                # Proposed tokens count as computed only once verified (_append_verified).
+                item.seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
                 self.block_manager.register_full_blocks(item.seq)
         result = StepResult(logits.sample_logits, logits.prompt_logits, sample_seqs)
         self._record_prompt_logprobs(result, chunk_starts)
-        return self._outputs(self._sample_and_append(result))
+        drafts = {item.seq.seq_id: item.draft for item in sched.scheduled if item.draft is not None}
+        touched = self._sample_and_append(result, drafts)
+        if self.speculator is not None:
+            self._propose(sched)
+        return self._outputs(touched)
+
+    def _propose(self, sched: SchedulerOutput) -> None:
+        """Proposals for the next step of this step's sequences (speculative decoding)."""
+        seqs = [item.seq for item in sched.scheduled if item.seq.status == SequenceStatus.RUNNING]
+        for seq in seqs:
+            self.block_manager.trim(seq)  # blocks of rejected proposals
+        self.speculator.propose(seqs, self.block_manager)
 
     def _fill_pipeline(self) -> None:
         lanes = self.executor.max_in_flight
@@ -214,6 +234,8 @@ class LLMEngine:
                 raise
             except Exception as exc:
                 raise self._fail_step(sched, exc) from exc
+            if self.speculator is not None:
+                self.speculator.observe(batch)
             self.in_flight.append((lane, sched, sample_seqs))
 
     def _outputs(self, request_ids: set[str]) -> list[RequestOutput]:
@@ -241,11 +263,18 @@ class LLMEngine:
             seq.prompt_logprobs += prompt_logprob_entries(logits[skip:skip + len(targets)], targets,
                                                           seq.params.prompt_logprobs or 0)
 
-    def _sample_and_append(self, result: StepResult) -> set[str]:
+    def _sample_and_append(self, result: StepResult, drafts: dict[int, Draft]) -> set[str]:
         inputs, rows = [], []
-        for row, seq in enumerate(result.sample_seqs):
+        verifying: list[tuple[Sequence, VerifyInput]] = []
+        next_row = 0
+        for seq in result.sample_seqs:
+            row, draft = next_row, drafts.get(seq.seq_id)
+            next_row += 1 + (len(draft.token_ids) if draft is not None else 0)
             request = self.requests.get(seq.request_id)
             if request is None or seq.is_finished:
+                continue
+            if draft is not None:
+                verifying.append((seq, VerifyInput(seq.params, seq.generator or self._default_generator, draft, row)))
                 continue
             family = [seq]
             if seq.waiting_to_fork:
@@ -260,17 +289,34 @@ class LLMEngine:
             for member in family:
                 inputs.append(self._sample_input(member))
                 rows.append(row)
-        if not inputs:
-            return set()
-        logits = result.sample_logits
-        if rows != list(range(logits.shape[0])):  # some rows finished, or forked into several sequences
-            logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
-        touched = set()
+        touched: set[str] = set()
         now = time.perf_counter()
-        for item, (token, logprob) in zip(inputs, sample(logits, inputs)):
-            self._append_token(item.seq, token, logprob, now)
-            touched.add(item.seq.request_id)
+        if inputs:
+            logits = result.sample_logits
+            if rows != list(range(logits.shape[0])):  # some rows finished, forked, or belong to proposals
+                logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+            for item, (token, logprob) in zip(inputs, sample(logits, inputs)):
+                self._append_token(item.seq, token, logprob, now)
+                touched.add(item.seq.request_id)
+        if verifying:
+            emitted = verify(result.sample_logits, [item for _, item in verifying])
+            for (seq, item), tokens in zip(verifying, emitted):
+                self._append_verified(seq, item.draft, tokens, now)
+                touched.add(seq.request_id)
         return touched
+
+    def _append_verified(self, seq: Sequence, draft: Draft, tokens: list[tuple[int, TokenLogprob | None]],
+                         now: float) -> None:
+        """The accepted proposals and the token after them, each checked for stops as it is appended."""
+        for token, logprob in tokens:
+            self._append_token(seq, token, logprob, now)
+            if seq.is_finished:
+                break
+        accepted = len(tokens) - 1
+        self.speculator.stats.record(len(draft.token_ids), accepted)
+        if not seq.is_finished:
+            seq.num_computed_tokens += accepted  # their K/V was written by this step
+            self.block_manager.register_full_blocks(seq)
 
     def _sample_input(self, seq: Sequence) -> SampleInput:
         params = seq.params

@@ -29,7 +29,7 @@ class StepBatch:
     query_start_loc: list[int]  # [B + 1]
     seq_lens: list[int]  # [B] tokens in the cache after this step
     block_tables: list[list[int]]
-    sample_rows: list[int]  # last token of each sequence that samples
+    sample_rows: list[int]  # last token of each sequence that samples (and each of its proposed tokens)
     prompt_rows: dict[int, list[int]] = field(default_factory=dict)  # seq_id -> rows scoring prompt tokens
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
 
@@ -60,15 +60,16 @@ def build_batch(sched: SchedulerOutput, block_size: int) -> tuple[StepBatch, lis
     for item in sched.scheduled:
         seq, start = item.seq, item.seq.num_computed_tokens
         row0 = len(ids)
+        proposed = item.draft.token_ids if item.draft is not None else []
         for pos in range(start, start + item.num_new_tokens):
-            ids.append(seq.token_at(pos))
+            ids.append(seq.token_at(pos) if pos < seq.num_tokens else proposed[pos - seq.num_tokens])
             positions.append(pos)
             slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
         starts.append(len(ids))
         lens.append(start + item.num_new_tokens)
         tables.append(_readable(seq))
-        if item.samples:
-            sample_rows.append(len(ids) - 1)
+        if item.samples:  # with a draft: the last real token's row, then one row per proposed token
+            sample_rows += range(len(ids) - 1 - len(proposed), len(ids))
             sample_seqs.append(seq)
         if seq.params.prompt_logprobs is not None and start < len(seq.prompt_token_ids) - 1:
             last = min(start + item.num_new_tokens, len(seq.prompt_token_ids) - 1)

@@ -37,14 +37,14 @@ def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, T
     if sampled_rows:
         every_row = len(sampled_rows) == len(inputs)
         rows = torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)
-        probs = _probabilities(processed if every_row else processed[rows], [inputs[r].params for r in sampled_rows])
+        probs = probabilities(processed if every_row else processed[rows], [inputs[r].params for r in sampled_rows])
         uniforms = torch.cat([torch.rand(1, generator=inputs[r].generator) for r in sampled_rows])
-        drawn = _inverse_cdf(probs, uniforms.to(logits.device))
+        drawn = inverse_cdf(probs, uniforms.to(logits.device))
         if every_row:
             tokens = drawn
         else:
             tokens[rows] = drawn
-    logprobs = _logprobs(logits, tokens, [item.params.logprobs for item in inputs])
+    logprobs = token_logprobs(logits, tokens, [item.params.logprobs for item in inputs])
     return list(zip(tokens.tolist(), logprobs))
 
 
@@ -85,7 +85,7 @@ def _apply_penalties(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
         logits -= frequency.unsqueeze(1) * counts + presence.unsqueeze(1) * (counts > 0)
 
 
-def _probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     device, vocab = logits.device, logits.shape[1]
     temperatures = torch.tensor([max(p.temperature or 1.0, 1e-5) for p in params], device=device)
     logits = logits / temperatures.unsqueeze(1)
@@ -113,7 +113,7 @@ def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return probs.scatter(1, order, sorted_probs.masked_fill(remove, 0.0))
 
 
-def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Token i is drawn with probability probs[i] / sum: the first index whose cumulative mass
     exceeds u · total. Zero-probability tokens are never drawn."""
     cumulative = torch.cumsum(probs, dim=-1)
@@ -122,7 +122,7 @@ def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return tokens.clamp_(max=probs.shape[1] - 1)
 
 
-def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: list[int | None]) -> list[TokenLogprob | None]:
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: list[int | None]) -> list[TokenLogprob | None]:
     """Entries for the rows that asked, computed for those rows only."""
     rows = [row for row, n in enumerate(top_n) if n is not None]
     if not rows:

@@ -18,17 +18,23 @@ from dataclasses import dataclass, field
 
 from llmctl.engine.block_manager import BlockManager
 from llmctl.engine.sequence import Sequence, SequenceStatus
+from llmctl.engine.spec_decode.proposal import Draft
 
 
 @dataclass
 class ScheduledSeq:
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int  # including the proposed tokens, when there is a draft
+    draft: Draft | None = None  # speculative decoding: proposed tokens verified in this step
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return len(self.draft.token_ids) if self.draft is not None else 0
 
     @property
     def samples(self) -> bool:
         """The step reaches the end of the sequence's tokens, so it yields a next token."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        return self.seq.num_computed_tokens + self.num_new_tokens - self.num_draft_tokens == self.seq.num_tokens
 
 
 @dataclass
@@ -88,11 +94,23 @@ class Scheduler:
                     break
             if seq.status != SequenceStatus.RUNNING:
                 break  # the sequence preempted itself: it was the newest
+            draft = self._take_draft(seq, num_new, budget)
+            num_new += len(draft.token_ids) if draft is not None else 0
             out.block_copies += self.block_manager.allocate(seq, num_new)
-            out.scheduled.append(ScheduledSeq(seq, num_new))
+            out.scheduled.append(ScheduledSeq(seq, num_new, draft))
             budget -= num_new
             index += 1
         return budget
+
+    def _take_draft(self, seq: Sequence, num_new: int, budget: int) -> Draft | None:
+        """The sequence's proposal, cut to the budget and the free blocks; never at a preemption's cost."""
+        draft, seq.draft = seq.draft, None
+        if draft is None or num_new != seq.num_tokens - seq.num_computed_tokens:
+            return None
+        k = min(len(draft.token_ids), budget - num_new)
+        while k > 0 and not self.block_manager.can_allocate(seq, num_new + k):
+            k -= 1
+        return draft.truncated(k) if k > 0 else None
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, lane: int) -> None:
         while budget > 0 and len(self.running) < self.max_num_seqs:
@@ -129,6 +147,7 @@ class Scheduler:
         for scheduled in [s for s in out.scheduled if s.seq is seq]:
             out.scheduled.remove(scheduled)
         self.block_manager.free(seq)
+        seq.draft = None
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1

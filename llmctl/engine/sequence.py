@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from llmctl.engine.sampling_params import SamplingParams
+from llmctl.engine.spec_decode.proposal import Draft
 
 
 class SequenceStatus(enum.Enum):
@@ -55,6 +56,7 @@ class Sequence:
     waiting_to_fork: bool = False  # n > 1: the siblings are created when the prompt is done
     num_preemptions: int = 0
     lane: int = 0  # pipeline parallel: which of the PP batches in flight this sequence rides in
+    draft: Draft | None = None  # speculative decoding: tokens proposed for the next step
 
     @property
     def num_tokens(self) -> int:

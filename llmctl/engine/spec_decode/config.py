@@ -1,0 +1,96 @@
+"""`--speculative-config`: vLLM's JSON keys, checked once at startup."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from llmctl.errors import LlmctlError
+
+METHODS = ("ngram", "draft_model")
+KNOWN_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model"}
+MAX_SPECULATIVE_TOKENS = 16  # the C++ CPU attention kernel takes chunks of up to 16 new tokens
+
+
+class SpeculativeConfigError(LlmctlError):
+    """A --speculative-config that cannot work; the message names the key and what to use."""
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str  # "ngram" or "draft_model"
+    num_speculative_tokens: int
+    prompt_lookup_max: int = 0  # n-gram: longest suffix matched
+    prompt_lookup_min: int = 0  # n-gram: shortest suffix matched
+    model: str | None = None  # draft model (same tokenizer as the target)
+
+    def describe(self) -> str:
+        if self.method == "ngram":
+            return (f"n-gram prompt lookup, up to {self.num_speculative_tokens} tokens per step "
+                    f"(suffixes of {self.prompt_lookup_min}–{self.prompt_lookup_max} tokens)")
+        return f"draft model {self.model}, {self.num_speculative_tokens} tokens per step"
+
+
+def parse_speculative_config(value: str | dict[str, Any] | SpeculativeConfig | None) -> SpeculativeConfig | None:
+    """A JSON string or dict (vLLM's keys) → SpeculativeConfig; None or {} means off.
+
+    As in vLLM: `method` is "draft_model" when a `model` is given, "ngram" with `"method": "ngram"`
+    (or the older `"model": "[ngram]"`); an n-gram bound that is not given equals the other,
+    and with neither both are 5."""
+    if value is None or isinstance(value, SpeculativeConfig):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise SpeculativeConfigError(
+                f"--speculative-config is not valid JSON ({exc.msg}); e.g. "
+                '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'') from None
+    if not isinstance(value, dict):
+        raise SpeculativeConfigError("--speculative-config must be a JSON object of vLLM's keys")
+    if not value:
+        return None
+    unknown = sorted(set(value) - KNOWN_KEYS)
+    if unknown:
+        raise SpeculativeConfigError(f"--speculative-config: unknown key(s) {', '.join(unknown)}; "
+                                     f"llmctl reads {', '.join(sorted(KNOWN_KEYS))}")
+    model = value.get("model")
+    if model in ("[ngram]", "ngram"):
+        method, model = "ngram", None
+    else:
+        method = value.get("method") or ("draft_model" if model else None)
+    if method is None:
+        raise SpeculativeConfigError('--speculative-config needs "method": "ngram", or a draft "model"')
+    method = "draft_model" if method == "draft" else method
+    if method not in METHODS:
+        raise SpeculativeConfigError(f"--speculative-config: method {method!r} is not supported; use ngram or "
+                                     "draft_model (a \"model\" of the same tokenizer)")
+    k = _integer(value, "num_speculative_tokens", None)
+    if k is None:
+        raise SpeculativeConfigError("--speculative-config needs num_speculative_tokens (e.g. 4)")
+    if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise SpeculativeConfigError(
+            f"--speculative-config: num_speculative_tokens must be between 1 and {MAX_SPECULATIVE_TOKENS}, got {k}")
+    if method == "draft_model":
+        if not isinstance(model, str) or not model:
+            raise SpeculativeConfigError('--speculative-config: method draft_model needs "model": a hub id or folder')
+        return SpeculativeConfig(method, k, model=model)
+    low, high = _integer(value, "prompt_lookup_min", None), _integer(value, "prompt_lookup_max", None)
+    if low is None and high is None:
+        low = high = 5
+    low = low if low is not None else high
+    high = high if high is not None else low
+    if not 1 <= low <= high:
+        raise SpeculativeConfigError(f"--speculative-config: need 1 ≤ prompt_lookup_min ≤ prompt_lookup_max, got "
+                                     f"{low} and {high}")
+    return SpeculativeConfig("ngram", k, prompt_lookup_max=high, prompt_lookup_min=low)
+
+
+def _integer(value: dict[str, Any], key: str, default: int | None) -> int | None:
+    got = value.get(key, default)
+    if got is None:
+        return None
+    if isinstance(got, bool) or not isinstance(got, int):
+        raise SpeculativeConfigError(f"--speculative-config: {key} must be an integer, got {got!r}")
+    return got

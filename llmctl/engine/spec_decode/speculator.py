@@ -1,0 +1,76 @@
+"""The engine's one seam for speculative decoding: which sequences propose, how many tokens,
+and the counters. The engine calls `observe` for every batch it submits, `propose` after
+each step, and `record` for each verified proposal."""
+
+from __future__ import annotations
+
+import torch
+
+from llmctl.engine.block_manager import BlockManager
+from llmctl.engine.config import EngineConfig, EngineConfigError
+from llmctl.engine.loader import LoadedModel
+from llmctl.engine.runner import StepBatch
+from llmctl.engine.sequence import Sequence
+from llmctl.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
+from llmctl.engine.spec_decode.draft_model import DraftModelProposer
+from llmctl.engine.spec_decode.ngram import propose_ngram
+from llmctl.engine.spec_decode.proposal import Draft
+from llmctl.engine.spec_decode.stats import SpecDecodeStats
+
+
+class Speculator:
+    def __init__(self, spec_config: SpeculativeConfig, config: EngineConfig, target: LoadedModel,
+                 generator: torch.Generator) -> None:
+        self.config = spec_config
+        self.max_model_len = target.max_model_len
+        self.stats = SpecDecodeStats(spec_config.num_speculative_tokens)
+        self.draft_model = DraftModelProposer(spec_config, config, target, generator) \
+            if spec_config.method == "draft_model" else None
+
+    @staticmethod
+    def create(config: EngineConfig, target: LoadedModel, generator: torch.Generator) -> "Speculator | None":
+        spec_config = parse_speculative_config(config.speculative_config)
+        if spec_config is None:
+            return None
+        if config.tensor_parallel_size * config.pipeline_parallel_size > 1:
+            raise EngineConfigError("--speculative-config runs with --tensor-parallel-size 1 and "
+                                    "--pipeline-parallel-size 1 for now (use --data-parallel-size to scale out)")
+        return Speculator(spec_config, config, target, generator)
+
+    def reset_stats(self) -> None:
+        self.stats = SpecDecodeStats(self.config.num_speculative_tokens)
+
+    def describe(self) -> str:
+        return self.config.describe()
+
+    def observe(self, batch: StepBatch) -> None:
+        if self.draft_model is not None:
+            self.draft_model.observe(batch)
+
+    def propose(self, seqs: list[Sequence], block_manager: BlockManager) -> None:
+        """Set `seq.draft` for the decoding sequences that can speculate on their next step."""
+        ks = [self._budget(seq) for seq in seqs]
+        if self.draft_model is not None:
+            drafts = self.draft_model.propose(seqs, ks, block_manager)
+        else:
+            cfg = self.config
+            drafts = [Draft(tokens) if (tokens := propose_ngram(seq.all_token_ids, cfg.prompt_lookup_min,
+                                                                cfg.prompt_lookup_max, k)) else None
+                      if k > 0 else None for seq, k in zip(seqs, ks)]
+        for seq, draft in zip(seqs, drafts):
+            seq.draft = draft if draft is not None and draft.token_ids else None
+
+    def _budget(self, seq: Sequence) -> int:
+        """How many tokens a sequence may propose: none while settings that depend on each
+        emitted token apply (penalties, min_tokens); never past max_tokens or the context."""
+        params = seq.params
+        if seq.is_finished or seq.in_prefill or seq.num_tokens - seq.num_computed_tokens != 1:
+            return 0
+        if (params.repetition_penalty or 1.0) != 1.0 or params.presence_penalty or params.frequency_penalty:
+            return 0
+        generated = len(seq.output_token_ids)
+        if generated < params.min_tokens:
+            return 0
+        limit = params.max_tokens if params.max_tokens is not None else self.max_model_len
+        return max(0, min(self.config.num_speculative_tokens, limit - generated - 1,
+                          self.max_model_len - seq.num_tokens - 1))
