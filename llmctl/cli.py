@@ -185,6 +185,9 @@ KVCacheDtypeOpt = Annotated[str, typer.Option(
     "--kv-cache-dtype", help="auto (the model's dtype) or fp8 (e4m3, scale 1.0: half of bfloat16's KV bytes)")]
 EnforceEagerOpt = Annotated[bool, typer.Option(
     "--enforce-eager", help="no CUDA graphs for decode steps (captured on CUDA with the triton backend at TP 1, PP 1)")]
+SpeculativeConfigOpt = Annotated[Optional[str], typer.Option(
+    "--speculative-config", help='speculative decoding as vLLM\'s JSON, e.g. \'{"method": "ngram", '
+    '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' or \'{"model": DRAFT, "num_speculative_tokens": 3}\'')]
 AttentionBackendOpt = Annotated[str, typer.Option(
     "--attention-backend", help="auto (triton on CUDA; on CPUs llmctl's C++ kernel, cpu), cpu, torch or triton")]
 
@@ -221,6 +224,7 @@ def serve(
     attention_backend: AttentionBackendOpt = "auto",
     kv_cache_dtype: KVCacheDtypeOpt = "auto",
     enforce_eager: EnforceEagerOpt = False,
+    speculative_config: SpeculativeConfigOpt = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
     allow_pickle_weights: Annotated[bool, typer.Option(
         "--allow-pickle-weights", help="load pytorch_model*.bin when a model has no safetensors "
@@ -254,7 +258,8 @@ def serve(
                           show_progress=True, tensor_parallel_size=tensor_parallel_size,
                           pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
                           cpu_threads=cpu_threads, attention_backend=attention_backend,
-                          kv_cache_dtype=kv_cache_dtype, enforce_eager=enforce_eager)
+                          kv_cache_dtype=kv_cache_dtype, enforce_eager=enforce_eager,
+                          speculative_config=speculative_config)
     config.validate()
     if run_torchrun_worker_if_not_driver(config):  # torchrun rank > 0: a worker, no HTTP server
         return
@@ -455,6 +460,7 @@ def bench_offline(
     attention_backend: AttentionBackendOpt = "auto",
     kv_cache_dtype: KVCacheDtypeOpt = "auto",
     enforce_eager: EnforceEagerOpt = False,
+    speculative_config: SpeculativeConfigOpt = None,
     max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = 256,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens")] = None,
     max_model_len: Annotated[Optional[int], typer.Option("--max-model-len")] = None,
@@ -482,7 +488,7 @@ def bench_offline(
         parallel={"tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
                   "data_parallel_size": data_parallel_size, "cpu_threads": cpu_threads,
                   "attention_backend": attention_backend, "kv_cache_dtype": kv_cache_dtype,
-                  "enforce_eager": enforce_eager}))
+                  "enforce_eager": enforce_eager, "speculative_config": speculative_config}))
     if as_json:
         print_json(offline_to_dict(result))
     else:

@@ -18,6 +18,7 @@ import torch
 from llmctl.bench.datasets import DatasetOptions, SampleRequest, sample_requests
 from llmctl.bench.metrics import Distribution, time_per_output_token
 from llmctl.bench.tokens import LocalTokenizer
+from llmctl.engine.spec_decode.stats import SpecDecodeStats
 from llmctl.errors import LlmctlError
 
 COMPARE_WITH = ("transformers",)
@@ -65,6 +66,7 @@ class OfflineResult:
     tpot: Distribution
     preemptions: int
     transformers: Throughput | None = None
+    spec_decode: SpecDecodeStats | None = None  # with --speculative-config: acceptance, summed over replicas
 
     @property
     def ratio(self) -> float | None:
@@ -121,6 +123,8 @@ def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None]
                              seed=options.dataset.seed + i) for i, r in enumerate(requests)]
     llm.generate([prompts[0]], [SamplingParams(max_tokens=4)])  # warm-up: first-call costs are not throughput
     engine = llm.engine
+    if engine.speculator is not None:
+        engine.speculator.reset_stats()  # acceptance of the run only
     work = [0] * len(engines)  # data parallel: each request to the replica with the least work so far
     for index, (prompt, param) in enumerate(zip(prompts, params)):
         target = work.index(min(work))
@@ -137,12 +141,25 @@ def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None]
         model=engine.loaded.source.name,
         llmctl=Throughput(seconds, len(finished), sum(len(p) for p in prompts), output_tokens),
         ttft=Distribution.of(ttfts, options.percentiles), tpot=Distribution.of(tpots, options.percentiles),
-        preemptions=engine.scheduler.num_preemptions)
+        preemptions=engine.scheduler.num_preemptions, spec_decode=_spec_decode(engines))
     if options.compare == "transformers":
         path = engine.loaded.source.path
         del llm, engine
         result.transformers = run_transformers(str(path), prompts, requests, options)
     return result
+
+
+def _spec_decode(engines: list[Any]) -> SpecDecodeStats | None:
+    stats = [e.speculator.stats for e in engines if e.speculator is not None]
+    if not stats:
+        return None
+    total = SpecDecodeStats(stats[0].num_speculative_tokens)
+    for one in stats:
+        total.num_drafts += one.num_drafts
+        total.num_draft_tokens += one.num_draft_tokens
+        total.num_accepted_tokens += one.num_accepted_tokens
+        total.accepted_per_position = [a + b for a, b in zip(total.accepted_per_position, one.accepted_per_position)]
+    return total
 
 
 def run_transformers(path: str, prompts: list[list[int]], requests: list[SampleRequest],

@@ -19,6 +19,7 @@ from llmctl.bench.load import LoadPoint
 from llmctl.bench.metrics import LATENCY_METRICS, BenchmarkMetrics
 from llmctl.bench.offline import OfflineResult, Throughput
 from llmctl.bench.serve_bench import PointResult, ServeBenchRun
+from llmctl.engine.spec_decode.stats import SpecDecodeStats
 from llmctl.errors import LlmctlError
 
 TITLES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL"}
@@ -47,7 +48,8 @@ def point_to_dict(run: ServeBenchRun, result: PointResult, percentiles: tuple[fl
         for p in percentiles:
             data[f"p{p:g}_{name}_ms"] = dist.percentiles[p]
     data["server_metrics"] = None if load.server is None else {
-        **asdict(load.server), "prefix_cache_hit_rate": load.server.prefix_cache_hit_rate}
+        **asdict(load.server), "prefix_cache_hit_rate": load.server.prefix_cache_hit_rate,
+        "spec_decode": spec_decode_to_dict(load.server.spec_decode)}
     data.update({
         "input_lens": [o.prompt_len for o in load.outcomes], "output_lens": m.output_lens,
         "ttfts": [o.ttft for o in load.outcomes], "itls": [o.itl for o in load.outcomes],
@@ -108,6 +110,20 @@ def server_rows(result: PointResult) -> dict[str, str]:
         rows["Preemptions"] = str(stats.preemptions)
     if stats.prefix_cache_hit_rate is not None:
         rows["Prefix-cache hit rate"] = f"{stats.prefix_cache_hit_rate:.1%} of {stats.prefix_cache_queries} tokens"
+    return rows | spec_decode_rows(stats.spec_decode)
+
+
+def spec_decode_rows(stats: SpecDecodeStats | None) -> dict[str, str]:
+    """Speculative decoding's acceptance as vLLM's benchmarks print it."""
+    if stats is None or not stats.num_drafts:
+        return {}
+    rows = {"Drafts / draft tokens / accepted": f"{stats.num_drafts} / {stats.num_draft_tokens} / "
+                                                f"{stats.num_accepted_tokens}",
+            "Acceptance rate": f"{stats.acceptance_rate:.1%}",
+            "Mean acceptance length": f"{stats.mean_acceptance_length:.2f}"}
+    if any(stats.accepted_per_position):
+        rows["Per-position acceptance rate"] = ", ".join(
+            f"{count / stats.num_drafts:.2f}" for count in stats.accepted_per_position)
     return rows
 
 
@@ -216,7 +232,14 @@ def offline_to_dict(result: OfflineResult) -> dict[str, Any]:
     return {"model_id": result.model, "llmctl": throughput(result.llmctl), "ttft_ms": asdict(result.ttft),
             "tpot_ms": asdict(result.tpot), "preemptions": result.preemptions,
             "transformers": throughput(result.transformers) if result.transformers else None,
-            "ratio_output_tokens_per_s": result.ratio}
+            "ratio_output_tokens_per_s": result.ratio, "spec_decode": spec_decode_to_dict(result.spec_decode)}
+
+
+def spec_decode_to_dict(stats: SpecDecodeStats | None) -> dict[str, Any] | None:
+    if stats is None:
+        return None
+    return {**asdict(stats), "acceptance_rate": stats.acceptance_rate,
+            "mean_acceptance_length": stats.mean_acceptance_length}
 
 
 def render_offline(console: Console, result: OfflineResult) -> None:
@@ -234,5 +257,7 @@ def render_offline(console: Console, result: OfflineResult) -> None:
         console.print(f"llmctl {name} (engine timings): mean {dist.mean:.1f} ms, median {dist.median:.1f} ms, "
                       f"{percentiles} {values} ms")
     console.print(f"preemptions: {result.preemptions}")
+    for label, value in spec_decode_rows(result.spec_decode).items():
+        console.print(f"speculative decoding, {label.lower()}: {value}")
     if result.ratio is not None:
         console.print(f"output tokens/s, llmctl / transformers: [bold]{result.ratio:.2f}x[/]")

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import httpx2
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmctl.engine.spec_decode.stats import SpecDecodeStats
+
 KV_USAGE = ("kv_cache_usage_perc", "gpu_cache_usage_perc")  # vLLM v1 name, then the older one
 SAMPLE_INTERVAL_S = 1.0  # often enough for a peak; rarer scrapes perturb a busy server less
 
@@ -24,6 +26,7 @@ class ServerStats:
     preemptions: int | None
     prefix_cache_queries: int | None
     prefix_cache_hits: int | None
+    spec_decode: SpecDecodeStats | None = None  # when the server speculates (vLLM's spec_decode_* counters)
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -89,7 +92,17 @@ class ServerStatsRecorder:
             kv_cache_usage_mean=sum(self.usage) / len(self.usage) if self.usage else None,
             preemptions=_delta(self.before, after, "num_preemptions_total"),
             prefix_cache_queries=_delta(self.before, after, "prefix_cache_queries_total"),
-            prefix_cache_hits=_delta(self.before, after, "prefix_cache_hits_total"))
+            prefix_cache_hits=_delta(self.before, after, "prefix_cache_hits_total"),
+            spec_decode=_spec_decode(self.before, after))
+
+
+def _spec_decode(before: dict[str, float], after: dict[str, float]) -> SpecDecodeStats | None:
+    drafts = _delta(before, after, "spec_decode_num_drafts_total")
+    if drafts is None:
+        return None
+    return SpecDecodeStats(0, num_drafts=drafts,
+                           num_draft_tokens=_delta(before, after, "spec_decode_num_draft_tokens_total") or 0,
+                           num_accepted_tokens=_delta(before, after, "spec_decode_num_accepted_tokens_total") or 0)
 
 
 def _first(values: dict[str, float], names: tuple[str, ...]) -> float | None:

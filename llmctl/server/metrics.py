@@ -53,6 +53,25 @@ class EngineCollector:
         yield family(counter, "llmctl:prompt_tokens", "Prefill tokens processed.", lambda e: e.stats["prompt_tokens"])
         yield family(counter, "llmctl:generation_tokens", "Generation tokens processed.",
                      lambda e: e.stats["generation_tokens"])
+        if all(e.speculator is not None for _, e in labelled):
+            yield from _spec_decode_families(family, labelled, names)
+
+
+def _spec_decode_families(family: Any, labelled: list[tuple[dict[str, str], Any]], names: list[str]) -> Iterator[Any]:
+    """Speculative decoding's counters under vLLM's names (`vllm:spec_decode_…`)."""
+    counter = CounterMetricFamily
+    yield family(counter, "llmctl:spec_decode_num_drafts", "Verified proposals (one per sequence and step).",
+                 lambda e: e.speculator.stats.num_drafts)
+    yield family(counter, "llmctl:spec_decode_num_draft_tokens", "Proposed tokens verified.",
+                 lambda e: e.speculator.stats.num_draft_tokens)
+    yield family(counter, "llmctl:spec_decode_num_accepted_tokens", "Proposed tokens accepted.",
+                 lambda e: e.speculator.stats.num_accepted_tokens)
+    per_position = counter("llmctl:spec_decode_num_accepted_tokens_per_pos",
+                           "Proposed tokens accepted, by position in the proposal.", labels=names + ["position"])
+    for labels, engine in labelled:
+        for position, count in enumerate(engine.speculator.stats.accepted_per_position):
+            per_position.add_metric(list(labels.values()) + [str(position)], count)
+    yield per_position
 
 
 class ServerMetrics:
