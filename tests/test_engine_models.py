@@ -232,7 +232,7 @@ def test_cpu_backend_falls_back_to_torch_when_the_kernel_cannot_be_built(tmp_pat
         llm = LLM(str(folder), max_model_len=64)
     assert llm.engine.executor.runner.backend.name == "torch"
     assert "no C++ compiler; attending with torch SDPA instead" in caplog.text
-    with pytest.raises(EngineConfigError, match="--attention-backend cpu: .*no C\+\+ compiler.*torch"):
+    with pytest.raises(EngineConfigError, match=r"--attention-backend cpu: .*no C\+\+ compiler.*torch"):
         LLM(str(folder), attention_backend="cpu")
     monkeypatch.undo()
     with pytest.raises(EngineConfigError, match="--attention-backend cpu: .*fp8.*--attention-backend torch"):

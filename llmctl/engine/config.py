@@ -71,6 +71,9 @@ class EngineConfig:
         if self.speculative_config is not None:
             from llmctl.engine.spec_decode.config import parse_speculative_config
 
-            parse_speculative_config(self.speculative_config)  # a bad config fails before the model loads
+            if parse_speculative_config(self.speculative_config) and \
+                    self.tensor_parallel_size * self.pipeline_parallel_size > 1:  # fails before any rank starts
+                bad("speculative_config", "runs with --tensor-parallel-size 1 and --pipeline-parallel-size 1 for "
+                    "now; use --data-parallel-size to scale out")
         if self.attention_backend not in ("auto", "cpu", "torch", "triton"):
             bad("attention_backend", f"{self.attention_backend!r} is not a backend; use auto, cpu, torch or triton")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from llmctl.engine.block_manager import BlockManager
-from llmctl.engine.config import EngineConfig, EngineConfigError
+from llmctl.engine.config import EngineConfig
 from llmctl.engine.loader import LoadedModel
 from llmctl.engine.runner import StepBatch
 from llmctl.engine.sequence import Sequence
@@ -32,9 +32,6 @@ class Speculator:
         spec_config = parse_speculative_config(config.speculative_config)
         if spec_config is None:
             return None
-        if config.tensor_parallel_size * config.pipeline_parallel_size > 1:
-            raise EngineConfigError("--speculative-config runs with --tensor-parallel-size 1 and "
-                                    "--pipeline-parallel-size 1 for now (use --data-parallel-size to scale out)")
         return Speculator(spec_config, config, target, generator)
 
     def reset_stats(self) -> None:
