@@ -249,24 +249,32 @@ def _random_llama(folder, default_source):
     return save_random_model(config, folder, tokenizer)
 
 
-def test_a_draft_with_another_tokenizer_and_sharded_targets_are_refused(default_source, tmp_path):
+def test_drafts_that_cannot_work_and_sharded_targets_are_refused(default_source, tmp_path):
     from transformers import AutoTokenizer, LlamaConfig
     from test_engine_models import save_random_model
 
+    def tiny(folder: str, tokenizer, **config) -> str:
+        return str(save_random_model(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                                 **config), tmp_path / folder, tokenizer))
+
     tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
+    short = tiny("short", tokenizer, max_position_embeddings=128)
+    with pytest.raises(SpeculativeConfigError, match="context of 128 tokens.*--max-model-len 128 or less"):
+        LLM(None, max_model_len=256, speculative_config={"model": short, "num_speculative_tokens": 2})
     tokenizer.add_tokens(["<an-extra-token>"])
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1)
-    other = save_random_model(config, tmp_path / "other", tokenizer)
+    other = tiny("other", tokenizer)
     with pytest.raises(SpeculativeConfigError, match="different tokenizer"):
-        LLM(None, max_model_len=128, speculative_config={"model": str(other), "num_speculative_tokens": 2})
+        LLM(None, max_model_len=128, speculative_config={"model": other, "num_speculative_tokens": 2})
     with pytest.raises(EngineConfigError, match="--tensor-parallel-size 1"):
         LLM(None, tensor_parallel_size=3, speculative_config=NGRAM)
 
 
 # -- the server ----------------------------------------------------------------------------------
-def test_served_streams_with_speculation_equal_the_plain_engine_and_count_acceptance(plain):
+def test_served_streams_with_speculation_equal_the_plain_engine_and_count_acceptance(plain, tmp_path):
     import openai
+
+    from conftest import run_cli
 
     from server_helpers import start_server
     from test_server import metrics
@@ -286,5 +294,14 @@ def test_served_streams_with_speculation_equal_the_plain_engine_and_count_accept
             key = f"llmctl:spec_decode_{name}_total"
             assert after[key] > before.get(key, 0), key
         assert after["llmctl:generation_tokens_total"] - before["llmctl:generation_tokens_total"] == 32
+
+        out = tmp_path / "bench.json"  # bench serve reads the acceptance from the counters
+        result = run_cli("bench", "serve", "--base-url", server.url, "--num-prompts", "4", "--random-input-len",
+                         "24", "--random-output-len", "16", "--ignore-eos", "--temperature", "0",
+                         "--result-filename", str(out))
+        assert result.returncode == 0, result.stdout + result.stderr
+        spec = json.loads(out.read_text())["server_metrics"]["spec_decode"]
+        assert spec["num_drafts"] > 0 and spec["num_draft_tokens"] >= spec["num_accepted_tokens"]
+        assert "Mean acceptance length" in result.stdout
     finally:
         server.stop()

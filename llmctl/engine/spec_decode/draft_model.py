@@ -97,6 +97,11 @@ def _load_draft(spec_config: SpeculativeConfig, config: EngineConfig, target: Lo
     """The draft with exactly the target's number of KV blocks, on the target's device and dtype."""
     source = resolve_model(spec_config.model, weights=False)
     spec = load_spec(source)
+    if spec.max_context and spec.max_context < target.max_model_len:
+        raise SpeculativeConfigError(
+            f"the draft model {spec_config.model} has a context of {spec.max_context} tokens, shorter than the "
+            f"target's --max-model-len {target.max_model_len}: use --max-model-len {spec.max_context} or less, or "
+            "a draft with a longer context")
     element = torch.tensor([], dtype=target.kv_caches[next(iter(target.kv_caches))].kv.dtype).element_size()
     geometry = stage_kv(spec, 1, range(spec.num_layers), element, config.block_size)
     blocks = target.kv_pool.num_blocks
