@@ -9,7 +9,8 @@ Methods: none, n-gram (k = 4, suffixes of 2-4 tokens), and with --draft also the
 draft (every proposal accepted: the overhead floor) and a random 2-layer draft of the same tokenizer
 (almost nothing accepted). Each configuration runs --repeat times, interleaved, and the median is shown.
 
-    .venv/bin/python benchmarks/spec_decode.py [--num-prompts 16] [--output-len 128] [--repeat 2] [--draft]
+    .venv/bin/python benchmarks/spec_decode.py [--num-prompts 16] [--output-len 128] [--repeat 2]
+        [--temperature 0] [--max-num-seqs 16] [--draft]
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def random_draft(folder: Path) -> Path:
     return folder
 
 
-def run(dataset: DatasetOptions, temperature: float, speculative: dict | None) -> OfflineResult:
-    return run_offline(OfflineOptions(dataset=dataset, temperature=temperature,
+def run(dataset: DatasetOptions, temperature: float, max_num_seqs: int, speculative: dict | None) -> OfflineResult:
+    return run_offline(OfflineOptions(dataset=dataset, temperature=temperature, max_num_seqs=max_num_seqs,
                                       parallel={"speculative_config": speculative}))
 
 
@@ -65,6 +66,8 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--max-num-seqs", type=int, default=16,
+                        help="sequences decoding together (1: each request alone, the latency case)")
     parser.add_argument("--draft", action="store_true", help="also the draft-model runs")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="llmctl-spec-"))
@@ -89,7 +92,7 @@ def main() -> None:
         results: dict[str, list[OfflineResult]] = {method: [] for method in methods}
         for _ in range(args.repeat):
             for method, speculative in methods.items():
-                results[method].append(run(dataset, args.temperature, speculative))
+                results[method].append(run(dataset, args.temperature, args.max_num_seqs, speculative))
         base = statistics.median(r.llmctl.output_tokens_per_s for r in results["none"])
         for method, runs in results.items():
             rates = [r.llmctl.output_tokens_per_s for r in runs]
