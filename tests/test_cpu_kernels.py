@@ -97,7 +97,7 @@ def test_rotary_in_place_on_strided_heads(rotary_dim):
     assert torch.equal(qkv[:, 768:], value_before)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 17, 300])  # below SMALL_BATCH the plain weight runs
+@pytest.mark.parametrize("rows", [1, 3, 4, 17, 300])  # below the measured crossover the plain weight runs
 def test_packed_linear_equals_the_plain_one(rows):
     plain = nn.Linear(96, 40)
     holder = nn.Sequential(plain)
@@ -106,6 +106,18 @@ def test_packed_linear_equals_the_plain_one(rows):
     assert isinstance(packed, cpu_gemm.PackedLinear) and packed.weight is plain.weight
     x = torch.randn(rows, 96)
     torch.testing.assert_close(packed(x), nn.functional.linear(x, plain.weight, plain.bias), atol=1e-5, rtol=1e-5)
+
+
+def test_the_packing_crossover_is_measured_and_decides_the_path(monkeypatch):
+    weight = torch.randn(3072, 576)
+    packed = cpu_gemm.pack_weight(weight)
+    assert 1 <= cpu_gemm.measure_small_batch(weight, packed) <= cpu_gemm.MAX_SMALL_BATCH
+    calls = []
+    monkeypatch.setattr(cpu_gemm.F, "linear", lambda *args: calls.append("plain") or torch.zeros(1))
+    monkeypatch.setattr(cpu_gemm, "_small_batch", 3)
+    cpu_gemm.linear(torch.randn(2, 576), weight, packed)
+    assert calls == ["plain"]
+    assert cpu_gemm.linear(torch.randn(3, 576), weight, packed).shape == (3, 3072) and calls == ["plain"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

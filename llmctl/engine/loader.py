@@ -18,7 +18,7 @@ from torch import nn
 from llmctl.units import GiB
 from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_backend
-from llmctl.engine.layers.cpu_gemm import pack_linears
+from llmctl.engine.layers.cpu_gemm import pack_linears, small_batch
 from llmctl.kernels.cpu import CPUKernelsUnavailable
 from llmctl.engine.profile import dummy_prefill, measure_activation_peak, run_dummy_step
 from llmctl.model.attention_backend import BackendChoice, choose_attention_backend, torch_fallback, triton_usable
@@ -331,7 +331,9 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
                 str(loaded.dtype).removeprefix("torch."), loaded.device)
     logger.info("attention backend %s: %s", loaded.backend.name, loaded.attention_reason)
     where = " on rank 0 (every rank is listed below)" if loaded.placement.rank.world_size > 1 else ""
-    packed = f" (+{loaded.packed_bytes / GiB:.2f} GiB packed for oneDNN's CPU GEMMs)" if loaded.packed_bytes else ""
+    rows = small_batch()
+    packed = (f" (+{loaded.packed_bytes / GiB:.2f} GiB packed for oneDNN's CPU GEMMs, used from {rows} "
+              f"row{'' if rows == 1 else 's'} on: measured on this CPU)") if loaded.packed_bytes else ""
     logger.info("weights take %.2f GiB%s%s", loaded.weights_bytes / GiB, packed, where)
     logger.info("KV cache%s: %.2f GiB = %d blocks of %d tokens; %s KV cache size: %s tokens", where,
                 pool.allocated_bytes / GiB, pool.num_blocks, pool.block_size,

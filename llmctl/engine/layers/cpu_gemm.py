@@ -5,14 +5,18 @@ for every call; at the batch sizes of decoding (a few to a few dozen rows) that 
 costs as much as the product. oneDNN's prepacked layout (`torch.ops.mkldnn`) skips it:
 measured with `benchmarks/cpu_gemm.py` on SmolLM2's shapes, 1.3-2.2x faster for gate/up and
 the LM head from 4 to 64 rows, 1.0-1.8x for the smaller ones, about even at prefill sizes
-(256-2048 rows). Below `SMALL_BATCH` rows (one or two sequences decoding) oneDNN's per-call setup
-costs more than it saves, so those steps keep the plain weight — which is why the packed
+(256-2048 rows). Whether it also wins for one to three rows depends on the CPU: on a Xeon
+(Sapphire Rapids) oneDNN's per-call setup cost more than it saved below 4 rows, on a Zen 4 EPYC
+packing wins 1.5-2.5x from a single row. So the crossover is measured once at load
+(`measure_small_batch`) and steps below it keep the plain weight — which is why the packed
 copy is added, not swapped in, and only when the host has the memory for it.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,7 +25,7 @@ from torch import nn
 
 logger = logging.getLogger("llmctl")
 
-SMALL_BATCH = 4  # rows below which the plain weight is faster
+MAX_SMALL_BATCH = 4  # from 4 rows on, packing won on every CPU measured
 PACKABLE = (torch.float32, torch.bfloat16)
 
 
@@ -35,10 +39,40 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
+_small_batch = MAX_SMALL_BATCH  # rows below which the plain weight runs; set by pack_linears
+
+
+def _fastest_seconds(call: Callable[[], object], calls: int = 7) -> float:
+    call()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times)  # the least disturbed call: two noisy cores make means useless
+
+
+def small_batch() -> int:
+    """Rows below which the plain weight runs (measured by the last pack_linears)."""
+    return _small_batch
+
+
+def measure_small_batch(weight: torch.Tensor, packed: torch.Tensor) -> int:
+    """The fewest rows from which the packed weight is faster than the plain one on this CPU
+    (1 to MAX_SMALL_BATCH), timed on one weight with a few calls (a few ms)."""
+    for rows in range(1, MAX_SMALL_BATCH):
+        x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
+        plain = _fastest_seconds(lambda: F.linear(x, weight))
+        ours = _fastest_seconds(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
+        if ours < plain:
+            return rows
+    return MAX_SMALL_BATCH
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """x Wᵀ + b, through the packed weight when there is one and the batch is large enough."""
-    if packed is None or x.dim() != 2 or x.shape[0] < SMALL_BATCH or x.dtype != weight.dtype:
+    if packed is None or x.dim() != 2 or x.shape[0] < _small_batch or x.dtype != weight.dtype:
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
@@ -68,6 +102,7 @@ def _available_memory() -> int | None:
 def pack_linears(model: nn.Module) -> int:
     """Give every plain linear of a CPU model (and the LM head) a packed copy; returns the bytes added.
     Skipped, with a log line, when the copies would take more than half the free memory."""
+    global _small_batch
     linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if type(child) is nn.Linear]
     heads = [m for m in model.modules() if hasattr(m, "packed_head")]
@@ -79,12 +114,18 @@ def pack_linears(model: nn.Module) -> int:
                     total / 2**30)
         return 0
     added = 0
+    largest: PackedLinear | None = None
     for parent, name, child in linears:
         packed = pack_weight(child.weight)
         if packed is not None:
-            setattr(parent, name, PackedLinear(child, packed))
+            packed_linear = PackedLinear(child, packed)
+            setattr(parent, name, packed_linear)
             added += child.weight.numel() * child.weight.element_size()
+            if largest is None or child.weight.numel() > largest.weight.numel():
+                largest = packed_linear
     for head in heads:
         head.packed_head = pack_weight(head.weight)
         added += head.weight.numel() * head.weight.element_size() if head.packed_head is not None else 0
+    if largest is not None:
+        _small_batch = measure_small_batch(largest.weight.detach(), largest.packed)
     return added
