@@ -53,6 +53,8 @@ def test_speculative_config_follows_vllms_keys_and_defaults():
         SpeculativeConfig("ngram", 2, 3, 3)
     assert parse_speculative_config({"model": "org/draft", "num_speculative_tokens": 5}) == \
         SpeculativeConfig("draft_model", 5, model="org/draft")
+    assert parse_speculative_config({**NGRAM, "disable_by_batch_size": 8}) == \
+        SpeculativeConfig("ngram", 4, 4, 2, disable_by_batch_size=8)
 
 
 @pytest.mark.parametrize("value, message", [
@@ -66,6 +68,7 @@ def test_speculative_config_follows_vllms_keys_and_defaults():
     ('{"method": "ngram", "num_speculative_tokens": 4, "lookahead": 2}', "unknown key(s) lookahead"),
     ('{"num_speculative_tokens": 4}', 'needs "method"'),
     ('[1, 2]', "JSON object"),
+    ('{"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 0}', "at least 1"),
 ])
 def test_bad_speculative_configs_name_the_problem(value, message):
     with pytest.raises(SpeculativeConfigError, match=None) as caught:
@@ -186,6 +189,18 @@ def test_a_batch_mixes_speculating_and_plain_requests(plain):
     assert [len(t) for t in _tokens(ours)] == [24, 24, 24, 8]  # max_tokens holds with several tokens per step
 
 
+def test_requests_that_opt_out_and_full_batches_do_not_propose(plain):
+    llm = LLM(None, max_model_len=256, speculative_config={**NGRAM, "disable_by_batch_size": 3})
+    opted_out = _greedy(disable_spec_decode=True)
+    assert _tokens(llm.generate([REPEATING], opted_out)) == _tokens(plain.generate([REPEATING], opted_out))
+    assert llm.engine.speculator.stats.num_drafts == 0  # alone, and repeating itself, but opted out
+    assert _tokens(llm.generate(PROMPTS, _greedy())) == _tokens(plain.generate(PROMPTS, _greedy()))
+    assert llm.engine.speculator.stats.num_drafts == 0  # four running: at or above disable_by_batch_size
+    mixed = [_greedy(), opted_out]
+    assert _tokens(llm.generate([REPEATING] * 2, mixed)) == _tokens(plain.generate([REPEATING] * 2, mixed))
+    assert llm.engine.speculator.stats.num_drafts > 0
+
+
 def test_stop_strings_and_eos_end_a_speculative_step_early(plain):
     llm = LLM(None, max_model_len=256, speculative_config=NGRAM)
     params = [SamplingParams(temperature=0, max_tokens=40, stop=["lazy"]),
@@ -294,6 +309,10 @@ def test_served_streams_with_speculation_equal_the_plain_engine_and_count_accept
             key = f"llmctl:spec_decode_{name}_total"
             assert after[key] > before.get(key, 0), key
         assert after["llmctl:generation_tokens_total"] - before["llmctl:generation_tokens_total"] == 32
+        opted_out = client.completions.create(model=MODEL, prompt=REPEATING, max_tokens=32, temperature=0,
+                                              extra_body={"ignore_eos": True, "disable_spec_decode": True})
+        assert opted_out.choices[0].text == expected.text
+        assert metrics(server)["llmctl:spec_decode_num_drafts_total"] == after["llmctl:spec_decode_num_drafts_total"]
 
         out = tmp_path / "bench.json"  # bench serve reads the acceptance from the counters
         result = run_cli("bench", "serve", "--base-url", server.url, "--num-prompts", "4", "--random-input-len",

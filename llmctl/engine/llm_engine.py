@@ -210,7 +210,7 @@ class LLMEngine:
         seqs = [item.seq for item in sched.scheduled if item.seq.status == SequenceStatus.RUNNING]
         for seq in seqs:
             self.block_manager.trim(seq)  # blocks of rejected proposals
-        self.speculator.propose(seqs, self.block_manager)
+        self.speculator.propose(seqs, len(self.scheduler.running), self.block_manager)
 
     def _fill_pipeline(self) -> None:
         lanes = self.executor.max_in_flight

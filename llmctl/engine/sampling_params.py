@@ -84,6 +84,7 @@ class SamplingParams:
     logprobs: int | None = None  # top-N alternatives per generated token (0: only the chosen one)
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    disable_spec_decode: bool = False  # this request never proposes, on an engine that speculates
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -156,6 +156,8 @@ SAMPLING_FIELDS: dict[str, FieldSpec] = {
     "min_tokens": FieldSpec("integer", "tokens to generate before EOS or stop tokens may end the output", 0),
     "prompt_logprobs": FieldSpec("integer", "log-probabilities of each prompt token, with this many alternatives"),
     "skip_special_tokens": FieldSpec("boolean", "leave special tokens out of the text", True),
+    "disable_spec_decode": FieldSpec("boolean", "decode this request one token per step on a server started "
+                                     "with --speculative-config", False),
 }
 
 # Fields read by their own parsers below; their schemas are published beside them.

@@ -9,7 +9,8 @@ from typing import Any
 from llmctl.errors import LlmctlError
 
 METHODS = ("ngram", "draft_model")
-KNOWN_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model"}
+KNOWN_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",
+              "disable_by_batch_size"}
 MAX_SPECULATIVE_TOKENS = 16  # the C++ CPU attention kernel takes chunks of up to 16 new tokens
 
 
@@ -24,12 +25,19 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 0  # n-gram: longest suffix matched
     prompt_lookup_min: int = 0  # n-gram: shortest suffix matched
     model: str | None = None  # draft model (same tokenizer as the target)
+    # No proposals while this many sequences or more are running: verifying k + 1 tokens per
+    # sequence costs about k + 1 times as much once the batch makes the GEMMs compute-bound.
+    disable_by_batch_size: int | None = None
 
     def describe(self) -> str:
         if self.method == "ngram":
-            return (f"n-gram prompt lookup, up to {self.num_speculative_tokens} tokens per step "
+            what = (f"n-gram prompt lookup, up to {self.num_speculative_tokens} tokens per step "
                     f"(suffixes of {self.prompt_lookup_min}–{self.prompt_lookup_max} tokens)")
-        return f"draft model {self.model}, {self.num_speculative_tokens} tokens per step"
+        else:
+            what = f"draft model {self.model}, {self.num_speculative_tokens} tokens per step"
+        if self.disable_by_batch_size is not None:
+            what += f", off while {self.disable_by_batch_size}+ sequences run"
+        return what
 
 
 def parse_speculative_config(value: str | dict[str, Any] | SpeculativeConfig | None) -> SpeculativeConfig | None:
@@ -72,10 +80,13 @@ def parse_speculative_config(value: str | dict[str, Any] | SpeculativeConfig | N
     if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
         raise SpeculativeConfigError(
             f"--speculative-config: num_speculative_tokens must be between 1 and {MAX_SPECULATIVE_TOKENS}, got {k}")
+    disable_by = _integer(value, "disable_by_batch_size", None)
+    if disable_by is not None and disable_by < 1:
+        raise SpeculativeConfigError(f"--speculative-config: disable_by_batch_size must be at least 1, got {disable_by}")
     if method == "draft_model":
         if not isinstance(model, str) or not model:
             raise SpeculativeConfigError('--speculative-config: method draft_model needs "model": a hub id or folder')
-        return SpeculativeConfig(method, k, model=model)
+        return SpeculativeConfig(method, k, model=model, disable_by_batch_size=disable_by)
     low, high = _integer(value, "prompt_lookup_min", None), _integer(value, "prompt_lookup_max", None)
     if low is None and high is None:
         low = high = 5
@@ -84,7 +95,8 @@ def parse_speculative_config(value: str | dict[str, Any] | SpeculativeConfig | N
     if not 1 <= low <= high:
         raise SpeculativeConfigError(f"--speculative-config: need 1 ≤ prompt_lookup_min ≤ prompt_lookup_max, got "
                                      f"{low} and {high}")
-    return SpeculativeConfig("ngram", k, prompt_lookup_max=high, prompt_lookup_min=low)
+    return SpeculativeConfig("ngram", k, prompt_lookup_max=high, prompt_lookup_min=low,
+                             disable_by_batch_size=disable_by)
 
 
 def _integer(value: dict[str, Any], key: str, default: int | None) -> int | None:

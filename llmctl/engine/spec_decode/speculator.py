@@ -44,8 +44,14 @@ class Speculator:
         if self.draft_model is not None:
             self.draft_model.observe(batch)
 
-    def propose(self, seqs: list[Sequence], block_manager: BlockManager) -> None:
-        """Set `seq.draft` for the decoding sequences that can speculate on their next step."""
+    def propose(self, seqs: list[Sequence], num_running: int, block_manager: BlockManager) -> None:
+        """Set `seq.draft` for the decoding sequences that can speculate on their next step
+        (none while `num_running` reaches disable_by_batch_size)."""
+        limit = self.config.disable_by_batch_size
+        if limit is not None and num_running >= limit:
+            for seq in seqs:
+                seq.draft = None
+            return
         ks = [self._budget(seq) for seq in seqs]
         if self.draft_model is not None:
             drafts = self.draft_model.propose(seqs, ks, block_manager)
@@ -58,10 +64,10 @@ class Speculator:
             seq.draft = draft if draft is not None and draft.token_ids else None
 
     def _budget(self, seq: Sequence) -> int:
-        """How many tokens a sequence may propose: none while settings that depend on each
-        emitted token apply (penalties, min_tokens); never past max_tokens or the context."""
+        """How many tokens a sequence may propose: none when its request opts out or while settings
+        that depend on each emitted token apply (penalties, min_tokens); never past max_tokens or the context."""
         params = seq.params
-        if seq.is_finished or seq.in_prefill or seq.num_tokens - seq.num_computed_tokens != 1:
+        if params.disable_spec_decode or seq.is_finished or seq.in_prefill or seq.num_tokens - seq.num_computed_tokens != 1:
             return 0
         if (params.repetition_penalty or 1.0) != 1.0 or params.presence_penalty or params.frequency_penalty:
             return 0
