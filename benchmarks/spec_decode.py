@@ -10,7 +10,7 @@ draft (every proposal accepted: the overhead floor) and a random 2-layer draft o
 (almost nothing accepted). Each configuration runs --repeat times, interleaved, and the median is shown.
 
     .venv/bin/python benchmarks/spec_decode.py [--num-prompts 16] [--output-len 128] [--repeat 2]
-        [--temperature 0] [--max-num-seqs 16] [--draft]
+        [--temperature 0] [--max-num-seqs 16] [--draft] [--disable-by-batch-size N]
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=16,
                         help="sequences decoding together (1: each request alone, the latency case)")
     parser.add_argument("--draft", action="store_true", help="also the draft-model runs")
+    parser.add_argument("--disable-by-batch-size", type=int, default=None, metavar="N",
+                        help="also n-gram with vLLM's disable_by_batch_size N")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="llmctl-spec-"))
     workloads = {
@@ -79,6 +81,9 @@ def main() -> None:
                                  random_output_len=args.output_len),
     }
     methods: dict[str, dict | None] = {"none": None, "ngram k=4": NGRAM}
+    if args.disable_by_batch_size:
+        methods[f"ngram, off at {args.disable_by_batch_size}"] = {**NGRAM, "disable_by_batch_size":
+                                                                 args.disable_by_batch_size}
     if args.draft:
         from llmctl.model.source import resolve_model
 
