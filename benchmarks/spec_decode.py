@@ -72,7 +72,11 @@ def main() -> None:
     parser.add_argument("--disable-by-batch-size", type=int, default=None, metavar="N",
                         help="also n-gram with vLLM's disable_by_batch_size N")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="llmctl-spec-"))
+    with tempfile.TemporaryDirectory(prefix="llmctl-spec-") as folder:
+        compare(args, Path(folder))
+
+
+def compare(args: argparse.Namespace, work: Path) -> None:
     workloads = {
         "lookup": DatasetOptions(name="custom", path=(lookup_prompts(work / "lookup.jsonl", args.num_prompts,
                                                                        args.output_len)),
