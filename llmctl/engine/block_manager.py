@@ -82,7 +82,7 @@ class BlockManager:
         self.stats.queries += len(seq.prompt_token_ids)
         if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return
-        parent = None
+        parent = seq.prefix_root
         for index in range(max_blocks):
             chunk = tuple(tokens[index * self.block_size:(index + 1) * self.block_size])
             digest = chain_hash(parent, chunk)
@@ -103,7 +103,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
-        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        parent = seq.block_hashes[-1] if seq.block_hashes else seq.prefix_root
         for index in range(len(seq.block_hashes), full):
             chunk = tuple(seq.token_at(p) for p in range(index * self.block_size, (index + 1) * self.block_size))
             digest = chain_hash(parent, chunk)

@@ -42,6 +42,9 @@ class EngineConfig:
     data_parallel_size: int = 1  # replicas behind one server (llmctl.engine.data_parallel)
     cpu_threads: int | None = None  # torch threads per rank; default: the cores shared evenly
     speculative_config: str | dict | None = None  # vLLM's JSON (llmctl.engine.spec_decode.config); None: off
+    enable_lora: bool = False  # per-request PEFT adapters (llmctl.engine.lora)
+    max_loras: int = 1  # adapters resident at once (and running at once), as vLLM's default
+    max_lora_rank: int = 16  # the slots' rank: larger adapters are refused at load
 
     def validate(self) -> None:
         def bad(flag: str, message: str) -> None:
@@ -75,5 +78,13 @@ class EngineConfig:
                     self.tensor_parallel_size * self.pipeline_parallel_size > 1:  # fails before any rank starts
                 bad("speculative_config", "runs with --tensor-parallel-size 1 and --pipeline-parallel-size 1 for "
                     "now; use --data-parallel-size to scale out")
+        if self.enable_lora:
+            if self.max_loras < 1:
+                bad("max_loras", f"must be at least 1 (got {self.max_loras})")
+            if self.max_lora_rank < 1:
+                bad("max_lora_rank", f"must be at least 1 (got {self.max_lora_rank}); 16 is the default")
+            if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+                bad("enable_lora", "runs with --tensor-parallel-size 1 and --pipeline-parallel-size 1 for now; use "
+                    "--data-parallel-size to scale out")
         if self.attention_backend not in ("auto", "cpu", "torch", "triton"):
             bad("attention_backend", f"{self.attention_backend!r} is not a backend; use auto, cpu, torch or triton")

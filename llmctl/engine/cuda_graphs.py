@@ -128,6 +128,8 @@ def decode_graphs(loaded: LoadedModel, config: EngineConfig, window: int | None,
         why_not = "the torch attention backend cannot be captured"
     elif loaded.placement.rank.world_size > 1:
         why_not = "tensor/pipeline parallelism (collectives are not captured yet)"
+    elif loaded.lora_slots:
+        why_not = "--enable-lora (a step's adapter slots are not captured yet)"
     if why_not:
         logger.info("CUDA graphs off: %s", why_not)
         return None

@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.llm_engine import LLMEngine
+from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 
@@ -28,19 +29,16 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Outputs in the order of the prompts."""
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """Outputs in the order of the prompts; `lora_request` (one, or one per prompt) needs enable_lora=True."""
         batch = [prompts] if isinstance(prompts, str) or _is_token_ids(prompts) else list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params or SamplingParams()] * len(batch)
-        else:
-            params_list = list(sampling_params)
-            if len(params_list) != len(batch):
-                raise ValueError(f"{len(params_list)} sampling params for {len(batch)} prompts")
+        params_list = _per_prompt(sampling_params or SamplingParams(), len(batch), "sampling params")
+        loras = _per_prompt(lora_request, len(batch), "lora requests")
         order = []
-        for prompt, params in zip(batch, params_list):
+        for prompt, params, lora in zip(batch, params_list, loras):
             request_id = str(next(self._ids))
-            self.engine.add_request(request_id, prompt, params)
+            self.engine.add_request(request_id, prompt, params, lora)
             order.append(request_id)
         finished: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished_requests:
@@ -48,6 +46,15 @@ class LLM:
                 if output.finished:
                     finished[output.request_id] = output
         return [finished[rid] for rid in order]
+
+
+def _per_prompt(value: Any, count: int, what: str) -> list[Any]:
+    """One value for every prompt, or a list with one per prompt."""
+    if value is None or not isinstance(value, (list, tuple)):
+        return [value] * count
+    if len(value) != count:
+        raise ValueError(f"{len(value)} {what} for {count} prompts")
+    return list(value)
 
 
 def _is_token_ids(value: Any) -> bool:

@@ -15,6 +15,9 @@ from llmctl.engine.block_manager import BlockManager, PrefixCacheStats
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.detokenizer import IncrementalDetokenizer
 from llmctl.engine.loader import LoadedModel
+from llmctl.engine.lora.adapter import LoRAAdapter
+from llmctl.engine.lora.manager import LoRAManager
+from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from llmctl.engine.parallel.executor import Executor, WorkerLostError, create_executor, sliding_window
 from llmctl.engine.runner import StepResult, build_batch
@@ -58,6 +61,7 @@ class Request:
     detokenizers: dict[int, IncrementalDetokenizer] = field(default_factory=dict)
     texts: dict[int, str] = field(default_factory=dict)  # seq_id -> text after stop handling
     stop_searched: dict[int, int] = field(default_factory=dict)  # seq_id -> text length already searched
+    lora: LoRAAdapter | None = None
 
     @property
     def finished(self) -> bool:
@@ -76,7 +80,10 @@ class LLMEngine:
         self.max_model_len = self.loaded.max_model_len
         self.block_manager = BlockManager(self.loaded.kv_pool.num_blocks, config.block_size,
                                           config.enable_prefix_caching, sliding_window(self.loaded))
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.loaded.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.loaded.max_num_batched_tokens,
+                                   max_loras=config.max_loras if config.enable_lora else 0)
+        self.lora = LoRAManager(self.loaded.spec, self.loaded.lora_slots, config.max_loras, config.max_lora_rank,
+                                self.loaded.dtype) if config.enable_lora else None
         self.in_flight: deque[tuple[int, SchedulerOutput, list[Sequence]]] = deque()  # (lane, ...) submitted
         self._next_lane = 0
         self.requests: dict[str, Request] = {}
@@ -115,18 +122,39 @@ class LLMEngine:
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab}); got {bad[:3]}", "prompt")
         return None, ids
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    lora_request: LoRARequest | None = None) -> None:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         text, ids = self.tokenize(prompt)
         params = (params or SamplingParams()).with_defaults(self.generation_defaults)
         self._check_lengths(ids, params)
-        request = Request(request_id, text, ids, params)
+        request = Request(request_id, text, ids, params, lora=self._adapter(lora_request))
         self.requests[request_id] = request
         first = self._new_sequence(request, index=0)
         first.lane = self._emptiest_lane()
         first.waiting_to_fork = params.n > 1
         self.scheduler.add(first)
+
+    def _adapter(self, lora_request: LoRARequest | None) -> LoRAAdapter | None:
+        return None if lora_request is None else self._lora_manager().adapter_for(lora_request)
+
+    def _lora_manager(self) -> LoRAManager:
+        if self.lora is None:
+            raise InvalidRequestError("this engine was started without LoRA: pass enable_lora=True (llmctl serve "
+                                      "--enable-lora) to run adapters", "lora_request")
+        return self.lora
+
+    # -- adapters (vLLM's add_lora / remove_lora / list_loras) ---------------------------
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        """Read, check and register an adapter before requests use it (the error says what does not fit)."""
+        self._lora_manager().add(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.lora is not None and self.lora.remove(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        return set(self.lora.registered) if self.lora is not None else set()
 
     def _emptiest_lane(self) -> int:
         if self.executor.max_in_flight == 1:
@@ -150,7 +178,7 @@ class LLMEngine:
 
     def _new_sequence(self, request: Request, index: int) -> Sequence:
         seq = Sequence(seq_id=next(self._seq_ids), request_id=request.request_id, index=index,
-                       prompt_token_ids=request.prompt_token_ids, params=request.params)
+                       prompt_token_ids=request.prompt_token_ids, params=request.params, lora=request.lora)
         if request.params.seed is not None:
             seq.generator = torch.Generator().manual_seed((request.params.seed + index) % 2**63)
         request.seqs.append(seq)
@@ -227,7 +255,8 @@ class LLMEngine:
             now = time.perf_counter()
             for item in sched.scheduled:
                 item.seq.timings.first_scheduled = item.seq.timings.first_scheduled or now
-            batch, sample_seqs = build_batch(sched, self.config.block_size)
+            lora_slots = self.lora.activate([item.seq for item in sched.scheduled]) if self.lora else None
+            batch, sample_seqs = build_batch(sched, self.config.block_size, lora_slots)
             try:
                 self.executor.submit(batch)
             except WorkerLostError:

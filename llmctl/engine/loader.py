@@ -19,6 +19,7 @@ from llmctl.units import GiB
 from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_backend
 from llmctl.engine.layers.cpu_gemm import pack_linears, small_batch
+from llmctl.engine.lora.slots import LoRASlots, LoRAStep, attach_lora_slots
 from llmctl.kernels.cpu import CPUKernelsUnavailable
 from llmctl.engine.profile import dummy_prefill, measure_activation_peak, run_dummy_step
 from llmctl.model.attention_backend import BackendChoice, choose_attention_backend, torch_fallback, triton_usable
@@ -61,6 +62,12 @@ class LoadedModel:
     attention_reason: str = ""  # why this backend (inspect says the same)
     activation_peak_bytes: int = 0  # measured on GPUs before sizing the KV pool (llmctl.engine.profile)
     packed_bytes: int = 0  # oneDNN-packed copies of the CPU linears' weights (llmctl.engine.layers.cpu_gemm)
+    lora_step: LoRAStep | None = None  # --enable-lora: which tokens use which slot, set every step
+    lora_slots: dict[tuple[int, str], LoRASlots] = field(default_factory=dict)  # (layer, module) -> slots
+
+    @property
+    def lora_bytes(self) -> int:
+        return sum(slots.nbytes for slots in self.lora_slots.values())
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -100,6 +107,9 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     model = _build(spec, hf_config, dtype, device, source, shard, config.allow_pickle_weights)
     weights_bytes = model_weight_bytes(model)
     packed_bytes = pack_linears(model) if device.type == "cpu" else 0
+    lora_step, lora_slots = attach_lora_slots(model, spec, config.max_loras, config.max_lora_rank, dtype, device) \
+        if config.enable_lora else (None, {})
+    lora_bytes = sum(slots.nbytes for slots in lora_slots.values())
     tokenizer = load_tokenizer(source, trust_remote_code=config.trust_remote_code)
     defaults = generation_defaults(source)
     max_model_len = _max_model_len(config, spec)
@@ -119,7 +129,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
         activation = measure_activation_peak(device, lambda: run_dummy_step(
             model, make_caches, backend, batch, blocks, config.block_size, device, spec.hidden_size,
             shard.is_first, shard.is_last))
-    available = _kv_memory(config, device, weights_bytes, activation, max_batched)
+    available = _kv_memory(config, device, weights_bytes + lora_bytes, activation, max_batched)
     pool = kv_pool(available, geometry)
     agreed = placement.agree_on_blocks(pool.num_blocks)
     if agreed != pool.num_blocks:  # the KV pool is the smallest that every rank holds
@@ -128,7 +138,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     caches = make_caches(pool.num_blocks)
     loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, geometry, pool, caches,
                          max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes, placement,
-                         choice.reason, activation, packed_bytes)
+                         choice.reason, activation, packed_bytes, lora_step, lora_slots)
     if rank.rank == 0:
         _log_startup(loaded, time.perf_counter() - started)
     return loaded
@@ -335,6 +345,11 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
     packed = (f" (+{loaded.packed_bytes / GiB:.2f} GiB packed for oneDNN's CPU GEMMs, used from {rows} "
               f"row{'' if rows == 1 else 's'} on: measured on this CPU)") if loaded.packed_bytes else ""
     logger.info("weights take %.2f GiB%s%s", loaded.weights_bytes / GiB, packed, where)
+    if loaded.lora_slots:
+        config_slots = next(iter(loaded.lora_slots.values()))
+        max_loras, max_rank = config_slots.a.shape[0], config_slots.a.shape[2]
+        logger.info("LoRA: %d adapter slot%s of rank ≤ %d take %.3f GiB (q/k/v/o and gate/up/down of every layer)",
+                    max_loras, "" if max_loras == 1 else "s", max_rank, loaded.lora_bytes / GiB)
     logger.info("KV cache%s: %.2f GiB = %d blocks of %d tokens; %s KV cache size: %s tokens", where,
                 pool.allocated_bytes / GiB, pool.num_blocks, pool.block_size,
                 "GPU" if loaded.device.type == "cuda" else "CPU", f"{pool.tokens:,}")

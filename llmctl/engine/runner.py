@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from llmctl.engine.layers.attention import AttentionBackend, AttentionMetadata, KVCache
+from llmctl.engine.lora.slots import NO_ADAPTER, LoRAStep
 from llmctl.engine.models.common import StepContext
 from llmctl.engine.scheduler import SchedulerOutput
 from llmctl.engine.sequence import Sequence
@@ -32,6 +33,7 @@ class StepBatch:
     sample_rows: list[int]  # last token of each sequence that samples (and each of its proposed tokens)
     prompt_rows: dict[int, list[int]] = field(default_factory=dict)  # seq_id -> rows scoring prompt tokens
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    lora_slots: list[int] = field(default_factory=list)  # [B] each sequence's adapter slot; empty: no adapters
 
     @property
     def num_tokens(self) -> int:
@@ -49,7 +51,8 @@ class StepResult(StepLogits):
     sample_seqs: list[Sequence] = field(default_factory=list)
 
 
-def build_batch(sched: SchedulerOutput, block_size: int) -> tuple[StepBatch, list[Sequence]]:
+def build_batch(sched: SchedulerOutput, block_size: int,
+                lora_slots: list[int] | None = None) -> tuple[StepBatch, list[Sequence]]:
     """The step's batch and the sequences its sample rows belong to (in row order)."""
     ids: list[int] = []
     positions: list[int] = []
@@ -75,7 +78,7 @@ def build_batch(sched: SchedulerOutput, block_size: int) -> tuple[StepBatch, lis
             last = min(start + item.num_new_tokens, len(seq.prompt_token_ids) - 1)
             prompt_rows[seq.seq_id] = [row0 + p - start for p in range(start, last)]
     batch = StepBatch(ids, positions, slots, starts, lens, tables, sample_rows, prompt_rows,
-                      list(sched.block_copies))
+                      list(sched.block_copies), lora_slots or [])
     return batch, sample_seqs
 
 
@@ -95,8 +98,10 @@ class ModelRunner:
     """Runs one process's model part: every layer (TP 1), or one pipeline stage's shard."""
 
     def __init__(self, model: nn.Module, kv_caches: dict[int, KVCache], backend: AttentionBackend,
-                 block_size: int, device: torch.device, sliding_window: int | None = None) -> None:
+                 block_size: int, device: torch.device, sliding_window: int | None = None,
+                 lora_step: LoRAStep | None = None) -> None:
         self.model = model
+        self.lora_step = lora_step
         self.sliding_window = sliding_window
         self.kv_caches = kv_caches
         self.backend = backend
@@ -123,6 +128,8 @@ class ModelRunner:
             query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens, block_tables=batch.block_tables,
             block_size=self.block_size, sliding_window=self.sliding_window)
         self.backend.prepare(meta, device)
+        if self.lora_step is not None:
+            self.lora_step.set(batch.lora_slots or [NO_ADAPTER] * len(batch.seq_lens), batch.query_start_loc, device)
         positions = to_device(batch.positions, torch.long, device)
         input_ids = to_device(batch.input_ids, torch.long, device)
         return self.model(input_ids, StepContext(positions, self.kv_caches, self.backend), hidden)

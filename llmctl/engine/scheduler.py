@@ -58,6 +58,7 @@ class Scheduler:
     max_num_seqs: int
     max_num_batched_tokens: int
     long_prefill_token_threshold: int = 0  # 0: a prefill may use the whole remaining budget
+    max_loras: int = 0  # --max-loras: distinct adapters running at once (0: LoRA is off)
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
     num_preemptions: int = 0
@@ -114,7 +115,7 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, lane: int) -> None:
         while budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = next((s for s in self.waiting if s.lane == lane), None)
+            seq = next((s for s in self.waiting if s.lane == lane and self._adapter_fits(s)), None)
             if seq is None:
                 break
             self.block_manager.match_prefix(seq)
@@ -136,6 +137,13 @@ class Scheduler:
             out.block_copies += self.block_manager.allocate(seq, num_new)
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
+
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        """A sequence whose adapter would exceed --max-loras running adapters waits (others go ahead)."""
+        if seq.lora is None:
+            return True
+        running = {s.lora for s in self.running if s.lora is not None}
+        return seq.lora in running or len(running) < self.max_loras
 
     def _tokens_that_fit(self, seq: Sequence) -> int:
         size = self.block_manager.block_size

@@ -5,9 +5,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.spec_decode.proposal import Draft
+
+if TYPE_CHECKING:
+    from llmctl.engine.lora.adapter import LoRAAdapter
 
 
 class SequenceStatus(enum.Enum):
@@ -57,6 +61,7 @@ class Sequence:
     num_preemptions: int = 0
     lane: int = 0  # pipeline parallel: which of the PP batches in flight this sequence rides in
     draft: Draft | None = None  # speculative decoding: tokens proposed for the next step
+    lora: LoRAAdapter | None = None  # the adapter this sequence runs with (None: the base model)
 
     @property
     def num_tokens(self) -> int:
@@ -69,6 +74,11 @@ class Sequence:
     def token_at(self, position: int) -> int:
         prompt = len(self.prompt_token_ids)
         return self.prompt_token_ids[position] if position < prompt else self.output_token_ids[position - prompt]
+
+    @property
+    def prefix_root(self) -> int | None:
+        """Where the chain of block hashes starts: K/V computed with an adapter is that adapter's own."""
+        return self.lora.cache_salt if self.lora is not None else None
 
     @property
     def is_finished(self) -> bool:

@@ -53,6 +53,7 @@ METADATA_PATTERNS = [
     "*.py",  # remote-code models' modules: fetched so --trust-remote-code can run them, never run otherwise
 ]
 WEIGHT_PATTERNS = ["*.safetensors"]
+ADAPTER_PATTERNS = ["adapter_config.json", "adapter_model.safetensors", "README.md"]  # PEFT's files
 
 
 class SourceKind(str, Enum):
@@ -120,8 +121,10 @@ def resolve_default_model(*, weights: bool = False, show_progress: bool = True) 
         )
 
 
-def resolve_hub_model(repo_id: str, revision: str | None, *, weights: bool = False) -> ModelSource:
-    """Fetch a hub repo's metadata files (and weights when asked) through huggingface_hub."""
+def resolve_hub_model(repo_id: str, revision: str | None, *, weights: bool = False,
+                      patterns: list[str] | None = None) -> ModelSource:
+    """Fetch a hub repo's metadata files (and weights when asked), or the files `patterns` names,
+    through huggingface_hub."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.utils import validate_repo_id
 
@@ -131,7 +134,7 @@ def resolve_hub_model(repo_id: str, revision: str | None, *, weights: bool = Fal
         raise ModelNotFoundError(
             f"'{repo_id}' is neither an existing path nor a valid hub id ({exc})"
         ) from None
-    patterns = METADATA_PATTERNS + (WEIGHT_PATTERNS if weights else [])
+    patterns = patterns or METADATA_PATTERNS + (WEIGHT_PATTERNS if weights else [])
     try:
         folder = snapshot_download(repo_id, revision=revision, allow_patterns=patterns)
     except Exception as exc:  # mapped to one-line errors that say what to do
@@ -145,6 +148,17 @@ def resolve_hub_model(repo_id: str, revision: str | None, *, weights: bool = Fal
         revision=revision,
         commit=folder_path.name if folder_path.parent.name == "snapshots" else None,
     )
+
+
+def resolve_adapter(adapter: str, revision: str | None = None) -> ModelSource:
+    """A LoRA adapter: a local folder, or a hub id fetched (or found in the cache) as models are."""
+    path = Path(adapter).expanduser()
+    if path.is_dir():
+        return ModelSource(kind=SourceKind.LOCAL, name=adapter, path=path.resolve())
+    if path.exists() or _looks_like_path(adapter):
+        raise ModelNotFoundError(f"the LoRA adapter '{adapter}' is not a folder: pass a folder holding "
+                                 "adapter_config.json and adapter_model.safetensors, or a hub id")
+    return resolve_hub_model(adapter, revision, patterns=ADAPTER_PATTERNS)
 
 
 def hub_is_offline() -> bool:

@@ -11,6 +11,7 @@ linears, so the single-process engine runs the same code.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,9 @@ from llmctl.engine.weights import CheckpointTensor
 from llmctl.model.spec import QuantizationSpec
 from llmctl.plan.weights import padded_vocab_per_rank
 from llmctl.quant.formats import packed_shard_range
+
+if TYPE_CHECKING:
+    from llmctl.engine.lora.slots import LoRASlots
 
 PACKED = ("qweight", "qzeros", "scales", "g_idx")
 
@@ -73,6 +77,7 @@ class ColumnParallelLinear(nn.Module):
         self.parts = parts
         self.out_features = sum(p.size for p in parts)
         self.inner = _local_linear(in_features, self.out_features, bias, quant)
+        self.lora: LoRASlots | None = None  # resident adapters' A/B (--enable-lora)
         self._pending: dict[int, dict[str, torch.Tensor]] = {}
 
     def expected(self) -> set[tuple[str, int]]:
@@ -110,7 +115,8 @@ class ColumnParallelLinear(nn.Module):
             self._pending = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x)
+        y = self.inner(x)
+        return y if self.lora is None else self.lora.add(x, y)
 
 
 class RowParallelLinear(nn.Module):
@@ -122,6 +128,7 @@ class RowParallelLinear(nn.Module):
         self.part, self.group = part, group
         self.inner = _local_linear(part.size, out_features, False, quant)
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.lora: LoRASlots | None = None  # added to this rank's partial sum: Σ (x_r A_rᵀ) B = (x Aᵀ) B
         self._pending: dict[str, torch.Tensor] = {}
 
     def expected(self) -> set[tuple[str, int]]:
@@ -152,7 +159,10 @@ class RowParallelLinear(nn.Module):
             self._pending = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.group.all_reduce(self.inner(x))
+        partial = self.inner(x)
+        if self.lora is not None:
+            partial = self.lora.add(x, partial)
+        y = self.group.all_reduce(partial)
         return y if self.bias is None else y + self.bias
 
 

@@ -104,6 +104,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = self.embed_tokens if tied_here else \
                 VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, group)
         self.qwen1 = spec.model_type == "qwen"
+        self.supports_lora = not self.qwen1  # PEFT names q/k/v/o and gate/up/down (Qwen 1 fuses c_attn)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, hidden: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids) if self.embed_tokens is not None else hidden

@@ -56,7 +56,7 @@ def sliding_window(loaded: LoadedModel) -> int | None:
 
 def make_runner(loaded: LoadedModel, block_size: int) -> ModelRunner:
     return ModelRunner(loaded.model, loaded.kv_caches, loaded.backend, block_size, loaded.device,
-                       sliding_window(loaded))
+                       sliding_window(loaded), loaded.lora_step)
 
 
 class LocalExecutor:

@@ -107,7 +107,7 @@ def _load_draft(spec_config: SpeculativeConfig, config: EngineConfig, target: Lo
     blocks = target.kv_pool.num_blocks
     draft_config = replace(config, model=spec_config.model, revision=None, tokenizer=None,
                            max_model_len=target.max_model_len, kv_cache_memory=blocks * geometry.block_bytes,
-                           enforce_eager=True, speculative_config=None, device=str(target.device),
+                           enforce_eager=True, speculative_config=None, enable_lora=False, device=str(target.device),
                            dtype=str(target.dtype).removeprefix("torch."))
     loaded = load_model(draft_config)
     _check_same_tokenizer(loaded, target, spec_config.model)

@@ -1,0 +1,1 @@
+"""Multi-LoRA serving: PEFT adapters chosen per request on one base model."""
