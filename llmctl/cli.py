@@ -188,6 +188,11 @@ EnforceEagerOpt = Annotated[bool, typer.Option(
 SpeculativeConfigOpt = Annotated[Optional[str], typer.Option(
     "--speculative-config", help='speculative decoding as vLLM\'s JSON, e.g. \'{"method": "ngram", '
     '"num_speculative_tokens": 4, "prompt_lookup_max": 4}\' or \'{"model": DRAFT, "num_speculative_tokens": 3}\'')]
+EnableLoRAOpt = Annotated[bool, typer.Option(
+    "--enable-lora", help="serve PEFT LoRA adapters on the base model, chosen per request by its 'model' field")]
+MaxLoRAsOpt = Annotated[int, typer.Option(
+    "--max-loras", help="adapters resident (and running) at once; more are swapped in from host memory")]
+MaxLoRARankOpt = Annotated[int, typer.Option("--max-lora-rank", help="the largest adapter rank accepted")]
 AttentionBackendOpt = Annotated[str, typer.Option(
     "--attention-backend", help="auto (triton on CUDA; on CPUs llmctl's C++ kernel, cpu), cpu, torch or triton")]
 
@@ -225,6 +230,15 @@ def serve(
     kv_cache_dtype: KVCacheDtypeOpt = "auto",
     enforce_eager: EnforceEagerOpt = False,
     speculative_config: SpeculativeConfigOpt = None,
+    enable_lora: EnableLoRAOpt = False,
+    lora_modules: Annotated[Optional[list[str]], typer.Option(
+        "--lora-modules", help="adapters served by name: name=path (a folder or hub id) or vLLM's JSON "
+                               "{\"name\": …, \"path\": …, \"base_model_name\": …}; several may follow one flag")] = None,
+    max_loras: MaxLoRAsOpt = 1,
+    max_lora_rank: MaxLoRARankOpt = 16,
+    allow_runtime_lora_updating: Annotated[bool, typer.Option(
+        "--allow-runtime-lora-updating", envvar="VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        help="enable /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING)")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
     allow_pickle_weights: Annotated[bool, typer.Option(
         "--allow-pickle-weights", help="load pytorch_model*.bin when a model has no safetensors "
@@ -259,8 +273,14 @@ def serve(
                           pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
                           cpu_threads=cpu_threads, attention_backend=attention_backend,
                           kv_cache_dtype=kv_cache_dtype, enforce_eager=enforce_eager,
-                          speculative_config=speculative_config)
+                          speculative_config=speculative_config, enable_lora=enable_lora, max_loras=max_loras,
+                          max_lora_rank=max_lora_rank)
     config.validate()
+    from llmctl.server.lora import parse_lora_modules
+
+    adapters = parse_lora_modules(lora_modules or [])
+    if (adapters or allow_runtime_lora_updating) and not enable_lora:
+        raise LlmctlError("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
     if run_torchrun_worker_if_not_driver(config):  # torchrun rank > 0: a worker, no HTTP server
         return
     if max_queue_len is not None and max_queue_len < 0:
@@ -270,7 +290,8 @@ def serve(
         chat_template=load_chat_template(chat_template), max_queue_len=max_queue_len,
         max_request_bytes=_parse_bytes(max_request_bytes, "--max-request-bytes"), metrics_auth=metrics_auth,
         allowed_origins=allowed_origins or [], log_requests=not disable_log_requests,
-        stats_interval=None if disable_log_stats else 10.0)
+        stats_interval=None if disable_log_stats else 10.0, lora_modules=adapters,
+        allow_runtime_lora_updating=allow_runtime_lora_updating)
     if metrics_auth and not api_key:
         raise LlmctlError("--metrics-auth protects /metrics with the API key: give --api-key too")
     raise typer.Exit(run_server(settings, host=host, port=port))
@@ -495,10 +516,23 @@ def bench_offline(
         render_offline(Console(), result)
 
 
+def spread_multi_values(args: list[str]) -> list[str]:
+    """vLLM's `--lora-modules a=PATH b=PATH` (argparse nargs='+') as click's repeated option."""
+    out, after_value = [], False  # after_value: the previous argument was a --lora-modules value
+    for index, arg in enumerate(args):
+        extra = after_value and not arg.startswith("-") and ("=" in arg or arg.startswith("{"))
+        if extra:
+            out.append("--lora-modules")
+        out.append(arg)
+        after_value = extra or (index > 0 and args[index - 1] == "--lora-modules")
+    return out
+
+
 def main() -> None:
     """Entry point: user errors print one line and exit 2; nothing prints a traceback."""
     try:
-        result = app(standalone_mode=False)  # returns the exit code of typer.Exit in this mode
+        # returns the exit code of typer.Exit in this mode
+        result = app(args=spread_multi_values(sys.argv[1:]), standalone_mode=False)
     except LlmctlError as exc:
         _fail(str(exc), exc.exit_code)
     except typer.Exit as exc:

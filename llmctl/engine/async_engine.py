@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator
 
 from llmctl.engine.llm_engine import LLMEngine, StepFailedError
+from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 
@@ -33,6 +34,7 @@ class _Add:
     params: SamplingParams
     stream: asyncio.Queue
     loop: asyncio.AbstractEventLoop
+    lora_request: LoRARequest | None = None
 
 
 @dataclass
@@ -60,14 +62,14 @@ class AsyncLLMEngine:
     def replicas(self) -> list["AsyncLLMEngine"]:
         return [self]
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         """Stream outputs of one request; leaving the loop early (or being cancelled) aborts it."""
         if self.dead_error is not None:
             raise EngineDeadError(f"the engine stopped: {self.dead_error}")
         request_id = request_id or f"req-{next(self._ids)}"
         stream: asyncio.Queue = asyncio.Queue()
-        self._commands.put(_Add(request_id, prompt, params, stream, asyncio.get_running_loop()))
+        self._commands.put(_Add(request_id, prompt, params, stream, asyncio.get_running_loop(), lora_request))
         self._wake.set()
         finished = False
         try:
@@ -125,7 +127,8 @@ class AsyncLLMEngine:
             if isinstance(command, _Add):
                 self._streams[command.request_id] = (command.stream, command.loop)
                 try:
-                    self.engine.add_request(command.request_id, command.prompt, command.params)
+                    self.engine.add_request(command.request_id, command.prompt, command.params,
+                                            command.lora_request)
                 except Exception as exc:  # invalid request: the caller gets the error
                     self._deliver(command.request_id, exc, done=True)
             else:

@@ -15,6 +15,7 @@ from typing import AsyncIterator
 from llmctl.engine.async_engine import AsyncLLMEngine
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.llm_engine import LLMEngine
+from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.threads import threads_per_rank
@@ -51,14 +52,14 @@ class DataParallelEngine:
         with self._lock:
             return min(range(len(self.replicas)), key=lambda i: self._outstanding[i])
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         work = (len(prompt) if isinstance(prompt, list) else 1) + (params.max_tokens or 0) * params.n
         index = self.pick()
         with self._lock:
             self._outstanding[index] += work
         try:
-            async for output in self.replicas[index].generate(prompt, params, request_id):
+            async for output in self.replicas[index].generate(prompt, params, request_id, lora_request):
                 yield output
         finally:
             with self._lock:

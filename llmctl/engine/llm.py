@@ -38,7 +38,12 @@ class LLM:
         order = []
         for prompt, params, lora in zip(batch, params_list, loras):
             request_id = str(next(self._ids))
-            self.engine.add_request(request_id, prompt, params, lora)
+            try:
+                self.engine.add_request(request_id, prompt, params, lora)
+            except Exception:  # nothing of a call that failed stays queued
+                for queued in order:
+                    self.engine.abort(queued)
+                raise
             order.append(request_id)
         finished: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished_requests:

@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from llmctl import __version__
@@ -27,7 +27,9 @@ from llmctl.engine.config import EngineConfig
 from llmctl.engine.llm_engine import LLMEngine, StepFailedError
 from llmctl.engine.outputs import RequestOutput
 from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.errors import LlmctlError
 from llmctl.server.admission import AdmittedStream, InFlight
+from llmctl.server.lora import AdapterLoadError, LoRAModulePath, ServedAdapters
 from llmctl.server.metrics import ServerMetrics
 from llmctl.server.openapi import openapi_schema
 from llmctl.server.operability import RequestLog, StatsLogger, request_id_of
@@ -65,6 +67,8 @@ class ServerSettings:
     allowed_origins: list[str] = field(default_factory=list)  # CORS: off unless origins are given
     log_requests: bool = True  # one access-log line per request
     stats_interval: float | None = 10.0  # seconds between engine stats lines; None: off
+    lora_modules: list[LoRAModulePath] = field(default_factory=list)  # adapters served from startup (--enable-lora)
+    allow_runtime_lora_updating: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
 
 
 @dataclass
@@ -73,6 +77,7 @@ class ServerState:
     engine: AsyncLLMEngine | None = None
     embedder: Any = None  # an EmbeddingModel when the served model is an encoder
     template: str | None = None  # the chat template, resolved once at startup
+    adapters: ServedAdapters | None = None  # LoRA adapters by name
     load_error: str | None = None
     in_flight: InFlight | None = None
     metrics: ServerMetrics | None = None
@@ -108,7 +113,7 @@ async def _exit_when_ranks_are_lost(state: ServerState, stop: Any) -> None:
 def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
                on_load_failure: Any = None) -> Starlette:
     """The app; the engine loads on a background thread (or is given), /health says when it is ready."""
-    state = ServerState(settings)
+    state = ServerState(settings, adapters=ServedAdapters(settings.served_model_names))
     state.in_flight = InFlight(settings.engine_config.max_num_seqs, settings.max_queue_len)
     state.metrics = ServerMetrics(lambda: [r.engine for r in state.engine.replicas] if state.engine else [],
                                   state.model_name)
@@ -119,6 +124,7 @@ def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
                 return
             state.engine = AsyncLLMEngine(engine) if engine is not None else \
                 create_async_engine(settings.engine_config)
+            load_static_adapters(state)
             state.template = chat_template(state)
             if state.template is None:
                 logger.warning("%s has no chat template: /v1/chat/completions will answer 400 until the server is "
@@ -172,6 +178,9 @@ def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
         Route("/v1/embeddings", api(embeddings), methods=["POST"]),
         Route("/tokenize", api(tokenize), methods=["POST"]),
         Route("/detokenize", api(detokenize), methods=["POST"]),
+        *([Route("/v1/load_lora_adapter", api(load_lora_adapter), methods=["POST"]),
+           Route("/v1/unload_lora_adapter", api(unload_lora_adapter), methods=["POST"])]
+          if settings.allow_runtime_lora_updating else []),
         Route("/openapi.json", plain(lambda: JSONResponse(openapi_schema())), methods=["GET"]),
         Route("/docs", plain(lambda: HTMLResponse(DOCS_PAGE)), methods=["GET"]),
     ]
@@ -185,6 +194,16 @@ def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
     })
     app.state.llmctl = state
     return app
+
+
+def load_static_adapters(state: ServerState) -> None:
+    """--lora-modules: each is read and checked now; one that does not fit stops the server."""
+    engines = [replica.engine for replica in state.engine.replicas]
+    for module in state.settings.lora_modules:
+        try:
+            state.adapters.load(engines, module.name, module.path, module.base_model_name)
+        except AdapterLoadError as exc:
+            raise LlmctlError(f"--lora-modules {module.name}={module.path}: {exc}") from None
 
 
 def load_embedder(state: ServerState) -> bool:
@@ -238,6 +257,10 @@ def as_api_error(exc: Exception, where: str) -> APIError:
         return exc
     if isinstance(exc, InvalidRequestError):
         return bad(str(exc), exc.param)
+    if isinstance(exc, AdapterLoadError):
+        return APIError(str(exc), exc.status)
+    if isinstance(exc, LlmctlError):  # e.g. an adapter that does not fit: what the user must change
+        return bad(str(exc))
     if isinstance(exc, (EngineDeadError, StepFailedError)):  # 500 as vLLM answers; the engine logged the traceback
         return APIError(str(exc), 500, error_type="internal_server_error")
     logger.error("internal error on %s", where, exc_info=exc)  # a bug of ours: the log has the traceback
@@ -286,12 +309,14 @@ def _too_large(limit: int) -> APIError:
 
 
 def check_model(state: ServerState, fields: Fields) -> str:
+    """The base model's name or an adapter's; anything else is 404, as for OpenAI's unknown models."""
     name = fields.str("model")
     if name is None:
         return state.model_name
-    if name not in state.settings.served_model_names:
-        raise APIError(f"the model '{name}' does not exist; this server serves "
-                       f"{', '.join(state.settings.served_model_names)}", 404, param="model", code="model_not_found")
+    if name not in state.settings.served_model_names and state.adapters.get(name) is None:
+        served = state.settings.served_model_names + list(state.adapters.by_name)
+        raise APIError(f"the model '{name}' does not exist; this server serves {', '.join(served)}", 404,
+                       param="model", code="model_not_found")
     return name
 
 
@@ -301,8 +326,28 @@ async def models(state: ServerState, request: Request) -> Response:
     else:
         root, max_len = str(state.engine.engine.loaded.source.path), state.engine.engine.max_model_len
     data = [{"id": name, "object": "model", "created": state.created, "owned_by": "llmctl", "root": root,
-             "max_model_len": max_len} for name in state.settings.served_model_names]
-    return JSONResponse({"object": "list", "data": data})
+             "parent": None, "max_model_len": max_len} for name in state.settings.served_model_names]
+    return JSONResponse({"object": "list", "data": data + state.adapters.cards(state.created)})
+
+
+async def load_lora_adapter(state: ServerState, request: Request) -> Response:
+    """vLLM's runtime load: {"lora_name", "lora_path"}; answers plain text, as vLLM does."""
+    fields = await read_json(request)
+    name, path = fields.str("lora_name"), fields.str("lora_path")
+    if not name or not path:
+        raise bad("Both 'lora_name' and 'lora_path' must be provided.")
+    engines = [replica.engine for replica in state.engine.replicas]
+    await asyncio.to_thread(state.adapters.load, engines, name, path)
+    return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+
+async def unload_lora_adapter(state: ServerState, request: Request) -> Response:
+    fields = await read_json(request)
+    name = fields.str("lora_name")
+    if not name:
+        raise bad("'lora_name' must be provided.")
+    state.adapters.unload([replica.engine for replica in state.engine.replicas], name)
+    return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
 
 async def completions(state: ServerState, request: Request) -> Response:
@@ -354,7 +399,10 @@ async def run(state: ServerState, request: Request, model: str, prompts: list[tu
     admission = state.in_flight.admit(len(prompts) * sampling.params.n)
     request_id = ("chatcmpl-" if chat else "cmpl-") + request_id_of(request.scope)
     number = next(state.engine_ids)
-    streams = [state.engine.generate(ids, sampling.params, f"{request_id}-{number}-{i}")
+    lora = state.adapters.get(model)
+    if lora is not None:
+        state.metrics.lora_requests.labels(state.model_name, model).inc()
+    streams = [state.engine.generate(ids, sampling.params, f"{request_id}-{number}-{i}", lora)
                for i, (_, ids) in enumerate(prompts)]
     if sampling.stream:
         return AdmittedStream(admission, stream_events(state, request_id, model, prompts, streams, sampling, chat))

@@ -55,6 +55,24 @@ class EngineCollector:
                      lambda e: e.stats["generation_tokens"])
         if all(e.speculator is not None for _, e in labelled):
             yield from _spec_decode_families(family, labelled, names)
+        if all(e.lora is not None for _, e in labelled):
+            yield _lora_info(labelled, names)
+
+
+def _lora_info(labelled: list[tuple[dict[str, str], Any]], names: list[str]) -> Any:
+    """vLLM's `vllm:lora_requests_info`: the adapters running and waiting, as label values."""
+    import time
+
+    info = GaugeMetricFamily("llmctl:lora_requests_info", "Running stats on LoRA requests.",
+                             labels=names + ["max_lora", "running_lora_adapters", "waiting_lora_adapters"])
+    for labels, engine in labelled:
+        def adapters(seqs: Any) -> str:
+            seqs = tuple(seqs)  # one copy in C: the engine thread may change the queue meanwhile
+            return ",".join(sorted({s.lora.name for s in seqs if s.lora is not None}))
+
+        info.add_metric(list(labels.values()) + [str(engine.config.max_loras), adapters(engine.scheduler.running),
+                                                 adapters(engine.scheduler.waiting)], time.time())
+    return info
 
 
 def _spec_decode_families(family: Any, labelled: list[tuple[dict[str, str], Any]], names: list[str]) -> Iterator[Any]:
@@ -88,6 +106,8 @@ class ServerMetrics:
                              buckets=LATENCY_BUCKETS, registry=self.registry)
         self.success = Counter("llmctl:request_success", "Finished requests by finish reason.",
                                labels + ["finished_reason"], registry=self.registry)
+        self.lora_requests = Counter("llmctl:lora_requests", "Requests received for each LoRA adapter.",
+                                     labels + ["lora_name"], registry=self.registry)
 
     def observe_finished(self, ttft: float | None, token_times: list[float], e2e: float | None,
                          reasons: list[str]) -> None:

@@ -1,0 +1,251 @@
+"""Multi-LoRA in the engine: PEFT adapters on random Llama/Qwen2 models and on SmolLM2, against
+transformers + peft; several adapters and the base model in one batch; swapping beyond --max-loras;
+prefix-cache isolation; every adapter that does not fit is a clear error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from llmctl import LLM, LoRARequest, SamplingParams
+from llmctl.engine.lora.adapter import AdapterError
+from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.errors import ModelNotFoundError
+from lora_helpers import PROMPTS, assert_matches, make_adapter, reference
+from test_engine_models import save_random_model
+
+MAX_TOKENS = 8
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_source):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(default_source.path))
+
+
+def tiny_config(kind: str, vocab: int, layers: int = 2, hidden: int = 64):
+    from transformers import LlamaConfig, Qwen2Config
+
+    cls = LlamaConfig if kind == "llama" else Qwen2Config  # Qwen2: QKV bias
+    return cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, tokenizer):
+    """Per family: the base model and two adapters (one partial, one on every projection with rsLoRA)."""
+    made = {}
+    for kind in ("llama", "qwen2"):
+        root = tmp_path_factory.mktemp(f"lora-{kind}")
+        base = save_random_model(tiny_config(kind, len(tokenizer)), root / "base", tokenizer)
+        made[kind] = {
+            "base": base,
+            "a1": make_adapter(base, root / "a1", rank=4, targets=["q_proj", "v_proj", "down_proj"], seed=1),
+            "a2": make_adapter(base, root / "a2", rank=8, targets=ALL, seed=2, use_rslora=True,
+                               alpha_pattern={"o_proj": 3.0}),
+        }
+    return made
+
+
+def lora(name: str, lora_id: int, path: Path) -> LoRARequest:
+    return LoRARequest(name, lora_id, str(path))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_adapters_and_the_base_model_in_one_batch_equal_transformers_with_peft(tiny, tokenizer, kind):
+    models = tiny[kind]
+    llm = LLM(str(models["base"]), enable_lora=True, max_loras=2, max_lora_rank=8, max_model_len=256,
+              max_num_batched_tokens=7)  # chunked prefill: chunks on top of the cache, next to decodes
+    requests = [None, lora("a1", 1, models["a1"]), lora("a2", 2, models["a2"])]
+    outputs = llm.generate(PROMPTS * 3, GREEDY, [r for r in requests for _ in PROMPTS])
+    for index, request in enumerate(requests):
+        adapter = None if request is None else Path(request.lora_path)
+        assert_matches(outputs[index * 3:index * 3 + 3], reference(models["base"], adapter, tokenizer, PROMPTS,
+                                                                   MAX_TOKENS))
+    assert llm.engine.lora.num_slot_loads == 2  # both stayed resident
+
+
+def test_more_adapters_than_slots_are_swapped_in_and_still_exact(tiny, tokenizer):
+    models = tiny["llama"]
+    llm = LLM(str(models["base"]), enable_lora=True, max_loras=1, max_lora_rank=8, max_model_len=256)
+    seen: list[int] = []
+    activate = llm.engine.lora.activate
+    llm.engine.lora.activate = lambda seqs: seen.append(len({s.lora for s in seqs if s.lora})) or activate(seqs)
+    requests = [lora("a1", 1, models["a1"]), None, lora("a2", 2, models["a2"]), lora("a1", 1, models["a1"])]
+    outputs = llm.generate([PROMPTS[0]] * 4, GREEDY, requests)
+    assert max(seen) == 1  # never two adapters in one step with one slot
+    assert llm.engine.lora.num_slot_loads == 2  # a1 (both of its requests ran together), then a2
+    outputs.append(llm.generate([PROMPTS[0]], GREEDY, requests[0])[0])  # a1 swapped back in
+    requests.append(requests[0])
+    assert llm.engine.lora.num_slot_loads == 3
+    expected = {name: reference(models["base"], models[name], tokenizer, PROMPTS[:1], MAX_TOKENS)[0]
+                for name in ("a1", "a2")}
+    expected[None] = reference(models["base"], None, tokenizer, PROMPTS[:1], MAX_TOKENS)[0]
+    for output, request in zip(outputs, requests):
+        assert_matches([output], [expected[request.lora_name if request else None]])
+
+
+def test_prefix_cache_is_never_shared_between_adapters_or_across_a_reload(tiny, tokenizer):
+    models = tiny["llama"]
+    llm = LLM(str(models["base"]), enable_lora=True, max_loras=2, max_lora_rank=8, max_model_len=256,
+              block_size=8)
+    prompt = "The quick brown fox jumps over the lazy dog, and then it runs far away into the forest"
+    a1, a2 = lora("a1", 1, models["a1"]), lora("a2", 2, models["a2"])
+
+    def run(request):
+        [out] = llm.generate([prompt], GREEDY, request)
+        return out
+
+    first = run(a1)
+    assert first.num_cached_tokens == 0
+    assert run(a2).num_cached_tokens == 0 and run(None).num_cached_tokens == 0
+    again = run(a1)
+    assert again.num_cached_tokens > 0 and again.outputs[0].token_ids == first.outputs[0].token_ids
+    # Unload a1 and load other weights under the same name: nothing of the old a1 may be reused.
+    llm.engine.remove_lora(1)
+    reloaded = run(lora("a1", 3, models["a2"]))
+    assert reloaded.num_cached_tokens == 0
+    assert_matches([reloaded], reference(models["base"], models["a2"], tokenizer, [prompt], MAX_TOKENS))
+
+
+def test_adapter_on_smollm2_equals_peft_next_to_base_requests(default_source, tokenizer, tmp_path):
+    adapter = make_adapter(default_source.path, tmp_path / "smol", rank=8, targets=ALL, seed=3, std=0.05)
+    llm = LLM(str(default_source.path), enable_lora=True, max_lora_rank=8, max_model_len=256)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
+    request = lora("smol", 1, adapter)
+    outputs = llm.generate(PROMPTS[:2] * 2, params, [request, request, None, None])
+    tuned = reference(default_source.path, adapter, tokenizer, PROMPTS[:2], 6)
+    assert [o.outputs[0].token_ids for o in outputs[:2]] != [t for t, _ in reference(
+        default_source.path, None, tokenizer, PROMPTS[:2], 6)]  # the adapter changes the output
+    assert_matches(outputs[:2], tuned)
+    assert_matches(outputs[2:], reference(default_source.path, None, tokenizer, PROMPTS[:2], 6))
+
+
+def test_adapter_on_a_gptq_base_equals_peft_on_its_dequantized_weights(tiny, tokenizer, tmp_path):
+    from safetensors.torch import load_file
+
+    from conftest import run_cli
+    from llmctl.quant.formats import unpack_gptq
+
+    models = tiny["llama"]
+    out = tmp_path / "gptq"
+    calib = tmp_path / "calib.txt"
+    calib.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    result = run_cli("quantize", str(models["base"]), "--gptq", "--group-size", "32", "--calib-file", str(calib),
+                     "--calib-samples", "2", "--calib-seq-len", "32", "--output", str(out), "--no-redistribute")
+    assert result.returncode == 0, result.stderr
+    tensors = load_file(str(out / "model.safetensors"))
+    state = {}  # every tensor as the quantized checkpoint stores it (the dense ones in its own dtype too)
+    for name, tensor in tensors.items():
+        if name.endswith(".qweight"):
+            base = name.removesuffix(".qweight")
+            parts = {k: tensors[f"{base}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")}
+            state[f"{base}.weight"] = unpack_gptq(parts, 4, 32).dequantize()
+        elif not name.endswith((".qzeros", ".scales", ".g_idx")):
+            state[name] = tensor.float()
+    llm = LLM(str(out), enable_lora=True, max_lora_rank=8, max_model_len=256)
+    outputs = llm.generate(PROMPTS, GREEDY, lora("a2", 1, models["a2"]))
+    assert_matches(outputs, reference(models["base"], models["a2"], tokenizer, PROMPTS, MAX_TOKENS, state))
+
+
+# -- adapters that do not fit -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_engine(tiny):
+    return LLM(str(tiny["llama"]["base"]), enable_lora=True, max_loras=2, max_lora_rank=8, max_model_len=256)
+
+
+def edited(src: Path, dst: Path, config_changes: dict | None = None, drop: str | None = None,
+           rename: tuple[str, str] | None = None) -> Path:
+    """A copy of an adapter with its config or tensors changed."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "adapter_config.json").read_text())
+    config.update(config_changes or {})
+    (dst / "adapter_config.json").write_text(json.dumps(config))
+    tensors = load_file(str(dst / "adapter_model.safetensors"))
+    if drop:
+        tensors = {k: v for k, v in tensors.items() if drop not in k}
+    if rename:
+        tensors = {k.replace(*rename): v for k, v in tensors.items()}
+    save_file(tensors, str(dst / "adapter_model.safetensors"))
+    return dst
+
+
+def test_adapters_that_do_not_fit_are_refused_with_the_reason(llama_engine, tiny, tokenizer, tmp_path):
+    models = tiny["llama"]
+    other = save_random_model(tiny_config("llama", len(tokenizer), hidden=32), tmp_path / "other",
+                              tokenizer)
+    deeper = save_random_model(tiny_config("llama", len(tokenizer), layers=3), tmp_path / "deeper", tokenizer)
+    wide = make_adapter(other, tmp_path / "wide", rank=4, targets=["q_proj"], seed=4)
+    cases = {
+        "no adapter_config.json": (tmp_path, r"is not a PEFT LoRA adapter: it has no adapter_config\.json"),
+        "shapes": (wide, r"does not fit this base model.*q_proj\.lora_A is \[4, 32\], the base model needs "
+                         r"\[r, 64\]"),
+        "layers": (make_adapter(deeper, tmp_path / "deep", rank=4, targets=["v_proj"], seed=5),
+                   r"adapts layer 2, but the base model has 2 layers"),
+        "rank": (make_adapter(models["base"], tmp_path / "r16", rank=16, targets=["q_proj"], seed=6),
+                 r"has rank 16, more than --max-lora-rank 8: start with --max-lora-rank 16"),
+        "dora": (edited(models["a1"], tmp_path / "dora", {"use_dora": True}), r"uses DoRA"),
+        "bias": (edited(models["a1"], tmp_path / "bias", {"bias": "all"}), r"trains biases"),
+        "unserved target": (edited(models["a1"], tmp_path / "fc", rename=("mlp.down_proj", "mlp.fc2")),
+                            r"adapts mlp\.fc2, which llmctl's LoRA does not serve \(it serves down_proj, "
+                            r"gate_proj, k_proj"),
+        "nothing": (edited(models["a1"], tmp_path / "empty", drop="lora_"),
+                    r"has no LoRA weights for any layer of this model"),
+        "half": (edited(models["a1"], tmp_path / "half", drop="q_proj.lora_B"), r"lora_A without lora_B"),
+        "not lora": (edited(models["a1"], tmp_path / "ia3", {"peft_type": "IA3"}), r"is a IA3 adapter"),
+    }
+    for lora_id, (case, (path, message)) in enumerate(cases.items(), start=10):
+        with pytest.raises(AdapterError, match=message):
+            llama_engine.generate(PROMPTS[:1], GREEDY, lora(case, lora_id, path))
+    with pytest.raises(ModelNotFoundError, match="is not a folder"):
+        llama_engine.generate(PROMPTS[:1], GREEDY, lora("missing", 99, tmp_path / "nowhere"))
+    assert not llama_engine.engine.has_unfinished_requests and llama_engine.engine.list_loras() == set()
+
+
+def test_lora_requests_need_enable_lora_and_valid_settings(tiny):
+    from llmctl.engine.config import EngineConfig, EngineConfigError
+
+    llm = LLM(str(tiny["llama"]["base"]), max_model_len=256)
+    with pytest.raises(InvalidRequestError, match="started without LoRA: pass enable_lora=True"):
+        llm.generate(PROMPTS[:1], GREEDY, lora("a1", 1, tiny["llama"]["a1"]))
+    with pytest.raises(EngineConfigError, match="--max-loras must be at least 1"):
+        EngineConfig(enable_lora=True, max_loras=0).validate()
+    with pytest.raises(EngineConfigError, match="--enable-lora runs with --tensor-parallel-size 1"):
+        EngineConfig(enable_lora=True, tensor_parallel_size=2).validate()
+
+
+def test_slots_take_what_plan_counts(llama_engine):
+    from llmctl.plan.lora import lora_slot_bytes
+
+    loaded = llama_engine.engine.loaded
+    assert loaded.lora_bytes == lora_slot_bytes(loaded.spec, 2, 8, 4) > 0
+
+
+def test_other_families_are_refused_at_startup(tmp_path, tokenizer):
+    from transformers import OPTConfig
+
+    from llmctl.errors import UnsupportedModelError
+
+    config = OPTConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, ffn_dim=64,
+                       num_attention_heads=2, max_position_embeddings=64, word_embed_proj_dim=32)
+    folder = save_random_model(config, tmp_path / "opt", tokenizer)
+    with pytest.raises(UnsupportedModelError, match="LoRA adapters are served on the Llama family"):
+        LLM(str(folder), enable_lora=True, max_model_len=64)
+
+
+def test_a_call_with_a_bad_adapter_leaves_no_request_behind(llama_engine, tiny):
+    with pytest.raises(AdapterError):
+        llama_engine.generate(PROMPTS[:2], GREEDY, [None, lora("bad", 50, tiny["llama"]["base"])])
+    assert not llama_engine.engine.has_unfinished_requests
+    [output] = llama_engine.generate(PROMPTS[:1], GREEDY)
+    assert len(output.outputs[0].token_ids) == MAX_TOKENS
