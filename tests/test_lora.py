@@ -249,3 +249,90 @@ def test_a_call_with_a_bad_adapter_leaves_no_request_behind(llama_engine, tiny):
     assert not llama_engine.engine.has_unfinished_requests
     [output] = llama_engine.generate(PROMPTS[:1], GREEDY)
     assert len(output.outputs[0].token_ids) == MAX_TOKENS
+
+
+# -- the server -------------------------------------------------------------------------------------
+
+
+def post(url: str, body: dict) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_served_adapters_run_concurrently_and_load_and_unload_at_runtime(tiny, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    from server_helpers import start_server
+
+    models = tiny["llama"]
+    offline = LLM(str(models["base"]), enable_lora=True, max_loras=2, max_lora_rank=8, max_model_len=256)
+    plain = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    expected = {name: [o.outputs[0].text for o in offline.generate(PROMPTS, plain, request)] for name, request in
+                {"base": None, "a1": lora("a1", 1, models["a1"]), "a2": lora("a2", 2, models["a2"])}.items()}
+    server = start_server(str(models["base"]), "--served-model-name", "base", "--enable-lora", "--lora-modules",
+                          f"a1={models['a1']}", f"a2={models['a2']}", "--max-loras", "2", "--max-lora-rank", "8",
+                          "--max-model-len", "256", "--allow-runtime-lora-updating")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+        cards = {m.id: m for m in client.models.list().data}
+        assert set(cards) == {"base", "a1", "a2"}
+        assert cards["a1"].parent == "base" and cards["a1"].root == str(models["a1"])
+
+        def complete(model: str, prompt: str, stream: bool) -> str:
+            args = dict(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                        extra_body={"ignore_eos": True})
+            if not stream:
+                response = client.completions.create(**args)
+                assert response.model == model
+                return response.choices[0].text
+            return "".join(c.choices[0].text for c in client.completions.create(**args, stream=True) if c.choices)
+
+        jobs = [(model, prompt, i % 2 == 0) for model in ("base", "a1", "a2") for i, prompt in enumerate(PROMPTS)]
+        with ThreadPoolExecutor(len(jobs)) as pool:  # every adapter and the base model in flight at once
+            texts = list(pool.map(lambda job: complete(*job), jobs))
+        assert texts == expected["base"] + expected["a1"] + expected["a2"]
+
+        with pytest.raises(openai.NotFoundError, match="the model 'a3' does not exist"):
+            complete("a3", PROMPTS[0], False)
+        assert post(server.url + "/v1/load_lora_adapter", {"lora_name": "a3", "lora_path": str(models["a2"])}) == \
+            (200, "Success: LoRA adapter 'a3' added successfully.")
+        assert complete("a3", PROMPTS[0], False) == expected["a2"][0]
+        status, body = post(server.url + "/v1/load_lora_adapter", {"lora_name": "a3", "lora_path": "x"})
+        assert status == 400 and "has already been loaded" in body
+        status, body = post(server.url + "/v1/load_lora_adapter", {"lora_name": "bad", "lora_path": str(tmp_path)})
+        assert status == 400 and "has no adapter_config.json" in body
+        status, body = post(server.url + "/v1/load_lora_adapter", {"lora_name": "gone", "lora_path": "./nowhere"})
+        assert status == 404 and "is not a folder" in body
+        assert post(server.url + "/v1/unload_lora_adapter", {"lora_name": "a3"})[0] == 200
+        with pytest.raises(openai.NotFoundError):
+            complete("a3", PROMPTS[0], False)
+        assert post(server.url + "/v1/unload_lora_adapter", {"lora_name": "a3"})[0] == 404
+        assert "a3" not in {m.id for m in client.models.list().data}
+
+        status, metrics = server.get("/metrics")
+        assert 'llmctl:lora_requests_total{lora_name="a1",model_name="base"} 3.0' in metrics
+        assert 'llmctl:lora_requests_total{lora_name="a3",model_name="base"} 1.0' in metrics
+        assert 'llmctl:lora_requests_info{max_lora="2"' in metrics
+    finally:
+        assert server.stop() == 0
+
+
+def test_serve_refuses_an_adapter_that_does_not_fit_before_serving(tiny, tmp_path):
+    from conftest import run_cli
+
+    result = run_cli("serve", str(tiny["llama"]["base"]), "--enable-lora", "--lora-modules", f"bad={tmp_path}",
+                     "--max-model-len", "256", "--port", "0")
+    assert result.returncode != 0
+    assert "--lora-modules bad=" in result.stderr and "has no adapter_config.json" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = run_cli("serve", "--lora-modules", f"a1={tiny['llama']['a1']}")
+    assert result.returncode == 2 and "need --enable-lora" in result.stderr
