@@ -56,12 +56,20 @@ def inspect(
                                                     help="allow running the model's own Python code")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Architecture, parameters, KV cache size, tokenizer, chat template, license and backend of a model."""
+    """Architecture, parameters, KV cache size, tokenizer, chat template, license and backend of a model
+    (of a PEFT LoRA adapter: its base model, rank, alpha, targets, parameters, and whether it fits)."""
     from llmctl.display import print_json, render_inspect
     from llmctl.model.report import build_inspect_report
     from llmctl.model.source import resolve_model
 
     source = resolve_model(model, revision, show_progress=not as_json)
+    if source.file("adapter_config.json") and not source.file("config.json"):  # a LoRA adapter, not a model
+        from llmctl.display import render_adapter
+        from llmctl.engine.lora.adapter import describe_adapter
+
+        adapter = describe_adapter(source.path)
+        print_json(adapter) if as_json else render_adapter(source.name, adapter)
+        return
     report = build_inspect_report(source, text=text, trust_remote_code=trust_remote_code)
     if as_json:
         print_json(report)
@@ -130,6 +138,9 @@ def plan(
     expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel",
                                                   help="MoE: whole experts per GPU instead of slices")] = False,
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="no CUDA graphs (saves their memory)")] = False,
+    max_loras: Annotated[int, typer.Option(
+        "--max-loras", help="count the memory of this many resident LoRA adapter slots (0: none)")] = 0,
+    max_lora_rank: Annotated[int, typer.Option("--max-lora-rank", help="the rank of those slots")] = 16,
     min_concurrency: Annotated[float, typer.Option(
         "--min-concurrency", help="full-length sequences a replica must hold to be recommended")] = 1.0,
     as_json: JsonOpt = False,
@@ -148,6 +159,7 @@ def plan(
         dtype=dtype, kv_cache_dtype=kv_cache_dtype, quantization=quantization, max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, tp=tp, pp=pp,
         expert_parallel=expert_parallel, enforce_eager=enforce_eager, min_concurrency=min_concurrency,
+        max_loras=max_loras, max_lora_rank=max_lora_rank,
     )
     result = build_plan(load_spec(source), request, model or DEFAULT_MODEL_ID)
     if as_json:

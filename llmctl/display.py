@@ -86,6 +86,23 @@ def render_inspect(report: InspectReport) -> None:
         console.print(f"[yellow]warning: {warning}[/yellow]")
 
 
+def render_adapter(name: str, report: Any) -> None:
+    """`llmctl inspect ADAPTER_DIR` (an llmctl.engine.lora.adapter.AdapterReport)."""
+    config = report.config
+    console.print(f"[bold]{name}[/bold]  (PEFT LoRA adapter: {report.path})")
+    table = _facts_table("Adapter")
+    table.add_row("base model", config.base_model or "not named")
+    table.add_row("rank", f"{report.rank}" + (" (rsLoRA: scale alpha/√r)" if config.use_rslora else ""))
+    table.add_row("alpha", f"{config.alpha:g}")
+    table.add_row("targets", ", ".join(report.targets) + f" in {report.layers} layers")
+    table.add_row("parameters", f"{human_count(report.num_params)} ({human_bytes(report.nbytes)})")
+    verdict = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "[yellow]unchecked[/yellow]"}[report.fits]
+    table.add_row("fits the base", f"{verdict}: {report.fit_note}")
+    table.add_row("serve with", f"llmctl serve {config.base_model or 'BASE'} --enable-lora --lora-modules "
+                                f"NAME={report.path} --max-lora-rank {report.rank}")
+    console.print(table)
+
+
 def _architecture_table(report: InspectReport) -> Table:
     spec = report.spec
     att = spec.attention

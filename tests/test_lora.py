@@ -336,3 +336,57 @@ def test_serve_refuses_an_adapter_that_does_not_fit_before_serving(tiny, tmp_pat
     assert "Traceback" not in result.stderr
     result = run_cli("serve", "--lora-modules", f"a1={tiny['llama']['a1']}")
     assert result.returncode == 2 and "need --enable-lora" in result.stderr
+
+
+# -- inspect and plan -------------------------------------------------------------------------------
+
+
+def test_inspect_describes_an_adapter_and_whether_it_fits(tiny, tokenizer, tmp_path):
+    from conftest import run_cli
+
+    models = tiny["llama"]
+    result = run_cli("inspect", str(models["a2"]), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["rank"] == 8 and report["config"]["alpha"] == 16 and report["config"]["use_rslora"]
+    assert report["targets"] == sorted(ALL) and report["layers"] == 2
+    # 2 layers × (q 8·(64+64) + k, v 8·(64+32) + o 8·(64+64) + gate, up 8·(64+128) + down 8·(128+64))
+    assert report["num_params"] == 2 * 8 * (128 + 96 + 96 + 128 + 192 + 192 + 192)
+    assert report["fits"] is True
+    other = save_random_model(tiny_config("llama", len(tokenizer), hidden=32), tmp_path / "other", tokenizer)
+    wide = make_adapter(other, tmp_path / "wide", rank=4, targets=["q_proj"], seed=4)
+    misplaced = edited(wide, tmp_path / "misplaced", {"base_model_name_or_path": str(models["base"])})
+    report = json.loads(run_cli("inspect", str(misplaced), "--json").stdout)
+    assert report["fits"] is False and "the base model needs [r, 64]" in report["fit_note"]
+    unknown = edited(wide, tmp_path / "unknown", {"base_model_name_or_path": "nobody/nothing-here"})
+    report = json.loads(run_cli("inspect", str(unknown), "--json").stdout)
+    assert report["fits"] is None and "cannot be read here" in report["fit_note"]
+    text = run_cli("inspect", str(models["a1"])).stdout
+    assert "fits the base" in text and "q_proj, v_proj" in text and "--max-lora-rank 4" in text
+
+
+def test_plan_counts_lora_slots_and_prints_commands_serve_accepts(default_source):
+    import typer
+
+    from llmctl.cli import app
+    from llmctl.model.report import load_spec
+    from llmctl.model.source import resolve_model
+    from llmctl.plan.gpus import lookup_gpu
+    from llmctl.plan.lora import lora_slot_bytes
+    from llmctl.plan.planner import PlanRequest, build_plan
+
+    spec = load_spec(default_source)
+    plain = build_plan(spec, PlanRequest(gpu=lookup_gpu("l4")), "smol")
+    with_lora = build_plan(spec, PlanRequest(gpu=lookup_gpu("l4"), max_loras=4, max_lora_rank=64), "smol")
+    slots = lora_slot_bytes(spec, 4, 64, 2)
+    assert with_lora.recommended.weights_bytes - plain.recommended.weights_bytes == slots
+    assert any("LoRA: 4 adapter slots of rank 64" in note for note in with_lora.notes)
+    [line] = [c for c in with_lora.commands if c.startswith("llmctl serve")]
+    command = typer.main.get_command(app).commands["serve"]
+    with command.make_context("serve", line.split()[2:]) as context:
+        assert context.params["enable_lora"] and context.params["max_loras"] == 4
+        assert context.params["max_lora_rank"] == 64
+    bloom = load_spec(resolve_model("bigscience/bloom", weights=False))
+    sharded = build_plan(bloom, PlanRequest(gpu=lookup_gpu("h100"), gpus=8, max_loras=2), "bigscience/bloom")
+    assert not [c for c in sharded.commands if c.startswith("llmctl serve")]
+    assert any("--enable-lora" in c for c in sharded.commands if c.startswith("vllm serve"))

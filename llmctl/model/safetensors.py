@@ -42,7 +42,7 @@ def read_weight_headers(source: ModelSource) -> WeightHeaders:
         shards = set(weight_map.values())
     local_files = [source.path / s for s in shards] if shards else [source.path / SINGLE_FILE]
     if all(f.is_file() for f in local_files):
-        tensors = _read_local_headers(local_files)
+        tensors = read_local_headers(local_files)
         return WeightHeaders("local headers", tensors, index_total, names, len(local_files))
     reason = "offline and the shards are not in the cache" if source.kind == SourceKind.HUB else "no safetensors files"
     if source.kind == SourceKind.HUB and source.repo_id and not hub_is_offline():
@@ -54,7 +54,7 @@ def read_weight_headers(source: ModelSource) -> WeightHeaders:
     return WeightHeaders(origin, {}, index_total, names, len(shards), reason=reason)
 
 
-def _read_local_headers(files: list[Path]) -> dict[str, tuple[str, tuple[int, ...]]]:
+def read_local_headers(files: list[Path]) -> dict[str, tuple[str, tuple[int, ...]]]:
     from huggingface_hub import parse_local_safetensors_file_metadata
 
     tensors: dict[str, tuple[str, tuple[int, ...]]] = {}

@@ -32,6 +32,7 @@ DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # Small files that describe a model; never weights.
 METADATA_PATTERNS = [
     "config.json",
+    "adapter_config.json",  # a PEFT adapter: `llmctl inspect` describes it
     "generation_config.json",
     "tokenizer_config.json",
     "tokenizer.json",
@@ -208,7 +209,7 @@ def _resolve_local_path(path: Path, show_progress: bool) -> ModelSource:
         raise ModelNotFoundError(
             f"{path} is a file, not a model: pass its directory, a .gguf file, or a hub id"
         )
-    if (path / "config.json").is_file():
+    if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
         return ModelSource(kind=SourceKind.LOCAL, name=str(path), path=path.resolve())
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:

@@ -20,6 +20,7 @@ from llmctl.plan.memory import (
     max_concurrency,
     runtime_overhead_bytes,
 )
+from llmctl.plan.lora import lora_slot_bytes, lora_targets
 from llmctl.plan.weights import WeightFormat, pipeline_stages, stage_weights, weight_format
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default
@@ -45,6 +46,8 @@ class PlanRequest:
     enforce_eager: bool = False
     block_size: int = BLOCK_SIZE
     min_concurrency: float = 1.0  # full-length sequences a replica must hold to be recommended
+    max_loras: int = 0  # --max-loras: resident LoRA adapter slots (0: no LoRA)
+    max_lora_rank: int = 16
 
     @property
     def gpus_per_node(self) -> int:
@@ -207,7 +210,9 @@ def evaluate_layout(spec: ModelSpec, req: PlanRequest, tp: int, pp: int, *, dtyp
     weights = stage_weights(spec, fmt, tp, pp, req.expert_parallel)
     stages = pipeline_stages(spec, pp)
     for index, layers in enumerate(stages):
-        layout.stages.append(_plan_stage(spec, req, index, layers, weights[index].total_bytes, tp, pp,
+        lora = lora_slot_bytes(spec, req.max_loras, req.max_lora_rank, dtype_bytes, tp, len(layers)) \
+            if req.max_loras else 0  # resident adapter slots sit beside the weights
+        layout.stages.append(_plan_stage(spec, req, index, layers, weights[index].total_bytes + lora, tp, pp,
                                          dtype_bytes, kv_bytes, max_model_len, measured))
     layout.problems = _memory_problems(layout, req, max_model_len)
     layout.feasible = not layout.problems
@@ -326,6 +331,10 @@ def _validate(spec: ModelSpec, req: PlanRequest) -> None:
                           f"({spec.max_context}, from {spec.context_source}); vLLM refuses it too")
     if req.max_model_len is not None and req.max_model_len < 1:
         raise LlmctlError("--max-model-len must be at least 1")
+    if req.max_loras < 0 or req.max_lora_rank < 1:
+        raise LlmctlError("--max-loras must be 0 or more and --max-lora-rank at least 1")
+    if req.max_loras:
+        lora_targets(spec)  # an error for layers LoRA slots are not counted for (MoE, MLA)
     if req.max_num_seqs < 1 or req.max_num_batched_tokens < 1:
         raise LlmctlError("--max-num-seqs and --max-num-batched-tokens must be at least 1")
     if req.kv_cache_dtype.lower() not in ("auto", *KV_CACHE_DTYPES):
@@ -348,6 +357,13 @@ def _notes(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, plan: Plan) -> 
                      "KV per GPU")
     elif spec.attention.num_kv_heads and any(l.tp > spec.attention.num_kv_heads for l in plan.layouts):
         notes.append(f"TP above {spec.attention.num_kv_heads} replicates KV heads: KV per GPU stops shrinking")
+    if req.max_loras and plan.recommended:
+        best = plan.recommended
+        per_gpu = lora_slot_bytes(spec, req.max_loras, req.max_lora_rank, WEIGHT_DTYPES[plan.dtype], best.tp,
+                                  max(s.layers for s in best.stages))
+        notes.append(f"LoRA: {req.max_loras} adapter slot{'s' if req.max_loras > 1 else ''} of rank "
+                     f"{req.max_lora_rank} (q/k/v/o, gate/up/down of every layer) take {_gib(per_gpu)} per GPU, "
+                     "counted with the weights")
     return notes
 
 
@@ -426,7 +442,11 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
         flags.append("--enable-expert-parallel")
     if req.enforce_eager:
         flags.append("--enforce-eager")
+    if req.max_loras:
+        flags.append(f"--enable-lora --max-loras {req.max_loras} --max-lora-rank {req.max_lora_rank}")
     unsupported = [f for f in flags if f.split()[0] in LLMCTL_SERVE_LACKS]
+    if req.max_loras and best.tp * best.pp > 1:
+        unsupported.append("--enable-lora with TP × PP > 1")
     if unsupported:
         plan.notes.append(f"llmctl serve cannot run this layout yet ({', '.join(unsupported)}): the vllm serve "
                           "command below can")

@@ -15,13 +15,14 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
-
-import torch
+from typing import TYPE_CHECKING, Iterable
 
 from llmctl.errors import LlmctlError
 from llmctl.model.spec import ModelSpec
 from llmctl.plan.lora import LoRATarget, lora_targets
+
+if TYPE_CHECKING:  # torch is imported where tensors are read: `llmctl inspect ADAPTER` never pays for it
+    import torch
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -184,8 +185,56 @@ def check_shapes(entries: list[_Entry], shapes: dict[str, tuple[int, ...]], path
     return ranks
 
 
+@dataclass(frozen=True)
+class AdapterReport:
+    """What `llmctl inspect ADAPTER_DIR` shows."""
+
+    path: Path
+    config: AdapterConfig
+    rank: int  # the largest of its modules
+    targets: tuple[str, ...]
+    layers: int  # decoder layers it adapts
+    num_params: int
+    nbytes: int
+    fits: bool | None  # None: the base model could not be read here
+    fit_note: str
+
+
+def describe_adapter(path: Path) -> AdapterReport:
+    """The adapter's facts from its config and safetensors header, and whether it fits its base model."""
+    from llmctl.model.report import load_spec
+    from llmctl.model.safetensors import read_local_headers
+    from llmctl.model.source import resolve_model
+
+    config = read_adapter_config(path)
+    file = path / WEIGHTS_FILE
+    if not file.is_file():
+        raise AdapterError(f"{path} has no {WEIGHTS_FILE}")
+    headers = read_local_headers([file])
+    shapes = {name: shape for name, (_, shape) in headers.items()}
+    lora_keys = [name for name in shapes if KEY.match(name)]
+    ranks = [shape[0] for name, shape in shapes.items() if KEY.match(name) and KEY.match(name)["ab"] == "A"]
+    layers = {int(m[1]) for m in (LAYER.search(KEY.match(n)["module"]) for n in lora_keys) if m}
+    targets = tuple(sorted({KEY.match(n)["module"].rsplit(".", 1)[-1] for n in lora_keys}))
+    num_params = sum(math.prod(shape) for shape in shapes.values())
+    nbytes = file.stat().st_size
+    fits, note = None, "no base_model_name_or_path in adapter_config.json: serve it to check"
+    if config.base_model:
+        try:
+            spec = load_spec(resolve_model(config.base_model, weights=False, show_progress=False))
+            check_shapes(place_tensors(shapes, spec, path, config.base_model), shapes, path, config.base_model)
+            fits, note = True, f"every tensor fits {config.base_model}"
+        except AdapterError as exc:
+            fits, note = False, str(exc)
+        except LlmctlError as exc:
+            note = f"{config.base_model} cannot be read here, so the fit is unchecked: {exc}"
+    return AdapterReport(path, config, max(ranks, default=config.rank), targets, len(layers), num_params, nbytes,
+                         fits, note)
+
+
 def load_adapter(path: Path, name: str, spec: ModelSpec, max_rank: int, dtype: torch.dtype) -> LoRAAdapter:
     """Read, check and place an adapter: any mismatch is an AdapterError naming it."""
+    import torch
     from safetensors import safe_open
 
     config = read_adapter_config(path)
