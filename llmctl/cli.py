@@ -494,6 +494,12 @@ def bench_offline(
     kv_cache_dtype: KVCacheDtypeOpt = "auto",
     enforce_eager: EnforceEagerOpt = False,
     speculative_config: SpeculativeConfigOpt = None,
+    enable_lora: EnableLoRAOpt = False,
+    lora_path: Annotated[Optional[str], typer.Option(
+        "--lora-path", help="with --enable-lora: an adapter (folder or hub id) each request runs as one of "
+                            "--max-loras adapters, as vLLM's benchmark_throughput")] = None,
+    max_loras: MaxLoRAsOpt = 1,
+    max_lora_rank: MaxLoRARankOpt = 16,
     max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = 256,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option("--max-num-batched-tokens")] = None,
     max_model_len: Annotated[Optional[int], typer.Option("--max-model-len")] = None,
@@ -521,7 +527,9 @@ def bench_offline(
         parallel={"tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
                   "data_parallel_size": data_parallel_size, "cpu_threads": cpu_threads,
                   "attention_backend": attention_backend, "kv_cache_dtype": kv_cache_dtype,
-                  "enforce_eager": enforce_eager, "speculative_config": speculative_config}))
+                  "enforce_eager": enforce_eager, "speculative_config": speculative_config,
+                  "enable_lora": enable_lora, "max_loras": max_loras, "max_lora_rank": max_lora_rank},
+        lora_path=lora_path))
     if as_json:
         print_json(offline_to_dict(result))
     else:

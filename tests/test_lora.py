@@ -154,6 +154,56 @@ def test_adapter_on_a_gptq_base_equals_peft_on_its_dequantized_weights(tiny, tok
     assert_matches(outputs, reference(models["base"], models["a2"], tokenizer, PROMPTS, MAX_TOKENS, state))
 
 
+def test_speculation_and_data_parallel_replicas_run_adapters_unchanged(tiny):
+    import asyncio
+
+    from llmctl.engine.config import EngineConfig
+    from llmctl.engine.data_parallel import DataParallelEngine
+
+    models = tiny["llama"]
+    repeat = "one two three four one two three four one two three"
+    a1 = lora("a1", 1, models["a1"])
+    plain = LLM(str(models["base"]), enable_lora=True, max_lora_rank=8, max_model_len=256)
+    expected = [o.outputs[0].token_ids for o in plain.generate([repeat, PROMPTS[0]], GREEDY, [a1, None])]
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    spec = LLM(str(models["base"]), enable_lora=True, max_lora_rank=8, max_model_len=256, speculative_config=ngram)
+    assert [o.outputs[0].token_ids for o in spec.generate([repeat, PROMPTS[0]], GREEDY, [a1, None])] == expected
+    assert spec.engine.speculator.stats.num_drafts > 0
+
+    replicas = DataParallelEngine(EngineConfig(model=str(models["base"]), enable_lora=True, max_lora_rank=8,
+                                               max_model_len=256, data_parallel_size=2))
+    try:
+        for engine in replicas.engines:
+            engine.add_lora(a1)
+
+        async def generate(index: int) -> list[int]:
+            async for output in replicas.generate(repeat, GREEDY, f"dp-{index}", a1):
+                final = output
+            return final.outputs[0].token_ids
+
+        async def both() -> list[list[int]]:
+            return await asyncio.gather(generate(0), generate(1))
+
+        assert asyncio.run(both()) == [expected[0], expected[0]]
+        assert all(engine.lora.num_slot_loads == 1 for engine in replicas.engines)  # each replica ran one
+    finally:
+        replicas.shutdown()
+
+
+def test_an_adapter_by_hub_id_comes_from_the_hub_cache_like_a_model(tiny, hf_cache):
+    from hubcache import add_repo
+
+    models = tiny["llama"]
+    add_repo(hf_cache, "tester/tiny-lora", {name: (models["a1"] / name).read_bytes()
+                                             for name in ("adapter_config.json", "adapter_model.safetensors")})
+    llm = LLM(str(models["base"]), enable_lora=True, max_lora_rank=8, max_model_len=256)
+    by_id = llm.generate(PROMPTS[:1], GREEDY, lora("hub", 1, "tester/tiny-lora"))
+    by_path = llm.generate(PROMPTS[:1], GREEDY, lora("local", 2, models["a1"]))
+    assert by_id[0].outputs[0].token_ids == by_path[0].outputs[0].token_ids
+    with pytest.raises(Exception, match="tester/absent-lora.*not in the local cache"):
+        llm.generate(PROMPTS[:1], GREEDY, lora("absent", 3, "tester/absent-lora"))
+
+
 # -- adapters that do not fit -----------------------------------------------------------------------
 
 
@@ -318,6 +368,9 @@ def test_served_adapters_run_concurrently_and_load_and_unload_at_runtime(tiny, t
         assert post(server.url + "/v1/unload_lora_adapter", {"lora_name": "a3"})[0] == 404
         assert "a3" not in {m.id for m in client.models.list().data}
 
+        paths = json.loads(server.get("/openapi.json")[1])["paths"]
+        assert paths["/v1/load_lora_adapter"]["post"]["requestBody"]["content"]["application/json"]["schema"][
+            "required"] == ["lora_name", "lora_path"]
         status, metrics = server.get("/metrics")
         assert 'llmctl:lora_requests_total{lora_name="a1",model_name="base"} 3.0' in metrics
         assert 'llmctl:lora_requests_total{lora_name="a3",model_name="base"} 1.0' in metrics

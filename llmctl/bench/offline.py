@@ -9,6 +9,7 @@ until its longest request; only the requested tokens count as output.
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -36,6 +37,7 @@ class OfflineOptions:
     hf_batch_size: int = 16
     percentiles: tuple[float, ...] = (90.0, 99.0)
     parallel: dict[str, Any] = field(default_factory=dict)  # engine options: tensor/pipeline/data_parallel_size, cpu_threads, attention_backend
+    lora_path: str | None = None  # with enable_lora: each request runs one of max_loras adapters loaded from here
 
 
 @dataclass
@@ -67,6 +69,7 @@ class OfflineResult:
     preemptions: int
     transformers: Throughput | None = None
     spec_decode: SpecDecodeStats | None = None  # with --speculative-config: acceptance, summed over replicas
+    lora_adapters: int = 0  # distinct adapters the requests were spread over
 
     @property
     def ratio(self) -> float | None:
@@ -76,7 +79,12 @@ class OfflineResult:
 
 
 def run_engines(engines: list[Any], on_progress: Callable[[int], None]) -> list[Any]:
-    """Step every engine until it is done, each on its own thread when there are several replicas."""
+    """Step every engine until it is done: the first on this thread, each other replica on its own.
+
+    The first runs here because the engines were built (and warmed up) on this thread: OpenMP
+    keeps this thread's worker team, and torch ops issued from another thread then compete with
+    it. Measured on this 2-core machine, a small GEMM took 22 µs here and 206 µs on a second
+    thread (index_add_ 8 vs 65 µs), which made LoRA's small GEMMs look 3× costlier than they are."""
     import threading
 
     finished: list[Any] = []
@@ -89,9 +97,11 @@ def run_engines(engines: list[Any], on_progress: Callable[[int], None]) -> list[
                 finished.extend(done)
                 on_progress(len(finished))
 
-    threads = [threading.Thread(target=drive, args=(e,), name=f"llmctl-replica{i}") for i, e in enumerate(engines)]
+    threads = [threading.Thread(target=drive, args=(e,), name=f"llmctl-replica{i}")
+               for i, e in enumerate(engines) if i > 0]
     for thread in threads:
         thread.start()
+    drive(engines[0])
     for thread in threads:
         thread.join()
     return finished
@@ -121,15 +131,20 @@ def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None]
     prompts = [tokenizer.encode(r.full_prompt) for r in requests]
     params = [SamplingParams(temperature=options.temperature, max_tokens=r.expected_output_len, ignore_eos=True,
                              seed=options.dataset.seed + i) for i, r in enumerate(requests)]
+    loras = lora_requests(options, len(prompts))
     llm.generate([prompts[0]], [SamplingParams(max_tokens=4)])  # warm-up: first-call costs are not throughput
     engine = llm.engine
+    for lora in dict.fromkeys(loras):  # read and checked before the clock starts, as a server's --lora-modules
+        if lora is not None:
+            for one in engines:
+                one.add_lora(lora)
     if engine.speculator is not None:
         engine.speculator.reset_stats()  # acceptance of the run only
     work = [0] * len(engines)  # data parallel: each request to the replica with the least work so far
     for index, (prompt, param) in enumerate(zip(prompts, params)):
         target = work.index(min(work))
         work[target] += len(prompt) + (param.max_tokens or 0)
-        engines[target].add_request(f"bench-{index}", prompt, param)
+        engines[target].add_request(f"bench-{index}", prompt, param, loras[index])
     started = time.perf_counter()
     finished = run_engines(engines, lambda done: on_progress(done, len(requests)) if on_progress else None)
     seconds = time.perf_counter() - started
@@ -141,12 +156,29 @@ def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None]
         model=engine.loaded.source.name,
         llmctl=Throughput(seconds, len(finished), sum(len(p) for p in prompts), output_tokens),
         ttft=Distribution.of(ttfts, options.percentiles), tpot=Distribution.of(tpots, options.percentiles),
-        preemptions=engine.scheduler.num_preemptions, spec_decode=_spec_decode(engines))
+        preemptions=engine.scheduler.num_preemptions, spec_decode=_spec_decode(engines),
+        lora_adapters=len({lora for lora in loras if lora is not None}))
     if options.compare == "transformers":
         path = engine.loaded.source.path
         del llm, engine
         result.transformers = run_transformers(str(path), prompts, requests, options)
     return result
+
+
+def lora_requests(options: OfflineOptions, count: int) -> list[Any]:
+    """As vLLM's benchmark_throughput: each request gets adapter id 1..max_loras at random (seeded),
+    all read from --lora-path; without LoRA, None for every request."""
+    from llmctl.engine.lora.request import LoRARequest
+
+    enabled = bool(options.parallel.get("enable_lora"))
+    if enabled != (options.lora_path is not None):
+        raise LlmctlError("--enable-lora and --lora-path go together: the requests run adapters read from "
+                          "--lora-path")
+    if not enabled:
+        return [None] * count
+    pick = random.Random(options.dataset.seed)
+    ids = [pick.randint(1, options.parallel.get("max_loras") or 1) for _ in range(count)]
+    return [LoRARequest(str(i), i, options.lora_path) for i in ids]
 
 
 def _spec_decode(engines: list[Any]) -> SpecDecodeStats | None:

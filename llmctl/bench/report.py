@@ -232,7 +232,8 @@ def offline_to_dict(result: OfflineResult) -> dict[str, Any]:
     return {"model_id": result.model, "llmctl": throughput(result.llmctl), "ttft_ms": asdict(result.ttft),
             "tpot_ms": asdict(result.tpot), "preemptions": result.preemptions,
             "transformers": throughput(result.transformers) if result.transformers else None,
-            "ratio_output_tokens_per_s": result.ratio, "spec_decode": spec_decode_to_dict(result.spec_decode)}
+            "ratio_output_tokens_per_s": result.ratio, "spec_decode": spec_decode_to_dict(result.spec_decode),
+            "lora_adapters": result.lora_adapters}
 
 
 def spec_decode_to_dict(stats: SpecDecodeStats | None) -> dict[str, Any] | None:
@@ -257,6 +258,8 @@ def render_offline(console: Console, result: OfflineResult) -> None:
         console.print(f"llmctl {name} (engine timings): mean {dist.mean:.1f} ms, median {dist.median:.1f} ms, "
                       f"{percentiles} {values} ms")
     console.print(f"preemptions: {result.preemptions}")
+    if result.lora_adapters:
+        console.print(f"LoRA: requests spread over {result.lora_adapters} adapters")
     for label, value in spec_decode_rows(result.spec_decode).items():
         console.print(f"speculative decoding, {label.lower()}: {value}")
     if result.ratio is not None:

@@ -4,10 +4,12 @@ The engine keeps the A/B weights of up to --max-loras adapters resident, stacked
 linear of every decoder layer, sized for --max-lora-rank whatever the adapters loaded so
 far use (vLLM allocates its LoRA buffers the same way, so any adapter fits any free slot):
 
-    A: [max_loras, slices × max_rank, in]     B: [max_loras, out, max_rank]
+    A: [max_loras, slices × max_rank, in]     B: [max_loras, slices × max_rank, out]
 
-where a fused linear (QKV, gate/up) has one slice per projection it fuses. `llmctl plan
---max-loras N --max-lora-rank R` and the engine's allocation both count from here.
+where a fused linear (QKV, gate/up) has one slice per projection it fuses, packed so that an
+adapter's delta over all of them is two GEMMs (B holds each slice's rows in its own output
+columns, zeros elsewhere). `llmctl plan --max-loras N --max-lora-rank R` and the engine's
+allocation both count from here.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ class LoRATarget:
     slice_outs: tuple[int, ...]  # output rows of each slice
 
     def slot_elements(self, max_rank: int) -> int:
-        """A and B of one slot: every slice's A rows over the input, B over all outputs."""
-        return (len(self.slices) * self.in_features + sum(self.slice_outs)) * max_rank
+        """A and B of one slot: every slice's rows, over the input (A) and over all outputs (B)."""
+        return len(self.slices) * max_rank * (self.in_features + sum(self.slice_outs))
 
 
 def lora_targets(spec: ModelSpec, tp: int = 1) -> list[LoRATarget]:

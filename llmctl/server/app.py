@@ -181,7 +181,7 @@ def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
         *([Route("/v1/load_lora_adapter", api(load_lora_adapter), methods=["POST"]),
            Route("/v1/unload_lora_adapter", api(unload_lora_adapter), methods=["POST"])]
           if settings.allow_runtime_lora_updating else []),
-        Route("/openapi.json", plain(lambda: JSONResponse(openapi_schema())), methods=["GET"]),
+        Route("/openapi.json", plain(lambda: JSONResponse(openapi_schema(settings.allow_runtime_lora_updating))), methods=["GET"]),
         Route("/docs", plain(lambda: HTMLResponse(DOCS_PAGE)), methods=["GET"]),
     ]
     middleware = [Middleware(RequestLog, enabled=settings.log_requests)]

@@ -42,8 +42,20 @@ def _get(summary: str) -> dict[str, Any]:
     return {"get": {"summary": summary, "responses": {"200": {"description": "OK"}}}}
 
 
-def openapi_schema() -> dict[str, Any]:
-    paths = {
+LOAD_LORA_FIELDS = {"lora_name": FieldSpec("string", "the name requests will give as 'model'"),
+                    "lora_path": FieldSpec("string", "a PEFT adapter folder or hub id")}
+UNLOAD_LORA_FIELDS = {"lora_name": FieldSpec("string", "the adapter to stop serving")}
+
+
+def openapi_schema(runtime_lora: bool = False) -> dict[str, Any]:
+    """Every route the server has; the LoRA routes only with --allow-runtime-lora-updating."""
+    lora = {
+        "/v1/load_lora_adapter": _post("Load a LoRA adapter under a name (vLLM)", LOAD_LORA_FIELDS,
+                                       ["lora_name", "lora_path"], "plain text: Success: …"),
+        "/v1/unload_lora_adapter": _post("Stop serving a LoRA adapter (vLLM)", UNLOAD_LORA_FIELDS, ["lora_name"],
+                                         "plain text: Success: …"),
+    } if runtime_lora else {}
+    paths = {**lora,
         "/v1/models": _get("List served models"),
         "/v1/completions": _post("Create a completion (OpenAI)", COMPLETION_FIELDS, REQUIRED_FIELDS["completions"],
                                  "a text_completion, or server-sent events when stream is true"),

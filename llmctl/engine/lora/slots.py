@@ -1,10 +1,9 @@
 """Resident LoRA weights on the model's device, and the batched delta each linear adds.
 
 Every adapted linear holds the slots of up to --max-loras adapters (llmctl.plan.lora counts
-them): A as [max_loras, slices, max_rank, in] and, per slice, B as [max_loras, max_rank, out]
-(transposed), so the first r rows of both are contiguous for an adapter of rank r. A step's
-tokens are grouped by slot (LoRAStep), and each group adds (x Aᵀ) B for its adapter: a pair
-of small GEMMs per slice and adapter in the step, on whatever device the model runs.
+them). A step's tokens are grouped by slot (LoRAStep), and each group adds (x Aᵀ) B for its
+adapter: two small GEMMs per linear and adapter in the step (plus a gather and a scatter when
+the step mixes adapters), on whatever device the model runs.
 """
 
 from __future__ import annotations
@@ -45,44 +44,52 @@ class LoRAStep:
 
 
 class LoRASlots:
-    """The slots of one fused linear (QKV, o, gate/up or down) of one decoder layer."""
+    """The slots of one fused linear (QKV, o, gate/up or down) of one decoder layer.
+
+    An adapter's slices sit packed in a slot: slice j's r_j rows of A follow slice j-1's, and B
+    holds the same rows with slice j's output columns filled (zeros elsewhere). So the first
+    n = Σ r_j rows of A [n, in] and B [n, out] are contiguous, and an adapter's delta over all
+    the slices it adapts is two GEMMs: (x Aᵀ) B."""
 
     def __init__(self, target: LoRATarget, max_loras: int, max_rank: int, dtype: torch.dtype,
                  device: torch.device, step: LoRAStep) -> None:
-        slices = len(target.slices)
+        rows = len(target.slices) * max_rank
         self.step = step
-        self.a = torch.zeros(max_loras, slices, max_rank, target.in_features, dtype=dtype, device=device)
-        self.b = [torch.zeros(max_loras, max_rank, out, dtype=dtype, device=device) for out in target.slice_outs]
-        self.columns = [(sum(target.slice_outs[:j]), sum(target.slice_outs[:j + 1])) for j in range(slices)]
-        self.ranks = [[0] * slices for _ in range(max_loras)]  # 0: the slot has no weights for that slice
+        self.a = torch.zeros(max_loras, rows, target.in_features, dtype=dtype, device=device)
+        self.b = torch.zeros(max_loras, rows, sum(target.slice_outs), dtype=dtype, device=device)
+        self.columns = [(sum(target.slice_outs[:j]), sum(target.slice_outs[:j + 1]))
+                        for j in range(len(target.slices))]
+        self.packed_rank = [0] * max_loras  # rows in use per slot (0: the adapter leaves this linear alone)
 
     @property
     def nbytes(self) -> int:
-        return self.a.nbytes + sum(b.nbytes for b in self.b)
+        return self.a.nbytes + self.b.nbytes
 
     def write(self, slot: int, weights: list[SliceWeights | None] | None) -> None:
-        """Copy an adapter's weights for this linear into a slot (zeros where it adapts nothing)."""
-        for j in range(len(self.b)):
-            w = weights[j] if weights is not None else None
-            rank = 0 if w is None else w.a.shape[0]
-            self.ranks[slot][j] = rank
-            if rank:
-                self.a[slot, j, :rank].copy_(w.a, non_blocking=True)
-                self.b[j][slot, :rank].copy_(w.b.t(), non_blocking=True)
+        """Copy an adapter's weights for this linear into a slot, packed; zeros for the rest."""
+        self.a[slot].zero_()
+        self.b[slot].zero_()
+        row = 0
+        for (start, stop), w in zip(self.columns, weights or [None] * len(self.columns)):
+            if w is None:
+                continue
+            rank = w.a.shape[0]
+            self.a[slot, row:row + rank].copy_(w.a, non_blocking=True)
+            self.b[slot, row:row + rank, start:stop].copy_(w.b.t(), non_blocking=True)
+            row += rank
+        self.packed_rank[slot] = row
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y + (x Aᵀ) B for every token group of the step, in place."""
         for slot, rows in self.step.groups:
-            xs = x if rows is None else x.index_select(0, rows)
-            for j, rank in enumerate(self.ranks[slot]):
-                if not rank:
-                    continue
-                delta = F.linear(xs, self.a[slot, j, :rank]) @ self.b[j][slot, :rank]
-                start, stop = self.columns[j]
-                if rows is None:
-                    y[:, start:stop] += delta
-                else:
-                    y[:, start:stop].index_add_(0, rows, delta)
+            n = self.packed_rank[slot]
+            if not n:
+                continue
+            a, b = self.a[slot, :n], self.b[slot, :n]
+            if rows is None:
+                y.addmm_(F.linear(x, a), b)
+            else:
+                y.index_add_(0, rows, F.linear(x.index_select(0, rows), a) @ b)
         return y
 
 
