@@ -443,3 +443,18 @@ def test_plan_counts_lora_slots_and_prints_commands_serve_accepts(default_source
     sharded = build_plan(bloom, PlanRequest(gpu=lookup_gpu("h100"), gpus=8, max_loras=2), "bigscience/bloom")
     assert not [c for c in sharded.commands if c.startswith("llmctl serve")]
     assert any("--enable-lora" in c for c in sharded.commands if c.startswith("vllm serve"))
+
+
+def test_bench_offline_spreads_requests_over_adapters(tiny):
+    from conftest import run_cli
+
+    models = tiny["llama"]
+    common = ["bench", "offline", str(models["base"]), "--num-prompts", "6", "--random-input-len", "8",
+              "--random-output-len", "4", "--max-model-len", "256", "--json"]
+    result = run_cli(*common, "--enable-lora", "--lora-path", str(models["a1"]), "--max-loras", "2",
+                     "--max-lora-rank", "8")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["lora_adapters"] == 2 and report["llmctl"]["output_tokens"] == 24
+    result = run_cli(*common, "--lora-path", str(models["a1"]))
+    assert result.returncode == 2 and "--enable-lora and --lora-path go together" in result.stderr
