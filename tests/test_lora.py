@@ -127,17 +127,19 @@ def test_adapter_on_smollm2_equals_peft_next_to_base_requests(default_source, to
     assert_matches(outputs[2:], reference(default_source.path, None, tokenizer, PROMPTS[:2], 6))
 
 
-def test_adapter_on_a_gptq_base_equals_peft_on_its_dequantized_weights(tiny, tokenizer, tmp_path):
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_adapter_on_a_4bit_base_equals_peft_on_its_dequantized_weights(tiny, tokenizer, tmp_path, method):
     from safetensors.torch import load_file
 
     from conftest import run_cli
-    from llmctl.quant.formats import unpack_gptq
+    from llmctl.quant.formats import unpack_awq, unpack_gptq
 
+    unpack = (lambda parts: unpack_gptq(parts, 4, 32)) if method == "gptq" else (lambda parts: unpack_awq(parts, 32))
     models = tiny["llama"]
-    out = tmp_path / "gptq"
+    out = tmp_path / method
     calib = tmp_path / "calib.txt"
     calib.write_text("The quick brown fox jumps over the lazy dog. " * 40)
-    result = run_cli("quantize", str(models["base"]), "--gptq", "--group-size", "32", "--calib-file", str(calib),
+    result = run_cli("quantize", str(models["base"]), f"--{method}", "--group-size", "32", "--calib-file", str(calib),
                      "--calib-samples", "2", "--calib-seq-len", "32", "--output", str(out), "--no-redistribute")
     assert result.returncode == 0, result.stderr
     tensors = load_file(str(out / "model.safetensors"))
@@ -145,8 +147,9 @@ def test_adapter_on_a_gptq_base_equals_peft_on_its_dequantized_weights(tiny, tok
     for name, tensor in tensors.items():
         if name.endswith(".qweight"):
             base = name.removesuffix(".qweight")
-            parts = {k: tensors[f"{base}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")}
-            state[f"{base}.weight"] = unpack_gptq(parts, 4, 32).dequantize()
+            parts = {k: tensors[f"{base}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")
+                     if f"{base}.{k}" in tensors}
+            state[f"{base}.weight"] = unpack(parts).dequantize()
         elif not name.endswith((".qzeros", ".scales", ".g_idx")):
             state[name] = tensor.float()
     llm = LLM(str(out), enable_lora=True, max_lora_rank=8, max_model_len=256)
