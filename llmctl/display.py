@@ -95,7 +95,7 @@ def render_adapter(name: str, report: Any) -> None:
     table.add_row("rank", f"{report.rank}" + (" (rsLoRA: scale alpha/√r)" if config.use_rslora else ""))
     table.add_row("alpha", f"{config.alpha:g}")
     table.add_row("targets", ", ".join(report.targets) + f" in {report.layers} layers")
-    table.add_row("parameters", f"{human_count(report.num_params)} ({human_bytes(report.nbytes)})")
+    table.add_row("parameters", f"{human_count(report.num_params)}, {human_bytes(report.nbytes)} on disk")
     verdict = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "[yellow]unchecked[/yellow]"}[report.fits]
     table.add_row("fits the base", f"{verdict}: {report.fit_note}")
     table.add_row("serve with", f"llmctl serve {config.base_model or 'BASE'} --enable-lora --lora-modules "

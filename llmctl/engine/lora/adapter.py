@@ -212,10 +212,10 @@ def describe_adapter(path: Path) -> AdapterReport:
         raise AdapterError(f"{path} has no {WEIGHTS_FILE}")
     headers = read_local_headers([file])
     shapes = {name: shape for name, (_, shape) in headers.items()}
-    lora_keys = [name for name in shapes if KEY.match(name)]
-    ranks = [shape[0] for name, shape in shapes.items() if KEY.match(name) and KEY.match(name)["ab"] == "A"]
-    layers = {int(m[1]) for m in (LAYER.search(KEY.match(n)["module"]) for n in lora_keys) if m}
-    targets = tuple(sorted({KEY.match(n)["module"].rsplit(".", 1)[-1] for n in lora_keys}))
+    matches = {name: match for name in shapes if (match := KEY.match(name))}
+    ranks = [shapes[name][0] for name, match in matches.items() if match["ab"] == "A"]
+    layers = {int(found[1]) for match in matches.values() if (found := LAYER.search(match["module"]))}
+    targets = tuple(sorted({match["module"].rsplit(".", 1)[-1] for match in matches.values()}))
     num_params = sum(math.prod(shape) for shape in shapes.values())
     nbytes = file.stat().st_size
     fits, note = None, "no base_model_name_or_path in adapter_config.json: serve it to check"
