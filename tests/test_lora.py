@@ -189,6 +189,13 @@ def test_speculation_and_data_parallel_replicas_run_adapters_unchanged(tiny):
 
         assert asyncio.run(both()) == [expected[0], expected[0]]
         assert all(engine.lora.num_slot_loads == 1 for engine in replicas.engines)  # each replica ran one
+
+        async def unregistered() -> None:  # behind a server only registered adapters run (no lazy reload)
+            async for _ in replicas.generate(repeat, GREEDY, "dp-x", lora("gone", 9, models["a2"])):
+                pass
+
+        with pytest.raises(InvalidRequestError, match="the LoRA adapter 'gone' is not loaded"):
+            asyncio.run(unregistered())
     finally:
         replicas.shutdown()
 

@@ -45,6 +45,7 @@ class _Abort:
 class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
+        engine.load_unknown_adapters = False  # a server serves the adapters it registered, no others
         self._commands: queue.Queue = queue.Queue()
         self._streams: dict[str, tuple[asyncio.Queue, asyncio.AbstractEventLoop]] = {}
         self._wake = threading.Event()

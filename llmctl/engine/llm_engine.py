@@ -84,6 +84,7 @@ class LLMEngine:
                                    max_loras=config.max_loras if config.enable_lora else 0)
         self.lora = LoRAManager(self.loaded.spec, self.loaded.lora_slots, config.max_loras, config.max_lora_rank,
                                 self.loaded.dtype) if config.enable_lora else None
+        self.load_unknown_adapters = True  # offline: a new LoRARequest is read on first use; a server registers them
         self.in_flight: deque[tuple[int, SchedulerOutput, list[Sequence]]] = deque()  # (lane, ...) submitted
         self._next_lane = 0
         self.requests: dict[str, Request] = {}
@@ -137,7 +138,9 @@ class LLMEngine:
         self.scheduler.add(first)
 
     def _adapter(self, lora_request: LoRARequest | None) -> LoRAAdapter | None:
-        return None if lora_request is None else self._lora_manager().adapter_for(lora_request)
+        if lora_request is None:
+            return None
+        return self._lora_manager().adapter_for(lora_request, load=self.load_unknown_adapters)
 
     def _lora_manager(self) -> LoRAManager:
         if self.lora is None:

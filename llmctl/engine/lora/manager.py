@@ -58,10 +58,15 @@ class LoRAManager:
         with self._lock:
             return self.registered.pop(lora_int_id, None) is not None
 
-    def adapter_for(self, request: LoRARequest) -> LoRAAdapter:
+    def adapter_for(self, request: LoRARequest, load: bool = True) -> LoRAAdapter:
+        """The registered adapter; an unknown one is read now (offline), or refused (load=False)."""
         with self._lock:
             adapter = self.registered.get(request.lora_int_id)
-        return adapter if adapter is not None else self.add(request)
+        if adapter is not None:
+            return adapter
+        if not load:  # the server registers adapters itself: this one was unloaded meanwhile
+            raise InvalidRequestError(f"the LoRA adapter '{request.lora_name}' is not loaded", "model")
+        return self.add(request)
 
     def activate(self, seqs: list[Sequence]) -> list[int]:
         """Make the step's adapters resident; the slot of each sequence (NO_ADAPTER for the base model)."""
