@@ -350,7 +350,9 @@ def render_quantize(summary: Any) -> None:
     table.add_row("bits / group", f"{summary.bits} / {summary.group_size}")
     table.add_row("size", f"{human_bytes(summary.size_before)} → {human_bytes(summary.size_after)}")
     table.add_row("time", f"{summary.seconds:.1f} s")
+    table.add_row("calibration", summary.calibration)
     table.add_row("output", str(summary.output))
     for name, value in summary.perplexity.items():
         table.add_row(f"perplexity ({name})", f"{value:.2f}")
     console.print(table)
+    console.print(f"serve it: llmctl serve {summary.output}")

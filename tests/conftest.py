@@ -47,8 +47,9 @@ def default_source():
     return resolve_model(None, show_progress=False)
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the real `llmctl` entry point in a subprocess."""
     full_env = {**os.environ, **(env or {}), "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "llmctl", *args], capture_output=True, text=True,
-                          env=full_env, timeout=300)
+                          env=full_env, timeout=timeout, cwd=cwd)

@@ -47,7 +47,7 @@ class FakeHub:
                 path = self.path.split("?")[0]
                 info = re.match(r"^/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?$", path)
                 tree = re.match(r"^/api/models/([^/]+/[^/]+)/tree/([^/]+)", path)
-                resolve = re.match(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
+                resolve = re.match(r"^/(?:datasets/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
                 route = info or tree or resolve
                 repo_id = route.group(1) if route else None
                 repo = hub.repos.get(repo_id) if repo_id else None

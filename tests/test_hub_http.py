@@ -74,16 +74,52 @@ def test_header_failures_say_what_happened_not_offline(hub) -> None:
     assert "offline" not in note
 
 
-def test_calibration_download_failure_is_reported_as_such(hub, tmp_path: Path, default_source) -> None:
+def tiny_llama(folder: Path, default_source) -> Path:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    _, env = hub
-    folder = tmp_path / "tiny"
     tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
     tokenizer.save_pretrained(folder)
     LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)).save_pretrained(
         folder)
+    return folder
+
+
+def test_the_default_calibration_set_downloads_from_the_hub_and_works(hub, tmp_path: Path, default_source) -> None:
+    import zstandard
+
+    fake, env = hub
+    wikitext = Path(__file__).parent / "fixtures" / "data" / "wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
+    lines = [json.dumps({"text": line}) for line in wikitext.read_text(encoding="utf-8").splitlines()[:400]
+             if len(line) > 200]
+    fake.repos["mit-han-lab/pile-val-backup"] = FakeRepo(files={
+        "val.jsonl.zst": zstandard.ZstdCompressor().compress("\n".join(lines).encode())})
+    folder = tiny_llama(tmp_path / "tiny", default_source)
+    result = run_cli("quantize", str(folder), "--gptq", "--no-redistribute", "--calib-samples", "2",
+                     "--calib-seq-len", "32", "-o", str(tmp_path / "out"), env=env)
+    assert result.returncode == 0, result.stderr
+    assert "calibration: 2 × 32 tokens from mit-han-lab/pile-val-backup (pileval, from the hub)" in result.stderr
+    assert ("GET", "/datasets/mit-han-lab/pile-val-backup/resolve/main/val.jsonl.zst", None) in fake.requests
+    assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_an_unreachable_hub_means_calibrating_on_the_models_own_samples(tmp_path: Path, default_source) -> None:
+    from server_helpers import free_port
+
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "HF_HUB_OFFLINE": "0",  # nothing listens there
+           "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_DISABLE_XET": "1"}
+    folder = tiny_llama(tmp_path / "tiny", default_source)
+    result = run_cli("quantize", str(folder), "--awq", "--no-redistribute", "--calib-samples", "2",
+                     "--calib-seq-len", "32", "-o", str(tmp_path / "out"), env=env)
+    assert result.returncode == 0, result.stderr
+    assert "the hub cannot be reached (127.0.0.1" in result.stderr
+    assert "calibration: 2 × 32 tokens from the model's own samples (data-free)" in result.stderr
+    assert "calibration" in result.stdout and "serve it: llmctl serve" in result.stdout
+
+
+def test_calibration_download_failure_is_reported_as_such(hub, tmp_path: Path, default_source) -> None:
+    _, env = hub
+    folder = tiny_llama(tmp_path / "tiny", default_source)
     result = run_cli("quantize", str(folder), "--awq", "--no-redistribute", "-o", str(tmp_path / "out"), env=env)
     assert result.returncode == 2
     assert "downloading the default calibration set mit-han-lab/pile-val-backup failed" in result.stderr

@@ -122,13 +122,38 @@ def test_license_refusal_names_the_clause(tmp_path, default_source):
     assert not (tmp_path / "out").exists()
 
 
-def test_offline_without_calibration_file_says_what_to_pass(tmp_path, default_source):
-    result = run_cli("quantize", "--gptq", "--group-size", "64", "--output", str(tmp_path / "y"))
-    assert result.returncode == 2 and "--calib-file" in result.stderr
+def test_an_existing_output_is_replaced_only_with_force_and_only_if_it_is_a_model(tmp_path, default_source):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path / "tiny"
+    tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
+    tokenizer.save_pretrained(folder)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                 num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)).save_pretrained(
+        folder)
+    out = tmp_path / "out"
+    common = ["quantize", str(folder), "--gptq", "--no-redistribute", "--calib-file", str(WIKITEXT),
+              "--calib-samples", "2", "--calib-seq-len", "32", "--output", str(out)]
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "stale.bin").write_text("from an earlier run")
+    result = run_cli(*common)
+    assert result.returncode == 2 and "exists and is not empty: pass --force" in result.stderr
+    not_a_model = tmp_path / "notes"
+    not_a_model.mkdir()
+    (not_a_model / "mine.txt").write_text("keep me")
+    result = run_cli(*common[:-1], str(not_a_model), "--force")
+    assert result.returncode == 2 and "is not a model folder" in result.stderr
+    assert (not_a_model / "mine.txt").exists()
+    result = run_cli(*common, "--force")
+    assert result.returncode == 0, result.stderr
+    assert not (out / "stale.bin").exists() and (out / "model.safetensors").exists()
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["group_size"] == 64
 
 
 def test_group_size_128_on_smollm2_names_sizes_that_work(tmp_path, default_source):
-    result = run_cli("quantize", "--awq", "--calib-file", str(WIKITEXT), "--output", str(tmp_path / "z"))
+    result = run_cli("quantize", "--awq", "--group-size", "128", "--calib-file", str(WIKITEXT), "--output",
+                     str(tmp_path / "z"))
     assert result.returncode == 2
     assert "group size 128 does not divide the hidden size 576" in result.stderr
     assert "use --group-size 32 or 64" in result.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,21 +16,22 @@ from llmctl.model.source import ModelSource, hub_is_offline, read_json, resolve_
 from llmctl.model.tokenizer import load_tokenizer
 from llmctl.progress import progress_bar
 from llmctl.quant.calibration import calibration_samples, read_texts, token_stream
-from llmctl.quant.pipeline import quantize_model
+from llmctl.quant.pipeline import check_supported, quantize_model, working_group_sizes
 from llmctl.quant.rtn import QuantConfig
 from llmctl.quant.writer import write_quantized_model
 
 PILEVAL = ("mit-han-lab/pile-val-backup", "val.jsonl.zst")  # AutoAWQ's default calibration set
+logger = logging.getLogger("llmctl.quant")
 
 
 @dataclass
 class QuantizeOptions:
     model: str | None
     method: str  # gptq | awq
-    output: Path
+    output: Path | None = None  # None: ./<model name>-<METHOD>-<bits>bit
     revision: str | None = None
     bits: int = 4
-    group_size: int = 128
+    group_size: int | None = None  # None: 128, or the largest of 64/32 that divides the model's sizes
     act_order: bool = True
     calib_file: Path | None = None
     calib_samples: int = 128
@@ -38,6 +41,7 @@ class QuantizeOptions:
     redistribute: bool = True
     seed: int = 0
     show_progress: bool = True
+    force: bool = False  # replace an existing model folder at the output
 
 
 @dataclass
@@ -51,6 +55,7 @@ class QuantizeSummary:
     size_after: int
     seconds: float
     output: Path
+    calibration: str = ""  # where the calibration tokens came from
     perplexity: dict[str, float] = field(default_factory=dict)  # original / rtn / gptq|awq
     written: list[str] = field(default_factory=list)
 
@@ -58,20 +63,20 @@ class QuantizeSummary:
 def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
     _check_options(options)
     source = resolve_model(options.model, options.revision, weights=True, show_progress=options.show_progress)
+    output = options.output or default_output(source, options.method, options.bits)
+    _check_output(output, options.force)
     report = detect_license(source)
     if options.redistribute:
         failures = check_requirements(report, ["derivatives"])
         if failures:
             raise LlmctlError(f"refusing to make a redistributable quantized copy — {failures[0]}. Pass "
                               "--no-redistribute to quantize for local use only")
+    config = QuantConfig(bits=options.bits, group_size=_group_size(options, source),
+                         symmetric=options.method == "gptq", act_order=options.act_order)
     tokenizer = load_tokenizer(source)
-    calib_file = options.calib_file or _download_pileval()
-    holdout = options.eval_tokens if options.eval_file and calib_file and \
-        Path(options.eval_file).resolve() == Path(calib_file).resolve() else 0
-    calibration = calibration_samples(tokenizer, calib_file, options.calib_samples, options.calib_seq_len,
-                                      options.seed, skip_tail=holdout)
-    config = QuantConfig(bits=options.bits, group_size=options.group_size, symmetric=options.method == "gptq",
-                         act_order=options.act_order)
+    calibration, calibration_source = _calibration(options, source, tokenizer)
+    logger.info("calibration: %d × %d tokens from %s", calibration.shape[0], calibration.shape[1],
+                calibration_source)
     started = time.perf_counter()
     layers = int(read_json(source.path / "config.json").get("num_hidden_layers", 0))
     with progress_bar(f"{options.method.upper()} {options.bits}-bit, layer by layer", layers,
@@ -79,10 +84,13 @@ def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
         result = quantize_model(source.path, options.method, config, calibration, lambda done, total: advance())
     seconds = time.perf_counter() - started
     base_model = source.repo_id or options.model or source.name
-    written = write_quantized_model(options.output, source, result.tensors, options.method, config, report, base_model)
+    if options.force and output.exists():
+        shutil.rmtree(output)  # only a model folder gets here (_check_output)
+    written = write_quantized_model(output, source, result.tensors, options.method, config, report, base_model)
     summary = QuantizeSummary(
-        model=source.name, method=options.method, bits=options.bits, group_size=options.group_size,
-        layers=len(result.layers), size_before=_weights_bytes(source), seconds=seconds, output=options.output,
+        model=source.name, method=options.method, bits=options.bits, group_size=config.group_size,
+        layers=len(result.layers), size_before=_weights_bytes(source), seconds=seconds, output=output,
+        calibration=calibration_source,
         size_after=sum(t.numel() * t.element_size() for t in result.tensors.values()),
         written=[str(p) for p in written],
     )
@@ -96,23 +104,84 @@ def _check_options(options: QuantizeOptions) -> None:
         raise LlmctlError("choose --gptq or --awq")
     if options.bits not in (4, 8) or (options.method == "awq" and options.bits != 4):
         raise LlmctlError("--bits must be 4 (GPTQ also takes 8; AWQ's GEMM format is 4-bit only)")
-    if options.group_size != -1 and options.group_size < 16:
+    if options.group_size is not None and options.group_size != -1 and options.group_size < 16:
         raise LlmctlError("--group-size must be -1 (per channel) or at least 16, e.g. 128 or 64")
     if options.calib_samples < 1 or options.calib_seq_len < 16:
         raise LlmctlError("--calib-samples must be at least 1 and --calib-seq-len at least 16")
-    if options.output.exists() and any(options.output.iterdir()):
-        raise LlmctlError(f"{options.output} exists and is not empty: choose a new --output folder")
+
+
+def _group_size(options: QuantizeOptions, source: ModelSource) -> int:
+    """--group-size, checked against the model before any work; by default 128 where it divides the
+    model's sizes, else the largest group size that does (SmolLM2's 576 takes 64)."""
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(str(source.path), trust_remote_code=False)
+    if options.group_size is not None:
+        check_supported(hf_config, QuantConfig(options.bits, options.group_size))
+        return options.group_size
+    check_supported(hf_config, QuantConfig(options.bits, -1))
+    works = working_group_sizes(hf_config)
+    size = 128 if 128 in works else max(works, default=-1)
+    if size != 128:
+        logger.info("group size %s: 128 does not divide this model's hidden and intermediate sizes", size)
+    return size
+
+
+def default_output(source: ModelSource, method: str, bits: int) -> Path:
+    """./SmolLM2-135M-Instruct-AWQ-4bit: the model's name, the method and the bits, in the current folder."""
+    name = (source.repo_id or source.name).rstrip("/").split("/")[-1].removesuffix(".gguf")
+    return Path(f"{name}-{method.upper()}-{bits}bit")
+
+
+def _check_output(output: Path, force: bool) -> None:
+    if not output.exists() or (output.is_dir() and not any(output.iterdir())):
+        return
+    if not force:
+        raise LlmctlError(f"{output} exists and is not empty: pass --force to replace it, or --output NEW_FOLDER")
+    if not (output / "config.json").is_file():  # --force replaces a model folder, never anything else
+        raise LlmctlError(f"{output} is not a model folder (no config.json): --force only replaces a previous "
+                          "quantized model; choose another --output")
+
+
+def _calibration(options: QuantizeOptions, source: ModelSource, tokenizer) -> tuple[torch.Tensor, str]:
+    """--calib-file; else pileval from the hub; else, when the hub cannot be reached, the model's own samples."""
+    calib_file = options.calib_file or _download_pileval()
+    if calib_file is None:
+        from llmctl.quant.self_calibration import SOURCE_NAME, self_calibration
+
+        logger.info("no --calib-file and the hub is out of reach: calibrating on %s", SOURCE_NAME)
+        ids = self_calibration(str(source.path), tokenizer, options.calib_samples, options.calib_seq_len,
+                               options.seed)
+        return ids, SOURCE_NAME
+    holdout = options.eval_tokens if options.eval_file and \
+        Path(options.eval_file).resolve() == Path(calib_file).resolve() else 0
+    ids = calibration_samples(tokenizer, calib_file, options.calib_samples, options.calib_seq_len, options.seed,
+                              skip_tail=holdout)
+    where = str(options.calib_file) if options.calib_file else f"{PILEVAL[0]} (pileval, from the hub)"
+    return ids, where
 
 
 def _download_pileval() -> Path | None:
-    """pileval from the hub (None offline: the caller asks for --calib-file); a failed download says why."""
+    """pileval from the hub; None when the hub cannot be reached (offline mode, or no connection and no
+    cached copy); any other failure says why."""
     if hub_is_offline():
         return None
     import zstandard
     from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        compressed = Path(hf_hub_download(PILEVAL[0], PILEVAL[1], repo_type="dataset"))
+        compressed = Path(hf_hub_download(PILEVAL[0], PILEVAL[1], repo_type="dataset", local_files_only=True))
+    except LocalEntryNotFoundError:
+        compressed = None
+    why_not = _hub_unreachable() if compressed is None else None
+    if why_not:  # rather than huggingface_hub's half a minute of retries
+        logger.info("the hub cannot be reached (%s)", why_not)
+        return None
+    try:
+        compressed = compressed or Path(hf_hub_download(PILEVAL[0], PILEVAL[1], repo_type="dataset"))
+    except LocalEntryNotFoundError:  # huggingface_hub's "cannot connect and not in the cache"
+        return None
     except Exception as exc:
         cause = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
         raise LlmctlError(f"downloading the default calibration set {PILEVAL[0]} failed ({type(exc).__name__}: "
@@ -122,6 +191,22 @@ def _download_pileval() -> Path | None:
         with open(compressed, "rb") as src, open(target, "wb") as dst:
             zstandard.ZstdDecompressor().copy_stream(src, dst)
     return target
+
+
+def _hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the hub's host takes no connection (no DNS, no route), or None when it does."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+    except OSError as exc:
+        return f"{url.hostname}:{port}: {exc}"
+    return None
 
 
 def _weights_bytes(source: ModelSource) -> int:

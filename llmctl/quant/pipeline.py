@@ -65,18 +65,31 @@ class CheckpointReader:
         return [n for n in self.where if n.startswith(prefix)]
 
 
+GROUP_SIZES = (32, 64, 128)  # the group sizes vLLM's GPTQ/AWQ kernels take (and -1, per channel)
+
+
+def _grouped_sizes(hf_config: Any) -> dict[str, int]:
+    """The input sizes of the quantized linears: each must be a multiple of the group size."""
+    sizes = {"hidden size": hf_config.hidden_size, "intermediate size": hf_config.intermediate_size}
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    sizes["attention output size"] = hf_config.num_attention_heads * head_dim
+    return sizes
+
+
+def working_group_sizes(hf_config: Any) -> list[int]:
+    return [g for g in GROUP_SIZES if all(size % g == 0 for size in _grouped_sizes(hf_config).values())]
+
+
 def check_supported(hf_config: Any, config: QuantConfig) -> None:
     if hf_config.model_type not in SUPPORTED_TYPES:
         raise LlmctlError(f"llmctl quantize supports Llama-family models ({', '.join(SUPPORTED_TYPES)}); "
                           f"this one is {hf_config.model_type}")
     if config.group_size == -1:
         return
-    sizes = {"hidden size": hf_config.hidden_size, "intermediate size": hf_config.intermediate_size}
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    sizes["attention output size"] = hf_config.num_attention_heads * head_dim
+    sizes = _grouped_sizes(hf_config)
     bad = {name: size for name, size in sizes.items() if size % config.group_size}
     if bad:
-        works = [g for g in (32, 64, 128) if all(size % g == 0 for size in sizes.values())]
+        works = working_group_sizes(hf_config)
         described = ", ".join(f"{name} {size}" for name, size in bad.items())
         hint = f"use --group-size {' or '.join(map(str, works))}" if works else "use --group-size -1 (per channel)"
         raise LlmctlError(f"group size {config.group_size} does not divide the {described}: {hint}")
