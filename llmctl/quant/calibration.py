@@ -36,14 +36,11 @@ def token_stream(tokenizer: Any, texts: list[str]) -> list[int]:
     return ids
 
 
-def calibration_samples(tokenizer: Any, path: Path | None, samples: int, seq_len: int, seed: int = 0,
+def calibration_samples(tokenizer: Any, path: Path, samples: int, seq_len: int, seed: int = 0,
                         skip_tail: int = 0) -> torch.Tensor:
     """[samples, seq_len] windows drawn at random from the file's token stream.
 
     `skip_tail` tokens at the end are never used (they are kept for evaluation)."""
-    if path is None:
-        raise LlmctlError("no calibration data: pass --calib-file FILE (.txt or .jsonl); without hub access "
-                          "llmctl cannot download the default calibration set (pileval)")
     ids = token_stream(tokenizer, read_texts(path))
     if skip_tail:
         ids = ids[:-skip_tail]
