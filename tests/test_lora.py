@@ -129,10 +129,9 @@ def test_adapter_on_smollm2_equals_peft_next_to_base_requests(default_source, to
 
 @pytest.mark.parametrize("method", ["gptq", "awq"])
 def test_adapter_on_a_4bit_base_equals_peft_on_its_dequantized_weights(tiny, tokenizer, tmp_path, method):
-    from safetensors.torch import load_file
-
     from conftest import run_cli
     from llmctl.quant.formats import unpack_awq, unpack_gptq
+    from quant_helpers import dequantized_state
 
     unpack = (lambda parts: unpack_gptq(parts, 4, 32)) if method == "gptq" else (lambda parts: unpack_awq(parts, 32))
     models = tiny["llama"]
@@ -142,16 +141,7 @@ def test_adapter_on_a_4bit_base_equals_peft_on_its_dequantized_weights(tiny, tok
     result = run_cli("quantize", str(models["base"]), f"--{method}", "--group-size", "32", "--calib-file", str(calib),
                      "--calib-samples", "2", "--calib-seq-len", "32", "--output", str(out), "--no-redistribute")
     assert result.returncode == 0, result.stderr
-    tensors = load_file(str(out / "model.safetensors"))
-    state = {}  # every tensor as the quantized checkpoint stores it (the dense ones in its own dtype too)
-    for name, tensor in tensors.items():
-        if name.endswith(".qweight"):
-            base = name.removesuffix(".qweight")
-            parts = {k: tensors[f"{base}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")
-                     if f"{base}.{k}" in tensors}
-            state[f"{base}.weight"] = unpack(parts).dequantize()
-        elif not name.endswith((".qzeros", ".scales", ".g_idx")):
-            state[name] = tensor.float()
+    state = dequantized_state(out, unpack)  # the dense tensors too, in the checkpoint's own dtype
     llm = LLM(str(out), enable_lora=True, max_lora_rank=8, max_model_len=256)
     outputs = llm.generate(PROMPTS, GREEDY, lora("a2", 1, models["a2"]))
     assert_matches(outputs, reference(models["base"], models["a2"], tokenizer, PROMPTS, MAX_TOKENS, state))

@@ -61,21 +61,10 @@ def test_engine_serves_it_like_transformers_on_the_dequantized_weights(gptq_fold
 def assert_engine_matches_dense(out: Path, unpack, prompt: str):
     """The engine's greedy tokens and logprobs on the packed checkpoint == transformers on weights unpacked
     by the formats module (an independent path from the engine's QuantLinear)."""
-    from safetensors.torch import load_file
-
     from llmctl import LLM, SamplingParams
+    from quant_helpers import dequantized_state
 
-    tensors = load_file(str(out / "model.safetensors"))
-    metadata = (".qzeros", ".scales", ".g_idx")
-    state = {}
-    for name, tensor in tensors.items():
-        if name.endswith(".qweight"):
-            base = name.removesuffix(".qweight")
-            parts = {k: tensors[f"{base}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")
-                     if f"{base}.{k}" in tensors}
-            state[f"{base}.weight"] = unpack(parts).dequantize()
-        elif not name.endswith(metadata):
-            state[name] = tensor.float()
+    state = dequantized_state(out, unpack)
     config = json.loads((out / "config.json").read_text())
     config.pop("quantization_config")
     dense = out.parent / f"{out.name}-dense"

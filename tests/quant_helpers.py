@@ -1,0 +1,28 @@
+"""A quantized checkpoint's weights as dense float32, unpacked by the formats module (a path
+independent of the engine's QuantLinear), for transformers to run as the reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+METADATA = (".qzeros", ".scales", ".g_idx")
+
+
+def dequantized_state(out: Path, unpack: Callable) -> dict[str, torch.Tensor]:
+    """Every tensor of out/model.safetensors: packed linears unpacked and dequantized, the rest as stored."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(out / "model.safetensors"))
+    state = {}
+    for name, tensor in tensors.items():
+        if name.endswith(".qweight"):
+            base = name.removesuffix(".qweight")
+            parts = {k: tensors[f"{base}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")
+                     if f"{base}.{k}" in tensors}
+            state[f"{base}.weight"] = unpack(parts).dequantize()
+        elif not name.endswith(METADATA):
+            state[name] = tensor.float()
+    return state
