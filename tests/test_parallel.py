@@ -97,7 +97,8 @@ def assert_same(expected, got) -> None:
         assert max(abs(a - b) for a, b in zip(logprobs, their_logprobs)) <= 1e-4
 
 
-LAYOUTS = {"llama-1kv": [(2, 1), (1, 2), (2, 2)], "qwen2": [(2, 1), (1, 2)], "bloom": [(2, 1), (2, 2)],
+LAYOUTS = {"llama-1kv": [(2, 1), (1, 2), (2, 2), (4, 1)],  # TP 4: the one KV head on every rank
+           "qwen2": [(2, 1), (1, 2)], "bloom": [(2, 1), (2, 2)],
            "opt": [(2, 1), (1, 2)], "gptq": [(2, 1), (1, 2)], "awq": [(2, 1)]}
 
 
