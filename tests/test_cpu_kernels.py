@@ -44,6 +44,15 @@ def test_paged_attention_on_decodes_and_chunks(dim, group):
     check([1, 5, 1, 1, 7], [1, 18, 33, 70, 7], heads=2 * group, kv_heads=2, dim=dim)
 
 
+@pytest.mark.parametrize("dim", [64, 80])
+def test_paged_attention_items_spanning_several_kv_heads(dim):
+    # Enough sequences that each work item takes all KV heads (SmolLM2's 9 query / 3 KV heads).
+    query_lens, seq_lens = [1] * 10 + [5, 3], [3 + 29 * i for i in range(10)] + [18, 40]
+    check(query_lens, seq_lens, heads=9, kv_heads=3, dim=dim, pool_blocks=128)
+    check(query_lens, seq_lens, heads=6, kv_heads=6, dim=dim, pool_blocks=128, alibi_slopes=alibi_slopes(6))
+    check(query_lens, seq_lens, heads=8, kv_heads=2, dim=dim, pool_blocks=128, sliding_window=20)
+
+
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_paged_attention_block_sizes_and_long_context(block_size):
     check([1, 16, 1], [463, 200, 1000], heads=4, kv_heads=1, dim=64, block_size=block_size, pool_blocks=128)
