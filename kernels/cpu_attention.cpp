@@ -112,8 +112,9 @@ inline void for_each_run(const int32_t* table, int64_t block_size, int64_t first
 #if defined(__AVX512F__)
 // float32 rows of DIM (a multiple of 16) in AVX-512 registers, a block's consecutive slots at a
 // time: the query row stays in registers and each key or value row is loaded once per query
-// head. With items spanning all KV heads this took SmolLM2's decode attention (32 sequences ×
-// 300 tokens, 30 layers) from 32 to 26 ms; the same spans with the plain loops took 40 ms.
+// head. With items spanning all KV heads this took SmolLM2's decode attention from 37 to 25 ms
+// a step (benchmarks/cpu_attention.py); the same spans through the plain loops were slower
+// than one KV head per item, which is why the plain path keeps that.
 constexpr bool kVectorRows = true;
 
 // scores[j] = q · key_j for `count` consecutive keys `stride` floats apart.
