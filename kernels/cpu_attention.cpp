@@ -82,19 +82,6 @@ inline const float* as_float<float>(const float* src, float*, int64_t) {
   return src;
 }
 
-// f(j, slot) for keys first .. first + count - 1 of a sequence, walking its block table one
-// block at a time (no division per key).
-template <typename F>
-inline void for_each_slot(const int32_t* table, int64_t block_size, int64_t first, int64_t count, F&& f) {
-  for (int64_t j = 0, pos = first; j < count;) {
-    const int64_t offset = pos % block_size;
-    const int64_t run = std::min(block_size - offset, count - j);
-    const int64_t base = static_cast<int64_t>(table[pos / block_size]) * block_size + offset;
-    for (int64_t r = 0; r < run; ++r) f(j + r, base + r);
-    j += run;
-    pos += run;
-  }
-}
 
 // f(j, slot, run) for each run of keys first .. first + count - 1 that sits in one block
 // (slots slot .. slot + run - 1 are consecutive in the cache).
@@ -107,6 +94,14 @@ inline void for_each_run(const int32_t* table, int64_t block_size, int64_t first
     j += run;
     pos += run;
   }
+}
+
+// f(j, slot) for keys first .. first + count - 1 of a sequence, one key at a time.
+template <typename F>
+inline void for_each_slot(const int32_t* table, int64_t block_size, int64_t first, int64_t count, F&& f) {
+  for_each_run(table, block_size, first, count, [&](int64_t j, int64_t slot, int64_t run) {
+    for (int64_t r = 0; r < run; ++r) f(j + r, slot + r);
+  });
 }
 
 #if defined(__AVX512F__)
