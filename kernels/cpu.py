@@ -10,7 +10,8 @@ time (scripts/setup.sh does). The ops, each tested against a torch reference:
 - `paged_attention`, `store_kv` (cpu_attention.cpp): reference `llmctl.kernels.attention.paged_attention_reference`;
 - `rms_norm` (with the residual add fused), `rotary`, `silu_and_mul` (cpu_layers.cpp):
   references are the torch code in llmctl.engine.models (common, llama) and
-  llmctl.engine.layers.positions.
+  llmctl.engine.layers.positions;
+- `pack_panels`, `panel_linear` (cpu_gemm.cpp, float32 on AVX-512 only): reference `F.linear`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 
 from llmctl.model.source import llmctl_cache_dir
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_attention.cpp", "cpu_layers.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_attention.cpp", "cpu_layers.cpp", "cpu_gemm.cpp")]
 LIBRARY = "llmctl_cpu"
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]  # fast-math: vectorized exp (libmvec)
 
@@ -137,6 +138,24 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype)
     torch.ops.llmctl_cpu.silu_and_mul(out, x)
     return out
+
+
+@functools.cache
+def panel_linear_supported() -> bool:
+    """Whether float32 linears can take the AVX-512 panel kernel here (built, and the CPU has AVX-512)."""
+    return unavailable_reason() is None and bool(torch.ops.llmctl_cpu.panel_linear_supported())
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 [N, K] weight in panel_linear's layout [2 * ceil(N / 32), K, 16]."""
+    load()
+    return torch.ops.llmctl_cpu.pack_panels(weight.detach().contiguous())
+
+
+def panel_linear(x: torch.Tensor, panels: torch.Tensor, out_features: int,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x Wᵀ + b for float32 x [M, K], with W packed by pack_panels."""
+    return torch.ops.llmctl_cpu.panel_linear(x.contiguous(), panels, out_features, bias)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The C++ CPU kernels (kernels/cpu_*.cpp, built by llmctl.kernels.cpu) against their torch
-references: paged attention and the KV store, the fused RMSNorm and rotary layers, and the
-oneDNN-packed linears."""
+references: paged attention and the KV store, the fused RMSNorm and rotary layers, the AVX-512
+panel GEMM and the packed linears (panels for float32 where the CPU has AVX-512, else oneDNN)."""
 
 from __future__ import annotations
 
@@ -115,6 +115,50 @@ def test_packed_linear_equals_the_plain_one(rows):
     assert isinstance(packed, cpu_gemm.PackedLinear) and packed.weight is plain.weight
     x = torch.randn(rows, 96)
     torch.testing.assert_close(packed(x), nn.functional.linear(x, plain.weight, plain.bias), atol=1e-5, rtol=1e-5)
+
+
+AVX512 = cpu.panel_linear_supported()
+
+
+@pytest.mark.skipif(not AVX512, reason="the panel GEMM needs AVX-512; oneDNN packs float32 here")
+@pytest.mark.parametrize("out_features,in_features", [(5, 7), (40, 96), (960, 576), (576, 1536), (1000, 64)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_panel_linear_equals_f_linear(out_features, in_features, bias):
+    torch.manual_seed(out_features)
+    weight = torch.randn(out_features, in_features)
+    b = torch.randn(out_features) if bias else None
+    panels = cpu.pack_panels(weight)
+    assert panels.shape == (2 * -(-out_features // 32), in_features, 16)
+    # row counts: tiles of 1..8 rows, uneven tiles (9, 13), chunks of 128 and a chunk's tail (129, 300)
+    for rows in (1, 2, 3, 5, 8, 9, 13, 32, 128, 129, 300):
+        x = torch.randn(rows, in_features)
+        torch.testing.assert_close(cpu.panel_linear(x, panels, out_features, b), nn.functional.linear(x, weight, b),
+                                   atol=1e-4, rtol=1e-4)
+    rows_of_a_wider_tensor = torch.randn(4, 2 * in_features)[:, :in_features]  # not contiguous
+    torch.testing.assert_close(cpu.panel_linear(rows_of_a_wider_tensor, panels, out_features, b),
+                               nn.functional.linear(rows_of_a_wider_tensor, weight, b), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not AVX512, reason="the panel GEMM needs AVX-512; oneDNN packs float32 here")
+def test_float32_packs_into_panels_and_bfloat16_for_onednn():
+    weight = torch.randn(64, 96)
+    assert cpu_gemm.pack_weight(weight).panels
+    assert cpu_gemm.kernel_name(cpu_gemm.pack_weight(weight)) == "llmctl's AVX-512 float32 GEMM"
+    bf16 = cpu_gemm.pack_weight(weight.bfloat16())
+    assert bf16 is not None and not bf16.panels
+    x = torch.randn(8, 96).bfloat16()
+    torch.testing.assert_close(bf16.linear(x, None), nn.functional.linear(x, weight.bfloat16()), atol=5e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(not AVX512, reason="the panel GEMM needs AVX-512; oneDNN packs float32 here")
+def test_panel_linear_refuses_what_it_cannot_take():
+    panels = cpu.pack_panels(torch.randn(40, 96))
+    with pytest.raises(RuntimeError, match="K = x.size"):
+        cpu.panel_linear(torch.randn(2, 95), panels, 40)
+    with pytest.raises(RuntimeError, match="bias"):
+        cpu.panel_linear(torch.randn(2, 96), panels, 40, torch.randn(39))
+    with pytest.raises(RuntimeError, match="out_features"):
+        cpu.panel_linear(torch.randn(2, 96), panels, 65)
 
 
 def test_the_packing_crossover_is_measured_and_decides_the_path(monkeypatch):

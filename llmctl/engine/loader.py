@@ -18,7 +18,7 @@ from torch import nn
 from llmctl.units import GiB
 from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_backend
-from llmctl.engine.layers.cpu_gemm import pack_linears, small_batch
+from llmctl.engine.layers.cpu_gemm import pack_linears, packed_kernel, small_batch
 from llmctl.engine.lora.slots import LoRASlots, LoRAStep, attach_lora_slots
 from llmctl.kernels.cpu import CPUKernelsUnavailable
 from llmctl.engine.profile import dummy_prefill, measure_activation_peak, run_dummy_step
@@ -61,7 +61,7 @@ class LoadedModel:
     placement: Placement = field(default_factory=lambda: Placement())
     attention_reason: str = ""  # why this backend (inspect says the same)
     activation_peak_bytes: int = 0  # measured on GPUs before sizing the KV pool (llmctl.engine.profile)
-    packed_bytes: int = 0  # oneDNN-packed copies of the CPU linears' weights (llmctl.engine.layers.cpu_gemm)
+    packed_bytes: int = 0  # packed copies of the CPU linears' weights (llmctl.engine.layers.cpu_gemm)
     lora_step: LoRAStep | None = None  # --enable-lora: which tokens use which slot, set every step
     lora_slots: dict[tuple[int, str], LoRASlots] = field(default_factory=dict)  # (layer, module) -> slots
 
@@ -342,7 +342,7 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
     logger.info("attention backend %s: %s", loaded.backend.name, loaded.attention_reason)
     where = " on rank 0 (every rank is listed below)" if loaded.placement.rank.world_size > 1 else ""
     rows = small_batch()
-    packed = (f" (+{loaded.packed_bytes / GiB:.2f} GiB packed for oneDNN's CPU GEMMs, used from {rows} "
+    packed = (f" (+{loaded.packed_bytes / GiB:.2f} GiB packed for {packed_kernel()}, used from {rows} "
               f"row{'' if rows == 1 else 's'} on: measured on this CPU)") if loaded.packed_bytes else ""
     logger.info("weights take %.2f GiB%s%s", loaded.weights_bytes / GiB, packed, where)
     if loaded.lora_slots:

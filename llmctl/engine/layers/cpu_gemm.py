@@ -1,12 +1,19 @@
-"""Linears on CPUs through oneDNN with weights packed once at load, as vLLM's CPU backend does.
+"""Linears on CPUs with weights packed once at load, as vLLM's CPU backend does.
 
 torch's plain `F.linear` hands MKL the weight in its checkpoint layout, and MKL reorders it
 for every call; at the batch sizes of decoding (a few to a few dozen rows) that reorder
-costs as much as the product. oneDNN's prepacked layout (`torch.ops.mkldnn`) skips it:
-measured with `benchmarks/cpu_gemm.py` on SmolLM2's shapes, 1.3-2.2x faster for gate/up and
-the LM head from 4 to 64 rows, 1.0-1.8x for the smaller ones, about even at prefill sizes
-(256-2048 rows). Whether it also wins for one to three rows depends on the CPU: on a Xeon
-(Sapphire Rapids) oneDNN's per-call setup cost more than it saved below 4 rows, on a Zen 4 EPYC
+costs as much as the product. Two packed layouts skip it:
+
+- float32 on AVX-512 CPUs: llmctl's own panel kernel (kernels/cpu_gemm.cpp). Measured with
+  `benchmarks/cpu_gemm.py` on a Zen 4 EPYC over a whole model's weights (read from memory,
+  as in decoding), it was 1.15-1.7x faster than oneDNN's packed linear from 1 to 32 rows
+  and even to 1.2x faster at prefill sizes, because it keeps the weight stream busy.
+- otherwise (bfloat16, CPUs without AVX-512, or no C++ compiler): oneDNN's prepacked layout
+  (`torch.ops.mkldnn`), 1.3-2.2x faster than plain for gate/up and the LM head from 4 to 64
+  rows, 1.0-1.8x for the smaller ones, about even at prefill sizes.
+
+Whether packing also wins for one to three rows depends on the CPU: on a Xeon (Sapphire
+Rapids) oneDNN's per-call setup cost more than it saved below 4 rows, on a Zen 4 EPYC
 packing wins 1.5-2.5x from a single row. So the crossover is measured once at load
 (`measure_small_batch`) and steps below it keep the plain weight — which is why the packed
 copy is added, not swapped in, and only when the host has the memory for it.
@@ -17,11 +24,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from llmctl.kernels import cpu as cpu_kernels
 
 logger = logging.getLogger("llmctl")
 
@@ -29,17 +39,41 @@ MAX_SMALL_BATCH = 4  # from 4 rows on, packing won on every CPU measured
 PACKABLE = (torch.float32, torch.bfloat16)
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """oneDNN's packed copy of a [N, K] CPU weight, or None where oneDNN cannot take it."""
-    if weight.device.type != "cpu" or weight.dtype not in PACKABLE or not torch.backends.mkldnn.is_available():
+@dataclass(frozen=True)
+class PackedWeight:
+    """A [N, K] CPU weight packed once: llmctl's AVX-512 panels (float32) or oneDNN's layout."""
+
+    data: torch.Tensor
+    out_features: int
+    panels: bool
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.panels:
+            return cpu_kernels.panel_linear(x, self.data, self.out_features, bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.data, bias, "none", [], "")
+
+
+def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
+    """The packed copy of a [N, K] CPU weight, or None where neither kernel can take it."""
+    if weight.device.type != "cpu" or weight.dtype not in PACKABLE:
+        return None
+    if weight.dtype == torch.float32 and cpu_kernels.panel_linear_supported():
+        return PackedWeight(cpu_kernels.pack_panels(weight), weight.shape[0], panels=True)
+    if not torch.backends.mkldnn.is_available():
         return None
     try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None), weight.shape[0], panels=False)
     except RuntimeError:
         return None
 
 
+def kernel_name(packed: PackedWeight) -> str:
+    """What runs a packed weight, for the startup log."""
+    return "llmctl's AVX-512 float32 GEMM" if packed.panels else "oneDNN's CPU GEMMs"
+
+
 _small_batch = MAX_SMALL_BATCH  # rows below which the plain weight runs; set by pack_linears
+_packed_kernel = ""  # kernel_name of the packed weights; set by pack_linears
 
 
 def _fastest_seconds(call: Callable[[], object], calls: int = 7) -> float:
@@ -57,33 +91,38 @@ def small_batch() -> int:
     return _small_batch
 
 
-def measure_small_batch(weight: torch.Tensor, packed: torch.Tensor) -> int:
+def packed_kernel() -> str:
+    """What runs the packed weights of the last pack_linears, for the startup log."""
+    return _packed_kernel
+
+
+def measure_small_batch(weight: torch.Tensor, packed: PackedWeight) -> int:
     """The fewest rows from which the packed weight is faster than the plain one on this CPU
     (1 to MAX_SMALL_BATCH), timed on one weight with a few calls (a few ms)."""
     for rows in range(1, MAX_SMALL_BATCH):
         x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
         plain = _fastest_seconds(lambda: F.linear(x, weight))
-        ours = _fastest_seconds(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
+        ours = _fastest_seconds(lambda: packed.linear(x, None))
         if ours < plain:
             return rows
     return MAX_SMALL_BATCH
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None,
+def linear(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeight | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """x Wᵀ + b, through the packed weight when there is one and the batch is large enough."""
     if packed is None or x.dim() != 2 or x.shape[0] < _small_batch or x.dtype != weight.dtype:
         return F.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return packed.linear(x, bias)
 
 
 class PackedLinear(nn.Module):
-    """An nn.Linear whose weight also has a oneDNN-packed copy (same parameters, same state dict)."""
+    """An nn.Linear whose weight also has a packed copy (same parameters, same state dict)."""
 
-    def __init__(self, plain: nn.Linear, packed: torch.Tensor) -> None:
+    def __init__(self, plain: nn.Linear, packed: PackedWeight) -> None:
         super().__init__()
         self.weight, self.bias = plain.weight, plain.bias
-        self.packed = packed  # an opaque mkldnn tensor: an attribute, not a buffer
+        self.packed = packed  # an attribute, not a buffer: the state dict stays transformers's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.packed, self.bias)
@@ -102,7 +141,7 @@ def _available_memory() -> int | None:
 def pack_linears(model: nn.Module) -> int:
     """Give every plain linear of a CPU model (and the LM head) a packed copy; returns the bytes added.
     Skipped, with a log line, when the copies would take more than half the free memory."""
-    global _small_batch
+    global _small_batch, _packed_kernel
     linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if type(child) is nn.Linear]
     heads = [m for m in model.modules() if hasattr(m, "packed_head")]
@@ -110,7 +149,7 @@ def pack_linears(model: nn.Module) -> int:
         sum(h.weight.numel() * h.weight.element_size() for h in heads)
     available = _available_memory()
     if available is not None and total > available // 2:
-        logger.info("linears not packed for oneDNN: the copies (%.2f GiB) would take over half the free memory",
+        logger.info("linears not packed: the copies (%.2f GiB) would take over half the free memory",
                     total / 2**30)
         return 0
     added = 0
@@ -128,4 +167,5 @@ def pack_linears(model: nn.Module) -> int:
         added += head.weight.numel() * head.weight.element_size() if head.packed_head is not None else 0
     if largest is not None:
         _small_batch = measure_small_batch(largest.weight.detach(), largest.packed)
+        _packed_kernel = kernel_name(largest.packed)
     return added

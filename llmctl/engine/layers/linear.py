@@ -175,7 +175,7 @@ class VocabParallelEmbedding(nn.Module):
         rows = padded_vocab_per_rank(vocab_size, group.size)
         self.start = group.rank * rows
         self.weight = nn.Parameter(torch.zeros(rows, dim))
-        self.packed_head: torch.Tensor | None = None  # oneDNN's copy for the LM head on CPUs (cpu_gemm)
+        self.packed_head: cpu_gemm.PackedWeight | None = None  # the LM head packed for CPU GEMMs (cpu_gemm)
 
     def expected(self) -> set[tuple[str, int]]:
         return {("weight", 0)}
