@@ -8,7 +8,7 @@ import torch
 from llmctl import LLM, SamplingParams
 from llmctl.engine.config import EngineConfigError
 from llmctl.engine.detokenizer import IncrementalDetokenizer
-from llmctl.engine.sampler import SampleInput, sample
+from llmctl.engine.sampler import CDF_CHUNK, SampleInput, inverse_cdf, sample
 from llmctl.engine.sampling_params import InvalidRequestError
 from llmctl.engine.sequence import Sequence
 
@@ -110,6 +110,29 @@ def test_penalties_on_a_known_row():
     assert token == 1
     [(token, _)] = sample(logits, [SampleInput(seq, params, torch.Generator(), [1])])
     assert token == 5
+
+
+@pytest.mark.parametrize("vocab", [5, 3 * CDF_CHUNK + 44])  # one partial chunk; several and a padded tail
+def test_inverse_cdf_draws_each_token_with_its_probability(vocab):
+    torch.manual_seed(vocab)
+    probs = torch.rand(vocab) ** 4
+    probs[::3] = 0.0  # never drawn
+    draws = 200_000
+    tokens = inverse_cdf((probs / probs.sum()).expand(draws, vocab).contiguous(), torch.rand(draws))
+    assert (probs[tokens] > 0).all()
+    frequencies = torch.bincount(tokens, minlength=vocab).double() / draws
+    expected = (probs / probs.sum()).double()
+    # five standard deviations of a binomial frequency
+    assert ((frequencies - expected).abs() <= 5 * (expected * (1 - expected) / draws).sqrt() + 1e-6).all()
+
+
+def test_inverse_cdf_never_steps_past_the_last_token_with_mass():
+    probs = torch.zeros(3, 2 * CDF_CHUNK)
+    probs[:, 7] = 1.0
+    probs[2, CDF_CHUNK + 3] = 1e-30  # a mass that vanishes in the float sums
+    uniforms = torch.tensor([0.0, 1.0 - 2**-24, 1.0 - 2**-24])
+    assert inverse_cdf(probs, uniforms).tolist()[:2] == [7, 7]
+    assert inverse_cdf(probs, uniforms)[2].item() in (7, CDF_CHUNK + 3)
 
 
 def test_incremental_detokenization_of_multibyte_text(llm):
