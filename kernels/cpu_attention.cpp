@@ -304,14 +304,20 @@ void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& 
   });
 }
 
-// New K/V [T, KVH, D] into their cache slots; slot -1 skips the token.
+// New K/V [T, KVH, D] into their cache slots; slot -1 skips the token. Each token's K (and V)
+// row of KVH x D must be contiguous, tokens may be any stride apart: K and V can be views of
+// the fused QKV projection's output, so the layers do not copy them first.
 void store_kv(at::Tensor kv_cache, const at::Tensor& slots, const at::Tensor& key, const at::Tensor& value) {
-  check(kv_cache.is_contiguous() && key.is_contiguous() && value.is_contiguous(), "store_kv needs contiguous tensors");
+  check(kv_cache.is_contiguous(), "store_kv needs a contiguous cache");
+  for (const at::Tensor* t : {&key, &value}) {
+    check(t->dim() == 3 && t->stride(2) == 1 && t->stride(1) == t->size(2), "each token's K and V rows are contiguous");
+  }
   check(slots.scalar_type() == at::kLong, "slots are int64");
   check(key.scalar_type() == kv_cache.scalar_type() && value.scalar_type() == kv_cache.scalar_type(),
         "key, value and cache share one dtype");
   const int64_t row = key.size(1) * key.size(2);  // one token's K (or V)
   const int64_t bytes = row * key.element_size();
+  const int64_t k_stride = key.stride(0) * key.element_size(), v_stride = value.stride(0) * value.element_size();
   const int64_t* slot_ptr = slots.data_ptr<int64_t>();
   char* cache = static_cast<char*>(kv_cache.data_ptr());
   const char* k = static_cast<const char*>(key.data_ptr());
@@ -320,8 +326,8 @@ void store_kv(at::Tensor kv_cache, const at::Tensor& slots, const at::Tensor& ke
     for (int64_t t = begin; t < end; ++t) {
       if (slot_ptr[t] < 0) continue;
       char* dst = cache + slot_ptr[t] * 2 * bytes;
-      std::copy(k + t * bytes, k + (t + 1) * bytes, dst);
-      std::copy(v + t * bytes, v + (t + 1) * bytes, dst + bytes);
+      std::copy(k + t * k_stride, k + t * k_stride + bytes, dst);
+      std::copy(v + t * v_stride, v + t * v_stride + bytes, dst + bytes);
     }
   });
 }

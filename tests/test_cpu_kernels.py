@@ -67,9 +67,15 @@ def test_paged_attention_alibi_and_window():
     check([1, 4, 1], [50, 40, 9], heads=4, kv_heads=2, dim=64, sliding_window=8)
 
 
-def test_store_kv_writes_slots_and_skips_minus_one():
+@pytest.mark.parametrize("views_of_qkv", [False, True])
+def test_store_kv_writes_slots_and_skips_minus_one(views_of_qkv):
     gen = torch.Generator().manual_seed(1)
-    key, value = (torch.randn(6, 3, 80, generator=gen) for _ in range(2))
+    if views_of_qkv:  # K and V as the layers pass them: strided views of the fused projection's output
+        qkv = torch.randn(6, 9 * 80, generator=gen)
+        key, value = (part.view(6, 3, 80) for part in qkv.split([3 * 80, 3 * 80, 3 * 80], dim=1)[1:])
+        assert not key.is_contiguous()
+    else:
+        key, value = (torch.randn(6, 3, 80, generator=gen) for _ in range(2))
     slots = torch.tensor([5, 17, -1, 0, 63, 40])
     got = torch.zeros(4, 16, 2, 3, 80)
     cpu.store_kv(got, slots, key, value)

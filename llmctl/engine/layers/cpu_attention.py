@@ -21,6 +21,11 @@ from llmctl.kernels import cpu as cpu_kernels
 PAGED_QUERY_LIMIT = 16  # new tokens of a sequence up to which the paged kernel beats gather + SDPA
 
 
+def _token_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [T, KVH, D] as store_kv takes it: each token's row contiguous (views of the QKV output are)."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+
+
 class CPUAttention:
     name = "cpu"
 
@@ -56,7 +61,7 @@ class CPUAttention:
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
         assert self.meta is not None, "prepare() runs before forward()"
-        cpu_kernels.store_kv(cache.kv, self.meta.slot_mapping, key.contiguous(), value.contiguous())
+        cpu_kernels.store_kv(cache.kv, self.meta.slot_mapping, _token_rows(key), _token_rows(value))
         output = self.torch.attend(query, key, value, cache, scale=scale, alibi_slopes=alibi_slopes)
         if self.paged is None:
             return output
