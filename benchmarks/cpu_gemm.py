@@ -1,53 +1,70 @@
-"""CPU linears: torch's plain F.linear against the oneDNN-packed path llmctl uses
-(llmctl.engine.layers.cpu_gemm), on SmolLM2-135M's shapes and decode/prefill row counts.
+"""CPU linears: torch's plain F.linear, oneDNN's packed linear and llmctl's AVX-512 panel GEMM
+(the paths of llmctl.engine.layers.cpu_gemm), on SmolLM2-135M's shapes at decode and prefill
+row counts.
 
-    .venv/bin/python benchmarks/cpu_gemm.py [--threads 2] [--dtype float32]
+    .venv/bin/python benchmarks/cpu_gemm.py [--threads 2] [--layers 30] [--rows 1 4 8 16 32 64 256 2048]
 
-Prints µs per call for both and their ratio (plain / packed: above 1 means packing wins).
-Both paths run in one process, interleaved per shape, so machine noise hits them alike.
+Each row count runs every linear of `--layers` decoder layers (qkv, o, gate/up, down; each
+with its own weight, 14 MB a layer) and the LM head once, as a decode step does: the weights
+come from memory, not from the last-level cache. Prints ms per pass, the weight read rate
+and GFLOP/s for each path, and the panel kernel's speed-up over oneDNN. The three paths run
+interleaved per row count, so machine noise hits them alike. Without AVX-512 (or without
+the C++ kernels) the panel column is left out.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from llmctl.engine.layers import cpu_gemm
+from llmctl.kernels import cpu
 
-SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate/up": (576, 3072), "down": (1536, 576), "lm head": (576, 49152)}
-ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 2048)
+LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (N, K): qkv, o, gate/up, down
+LM_HEAD = (49152, 576)
 
 
-def _time(call, repeats: int) -> float:
-    for _ in range(3):
-        call()
+def _seconds(call: Callable[[], object], repeats: int) -> float:
+    call()
     start = time.perf_counter()
     for _ in range(repeats):
         call()
-    return (time.perf_counter() - start) / repeats * 1e6
+    return (time.perf_counter() - start) / repeats
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64, 256, 2048])
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    print(f"{'shape':<8} {'K x N':>12} {'rows':>5} {'plain µs':>9} {'packed µs':>9} {'ratio':>6}")
-    for name, (k, n) in SHAPES.items():
-        weight = torch.randn(n, k).to(dtype)
-        packed = cpu_gemm.pack_weight(weight)
-        for rows in ROWS:
-            x = torch.randn(rows, k).to(dtype)
-            repeats = max(3, int(2e5 // (rows * n)) + 3)
-            plain = _time(lambda: F.linear(x, weight), repeats)
-            ours = _time(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), repeats)
-            print(f"{name:<8} {f'{k} x {n}':>12} {rows:>5} {plain:9.0f} {ours:9.0f} {plain / ours:6.2f}")
+    torch.manual_seed(0)
+    weights = [torch.randn(n, k) for _ in range(args.layers) for n, k in LAYER_SHAPES] + [torch.randn(*LM_HEAD)]
+    paths: dict[str, list[Callable[[torch.Tensor], torch.Tensor]]] = {
+        "plain": [lambda x, w=w: F.linear(x, w) for w in weights],
+        "oneDNN": [lambda x, p=torch.ops.mkldnn._reorder_linear_weight(w, None): torch.ops.mkldnn._linear_pointwise(
+            x, p, None, "none", [], "") for w in weights],
+    }
+    if cpu.panel_linear_supported():
+        paths["panels"] = [lambda x, p=cpu.pack_panels(w), n=w.shape[0]: cpu.panel_linear(x, p, n) for w in weights]
+    weight_bytes = sum(w.numel() * 4 for w in weights)
+    print(f"{torch.get_num_threads()} threads; {args.layers} layers + LM head, {weight_bytes / 1e6:.0f} MB of float32 weights")
+    print(f"{'rows':>5} " + " ".join(f"{name + ' ms':>10} {'GB/s':>5} {'GF/s':>5}" for name in paths)
+          + ("  panels/oneDNN" if "panels" in paths else ""))
+    for rows in args.rows:
+        inputs = {k: torch.randn(rows, k) for k in {k for _, k in LAYER_SHAPES + [LM_HEAD]}}
+        repeats = max(2, int(3e9 // (rows * weight_bytes)) + 1)
+        seconds = {name: _seconds(lambda calls=calls: [call(inputs[w.shape[1]]) for call, w in zip(calls, weights)],
+                                  repeats) for name, calls in paths.items()}
+        cells = [f"{s * 1e3:10.1f} {weight_bytes / s / 1e9:5.1f} {rows * weight_bytes / 2 / s / 1e9:5.0f}"
+                 for s in seconds.values()]
+        ratio = f"  {seconds['oneDNN'] / seconds['panels']:.2f}x" if "panels" in seconds else ""
+        print(f"{rows:5} " + " ".join(cells) + ratio)
 
 
 if __name__ == "__main__":
