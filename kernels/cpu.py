@@ -140,10 +140,14 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@functools.cache
 def panel_linear_supported() -> bool:
     """Whether float32 linears can take the AVX-512 panel kernel here (built, and the CPU has AVX-512)."""
-    return unavailable_reason() is None and bool(torch.ops.llmctl_cpu.panel_linear_supported())
+    return unavailable_reason() is None and _cpu_has_avx512()
+
+
+@functools.cache
+def _cpu_has_avx512() -> bool:
+    return bool(torch.ops.llmctl_cpu.panel_linear_supported())
 
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:

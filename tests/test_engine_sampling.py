@@ -112,6 +112,21 @@ def test_penalties_on_a_known_row():
     assert token == 5
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1e-5, 0.7])
+def test_extreme_penalties_sample_the_limit_instead_of_failing(temperature):
+    """A repetition penalty of 5e-324 (valid: > 0) overflows the seen positive logits to +inf; the draw
+    then goes to them, as the limit says, and a row where every token is blocked still yields an id."""
+    seq = Sequence(0, "r", 0, [1, 2], SamplingParams())
+    logits = torch.tensor([[0.0, 2.0, -2.0, 1.0, float("-inf"), 0.5] + [0.1] * (2 * CDF_CHUNK)])
+    params = SamplingParams(temperature=temperature, repetition_penalty=5e-324, seed=1)
+    for _ in range(20):
+        [(token, _)] = sample(logits, [SampleInput(seq, params, torch.Generator().manual_seed(_), [4])])
+        assert token == 1  # 2 / 5e-324 beats everything; -2 * 5e-324 and the blocked -inf do not
+    blocked = list(range(logits.shape[1]))
+    [(token, _)] = sample(logits, [SampleInput(seq, params, torch.Generator(), blocked)])
+    assert 0 <= token < logits.shape[1]
+
+
 @pytest.mark.parametrize("vocab", [5, 3 * CDF_CHUNK + 44])  # one partial chunk; several and a padded tail
 def test_inverse_cdf_draws_each_token_with_its_probability(vocab):
     torch.manual_seed(vocab)

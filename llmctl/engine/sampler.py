@@ -73,7 +73,8 @@ def _apply_penalties(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
     if any(p != 1.0 for p in repetition):  # transformers' rule: divide positive logits, multiply negative
         rows, ids = _flat_pairs([sorted(set(item.seq.all_token_ids)) if p != 1.0 else []
                                  for item, p in zip(inputs, repetition)], device)
-        penalty = torch.tensor(repetition, device=device)[rows]
+        # A penalty below float32's smallest normal (5e-324 is a valid request) would round to 0: -inf * 0 is NaN.
+        penalty = torch.tensor(repetition, device=device).clamp(min=torch.finfo(logits.dtype).tiny)[rows]
         values = logits[rows, ids]
         logits[rows, ids] = torch.where(values > 0, values / penalty, values * penalty)
     if any((item.params.presence_penalty or item.params.frequency_penalty) and item.seq.output_token_ids
@@ -89,7 +90,10 @@ def _apply_penalties(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
 def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     device, vocab = logits.device, logits.shape[1]
     temperatures = torch.tensor([max(p.temperature or 1.0, 1e-5) for p in params], device=device)
-    logits = logits / temperatures.unsqueeze(1)
+    # Extreme penalties or temperatures can overflow a logit to +inf, which softmax turns into NaN: the
+    # largest float keeps the limit (all mass on the largest logits).
+    logits = torch.nan_to_num(logits / temperatures.unsqueeze(1), nan=float("-inf"), neginf=float("-inf"),
+                              posinf=torch.finfo(logits.dtype).max)
     top_k = [p.top_k if p.top_k and 0 < p.top_k < vocab else 0 for p in params]
     if any(top_k):
         k = torch.tensor(top_k, device=device)
@@ -125,18 +129,18 @@ def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     32 rows of 49,152 on a Zen 4, as much as the softmax and the division before it together):
     the masses of chunks of CDF_CHUNK tokens find the chunk, a cumsum inside it the token.
     Each target is kept below its level's total, so float rounding cannot step past the
-    last token with mass."""
+    last token with mass; a row without mass (every token blocked) gets an index in range."""
     rows, vocab = probs.shape
     padded = -(-vocab // CDF_CHUNK) * CDF_CHUNK
     chunks = (probs if padded == vocab else F.pad(probs, (0, padded - vocab))).reshape(rows, -1, CDF_CHUNK)
     chunk_cumulative = chunks.sum(dim=-1).cumsum(dim=-1)  # [rows, chunks]
     targets = torch.minimum(uniforms * chunk_cumulative[:, -1], _below(chunk_cumulative[:, -1]))
-    chunk = torch.searchsorted(chunk_cumulative, targets.unsqueeze(1), right=True)  # [rows, 1]
+    chunk = torch.searchsorted(chunk_cumulative, targets.unsqueeze(1), right=True).clamp(max=padded // CDF_CHUNK - 1)
     mass_before = torch.where(chunk > 0, chunk_cumulative.gather(1, (chunk - 1).clamp(min=0)), 0.0).squeeze(1)
     inside = chunks.gather(1, chunk.unsqueeze(2).expand(rows, 1, CDF_CHUNK)).squeeze(1).cumsum(dim=-1)
     remainder = torch.minimum((targets - mass_before).clamp(min=0.0), _below(inside[:, -1]))
     offset = torch.searchsorted(inside, remainder.unsqueeze(1), right=True).squeeze(1)
-    return chunk.squeeze(1) * CDF_CHUNK + offset
+    return (chunk.squeeze(1) * CDF_CHUNK + offset).clamp(max=vocab - 1)
 
 
 def _below(total: torch.Tensor) -> torch.Tensor:

@@ -244,7 +244,7 @@ async def guarded(state: ServerState, request: Request, handler: Any) -> Respons
                 raise bad(f"{state.model_name} is an embedding model: it answers /v1/embeddings only")
             return await handler(state, request)
         if state.engine is None or not state.engine.is_running:
-            why = state.load_error or "the model is still loading"
+            why = state.load_error or ("the engine stopped" if state.engine else "the model is still loading")
             raise APIError(f"not ready: {why}", 503, headers={"Retry-After": "5"})
         return await handler(state, request)
     except Exception as exc:
