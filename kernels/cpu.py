@@ -142,6 +142,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 def panel_linear_supported() -> bool:
     """Whether float32 linears can take the AVX-512 panel kernel here (built, and the CPU has AVX-512)."""
+    return built_for_avx512()
+
+
+def built_for_avx512() -> bool:
+    """Whether the kernels are built and were compiled for AVX-512: the panel GEMM, and the
+    attention's float32 rows in registers, exist only then."""
     return unavailable_reason() is None and _cpu_has_avx512()
 
 

@@ -58,6 +58,13 @@ def test_paged_attention_block_sizes_and_long_context(block_size):
     check([1, 16, 1], [463, 200, 1000], heads=4, kv_heads=1, dim=64, block_size=block_size, pool_blocks=128)
 
 
+@pytest.mark.parametrize("dim", [64, 128])
+def test_paged_attention_on_whole_prompts_and_long_chunks(dim):
+    # The cpu backend sends prompts of up to VECTOR_QUERY_LIMIT new tokens here: fresh ones
+    # (query length = context) and long chunks over cached tokens, next to a decode.
+    check([300, 129, 1], [300, 463, 90], heads=9, kv_heads=3, dim=dim, pool_blocks=64)
+
+
 def test_paged_attention_bfloat16():
     check([1, 3, 1], [40, 20, 9], heads=6, kv_heads=2, dim=64, dtype=torch.bfloat16)
 

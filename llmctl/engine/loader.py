@@ -117,7 +117,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     layers = shard.stage_layers(spec.num_layers)
     cache_dtype = _kv_cache_dtype(config.kv_cache_dtype, dtype)
     geometry = stage_kv(spec, rank.tp, layers, torch.tensor([], dtype=cache_dtype).element_size(), config.block_size)
-    choice, backend = _attention_backend(config, spec, device)
+    choice, backend = _attention_backend(config, spec, device, dtype)
     kv_heads = kv_heads_per_rank(spec, rank.tp)
 
     def make_caches(blocks: int) -> dict[int, KVCache]:
@@ -308,7 +308,7 @@ def _eos_ids(defaults: dict[str, Any], tokenizer: Any) -> list[int]:
     return sorted(int(i) for i in ids)
 
 
-def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.device
+def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.device, dtype: torch.dtype
                        ) -> tuple[BackendChoice, AttentionBackend]:
     cuda = device.type == "cuda"
     choice = choose_attention_backend(spec, cuda=cuda, requested=config.attention_backend,
@@ -326,7 +326,7 @@ def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.devi
         raise EngineConfigError("--attention-backend cpu: the C++ kernel reads caches in the model's dtype; "
                                 "with --kv-cache-dtype fp8 use --attention-backend torch")
     try:
-        return choice, create_backend("cpu")
+        return choice, create_backend("cpu", dtype, spec.attention.head_dim)
     except CPUKernelsUnavailable as exc:
         if config.attention_backend == "cpu":
             raise EngineConfigError(f"--attention-backend cpu: {exc}; or use --attention-backend torch") from None

@@ -92,8 +92,8 @@ def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     temperatures = torch.tensor([max(p.temperature or 1.0, 1e-5) for p in params], device=device)
     # Extreme penalties or temperatures can overflow a logit to +inf, which softmax turns into NaN: the
     # largest float keeps the limit (all mass on the largest logits).
-    logits = torch.nan_to_num(logits / temperatures.unsqueeze(1), nan=float("-inf"), neginf=float("-inf"),
-                              posinf=torch.finfo(logits.dtype).max)
+    logits = (logits / temperatures.unsqueeze(1)).nan_to_num_(nan=float("-inf"), neginf=float("-inf"),
+                                                               posinf=torch.finfo(logits.dtype).max)
     top_k = [p.top_k if p.top_k and 0 < p.top_k < vocab else 0 for p in params]
     if any(top_k):
         k = torch.tensor(top_k, device=device)

@@ -3,8 +3,9 @@ startup log and the engine, so they cannot disagree.
 
 - `triton`: llmctl's Triton paged-attention kernel (`llmctl.kernels.attention`), reading the
   paged KV cache in place. The default on CUDA GPUs.
-- `cpu`: llmctl's C++ paged-attention kernel (`llmctl.kernels.cpu`) for decodes and short
-  chunks, reading the KV pages in place; fresh prefills use torch SDPA. The default on CPUs
+- `cpu`: llmctl's C++ paged-attention kernel (`llmctl.kernels.cpu`) for decodes and prompt
+  chunks up to a limit (llmctl.engine.layers.cpu_attention), reading the KV pages in place;
+  longer prompts use torch SDPA. The default on CPUs
   (Triton kernels run there only in its slow, test-only interpreter). Built on first use.
 - `torch`: SDPA over KV pages gathered into a padded copy: the reference, and the fallback
   where the C++ kernel cannot be built or the KV cache is fp8.
@@ -19,6 +20,11 @@ from dataclasses import dataclass
 from llmctl.model.spec import ModelSpec
 
 BACKENDS = ("cpu", "torch", "triton")
+# New tokens per sequence up to which the `cpu` backend's kernel attends, SDPA above (measured by
+# benchmarks/cpu_attention.py --prompts): with float32 rows in AVX-512 registers, fresh prompts
+# included; with its plain loop (bfloat16, no AVX-512), only chunks over cached tokens.
+VECTOR_QUERY_LIMIT = 256
+SHORT_QUERY_LIMIT = 16
 
 
 @dataclass(frozen=True)
@@ -54,8 +60,10 @@ def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, reque
     torch_sdpa = _torch_sdpa(spec)
     kernel = f"{spec.positional.describe()}: llmctl's Triton paged-attention kernel, reading the KV pages in place" + \
         (" and adding the ALiBi bias itself" if alibi else "")
-    cpu_kernel = f"{spec.positional.describe()}: llmctl's C++ paged-attention kernel for decodes, reading the KV " \
-        "pages in place" + (" and adding the ALiBi bias itself" if alibi else "") + "; torch SDPA for prefills"
+    cpu_kernel = f"{spec.positional.describe()}: llmctl's C++ paged-attention kernel for decodes and prompt chunks, " \
+        "reading the KV pages in place" + (" and adding the ALiBi bias itself" if alibi else "") + "; torch SDPA " \
+        f"for chunks over {VECTOR_QUERY_LIMIT} new tokens (in bfloat16 or without AVX-512: for fresh prompts, and " \
+        f"for chunks over {SHORT_QUERY_LIMIT})"
     if requested == "torch":
         return BackendChoice("torch", f"{torch_sdpa} (--attention-backend torch)")
     if requested == "cpu":

@@ -72,7 +72,8 @@ class AttentionBackend(Protocol):
         ...
 
 
-def create_backend(name: str) -> AttentionBackend:
+def create_backend(name: str, dtype: torch.dtype = torch.float32, head_dim: int = 64) -> AttentionBackend:
+    """The backend `name`; the cpu backend picks which prompts its kernel takes by dtype and head size."""
     if name == "triton":
         from llmctl.engine.layers.triton_attention import TritonAttention
 
@@ -84,5 +85,5 @@ def create_backend(name: str) -> AttentionBackend:
     if name == "cpu":
         from llmctl.engine.layers.cpu_attention import CPUAttention
 
-        return CPUAttention()
+        return CPUAttention(dtype, head_dim)
     raise ValueError(f"unknown attention backend {name!r}; available: cpu, torch, triton")

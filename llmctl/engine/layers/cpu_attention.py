@@ -1,13 +1,15 @@
 """The `cpu` attention backend: llmctl's C++ paged-attention kernel for the tokens it suits.
 
-Decodes and short chunks (speculative or prefix-cache continuations, up to
-`PAGED_QUERY_LIMIT` new tokens) go to `torch.ops.llmctl_cpu.paged_attention`, which reads
-the KV pages in place: no gathered copy, no padding to the longest context, no mask. A
-fresh prefill (nothing cached before it) attends over its own new K/V with torch's SDPA,
-and a long chunk on top of cached tokens gathers its pages for SDPA: both are large
-matrix products that SDPA's blocked kernel does better than a per-token loop. The `torch`
-backend (llmctl.engine.layers.torch_attention) is the reference this one is tested against.
-An fp8 KV cache runs on the `torch` backend (llmctl.model.attention_backend decides).
+Decodes and prompt chunks of up to `paged_query_limit` new tokens (llmctl.model.attention_backend
+holds the limits) go to
+`torch.ops.llmctl_cpu.paged_attention`, which reads the KV pages in place: no gathered
+copy, no padding to the longest context, no mask. Where the kernel keeps float32 rows in
+AVX-512 registers it beats torch's SDPA on whole prompts too, up to a few hundred tokens
+(`benchmarks/cpu_attention.py --prompts`); its plain loop (bfloat16, no AVX-512) beats SDPA
+only on short chunks over cached tokens. Longer prompts attend with SDPA, as the `torch`
+backend (llmctl.engine.layers.torch_attention) does: that backend is the reference this
+one is tested against. An fp8 KV cache runs on the `torch` backend
+(llmctl.model.attention_backend decides).
 """
 
 from __future__ import annotations
@@ -17,8 +19,13 @@ import torch
 from llmctl.engine.layers.attention import AttentionMetadata, KVCache
 from llmctl.engine.layers.torch_attention import TorchAttention
 from llmctl.kernels import cpu as cpu_kernels
+from llmctl.model.attention_backend import SHORT_QUERY_LIMIT, VECTOR_QUERY_LIMIT
 
-PAGED_QUERY_LIMIT = 16  # new tokens of a sequence up to which the paged kernel beats gather + SDPA
+
+def paged_query_limit(dtype: torch.dtype, head_dim: int) -> int:
+    """New tokens per sequence up to which the kernel attends (a fresh prompt only where it vectorizes)."""
+    vector_rows = dtype == torch.float32 and head_dim % 16 == 0 and cpu_kernels.built_for_avx512()
+    return VECTOR_QUERY_LIMIT if vector_rows else SHORT_QUERY_LIMIT
 
 
 def _token_rows(x: torch.Tensor) -> torch.Tensor:
@@ -29,17 +36,19 @@ def _token_rows(x: torch.Tensor) -> torch.Tensor:
 class CPUAttention:
     name = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float32, head_dim: int = 64) -> None:
         cpu_kernels.load()
-        self.torch = TorchAttention()  # fresh prefills and long chunks
+        self.query_limit = paged_query_limit(dtype, head_dim)
+        self.fresh_prompts = self.query_limit > SHORT_QUERY_LIMIT
+        self.torch = TorchAttention()  # the prompts above the limit
         self.meta: AttentionMetadata | None = None
         self.paged_rows: torch.Tensor | None = None  # flat rows the paged kernel answers; None: all of them
         self.paged: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # tables, lens, starts (int32)
 
     def prepare(self, meta: AttentionMetadata, device: torch.device) -> None:
         self.meta = meta
-        paged = [i for i in range(meta.num_seqs)
-                 if meta.query_len(i) <= PAGED_QUERY_LIMIT and meta.query_len(i) < meta.seq_lens[i]]
+        paged = [i for i in range(meta.num_seqs) if meta.query_len(i) <= self.query_limit
+                 and (self.fresh_prompts or meta.query_len(i) < meta.seq_lens[i])]
         chosen = set(paged)
         self.torch.prepare(meta, device, only=[i for i in range(meta.num_seqs) if i not in chosen])
         self.paged, self.paged_rows = None, None
