@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmctl.errors import LlmctlError
+from llmctl.model.attention_backend import SHORT_QUERY_LIMIT
 
 METHODS = ("ngram", "draft_model")
 KNOWN_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",
               "disable_by_batch_size"}
-MAX_SPECULATIVE_TOKENS = 16  # the C++ CPU attention kernel takes chunks of up to 16 new tokens
+MAX_SPECULATIVE_TOKENS = SHORT_QUERY_LIMIT  # verification chunks stay on the C++ CPU attention kernel everywhere
 
 
 class SpeculativeConfigError(LlmctlError):
