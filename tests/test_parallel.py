@@ -203,3 +203,27 @@ def test_each_rank_takes_its_share_of_the_cores(monkeypatch):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_messages_between_ranks_carry_tensors_in_one_buffer():
+    """A step's batch goes as one gloo message (one round trip); bigger ones (logits) as two,
+    and every tensor comes back equal, dtype and shape included, as a view of the buffer."""
+    from llmctl.engine.parallel.channel import FIRST_PART, _decode, encode
+
+    small = {"ids": torch.arange(7, dtype=torch.int32), "empty": torch.zeros(0, 4), "scalar": torch.tensor(2.5),
+             "flags": torch.tensor([True, False]), "half": torch.randn(3, 5).to(torch.bfloat16), "note": "x"}
+    logits = torch.randn(16, 49152)
+    for obj in (small, {"logits": logits, "rows": [1, 2]}, logits[:, ::2]):
+        parts = encode(obj)
+        assert parts[0].numel() == FIRST_PART and len(parts) == (1 if obj is small else 2)
+        rest_received = []
+        decoded = _decode(parts[0].clone(), lambda rest: rest_received.append(rest.copy_(parts[1])))
+        assert len(rest_received) == len(parts) - 1
+        expected = obj if isinstance(obj, dict) else {"t": obj}
+        got = decoded if isinstance(decoded, dict) else {"t": decoded}
+        for key, value in expected.items():
+            if isinstance(value, torch.Tensor):
+                assert got[key].dtype == value.dtype and got[key].shape == value.shape
+                assert torch.equal(got[key], value)
+            else:
+                assert got[key] == value

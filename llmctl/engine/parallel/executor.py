@@ -17,9 +17,10 @@ import torch.distributed as dist
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.cuda_graphs import decode_graphs
 from llmctl.engine.loader import LoadedModel, Placement, load_model
-from llmctl.engine.parallel.channel import Groups, all_gather_ints, all_reduce_min, connect, recv_object
+from llmctl.engine.parallel.channel import Groups, all_gather_ints, all_reduce_min, connect
 from llmctl.engine.parallel.group import Rank
 from llmctl.engine.parallel.launch import Launch, spawn_workers, torchrun_rank, under_torchrun
+from llmctl.engine.parallel.results import ResultReceiver
 from llmctl.engine.parallel.stage import StageRunner, Stop
 from llmctl.engine.runner import ModelRunner, StepBatch, StepLogits
 from llmctl.engine.threads import use_threads
@@ -122,6 +123,7 @@ class ParallelExecutor:
         self.rank_memory = self.stage.rank_memory
         self.max_in_flight = pp
         self._ready: deque[StepLogits] = deque()
+        self._results = ResultReceiver(self.groups.results, self.rank.last_stage_leader)
         self._log_layout(time.perf_counter() - started)
 
     def _startup_error(self, exc: Exception) -> LlmctlError:
@@ -142,12 +144,14 @@ class ParallelExecutor:
             raise self._lost(exc) from exc
         if logits is not None:
             self._ready.append(logits)
+        else:
+            self._results.expect()
 
     def collect(self) -> StepLogits:
         if self._ready:
             return self._ready.popleft()
         try:
-            return recv_object(self.groups.world_data, self.rank.last_stage_leader)
+            return self._results.next()
         except RuntimeError as exc:
             raise self._lost(exc) from exc
 
@@ -160,6 +164,7 @@ class ParallelExecutor:
         return self.launch.alive()
 
     def shutdown(self) -> None:
+        self._results.close()
         if self.launch.alive():
             try:
                 self.stage.run(Stop())

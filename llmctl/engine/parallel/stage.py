@@ -2,7 +2,7 @@
 
 Rank 0 (the driver) also runs a stage: stage 0, TP rank 0. It hands each batch to its TP
 peers by broadcast; every stage forwards the batch with its hidden states to the same TP
-position of the next stage; the last stage's TP rank 0 sends the logits back to rank 0.
+position of the next stage; the last stage's TP rank 0 sends the logits back to rank 0 (to its ResultReceiver).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class StageRunner:
             return None
         logits = self.runner.logits(message, hidden)
         if rank.tp_rank == 0 and rank.rank != 0:
-            send_object(self.outbox, self.groups.world_data, logits, 0)
+            send_object(self.outbox, self.groups.results, logits, 0)
         return logits
 
     def _pass_on(self, message: StepBatch | Stop, hidden: torch.Tensor | None) -> None:
