@@ -111,6 +111,18 @@ def test_sharded_engines_equal_one_process(models, name):
         assert_same(expected, got)
 
 
+def test_the_driver_keeps_a_bounded_number_of_sends(models):
+    """Gloo sends report completion only when waited on; a server must not keep every step's buffers."""
+    llm = LLM(str(models["qwen2"]), pipeline_parallel_size=2, max_model_len=128, kv_cache_memory=64 * 1024**2)
+    try:
+        llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
+        outbox = llm.engine.executor.stage.outbox
+        assert outbox.sent > 2 * outbox.MAX_PENDING  # enough steps that an unbounded list would show
+        assert outbox.pending <= outbox.MAX_PENDING
+    finally:
+        llm.shutdown()
+
+
 def test_each_rank_holds_what_the_plan_says(models):
     from llmctl.model.report import load_spec
     from llmctl.model.source import resolve_model

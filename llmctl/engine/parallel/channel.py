@@ -12,6 +12,7 @@ import io
 import math
 import os
 import pickle
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -54,20 +55,32 @@ def connect(store: dist.Store, rank: Rank, device: torch.device) -> Groups:
 
 
 class Outbox:
-    """Sends that complete in the background; their buffers stay alive until they have."""
+    """Sends that complete in the background; their buffers stay alive until they have.
+
+    A gloo send reports completion only once waited on, so the outbox waits on its oldest
+    sends beyond MAX_PENDING: long received by then (at most PP batches are in flight), they
+    return at once, and a long-running server keeps a bounded number of buffers."""
+
+    MAX_PENDING = 32
 
     def __init__(self) -> None:
-        self._pending: list[tuple[dist.Work, list[torch.Tensor]]] = []
+        self._pending: deque[tuple[dist.Work, torch.Tensor]] = deque()
+        self.sent = 0
 
     def send(self, pg: dist.ProcessGroup, tensors: list[torch.Tensor], dst: int) -> None:
-        self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
         for tensor in tensors:
-            self._pending.append((pg.send([tensor], dst, 0), [tensor]))
+            self._pending.append((pg.send([tensor], dst, 0), tensor))
+            self.sent += 1
+        while len(self._pending) > self.MAX_PENDING:
+            self._pending.popleft()[0].wait()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
 
     def flush(self) -> None:
-        for work, _ in self._pending:
-            work.wait()
-        self._pending = []
+        while self._pending:
+            self._pending.popleft()[0].wait()
 
 
 FIRST_PART = 64 * 1024  # bytes every message starts with: a step's batch fits, so one round trip sends it
