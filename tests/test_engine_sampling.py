@@ -105,10 +105,10 @@ def test_penalties_on_a_known_row():
     seq.output_token_ids = [3, 3, 4]
     logits = torch.tensor([[0.0, 2.0, -2.0, 1.0, 1.0, 0.5]])
     params = SamplingParams(temperature=0, repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
-    [(token, _)] = sample(logits, [SampleInput(seq, params, torch.Generator(), [])])
+    [(token, _)] = sample(logits, [SampleInput.for_sequence(seq, params, torch.Generator(), [])])
     # token 1: 2/2 = 1.0; 2: -2*2 = -4; 3: 1/2 - 0.5 - 0.5 = -0.5; 4: 1/2 - 0.5 - 0.25 = -0.25; 5: 0.5
     assert token == 1
-    [(token, _)] = sample(logits, [SampleInput(seq, params, torch.Generator(), [1])])
+    [(token, _)] = sample(logits, [SampleInput.for_sequence(seq, params, torch.Generator(), [1])])
     assert token == 5
 
 
@@ -120,10 +120,10 @@ def test_extreme_penalties_sample_the_limit_instead_of_failing(temperature):
     logits = torch.tensor([[0.0, 2.0, -2.0, 1.0, float("-inf"), 0.5] + [0.1] * (2 * CDF_CHUNK)])
     params = SamplingParams(temperature=temperature, repetition_penalty=5e-324, seed=1)
     for _ in range(20):
-        [(token, _)] = sample(logits, [SampleInput(seq, params, torch.Generator().manual_seed(_), [4])])
+        [(token, _)] = sample(logits, [SampleInput.for_sequence(seq, params, torch.Generator().manual_seed(_), [4])])
         assert token == 1  # 2 / 5e-324 beats everything; -2 * 5e-324 and the blocked -inf do not
     blocked = list(range(logits.shape[1]))
-    [(token, _)] = sample(logits, [SampleInput(seq, params, torch.Generator(), blocked)])
+    [(token, _)] = sample(logits, [SampleInput.for_sequence(seq, params, torch.Generator(), blocked)])
     assert 0 <= token < logits.shape[1]
 
 

@@ -94,7 +94,8 @@ def generate(folder: Path, tp: int = 1, pp: int = 1):
 def assert_same(expected, got) -> None:
     for (tokens, logprobs), (their_tokens, their_logprobs) in zip(expected, got):
         assert their_tokens == tokens
-        assert max(abs(a - b) for a, b in zip(logprobs, their_logprobs)) <= 1e-4
+        assert len(their_logprobs) == len(logprobs)
+        assert max((abs(a - b) for a, b in zip(logprobs, their_logprobs)), default=0.0) <= 1e-4
 
 
 LAYOUTS = {"llama-1kv": [(2, 1), (1, 2), (2, 2), (4, 1)],  # TP 4: the one KV head on every rank
@@ -121,6 +122,46 @@ def test_the_driver_keeps_a_bounded_number_of_sends(models):
         assert outbox.pending <= outbox.MAX_PENDING
     finally:
         llm.shutdown()
+
+
+SAMPLED = [SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=7, max_tokens=12, ignore_eos=True, logprobs=2),
+           SamplingParams(temperature=1.0, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.4,
+                          min_p=0.05, seed=8, max_tokens=12, ignore_eos=True),
+           SamplingParams(temperature=0.7, min_tokens=6, stop_token_ids=[3, 4], seed=9, max_tokens=12),
+           SamplingParams(temperature=0.9, n=2, seed=10, max_tokens=8, ignore_eos=True, prompt_logprobs=1)]
+
+
+def sampled_outputs(folder: Path, pp: int, results: list | None = None):
+    llm = LLM(str(folder), pipeline_parallel_size=pp, max_model_len=128, kv_cache_memory=64 * 1024**2)
+    executor = llm.engine.executor
+    if results is not None:  # a spy: what each collected step came back as
+        collect = executor.collect
+        executor.collect = lambda: results.append(collect()) or results[-1]
+    try:
+        outputs = llm.generate([PROMPTS[0]] * len(SAMPLED), SAMPLED)
+    finally:
+        llm.shutdown()
+    return [[(c.token_ids, [lp.logprob for lp in c.logprobs or []]) for c in o.outputs] for o in outputs], \
+        [[lp and lp.logprob for lp in o.prompt_logprobs or []] for o in outputs]
+
+
+def test_the_last_stage_samples_as_the_driver_does(models):
+    """With PP the last stage samples from the inputs the batch carries (uniforms drawn by the driver,
+    penalty and stop ids); seeded outputs equal one process's. Steps it cannot sample from the batch
+    alone (prompt log-probabilities, an n > 1 request's first token) come back as logits."""
+    from llmctl.engine.runner import SampledTokens, StepLogits
+
+    expected, expected_prompt = sampled_outputs(models["qwen2"], 1)
+    results: list = []
+    got, got_prompt = sampled_outputs(models["qwen2"], 2, results)
+    for choices, their_choices in zip(expected, got):
+        assert_same(choices, their_choices)
+    assert [len(o) for o in got] == [1, 1, 1, 2]
+    for logprobs, theirs in zip(expected_prompt, got_prompt):
+        assert [a is None for a in logprobs] == [b is None for b in theirs]
+        assert all(abs(a - b) <= 1e-4 for a, b in zip(logprobs, theirs) if a is not None)
+    kinds = {type(result) for result in results}
+    assert kinds == {SampledTokens, StepLogits}
 
 
 def test_each_rank_holds_what_the_plan_says(models):

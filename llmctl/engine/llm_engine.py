@@ -20,7 +20,7 @@ from llmctl.engine.lora.manager import LoRAManager
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from llmctl.engine.parallel.executor import Executor, WorkerLostError, create_executor, sliding_window
-from llmctl.engine.runner import StepResult, build_batch
+from llmctl.engine.runner import SampledTokens, StepBatch, StepResult, build_batch
 from llmctl.engine.sampler import SampleInput, prompt_logprob_entries, sample
 from llmctl.engine.sampling_params import InvalidRequestError, SamplingParams
 from llmctl.engine.scheduler import Scheduler, SchedulerOutput
@@ -228,10 +228,13 @@ class LLMEngine:
                 # Proposed tokens count as computed only once verified (_append_verified).
                 item.seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
                 self.block_manager.register_full_blocks(item.seq)
-        result = StepResult(logits.sample_logits, logits.prompt_logits, sample_seqs)
-        self._record_prompt_logprobs(result, chunk_starts)
-        drafts = {item.seq.seq_id: item.draft for item in sched.scheduled if item.draft is not None}
-        touched = self._sample_and_append(result, drafts)
+        if isinstance(logits, SampledTokens):  # the last pipeline stage sampled (batch.sampling)
+            touched = self._append_sampled(sample_seqs, logits.tokens)
+        else:
+            result = StepResult(logits.sample_logits, logits.prompt_logits, sample_seqs)
+            self._record_prompt_logprobs(result, chunk_starts)
+            drafts = {item.seq.seq_id: item.draft for item in sched.scheduled if item.draft is not None}
+            touched = self._sample_and_append(result, drafts)
         if self.speculator is not None:
             self._propose(sched)
         return self._outputs(touched)
@@ -260,6 +263,8 @@ class LLMEngine:
                 item.seq.timings.first_scheduled = item.seq.timings.first_scheduled or now
             lora_slots = self.lora.activate([item.seq for item in sched.scheduled]) if self.lora else None
             batch, sample_seqs = build_batch(sched, self.config.block_size, lora_slots)
+            if self.executor.samples_on_last_stage and _samples_plainly(sched, batch, sample_seqs):
+                batch.sampling = [self._sample_input(seq) for seq in sample_seqs]
             try:
                 self.executor.submit(batch)
             except WorkerLostError:
@@ -296,7 +301,7 @@ class LLMEngine:
                                                           seq.params.prompt_logprobs or 0)
 
     def _sample_and_append(self, result: StepResult, drafts: dict[int, Draft]) -> set[str]:
-        inputs, rows = [], []
+        inputs, seqs, rows = [], [], []
         verifying: list[tuple[Sequence, VerifyInput]] = []
         next_row = 0
         for seq in result.sample_seqs:
@@ -320,21 +325,31 @@ class LLMEngine:
                     family.append(child)
             for member in family:
                 inputs.append(self._sample_input(member))
+                seqs.append(member)
                 rows.append(row)
         touched: set[str] = set()
-        now = time.perf_counter()
         if inputs:
             logits = result.sample_logits
             if rows != list(range(logits.shape[0])):  # some rows finished, forked, or belong to proposals
                 logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
-            for item, (token, logprob) in zip(inputs, sample(logits, inputs)):
-                self._append_token(item.seq, token, logprob, now)
-                touched.add(item.seq.request_id)
+            touched = self._append_sampled(seqs, sample(logits, inputs))
+        now = time.perf_counter()
         if verifying:
             emitted = verify(result.sample_logits, [item for _, item in verifying])
             for (seq, item), tokens in zip(verifying, emitted):
                 self._append_verified(seq, item.draft, tokens, now)
                 touched.add(seq.request_id)
+        return touched
+
+    def _append_sampled(self, seqs: list[Sequence], tokens: list[tuple[int, TokenLogprob | None]]) -> set[str]:
+        """One sampled token per sequence; those aborted while their batch was in flight are skipped."""
+        now = time.perf_counter()
+        touched: set[str] = set()
+        for seq, (token, logprob) in zip(seqs, tokens):
+            if seq.is_finished or seq.request_id not in self.requests:
+                continue
+            self._append_token(seq, token, logprob, now)
+            touched.add(seq.request_id)
         return touched
 
     def _append_verified(self, seq: Sequence, draft: Draft, tokens: list[tuple[int, TokenLogprob | None]],
@@ -355,7 +370,7 @@ class LLMEngine:
         blocked: list[int] = []
         if len(seq.output_token_ids) < params.min_tokens:
             blocked = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids)))
-        return SampleInput(seq, params, seq.generator or self._default_generator, blocked)
+        return SampleInput.for_sequence(seq, params, seq.generator or self._default_generator, blocked)
 
     def _append_token(self, seq: Sequence, token: int, logprob, now: float) -> None:
         if not seq.output_token_ids and seq.index == 0:
@@ -448,3 +463,10 @@ class LLMEngine:
             prompt_logprobs=list(first.prompt_logprobs) if request.params.prompt_logprobs is not None else None,
             num_cached_tokens=first.num_cached_tokens, metrics=metrics,
         )
+
+
+def _samples_plainly(sched: SchedulerOutput, batch: StepBatch, sample_seqs: list[Sequence]) -> bool:
+    """A step whose sampling a pipeline's last stage can do from the batch alone: one row per sequence,
+    no prompt log-probabilities, no proposals to verify, no n > 1 request forking at its first token."""
+    return not batch.prompt_rows and len(batch.sample_rows) == len(sample_seqs) \
+        and all(item.draft is None for item in sched.scheduled) and not any(seq.waiting_to_fork for seq in sample_seqs)

@@ -13,7 +13,8 @@ from llmctl.engine.layers.attention import AttentionBackend, AttentionMetadata, 
 from llmctl.engine.lora.slots import NO_ADAPTER, LoRAStep
 from llmctl.engine.models.common import StepContext
 from llmctl.engine.scheduler import SchedulerOutput
-from llmctl.engine.sequence import Sequence
+from llmctl.engine.sampler import SampleInput
+from llmctl.engine.sequence import Sequence, TokenLogprob
 from llmctl.engine.transfer import to_device
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ class StepBatch:
     prompt_rows: dict[int, list[int]] = field(default_factory=dict)  # seq_id -> rows scoring prompt tokens
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
     lora_slots: list[int] = field(default_factory=list)  # [B] each sequence's adapter slot; empty: no adapters
+    sampling: list[SampleInput] | None = None  # one per sample row: the last pipeline stage samples them
+
 
     @property
     def num_tokens(self) -> int:
@@ -44,6 +47,20 @@ class StepBatch:
 class StepLogits:
     sample_logits: torch.Tensor  # [N, V] float32 on the model's device, one row per sampling sequence
     prompt_logits: dict[int, torch.Tensor]  # seq_id -> [rows, V]
+
+
+@dataclass
+class SampledTokens:
+    """What a pipeline's last stage returns for a batch with `sampling`: ids, not logits."""
+
+    tokens: list[tuple[int, TokenLogprob | None]]  # one per sample row
+
+
+@dataclass
+class StepFailed:
+    """Sent back instead of a result when a step failed for its requests (the rank itself is fine)."""
+
+    reason: str
 
 
 @dataclass

@@ -6,11 +6,14 @@ requested log-probabilities go to the host. Log-probabilities are reported from 
 model distribution (before temperature and penalties), as vLLM does by default. Each row
 draws one uniform number from its request's generator (seeded requests have their own), so
 a seeded output does not depend on the batch; the draw is an inverse-CDF lookup.
+
+A SampleInput holds plain values only (the uniform already drawn, the token ids penalties
+need), so a pipeline's last stage can sample from it where the logits are.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -21,10 +24,22 @@ from llmctl.engine.sequence import Sequence, TokenLogprob
 
 @dataclass
 class SampleInput:
-    seq: Sequence
+    """What sampling one row needs; small and picklable."""
+
     params: SamplingParams
-    generator: torch.Generator
+    uniform: float  # drawn from the request's generator (0.0 for a greedy row, which draws nothing)
     blocked_token_ids: list[int]  # EOS and stop ids while min_tokens is not reached
+    seen_token_ids: list[int] = field(default_factory=list)  # distinct prompt + output ids: repetition penalty
+    output_token_ids: list[int] = field(default_factory=list)  # the output so far: presence/frequency penalties
+
+    @classmethod
+    def for_sequence(cls, seq: Sequence, params: SamplingParams, generator: torch.Generator,
+                     blocked_token_ids: list[int]) -> SampleInput:
+        """Draws the row's uniform now: the draws of a request stay in its token order wherever it samples."""
+        uniform = 0.0 if params.greedy else torch.rand(1, generator=generator).item()
+        seen = sorted(set(seq.all_token_ids)) if (params.repetition_penalty or 1.0) != 1.0 else []
+        output = list(seq.output_token_ids) if params.presence_penalty or params.frequency_penalty else []
+        return cls(params, uniform, blocked_token_ids, seen, output)
 
 
 def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, TokenLogprob | None]]:
@@ -39,8 +54,8 @@ def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, T
         every_row = len(sampled_rows) == len(inputs)
         rows = torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)
         probs = probabilities(processed if every_row else processed[rows], [inputs[r].params for r in sampled_rows])
-        uniforms = torch.cat([torch.rand(1, generator=inputs[r].generator) for r in sampled_rows])
-        drawn = inverse_cdf(probs, uniforms.to(logits.device))
+        uniforms = torch.tensor([inputs[r].uniform for r in sampled_rows], dtype=torch.float32, device=logits.device)
+        drawn = inverse_cdf(probs, uniforms)
         if every_row:
             tokens = drawn
         else:
@@ -71,15 +86,15 @@ def _apply_penalties(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
     device = logits.device
     repetition = [item.params.repetition_penalty or 1.0 for item in inputs]
     if any(p != 1.0 for p in repetition):  # transformers' rule: divide positive logits, multiply negative
-        rows, ids = _flat_pairs([sorted(set(item.seq.all_token_ids)) if p != 1.0 else []
-                                 for item, p in zip(inputs, repetition)], device)
+        rows, ids = _flat_pairs([item.seen_token_ids if p != 1.0 else [] for item, p in zip(inputs, repetition)],
+                                device)
         # A penalty below float32's smallest normal (5e-324 is a valid request) would round to 0: -inf * 0 is NaN.
         penalty = torch.tensor(repetition, device=device).clamp(min=torch.finfo(logits.dtype).tiny)[rows]
         values = logits[rows, ids]
         logits[rows, ids] = torch.where(values > 0, values / penalty, values * penalty)
-    if any((item.params.presence_penalty or item.params.frequency_penalty) and item.seq.output_token_ids
+    if any((item.params.presence_penalty or item.params.frequency_penalty) and item.output_token_ids
            for item in inputs):
-        rows, ids = _flat_pairs([item.seq.output_token_ids for item in inputs], device)
+        rows, ids = _flat_pairs([item.output_token_ids for item in inputs], device)
         counts = torch.zeros_like(logits).index_put_((rows, ids), torch.ones_like(rows, dtype=logits.dtype),
                                                      accumulate=True)
         frequency = torch.tensor([item.params.frequency_penalty or 0.0 for item in inputs], device=device)

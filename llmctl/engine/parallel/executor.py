@@ -22,7 +22,7 @@ from llmctl.engine.parallel.group import Rank
 from llmctl.engine.parallel.launch import Launch, spawn_workers, torchrun_rank, under_torchrun
 from llmctl.engine.parallel.results import ResultReceiver
 from llmctl.engine.parallel.stage import StageRunner, Stop
-from llmctl.engine.runner import ModelRunner, StepBatch, StepLogits
+from llmctl.engine.runner import ModelRunner, SampledTokens, StepBatch, StepFailed, StepLogits
 from llmctl.engine.threads import use_threads
 from llmctl.errors import LlmctlError
 from llmctl.units import GiB
@@ -34,13 +34,18 @@ class WorkerLostError(RuntimeError):
     """A rank died or stopped answering: the engine cannot go on."""
 
 
+class RemoteStepError(Exception):
+    """A step failed on another rank for its requests' sake (the ranks go on)."""
+
+
 class Executor(Protocol):
     loaded: LoadedModel
     max_in_flight: int
+    samples_on_last_stage: bool  # a batch may carry its sampling inputs and come back as SampledTokens
 
     def submit(self, batch: StepBatch) -> None: ...
 
-    def collect(self) -> StepLogits: ...
+    def collect(self) -> StepLogits | SampledTokens: ...
 
     def healthy(self) -> bool: ...
 
@@ -64,6 +69,7 @@ class LocalExecutor:
     """Every layer in this process; a batch's logits are ready when submit returns."""
 
     max_in_flight = 1
+    samples_on_last_stage = False
 
     def __init__(self, config: EngineConfig) -> None:
         self.threads = use_threads(config)
@@ -122,6 +128,7 @@ class ParallelExecutor:
         self.groups: Groups = self.stage.groups
         self.rank_memory = self.stage.rank_memory
         self.max_in_flight = pp
+        self.samples_on_last_stage = pp > 1  # with PP 1 the driver holds the last stage's logits itself
         self._ready: deque[StepLogits] = deque()
         self._results = ResultReceiver(self.groups.results, self.rank.last_stage_leader)
         self._log_layout(time.perf_counter() - started)
@@ -147,13 +154,16 @@ class ParallelExecutor:
         else:
             self._results.expect()
 
-    def collect(self) -> StepLogits:
+    def collect(self) -> StepLogits | SampledTokens:
         if self._ready:
             return self._ready.popleft()
         try:
-            return self._results.next()
+            result = self._results.next()
         except RuntimeError as exc:
             raise self._lost(exc) from exc
+        if isinstance(result, StepFailed):
+            raise RemoteStepError(result.reason)
+        return result
 
     def _lost(self, exc: Exception) -> WorkerLostError:
         dead = [p.name for p in self.launch.processes if not p.is_alive()]

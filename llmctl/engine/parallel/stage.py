@@ -2,7 +2,9 @@
 
 Rank 0 (the driver) also runs a stage: stage 0, TP rank 0. It hands each batch to its TP
 peers by broadcast; every stage forwards the batch with its hidden states to the same TP
-position of the next stage; the last stage's TP rank 0 sends the logits back to rank 0 (to its ResultReceiver).
+position of the next stage; the last stage's TP rank 0 sends the result back to rank 0 (to its
+ResultReceiver): the sampled tokens when the batch carries its sampling inputs, as vLLM samples
+on the last stage, so no vocabulary-wide logits cross ranks; else the logits.
 """
 
 from __future__ import annotations
@@ -13,12 +15,23 @@ import torch
 
 from llmctl.engine.loader import LoadedModel
 from llmctl.engine.parallel.channel import Groups, Outbox, broadcast_object, recv_object, send_object
-from llmctl.engine.runner import ModelRunner, StepBatch, StepLogits
+from llmctl.engine.runner import ModelRunner, SampledTokens, StepBatch, StepFailed, StepLogits
+from llmctl.engine.sampler import sample
 
 
 @dataclass
 class Stop:
     """Sent instead of a batch: the worker exits its loop."""
+
+
+def step_result(batch: StepBatch, logits: StepLogits) -> StepLogits | SampledTokens | StepFailed:
+    """The last stage's answer to the driver."""
+    if batch.sampling is None:
+        return logits
+    try:
+        return SampledTokens(sample(logits.sample_logits, batch.sampling))
+    except Exception as exc:  # the step's requests fail, not the rank
+        return StepFailed(f"sampling failed: {exc}")
 
 
 class StageRunner:
@@ -56,7 +69,7 @@ class StageRunner:
             return None
         logits = self.runner.logits(message, hidden)
         if rank.tp_rank == 0 and rank.rank != 0:
-            send_object(self.outbox, self.groups.results, logits, 0)
+            send_object(self.outbox, self.groups.results, step_result(message, logits), 0)
         return logits
 
     def _pass_on(self, message: StepBatch | Stop, hidden: torch.Tensor | None) -> None:
