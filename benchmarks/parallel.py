@@ -1,43 +1,58 @@
-"""Offline throughput of the default model at several layouts, in one run (machines here are noisy).
+"""Offline throughput, startup and per-rank memory of the default model at several layouts, in one
+run (machines here are noisy).
 
-    .venv/bin/python benchmarks/parallel.py [--num-prompts 16] [--input-len 64] [--output-len 64]
-        [--layouts tp1 pp2 tp3 dp2 tp1]
+    .venv/bin/python benchmarks/parallel.py [--num-prompts 64] [--input-len 128] [--output-len 128]
+        [--temperature 1.0] [--layouts tp1 pp2 tp3 dp2] [--repeat 3]
 
-Each layout is its own `llmctl bench offline` process; TP 1 runs first and last by default, so
-the machine's drift shows.
+The workload defaults are `llmctl bench offline`'s. Each run is its own `llmctl bench offline`
+process; the layouts alternate, `--repeat` times over, and the summary gives each layout's median
+output tok/s, its range, and its median over TP 1's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
-import time
 
 LAYOUT_FLAGS = {"tp1": [], "pp2": ["--pp", "2"], "tp2": ["--tp", "2"], "tp3": ["--tp", "3"], "dp2": ["--dp", "2"]}
-DEFAULT_LAYOUTS = ["tp1", "pp2", "tp3", "dp2", "tp1"]  # TP 1 twice: before and after the others
+GiB = 1024**3
+
+
+def run_layout(flags: list[str], args: argparse.Namespace) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-m", "llmctl", "bench", "offline", "--num-prompts", str(args.num_prompts),
+         "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+         "--temperature", str(args.temperature), "--max-model-len", "512", "--json", *flags],
+        capture_output=True, text=True, check=True)
+    return json.loads(result.stdout)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--num-prompts", type=int, default=16)
-    parser.add_argument("--input-len", type=int, default=64)
-    parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--layouts", nargs="+", choices=sorted(LAYOUT_FLAGS), default=DEFAULT_LAYOUTS)
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--layouts", nargs="+", choices=sorted(LAYOUT_FLAGS), default=["tp1", "pp2", "tp3", "dp2"])
+    parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
-    for layout in args.layouts:
-        flags = LAYOUT_FLAGS[layout]
-        started = time.perf_counter()
-        result = subprocess.run(
-            [sys.executable, "-m", "llmctl", "bench", "offline", "--num-prompts", str(args.num_prompts),
-             "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-             "--temperature", "0", "--max-model-len", "512", "--json", *flags],
-            capture_output=True, text=True, check=True)
-        report = json.loads(result.stdout)
-        tokens = report.get("output_tokens_per_s") or report.get("llmctl", {}).get("output_tokens_per_s")
-        print(f"{' '.join(flags) or 'TP 1':>10}: {tokens:8.1f} output tok/s   "
-              f"(process wall {time.perf_counter() - started:5.1f} s)", flush=True)
+    speeds: dict[str, list[float]] = {layout: [] for layout in args.layouts}
+    for _ in range(args.repeat):
+        for layout in args.layouts:
+            report = run_layout(LAYOUT_FLAGS[layout], args)
+            speed = report["llmctl"]["output_tokens_per_s"]
+            speeds[layout].append(speed)
+            ranks = ", ".join(f"{r['weights_bytes'] / GiB:.3f}+{r['kv_cache_bytes'] / GiB:.2f}" for r in report["ranks"])
+            print(f"{layout:>4}: {speed:7.1f} output tok/s, startup {report['startup_s']:5.2f} s, "
+                  f"weights+KV GiB per rank {ranks}", flush=True)
+    base = statistics.median(speeds["tp1"]) if speeds.get("tp1") else None
+    print("median (min-max) output tok/s" + (", median / TP 1's" if base else ""))
+    for layout, values in speeds.items():
+        ratio = f"  {statistics.median(values) / base:.2f}x" if base else ""
+        print(f"{layout:>4}: {statistics.median(values):7.1f} ({min(values):.1f}-{max(values):.1f}){ratio}")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,8 @@ class OfflineResult:
     transformers: Throughput | None = None
     spec_decode: SpecDecodeStats | None = None  # with --speculative-config: acceptance, summed over replicas
     lora_adapters: int = 0  # distinct adapters the requests were spread over
+    startup_seconds: float = 0.0  # building the engine(s): spawning ranks, loading, sizing the KV pool
+    rank_memory: list[tuple[int, int]] = field(default_factory=list)  # (weights, KV cache) bytes per rank of replica 0
 
     @property
     def ratio(self) -> float | None:
@@ -120,12 +122,14 @@ def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None]
         from llmctl.engine.threads import threads_per_rank
 
         parallel["cpu_threads"] = threads_per_rank(EngineConfig(data_parallel_size=replicas, **parallel))
+    starting = time.perf_counter()
     llm = LLM(options.model, max_num_seqs=options.max_num_seqs, max_model_len=options.max_model_len,
               max_num_batched_tokens=options.max_num_batched_tokens, **parallel)
     engines = [llm.engine] + [LLM(options.model, max_num_seqs=options.max_num_seqs,
                                   max_model_len=options.max_model_len,
                                   max_num_batched_tokens=options.max_num_batched_tokens, **parallel).engine
                               for _ in range(replicas - 1)]
+    startup_seconds = time.perf_counter() - starting
     tokenizer = LocalTokenizer(llm.engine.loaded.source.name, llm.get_tokenizer())
     requests = sample_requests(options.dataset, tokenizer, tokenizer.words())
     prompts = [tokenizer.encode(r.full_prompt) for r in requests]
@@ -157,7 +161,8 @@ def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None]
         llmctl=Throughput(seconds, len(finished), sum(len(p) for p in prompts), output_tokens),
         ttft=Distribution.of(ttfts, options.percentiles), tpot=Distribution.of(tpots, options.percentiles),
         preemptions=engine.scheduler.num_preemptions, spec_decode=_spec_decode(engines),
-        lora_adapters=len({lora for lora in loras if lora is not None}))
+        lora_adapters=len({lora for lora in loras if lora is not None}), startup_seconds=startup_seconds,
+        rank_memory=list(engine.executor.rank_memory))
     if options.compare == "transformers":
         path = engine.loaded.source.path
         del llm, engine

@@ -21,6 +21,7 @@ from llmctl.bench.offline import OfflineResult, Throughput
 from llmctl.bench.serve_bench import PointResult, ServeBenchRun
 from llmctl.engine.spec_decode.stats import SpecDecodeStats
 from llmctl.errors import LlmctlError
+from llmctl.units import GiB
 
 TITLES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL"}
 
@@ -233,7 +234,8 @@ def offline_to_dict(result: OfflineResult) -> dict[str, Any]:
             "tpot_ms": asdict(result.tpot), "preemptions": result.preemptions,
             "transformers": throughput(result.transformers) if result.transformers else None,
             "ratio_output_tokens_per_s": result.ratio, "spec_decode": spec_decode_to_dict(result.spec_decode),
-            "lora_adapters": result.lora_adapters}
+            "lora_adapters": result.lora_adapters, "startup_s": result.startup_seconds,
+            "ranks": [{"weights_bytes": weights, "kv_cache_bytes": kv} for weights, kv in result.rank_memory]}
 
 
 def spec_decode_to_dict(stats: SpecDecodeStats | None) -> dict[str, Any] | None:
@@ -258,6 +260,9 @@ def render_offline(console: Console, result: OfflineResult) -> None:
         console.print(f"llmctl {name} (engine timings): mean {dist.mean:.1f} ms, median {dist.median:.1f} ms, "
                       f"{percentiles} {values} ms")
     console.print(f"preemptions: {result.preemptions}")
+    console.print(f"startup: {result.startup_seconds:.1f} s")
+    for index, (weights, kv) in enumerate(result.rank_memory):
+        console.print(f"rank {index}: weights {weights / GiB:.3f} GiB, KV cache {kv / GiB:.3f} GiB")
     if result.lora_adapters:
         console.print(f"LoRA: requests spread over {result.lora_adapters} adapters")
     for label, value in spec_decode_rows(result.spec_decode).items():
