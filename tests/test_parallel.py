@@ -280,3 +280,18 @@ def test_messages_between_ranks_carry_tensors_in_one_buffer():
                 assert torch.equal(got[key], value)
             else:
                 assert got[key] == value
+
+
+def test_a_step_that_fails_to_sample_on_the_last_stage_comes_back_as_its_error():
+    """The rank goes on; the driver fails that step's requests (RemoteStepError → StepFailedError)."""
+    from llmctl.engine.parallel.stage import step_result
+    from llmctl.engine.runner import SampledTokens, StepBatch, StepFailed, StepLogits
+    from llmctl.engine.sampler import SampleInput
+
+    batch = StepBatch([5], [0], [0], [0, 1], [1], [[0]], [0],
+                      sampling=[SampleInput(SamplingParams(temperature=0), 0.0, [])])
+    logits = torch.zeros(1, 8)
+    logits[0, 3] = 1.0
+    assert step_result(batch, StepLogits(logits, {})) == SampledTokens([(3, None)])
+    failed = step_result(batch, StepLogits(torch.zeros(1, 0), {}))  # no vocabulary to sample from
+    assert isinstance(failed, StepFailed) and failed.reason.startswith("sampling failed: ")
