@@ -103,6 +103,8 @@ def test_a_killed_worker_fails_requests_and_stops_the_server():
                 rest = [line for line in lines if line.startswith("data:")]
             assert time.monotonic() - started < 30
             assert any('"error"' in line for line in rest)
+            # The server stops at least a second after the loss; until then /health says so.
+            assert client.get("/health").status_code == 503
         code = server.process.wait(timeout=30)
         assert code != 0
     finally:
