@@ -106,43 +106,114 @@ inline void for_each_slot(const int32_t* table, int64_t block_size, int64_t firs
 
 #if defined(__AVX512F__)
 // float32 rows of DIM (a multiple of 16) in AVX-512 registers, a block's consecutive slots at a
-// time: the query row stays in registers and each key or value row is loaded once per query
-// head. With items spanning all KV heads this took SmolLM2's decode attention from 37 to 25 ms
-// a step (benchmarks/cpu_attention.py); the same spans through the plain loops were slower
-// than one KV head per item, which is why the plain path keeps that.
+// time: the query rows stay in registers and each key or value row is loaded once for the G
+// query heads that share its KV head. With items spanning all KV heads this took SmolLM2's
+// decode attention from 37 to 25 ms a step (benchmarks/cpu_attention.py), and loading each row
+// once for its G = 3 query heads instead of once per head from 25 to 24; the same spans through
+// the plain loops were slower than one KV head per item, which is why the plain path keeps that.
 constexpr bool kVectorRows = true;
 
-// scores[j] = q · key_j for `count` consecutive keys `stride` floats apart.
-template <int DIM>
-inline void block_dots(const float* q, const float* key, int64_t stride, int64_t count, float* scores) {
+// The horizontal sums of four vectors as one 4-float vector: fewer shuffles than four reductions.
+inline __m128 reduce4(const __m512 v[4]) {
+  // In each 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] for v0, v1 (and v2, v3), then the four lane sums.
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+  const __m512 sums = _mm512_add_ps(
+      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+  // Then across the four lanes.
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(sums),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sums), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
+// scores[g · score_stride + j] = q_g · key_j for G query rows (DIM floats each) and `count`
+// consecutive keys `stride` floats apart.
+template <int DIM, int G>
+inline void block_dots(const float* q, const float* key, int64_t stride, int64_t count, float* scores,
+                       int64_t score_stride) {
   constexpr int C = DIM / 16;
-  __m512 qv[C];
-  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
-  for (int64_t j = 0; j < count; ++j, key += stride) {
-    __m512 sum = _mm512_mul_ps(qv[0], _mm512_loadu_ps(key));
-    for (int c = 1; c < C; ++c) sum = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(key + 16 * c), sum);
-    scores[j] = _mm512_reduce_add_ps(sum);
+  constexpr bool kFourKeys = G * C + 4 * G <= 28;  // the query rows and four keys' sums fit the 32 registers
+  __m512 qv[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) qv[g][c] = _mm512_loadu_ps(q + g * DIM + 16 * c);
+  int64_t j = 0;
+  if constexpr (kFourKeys) {
+    for (; j + 4 <= count; j += 4, key += 4 * stride) {
+      __m512 sum[G][4];
+      for (int r = 0; r < 4; ++r) {
+        const float* row = key + r * stride;
+        const __m512 k0 = _mm512_loadu_ps(row);
+        for (int g = 0; g < G; ++g) sum[g][r] = _mm512_mul_ps(qv[g][0], k0);
+        for (int c = 1; c < C; ++c) {
+          const __m512 k = _mm512_loadu_ps(row + 16 * c);
+          for (int g = 0; g < G; ++g) sum[g][r] = _mm512_fmadd_ps(qv[g][c], k, sum[g][r]);
+        }
+      }
+      for (int g = 0; g < G; ++g) _mm_storeu_ps(scores + g * score_stride + j, reduce4(sum[g]));
+    }
+  }
+  for (; j < count; ++j, key += stride) {
+    __m512 sum[G];
+    const __m512 k0 = _mm512_loadu_ps(key);
+    for (int g = 0; g < G; ++g) sum[g] = _mm512_mul_ps(qv[g][0], k0);
+    for (int c = 1; c < C; ++c) {
+      const __m512 k = _mm512_loadu_ps(key + 16 * c);
+      for (int g = 0; g < G; ++g) sum[g] = _mm512_fmadd_ps(qv[g][c], k, sum[g]);
+    }
+    for (int g = 0; g < G; ++g) scores[g * score_stride + j] = _mm512_reduce_add_ps(sum[g]);
   }
 }
 
-// acc += Σ_j p[j] · value_j for `count` consecutive values `stride` floats apart.
-template <int DIM>
-inline void block_weighted_sum(const float* p, const float* value, int64_t stride, int64_t count, float* acc) {
+// acc_g += Σ_j p[g · p_stride + j] · value_j for G accumulator rows (DIM floats each) and `count`
+// consecutive values `stride` floats apart.
+template <int DIM, int G>
+inline void block_weighted_sum(const float* p, int64_t p_stride, const float* value, int64_t stride, int64_t count,
+                               float* acc) {
   constexpr int C = DIM / 16;
-  __m512 sum[C];
-  for (int c = 0; c < C; ++c) sum[c] = _mm512_loadu_ps(acc + 16 * c);
+  __m512 sum[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) sum[g][c] = _mm512_loadu_ps(acc + g * DIM + 16 * c);
   for (int64_t j = 0; j < count; ++j, value += stride) {
-    const __m512 weight = _mm512_set1_ps(p[j]);
-    for (int c = 0; c < C; ++c) sum[c] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(value + 16 * c), sum[c]);
+    __m512 weight[G];
+    for (int g = 0; g < G; ++g) weight[g] = _mm512_set1_ps(p[g * p_stride + j]);
+    for (int c = 0; c < C; ++c) {
+      const __m512 v = _mm512_loadu_ps(value + 16 * c);
+      for (int g = 0; g < G; ++g) sum[g][c] = _mm512_fmadd_ps(weight[g], v, sum[g][c]);
+    }
   }
-  for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + 16 * c, sum[c]);
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + g * DIM + 16 * c, sum[g][c]);
+}
+
+// f(std::integral_constant<int, G>{}): G = `group` (the query heads per KV head) where their
+// query rows fit half the registers, else 1 (each head on its own).
+template <int DIM, typename F>
+inline void with_heads_per_row(int64_t group, F&& f) {
+  constexpr int C = DIM / 16;
+  switch (group) {
+    case 2:
+      if constexpr (2 * C <= 16) return f(std::integral_constant<int, 2>{});
+      break;
+    case 3:
+      if constexpr (3 * C <= 16) return f(std::integral_constant<int, 3>{});
+      break;
+    case 4:
+      if constexpr (4 * C <= 16) return f(std::integral_constant<int, 4>{});
+      break;
+    default:
+      break;
+  }
+  f(std::integral_constant<int, 1>{});
 }
 #else
 constexpr bool kVectorRows = false;
-template <int DIM>
-inline void block_dots(const float*, const float*, int64_t, int64_t, float*) {}
-template <int DIM>
-inline void block_weighted_sum(const float*, const float*, int64_t, int64_t, float*) {}
+template <int DIM, int G>
+inline void block_dots(const float*, const float*, int64_t, int64_t, float*, int64_t) {}
+template <int DIM, int G>
+inline void block_weighted_sum(const float*, int64_t, const float*, int64_t, int64_t, float*) {}
+template <int DIM, typename F>
+inline void with_heads_per_row(int64_t, F&& f) { f(std::integral_constant<int, 1>{}); }
 #endif
 
 std::vector<Item> split_items(const int32_t* starts, int64_t num_seqs) {
@@ -216,11 +287,14 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
           for (int64_t d = 0; d < dim; ++d) q[h * dim + d] = to_float(src[d]) * static_cast<float>(scale);
         }
         if constexpr (vector_rows) {
-          for_each_run(table, block_size, first_key, num_keys, [&](int64_t j, int64_t slot, int64_t run) {
-            for (int64_t h = 0; h < q_heads; ++h) {
-              block_dots<DIM>(q.data() + h * dim, k_row(h) + slot * slot_stride, slot_stride, run,
-                              scores.data() + h * num_keys + j);
-            }
+          with_heads_per_row<DIM>(group, [&](auto heads) {
+            constexpr int G = decltype(heads)::value;
+            for_each_run(table, block_size, first_key, num_keys, [&](int64_t j, int64_t slot, int64_t run) {
+              for (int64_t h = 0; h < q_heads; h += G) {
+                block_dots<DIM, G>(q.data() + h * dim, k_row(h) + slot * slot_stride, slot_stride, run,
+                                   scores.data() + h * num_keys + j, num_keys);
+              }
+            });
           });
         } else {
           for_each_slot(table, block_size, first_key, num_keys, [&](int64_t j, int64_t slot) {
@@ -240,11 +314,14 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
         }
         std::fill(acc.begin(), acc.end(), 0.f);
         if constexpr (vector_rows) {
-          for_each_run(table, block_size, first_key, num_keys, [&](int64_t j, int64_t slot, int64_t run) {
-            for (int64_t h = 0; h < q_heads; ++h) {
-              block_weighted_sum<DIM>(scores.data() + h * num_keys + j, v_row(h) + slot * slot_stride, slot_stride,
-                                      run, acc.data() + h * dim);
-            }
+          with_heads_per_row<DIM>(group, [&](auto heads) {
+            constexpr int G = decltype(heads)::value;
+            for_each_run(table, block_size, first_key, num_keys, [&](int64_t j, int64_t slot, int64_t run) {
+              for (int64_t h = 0; h < q_heads; h += G) {
+                block_weighted_sum<DIM, G>(scores.data() + h * num_keys + j, num_keys, v_row(h) + slot * slot_stride,
+                                           slot_stride, run, acc.data() + h * dim);
+              }
+            });
           });
         } else {
           for_each_slot(table, block_size, first_key, num_keys, [&](int64_t j, int64_t slot) {

@@ -38,7 +38,7 @@ def check(query_lens, seq_lens, *, heads, kv_heads, dim, block_size=16, dtype=to
 
 
 @pytest.mark.parametrize("dim", [64, 80, 128, 72])  # 72: the runtime-size path
-@pytest.mark.parametrize("group", [1, 3, 4, 5])
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 5])
 def test_paged_attention_on_decodes_and_chunks(dim, group):
     # decodes of several lengths, a chunk of 5 new tokens on top of 13 cached, a fresh prefill
     check([1, 5, 1, 1, 7], [1, 18, 33, 70, 7], heads=2 * group, kv_heads=2, dim=dim)
