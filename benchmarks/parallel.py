@@ -2,7 +2,12 @@
 run (machines here are noisy).
 
     .venv/bin/python benchmarks/parallel.py [--num-prompts 64] [--input-len 128] [--output-len 128]
-        [--temperature 1.0] [--layouts tp1 pp2 tp3 dp2] [--repeat 3]
+        [--temperature 1.0] [--layouts tp1 pp2 tp3 dp2] [--repeat 3] [--even-heads]
+
+SmolLM2's 9 heads split over 1, 3 or 9 ranks, never 2. `--even-heads` runs a random-weight model of
+SmolLM2's shape (30 layers, hidden 576, intermediate 1536, its tokenizer and vocabulary) with 8 query
+heads and 2 K/V heads of 64, built once into a temporary folder, so TP 2 can be measured
+(`--even-heads --layouts tp1 tp2 pp2 dp2`).
 
 The workload defaults are `llmctl bench offline`'s. Each run is its own `llmctl bench offline`
 process; the layouts alternate, `--repeat` times over, and the summary gives each layout's median
@@ -16,14 +21,34 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 LAYOUT_FLAGS = {"tp1": [], "pp2": ["--pp", "2"], "tp2": ["--tp", "2"], "tp3": ["--tp", "3"], "dp2": ["--dp", "2"]}
 GiB = 1024**3
 
 
+def even_headed_model(folder: Path) -> Path:
+    """SmolLM2-135M's shape with 8 query heads and 2 K/V heads (head_dim 64), random weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    from llmctl.model.source import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(None, show_progress=False).path))
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=64, rope_theta=100000.0,
+                         max_position_embeddings=8192, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def run_layout(flags: list[str], args: argparse.Namespace) -> dict:
+    model = [args.model] if args.model else []
     result = subprocess.run(
-        [sys.executable, "-m", "llmctl", "bench", "offline", "--num-prompts", str(args.num_prompts),
+        [sys.executable, "-m", "llmctl", "bench", "offline", *model, "--num-prompts", str(args.num_prompts),
          "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
          "--temperature", str(args.temperature), "--max-model-len", "512", "--json", *flags],
         capture_output=True, text=True, check=True)
@@ -38,7 +63,19 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--layouts", nargs="+", choices=sorted(LAYOUT_FLAGS), default=["tp1", "pp2", "tp3", "dp2"])
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--even-heads", action="store_true",
+                        help="a random-weight SmolLM2-shaped model with 8 heads / 2 K/V heads, so TP 2 runs")
     args = parser.parse_args()
+    args.model = None
+    if args.even_heads:
+        with tempfile.TemporaryDirectory(prefix="llmctl-parallel-") as folder:
+            args.model = str(even_headed_model(Path(folder)))
+            measure(args)
+    else:
+        measure(args)
+
+
+def measure(args: argparse.Namespace) -> None:
     speeds: dict[str, list[float]] = {layout: [] for layout in args.layouts}
     for _ in range(args.repeat):
         for layout in args.layouts:
