@@ -1,14 +1,17 @@
 """Decode attention on the CPU: llmctl's C++ paged kernel (the `cpu` backend) against what
 memory allows on this machine.
 
-    .venv/bin/python benchmarks/cpu_attention.py [--seqs 32] [--context 300] [--threads 2]
+    .venv/bin/python benchmarks/cpu_attention.py [--seqs 32] [--context 300] [--threads 2] [--pool-blocks 2912]
     .venv/bin/python benchmarks/cpu_attention.py --prompts 40 144 256 512 1024 [--dtype bfloat16]
 
 One decode step of SmolLM2-135M's attention by default: 32 sequences of 300 cached tokens,
 9 query / 3 KV heads of 64, 30 layers each with its own cache (so the K/V come from memory,
-not from the last level cache), blocks of 16 in random order as a busy pool leaves them.
-Prints ms per step and the GB/s of K/V read, next to a plain `sum` over 1 GiB in the same
-run (the read bandwidth these cores get).
+not from the last level cache), blocks of 16 in random order as a busy pool leaves them
+(`--pool-blocks`: the pool they are drawn from; 2,912 is the engine's 2 GiB for SmolLM2).
+The same caches run twice, interleaved: on torch's ordinary allocation (4 KiB pages where
+transparent huge pages are in `madvise` mode) and as the engine allocates them, one buffer on
+2 MiB pages (llmctl.engine.huge_pages). Prints ms per step and the GB/s of K/V read, next to
+a plain `sum` over 1 GiB in the same run (the read bandwidth these cores get).
 
 With `--prompts`, one sequence's prompt attention instead, for each length: a fresh prompt
 (every token new) and a chunk of half the length over cached tokens, through the C++ kernel
@@ -25,6 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from llmctl.engine.huge_pages import zeros_on_huge_pages
 from llmctl.kernels import cpu
 
 
@@ -45,7 +49,10 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--pool-blocks", type=int, default=None,
+                        help="blocks per layer the tables draw from (default: just enough)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of the decode rows, interleaved")
     parser.add_argument("--prompts", type=int, nargs="*", help="prompt lengths: time prompt attention instead")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="for --prompts")
     args = parser.parse_args()
@@ -57,27 +64,34 @@ def main() -> None:
         prompts(args, getattr(torch, args.dtype))
         return
     blocks_per_seq = -(-args.context // args.block_size)
-    pool = args.seqs * blocks_per_seq
-    caches = [torch.randn(pool, args.block_size, 2, args.kv_heads, args.dim) for _ in range(args.layers)]
-    tables = torch.randperm(pool).to(torch.int32).view(args.seqs, blocks_per_seq)
+    pool = max(args.pool_blocks or 0, args.seqs * blocks_per_seq)
+    shape = (pool, args.block_size, 2, args.kv_heads, args.dim)
+    caches = [torch.randn(shape) for _ in range(args.layers)]
+    huge = zeros_on_huge_pages((args.layers, *shape), torch.float32)
+    for layer, cache in enumerate(caches):
+        huge[layer].copy_(cache)
+    tables = torch.randperm(pool)[:args.seqs * blocks_per_seq].to(torch.int32).view(args.seqs, blocks_per_seq)
     lens = torch.full((args.seqs,), args.context, dtype=torch.int32)
     starts = torch.arange(args.seqs + 1, dtype=torch.int32)
     query = torch.randn(args.seqs, args.heads, args.dim)
     out = torch.empty_like(query)
     scale = args.dim ** -0.5
 
-    def kernel() -> None:
-        for cache in caches:
+    def kernel(pool=caches) -> None:
+        for cache in pool:
             cpu.paged_attention(out, query, cache, tables, lens, starts, scale, None, 0)
 
     whole = torch.randn(2**28)  # 1 GiB
     kv_bytes = args.seqs * args.context * 2 * args.kv_heads * args.dim * 4 * args.layers
     print(f"{torch.get_num_threads()} threads; {args.seqs} sequences × {args.context} tokens, "
           f"{args.heads}/{args.kv_heads} heads of {args.dim}, {args.layers} layers: {kv_bytes / 1e9:.2f} GB of K/V")
-    rows = [("C++ paged kernel (cpu backend)", kernel, kv_bytes), ("sum over 1 GiB (read bandwidth)", whole.sum, whole.numel() * 4)]
-    for name, call, nbytes in rows:
-        seconds = _seconds(call)
-        print(f"{name:<34} {seconds * 1e3:8.1f} ms  {nbytes / seconds / 1e9:6.1f} GB/s")
+    rows = [("C++ kernel, 4 KiB pages", kernel, kv_bytes),
+            ("C++ kernel, 2 MiB pages (engine)", lambda: kernel(list(huge)), kv_bytes),
+            ("sum over 1 GiB (read bandwidth)", whole.sum, whole.numel() * 4)]
+    for _ in range(args.repeat):
+        for name, call, nbytes in rows:
+            seconds = _seconds(call)
+            print(f"{name:<34} {seconds * 1e3:8.1f} ms  {nbytes / seconds / 1e9:6.1f} GB/s", flush=True)
 
 
 def prompts(args: argparse.Namespace, dtype: torch.dtype) -> None:

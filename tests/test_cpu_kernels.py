@@ -4,6 +4,8 @@ panel GEMM and the packed linears (panels for float32 where the CPU has AVX-512,
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -193,3 +195,46 @@ def test_silu_and_mul_of_the_fused_gate_up_output(dtype):
     fused = torch.randn(9, 2 * 1536).to(dtype) * 4
     torch.testing.assert_close(cpu.silu_and_mul(fused), silu_and_mul(fused, 1536), atol=TOLERANCE[dtype],
                                rtol=TOLERANCE[dtype])
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds `address` (/proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            start, end = (int(part, 16) for part in head.split("-"))
+            inside = start <= address < end
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    return []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_zeros_on_huge_pages_are_aligned_zeros_advised_for_huge_pages(dtype):
+    from llmctl.engine.huge_pages import HUGE_PAGE, zeros_on_huge_pages
+
+    tensor = zeros_on_huge_pages((3, 1000, 2, 3, 64), dtype)
+    assert tensor.shape == (3, 1000, 2, 3, 64) and tensor.dtype == dtype and tensor.is_contiguous()
+    assert tensor.data_ptr() % HUGE_PAGE == 0 and not tensor.any()
+    tensor[2, 999] = 1  # the last element is ours to write
+    assert int(tensor.sum()) == 2 * 3 * 64
+    if sys.platform.startswith("linux"):  # MADV_HUGEPAGE shows as the mapping's "hg" flag
+        assert "hg" in _vm_flags(tensor.data_ptr())
+    small = zeros_on_huge_pages((4, 4), dtype)  # under 2 MiB: a plain allocation
+    assert small.shape == (4, 4) and not small.any()
+
+
+@pytest.mark.skipif(not AVX512, reason="the panel GEMM needs AVX-512; oneDNN packs float32 here")
+def test_a_models_panels_share_one_huge_page_buffer_and_compute_the_same():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(576, 960), nn.Linear(960, 100, bias=False), nn.Linear(100, 1536))
+    reference = [(m.weight.detach().clone(), None if m.bias is None else m.bias.detach().clone()) for m in model]
+    cpu_gemm.pack_linears(model)
+    buffers = {m.packed.data.untyped_storage().data_ptr() for m in model}
+    assert len(buffers) == 1  # one arena
+    x = torch.randn(9, 576)
+    expected = x
+    for weight, bias in reference:
+        expected = nn.functional.linear(expected, weight, bias)
+    torch.testing.assert_close(model(x), expected, atol=1e-4, rtol=1e-4)

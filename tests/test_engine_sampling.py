@@ -215,6 +215,9 @@ def test_kv_bytes_equal_the_plan(llm):
                       MeasuredMemory(weights_bytes=0, activation_bytes=0, overhead_bytes=0))
     assert loaded.kv_cache_bytes == plan.recommended.kv_blocks * 16 * plan.recommended.stages[0].kv_bytes_per_token
     assert loaded.kv_pool.num_blocks == plan.recommended.kv_blocks
+    # on CPUs every layer's cache is a view of one buffer on 2 MiB pages (llmctl.engine.huge_pages)
+    caches = list(loaded.kv_caches.values())
+    assert len({c.kv.untyped_storage().data_ptr() for c in caches}) == 1
 
 
 def test_generation_config_defaults_apply_unless_overridden():

@@ -17,6 +17,7 @@ from torch import nn
 
 from llmctl.units import GiB
 from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
+from llmctl.engine.huge_pages import zeros_on_huge_pages
 from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_backend
 from llmctl.engine.layers.cpu_gemm import pack_linears, packed_kernel, small_batch
 from llmctl.engine.lora.slots import LoRASlots, LoRAStep, attach_lora_slots
@@ -297,6 +298,9 @@ def _check_fits(config: EngineConfig, geometry: StageKV, pool: KVPool, max_model
 def _allocate(spec: ModelSpec, num_blocks: int, block_size: int, layers: range, kv_heads: int, dtype: torch.dtype,
               device: torch.device) -> dict[int, KVCache]:
     shape = (num_blocks, block_size, 2, kv_heads, spec.attention.head_dim)
+    if device.type == "cpu":  # one buffer on huge pages: decoding walks all of it every step
+        pool = zeros_on_huge_pages((len(layers), *shape), dtype)
+        return {layer: KVCache(pool[i]) for i, layer in enumerate(layers)}
     return {layer: KVCache(torch.zeros(shape, dtype=dtype, device=device)) for layer in layers}
 
 

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmctl.engine.huge_pages import zeros_on_huge_pages
 from llmctl.kernels import cpu as cpu_kernels
 
 logger = logging.getLogger("llmctl")
@@ -53,12 +54,40 @@ class PackedWeight:
         return torch.ops.mkldnn._linear_pointwise(x, self.data, bias, "none", [], "")
 
 
-def pack_weight(weight: torch.Tensor) -> PackedWeight | None:
-    """The packed copy of a [N, K] CPU weight, or None where neither kernel can take it."""
+def _takes_panels(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and cpu_kernels.panel_linear_supported()
+
+
+def _panel_elements(weight: torch.Tensor) -> int:
+    """Floats of pack_panels(weight): [2 · ⌈N / 32⌉, K, 16]."""
+    return 2 * -(-weight.shape[0] // 32) * weight.shape[1] * 16
+
+
+class PanelArena:
+    """One buffer on 2 MiB pages that a model's float32 panels are packed into, one after another:
+    decoding streams all of them every step, and on 4 KiB pages that cost a page-table walk
+    every 4 KiB (benchmarks/cpu_gemm.py measures both)."""
+
+    def __init__(self, weights: list[torch.Tensor]) -> None:
+        total = sum(_panel_elements(w) for w in weights if _takes_panels(w))
+        self.buffer = zeros_on_huge_pages((total,), torch.float32)
+        self.used = 0
+
+    def place(self, panels: torch.Tensor) -> torch.Tensor:
+        view = self.buffer[self.used:self.used + panels.numel()].view(panels.shape)
+        view.copy_(panels)
+        self.used += panels.numel()
+        return view
+
+
+def pack_weight(weight: torch.Tensor, arena: PanelArena | None = None) -> PackedWeight | None:
+    """The packed copy of a [N, K] CPU weight (float32 panels into `arena` when given), or None
+    where neither kernel can take it."""
     if weight.device.type != "cpu" or weight.dtype not in PACKABLE:
         return None
-    if weight.dtype == torch.float32 and cpu_kernels.panel_linear_supported():
-        return PackedWeight(cpu_kernels.pack_panels(weight), weight.shape[0], panels=True)
+    if _takes_panels(weight):
+        panels = cpu_kernels.pack_panels(weight)
+        return PackedWeight(arena.place(panels) if arena is not None else panels, weight.shape[0], panels=True)
     if not torch.backends.mkldnn.is_available():
         return None
     try:
@@ -154,8 +183,9 @@ def pack_linears(model: nn.Module) -> int:
         return 0
     added = 0
     largest: PackedLinear | None = None
+    arena = PanelArena([c.weight for _, _, c in linears] + [h.weight for h in heads])
     for parent, name, child in linears:
-        packed = pack_weight(child.weight)
+        packed = pack_weight(child.weight, arena)
         if packed is not None:
             packed_linear = PackedLinear(child, packed)
             setattr(parent, name, packed_linear)
@@ -163,7 +193,7 @@ def pack_linears(model: nn.Module) -> int:
             if largest is None or child.weight.numel() > largest.weight.numel():
                 largest = packed_linear
     for head in heads:
-        head.packed_head = pack_weight(head.weight)
+        head.packed_head = pack_weight(head.weight, arena)
         added += head.weight.numel() * head.weight.element_size() if head.packed_head is not None else 0
     if largest is not None:
         _small_batch = measure_small_batch(largest.weight.detach(), largest.packed)
