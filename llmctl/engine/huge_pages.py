@@ -20,9 +20,7 @@ HUGE_PAGE = 2 * 1024**2
 
 def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """torch.zeros(shape, dtype) on the CPU, in a fresh anonymous mapping advised onto huge pages,
-    starting on a 2 MiB boundary. The kernel hands out zeroed pages on first touch, so nothing is
-    written here: the pool costs no time at startup, and each 2 MiB page is cleared when the
-    engine first stores into it. Up to 2 MiB of address space more than torch.zeros."""
+    starting on a 2 MiB boundary. Up to 2 MiB of address space more than torch.zeros."""
     nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
     if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):  # small, or not Linux
         return torch.zeros(shape, dtype=dtype)
@@ -33,4 +31,5 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
         mapping.madvise(mmap.MADV_HUGEPAGE, offset, nbytes)
     except OSError:  # THP compiled out: ordinary pages, only speed differs
         pass
-    return buffer[offset:offset + nbytes].view(dtype).view(shape)
+    # Touched now, at load: a server's memory then stays flat while it serves (tests/test_soak.py).
+    return buffer[offset:offset + nbytes].view(dtype).view(shape).zero_()
