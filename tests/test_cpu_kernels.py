@@ -197,17 +197,21 @@ def test_silu_and_mul_of_the_fused_gate_up_output(dtype):
                                rtol=TOLERANCE[dtype])
 
 
-def _vm_flags(address: int) -> list[str]:
-    """The VmFlags of this process's mapping that holds `address` (/proc/self/smaps)."""
+def _smaps_field(address: int, field: str) -> list[str]:
+    """A field ("VmFlags:", "Rss:", …) of this process's mapping that holds `address` (/proc/self/smaps)."""
     inside = False
     for line in open("/proc/self/smaps"):
         head = line.split()[0]
         if "-" in head and not head.endswith(":"):
             start, end = (int(part, 16) for part in head.split("-"))
             inside = start <= address < end
-        elif inside and head == "VmFlags:":
+        elif inside and head == field:
             return line.split()[1:]
     return []
+
+
+def _vm_flags(address: int) -> list[str]:
+    return _smaps_field(address, "VmFlags:")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -223,6 +227,19 @@ def test_zeros_on_huge_pages_are_aligned_zeros_advised_for_huge_pages(dtype):
         assert "hg" in _vm_flags(tensor.data_ptr())
     small = zeros_on_huge_pages((4, 4), dtype)  # under 2 MiB: a plain allocation
     assert small.shape == (4, 4) and not small.any()
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="resident memory is read from Linux's smaps")
+def test_a_populated_buffer_is_resident_at_once_and_an_unpopulated_one_is_not():
+    from llmctl.engine.huge_pages import zeros_on_huge_pages
+
+    nbytes = 16 * 1024**2
+    populated = zeros_on_huge_pages((nbytes // 4,), torch.float32)
+    lazy = zeros_on_huge_pages((nbytes // 4,), torch.float32, populate=False)
+    resident_kib = [int(_smaps_field(t.data_ptr(), "Rss:")[0]) for t in (populated, lazy)]
+    assert resident_kib[0] >= nbytes // 1024  # faulted in at allocation: serving's memory stays flat
+    assert resident_kib[1] < nbytes // 1024 // 2  # left for its first writer (the panel arena's packing)
+    assert not populated.any() and not lazy.any()
 
 
 @pytest.mark.skipif(not AVX512, reason="the panel GEMM needs AVX-512; oneDNN packs float32 here")

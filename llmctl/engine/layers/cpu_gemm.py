@@ -70,7 +70,7 @@ class PanelArena:
 
     def __init__(self, weights: list[torch.Tensor]) -> None:
         total = sum(_panel_elements(w) for w in weights if _takes_panels(w))
-        self.buffer = zeros_on_huge_pages((total,), torch.float32)
+        self.buffer = zeros_on_huge_pages((total,), torch.float32, populate=False)  # packing writes it all
         self.used = 0
 
     def place(self, panels: torch.Tensor) -> torch.Tensor:
