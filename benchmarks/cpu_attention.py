@@ -10,14 +10,14 @@ not from the last level cache), blocks of 16 in random order as a busy pool leav
 (`--pool-blocks`: the pool they are drawn from; 2,912 is the engine's 2 GiB for SmolLM2).
 The same caches run twice, interleaved: on torch's ordinary allocation (4 KiB pages where
 transparent huge pages are in `madvise` mode) and as the engine allocates them, one buffer on
-2 MiB pages (llmctl.engine.huge_pages). Prints ms per step and the GB/s of K/V read, next to
+2 MiB pages (llmctl.kernels.huge_pages). Prints ms per step and the GB/s of K/V read, next to
 a plain `sum` over 1 GiB in the same run (the read bandwidth these cores get).
 
 With `--prompts`, one sequence's prompt attention instead, for each length: a fresh prompt
 (every token new) and a chunk of half the length over cached tokens, through the C++ kernel
 and through torch's SDPA as the `torch` backend runs it (a causal SDPA over the new K/V for
 the fresh prompt; the pages gathered, then SDPA with a mask, for the chunk). This is what
-sets VECTOR_QUERY_LIMIT and SHORT_QUERY_LIMIT in llmctl.model.attention_backend.
+sets VECTOR_QUERY_LIMIT and SHORT_QUERY_LIMIT in llmctl.engine.attention_selector.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from llmctl.engine.huge_pages import zeros_on_huge_pages
+from llmctl.kernels.huge_pages import zeros_on_huge_pages
 from llmctl.kernels import cpu
 
 

@@ -26,7 +26,7 @@ def make_model(folder: Path, shapes: dict, dtype: str) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from llmctl.model.source import resolve_model
+    from llmctl.checkpoint.source import resolve_model
 
     if (folder / "config.json").exists():
         return folder

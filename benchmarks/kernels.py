@@ -66,7 +66,7 @@ def decode_attention(device: str, dtype: torch.dtype, batch: int, context: int, 
 
 def w4a16(device: str, dtype: torch.dtype, rows: int, inner: int, cols: int, repeats: int) -> None:
     from llmctl.kernels.w4a16 import w4a16_matmul
-    from llmctl.quant.formats import QuantizedWeight, pack_awq, pack_gptq
+    from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
 
     weight = QuantizedWeight(q=torch.randint(0, 16, (cols, inner), dtype=torch.int32),
                              scales=torch.rand(cols, inner // 128) / 100, bits=4, group_size=128,

@@ -27,8 +27,8 @@ def write_adapter(folder: Path, rank: int) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from llmctl.model.report import load_spec
-    from llmctl.model.source import DEFAULT_MODEL_ID, resolve_model
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import DEFAULT_MODEL_ID, resolve_model
     from llmctl.plan.lora import lora_targets
 
     spec = load_spec(resolve_model(None, show_progress=False))

@@ -33,7 +33,7 @@ def even_headed_model(folder: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-    from llmctl.model.source import resolve_model
+    from llmctl.checkpoint.source import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(None, show_progress=False).path))
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

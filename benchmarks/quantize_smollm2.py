@@ -35,8 +35,8 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=["rtn", "gptq", "awq"], choices=["rtn", "gptq", "awq"])
     args = parser.parse_args()
 
-    from llmctl.model.source import resolve_model
-    from llmctl.model.tokenizer import load_tokenizer
+    from llmctl.checkpoint.source import resolve_model
+    from llmctl.checkpoint.tokenizer import load_tokenizer
     from llmctl.quant.calibration import calibration_samples, read_texts, token_stream
     from llmctl.quant.evaluate import load_dense_model, perplexity
     from llmctl.quant.pipeline import quantize_model

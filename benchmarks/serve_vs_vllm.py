@@ -66,7 +66,7 @@ def _bench(port: int, model_dir: str, rate: str, num_prompts: int, result: Path)
 
 
 def _default_model_dir() -> str:
-    from llmctl.model.source import resolve_model
+    from llmctl.checkpoint.source import resolve_model
 
     return str(resolve_model(None, weights=True, show_progress=False).path)
 

@@ -44,7 +44,7 @@ def random_draft(folder: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-    from llmctl.model.source import resolve_model
+    from llmctl.checkpoint.source import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(None, show_progress=False).path))
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -89,7 +89,7 @@ def compare(args: argparse.Namespace, work: Path) -> None:
         methods[f"ngram, off at {args.disable_by_batch_size}"] = {**NGRAM, "disable_by_batch_size":
                                                                  args.disable_by_batch_size}
     if args.draft:
-        from llmctl.model.source import resolve_model
+        from llmctl.checkpoint.source import resolve_model
 
         itself = str(resolve_model(None, show_progress=False).path)
         methods["draft: itself k=3"] = {"model": itself, "num_speculative_tokens": 3}

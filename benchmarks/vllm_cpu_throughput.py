@@ -107,7 +107,7 @@ def _spawn(engine: str, python: str, num_prompts: int, args: argparse.Namespace)
 
 def _default_model_dir() -> str:
     """The default model as llmctl converted it to safetensors (vllm reads that folder)."""
-    from llmctl.model.source import resolve_model
+    from llmctl.checkpoint.source import resolve_model
 
     return str(resolve_model(None, weights=True, show_progress=False).path)
 

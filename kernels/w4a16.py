@@ -1,6 +1,6 @@
 """W4A16 GEMM: activations in 16/32-bit floats times GPTQ or AWQ packed 4-bit weights.
 
-The packed weights are read as stored (`llmctl.quant.formats` documents both layouts) and
+The packed weights are read as stored (`llmctl.checkpoint.quant_formats` documents both layouts) and
 dequantized inside the K loop, one [BLOCK_K, BLOCK_N] tile at a time, so the full-precision
 weight never exists in memory; products accumulate in float32.
 
@@ -20,7 +20,7 @@ import triton.language as tl
 def w4a16_reference(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torch.Tensor,
                     scales: torch.Tensor, g_idx: torch.Tensor | None, group_size: int) -> torch.Tensor:
     """x [M, K] @ the dequantized weight, through the same unpacking code that writes the formats."""
-    from llmctl.quant.formats import _awq_unpack, _unpack_cols, _unpack_rows
+    from llmctl.checkpoint.quant_formats import _awq_unpack, _unpack_cols, _unpack_rows
 
     if method == "gptq":
         q = _unpack_rows(qweight.cpu(), 4)  # [K, N]

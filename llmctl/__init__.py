@@ -11,7 +11,7 @@ __all__ = ["LLM", "LoRARequest", "SamplingParams", "__version__"]
 def __getattr__(name: str) -> Any:
     # Imported lazily: `llmctl inspect` and `llmctl plan` never pay for torch.
     if name == "LLM":
-        from llmctl.engine.llm import LLM
+        from llmctl.engine.front.llm import LLM
 
         return LLM
     if name == "SamplingParams":

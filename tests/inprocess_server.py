@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from llmctl.engine.llm_engine import LLMEngine
+from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.server.app import ServerSettings, create_app
 from server_helpers import ThreadedUvicorn
 

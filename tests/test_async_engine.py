@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from llmctl import LLM, SamplingParams
-from llmctl.engine.async_engine import AsyncLLMEngine
+from llmctl.engine.front.async_engine import AsyncLLMEngine
 from llmctl.engine.sampling_params import InvalidRequestError
 
 

@@ -20,7 +20,7 @@ from llmctl.bench.metrics import calculate_metrics, parse_goodput, peak_concurre
 from llmctl.bench.server_metrics import parse_metrics
 from llmctl.bench.tokens import load_local_tokenizer
 from llmctl.errors import LlmctlError
-from llmctl.model.source import DEFAULT_MODEL_ID
+from llmctl.checkpoint.source import DEFAULT_MODEL_ID
 
 FIRST, GAP, TOKENS = 0.2, 0.05, 6
 

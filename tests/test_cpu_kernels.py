@@ -216,7 +216,7 @@ def _vm_flags(address: int) -> list[str]:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_zeros_on_huge_pages_are_aligned_zeros_advised_for_huge_pages(dtype):
-    from llmctl.engine.huge_pages import HUGE_PAGE, zeros_on_huge_pages
+    from llmctl.kernels.huge_pages import HUGE_PAGE, zeros_on_huge_pages
 
     tensor = zeros_on_huge_pages((3, 1000, 2, 3, 64), dtype)
     assert tensor.shape == (3, 1000, 2, 3, 64) and tensor.dtype == dtype and tensor.is_contiguous()
@@ -231,7 +231,7 @@ def test_zeros_on_huge_pages_are_aligned_zeros_advised_for_huge_pages(dtype):
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="resident memory is read from Linux's smaps")
 def test_a_populated_buffer_is_resident_at_once_and_an_unpopulated_one_is_not():
-    from llmctl.engine.huge_pages import zeros_on_huge_pages
+    from llmctl.kernels.huge_pages import zeros_on_huge_pages
 
     nbytes = 16 * 1024**2
     populated = zeros_on_huge_pages((nbytes // 4,), torch.float32)

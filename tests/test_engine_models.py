@@ -309,7 +309,7 @@ def test_the_profile_step_is_a_real_step_of_the_largest_size():
     """On a GPU the KV pool leaves room for the activation peak of this step (measured with CUDA's
     allocator statistics); here the step itself runs, through every layer, on throwaway caches."""
     from llmctl.engine.layers.attention import KVCache
-    from llmctl.engine.profile import dummy_prefill, run_dummy_step
+    from llmctl.engine.worker.profile import dummy_prefill, run_dummy_step
 
     batch, blocks = dummy_prefill(100, 40, 16)
     assert batch.num_tokens == 100 and batch.seq_lens == [40, 40, 20] and blocks == 3 + 3 + 2
@@ -336,7 +336,7 @@ def generate_through_graphs(folder: Path, tokenizer, capture: bool) -> None:
     row storing nothing): captured and replayed on a GPU, the same path run eagerly elsewhere."""
     from transformers import AutoModelForCausalLM
 
-    from llmctl.engine.cuda_graphs import decode_graphs
+    from llmctl.engine.worker.cuda_graphs import decode_graphs
     from llmctl.engine.parallel.executor import sliding_window
 
     llm = LLM(str(folder), max_model_len=128, max_num_seqs=4, attention_backend="triton",
@@ -364,7 +364,7 @@ def generate_through_graphs(folder: Path, tokenizer, capture: bool) -> None:
 @pytest.mark.parametrize("family", ["llama-gqa", "bloom-alibi"])
 def test_decode_steps_through_the_cuda_graph_buffers_match_transformers(tmp_path, tokenizer, family):
     pytest.importorskip("triton")
-    from llmctl.engine.cuda_graphs import capture_sizes
+    from llmctl.engine.worker.cuda_graphs import capture_sizes
 
     assert capture_sizes(20) == [1, 2, 4, 8, 16, 20] and capture_sizes(256)[-2:] == [248, 256]
     generate_through_graphs(graph_test_model(tmp_path, tokenizer, family), tokenizer, capture=False)

@@ -7,10 +7,10 @@ import torch
 
 from llmctl import LLM, SamplingParams
 from llmctl.engine.config import EngineConfigError
-from llmctl.engine.detokenizer import IncrementalDetokenizer
-from llmctl.engine.sampler import CDF_CHUNK, SampleInput, inverse_cdf, sample
+from llmctl.engine.front.detokenizer import IncrementalDetokenizer
+from llmctl.engine.core.sampler import CDF_CHUNK, SampleInput, inverse_cdf, sample
 from llmctl.engine.sampling_params import InvalidRequestError
-from llmctl.engine.sequence import Sequence
+from llmctl.engine.core.sequence import Sequence
 
 PROMPT = "The capital of France is"  # greedy: " Paris.\n\nThe answer is: ..."
 
@@ -215,7 +215,7 @@ def test_kv_bytes_equal_the_plan(llm):
                       MeasuredMemory(weights_bytes=0, activation_bytes=0, overhead_bytes=0))
     assert loaded.kv_cache_bytes == plan.recommended.kv_blocks * 16 * plan.recommended.stages[0].kv_bytes_per_token
     assert loaded.kv_pool.num_blocks == plan.recommended.kv_blocks
-    # on CPUs every layer's cache is a view of one buffer on 2 MiB pages (llmctl.engine.huge_pages)
+    # on CPUs every layer's cache is a view of one buffer on 2 MiB pages (llmctl.kernels.huge_pages)
     caches = list(loaded.kv_caches.values())
     assert len({c.kv.untyped_storage().data_ptr() for c in caches}) == 1
 

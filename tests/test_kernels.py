@@ -103,7 +103,7 @@ def test_attention_over_an_fp8_cache():
 @pytest.mark.parametrize("rows", [1, 5, 33])
 def test_w4a16_matches_the_unpacked_weights(method, act_order, rows):
     from llmctl.kernels.w4a16 import w4a16_matmul, w4a16_reference
-    from llmctl.quant.formats import QuantizedWeight, pack_awq, pack_gptq
+    from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
 
     gen = torch.Generator().manual_seed(2)
     inner, cols, group = 96, 80, 32  # K not a multiple of BLOCK_K · 2, N not of BLOCK_N
@@ -129,7 +129,7 @@ def test_w4a16_matches_the_unpacked_weights(method, act_order, rows):
 def test_quantized_linear_through_the_kernel_equals_torch_dequantization(method):
     """What a CUDA forward runs (fused parts, bias) against the CPU path, on the same layer."""
     from llmctl.engine.layers.quant_linear import QuantLinear
-    from llmctl.quant.formats import QuantizedWeight, pack_awq, pack_gptq
+    from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
 
     gen = torch.Generator().manual_seed(3)
     parts = []

@@ -9,9 +9,9 @@ import pytest
 from conftest import run_cli
 from hubcache import FIXTURES, fixture_repos
 
-from llmctl.model.license import check_requirements, detect_license
-from llmctl.model.license_db import LICENSES, lookup, match_text
-from llmctl.model.source import resolve_model
+from llmctl.checkpoint.license import check_requirements, detect_license
+from llmctl.checkpoint.license_db import LICENSES, lookup, match_text
+from llmctl.checkpoint.source import resolve_model
 
 EXPECTED = {
     "bigscience/bloom": "bigscience-bloom-rail-1.0",  # card: license

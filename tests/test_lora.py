@@ -130,7 +130,7 @@ def test_adapter_on_smollm2_equals_peft_next_to_base_requests(default_source, to
 @pytest.mark.parametrize("method", ["gptq", "awq"])
 def test_adapter_on_a_4bit_base_equals_peft_on_its_dequantized_weights(tiny, tokenizer, tmp_path, method):
     from conftest import run_cli
-    from llmctl.quant.formats import unpack_awq, unpack_gptq
+    from llmctl.checkpoint.quant_formats import unpack_awq, unpack_gptq
     from quant_helpers import dequantized_state
 
     unpack = (lambda parts: unpack_gptq(parts, 4, 32)) if method == "gptq" else (lambda parts: unpack_awq(parts, 32))
@@ -151,7 +151,7 @@ def test_speculation_and_data_parallel_replicas_run_adapters_unchanged(tiny):
     import asyncio
 
     from llmctl.engine.config import EngineConfig
-    from llmctl.engine.data_parallel import DataParallelEngine
+    from llmctl.engine.front.data_parallel import DataParallelEngine
 
     models = tiny["llama"]
     repeat = "one two three four one two three four one two three"
@@ -422,8 +422,8 @@ def test_plan_counts_lora_slots_and_prints_commands_serve_accepts(default_source
     import typer
 
     from llmctl.cli import app
-    from llmctl.model.report import load_spec
-    from llmctl.model.source import resolve_model
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
     from llmctl.plan.gpus import lookup_gpu
     from llmctl.plan.lora import lora_slot_bytes
     from llmctl.plan.planner import PlanRequest, build_plan

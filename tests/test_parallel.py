@@ -149,7 +149,7 @@ def test_the_last_stage_samples_as_the_driver_does(models):
     """With PP the last stage samples from the inputs the batch carries (uniforms drawn by the driver,
     penalty and stop ids); seeded outputs equal one process's. Steps it cannot sample from the batch
     alone (prompt log-probabilities, an n > 1 request's first token) come back as logits."""
-    from llmctl.engine.runner import SampledTokens, StepLogits
+    from llmctl.engine.worker.model_runner import SampledTokens, StepLogits
 
     expected, expected_prompt = sampled_outputs(models["qwen2"], 1)
     results: list = []
@@ -165,8 +165,8 @@ def test_the_last_stage_samples_as_the_driver_does(models):
 
 
 def test_each_rank_holds_what_the_plan_says(models):
-    from llmctl.model.report import load_spec
-    from llmctl.model.source import resolve_model
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
     from llmctl.plan.kv import stage_kv
     from llmctl.plan.memory import kv_pool
     from llmctl.plan.weights import pipeline_stages, stage_weights, weight_format
@@ -239,7 +239,7 @@ def test_qwen1_runs_natively_as_qwen2_does(tmp_path, tokenizer):
 
 def test_each_rank_takes_its_share_of_the_cores(monkeypatch):
     from llmctl.engine.config import EngineConfig
-    from llmctl.engine.threads import available_cores, threads_per_rank
+    from llmctl.engine.worker.threads import available_cores, threads_per_rank
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
@@ -285,8 +285,8 @@ def test_messages_between_ranks_carry_tensors_in_one_buffer():
 def test_a_step_that_fails_to_sample_on_the_last_stage_comes_back_as_its_error():
     """The rank goes on; the driver fails that step's requests (RemoteStepError → StepFailedError)."""
     from llmctl.engine.parallel.stage import step_result
-    from llmctl.engine.runner import SampledTokens, StepBatch, StepFailed, StepLogits
-    from llmctl.engine.sampler import SampleInput
+    from llmctl.engine.worker.model_runner import SampledTokens, StepBatch, StepFailed, StepLogits
+    from llmctl.engine.core.sampler import SampleInput
 
     batch = StepBatch([5], [0], [0], [0, 1], [1], [[0]], [0],
                       sampling=[SampleInput(SamplingParams(temperature=0), 0.0, [])])

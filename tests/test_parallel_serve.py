@@ -149,8 +149,8 @@ def test_every_serve_command_plan_prints_parses():
     import typer
 
     from llmctl.cli import app
-    from llmctl.model.report import load_spec
-    from llmctl.model.source import resolve_model
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
     from llmctl.plan.gpus import lookup_gpu
     from llmctl.plan.planner import PlanRequest, build_plan
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmctl.model.params import count_from_config, count_from_tensors
-from llmctl.model.safetensors import read_weight_headers
-from llmctl.model.source import resolve_model
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.params import count_from_config, count_from_tensors
+from llmctl.checkpoint.safetensors import read_weight_headers
+from llmctl.checkpoint.source import resolve_model
+from llmctl.checkpoint.spec import ModelSpec
 
 # Small random models built by transformers from real architectures' config classes.
 TINY = {
@@ -64,7 +64,7 @@ def build_tiny(model_type: str, tmp_path: Path) -> tuple[Path, torch.nn.Module]:
 def test_config_count_matches_transformers_and_headers(model_type: str, tmp_path: Path) -> None:
     folder, model = build_tiny(model_type, tmp_path)
     source = resolve_model(str(folder))
-    from llmctl.model.report import load_spec
+    from llmctl.checkpoint.config_file import load_spec
 
     spec = load_spec(source)
     assert spec.model_type == model_type

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import run_cli
 from llmctl.errors import LlmctlError
-from llmctl.model.params import count_from_config
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.params import count_from_config
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.gpus import lookup_gpu
 from llmctl.plan.kv import stage_kv
 from llmctl.plan.planner import MeasuredMemory, PlanRequest, build_plan
@@ -139,8 +139,8 @@ def test_pipeline_split_follows_vllm_and_weighs_the_lm_head():
     assert [r.start for r in split_layers(80, 4)] == [0, 20, 40, 60]
     assert [len(r) for r in split_layers(30, 2, head_layers=8.0)] == [19, 11]
     assert [len(r) for r in split_layers(4, 4, head_layers=8.0)] == [1, 1, 1, 1]  # every stage keeps a layer
-    from llmctl.model.report import load_spec
-    from llmctl.model.source import resolve_model
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
 
     smol = load_spec(resolve_model(None))  # a 49152 × 576 head is 8 of its 3.5M-parameter layers
     assert round(lm_head_in_layers(smol), 1) == 8.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from llmctl.quant.formats import pack_awq, pack_gptq, unpack_awq, unpack_gptq
+from llmctl.checkpoint.quant_formats import pack_awq, pack_gptq, unpack_awq, unpack_gptq
 from llmctl.quant.gptq import HessianAccumulator, gptq_quantize
 from llmctl.quant.rtn import QuantConfig, rtn_quantize
 

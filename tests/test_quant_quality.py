@@ -15,7 +15,7 @@ CALIB_SAMPLES, CALIB_SEQ_LEN = 32, 256
 
 @pytest.fixture(scope="module")
 def setting(default_source):
-    from llmctl.model.tokenizer import load_tokenizer
+    from llmctl.checkpoint.tokenizer import load_tokenizer
     from llmctl.quant.calibration import calibration_samples, read_texts, token_stream
     from llmctl.quant.evaluate import load_dense_model, perplexity
     from llmctl.quant.pipeline import quantize_model

@@ -47,7 +47,7 @@ def test_output_folder_is_a_complete_model(gptq_folder):
 def test_engine_serves_it_like_transformers_on_the_dequantized_weights(gptq_folder):
     from llmctl.engine.layers.quant_linear import QuantLinear
     from llmctl.plan.weights import stage_weights, weight_format
-    from llmctl.quant.formats import unpack_gptq
+    from llmctl.checkpoint.quant_formats import unpack_gptq
 
     out, _ = gptq_folder
     llm = assert_engine_matches_dense(out, lambda parts: unpack_gptq(parts, 4, 64), "The capital of France is")
@@ -151,7 +151,7 @@ def test_group_size_128_on_smollm2_names_sizes_that_work(tmp_path, default_sourc
 def test_awq_checkpoint_through_the_engine(tmp_path, default_source):
     from safetensors.torch import load_file
 
-    from llmctl.quant.formats import unpack_awq
+    from llmctl.checkpoint.quant_formats import unpack_awq
 
     out = tmp_path / "smollm2-awq"
     result = run_cli("quantize", "--awq", "--group-size", "64", "--calib-file", str(WIKITEXT), "--calib-samples", "4",

@@ -11,8 +11,8 @@ import httpx2 as httpx
 import pytest
 
 from inprocess_server import InProcessServer
-from llmctl.engine.llm_engine import LLMEngine
-from llmctl.engine.sequence import SequenceStatus
+from llmctl.engine.front.llm_engine import LLMEngine
+from llmctl.engine.core.sequence import SequenceStatus
 
 FAULT_TOKEN = 4242  # a prompt starting with this token id makes the model step fail
 

@@ -9,8 +9,8 @@ import pytest
 from hubcache import HUB_FIXTURES, add_repo, commit_for
 
 from llmctl.errors import CorruptModelError, ModelNotFoundError, OfflineError
-from llmctl.model.report import build_inspect_report
-from llmctl.model.source import DEFAULT_MODEL_ID, SourceKind, resolve_model
+from llmctl.inspect_report import build_inspect_report
+from llmctl.checkpoint.source import DEFAULT_MODEL_ID, SourceKind, resolve_model
 
 
 def test_default_model_converts_gguf_once_and_reuses_it(default_source) -> None:

@@ -7,8 +7,8 @@ import json
 import pytest
 from hubcache import HUB_FIXTURES
 
-from llmctl.model.params import count_from_config
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.params import count_from_config
+from llmctl.checkpoint.spec import ModelSpec
 
 
 def fixture_spec(repo_id: str) -> ModelSpec:

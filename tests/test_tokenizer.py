@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmctl.model.source import resolve_model
-from llmctl.model.tokenizer import builtin_template, resolve_chat_template, tokenizer_facts
+from llmctl.checkpoint.source import resolve_model
+from llmctl.checkpoint.tokenizer import builtin_template, resolve_chat_template, tokenizer_facts
 
 
 def folder_with(tmp_path: Path, files: dict[str, str]) -> Path:

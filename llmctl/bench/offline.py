@@ -110,7 +110,7 @@ def run_engines(engines: list[Any], on_progress: Callable[[int], None]) -> list[
 
 
 def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None] | None = None) -> OfflineResult:
-    from llmctl.engine.llm import LLM
+    from llmctl.engine.front.llm import LLM
     from llmctl.engine.sampling_params import SamplingParams
 
     if options.compare not in (None, *COMPARE_WITH):
@@ -119,7 +119,7 @@ def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None]
     replicas = parallel.pop("data_parallel_size", 1)
     if replicas > 1:  # every replica's ranks share this machine's cores
         from llmctl.engine.config import EngineConfig
-        from llmctl.engine.threads import threads_per_rank
+        from llmctl.engine.worker.threads import threads_per_rank
 
         parallel["cpu_threads"] = threads_per_rank(EngineConfig(data_parallel_size=replicas, **parallel))
     starting = time.perf_counter()

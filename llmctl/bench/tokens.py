@@ -73,8 +73,8 @@ class ServerTokenizer:
 
 def load_local_tokenizer(model: str | None) -> LocalTokenizer:
     """The tokenizer of `model` (hub id, folder, .gguf; None: llmctl's default model)."""
-    from llmctl.model.source import DEFAULT_MODEL_ID, resolve_model
-    from llmctl.model.tokenizer import load_tokenizer
+    from llmctl.checkpoint.source import DEFAULT_MODEL_ID, resolve_model
+    from llmctl.checkpoint.tokenizer import load_tokenizer
 
     source = resolve_model(None if model == DEFAULT_MODEL_ID else model, show_progress=False)
     tokenizer = load_tokenizer(source)

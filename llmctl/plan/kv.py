@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from llmctl.errors import LlmctlError
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.weights import kv_heads_per_rank
 
 BLOCK_SIZE = 16

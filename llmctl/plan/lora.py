@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmctl.errors import LlmctlError
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.weights import kv_heads_per_rank
 
 

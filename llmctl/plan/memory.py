@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmctl.units import GiB
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.kv import StageKV
 
 # Runtime memory that is neither weights, activations nor KV (documented in docs/plan.md).

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from llmctl.units import GiB
 from llmctl.errors import LlmctlError
-from llmctl.model.params import count_from_config
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.params import count_from_config
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.gpus import GPU_CATALOG, GpuType
 from llmctl.plan.kv import BLOCK_SIZE, KV_CACHE_DTYPES, StageKV, kv_dtype_bytes, stage_kv
 from llmctl.plan.memory import (

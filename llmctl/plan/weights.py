@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from llmctl.errors import LlmctlError
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.spec import ModelSpec
 
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
 QUANT_METHODS = ("awq", "gptq", "fp8", "int8")

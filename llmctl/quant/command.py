@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 
 from llmctl.errors import LlmctlError
-from llmctl.model.license import check_requirements, detect_license
-from llmctl.model.source import ModelSource, hub_is_offline, read_json, resolve_model
-from llmctl.model.tokenizer import load_tokenizer
+from llmctl.checkpoint.license import check_requirements, detect_license
+from llmctl.checkpoint.source import ModelSource, hub_is_offline, read_json, resolve_model
+from llmctl.checkpoint.tokenizer import load_tokenizer
 from llmctl.progress import progress_bar
 from llmctl.quant.calibration import calibration_samples, read_texts, token_stream
 from llmctl.quant.pipeline import check_supported, quantize_model, working_group_sizes
@@ -210,7 +210,7 @@ def _hub_unreachable(timeout: float = 3.0) -> str | None:
 
 
 def _weights_bytes(source: ModelSource) -> int:
-    from llmctl.engine.weights import safetensors_files
+    from llmctl.checkpoint.weights import safetensors_files
 
     return sum(p.stat().st_size for p in safetensors_files(source.path))
 

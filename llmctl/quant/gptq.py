@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from llmctl.quant.formats import QuantizedWeight
+from llmctl.checkpoint.quant_formats import QuantizedWeight
 from llmctl.quant.rtn import QuantConfig, quantize_values, search_group_params
 
 BLOCK_SIZE = 128

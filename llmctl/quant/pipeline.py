@@ -17,7 +17,7 @@ from torch import nn
 
 from llmctl.errors import LlmctlError
 from llmctl.quant.awq import ScaleGroup, apply_scales, clip_weights, search_scales
-from llmctl.quant.formats import QuantizedWeight, pack_awq, pack_gptq
+from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
 from llmctl.quant.gptq import HessianAccumulator, gptq_quantize
 from llmctl.quant.rtn import QuantConfig, rtn_quantize
 
@@ -46,7 +46,7 @@ class CheckpointReader:
     def __init__(self, folder: Path) -> None:
         from safetensors import safe_open
 
-        from llmctl.engine.weights import safetensors_files
+        from llmctl.checkpoint.weights import safetensors_files
 
         self.handles = {}
         self.where: dict[str, Any] = {}

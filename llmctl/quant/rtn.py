@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmctl.quant.formats import QuantizedWeight
+from llmctl.checkpoint.quant_formats import QuantizedWeight
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import yaml
 
-from llmctl.model.license import LicenseReport, write_license_files
-from llmctl.model.source import ModelSource, read_json
+from llmctl.checkpoint.license import LicenseReport, write_license_files
+from llmctl.checkpoint.source import ModelSource, read_json
 from llmctl.quant.gptq import DAMPING
 from llmctl.quant.rtn import QuantConfig
 

@@ -21,11 +21,11 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from llmctl import __version__
-from llmctl.engine.data_parallel import create_async_engine
-from llmctl.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from llmctl.engine.front.data_parallel import create_async_engine
+from llmctl.engine.front.async_engine import AsyncLLMEngine, EngineDeadError
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.llm_engine import LLMEngine, StepFailedError
-from llmctl.engine.outputs import RequestOutput
+from llmctl.engine.front.llm_engine import LLMEngine, StepFailedError
+from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.sampling_params import InvalidRequestError
 from llmctl.errors import LlmctlError
 from llmctl.server.admission import AdmittedStream, InFlight
@@ -208,9 +208,9 @@ def load_static_adapters(state: ServerState) -> None:
 
 def load_embedder(state: ServerState) -> bool:
     """Serve an encoder (e.g. all-MiniLM-L6-v2) through /v1/embeddings; False for generation models."""
-    from llmctl.engine.embedding import EmbeddingModel, is_embedding_model
-    from llmctl.model.report import load_spec
-    from llmctl.model.source import resolve_model
+    from llmctl.engine.front.embedding import EmbeddingModel, is_embedding_model
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
 
     config = state.settings.engine_config
     source = resolve_model(config.model, config.revision, weights=True, show_progress=False)
@@ -389,7 +389,7 @@ def chat_template(state: ServerState) -> str | None:
     own = getattr(engine.tokenizer, "chat_template", None)
     if isinstance(own, str) and own:
         return own
-    from llmctl.model.tokenizer import resolve_chat_template
+    from llmctl.checkpoint.tokenizer import resolve_chat_template
 
     return resolve_chat_template(engine.loaded.source, engine.loaded.spec.model_type).text
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmctl.engine.outputs import RequestOutput
-from llmctl.engine.sequence import TokenLogprob
+from llmctl.engine.front.outputs import RequestOutput
+from llmctl.engine.core.sequence import TokenLogprob
 
 
 def usage(outputs: list[RequestOutput]) -> dict[str, int]:

@@ -22,7 +22,7 @@ def load_chat_template(value: str | None) -> str | None:
     path = Path(value)
     if path.is_file():
         return path.read_text()
-    from llmctl.model.tokenizer import builtin_template
+    from llmctl.checkpoint.tokenizer import builtin_template
 
     try:
         return builtin_template(value)
@@ -53,7 +53,7 @@ def _graceful_server_class():  # uvicorn is imported lazily: `llmctl inspect` ne
 def serve(settings: ServerSettings, *, host: str, port: int) -> int:
     import uvicorn
 
-    from llmctl.engine.llm_engine import configure_logging
+    from llmctl.engine.front.llm_engine import configure_logging
 
     configure_logging()
     failure: list[BaseException] = []

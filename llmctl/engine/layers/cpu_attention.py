@@ -1,6 +1,6 @@
 """The `cpu` attention backend: llmctl's C++ paged-attention kernel for the tokens it suits.
 
-Decodes and prompt chunks of up to `paged_query_limit` new tokens (llmctl.model.attention_backend
+Decodes and prompt chunks of up to `paged_query_limit` new tokens (llmctl.engine.attention_selector
 holds the limits) go to
 `torch.ops.llmctl_cpu.paged_attention`, which reads the KV pages in place: no gathered
 copy, no padding to the longest context, no mask. Where the kernel keeps float32 rows in
@@ -9,7 +9,7 @@ AVX-512 registers it beats torch's SDPA on whole prompts too, up to a few hundre
 only on short chunks over cached tokens. Longer prompts attend with SDPA, as the `torch`
 backend (llmctl.engine.layers.torch_attention) does: that backend is the reference this
 one is tested against. An fp8 KV cache runs on the `torch` backend
-(llmctl.model.attention_backend decides).
+(llmctl.engine.attention_selector decides).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from llmctl.engine.layers.attention import AttentionMetadata, KVCache
 from llmctl.engine.layers.torch_attention import TorchAttention
 from llmctl.kernels import cpu as cpu_kernels
-from llmctl.model.attention_backend import SHORT_QUERY_LIMIT, VECTOR_QUERY_LIMIT
+from llmctl.engine.attention_selector import SHORT_QUERY_LIMIT, VECTOR_QUERY_LIMIT
 
 
 def paged_query_limit(dtype: torch.dtype, head_dim: int) -> int:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmctl.engine.huge_pages import zeros_on_huge_pages
+from llmctl.kernels.huge_pages import zeros_on_huge_pages
 from llmctl.kernels import cpu as cpu_kernels
 
 logger = logging.getLogger("llmctl")

@@ -20,10 +20,10 @@ from torch import nn
 from llmctl.engine.layers import cpu_gemm
 from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.parallel.group import TPGroup
-from llmctl.engine.weights import CheckpointTensor
-from llmctl.model.spec import QuantizationSpec
+from llmctl.checkpoint.weights import CheckpointTensor
+from llmctl.checkpoint.spec import QuantizationSpec
 from llmctl.plan.weights import padded_vocab_per_rank
-from llmctl.quant.formats import packed_shard_range
+from llmctl.checkpoint.quant_formats import packed_shard_range
 
 if TYPE_CHECKING:
     from llmctl.engine.lora.slots import LoRASlots

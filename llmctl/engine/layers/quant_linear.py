@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmctl.quant.formats import check_g_idx, unpack_awq, unpack_gptq
+from llmctl.checkpoint.quant_formats import check_g_idx, unpack_awq, unpack_gptq
 
 
 class QuantLinear(nn.Module):

@@ -4,7 +4,7 @@
 memory without blocking on CUDA); `forward` stores the new K/V (`kernels.kv_store`) and runs
 one paged-attention launch for the whole step (`kernels.attention`). A forward reads only
 device tensors, so a decode step can be captured in a CUDA graph over static buffers
-(`use_static`, see `llmctl.engine.cuda_graphs`).
+(`use_static`, see `llmctl.engine.worker.cuda_graphs`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from llmctl.engine.layers.attention import AttentionMetadata, KVCache
-from llmctl.engine.transfer import to_device
+from llmctl.kernels.transfer import to_device
 
 
 @dataclass

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from llmctl.errors import LlmctlError
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.lora import LoRATarget, lora_targets
 
 if TYPE_CHECKING:  # torch is imported where tensors are read: `llmctl inspect ADAPTER` never pays for it
@@ -202,9 +202,9 @@ class AdapterReport:
 
 def describe_adapter(path: Path) -> AdapterReport:
     """The adapter's facts from its config and safetensors header, and whether it fits its base model."""
-    from llmctl.model.report import load_spec
-    from llmctl.model.safetensors import read_local_headers
-    from llmctl.model.source import resolve_model
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.safetensors import read_local_headers
+    from llmctl.checkpoint.source import resolve_model
 
     config = read_adapter_config(path)
     file = path / WEIGHTS_FILE

@@ -20,11 +20,11 @@ from llmctl.engine.lora.adapter import LoRAAdapter, load_adapter
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.lora.slots import NO_ADAPTER, LoRASlots
 from llmctl.engine.sampling_params import InvalidRequestError
-from llmctl.model.source import resolve_adapter
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.source import resolve_adapter
+from llmctl.checkpoint.spec import ModelSpec
 
 if TYPE_CHECKING:
-    from llmctl.engine.sequence import Sequence
+    from llmctl.engine.core.sequence import Sequence
 
 logger = logging.getLogger("llmctl.engine")
 

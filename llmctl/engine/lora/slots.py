@@ -16,7 +16,7 @@ from torch import nn
 
 from llmctl.engine.lora.adapter import SliceWeights
 from llmctl.errors import UnsupportedModelError
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.lora import LoRATarget, lora_targets
 
 NO_ADAPTER = -1  # a sequence of the base model

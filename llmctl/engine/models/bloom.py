@@ -13,7 +13,7 @@ from llmctl.engine.models.common import (
     Shard, StepContext, Target, embedding_targets, layer_index, load_checkpoint,
 )
 from llmctl.engine.parallel.group import TPGroup
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.spec import ModelSpec
 
 
 def bloom_gelu(x: torch.Tensor) -> torch.Tensor:

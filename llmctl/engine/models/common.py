@@ -11,7 +11,7 @@ from torch import nn
 from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.layers.linear import LoadError
 from llmctl.engine.parallel.group import TPGroup
-from llmctl.engine.weights import CheckpointTensor
+from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.kernels import cpu as cpu_kernels
 
 

@@ -14,9 +14,9 @@ from llmctl.engine.layers.positions import RotaryEmbedding
 from llmctl.engine.models.common import (
     RMSNorm, Shard, StepContext, Target, embedding_targets, layer_index, load_checkpoint,
 )
-from llmctl.engine.weights import CheckpointTensor
+from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.kernels import cpu as cpu_kernels
-from llmctl.model.spec import ModelSpec, QuantizationSpec
+from llmctl.checkpoint.spec import ModelSpec, QuantizationSpec
 from llmctl.engine.parallel.group import TPGroup
 
 FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),

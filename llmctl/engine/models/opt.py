@@ -13,7 +13,7 @@ from llmctl.engine.models.common import (
     Shard, StepContext, Target, embedding_targets, layer_index, load_checkpoint,
 )
 from llmctl.engine.parallel.group import TPGroup
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.spec import ModelSpec
 
 POSITION_OFFSET = 2  # OPT's position table starts two rows in (fairseq's padding convention)
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}

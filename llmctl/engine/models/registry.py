@@ -8,7 +8,7 @@ from torch import nn
 
 from llmctl.engine.models.common import Shard
 from llmctl.errors import UnsupportedModelError
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.spec import ModelSpec
 
 SUPPORTED = {
     "LlamaForCausalLM": "llama",

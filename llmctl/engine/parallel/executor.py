@@ -15,15 +15,15 @@ from typing import Protocol
 import torch.distributed as dist
 
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.cuda_graphs import decode_graphs
-from llmctl.engine.loader import LoadedModel, Placement, load_model
+from llmctl.engine.worker.cuda_graphs import decode_graphs
+from llmctl.engine.worker.loader import LoadedModel, Placement, load_model
 from llmctl.engine.parallel.channel import Groups, all_gather_ints, all_reduce_min, connect
 from llmctl.engine.parallel.group import Rank
 from llmctl.engine.parallel.launch import Launch, spawn_workers, torchrun_rank, under_torchrun
 from llmctl.engine.parallel.results import ResultReceiver
 from llmctl.engine.parallel.stage import StageRunner, Stop
-from llmctl.engine.runner import ModelRunner, SampledTokens, StepBatch, StepFailed, StepLogits
-from llmctl.engine.threads import use_threads
+from llmctl.engine.worker.model_runner import ModelRunner, SampledTokens, StepBatch, StepFailed, StepLogits
+from llmctl.engine.worker.threads import use_threads
 from llmctl.errors import LlmctlError
 from llmctl.units import GiB
 
@@ -96,7 +96,7 @@ class LocalExecutor:
 
 def build_stage(config: EngineConfig, rank: Rank, store: dist.Store) -> StageRunner:
     """Any rank: join the groups, load this rank's shard, agree on the KV pool, report memory."""
-    from llmctl.engine.loader import _device
+    from llmctl.engine.worker.loader import _device
 
     groups = connect(store, rank, _device(config.device, rank))
     placement = Placement(rank, groups.tp, lambda blocks: all_reduce_min(groups.world_control, blocks))
@@ -197,8 +197,8 @@ def create_executor(config: EngineConfig) -> Executor:
     if config.tensor_parallel_size * config.pipeline_parallel_size == 1 and not under_torchrun():
         return LocalExecutor(config)
     from llmctl.engine.parallel.layout import check_layout
-    from llmctl.model.report import load_spec
-    from llmctl.model.source import resolve_model
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
 
     spec = load_spec(resolve_model(config.model, config.revision, weights=False))
     check_layout(spec, config, config.device)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.parallel.group import Rank
-from llmctl.engine.threads import use_threads
+from llmctl.engine.worker.threads import use_threads
 
 logger = logging.getLogger("llmctl.engine")
 STARTUP_TIMEOUT = 600.0  # loading a big checkpoint shard can take minutes

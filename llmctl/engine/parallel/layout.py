@@ -8,7 +8,7 @@ import os
 import torch
 
 from llmctl.engine.config import EngineConfig, EngineConfigError
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.gpus import GpuType
 from llmctl.plan.planner import PlanRequest, structural_problems
 from llmctl.plan.weights import weight_format

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from llmctl.engine.loader import LoadedModel
+from llmctl.engine.worker.loader import LoadedModel
 from llmctl.engine.parallel.channel import Groups, Outbox, broadcast_object, recv_object, send_object
-from llmctl.engine.runner import ModelRunner, SampledTokens, StepBatch, StepFailed, StepLogits
-from llmctl.engine.sampler import sample
+from llmctl.engine.worker.model_runner import ModelRunner, SampledTokens, StepBatch, StepFailed, StepLogits
+from llmctl.engine.core.sampler import sample
 
 
 @dataclass

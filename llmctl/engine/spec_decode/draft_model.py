@@ -16,17 +16,17 @@ from dataclasses import replace
 
 import torch
 
-from llmctl.engine.block_manager import BlockManager
+from llmctl.engine.core.block_manager import BlockManager
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.loader import LoadedModel, load_model
+from llmctl.engine.worker.loader import LoadedModel, load_model
 from llmctl.engine.parallel.executor import make_runner
-from llmctl.engine.runner import StepBatch
-from llmctl.engine.sampler import inverse_cdf, probabilities
-from llmctl.engine.sequence import Sequence
+from llmctl.engine.worker.model_runner import StepBatch
+from llmctl.engine.core.sampler import inverse_cdf, probabilities
+from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.spec_decode.config import SpeculativeConfig, SpeculativeConfigError
 from llmctl.engine.spec_decode.proposal import Draft
-from llmctl.model.report import load_spec
-from llmctl.model.source import resolve_model
+from llmctl.checkpoint.config_file import load_spec
+from llmctl.checkpoint.source import resolve_model
 from llmctl.plan.kv import stage_kv
 from llmctl.units import GiB
 

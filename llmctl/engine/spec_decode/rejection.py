@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from llmctl.engine.sampler import inverse_cdf, probabilities, token_logprobs
+from llmctl.engine.core.sampler import inverse_cdf, probabilities, token_logprobs
 from llmctl.engine.sampling_params import SamplingParams
-from llmctl.engine.sequence import TokenLogprob
+from llmctl.engine.core.sequence import TokenLogprob
 from llmctl.engine.spec_decode.proposal import Draft
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from llmctl.engine.block_manager import BlockManager
+from llmctl.engine.core.block_manager import BlockManager
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.loader import LoadedModel
-from llmctl.engine.runner import StepBatch
-from llmctl.engine.sequence import Sequence
+from llmctl.engine.worker.loader import LoadedModel
+from llmctl.engine.worker.model_runner import StepBatch
+from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from llmctl.engine.spec_decode.draft_model import DraftModelProposer
 from llmctl.engine.spec_decode.ngram import propose_ngram

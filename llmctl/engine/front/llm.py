@@ -6,9 +6,9 @@ import itertools
 from typing import Any, Sequence
 
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.llm_engine import LLMEngine
+from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.lora.request import LoRARequest
-from llmctl.engine.outputs import RequestOutput
+from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]

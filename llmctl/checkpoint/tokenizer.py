@@ -7,7 +7,7 @@ from importlib import resources
 from typing import Any
 
 from llmctl.errors import LlmctlError
-from llmctl.model.source import ModelSource, read_json
+from llmctl.checkpoint.source import ModelSource, read_json
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "qwen.tiktoken", "tiktoken.model")
 SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")

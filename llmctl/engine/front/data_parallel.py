@@ -12,13 +12,13 @@ import dataclasses
 import threading
 from typing import AsyncIterator
 
-from llmctl.engine.async_engine import AsyncLLMEngine
+from llmctl.engine.front.async_engine import AsyncLLMEngine
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.llm_engine import LLMEngine
+from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.lora.request import LoRARequest
-from llmctl.engine.outputs import RequestOutput
+from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
-from llmctl.engine.threads import threads_per_rank
+from llmctl.engine.worker.threads import threads_per_rank
 
 def create_async_engine(config: EngineConfig) -> AsyncLLMEngine | "DataParallelEngine":
     if config.data_parallel_size == 1:

@@ -12,13 +12,13 @@ from torch import nn
 from llmctl.engine.layers.attention import AttentionBackend, AttentionMetadata, KVCache
 from llmctl.engine.lora.slots import NO_ADAPTER, LoRAStep
 from llmctl.engine.models.common import StepContext
-from llmctl.engine.scheduler import SchedulerOutput
-from llmctl.engine.sampler import SampleInput
-from llmctl.engine.sequence import Sequence, TokenLogprob
-from llmctl.engine.transfer import to_device
+from llmctl.engine.core.scheduler import SchedulerOutput
+from llmctl.engine.core.sampler import SampleInput
+from llmctl.engine.core.sequence import Sequence, TokenLogprob
+from llmctl.kernels.transfer import to_device
 
 if TYPE_CHECKING:
-    from llmctl.engine.cuda_graphs import DecodeGraphs
+    from llmctl.engine.worker.cuda_graphs import DecodeGraphs
 
 
 @dataclass
@@ -124,7 +124,7 @@ class ModelRunner:
         self.backend = backend
         self.block_size = block_size
         self.device = device
-        self.graphs: DecodeGraphs | None = None  # captured decode steps (llmctl.engine.cuda_graphs)
+        self.graphs: DecodeGraphs | None = None  # captured decode steps (llmctl.engine.worker.cuda_graphs)
 
     def execute(self, sched: SchedulerOutput) -> StepResult:
         """A whole step in this process (the single-process engine)."""

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from llmctl.errors import LlmctlError
-from llmctl.model.license_db import NO, YES, LicenseInfo, Term, lookup, match_text
-from llmctl.model.source import ModelSource
+from llmctl.checkpoint.license_db import NO, YES, LicenseInfo, Term, lookup, match_text
+from llmctl.checkpoint.source import ModelSource
 
 LICENSE_FILE_NAMES = ("LICENSE", "LICENSE.txt", "LICENSE.md", "LICENSE-MODEL", "LICENSE_MODEL", "LICENCE",
                       "LICENSE.rst")
@@ -158,7 +158,7 @@ def _license_text(report: LicenseReport) -> str:
         return report.license_file.read_text(encoding="utf-8", errors="replace")
     info = report.license
     if info is not None and info.bundled_text:
-        return (resources.files("llmctl.model") / "license_texts" / info.bundled_text).read_text(encoding="utf-8")
+        return (resources.files("llmctl.checkpoint") / "license_texts" / info.bundled_text).read_text(encoding="utf-8")
     if info is not None:
         return (f"{info.name}\n\nThis artifact is distributed under the {info.name}.\n"
                 f"The full text is at {info.url} and must accompany every copy you distribute.\n")

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from llmctl.engine.block_manager import BlockManager
-from llmctl.engine.sequence import Sequence, SequenceStatus
+from llmctl.engine.core.block_manager import BlockManager
+from llmctl.engine.core.sequence import Sequence, SequenceStatus
 from llmctl.engine.spec_decode.proposal import Draft
 
 

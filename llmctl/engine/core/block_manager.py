@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from llmctl.engine.sequence import Sequence
+from llmctl.engine.core.sequence import Sequence
 
 SLID_OUT = -1  # a block-table entry whose block was given back (outside the sliding window)
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from llmctl.engine.sampling_params import SamplingParams
-from llmctl.engine.sequence import Sequence, TokenLogprob
+from llmctl.engine.core.sequence import Sequence, TokenLogprob
 
 
 @dataclass

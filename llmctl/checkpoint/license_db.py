@@ -32,7 +32,7 @@ class LicenseInfo:
     notice_text: str | None = None  # attribution text the license requires verbatim
     aliases: tuple[str, ...] = ()
     signatures: tuple[str, ...] = ()  # upper-case phrases that open the license text
-    bundled_text: str | None = None  # file in llmctl/model/license_texts/
+    bundled_text: str | None = None  # file in llmctl/checkpoint/license_texts/
 
 
 _NO_OUTPUT_LIMIT = Term(YES, "the license places no restriction on using outputs", "no clause restricts outputs")

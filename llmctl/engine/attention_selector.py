@@ -17,7 +17,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.spec import ModelSpec
 
 BACKENDS = ("cpu", "torch", "triton")
 # New tokens per sequence up to which the `cpu` backend's kernel attends, SDPA above (measured by

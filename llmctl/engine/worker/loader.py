@@ -17,22 +17,22 @@ from torch import nn
 
 from llmctl.units import GiB
 from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
-from llmctl.engine.huge_pages import zeros_on_huge_pages
+from llmctl.kernels.huge_pages import zeros_on_huge_pages
 from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_backend
 from llmctl.engine.layers.cpu_gemm import pack_linears, packed_kernel, small_batch
 from llmctl.engine.lora.slots import LoRASlots, LoRAStep, attach_lora_slots
 from llmctl.kernels.cpu import CPUKernelsUnavailable
-from llmctl.engine.profile import dummy_prefill, measure_activation_peak, run_dummy_step
-from llmctl.model.attention_backend import BackendChoice, choose_attention_backend, torch_fallback, triton_usable
+from llmctl.engine.worker.profile import dummy_prefill, measure_activation_peak, run_dummy_step
+from llmctl.engine.attention_selector import BackendChoice, choose_attention_backend, torch_fallback, triton_usable
 from llmctl.engine.models.common import Shard, WeightMismatchError
 from llmctl.engine.models.registry import create_model, is_supported
 from llmctl.engine.parallel.group import Rank, TPGroup, local_rank
-from llmctl.engine.weights import iterate_tensors
+from llmctl.checkpoint.weights import iterate_tensors
 from llmctl.errors import CorruptModelError, UnsupportedModelError
-from llmctl.model.report import load_spec
-from llmctl.model.source import ModelSource, resolve_model
-from llmctl.model.spec import ModelSpec
-from llmctl.model.tokenizer import generation_defaults, load_tokenizer
+from llmctl.checkpoint.config_file import load_spec
+from llmctl.checkpoint.source import ModelSource, resolve_model
+from llmctl.checkpoint.spec import ModelSpec
+from llmctl.checkpoint.tokenizer import generation_defaults, load_tokenizer
 from llmctl.plan.kv import StageKV, stage_kv
 from llmctl.plan.weights import kv_heads_per_rank, pipeline_stages
 from llmctl.plan.memory import KVPool, MemoryBudget, kv_pool, max_concurrency
@@ -61,7 +61,7 @@ class LoadedModel:
     weights_bytes: int
     placement: Placement = field(default_factory=lambda: Placement())
     attention_reason: str = ""  # why this backend (inspect says the same)
-    activation_peak_bytes: int = 0  # measured on GPUs before sizing the KV pool (llmctl.engine.profile)
+    activation_peak_bytes: int = 0  # measured on GPUs before sizing the KV pool (llmctl.engine.worker.profile)
     packed_bytes: int = 0  # packed copies of the CPU linears' weights (llmctl.engine.layers.cpu_gemm)
     lora_step: LoRAStep | None = None  # --enable-lora: which tokens use which slot, set every step
     lora_slots: dict[tuple[int, str], LoRASlots] = field(default_factory=dict)  # (layer, module) -> slots

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from llmctl.errors import LlmctlError
-from llmctl.model.source import ModelSource
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.source import ModelSource
+from llmctl.checkpoint.spec import ModelSpec
 
 ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "deberta-v2")
 
@@ -49,7 +49,7 @@ class EmbeddingModel:
                  device: str = "cpu", allow_pickle_weights: bool = False) -> None:
         from transformers import AutoModel, AutoTokenizer
 
-        from llmctl.engine.weights import safetensors_files
+        from llmctl.checkpoint.weights import safetensors_files
 
         self.source, self.spec = source, spec
         if not allow_pickle_weights:

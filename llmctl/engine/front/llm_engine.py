@@ -11,20 +11,20 @@ from typing import Any
 
 import torch
 
-from llmctl.engine.block_manager import BlockManager, PrefixCacheStats
+from llmctl.engine.core.block_manager import BlockManager, PrefixCacheStats
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.detokenizer import IncrementalDetokenizer
-from llmctl.engine.loader import LoadedModel
+from llmctl.engine.front.detokenizer import IncrementalDetokenizer
+from llmctl.engine.worker.loader import LoadedModel
 from llmctl.engine.lora.adapter import LoRAAdapter
 from llmctl.engine.lora.manager import LoRAManager
 from llmctl.engine.lora.request import LoRARequest
-from llmctl.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from llmctl.engine.front.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from llmctl.engine.parallel.executor import Executor, WorkerLostError, create_executor, sliding_window
-from llmctl.engine.runner import SampledTokens, StepBatch, StepResult, build_batch
-from llmctl.engine.sampler import SampleInput, prompt_logprob_entries, sample
+from llmctl.engine.worker.model_runner import SampledTokens, StepBatch, StepResult, build_batch
+from llmctl.engine.core.sampler import SampleInput, prompt_logprob_entries, sample
 from llmctl.engine.sampling_params import InvalidRequestError, SamplingParams
-from llmctl.engine.scheduler import Scheduler, SchedulerOutput
-from llmctl.engine.sequence import Sequence, SequenceStatus, TokenLogprob
+from llmctl.engine.core.scheduler import Scheduler, SchedulerOutput
+from llmctl.engine.core.sequence import Sequence, SequenceStatus, TokenLogprob
 from llmctl.engine.spec_decode.proposal import Draft
 from llmctl.engine.spec_decode.rejection import VerifyInput, verify
 from llmctl.engine.spec_decode.speculator import Speculator

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmctl.engine.sequence import TokenLogprob
+from llmctl.engine.core.sequence import TokenLogprob
 
 
 @dataclass

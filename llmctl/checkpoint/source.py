@@ -107,7 +107,7 @@ def resolve_default_model(*, weights: bool = False, show_progress: bool = True) 
     try:
         return resolve_hub_model(DEFAULT_MODEL_ID, None, weights=weights)
     except OfflineError:
-        from llmctl.model.gguf_convert import bundled_default_gguf
+        from llmctl.checkpoint.gguf_convert import bundled_default_gguf
 
         gguf_path = bundled_default_gguf()
         source = _resolve_gguf(gguf_path, show_progress, base_model=DEFAULT_MODEL_ID)
@@ -222,7 +222,7 @@ def _resolve_local_path(path: Path, show_progress: bool) -> ModelSource:
 
 
 def _resolve_gguf(path: Path, show_progress: bool, base_model: str | None = None) -> ModelSource:
-    from llmctl.model.gguf_convert import converted_gguf_dir
+    from llmctl.checkpoint.gguf_convert import converted_gguf_dir
 
     folder = converted_gguf_dir(path, show_progress=show_progress, base_model=base_model)
     return ModelSource(kind=SourceKind.GGUF, name=path.name, path=folder, gguf_path=path)

@@ -15,9 +15,9 @@ import threading
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from llmctl.engine.llm_engine import LLMEngine, StepFailedError
+from llmctl.engine.front.llm_engine import LLMEngine, StepFailedError
 from llmctl.engine.lora.request import LoRARequest
-from llmctl.engine.outputs import RequestOutput
+from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("llmctl.engine")

@@ -6,7 +6,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from llmctl.model.spec import ModelSpec
+from llmctl.checkpoint.spec import ModelSpec
 
 # Safetensors dtype names and their sizes in bytes.
 SAFETENSORS_DTYPE_BYTES = {

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmctl.errors import CorruptModelError
-from llmctl.model.source import ModelSource, SourceKind, hub_is_offline, read_json
+from llmctl.checkpoint.source import ModelSource, SourceKind, hub_is_offline, read_json
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -5,14 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmctl.errors import CorruptModelError, LlmctlError
-from llmctl.model.attention_backend import BackendChoice, choose_attention_backend
-from llmctl.model.license import LicenseReport, detect_license
-from llmctl.model.params import ConfigParamCount, TensorCount, count_from_config, count_from_tensors
-from llmctl.model.safetensors import WeightHeaders, read_weight_headers
-from llmctl.model.source import ModelSource, read_json
-from llmctl.model.spec import ModelSpec
-from llmctl.model.tokenizer import (
+from llmctl.errors import LlmctlError
+from llmctl.engine.attention_selector import BackendChoice, choose_attention_backend
+from llmctl.checkpoint.license import LicenseReport, detect_license
+from llmctl.checkpoint.params import ConfigParamCount, TensorCount, count_from_config, count_from_tensors
+from llmctl.checkpoint.safetensors import WeightHeaders, read_weight_headers
+from llmctl.checkpoint.config_file import load_spec
+from llmctl.checkpoint.source import ModelSource
+from llmctl.checkpoint.spec import ModelSpec
+from llmctl.checkpoint.tokenizer import (
     TokenizerFacts,
     describe_tokenizer,
     generation_defaults,
@@ -54,20 +55,6 @@ class InspectReport:
     backend: BackendChoice
     text_tokens: list[tuple[int, str]] | None = None
     warnings: list[str] = field(default_factory=list)
-
-
-def load_config(source: ModelSource) -> dict[str, Any]:
-    path = source.file("config.json")
-    if path is None:
-        raise CorruptModelError(
-            f"{source.name} has no config.json: it is not a transformers model repository "
-            "(pass a model folder or a hub id of a model)"
-        )
-    return read_json(path)
-
-
-def load_spec(source: ModelSource) -> ModelSpec:
-    return ModelSpec.from_config(load_config(source))
 
 
 def build_inspect_report(source: ModelSource, *, text: str | None = None,
