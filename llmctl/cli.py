@@ -340,7 +340,7 @@ def quantize(
 ) -> None:
     """4-bit GPTQ or AWQ checkpoints that vLLM, transformers and llmctl load unchanged."""
     from llmctl.display import print_json, render_quantize
-    from llmctl.engine.front.llm_engine import configure_logging
+    from llmctl.logs import configure_logging
     from llmctl.quant.command import QuantizeOptions, run_quantize
 
     configure_logging()  # the calibration source and the engine's lines when it samples calibration text

@@ -334,7 +334,7 @@ def test_sse_lines_break_only_where_server_sent_events_do():
 
 
 def test_served_events_escape_characters_some_readers_take_for_line_breaks():
-    from llmctl.server.app import sse
+    from llmctl.server.sse import sse
 
     event = sse({"text": "a\u2028b\x85c\x1cd"})
     assert event.splitlines() == [event[:-2], ""]  # str.splitlines sees one line, then the blank separator

@@ -343,7 +343,7 @@ def generate_through_graphs(folder: Path, tokenizer, capture: bool) -> None:
               device="cuda" if capture else "auto", dtype="float32")
     executor = llm.engine.executor
     if not capture:
-        executor.runner.graphs = decode_graphs(executor.loaded, llm.engine.config, sliding_window(executor.loaded),
+        executor.runner.graphs = decode_graphs(executor.loaded, llm.engine.config, executor.loaded.sliding_window,
                                                capture=False)
     graphs = executor.runner.graphs
     assert graphs is not None and bool(graphs.graphs) == capture

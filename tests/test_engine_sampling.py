@@ -57,7 +57,7 @@ def test_stop_token_ids_eos_and_ignore_eos(llm):
     assert out.token_ids[-1] == period and out.finish_reason == "stop" and out.stop_reason == period
     eos = llm.generate("What is 2+2?", greedy())[0].outputs[0]  # this model ends at once
     assert eos.token_ids == [2] and eos.finish_reason == "stop" and eos.text == ""
-    assert llm.engine.eos_token_ids == [2]
+    assert llm.engine.loaded.eos_token_ids == [2]
     ignored = llm.generate("What is 2+2?", greedy(ignore_eos=True, max_tokens=5))[0].outputs[0]
     assert len(ignored.token_ids) == 5 and ignored.finish_reason == "length"
 
@@ -72,9 +72,9 @@ def test_n_completions_share_the_prompt_blocks(llm):
     engine = llm.engine
     prompt = "Write a long story about a dragon who learns to bake bread in a small town"
     engine.add_request("fork", prompt, SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=8, ignore_eos=True))
-    while engine.requests["fork"].seqs[0].waiting_to_fork:
+    while engine.output_processor.requests["fork"].seqs[0].waiting_to_fork:
         engine.step()
-    seqs = engine.requests["fork"].seqs
+    seqs = engine.output_processor.requests["fork"].seqs
     assert len(seqs) == 3
     first_block = seqs[0].block_table[0]
     assert all(s.block_table[0] == first_block for s in seqs)

@@ -149,7 +149,7 @@ def test_the_last_stage_samples_as_the_driver_does(models):
     """With PP the last stage samples from the inputs the batch carries (uniforms drawn by the driver,
     penalty and stop ids); seeded outputs equal one process's. Steps it cannot sample from the batch
     alone (prompt log-probabilities, an n > 1 request's first token) come back as logits."""
-    from llmctl.engine.worker.model_runner import SampledTokens, StepLogits
+    from llmctl.engine.core.step_messages import SampledTokens, StepLogits
 
     expected, expected_prompt = sampled_outputs(models["qwen2"], 1)
     results: list = []
@@ -285,7 +285,7 @@ def test_messages_between_ranks_carry_tensors_in_one_buffer():
 def test_a_step_that_fails_to_sample_on_the_last_stage_comes_back_as_its_error():
     """The rank goes on; the driver fails that step's requests (RemoteStepError → StepFailedError)."""
     from llmctl.engine.parallel.stage import step_result
-    from llmctl.engine.worker.model_runner import SampledTokens, StepBatch, StepFailed, StepLogits
+    from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
     from llmctl.engine.core.sampler import SampleInput
 
     batch = StepBatch([5], [0], [0], [0, 1], [1], [[0]], [0],

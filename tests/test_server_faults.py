@@ -43,7 +43,7 @@ def wait_for(condition, timeout: float = 60) -> None:
 
 
 def sequences(engine, status: SequenceStatus) -> list:
-    return [s for r in list(engine.requests.values()) for s in r.seqs if s.status == status]
+    return [s for r in list(engine.output_processor.requests.values()) for s in r.seqs if s.status == status]
 
 
 def test_clients_leaving_in_every_phase_free_their_blocks(server, engine):

@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from llmctl.engine.front.engine_client import EngineClient
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.errors import LlmctlError, ModelNotFoundError
 
@@ -68,7 +69,7 @@ class ServedAdapters:
     def get(self, name: str) -> LoRARequest | None:
         return self.by_name.get(name)
 
-    def load(self, engines: list[Any], name: str, path: str, base_model_name: str | None = None) -> LoRARequest:
+    def load(self, engine: EngineClient, name: str, path: str, base_model_name: str | None = None) -> LoRARequest:
         """Read and check the adapter in every replica, then serve it under `name`."""
         if name in self.base_model_names:
             raise AdapterLoadError(f"'{name}' is the base model's name: give the adapter another", 400)
@@ -77,27 +78,21 @@ class ServedAdapters:
         with self._lock:
             request = LoRARequest(name, next(self._ids), path, base_model_name)
         try:
-            for engine in engines:
-                engine.add_lora(request)
+            engine.add_lora(request)  # into every replica
         except ModelNotFoundError as exc:
-            self._forget(engines, request)
+            engine.remove_lora(request.lora_int_id)
             raise AdapterLoadError(str(exc), 404) from None
         except LlmctlError as exc:
-            self._forget(engines, request)
+            engine.remove_lora(request.lora_int_id)
             raise AdapterLoadError(str(exc), 400) from None
         self.by_name[name] = request
         return request
 
-    def unload(self, engines: list[Any], name: str) -> None:
+    def unload(self, engine: EngineClient, name: str) -> None:
         request = self.by_name.pop(name, None)
         if request is None:
             raise AdapterLoadError(f"The lora adapter '{name}' cannot be found.", 404)
-        self._forget(engines, request)
-
-    @staticmethod
-    def _forget(engines: list[Any], request: LoRARequest) -> None:
-        for engine in engines:
-            engine.remove_lora(request.lora_int_id)
+        engine.remove_lora(request.lora_int_id)
 
     def cards(self, created: int) -> list[dict[str, Any]]:
         """/v1/models entries, as vLLM lists adapters: root is the path, parent the base model."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmctl import __version__
+from llmctl.version import __version__
 from llmctl.server.protocol import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,

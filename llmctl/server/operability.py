@@ -11,6 +11,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from llmctl.engine.front.stats import EngineStats
+
 logger = logging.getLogger("llmctl.server")
 REQUEST_ID_HEADER = "x-request-id"
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -52,10 +54,7 @@ class RequestLog:
 
 @dataclass
 class _Totals:
-    prompt_tokens: int
-    generation_tokens: int
-    queries: int
-    hits: int
+    stats: EngineStats
     at: float
 
 
@@ -63,8 +62,8 @@ class StatsLogger:
     """Every `interval` seconds while the engine has work (or just had), one INFO line of throughput,
     queue and KV-cache state, computed from the engine's counters over the interval."""
 
-    def __init__(self, engine_getter: Callable[[], Any], interval: float) -> None:
-        self.engine_getter, self.interval = engine_getter, interval
+    def __init__(self, read_stats: Callable[[], EngineStats | None], interval: float) -> None:
+        self.read_stats, self.interval = read_stats, interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llmctl-stats", daemon=True)
 
@@ -77,33 +76,27 @@ class StatsLogger:
     def _run(self) -> None:
         last: _Totals | None = None
         while not self._stop.wait(self.interval):
-            engine = self.engine_getter()
-            if engine is None:
+            stats = self.read_stats()
+            if stats is None:
                 continue
-            now = self._totals(engine)
+            now = _Totals(stats, time.perf_counter())
             if last is not None:
-                line = stats_line(engine, last, now)
+                line = stats_line(last, now)
                 if line:
                     logger.info(line)
             last = now
 
-    @staticmethod
-    def _totals(engine: Any) -> _Totals:
-        stats = engine.block_manager.stats
-        return _Totals(engine.stats["prompt_tokens"], engine.stats["generation_tokens"], stats.queries, stats.hits,
-                       time.perf_counter())
 
-
-def stats_line(engine: Any, before: _Totals, now: _Totals) -> str | None:
+def stats_line(before: _Totals, now: _Totals) -> str | None:
     """None when nothing ran and nothing waits (an idle server stays quiet, as vLLM's does)."""
-    running, waiting = len(engine.scheduler.running), len(engine.scheduler.waiting)
-    prompt = now.prompt_tokens - before.prompt_tokens
-    generated = now.generation_tokens - before.generation_tokens
-    if not (prompt or generated or running or waiting):
+    old, new = before.stats, now.stats
+    prompt = new.prompt_tokens - old.prompt_tokens
+    generated = new.generation_tokens - old.generation_tokens
+    if not (prompt or generated or new.num_running or new.num_waiting):
         return None
     seconds = max(now.at - before.at, 1e-9)
-    queries = now.queries - before.queries
-    hit_rate = 100.0 * (now.hits - before.hits) / queries if queries else 0.0
+    queries = new.prefix_cache_queries - old.prefix_cache_queries
+    hit_rate = 100.0 * (new.prefix_cache_hits - old.prefix_cache_hits) / queries if queries else 0.0
     return (f"Avg prompt throughput: {prompt / seconds:.1f} tokens/s, Avg generation throughput: "
-            f"{generated / seconds:.1f} tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, "
-            f"KV cache usage: {100.0 * engine.block_manager.usage:.1f}%, Prefix cache hit rate: {hit_rate:.1f}%")
+            f"{generated / seconds:.1f} tokens/s, Running: {new.num_running} reqs, Waiting: {new.num_waiting} reqs, "
+            f"KV cache usage: {100.0 * new.kv_cache_usage:.1f}%, Prefix cache hit rate: {hit_rate:.1f}%")

@@ -245,6 +245,18 @@ def sampling_request(fields: Fields, *, chat: bool) -> SamplingRequest:
     return SamplingRequest(params, stream, include_usage, echo=fields.bool("echo"))
 
 
+def completion_sampling_request(fields: Fields) -> SamplingRequest:
+    """/v1/completions' sampling, with its defaults: 16 tokens when max_tokens is absent (OpenAI's
+    default), and with echo, the prompt's log-probabilities as many as the completion's."""
+    sampling = sampling_request(fields, chat=False)
+    if fields.raw("max_tokens") is None:
+        sampling.params.max_tokens = 16
+        sampling.params.min_tokens = min(sampling.params.min_tokens, 16)
+    if sampling.echo and sampling.params.logprobs is not None:
+        sampling.params.prompt_logprobs = sampling.params.logprobs
+    return sampling
+
+
 def _logprobs(fields: Fields, chat: bool) -> tuple[bool, int]:
     if chat:  # chat: logprobs is a boolean, top_logprobs the number of alternatives
         wanted = fields.bool("logprobs")

@@ -1,11 +1,44 @@
-"""Response bodies in OpenAI's shapes: completions, chat completions, their stream chunks, usage."""
+"""Response bodies in OpenAI's shapes: completions, chat completions, their stream chunks, usage.
+Every body of one response shares a ResponseContext."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.core.sequence import TokenLogprob
+from llmctl.engine.front.outputs import CompletionOutput, RequestOutput
+from llmctl.server.protocol import SamplingRequest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase as Tokenizer
+
+Prompt = tuple[str | None, list[int]]  # the text (None for token ids) and its token ids
+
+
+@dataclass(frozen=True)
+class ResponseContext:
+    request_id: str
+    model: str
+    created: int
+    sampling: SamplingRequest
+    tokenizer: Tokenizer
+    prompts: list[Prompt]
+
+    def prompt_text(self, index: int, output: RequestOutput) -> str:
+        text = self.prompts[index][0]
+        return text if text is not None else self.tokenizer.decode(output.prompt_token_ids)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What a stream sends next for one choice: new text, new log-probabilities, maybe its end."""
+
+    choice: int
+    text: str
+    completion: CompletionOutput
+    logprobs: list[TokenLogprob] | None
+    offset: int  # characters of this choice's text sent before
 
 
 def usage(outputs: list[RequestOutput]) -> dict[str, int]:
@@ -14,11 +47,11 @@ def usage(outputs: list[RequestOutput]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _piece(tokenizer: Any, token: int) -> str:
+def _piece(tokenizer: Tokenizer, token: int) -> str:
     return tokenizer.decode([token])
 
 
-def completion_logprobs(entries: list[TokenLogprob | None], tokenizer: Any, offset: int = 0,
+def completion_logprobs(entries: list[TokenLogprob | None], tokenizer: Tokenizer, offset: int = 0,
                         token_ids: list[int] | None = None) -> dict[str, list]:
     """OpenAI's completion logprobs. An entry may be None (the first prompt token has no context,
     so no logprob): then its token comes from `token_ids` and its logprob is null, as vLLM answers."""
@@ -34,14 +67,15 @@ def completion_logprobs(entries: list[TokenLogprob | None], tokenizer: Any, offs
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
-def echo_logprobs(output: RequestOutput, completion_entries: list[TokenLogprob], tokenizer: Any) -> dict[str, list]:
+def echo_logprobs(output: RequestOutput, completion_entries: list[TokenLogprob], tokenizer: Tokenizer
+                  ) -> dict[str, list]:
     """Every prompt token (the first with a null logprob), then the generated ones."""
     prompt_entries = list(output.prompt_logprobs or [None] * len(output.prompt_token_ids))
     ids = list(output.prompt_token_ids) + [e.token_id for e in completion_entries]
     return completion_logprobs(prompt_entries + list(completion_entries), tokenizer, token_ids=ids)
 
 
-def chat_logprobs(entries: list[TokenLogprob], tokenizer: Any) -> dict[str, list]:
+def chat_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer) -> dict[str, list]:
     def item(token: int, logprob: float) -> dict[str, Any]:
         piece = _piece(tokenizer, token)
         return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
@@ -50,46 +84,50 @@ def chat_logprobs(entries: list[TokenLogprob], tokenizer: Any) -> dict[str, list
                          "top_logprobs": [item(t, lp) for t, lp in e.top.items()]} for e in entries]}
 
 
-def completion_response(request_id: str, model: str, created: int, outputs: list[RequestOutput], sampling: Any,
-                        tokenizer: Any, prompts: list) -> dict[str, Any]:
+def completion_response(ctx: ResponseContext, outputs: list[RequestOutput]) -> dict[str, Any]:
     choices = []
-    n = sampling.params.n
+    n, echo, tokenizer = ctx.sampling.params.n, ctx.sampling.echo, ctx.tokenizer
     for p, output in enumerate(outputs):
-        prompt_text = (prompts[p][0] if prompts[p][0] is not None else tokenizer.decode(output.prompt_token_ids))
+        prompt_text = ctx.prompt_text(p, output)
         for completion in output.outputs:
-            text = (prompt_text + completion.text) if sampling.echo else completion.text
+            text = (prompt_text + completion.text) if echo else completion.text
             logprobs = None
             if completion.logprobs is not None:
-                logprobs = echo_logprobs(output, completion.logprobs, tokenizer) if sampling.echo else \
+                logprobs = echo_logprobs(output, completion.logprobs, tokenizer) if echo else \
                     completion_logprobs(completion.logprobs, tokenizer)
             choices.append({"index": p * n + completion.index, "text": text, "logprobs": logprobs,
                             "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason})
-    return {"id": request_id, "object": "text_completion", "created": created, "model": model,
+    return {"id": ctx.request_id, "object": "text_completion", "created": ctx.created, "model": ctx.model,
             "choices": choices, "usage": usage(outputs)}
 
 
-def chat_response(request_id: str, model: str, created: int, outputs: list[RequestOutput], sampling: Any,
-                  tokenizer: Any, prompts: list) -> dict[str, Any]:
+def chat_response(ctx: ResponseContext, outputs: list[RequestOutput]) -> dict[str, Any]:
     [output] = outputs
     choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                "logprobs": chat_logprobs(c.logprobs, tokenizer) if c.logprobs is not None else None,
+                "logprobs": chat_logprobs(c.logprobs, ctx.tokenizer) if c.logprobs is not None else None,
                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in output.outputs]
-    return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
+    return {"id": ctx.request_id, "object": "chat.completion", "created": ctx.created, "model": ctx.model,
             "choices": choices, "usage": usage(outputs)}
 
 
-def completion_chunk(request_id: str, model: str, created: int, index: int, text: str, finish_reason: str | None,
-                     stop_reason: Any, logprobs: list[TokenLogprob] | None = None, tokenizer: Any = None,
-                     offset: int = 0) -> dict[str, Any]:
-    choice = {"index": index, "text": text, "finish_reason": finish_reason, "stop_reason": stop_reason,
-              "logprobs": completion_logprobs(logprobs, tokenizer, offset) if logprobs else None}
-    return {"id": request_id, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+def completion_chunk(ctx: ResponseContext, index: int, text: str, delta: Delta | None = None) -> dict[str, Any]:
+    """One choice's text; with a delta, its finish and log-probabilities too."""
+    end = delta.completion if delta is not None else None
+    logprobs = delta.logprobs if delta is not None else None
+    choice = {"index": index, "text": text, "finish_reason": end.finish_reason if end else None,
+              "stop_reason": end.stop_reason if end else None,
+              "logprobs": completion_logprobs(logprobs, ctx.tokenizer, delta.offset) if logprobs else None}
+    return {"id": ctx.request_id, "object": "text_completion", "created": ctx.created, "model": ctx.model,
+            "choices": [choice]}
 
 
-def chat_chunk(request_id: str, model: str, created: int, index: int, delta: dict[str, Any],
-               finish_reason: str | None = None, stop_reason: Any = None, logprobs: list[TokenLogprob] | None = None,
-               tokenizer: Any = None) -> dict[str, Any]:
-    choice = {"index": index, "delta": delta, "finish_reason": finish_reason, "stop_reason": stop_reason,
-              "logprobs": chat_logprobs(logprobs, tokenizer) if logprobs else None}
-    return {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+def chat_chunk(ctx: ResponseContext, index: int, message: dict[str, str], delta: Delta | None = None
+               ) -> dict[str, Any]:
+    """One choice's message delta; with a delta, its finish and log-probabilities too."""
+    end = delta.completion if delta is not None else None
+    logprobs = delta.logprobs if delta is not None else None
+    choice = {"index": index, "delta": message, "finish_reason": end.finish_reason if end else None,
+              "stop_reason": end.stop_reason if end else None,
+              "logprobs": chat_logprobs(logprobs, ctx.tokenizer) if logprobs else None}
+    return {"id": ctx.request_id, "object": "chat.completion.chunk", "created": ctx.created, "model": ctx.model,
             "choices": [choice]}

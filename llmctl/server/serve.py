@@ -53,7 +53,7 @@ def _graceful_server_class():  # uvicorn is imported lazily: `llmctl inspect` ne
 def serve(settings: ServerSettings, *, host: str, port: int) -> int:
     import uvicorn
 
-    from llmctl.engine.front.llm_engine import configure_logging
+    from llmctl.logs import configure_logging
 
     configure_logging()
     failure: list[BaseException] = []

@@ -9,15 +9,22 @@ the tokens it has generated so far.
 With pipeline parallelism the sequences are split into lanes, one per batch in flight
 (vLLM's virtual engines): a lane is scheduled only when its previous batch has come back,
 so a sequence is never in two batches at once.
+
+After each step `update_from_output` takes the step's sampled tokens: it advances what was
+computed, registers full blocks for prefix caching, adds the siblings of n > 1 requests,
+appends tokens with their stop checks (EOS, stop ids, stop strings, max_tokens,
+max_model_len), gives back the blocks of rejected proposals and frees what finished.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from llmctl.engine.core.block_manager import BlockManager
-from llmctl.engine.core.sequence import Sequence, SequenceStatus
+from llmctl.engine.core.sequence import Sequence, SequenceStatus, TokenLogprob
 from llmctl.engine.spec_decode.proposal import Draft
 
 
@@ -53,15 +60,42 @@ class SchedulerOutput:
 
 
 @dataclass
+class SampledSeq:
+    """What one step produced for a sequence: one sampled token, or (speculative decoding) the
+    accepted proposals followed by the token after them. Forked siblings name their parent."""
+
+    seq: Sequence
+    tokens: list[tuple[int, TokenLogprob | None]]
+    verified: bool = False  # tokens[:-1] are accepted proposals whose K/V this step wrote
+    forked_from: Sequence | None = None  # n > 1: a new sibling that shares the parent's blocks
+
+
+class TokenText(Protocol):
+    """The output processor's side of a new token: detokenize it and, when asked, say which stop
+    string the text now ends with (cutting the text there)."""
+
+    def add_token(self, seq: Sequence, search_stop_strings: bool) -> str | None: ...
+
+
+@dataclass
+class TokenCounts:
+    prompt_tokens: int = 0  # of requests that produced their first token
+    generation_tokens: int = 0
+
+
+@dataclass
 class Scheduler:
     block_manager: BlockManager
     max_num_seqs: int
     max_num_batched_tokens: int
     long_prefill_token_threshold: int = 0  # 0: a prefill may use the whole remaining budget
     max_loras: int = 0  # --max-loras: distinct adapters running at once (0: LoRA is off)
+    eos_token_ids: list[int] = field(default_factory=list)
+    max_model_len: int = 1 << 62  # the engine's context limit; no limit beyond max_tokens by default
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
     num_preemptions: int = 0
+    counts: TokenCounts = field(default_factory=TokenCounts)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -69,6 +103,26 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def lane_loads(self, lanes: int) -> list[int]:
+        """Sequences per pipeline lane, running or waiting."""
+        load = [0] * lanes
+        for seq in [*self.running, *self.waiting]:
+            load[seq.lane] += 1
+        return load
+
+    def is_stuck(self) -> bool:
+        """Nothing could be scheduled although requests wait and none runs: the first waiting
+        sequence needs more blocks than the cache has."""
+        return bool(self.waiting) and not self.running
 
     def schedule(self, lane: int = 0) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -162,11 +216,93 @@ class Scheduler:
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
 
-    def finish(self, seq: Sequence) -> None:
+    def finish(self, seq: Sequence, reason: str | None = None, stop_reason: str | int | None = None) -> None:
         """Remove a finished or aborted sequence and free its blocks at once."""
+        if reason is not None:
+            seq.finish_reason, seq.stop_reason = reason, stop_reason
+            seq.timings.finished = time.perf_counter()
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
+
+    def abort(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            if not seq.is_finished:
+                seq.finish_reason = "abort"
+                self.finish(seq)
+
+    def fail_unschedulable(self) -> Sequence:
+        """Finish the first waiting sequence, which can never fit (is_stuck)."""
+        seq = self.waiting[0]
+        self.finish(seq, "length")
+        return seq
+
+    # -- after a step -------------------------------------------------------------------
+    def update_from_output(self, sched: SchedulerOutput, sampled: list[SampledSeq], text: TokenText) -> set[str]:
+        """Apply a step's result; returns the ids of the requests that advanced."""
+        for item in sched.scheduled:
+            if not item.seq.is_finished:  # aborted while its batch was in flight
+                # Proposed tokens count as computed only once verified (below).
+                item.seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
+                self.block_manager.register_full_blocks(item.seq)
+        touched: set[str] = set()
+        now = time.perf_counter()
+        for result in sampled:
+            if result.forked_from is not None:
+                self._add_sibling(result.forked_from, result.seq)
+            if result.seq.is_finished:
+                continue
+            self._append(result, text, now)
+            touched.add(result.seq.request_id)
+        for item in sched.scheduled:
+            if item.draft is not None and item.seq.status == SequenceStatus.RUNNING:
+                self.block_manager.trim(item.seq)  # blocks of rejected proposals
+        return touched
+
+    def _add_sibling(self, parent: Sequence, child: Sequence) -> None:
+        self.block_manager.fork(parent, child)
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+
+    def _append(self, result: SampledSeq, text: TokenText, now: float) -> None:
+        """Each token is checked for stops as it is appended; tokens after a stop are dropped."""
+        seq = result.seq
+        for token, logprob in result.tokens:
+            self._append_token(seq, token, logprob, now)
+            self._check_stop(seq, token, text)
+            if seq.is_finished:
+                return
+        if result.verified:
+            seq.num_computed_tokens += len(result.tokens) - 1  # the accepted proposals' K/V was written
+            self.block_manager.register_full_blocks(seq)
+
+    def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None, now: float) -> None:
+        if not seq.output_token_ids and seq.index == 0:
+            self.counts.prompt_tokens += len(seq.prompt_token_ids)
+        seq.output_token_ids.append(token)
+        self.counts.generation_tokens += 1
+        if logprob is not None:
+            seq.output_logprobs.append(logprob)
+        seq.timings.first_token = seq.timings.first_token or now
+        seq.timings.last_token = now
+
+    def _check_stop(self, seq: Sequence, token: int, text: TokenText) -> None:
+        """In vLLM's order: EOS, stop token ids, stop strings (none before min_tokens), then length."""
+        params = seq.params
+        generated = len(seq.output_token_ids)
+        can_stop = generated >= params.min_tokens
+        if can_stop and not params.ignore_eos and token in self.eos_token_ids:
+            text.add_token(seq, search_stop_strings=False)
+            return self.finish(seq, "stop", None)
+        if can_stop and token in params.stop_token_ids:
+            text.add_token(seq, search_stop_strings=False)
+            return self.finish(seq, "stop", token)
+        stop = text.add_token(seq, search_stop_strings=can_stop and bool(params.stop))
+        if stop is not None:
+            return self.finish(seq, "stop", stop)
+        limit = params.max_tokens if params.max_tokens is not None else self.max_model_len
+        if generated >= limit or seq.num_tokens >= self.max_model_len:
+            self.finish(seq, "length", None)

@@ -13,9 +13,13 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
+from llmctl.checkpoint.source import ModelSource
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.front.llm_engine import LLMEngine, StepFailedError
+from llmctl.engine.front.stats import EngineStats
+from llmctl.engine.parallel.executor import WorkerLostError
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
@@ -59,9 +63,39 @@ class AsyncLLMEngine:
     def is_running(self) -> bool:
         return self._thread.is_alive() and self.dead_error is None and self.engine.executor.healthy()
 
+    # -- EngineClient ----------------------------------------------------------------------
     @property
-    def replicas(self) -> list["AsyncLLMEngine"]:
-        return [self]
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def source(self) -> ModelSource:
+        return self.engine.loaded.source
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.engine.loaded.spec
+
+    def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        return self.engine.tokenize(prompt)
+
+    def stats(self) -> list[EngineStats]:
+        return [self.engine.stats()]
+
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        self.engine.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> None:
+        self.engine.remove_lora(lora_int_id)
+
+    def lost_workers(self) -> str | None:
+        if self.engine.executor.healthy() and not isinstance(self.dead_error, WorkerLostError):
+            return None
+        return str(self.dead_error or "a worker rank exited")
 
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                        lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
+from llmctl.checkpoint.source import ModelSource
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.front.async_engine import AsyncLLMEngine
+from llmctl.engine.front.engine_client import EngineClient
+from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.lora.request import LoRARequest
@@ -20,13 +24,14 @@ from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.worker.threads import threads_per_rank
 
-def create_async_engine(config: EngineConfig) -> AsyncLLMEngine | "DataParallelEngine":
+def create_engine_client(config: EngineConfig) -> EngineClient:
     if config.data_parallel_size == 1:
         return AsyncLLMEngine(LLMEngine(config))
     return DataParallelEngine(config)
 
+
 class DataParallelEngine:
-    """The AsyncLLMEngine interface over several replicas."""
+    """The EngineClient interface over several replicas."""
 
     def __init__(self, config: EngineConfig) -> None:
         # every replica's ranks share this machine's cores
@@ -35,10 +40,39 @@ class DataParallelEngine:
         self._outstanding = [0] * len(self.replicas)
         self._lock = threading.Lock()
 
+    # Tokenizer, model facts and limits are the same in every replica: replica 0's.
     @property
-    def engine(self) -> LLMEngine:
-        """Replica 0: tokenizer, model facts and limits are the same in every replica."""
-        return self.replicas[0].engine
+    def tokenizer(self) -> Any:
+        return self.replicas[0].tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.replicas[0].max_model_len
+
+    @property
+    def source(self) -> ModelSource:
+        return self.replicas[0].source
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.replicas[0].spec
+
+    def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        return self.replicas[0].tokenize(prompt)
+
+    def stats(self) -> list[EngineStats]:
+        return [stats for replica in self.replicas for stats in replica.stats()]
+
+    def add_lora(self, lora_request: LoRARequest) -> None:
+        for replica in self.replicas:
+            replica.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> None:
+        for replica in self.replicas:
+            replica.remove_lora(lora_int_id)
+
+    def lost_workers(self) -> str | None:
+        return next((lost for lost in (r.lost_workers() for r in self.replicas) if lost is not None), None)
 
     @property
     def is_running(self) -> bool:

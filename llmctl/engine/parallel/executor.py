@@ -12,17 +12,17 @@ import time
 from collections import deque
 from typing import Protocol
 
-import torch.distributed as dist
-
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.worker.cuda_graphs import decode_graphs
-from llmctl.engine.worker.loader import LoadedModel, Placement, load_model
-from llmctl.engine.parallel.channel import Groups, all_gather_ints, all_reduce_min, connect
+from llmctl.engine.worker.loaded_model import LoadedModel
+from llmctl.engine.worker.loader import load_model
+from llmctl.engine.parallel.channel import Groups
 from llmctl.engine.parallel.group import Rank
 from llmctl.engine.parallel.launch import Launch, spawn_workers, torchrun_rank, under_torchrun
 from llmctl.engine.parallel.results import ResultReceiver
-from llmctl.engine.parallel.stage import StageRunner, Stop
-from llmctl.engine.worker.model_runner import ModelRunner, SampledTokens, StepBatch, StepFailed, StepLogits
+from llmctl.engine.parallel.stage import Stop, build_stage
+from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
+from llmctl.engine.worker.model_runner import make_runner
 from llmctl.engine.worker.threads import use_threads
 from llmctl.errors import LlmctlError
 from llmctl.units import GiB
@@ -52,19 +52,6 @@ class Executor(Protocol):
     def shutdown(self) -> None: ...
 
 
-def sliding_window(loaded: LoadedModel) -> int | None:
-    """Mistral-style models slide every layer's window; mixed layouts are not supported yet."""
-    att = loaded.spec.attention
-    if att.sliding_window and att.layer_types and all(kind == "sliding" for kind in att.layer_types):
-        return att.sliding_window
-    return None
-
-
-def make_runner(loaded: LoadedModel, block_size: int) -> ModelRunner:
-    return ModelRunner(loaded.model, loaded.kv_caches, loaded.backend, block_size, loaded.device,
-                       sliding_window(loaded), loaded.lora_step)
-
-
 class LocalExecutor:
     """Every layer in this process; a batch's logits are ready when submit returns."""
 
@@ -77,7 +64,7 @@ class LocalExecutor:
         if self.loaded.device.type == "cpu":
             logger.info("%d CPU threads (--cpu-threads or OMP_NUM_THREADS to change)", self.threads)
         self.runner = make_runner(self.loaded, config.block_size)
-        self.runner.graphs = decode_graphs(self.loaded, config, sliding_window(self.loaded))
+        self.runner.graphs = decode_graphs(self.loaded, config, self.loaded.sliding_window)
         self.rank_memory = [(self.loaded.weights_bytes, self.loaded.kv_cache_bytes)]
         self._ready: deque[StepLogits] = deque()
 
@@ -92,19 +79,6 @@ class LocalExecutor:
 
     def shutdown(self) -> None:
         pass
-
-
-def build_stage(config: EngineConfig, rank: Rank, store: dist.Store) -> StageRunner:
-    """Any rank: join the groups, load this rank's shard, agree on the KV pool, report memory."""
-    from llmctl.engine.worker.loader import _device
-
-    groups = connect(store, rank, _device(config.device, rank))
-    placement = Placement(rank, groups.tp, lambda blocks: all_reduce_min(groups.world_control, blocks))
-    loaded = load_model(config, placement)
-    stage = StageRunner(loaded, make_runner(loaded, config.block_size), groups)
-    stage.rank_memory = [tuple(m) for m in all_gather_ints(
-        groups.world_control, [loaded.weights_bytes, loaded.kv_cache_bytes], rank.world_size)]
-    return stage
 
 
 class ParallelExecutor:

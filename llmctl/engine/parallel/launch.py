@@ -112,7 +112,7 @@ def worker_main(config: EngineConfig, rank: Rank, host: str, port: int, threads:
 
 
 def run_worker(config: EngineConfig, rank: Rank, store: dist.Store) -> None:
-    from llmctl.engine.parallel.executor import build_stage
+    from llmctl.engine.parallel.stage import build_stage
 
     try:
         stage = build_stage(config, rank, store)

@@ -13,10 +13,17 @@ from dataclasses import dataclass
 
 import torch
 
-from llmctl.engine.worker.loader import LoadedModel
-from llmctl.engine.parallel.channel import Groups, Outbox, broadcast_object, recv_object, send_object
-from llmctl.engine.worker.model_runner import ModelRunner, SampledTokens, StepBatch, StepFailed, StepLogits
+import torch.distributed as dist
+
+from llmctl.engine.config import EngineConfig
 from llmctl.engine.core.sampler import sample
+from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
+from llmctl.engine.parallel.channel import (Groups, Outbox, all_gather_ints, all_reduce_min, broadcast_object, connect,
+                                            recv_object, send_object)
+from llmctl.engine.parallel.group import Rank
+from llmctl.engine.worker.loaded_model import LoadedModel, Placement
+from llmctl.engine.worker.loader import device_for, load_model
+from llmctl.engine.worker.model_runner import ModelRunner, make_runner
 
 
 @dataclass
@@ -89,3 +96,14 @@ class StageRunner:
             if isinstance(message, Stop):
                 self.outbox.flush()
                 return
+
+
+def build_stage(config: EngineConfig, rank: Rank, store: dist.Store) -> StageRunner:
+    """Any rank: join the groups, load this rank's shard, agree on the KV pool, report memory."""
+    groups = connect(store, rank, device_for(config.device, rank))
+    placement = Placement(rank, groups.tp, lambda blocks: all_reduce_min(groups.world_control, blocks))
+    loaded = load_model(config, placement)
+    stage = StageRunner(loaded, make_runner(loaded, config.block_size), groups)
+    stage.rank_memory = [tuple(m) for m in all_gather_ints(
+        groups.world_control, [loaded.weights_bytes, loaded.kv_cache_bytes], rank.world_size)]
+    return stage

@@ -18,9 +18,10 @@ import torch
 
 from llmctl.engine.core.block_manager import BlockManager
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.worker.loader import LoadedModel, load_model
-from llmctl.engine.parallel.executor import make_runner
-from llmctl.engine.worker.model_runner import StepBatch
+from llmctl.engine.worker.loaded_model import LoadedModel
+from llmctl.engine.worker.loader import load_model
+from llmctl.engine.worker.model_runner import make_runner
+from llmctl.engine.core.step_messages import StepBatch
 from llmctl.engine.core.sampler import inverse_cdf, probabilities
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.spec_decode.config import SpeculativeConfig, SpeculativeConfigError

@@ -8,8 +8,8 @@ import torch
 
 from llmctl.engine.core.block_manager import BlockManager
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.worker.loader import LoadedModel
-from llmctl.engine.worker.model_runner import StepBatch
+from llmctl.engine.worker.loaded_model import LoadedModel
+from llmctl.engine.core.step_messages import StepBatch
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from llmctl.engine.spec_decode.draft_model import DraftModelProposer

@@ -25,8 +25,8 @@ from llmctl.engine.config import EngineConfig
 from llmctl.engine.layers.attention import KVCache
 from llmctl.engine.layers.triton_attention import StepTensors, TritonAttention
 from llmctl.engine.models.common import StepContext
-from llmctl.engine.worker.loader import LoadedModel
-from llmctl.engine.worker.model_runner import StepBatch
+from llmctl.engine.worker.loaded_model import LoadedModel
+from llmctl.engine.core.step_messages import StepBatch
 from llmctl.plan.weights import kv_heads_per_rank
 
 logger = logging.getLogger("llmctl.engine")

@@ -1,95 +1,39 @@
-"""Startup: resolve the model, build it, load its weights, size and allocate the KV cache.
-
-The KV pool is sized with the plan module's accounting (llmctl.plan), so the bytes the
-engine allocates are the bytes `llmctl plan` predicts for the same settings.
-"""
+"""Startup of one process: resolve the model, build it, load and pack its weights, choose the
+attention backend, then set up the KV cache (llmctl.engine.worker.kv_cache)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
-from llmctl.units import GiB
-from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
-from llmctl.kernels.huge_pages import zeros_on_huge_pages
-from llmctl.engine.layers.attention import AttentionBackend, KVCache, create_backend
-from llmctl.engine.layers.cpu_gemm import pack_linears, packed_kernel, small_batch
-from llmctl.engine.lora.slots import LoRASlots, LoRAStep, attach_lora_slots
-from llmctl.kernels.cpu import CPUKernelsUnavailable
-from llmctl.engine.worker.profile import dummy_prefill, measure_activation_peak, run_dummy_step
-from llmctl.engine.attention_selector import BackendChoice, choose_attention_backend, torch_fallback, triton_usable
-from llmctl.engine.models.common import Shard, WeightMismatchError
-from llmctl.engine.models.registry import create_model, is_supported
-from llmctl.engine.parallel.group import Rank, TPGroup, local_rank
-from llmctl.checkpoint.weights import iterate_tensors
-from llmctl.errors import CorruptModelError, UnsupportedModelError
 from llmctl.checkpoint.config_file import load_spec
 from llmctl.checkpoint.source import ModelSource, resolve_model
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.checkpoint.tokenizer import generation_defaults, load_tokenizer
-from llmctl.plan.kv import StageKV, stage_kv
-from llmctl.plan.weights import kv_heads_per_rank, pipeline_stages
-from llmctl.plan.memory import KVPool, MemoryBudget, kv_pool, max_concurrency
+from llmctl.checkpoint.weights import iterate_tensors
+from llmctl.engine.attention_selector import BackendChoice, choose_attention_backend, torch_fallback, triton_usable
+from llmctl.engine.config import EngineConfig, EngineConfigError
+from llmctl.engine.layers.attention import AttentionBackend, create_backend
+from llmctl.engine.layers.cpu_gemm import pack_linears, packed_kernel, small_batch
+from llmctl.engine.layers.quant_linear import QuantLinear
+from llmctl.engine.lora.slots import attach_lora_slots
+from llmctl.engine.models.common import Shard, WeightMismatchError
+from llmctl.engine.models.registry import create_model, is_supported
+from llmctl.engine.parallel.group import Rank, local_rank
+from llmctl.engine.worker.kv_cache import set_up_kv_cache
+from llmctl.engine.worker.loaded_model import LoadedModel, Placement
+from llmctl.errors import CorruptModelError, UnsupportedModelError
+from llmctl.kernels.cpu import CPUKernelsUnavailable
+from llmctl.plan.memory import max_concurrency
+from llmctl.units import GiB
 
 logger = logging.getLogger("llmctl.engine")
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class LoadedModel:
-    source: ModelSource
-    spec: ModelSpec
-    hf_config: Any
-    model: nn.Module
-    tokenizer: Any
-    device: torch.device
-    dtype: torch.dtype
-    backend: AttentionBackend
-    kv_geometry: StageKV
-    kv_pool: KVPool
-    kv_caches: dict[int, KVCache]  # by layer: the layers this process runs
-    max_model_len: int
-    max_num_batched_tokens: int
-    eos_token_ids: list[int]
-    generation_defaults: dict[str, Any]
-    weights_bytes: int
-    placement: Placement = field(default_factory=lambda: Placement())
-    attention_reason: str = ""  # why this backend (inspect says the same)
-    activation_peak_bytes: int = 0  # measured on GPUs before sizing the KV pool (llmctl.engine.worker.profile)
-    packed_bytes: int = 0  # packed copies of the CPU linears' weights (llmctl.engine.layers.cpu_gemm)
-    lora_step: LoRAStep | None = None  # --enable-lora: which tokens use which slot, set every step
-    lora_slots: dict[tuple[int, str], LoRASlots] = field(default_factory=dict)  # (layer, module) -> slots
-
-    @property
-    def lora_bytes(self) -> int:
-        return sum(slots.nbytes for slots in self.lora_slots.values())
-
-    @property
-    def kv_cache_bytes(self) -> int:
-        return sum(cache.nbytes for cache in self.kv_caches.values())
-
-
-def _same(blocks: int) -> int:
-    return blocks
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Which part of the model this process loads, and how ranks agree on the KV pool."""
-
-    rank: Rank = Rank(0)
-    group: TPGroup = field(default_factory=TPGroup)
-    agree_on_blocks: Callable[[int], int] = _same  # the minimum over all ranks
-
-    def shard(self, spec: ModelSpec) -> Shard:
-        layers = pipeline_stages(spec, self.rank.pp)[self.rank.pp_rank] if self.rank.pp > 1 else None
-        return Shard(self.group, layers, self.rank.is_first_stage, self.rank.is_last_stage)
 
 
 def load_model(config: EngineConfig, placement: Placement | None = None) -> LoadedModel:
@@ -100,7 +44,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     _check_native(spec, source, config.trust_remote_code)
     placement = placement or Placement()
     shard, rank = placement.shard(spec), placement.rank
-    device = _device(config.device, rank)
+    device = device_for(config.device, rank)
     if device.type == "cpu":
         keep_freed_memory_in_heap()
     dtype = _dtype(config.dtype, device)
@@ -115,31 +59,12 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     defaults = generation_defaults(source)
     max_model_len = _max_model_len(config, spec)
     max_batched = config.max_num_batched_tokens or (8192 if device.type == "cuda" else 2048)
-    layers = shard.stage_layers(spec.num_layers)
-    cache_dtype = _kv_cache_dtype(config.kv_cache_dtype, dtype)
-    geometry = stage_kv(spec, rank.tp, layers, torch.tensor([], dtype=cache_dtype).element_size(), config.block_size)
     choice, backend = _attention_backend(config, spec, device, dtype)
-    kv_heads = kv_heads_per_rank(spec, rank.tp)
-
-    def make_caches(blocks: int) -> dict[int, KVCache]:
-        return _allocate(spec, blocks, config.block_size, layers, kv_heads, cache_dtype, device)
-
-    activation = 0
-    if device.type == "cuda" and config.kv_cache_memory is None:
-        batch, blocks = dummy_prefill(max_batched, max_model_len, config.block_size)
-        activation = measure_activation_peak(device, lambda: run_dummy_step(
-            model, make_caches, backend, batch, blocks, config.block_size, device, spec.hidden_size,
-            shard.is_first, shard.is_last))
-    available = _kv_memory(config, device, weights_bytes + lora_bytes, activation, max_batched)
-    pool = kv_pool(available, geometry)
-    agreed = placement.agree_on_blocks(pool.num_blocks)
-    if agreed != pool.num_blocks:  # the KV pool is the smallest that every rank holds
-        pool = kv_pool(agreed * geometry.block_bytes, geometry)
-    _check_fits(config, geometry, pool, max_model_len, max_batched, available)
-    caches = make_caches(pool.num_blocks)
-    loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, geometry, pool, caches,
-                         max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes, placement,
-                         choice.reason, activation, packed_bytes, lora_step, lora_slots)
+    kv = set_up_kv_cache(config, spec, model, backend, placement, device, dtype, weights_bytes + lora_bytes,
+                         max_model_len, max_batched)
+    loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, kv.geometry, kv.pool,
+                         kv.caches, max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes,
+                         placement, choice.reason, kv.activation_peak_bytes, packed_bytes, lora_step, lora_slots)
     if rank.rank == 0:
         _log_startup(loaded, time.perf_counter() - started)
     return loaded
@@ -174,13 +99,11 @@ def keep_freed_memory_in_heap() -> None:
 
 def model_weight_bytes(model: nn.Module) -> int:
     """Parameters plus packed quantized weights (buffers of QuantLinear layers)."""
-    from llmctl.engine.layers.quant_linear import QuantLinear
-
     dense = sum(p.numel() * p.element_size() for p in model.parameters())
     return dense + sum(m.nbytes for m in model.modules() if isinstance(m, QuantLinear))
 
 
-def _device(name: str, rank: Rank) -> torch.device:
+def device_for(name: str, rank: Rank) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and rank.world_size > 1:  # one GPU per rank (LOCAL_RANK under torchrun)
@@ -192,12 +115,6 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":  # bfloat16 matmuls are ~200x slower than float32 on CPUs without AMX
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return TORCH_DTYPES[name]
-
-
-def _kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    """auto: the model's dtype; fp8: e4m3 with a scale of 1.0, as vLLM uses when a checkpoint
-    carries no KV scales (values beyond ±448 are clamped)."""
-    return model_dtype if name == "auto" else torch.float8_e4m3fn
 
 
 def _hf_config(source: ModelSource, spec: ModelSpec, trust_remote_code: bool) -> Any:
@@ -261,47 +178,6 @@ def _max_model_len(config: EngineConfig, spec: ModelSpec) -> int:
             f"--max-model-len {config.max_model_len} is longer than the model's context ({spec.max_context}, "
             f"from {spec.context_source}): use --max-model-len {spec.max_context} or less")
     return config.max_model_len
-
-
-def _kv_memory(config: EngineConfig, device: torch.device, weights_bytes: int, activation_bytes: int,
-               step_tokens: int) -> int:
-    if config.kv_cache_memory is not None:
-        return config.kv_cache_memory
-    if device.type != "cuda":
-        return DEFAULT_CPU_KV_CACHE_MEMORY
-    free, total = torch.cuda.mem_get_info(device)
-    used_by_others = total - free - torch.cuda.memory_reserved(device)
-    budget = MemoryBudget(total_bytes=total, utilization=config.gpu_memory_utilization,
-                          weights_bytes=torch.cuda.memory_allocated(device) or weights_bytes,
-                          activation_bytes=activation_bytes, overhead_bytes=max(0, used_by_others))
-    logger.info("KV budget %.2f GiB = %.2f × %.2f GiB total − %.2f GiB weights − %.2f GiB activation peak "
-                "(measured at %d tokens) − %.2f GiB used outside this process's allocator", budget.kv_bytes / GiB,
-                config.gpu_memory_utilization, total / GiB, budget.weights_bytes / GiB, activation_bytes / GiB,
-                step_tokens, budget.overhead_bytes / GiB)
-    return budget.kv_bytes
-
-
-def _check_fits(config: EngineConfig, geometry: StageKV, pool: KVPool, max_model_len: int, step_tokens: int,
-                available: int) -> None:
-    need = geometry.sequence_bytes(max_model_len, step_tokens)
-    if pool.allocated_bytes >= need:
-        return
-    fits = geometry.max_length(pool.allocated_bytes, step_tokens)
-    flag = "--kv-cache-memory" if config.kv_cache_memory is not None or config.device != "cuda" else \
-        "--gpu-memory-utilization"
-    hint = f"use --max-model-len {fits} or more memory ({flag})" if fits > 0 else f"give more memory ({flag})"
-    raise EngineConfigError(
-        f"max_model_len {max_model_len} needs {need / GiB:.2f} GiB of KV cache for one sequence; "
-        f"{max(available, 0) / GiB:.2f} GiB is available: {hint}")
-
-
-def _allocate(spec: ModelSpec, num_blocks: int, block_size: int, layers: range, kv_heads: int, dtype: torch.dtype,
-              device: torch.device) -> dict[int, KVCache]:
-    shape = (num_blocks, block_size, 2, kv_heads, spec.attention.head_dim)
-    if device.type == "cpu":  # one buffer on huge pages: decoding walks all of it every step
-        pool = zeros_on_huge_pages((len(layers), *shape), dtype)
-        return {layer: KVCache(pool[i]) for i, layer in enumerate(layers)}
-    return {layer: KVCache(torch.zeros(shape, dtype=dtype, device=device)) for layer in layers}
 
 
 def _eos_ids(defaults: dict[str, Any], tokenizer: Any) -> list[int]:

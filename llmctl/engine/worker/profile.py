@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from llmctl.engine.layers.attention import AttentionBackend, KVCache
-from llmctl.engine.worker.model_runner import ModelRunner, StepBatch
+from llmctl.engine.core.step_messages import StepBatch
+from llmctl.engine.worker.model_runner import ModelRunner
 
 
 def dummy_prefill(num_tokens: int, max_model_len: int, block_size: int) -> tuple[StepBatch, int]:

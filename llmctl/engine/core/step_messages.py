@@ -1,0 +1,52 @@
+"""What crosses between the driver and its workers each step: one small, picklable message
+each way (the batch out; logits, or sampled ids from a pipeline's last stage, back)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from llmctl.engine.core.sampler import SampleInput
+from llmctl.engine.core.sequence import TokenLogprob
+
+
+@dataclass
+class StepBatch:
+    """One step, flat: T new tokens of B sequences. Small and picklable."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]  # cache slot (block * block_size + offset) of each new token
+    query_start_loc: list[int]  # [B + 1]
+    seq_lens: list[int]  # [B] tokens in the cache after this step
+    block_tables: list[list[int]]
+    sample_rows: list[int]  # last token of each sequence that samples (and each of its proposed tokens)
+    prompt_rows: dict[int, list[int]] = field(default_factory=dict)  # seq_id -> rows scoring prompt tokens
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    lora_slots: list[int] = field(default_factory=list)  # [B] each sequence's adapter slot; empty: no adapters
+    sampling: list[SampleInput] | None = None  # one per sample row: the last pipeline stage samples them
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class StepLogits:
+    sample_logits: torch.Tensor  # [N, V] float32 on the model's device, one row per sampling sequence
+    prompt_logits: dict[int, torch.Tensor]  # seq_id -> [rows, V]
+
+
+@dataclass
+class SampledTokens:
+    """What a pipeline's last stage returns for a batch with `sampling`: ids, not logits."""
+
+    tokens: list[tuple[int, TokenLogprob | None]]  # one per sample row
+
+
+@dataclass
+class StepFailed:
+    """Sent back instead of a result when a step failed for its requests (the rank itself is fine)."""
+
+    reason: str

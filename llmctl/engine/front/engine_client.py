@@ -1,0 +1,46 @@
+"""EngineClient: everything the API server may ask of an engine. AsyncLLMEngine (one engine)
+and DataParallelEngine (replicas behind one server) both implement it; the server holds
+nothing else of the engine (as vLLM's serving layer talks to its EngineClient)."""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Protocol
+
+from llmctl.checkpoint.source import ModelSource
+from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.front.outputs import RequestOutput
+from llmctl.engine.front.stats import EngineStats
+from llmctl.engine.lora.request import LoRARequest
+from llmctl.engine.sampling_params import SamplingParams
+
+
+class EngineClient(Protocol):
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def source(self) -> ModelSource: ...
+
+    @property
+    def spec(self) -> ModelSpec: ...
+
+    @property
+    def is_running(self) -> bool: ...
+
+    def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                 lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]: ...
+
+    def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]: ...
+
+    def stats(self) -> list[EngineStats]: ...  # one per replica
+
+    def add_lora(self, lora_request: LoRARequest) -> None: ...  # into every replica
+
+    def remove_lora(self, lora_int_id: int) -> None: ...
+
+    def lost_workers(self) -> str | None: ...  # why worker ranks are gone for good, or None
+
+    def shutdown(self, timeout: float = 10.0) -> None: ...

@@ -1,0 +1,47 @@
+"""Requests in: a prompt (text or token ids) and its sampling parameters, checked against the
+model's vocabulary and context length, with the model's generation defaults applied."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmctl.engine.front.output_processor import Request
+from llmctl.engine.lora.adapter import LoRAAdapter
+from llmctl.engine.sampling_params import InvalidRequestError, SamplingParams
+
+
+class InputProcessor:
+    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int,
+                 generation_defaults: dict[str, Any]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.generation_defaults = generation_defaults
+
+    def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        ids = [int(t) for t in prompt]
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size}); got {bad[:3]}", "prompt")
+        return None, ids
+
+    def process(self, request_id: str, prompt: str | list[int], params: SamplingParams | None,
+                lora: LoRAAdapter | None) -> Request:
+        text, ids = self.tokenize(prompt)
+        params = (params or SamplingParams()).with_defaults(self.generation_defaults)
+        self._check_lengths(ids, params)
+        return Request(request_id, text, ids, params, lora=lora)
+
+    def _check_lengths(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens; this model's maximum context length is {self.max_model_len} "
+                "tokens including the output: shorten the prompt", "prompt")
+        if params.max_tokens is not None and len(ids) + params.max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"max_tokens {params.max_tokens} plus the prompt's {len(ids)} tokens exceed the maximum context "
+                f"length {self.max_model_len}: use max_tokens ≤ {self.max_model_len - len(ids)}", "max_tokens")

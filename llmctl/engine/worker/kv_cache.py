@@ -1,0 +1,109 @@
+"""The KV cache of one process: how many bytes it may take (measured on GPUs after a profile
+step, a fixed budget on CPUs), how many blocks that is (the plan module's accounting, so
+`llmctl plan` predicts the same pool), the check that one full-length sequence fits, and
+the allocation itself."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
+from llmctl.engine.layers.attention import AttentionBackend, KVCache
+from llmctl.engine.worker.loaded_model import Placement
+from llmctl.engine.worker.profile import dummy_prefill, measure_activation_peak, run_dummy_step
+from llmctl.kernels.huge_pages import zeros_on_huge_pages
+from llmctl.plan.kv import StageKV, stage_kv
+from llmctl.plan.memory import KVPool, MemoryBudget, kv_pool
+from llmctl.plan.weights import kv_heads_per_rank
+from llmctl.units import GiB
+
+logger = logging.getLogger("llmctl.engine")
+
+
+@dataclass
+class KVCacheSetup:
+    geometry: StageKV
+    pool: KVPool
+    caches: dict[int, KVCache]  # by layer: the layers this process runs
+    activation_peak_bytes: int  # measured on GPUs before sizing the pool; 0 elsewhere
+
+
+def set_up_kv_cache(config: EngineConfig, spec: ModelSpec, model: nn.Module, backend: AttentionBackend,
+                    placement: Placement, device: torch.device, dtype: torch.dtype, resident_bytes: int,
+                    max_model_len: int, max_batched: int) -> KVCacheSetup:
+    """Size the pool from what is left after `resident_bytes` (weights, adapters) and the activation
+    peak, agree on it with the other ranks, check one full sequence fits, and allocate it."""
+    shard, rank = placement.shard(spec), placement.rank
+    layers = shard.stage_layers(spec.num_layers)
+    cache_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)
+    geometry = stage_kv(spec, rank.tp, layers, torch.tensor([], dtype=cache_dtype).element_size(), config.block_size)
+    kv_heads = kv_heads_per_rank(spec, rank.tp)
+
+    def make_caches(blocks: int) -> dict[int, KVCache]:
+        return allocate(spec, blocks, config.block_size, layers, kv_heads, cache_dtype, device)
+
+    activation = 0
+    if device.type == "cuda" and config.kv_cache_memory is None:
+        batch, blocks = dummy_prefill(max_batched, max_model_len, config.block_size)
+        activation = measure_activation_peak(device, lambda: run_dummy_step(
+            model, make_caches, backend, batch, blocks, config.block_size, device, spec.hidden_size,
+            shard.is_first, shard.is_last))
+    available = _kv_memory(config, device, resident_bytes, activation, max_batched)
+    pool = kv_pool(available, geometry)
+    agreed = placement.agree_on_blocks(pool.num_blocks)
+    if agreed != pool.num_blocks:  # the KV pool is the smallest that every rank holds
+        pool = kv_pool(agreed * geometry.block_bytes, geometry)
+    _check_fits(config, geometry, pool, max_model_len, max_batched, available)
+    return KVCacheSetup(geometry, pool, make_caches(pool.num_blocks), activation)
+
+
+def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """auto: the model's dtype; fp8: e4m3 with a scale of 1.0, as vLLM uses when a checkpoint
+    carries no KV scales (values beyond ±448 are clamped)."""
+    return model_dtype if name == "auto" else torch.float8_e4m3fn
+
+
+def _kv_memory(config: EngineConfig, device: torch.device, weights_bytes: int, activation_bytes: int,
+               step_tokens: int) -> int:
+    if config.kv_cache_memory is not None:
+        return config.kv_cache_memory
+    if device.type != "cuda":
+        return DEFAULT_CPU_KV_CACHE_MEMORY
+    free, total = torch.cuda.mem_get_info(device)
+    used_by_others = total - free - torch.cuda.memory_reserved(device)
+    budget = MemoryBudget(total_bytes=total, utilization=config.gpu_memory_utilization,
+                          weights_bytes=torch.cuda.memory_allocated(device) or weights_bytes,
+                          activation_bytes=activation_bytes, overhead_bytes=max(0, used_by_others))
+    logger.info("KV budget %.2f GiB = %.2f × %.2f GiB total − %.2f GiB weights − %.2f GiB activation peak "
+                "(measured at %d tokens) − %.2f GiB used outside this process's allocator", budget.kv_bytes / GiB,
+                config.gpu_memory_utilization, total / GiB, budget.weights_bytes / GiB, activation_bytes / GiB,
+                step_tokens, budget.overhead_bytes / GiB)
+    return budget.kv_bytes
+
+
+def _check_fits(config: EngineConfig, geometry: StageKV, pool: KVPool, max_model_len: int, step_tokens: int,
+                available: int) -> None:
+    need = geometry.sequence_bytes(max_model_len, step_tokens)
+    if pool.allocated_bytes >= need:
+        return
+    fits = geometry.max_length(pool.allocated_bytes, step_tokens)
+    flag = "--kv-cache-memory" if config.kv_cache_memory is not None or config.device != "cuda" else \
+        "--gpu-memory-utilization"
+    hint = f"use --max-model-len {fits} or more memory ({flag})" if fits > 0 else f"give more memory ({flag})"
+    raise EngineConfigError(
+        f"max_model_len {max_model_len} needs {need / GiB:.2f} GiB of KV cache for one sequence; "
+        f"{max(available, 0) / GiB:.2f} GiB is available: {hint}")
+
+
+def allocate(spec: ModelSpec, num_blocks: int, block_size: int, layers: range, kv_heads: int, dtype: torch.dtype,
+              device: torch.device) -> dict[int, KVCache]:
+    shape = (num_blocks, block_size, 2, kv_heads, spec.attention.head_dim)
+    if device.type == "cpu":  # one buffer on huge pages: decoding walks all of it every step
+        pool = zeros_on_huge_pages((len(layers), *shape), dtype)
+        return {layer: KVCache(pool[i]) for i, layer in enumerate(layers)}
+    return {layer: KVCache(torch.zeros(shape, dtype=dtype, device=device)) for layer in layers}

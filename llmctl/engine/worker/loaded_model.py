@@ -1,0 +1,79 @@
+"""LoadedModel: what one process holds after startup (model, tokenizer, KV pool and caches),
+and Placement: which part of the model that process loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from llmctl.checkpoint.source import ModelSource
+from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.layers.attention import AttentionBackend, KVCache
+from llmctl.engine.lora.slots import LoRASlots, LoRAStep
+from llmctl.engine.models.common import Shard
+from llmctl.engine.parallel.group import Rank, TPGroup
+from llmctl.plan.kv import StageKV
+from llmctl.plan.memory import KVPool
+from llmctl.plan.weights import pipeline_stages
+
+
+@dataclass
+class LoadedModel:
+    source: ModelSource
+    spec: ModelSpec
+    hf_config: Any
+    model: nn.Module
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    backend: AttentionBackend
+    kv_geometry: StageKV
+    kv_pool: KVPool
+    kv_caches: dict[int, KVCache]  # by layer: the layers this process runs
+    max_model_len: int
+    max_num_batched_tokens: int
+    eos_token_ids: list[int]
+    generation_defaults: dict[str, Any]
+    weights_bytes: int
+    placement: Placement = field(default_factory=lambda: Placement())
+    attention_reason: str = ""  # why this backend (inspect says the same)
+    activation_peak_bytes: int = 0  # measured on GPUs before sizing the KV pool (llmctl.engine.worker.profile)
+    packed_bytes: int = 0  # packed copies of the CPU linears' weights (llmctl.engine.layers.cpu_gemm)
+    lora_step: LoRAStep | None = None  # --enable-lora: which tokens use which slot, set every step
+    lora_slots: dict[tuple[int, str], LoRASlots] = field(default_factory=dict)  # (layer, module) -> slots
+
+    @property
+    def lora_bytes(self) -> int:
+        return sum(slots.nbytes for slots in self.lora_slots.values())
+
+    @property
+    def sliding_window(self) -> int | None:
+        """Mistral-style models slide every layer's window; mixed layouts are not supported yet."""
+        att = self.spec.attention
+        if att.sliding_window and att.layer_types and all(kind == "sliding" for kind in att.layer_types):
+            return att.sliding_window
+        return None
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(cache.nbytes for cache in self.kv_caches.values())
+
+
+def _same(blocks: int) -> int:
+    return blocks
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which part of the model this process loads, and how ranks agree on the KV pool."""
+
+    rank: Rank = Rank(0)
+    group: TPGroup = field(default_factory=TPGroup)
+    agree_on_blocks: Callable[[int], int] = _same  # the minimum over all ranks
+
+    def shard(self, spec: ModelSpec) -> Shard:
+        layers = pipeline_stages(spec, self.rank.pp)[self.rank.pp_rank] if self.rank.pp > 1 else None
+        return Shard(self.group, layers, self.rank.is_first_stage, self.rank.is_last_stage)

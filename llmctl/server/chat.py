@@ -1,0 +1,60 @@
+"""/v1/chat/completions: messages rendered with the chat template, then generated like a completion."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from llmctl.checkpoint.tokenizer import resolve_chat_template
+from llmctl.engine.front.engine_client import EngineClient
+from llmctl.engine.front.outputs import RequestOutput
+from llmctl.server.generation import Endpoint, respond
+from llmctl.server.models import check_model
+from llmctl.server.protocol import bad, chat_messages, sampling_request
+from llmctl.server.responses import Delta, ResponseContext, chat_chunk, chat_response
+from llmctl.server.state import ServerState
+from llmctl.server.transport import read_json
+
+
+async def chat_completions(state: ServerState, request: Request) -> Response:
+    fields = await read_json(request)
+    model = check_model(state, fields)
+    messages = chat_messages(fields)
+    sampling = sampling_request(fields, chat=True)
+    template = state.template
+    if template is None:
+        raise bad("this model has no chat template: start the server with --chat-template FILE or a built-in name "
+                  "(chatml, bloom), or use /v1/completions", "messages")
+    tokenizer = state.ready_engine.tokenizer
+    text = tokenizer.apply_chat_template(messages, chat_template=template, add_generation_prompt=True,
+                                         tokenize=False)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return await respond(state, request, CHAT, model, [(text, ids)], sampling)
+
+
+def chat_template(given: str | None, engine: EngineClient) -> str | None:
+    """--chat-template, else the model's own, else llmctl's for its family (e.g. BLOOM)."""
+    if given is not None:
+        return given
+    own = getattr(engine.tokenizer, "chat_template", None)
+    if isinstance(own, str) and own:
+        return own
+    return resolve_chat_template(engine.source, engine.spec.model_type).text
+
+
+class ChatStream:
+    """Chat chunks: the assistant role for every choice first, as vLLM sends it, then content deltas."""
+
+    object_name = "chat.completion.chunk"
+
+    def opening(self, ctx: ResponseContext, num_choices: int) -> list[dict]:
+        return [chat_chunk(ctx, choice, {"role": "assistant", "content": ""}) for choice in range(num_choices)]
+
+    def before_output(self, ctx: ResponseContext, prompt_index: int, output: RequestOutput) -> list[dict]:
+        return []
+
+    def chunk(self, ctx: ResponseContext, prompt_index: int, delta: Delta) -> dict:
+        return chat_chunk(ctx, delta.choice, {"content": delta.text} if delta.text else {}, delta)
+
+
+CHAT = Endpoint("chatcmpl-", chat_response, ChatStream)

@@ -1,0 +1,73 @@
+"""Generating for /v1/completions and /v1/chat/completions once their prompts are tokenized:
+admission against the queue limit, one engine request per prompt, then one JSON body or a
+stream of events. The endpoint supplies its id prefix, body builder and StreamFormat."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from llmctl.engine.front.outputs import RequestOutput
+from llmctl.server.admission import AdmittedStream
+from llmctl.server.operability import request_id_of
+from llmctl.server.protocol import SamplingRequest
+from llmctl.server.responses import Prompt, ResponseContext
+from llmctl.server.sse import StreamFormat, stream_events
+from llmctl.server.state import ServerState
+from llmctl.server.transport import until_disconnect
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    id_prefix: str  # "cmpl-" or "chatcmpl-", as OpenAI's ids start
+    full_response: Callable[[ResponseContext, list[RequestOutput]], dict]
+    stream_format: Callable[[], StreamFormat]
+
+
+async def respond(state: ServerState, request: Request, endpoint: Endpoint, model: str, prompts: list[Prompt],
+                  sampling: SamplingRequest) -> Response:
+    engine = state.ready_engine
+    admission = state.in_flight.admit(len(prompts) * sampling.params.n)
+    ctx = ResponseContext(endpoint.id_prefix + request_id_of(request.scope), model, state.created, sampling,
+                          engine.tokenizer, prompts)
+    number = next(state.engine_ids)
+    lora = state.adapters.get(model)
+    if lora is not None:
+        state.metrics.lora_requests.labels(state.model_name, model).inc()
+    streams = [engine.generate(ids, sampling.params, f"{ctx.request_id}-{number}-{i}", lora)
+               for i, (_, ids) in enumerate(prompts)]
+
+    def record(output: RequestOutput | None, token_times: list[float]) -> None:
+        record_finished(state, output, token_times)
+
+    if sampling.stream:
+        return AdmittedStream(admission, stream_events(ctx, streams, record, endpoint.stream_format()))
+    try:
+        finals = await until_disconnect(request, asyncio.gather(*(last_output(s, record) for s in streams)))
+        if finals is None:  # the client went away: the generators were cancelled and aborted
+            return Response(status_code=499)
+        return JSONResponse(endpoint.full_response(ctx, finals))
+    finally:
+        admission.release()
+
+
+async def last_output(stream: AsyncIterator[RequestOutput],
+                      record: Callable[[RequestOutput | None, list[float]], None]) -> RequestOutput:
+    final, token_times = None, []
+    async for output in stream:
+        final = output
+        token_times.append(time.perf_counter())
+    record(final, token_times)
+    return final
+
+
+def record_finished(state: ServerState, output: RequestOutput | None, token_times: list[float]) -> None:
+    if output is None or output.metrics is None:
+        return
+    m = output.metrics
+    state.metrics.observe_finished(m.ttft, token_times, m.e2e, [c.finish_reason or "abort" for c in output.outputs])

@@ -1,0 +1,67 @@
+"""The server's settings (from the command line) and its state (built at startup)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from llmctl.engine.config import EngineConfig
+from llmctl.engine.front.embedding import EmbeddingModel
+from llmctl.engine.front.engine_client import EngineClient
+from llmctl.engine.front.stats import EngineStats
+from llmctl.server.admission import InFlight
+from llmctl.server.lora import LoRAModulePath, ServedAdapters
+from llmctl.server.metrics import ServerMetrics
+
+
+@dataclass
+class ServerSettings:
+    engine_config: EngineConfig
+    served_model_names: list[str]
+    api_key: str | None = None
+    chat_template: str | None = None  # Jinja source; None: the model's own
+    max_queue_len: int | None = None  # sequences beyond max_num_seqs that may wait
+    max_request_bytes: int = 16 * 1024**2  # larger bodies get 413
+    body_timeout: float = 30.0  # seconds a client may take to send its request body (408 after)
+    metrics_auth: bool = False  # with api_key: /metrics needs the key too
+    allowed_origins: list[str] = field(default_factory=list)  # CORS: off unless origins are given
+    log_requests: bool = True  # one access-log line per request
+    stats_interval: float | None = 10.0  # seconds between engine stats lines; None: off
+    lora_modules: list[LoRAModulePath] = field(default_factory=list)  # adapters served from startup (--enable-lora)
+    allow_runtime_lora_updating: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
+
+
+@dataclass
+class ServerState:
+    settings: ServerSettings
+    adapters: ServedAdapters = field(init=False)  # LoRA adapters by name
+    in_flight: InFlight = field(init=False)  # the queue limit
+    metrics: ServerMetrics = field(init=False)
+    engine: EngineClient | None = None
+    embedder: EmbeddingModel | None = None  # when the served model is an encoder
+    template: str | None = None  # the chat template, resolved once at startup
+    load_error: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    # Engine ids stay unique when clients reuse an X-Request-Id: the response id is theirs, the engine's is ours.
+    engine_ids: Iterator[int] = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        settings = self.settings
+        self.adapters = ServedAdapters(settings.served_model_names)
+        self.in_flight = InFlight(settings.engine_config.max_num_seqs, settings.max_queue_len)
+        self.metrics = ServerMetrics(self.engine_stats, self.model_name)
+
+    def engine_stats(self) -> list[EngineStats]:
+        return self.engine.stats() if self.engine is not None else []
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.served_model_names[0]
+
+    @property
+    def ready_engine(self) -> EngineClient:
+        """The engine, for handlers that run only once it is up (app.guarded checks first)."""
+        assert self.engine is not None, "handlers run only when the engine is ready"
+        return self.engine

@@ -1,0 +1,43 @@
+"""vLLM's /tokenize (a prompt, or chat messages through the template) and /detokenize."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from llmctl.server.models import check_model
+from llmctl.server.protocol import bad, chat_messages
+from llmctl.server.state import ServerState
+from llmctl.server.transport import read_json
+
+
+async def tokenize(state: ServerState, request: Request) -> Response:
+    fields = await read_json(request)
+    check_model(state, fields)
+    engine = state.ready_engine
+    if fields.raw("messages") is not None:
+        template = state.template
+        if template is None:
+            raise bad("this model has no chat template; pass --chat-template", "messages")
+        text = engine.tokenizer.apply_chat_template(chat_messages(fields), chat_template=template,
+                                                    add_generation_prompt=fields.bool("add_generation_prompt", True),
+                                                    tokenize=False)
+        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+    else:
+        prompt = fields.str("prompt")
+        if prompt is None:
+            raise bad("prompt (a string) or messages is required", "prompt")
+        ids = engine.tokenizer.encode(prompt, add_special_tokens=fields.bool("add_special_tokens", True))
+    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": engine.max_model_len})
+
+
+async def detokenize(state: ServerState, request: Request) -> Response:
+    fields = await read_json(request)
+    check_model(state, fields)
+    tokens = fields.raw("tokens")
+    vocab = state.ready_engine.spec.vocab_size
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise bad("tokens must be a list of integers", "tokens")
+    if any(not 0 <= t < vocab for t in tokens):
+        raise bad(f"token ids must be in [0, {vocab})", "tokens")
+    return JSONResponse({"prompt": state.ready_engine.tokenizer.decode(tokens)})

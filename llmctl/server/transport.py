@@ -1,0 +1,106 @@
+"""Around every API handler: the request body read under its size and time limits, the API key,
+the client going away, and any exception turned into an OpenAI-shaped error response."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from typing import Awaitable, TypeVar
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from llmctl.engine.front.async_engine import EngineDeadError
+from llmctl.engine.front.llm_engine import StepFailedError
+from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.errors import LlmctlError
+from llmctl.server.lora import AdapterLoadError
+from llmctl.server.protocol import APIError, Fields, bad
+
+logger = logging.getLogger("llmctl.server")
+T = TypeVar("T")
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def as_api_error(exc: Exception, where: str) -> APIError:
+    """The OpenAI-shaped error for anything a handler or a stream raised, with the right status and type."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, InvalidRequestError):
+        return bad(str(exc), exc.param)
+    if isinstance(exc, AdapterLoadError):
+        return APIError(str(exc), exc.status)
+    if isinstance(exc, LlmctlError):  # e.g. an adapter that does not fit: what the user must change
+        return bad(str(exc))
+    if isinstance(exc, (EngineDeadError, StepFailedError)):  # 500 as vLLM answers; the engine logged the traceback
+        return APIError(str(exc), 500, error_type="internal_server_error")
+    logger.error("internal error on %s", where, exc_info=exc)  # a bug of ours: the log has the traceback
+    return APIError(f"internal error: {type(exc).__name__}: {exc}", 500, error_type="internal_server_error")
+
+
+def check_api_key(api_key: str | None, request: Request, always: bool = False) -> None:
+    if not api_key or not (always or request.url.path.startswith("/v1")):
+        return
+    header = request.headers.get("authorization", "")
+    # Constant time: how long the comparison takes says nothing about how much of the key was right.
+    if not hmac.compare_digest(header.encode(), f"Bearer {api_key}".encode()):
+        raise APIError("invalid or missing API key: send 'Authorization: Bearer <key>'", 401,
+                       code="invalid_api_key")
+
+
+async def read_json(request: Request) -> Fields:
+    settings = request.app.state.llmctl.settings
+    try:
+        raw = await asyncio.wait_for(read_body(request, settings.max_request_bytes), settings.body_timeout)
+    except asyncio.TimeoutError:
+        raise APIError(f"the request body did not arrive within {settings.body_timeout:g} s", 408) from None
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise bad(f"the request body is not valid JSON: {exc}") from None
+    return Fields(body)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(f"the request body is larger than {limit} bytes (--max-request-bytes)", 413)
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
+    """Await `work`, or cancel it (aborting its requests) when the client disconnects first."""
+    work = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(disconnected())
+    done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if work in done:
+        watcher.cancel()
+        return work.result()
+    work.cancel()
+    try:
+        await work
+    except (asyncio.CancelledError, Exception):
+        pass
+    return None
