@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from llmctl.bench.datasets import DatasetOptions
+from llmctl.engine.config import EngineConfig
 from llmctl.bench.offline import OfflineOptions, OfflineResult, run_offline
 
 
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace, adapter: Path | None, adapters: int) -> Offlin
     dataset = DatasetOptions(name="random", num_prompts=args.num_prompts, random_input_len=args.input_len,
                              random_output_len=args.output_len)
     lora = {"enable_lora": True, "max_loras": adapters, "max_lora_rank": args.rank} if adapter else {}
-    return run_offline(OfflineOptions(dataset=dataset, temperature=0.0, parallel=lora,
+    return run_offline(OfflineOptions(engine=EngineConfig(**lora), dataset=dataset, temperature=0.0,
                                       lora_path=str(adapter) if adapter else None))
 
 

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from llmctl.bench.datasets import DatasetOptions
+from llmctl.engine.config import EngineConfig
 from llmctl.bench.offline import OfflineOptions, OfflineResult, run_offline
 
 WIKITEXT = Path(__file__).parents[1] / "tests/fixtures/data/wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
@@ -56,8 +57,8 @@ def random_draft(folder: Path) -> Path:
 
 
 def run(dataset: DatasetOptions, temperature: float, max_num_seqs: int, speculative: dict | None) -> OfflineResult:
-    return run_offline(OfflineOptions(dataset=dataset, temperature=temperature, max_num_seqs=max_num_seqs,
-                                      parallel={"speculative_config": speculative}))
+    engine = EngineConfig(max_num_seqs=max_num_seqs, speculative_config=speculative)
+    return run_offline(OfflineOptions(engine=engine, dataset=dataset, temperature=temperature))
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ until its longest request; only the requested tokens count as output.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,11 @@ import torch
 from llmctl.bench.datasets import DatasetOptions, SampleRequest, sample_requests
 from llmctl.bench.metrics import Distribution, time_per_output_token
 from llmctl.bench.tokens import LocalTokenizer
+from llmctl.engine.config import EngineConfig
+from llmctl.engine.front.llm import LLM
+from llmctl.engine.front.llm_engine import LLMEngine
+from llmctl.engine.sampling_params import SamplingParams
+from llmctl.engine.worker.threads import threads_per_rank
 from llmctl.engine.spec_decode.stats import SpecDecodeStats
 from llmctl.errors import LlmctlError
 
@@ -27,16 +33,12 @@ COMPARE_WITH = ("transformers",)
 
 @dataclass
 class OfflineOptions:
-    model: str | None = None
+    engine: EngineConfig = field(default_factory=EngineConfig)  # data_parallel_size: replicas in this process
     dataset: DatasetOptions = field(default_factory=DatasetOptions)
     temperature: float = 1.0
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    max_model_len: int | None = None
     compare: str | None = None
     hf_batch_size: int = 16
     percentiles: tuple[float, ...] = (90.0, 99.0)
-    parallel: dict[str, Any] = field(default_factory=dict)  # engine options: tensor/pipeline/data_parallel_size, cpu_threads, attention_backend
     lora_path: str | None = None  # with enable_lora: each request runs one of max_loras adapters loaded from here
 
 
@@ -110,25 +112,15 @@ def run_engines(engines: list[Any], on_progress: Callable[[int], None]) -> list[
 
 
 def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None] | None = None) -> OfflineResult:
-    from llmctl.engine.front.llm import LLM
-    from llmctl.engine.sampling_params import SamplingParams
-
     if options.compare not in (None, *COMPARE_WITH):
         raise LlmctlError(f"--compare takes {', '.join(COMPARE_WITH)}")
-    parallel = {k: v for k, v in options.parallel.items() if v is not None}
-    replicas = parallel.pop("data_parallel_size", 1)
-    if replicas > 1:  # every replica's ranks share this machine's cores
-        from llmctl.engine.config import EngineConfig
-        from llmctl.engine.worker.threads import threads_per_rank
-
-        parallel["cpu_threads"] = threads_per_rank(EngineConfig(data_parallel_size=replicas, **parallel))
+    replicas = options.engine.data_parallel_size
+    # every replica's ranks share this machine's cores
+    single = dataclasses.replace(options.engine, data_parallel_size=1, cpu_threads=threads_per_rank(options.engine)) \
+        if replicas > 1 else options.engine
     starting = time.perf_counter()
-    llm = LLM(options.model, max_num_seqs=options.max_num_seqs, max_model_len=options.max_model_len,
-              max_num_batched_tokens=options.max_num_batched_tokens, **parallel)
-    engines = [llm.engine] + [LLM(options.model, max_num_seqs=options.max_num_seqs,
-                                  max_model_len=options.max_model_len,
-                                  max_num_batched_tokens=options.max_num_batched_tokens, **parallel).engine
-                              for _ in range(replicas - 1)]
+    llm = LLM.from_config(single)
+    engines = [llm.engine] + [LLMEngine(single) for _ in range(replicas - 1)]
     startup_seconds = time.perf_counter() - starting
     tokenizer = LocalTokenizer(llm.engine.loaded.source.name, llm.get_tokenizer())
     requests = sample_requests(options.dataset, tokenizer, tokenizer.words())
@@ -175,14 +167,14 @@ def lora_requests(options: OfflineOptions, count: int) -> list[Any]:
     all read from --lora-path; without LoRA, None for every request."""
     from llmctl.engine.lora.request import LoRARequest
 
-    enabled = bool(options.parallel.get("enable_lora"))
+    enabled = options.engine.enable_lora
     if enabled != (options.lora_path is not None):
         raise LlmctlError("--enable-lora and --lora-path go together: the requests run adapters read from "
                           "--lora-path")
     if not enabled:
         return [None] * count
     pick = random.Random(options.dataset.seed)
-    ids = [pick.randint(1, options.parallel.get("max_loras") or 1) for _ in range(count)]
+    ids = [pick.randint(1, options.engine.max_loras or 1) for _ in range(count)]
     return [LoRARequest(str(i), i, options.lora_path) for i in ids]
 
 

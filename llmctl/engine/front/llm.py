@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any, Sequence
 
@@ -20,6 +21,10 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
         self._ids = itertools.count()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        return cls(**dataclasses.asdict(config))
 
     def shutdown(self) -> None:
         """Stop the worker ranks of a tensor/pipeline-parallel engine (they also exit with this process)."""

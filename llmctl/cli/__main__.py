@@ -1,0 +1,3 @@
+from llmctl.cli.app import main
+
+main()

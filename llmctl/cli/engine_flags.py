@@ -1,0 +1,67 @@
+"""The engine's command-line flags, declared once for EngineConfig's fields (as vLLM's
+EngineArgs.add_cli_args): `@with_engine_flags()` adds them to every command that builds an
+engine (serve, bench offline) and hands it an EngineFlags that makes the config. The
+defaults are EngineConfig's own, so the flags and the library cannot disagree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from llmctl.cli.common import parse_bytes
+from llmctl.cli.flags import F, Flag, FlagGroup, with_flags
+from llmctl.engine.config import EngineConfig
+
+
+ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help order
+    "max_model_len": Flag(("--max-model-len",), Optional[int], "context per sequence"),
+    "max_num_seqs": Flag(("--max-num-seqs",), int, "sequences per step"),
+    "max_num_batched_tokens": Flag(("--max-num-batched-tokens",), Optional[int], "tokens per step"),
+    "dtype": Flag(("--dtype",), str, "auto, float32, bfloat16, float16"),
+    "gpu_memory_utilization": Flag(("--gpu-memory-utilization",), float),
+    "kv_cache_memory": Flag(("--kv-cache-memory",), Optional[str], "KV cache size, e.g. 4GiB (CPU default 2GiB)",
+                            parse=lambda value: parse_bytes(value, "--kv-cache-memory")),
+    "enable_prefix_caching": Flag(("--enable-prefix-caching/--no-enable-prefix-caching",), bool),
+    "seed": Flag(("--seed",), int),
+    "tensor_parallel_size": Flag(("--tensor-parallel-size", "--tp"), int, "ranks each layer is split over"),
+    "pipeline_parallel_size": Flag(("--pipeline-parallel-size", "--pp"), int, "stages the layers are split into"),
+    "data_parallel_size": Flag(("--data-parallel-size", "--dp"), int, "engine replicas behind one server"),
+    "cpu_threads": Flag(("--cpu-threads",), Optional[int], "torch threads per rank (default: the CPU cores shared "
+                                                           "evenly)"),
+    "attention_backend": Flag(("--attention-backend",), str, "auto (triton on CUDA; on CPUs llmctl's C++ kernel, "
+                                                             "cpu), cpu, torch or triton"),
+    "kv_cache_dtype": Flag(("--kv-cache-dtype",), str, "auto (the model's dtype) or fp8 (e4m3, scale 1.0: half of "
+                                                       "bfloat16's KV bytes)"),
+    "enforce_eager": Flag(("--enforce-eager",), bool, "no CUDA graphs for decode steps (captured on CUDA with the "
+                                                      "triton backend at TP 1, PP 1)"),
+    "speculative_config": Flag(("--speculative-config",), Optional[str], "speculative decoding as vLLM's JSON, e.g. "
+                               '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\' or '
+                               '\'{"model": DRAFT, "num_speculative_tokens": 3}\''),
+    "enable_lora": Flag(("--enable-lora",), bool, "serve PEFT LoRA adapters on the base model, chosen per request by "
+                                                  "its 'model' field"),
+    "max_loras": Flag(("--max-loras",), int, "adapters resident (and running) at once; more are swapped in from "
+                                             "host memory"),
+    "max_lora_rank": Flag(("--max-lora-rank",), int, "the largest adapter rank accepted"),
+    "trust_remote_code": Flag(("--trust-remote-code",), bool),
+    "allow_pickle_weights": Flag(("--allow-pickle-weights",), bool, "load pytorch_model*.bin when a model has no "
+                                 "safetensors (torch.load weights_only); off: safetensors only"),
+}
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    """The engine flags of one command line."""
+
+    values: dict[str, Any]
+
+    def config(self, **fields: Any) -> EngineConfig:
+        """The EngineConfig these flags (and `fields`, e.g. model) describe; not yet validated."""
+        return EngineConfig(**ENGINE_GROUP.parsed(self.values), **fields)
+
+
+ENGINE_GROUP = FlagGroup("engine_flags", ENGINE_FLAGS, EngineConfig, EngineFlags)
+
+
+def with_engine_flags(exclude: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Add the engine flags (but `exclude`) to a command with an `engine_flags: EngineFlags` parameter."""
+    return with_flags(ENGINE_GROUP, exclude)

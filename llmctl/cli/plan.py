@@ -1,0 +1,66 @@
+"""`llmctl plan`: weights and KV per GPU for every TP × PP layout, before buying anything."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from llmctl.cli.common import JsonOpt, ModelArg, RevisionOpt
+
+
+def plan(
+    model: ModelArg = None,
+    revision: RevisionOpt = None,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", help="GPUs in total (default: the GPUs of this machine, "
+                                                              "else nodes × gpus-per-node, else 1)")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU type, e.g. h100-80gb, a100-40gb, l4, mi300x "
+                                                            "(default: this machine's, else h100-80gb)")] = None,
+    nodes: Annotated[int, typer.Option("--nodes", help="machines the GPUs are spread over")] = 1,
+    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs in each node")] = None,
+    gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization",
+                                                          help="fraction of each GPU's memory to use")] = 0.9,
+    dtype: Annotated[str, typer.Option("--dtype", help="auto, bfloat16, float16, float32")] = "auto",
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="auto or fp8")] = "auto",
+    quantization: Annotated[Optional[str], typer.Option("--quantization", "-q",
+                                                        help="awq, gptq, fp8 or int8 weights")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len",
+                                                         help="context per sequence (default: the model's)")] = None,
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", help="sequences per step")] = 256,
+    max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens",
+                                                        help="tokens per step (sizes activations)")] = 8192,
+    tp: Annotated[Optional[int], typer.Option("--tensor-parallel-size", "--tp", help="evaluate only this TP")] = None,
+    pp: Annotated[Optional[int], typer.Option("--pipeline-parallel-size", "--pp", help="evaluate only this PP")] = None,
+    expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel",
+                                                  help="MoE: whole experts per GPU instead of slices")] = False,
+    enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="no CUDA graphs (saves their memory)")] = False,
+    max_loras: Annotated[int, typer.Option(
+        "--max-loras", help="count the memory of this many resident LoRA adapter slots (0: none)")] = 0,
+    max_lora_rank: Annotated[int, typer.Option("--max-lora-rank", help="the rank of those slots")] = 16,
+    min_concurrency: Annotated[float, typer.Option(
+        "--min-concurrency", help="full-length sequences a replica must hold to be recommended")] = 1.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Does it fit, on how many GPUs, with which TP/PP, and how many sequences will the KV cache hold?"""
+    from llmctl.display import print_json, plan_to_dict, render_plan
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import DEFAULT_MODEL_ID, resolve_model
+    from llmctl.plan.hardware import resolve_hardware
+    from llmctl.plan.planner import PlanRequest, build_plan
+
+    hardware = resolve_hardware(gpu, gpus, nodes, gpus_per_node)
+    source = resolve_model(model, revision, show_progress=not as_json)
+    request = PlanRequest(
+        gpu=hardware.gpu, gpus=hardware.gpus, nodes=nodes, gpu_memory_utilization=gpu_memory_utilization,
+        dtype=dtype, kv_cache_dtype=kv_cache_dtype, quantization=quantization, max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, tp=tp, pp=pp,
+        expert_parallel=expert_parallel, enforce_eager=enforce_eager, min_concurrency=min_concurrency,
+        max_loras=max_loras, max_lora_rank=max_lora_rank,
+    )
+    result = build_plan(load_spec(source), request, model or DEFAULT_MODEL_ID)
+    if as_json:
+        print_json({**plan_to_dict(result), "gpu_note": hardware.note})
+    else:
+        render_plan(result, hardware.note)
+    if result.recommended is None:
+        raise typer.Exit(1)

@@ -1,0 +1,58 @@
+"""`llmctl quantize`: 4-bit GPTQ or AWQ checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from llmctl.cli.common import JsonOpt, ModelArg, RevisionOpt
+from llmctl.errors import LlmctlError
+
+
+def quantize(
+    model: ModelArg = None,
+    output: Annotated[Optional[Path], typer.Option(
+        "--output", "-o", help="folder for the quantized model (default: ./<model>-<AWQ|GPTQ>-<bits>bit)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace a quantized model already at the output")] = False,
+    gptq: Annotated[bool, typer.Option(
+        "--gptq", help="GPTQ (symmetric, stored desc_act false): vLLM's gptq/marlin")] = False,
+    awq: Annotated[bool, typer.Option("--awq", help="AWQ (asymmetric, GEMM format)")] = False,
+    revision: RevisionOpt = None,
+    bits: Annotated[int, typer.Option("--bits", help="4 (GPTQ also 8)")] = 4,
+    group_size: Annotated[Optional[int], typer.Option(
+        "--group-size", help="inputs per scale; -1: per channel (default: 128, or the largest of 64 and 32 that "
+                             "divides the model's sizes)")] = None,
+    act_order: Annotated[bool, typer.Option(
+        "--act-order/--no-act-order", help="GPTQ: most sensitive columns first, with static groups (the "
+                                           "checkpoint stays desc_act false)")] = True,
+    calib_file: Annotated[Optional[Path], typer.Option(
+        "--calib-file", help="calibration text (.txt or .jsonl); default: pileval from the hub, or without hub "
+                             "access the model's own samples (data-free)")] = None,
+    calib_samples: Annotated[int, typer.Option("--calib-samples")] = 128,
+    calib_seq_len: Annotated[int, typer.Option("--calib-seq-len")] = 512,
+    eval_file: Annotated[Optional[Path], typer.Option(
+        "--eval", help="held-out text: print perplexity of the original, round-to-nearest and the result")] = None,
+    eval_tokens: Annotated[int, typer.Option("--eval-tokens", help="tokens of --eval text to score")] = 4096,
+    no_redistribute: Annotated[bool, typer.Option(
+        "--no-redistribute", help="local use only: quantize even when the license forbids sharing derivatives")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """4-bit GPTQ or AWQ checkpoints that vLLM, transformers and llmctl load unchanged."""
+    from llmctl.display import print_json, render_quantize
+    from llmctl.logs import configure_logging
+    from llmctl.quant.command import QuantizeOptions, run_quantize
+
+    configure_logging()  # the calibration source and the engine's lines when it samples calibration text
+    if gptq == awq:
+        raise LlmctlError("choose exactly one of --gptq and --awq")
+    summary = run_quantize(QuantizeOptions(
+        model=model, method="gptq" if gptq else "awq", output=output, revision=revision, bits=bits,
+        group_size=group_size, act_order=act_order, calib_file=calib_file, calib_samples=calib_samples,
+        calib_seq_len=calib_seq_len, eval_file=eval_file, eval_tokens=eval_tokens, redistribute=not no_redistribute,
+        show_progress=not as_json, force=force))
+    if as_json:
+        print_json(summary)
+    else:
+        render_quantize(summary)

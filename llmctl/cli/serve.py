@@ -1,0 +1,74 @@
+"""`llmctl serve`: the OpenAI-compatible server on llmctl's engine."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from llmctl.cli.common import ModelArg, RevisionOpt, parse_bytes
+from llmctl.cli.engine_flags import EngineFlags, with_engine_flags
+from llmctl.errors import LlmctlError
+
+
+@with_engine_flags()
+def serve(
+    model: ModelArg = None,
+    revision: RevisionOpt = None,
+    host: Annotated[str, typer.Option("--host", help="address to listen on (0.0.0.0: all interfaces)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="port to listen on")] = 8000,
+    served_model_name: Annotated[Optional[list[str]], typer.Option(
+        "--served-model-name", help="name(s) clients use in 'model' (default: the model argument)")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMCTL_API_KEY",
+                                                   help="require 'Authorization: Bearer KEY' on /v1")] = None,
+    chat_template: Annotated[Optional[str], typer.Option("--chat-template",
+                                                         help="a Jinja file or a built-in name: chatml, bloom")] = None,
+    max_queue_len: Annotated[Optional[int], typer.Option(
+        "--max-queue-len",
+        help="sequences (prompts × n) that may wait beyond max-num-seqs; more get 503 + Retry-After")] = None,
+    lora_modules: Annotated[Optional[list[str]], typer.Option(
+        "--lora-modules", help="adapters served by name: name=path (a folder or hub id) or vLLM's JSON "
+                               "{\"name\": …, \"path\": …, \"base_model_name\": …}; several may follow one flag")] = None,
+    allow_runtime_lora_updating: Annotated[bool, typer.Option(
+        "--allow-runtime-lora-updating", envvar="VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        help="enable /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING)")] = False,
+    max_request_bytes: Annotated[str, typer.Option(
+        "--max-request-bytes", help="largest request body accepted (413 beyond), e.g. 16MiB")] = "16MiB",
+    metrics_auth: Annotated[bool, typer.Option(
+        "--metrics-auth", help="with --api-key, /metrics needs the key too")] = False,
+    allowed_origins: Annotated[Optional[list[str]], typer.Option(
+        "--allowed-origins", help="CORS: origins browsers may call the API from (none by default)")] = None,
+    disable_log_requests: Annotated[bool, typer.Option(
+        "--disable-log-requests", help="no access-log line per request")] = False,
+    disable_log_stats: Annotated[bool, typer.Option(
+        "--disable-log-stats", help="no periodic engine stats line")] = False,
+    *,
+    engine_flags: EngineFlags,
+) -> None:
+    """An OpenAI-compatible server on llmctl's engine (completions, chat, streaming, metrics)."""
+    from llmctl.checkpoint.source import DEFAULT_MODEL_ID
+    from llmctl.engine.parallel.launch import run_torchrun_worker_if_not_driver
+    from llmctl.server.lora import parse_lora_modules
+    from llmctl.server.serve import load_chat_template
+    from llmctl.server.serve import serve as run_server
+    from llmctl.server.state import ServerSettings
+
+    config = engine_flags.config(model=model, revision=revision, show_progress=True)
+    config.validate()
+    adapters = parse_lora_modules(lora_modules or [])
+    if (adapters or allow_runtime_lora_updating) and not config.enable_lora:
+        raise LlmctlError("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
+    if run_torchrun_worker_if_not_driver(config):  # torchrun rank > 0: a worker, no HTTP server
+        return
+    if max_queue_len is not None and max_queue_len < 0:
+        raise LlmctlError(f"--max-queue-len must be 0 or more (got {max_queue_len})")
+    settings = ServerSettings(
+        config, served_model_name or [model or DEFAULT_MODEL_ID], api_key=api_key,
+        chat_template=load_chat_template(chat_template), max_queue_len=max_queue_len,
+        max_request_bytes=parse_bytes(max_request_bytes, "--max-request-bytes"), metrics_auth=metrics_auth,
+        allowed_origins=allowed_origins or [], log_requests=not disable_log_requests,
+        stats_interval=None if disable_log_stats else 10.0, lora_modules=adapters,
+        allow_runtime_lora_updating=allow_runtime_lora_updating)
+    if metrics_auth and not api_key:
+        raise LlmctlError("--metrics-auth protects /metrics with the API key: give --api-key too")
+    raise typer.Exit(run_server(settings, host=host, port=port))
