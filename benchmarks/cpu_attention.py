@@ -17,7 +17,7 @@ With `--prompts`, one sequence's prompt attention instead, for each length: a fr
 (every token new) and a chunk of half the length over cached tokens, through the C++ kernel
 and through torch's SDPA as the `torch` backend runs it (a causal SDPA over the new K/V for
 the fresh prompt; the pages gathered, then SDPA with a mask, for the chunk). This is what
-sets VECTOR_QUERY_LIMIT and SHORT_QUERY_LIMIT in llmctl.engine.attention_selector.
+sets VECTOR_QUERY_LIMIT and SHORT_QUERY_LIMIT in llmctl.engine.layers.cpu_attention.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from llmctl.checkpoint.source import llmctl_cache_dir
+from llmctl.cache import llmctl_cache_dir
 
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_attention.cpp", "cpu_layers.cpp", "cpu_gemm.cpp")]
 LIBRARY = "llmctl_cpu"

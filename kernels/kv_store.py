@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from llmctl.engine.layers.attention import FP8, FP8_MAX
+from llmctl.kernels.fp8 import FP8, FP8_MAX
 
 
 def store_kv_reference(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,

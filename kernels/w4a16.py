@@ -20,13 +20,13 @@ import triton.language as tl
 def w4a16_reference(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torch.Tensor,
                     scales: torch.Tensor, g_idx: torch.Tensor | None, group_size: int) -> torch.Tensor:
     """x [M, K] @ the dequantized weight, through the same unpacking code that writes the formats."""
-    from llmctl.checkpoint.quant_formats import _awq_unpack, _unpack_cols, _unpack_rows
+    from llmctl.checkpoint.quant_formats import awq_unpack, unpack_cols, unpack_rows
 
     if method == "gptq":
-        q = _unpack_rows(qweight.cpu(), 4)  # [K, N]
-        zeros = _unpack_cols(qzeros.cpu(), 4) + 1  # [groups, N]
+        q = unpack_rows(qweight.cpu(), 4)  # [K, N]
+        zeros = unpack_cols(qzeros.cpu(), 4) + 1  # [groups, N]
     else:
-        q, zeros = _awq_unpack(qweight.cpu()), _awq_unpack(qzeros.cpu())
+        q, zeros = awq_unpack(qweight.cpu()), awq_unpack(qzeros.cpu())
     groups = g_idx.long().cpu() if g_idx is not None else torch.arange(q.shape[0]) // group_size
     weight = (q - zeros[groups]).float() * scales.float().cpu()[groups]  # [K, N]
     return (x.float() @ weight.to(x.device)).to(x.dtype)

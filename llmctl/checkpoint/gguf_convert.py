@@ -59,7 +59,7 @@ def bundled_default_gguf() -> Path:
 
 def converted_gguf_dir(gguf_path: Path, *, show_progress: bool = True, base_model: str | None = None) -> Path:
     """Return the cached conversion of ``gguf_path``, converting it first if needed."""
-    from llmctl.checkpoint.source import llmctl_cache_dir
+    from llmctl.cache import llmctl_cache_dir
 
     target = llmctl_cache_dir() / "gguf" / f"{gguf_path.stem}-{_fingerprint(gguf_path)}"
     if (target / "model.safetensors").is_file() and (target / "llmctl_conversion.json").is_file():

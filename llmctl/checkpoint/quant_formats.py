@@ -43,7 +43,7 @@ def _pack_rows(values: torch.Tensor, bits: int) -> torch.Tensor:
     return _to_int32(packed)
 
 
-def _unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
+def unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
     per, mask = 32 // bits, (1 << bits) - 1
     wide = packed.to(torch.int64) & 0xFFFFFFFF
     parts = [(wide >> (bits * i)) & mask for i in range(per)]
@@ -73,13 +73,13 @@ def _pack_cols(values: torch.Tensor, bits: int) -> torch.Tensor:
     return _pack_rows(values.t().contiguous(), bits).t().contiguous()
 
 
-def _unpack_cols(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    return _unpack_rows(packed.t().contiguous(), bits).t().contiguous()
+def unpack_cols(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    return unpack_rows(packed.t().contiguous(), bits).t().contiguous()
 
 
 def unpack_gptq(tensors: dict[str, torch.Tensor], bits: int, group_size: int) -> QuantizedWeight:
-    q = _unpack_rows(tensors["qweight"], bits).t().contiguous()  # [out, in]
-    zeros = (_unpack_cols(tensors["qzeros"], bits) + 1).t().contiguous()  # [out, groups]
+    q = unpack_rows(tensors["qweight"], bits).t().contiguous()  # [out, in]
+    zeros = (unpack_cols(tensors["qzeros"], bits) + 1).t().contiguous()  # [out, groups]
     check_g_idx(tensors.get("g_idx"), q.shape[1], group_size)
     return QuantizedWeight(q, tensors["scales"].float().t().contiguous(), zeros, bits, group_size)
 
@@ -101,7 +101,7 @@ def _awq_pack(values: torch.Tensor) -> torch.Tensor:
     return _to_int32(packed)
 
 
-def _awq_unpack(packed: torch.Tensor) -> torch.Tensor:
+def awq_unpack(packed: torch.Tensor) -> torch.Tensor:
     rows, packs = packed.shape
     wide = packed.to(torch.int64) & 0xFFFFFFFF
     values = torch.zeros(rows, packs, 8, dtype=torch.int64, device=packed.device)
@@ -121,8 +121,8 @@ def pack_awq(weight: QuantizedWeight) -> dict[str, torch.Tensor]:
 
 
 def unpack_awq(tensors: dict[str, torch.Tensor], group_size: int) -> QuantizedWeight:
-    q = _awq_unpack(tensors["qweight"]).t().contiguous()
-    zeros = _awq_unpack(tensors["qzeros"]).t().contiguous()
+    q = awq_unpack(tensors["qweight"]).t().contiguous()
+    zeros = awq_unpack(tensors["qzeros"]).t().contiguous()
     return QuantizedWeight(q, tensors["scales"].float().t().contiguous(), zeros, 4, group_size)
 
 

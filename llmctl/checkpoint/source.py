@@ -258,11 +258,3 @@ def read_json(path: Path) -> dict:
             "re-download the model or fix the file"
         )
     return data
-
-
-def llmctl_cache_dir() -> Path:
-    """llmctl's own cache: $LLMCTL_CACHE, else $XDG_CACHE_HOME/llmctl, else ~/.cache/llmctl."""
-    if os.environ.get("LLMCTL_CACHE"):
-        return Path(os.environ["LLMCTL_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "llmctl"

@@ -17,14 +17,13 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
+import torch
+
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.layers.attention import AttentionBackend
+from llmctl.engine.layers.cpu_attention import SHORT_QUERY_LIMIT, VECTOR_QUERY_LIMIT
 
 BACKENDS = ("cpu", "torch", "triton")
-# New tokens per sequence up to which the `cpu` backend's kernel attends, SDPA above (measured by
-# benchmarks/cpu_attention.py --prompts): with float32 rows in AVX-512 registers, fresh prompts
-# included; with its plain loop (bfloat16, no AVX-512), only chunks over cached tokens.
-VECTOR_QUERY_LIMIT = 256
-SHORT_QUERY_LIMIT = 16
 
 
 @dataclass(frozen=True)
@@ -101,3 +100,20 @@ def triton_usable(cuda: bool) -> str | None:
         return ("Triton kernels need a CUDA GPU; on CPU tensors they run only in Triton's interpreter "
                 "(TRITON_INTERPRET=1, slow, for tests): use --attention-backend torch")
     return None
+
+
+def create_backend(name: str, dtype: torch.dtype = torch.float32, head_dim: int = 64) -> AttentionBackend:
+    """The backend `name`; the cpu backend picks which prompts its kernel takes by dtype and head size."""
+    if name == "triton":
+        from llmctl.engine.layers.triton_attention import TritonAttention
+
+        return TritonAttention()
+    if name == "torch":
+        from llmctl.engine.layers.torch_attention import TorchAttention
+
+        return TorchAttention()
+    if name == "cpu":
+        from llmctl.engine.layers.cpu_attention import CPUAttention
+
+        return CPUAttention(dtype, head_dim)
+    raise ValueError(f"unknown attention backend {name!r}; available: cpu, torch, triton")

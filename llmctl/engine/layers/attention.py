@@ -12,8 +12,6 @@ from typing import Protocol
 
 import torch
 
-FP8 = torch.float8_e4m3fn  # --kv-cache-dtype fp8 (scale 1.0)
-FP8_MAX = 448.0  # e4m3's largest finite value: stored K/V are clamped to it
 
 
 @dataclass
@@ -70,20 +68,3 @@ class AttentionBackend(Protocol):
                 scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
         """query [T, H, D], key/value [T, KVH, D] (new tokens) -> output [T, H, D]."""
         ...
-
-
-def create_backend(name: str, dtype: torch.dtype = torch.float32, head_dim: int = 64) -> AttentionBackend:
-    """The backend `name`; the cpu backend picks which prompts its kernel takes by dtype and head size."""
-    if name == "triton":
-        from llmctl.engine.layers.triton_attention import TritonAttention
-
-        return TritonAttention()
-    if name == "torch":
-        from llmctl.engine.layers.torch_attention import TorchAttention
-
-        return TorchAttention()
-    if name == "cpu":
-        from llmctl.engine.layers.cpu_attention import CPUAttention
-
-        return CPUAttention(dtype, head_dim)
-    raise ValueError(f"unknown attention backend {name!r}; available: cpu, torch, triton")

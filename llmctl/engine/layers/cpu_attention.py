@@ -19,7 +19,12 @@ import torch
 from llmctl.engine.layers.attention import AttentionMetadata, KVCache
 from llmctl.engine.layers.torch_attention import TorchAttention
 from llmctl.kernels import cpu as cpu_kernels
-from llmctl.engine.attention_selector import SHORT_QUERY_LIMIT, VECTOR_QUERY_LIMIT
+
+# New tokens per sequence up to which the kernel attends, SDPA above (measured by
+# benchmarks/cpu_attention.py --prompts): with float32 rows in AVX-512 registers, fresh prompts
+# included; with its plain loop (bfloat16, no AVX-512), only chunks over cached tokens.
+VECTOR_QUERY_LIMIT = 256
+SHORT_QUERY_LIMIT = 16
 
 
 def paged_query_limit(dtype: torch.dtype, head_dim: int) -> int:

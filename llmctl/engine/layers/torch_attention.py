@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from llmctl.engine.layers.attention import FP8, FP8_MAX, AttentionMetadata, KVCache
+from llmctl.engine.layers.attention import AttentionMetadata, KVCache
+from llmctl.kernels.fp8 import FP8, FP8_MAX
 
 
 @dataclass

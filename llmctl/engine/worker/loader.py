@@ -16,9 +16,10 @@ from llmctl.checkpoint.source import ModelSource, resolve_model
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.checkpoint.tokenizer import generation_defaults, load_tokenizer
 from llmctl.checkpoint.weights import iterate_tensors
-from llmctl.engine.attention_selector import BackendChoice, choose_attention_backend, torch_fallback, triton_usable
+from llmctl.engine.attention_selector import (BackendChoice, choose_attention_backend, create_backend, torch_fallback,
+                                              triton_usable)
 from llmctl.engine.config import EngineConfig, EngineConfigError
-from llmctl.engine.layers.attention import AttentionBackend, create_backend
+from llmctl.engine.layers.attention import AttentionBackend
 from llmctl.engine.layers.cpu_gemm import pack_linears, packed_kernel, small_batch
 from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.lora.slots import attach_lora_slots

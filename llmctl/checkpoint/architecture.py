@@ -1,0 +1,111 @@
+"""The parts of a ModelSpec: positions (RoPE and its scaling, ALiBi, learned), attention (heads,
+KV heads, MLA, sliding windows), mixture of experts, quantization and the layer layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    theta: float
+    scaling_type: str | None = None  # linear, dynamic, llama3, yarn, longrope, ...
+    scaling_factor: float | None = None
+    original_max_position: int | None = None
+    partial_rotary_factor: float = 1.0
+    scaling: dict[str, Any] | None = None  # the raw scaling parameters
+
+
+@dataclass(frozen=True)
+class PositionalEncoding:
+    kind: str  # "rope" | "alibi" | "learned" | "none"
+    rope: RopeSpec | None = None
+    learned_positions: int = 0  # rows of a learned position table (OPT adds an offset of 2)
+
+    def describe(self) -> str:
+        if self.kind == "rope" and self.rope:
+            text = f"RoPE θ={self.rope.theta:g}"
+            if self.rope.partial_rotary_factor != 1.0:
+                text += f", rotary on {self.rope.partial_rotary_factor:g} of head_dim"
+            if self.rope.scaling_type and self.rope.scaling_type != "default":
+                text += f", {self.rope.scaling_type} scaling"
+                if self.rope.scaling_factor:
+                    text += f" ×{self.rope.scaling_factor:g}"
+                if self.rope.original_max_position:
+                    text += f" (from {self.rope.original_max_position})"
+            return text
+        if self.kind == "alibi":
+            return "ALiBi"
+        if self.kind == "learned":
+            return f"learned absolute ({self.learned_positions} positions)"
+        return self.kind
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    kind: str  # "MHA" | "GQA" | "MQA" | "MLA"
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()  # "full" or "sliding", one per layer
+    qk_norm: bool = False
+
+    @property
+    def sliding_layers(self) -> int:
+        return sum(1 for kind in self.layer_types if kind == "sliding")
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    num_shared_experts: int = 0
+    shared_expert_intermediate_size: int = 0
+    moe_layers: tuple[int, ...] = ()
+    dense_layers: tuple[int, ...] = ()
+    shared_expert_gate: bool = False  # Qwen-MoE gates its shared expert with a 1-wide linear
+    router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias
+
+
+@dataclass(frozen=True)
+class QuantizationSpec:
+    method: str
+    bits: int | None = None
+    group_size: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        parts = [self.method]
+        if self.bits:
+            parts.append(f"{self.bits}-bit")
+        if self.group_size:
+            parts.append(f"group {self.group_size}" if self.group_size > 0 else "per-channel")
+        for key in ("fmt", "weight_block_size", "desc_act", "sym", "version", "zero_point"):
+            if key in self.details:
+                parts.append(f"{key}={self.details[key]}")
+        return ", ".join(str(p) for p in parts)
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """Shape facts beyond the headline numbers, needed to count parameters exactly."""
+
+    norm: str = "rmsnorm"  # "rmsnorm" (weight) | "layernorm" (weight + bias)
+    norms_per_layer: int = 2
+    gated_mlp: bool = True  # gate/up/down (SwiGLU, GeGLU) vs. fc1/fc2
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    lm_head_bias: bool = False
+    embedding_norm: bool = False  # BLOOM's word_embeddings_layernorm
+    final_norm: bool = True
+    word_embed_proj_dim: int | None = None  # OPT-350m projects embeddings in/out
+    parallel_residual: bool = False

@@ -1,0 +1,293 @@
+"""Reading config.json: every family names its facts differently (``n_layer``,
+``num_hidden_layers``, ``n_embed``...); this module is the one place that knows those names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmctl.checkpoint.architecture import AttentionSpec, LayerLayout, MoESpec, PositionalEncoding, RopeSpec
+
+
+class ConfigReader:
+    """Reads facts by trying each family's key names, remembering which facts were missing."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.missing: list[str] = []
+
+    def get(self, fact: str, keys: tuple[str, ...], default: Any = None, *, required: bool = True) -> Any:
+        for key in keys:
+            if self.config.get(key) is not None:
+                return self.config[key]
+        if required:
+            self.missing.append(f"{fact} ({' / '.join(keys)})")
+        return default
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.config.get(key)
+        return default if value is None else bool(value)
+
+
+def _core(reader: ConfigReader, *, layers=("num_hidden_layers", "n_layer", "num_layers"),
+          hidden=("hidden_size", "n_embd", "n_embed", "d_model"),
+          heads=("num_attention_heads", "n_head", "num_heads")) -> dict[str, Any]:
+    num_layers = int(reader.get("num_layers", layers, 0))
+    hidden_size = int(reader.get("hidden_size", hidden, 0))
+    num_heads = int(reader.get("num_attention_heads", heads, 0))
+    return {"num_layers": num_layers, "hidden": hidden_size, "heads": num_heads}
+
+
+def _head_dim(reader: ConfigReader, facts: dict[str, Any]) -> int:
+    explicit = reader.config.get("head_dim")
+    if explicit:
+        return int(explicit)
+    return facts["hidden"] // facts["heads"] if facts["heads"] else 0
+
+
+def read_llama_like(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    cfg = reader.config
+    facts = _core(reader)
+    facts["kv_heads"] = int(cfg.get("num_key_value_heads") or facts["heads"])
+    facts["head_dim"] = _head_dim(reader, facts)
+    facts["intermediate"] = int(reader.get("intermediate_size", ("intermediate_size", "ffn_hidden_size", "n_inner"), 0))
+    bias = bool(cfg.get("attention_bias", False))
+    layout = dict(qkv_bias=bias, o_bias=bias, mlp_bias=bool(cfg.get("mlp_bias", False)))
+    facts["tied_default"] = model_type.startswith("gemma")
+    if model_type in ("qwen2", "qwen2_moe"):
+        layout.update(qkv_bias=True, o_bias=False)
+    if model_type == "gemma2":
+        layout["norms_per_layer"] = 4
+    if model_type in ("gemma3", "gemma3_text"):
+        layout["norms_per_layer"] = 4
+    if model_type == "phi3":
+        layout.update(qkv_bias=False, o_bias=False)
+    facts["layout"] = LayerLayout(**layout)
+    facts["moe"] = read_moe(reader, model_type, facts["num_layers"])
+    if facts["moe"] is not None and model_type == "mixtral":
+        facts["intermediate"] = facts["moe"].expert_intermediate_size
+    return facts
+
+
+def _read_qwen1(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    cfg = reader.config
+    facts = _core(reader)
+    facts["kv_heads"] = facts["heads"]
+    facts["head_dim"] = int(cfg.get("kv_channels") or _head_dim(reader, facts))
+    # Qwen1's intermediate_size counts both w1 and w2: each projection is half of it.
+    facts["intermediate"] = int(reader.get("intermediate_size", ("intermediate_size",), 0)) // 2
+    facts["layout"] = LayerLayout(qkv_bias=True, o_bias=not cfg.get("no_bias", True))
+    return facts
+
+
+def _read_bloom(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    facts = _core(reader)
+    facts.update(kv_heads=facts["heads"], head_dim=_head_dim(reader, facts), intermediate=4 * facts["hidden"])
+    facts["layout"] = LayerLayout(norm="layernorm", gated_mlp=False, qkv_bias=True, o_bias=True,
+                                  mlp_bias=True, embedding_norm=True)
+    facts["tied_default"] = True
+    facts["activation"] = "gelu"
+    return facts
+
+
+def _read_opt(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    cfg = reader.config
+    facts = _core(reader)
+    facts.update(kv_heads=facts["heads"], head_dim=_head_dim(reader, facts))
+    facts["intermediate"] = int(reader.get("intermediate_size", ("ffn_dim",), 0))
+    bias = bool(cfg.get("enable_bias", True))
+    proj = cfg.get("word_embed_proj_dim")
+    final_norm = bool(cfg.get("do_layer_norm_before", True)) and not cfg.get("_remove_final_layer_norm", False)
+    facts["layout"] = LayerLayout(norm="layernorm", gated_mlp=False, qkv_bias=bias, o_bias=bias, mlp_bias=bias,
+                                  final_norm=final_norm,
+                                  word_embed_proj_dim=int(proj) if proj and proj != facts["hidden"] else None)
+    facts["tied_default"] = True
+    facts["activation"] = cfg.get("activation_function", "relu")
+    return facts
+
+
+def _read_gpt2(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    cfg = reader.config
+    facts = _core(reader)
+    facts.update(kv_heads=facts["heads"], head_dim=_head_dim(reader, facts))
+    facts["intermediate"] = int(cfg.get("n_inner") or 4 * facts["hidden"])
+    facts["layout"] = LayerLayout(norm="layernorm", gated_mlp=False, qkv_bias=True, o_bias=True, mlp_bias=True)
+    facts["tied_default"] = True
+    facts["activation"] = cfg.get("activation_function", "gelu_new")
+    return facts
+
+
+def _read_gpt_neox(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    cfg = reader.config
+    facts = _core(reader)
+    facts.update(kv_heads=facts["heads"], head_dim=_head_dim(reader, facts))
+    facts["intermediate"] = int(reader.get("intermediate_size", ("intermediate_size",), 0))
+    bias = bool(cfg.get("attention_bias", True))
+    facts["layout"] = LayerLayout(norm="layernorm", gated_mlp=False, qkv_bias=bias, o_bias=bias, mlp_bias=True,
+                                  parallel_residual=bool(cfg.get("use_parallel_residual", True)))
+    return facts
+
+
+def _read_falcon(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    cfg = reader.config
+    facts = _core(reader)
+    new_arch = bool(cfg.get("new_decoder_architecture", False))
+    if new_arch:
+        kv_heads = int(cfg.get("num_kv_heads") or facts["heads"])
+    elif cfg.get("multi_query", True):
+        kv_heads = 1
+    else:
+        kv_heads = facts["heads"]
+    facts.update(kv_heads=kv_heads, head_dim=_head_dim(reader, facts))
+    facts["intermediate"] = int(cfg.get("ffn_hidden_size") or 4 * facts["hidden"])
+    parallel = bool(cfg.get("parallel_attn", True))
+    if new_arch:
+        norms = int(cfg.get("num_ln_in_parallel_attn") or 2)
+    else:
+        norms = 1 if parallel else 2
+    bias = bool(cfg.get("bias", False))
+    facts["layout"] = LayerLayout(norm="layernorm", norms_per_layer=norms, gated_mlp=False, qkv_bias=bias,
+                                  o_bias=bias, mlp_bias=bias, parallel_residual=parallel)
+    facts["tied_default"] = True
+    facts["activation"] = cfg.get("activation", "gelu")
+    return facts
+
+
+def _read_phi(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    facts = _core(reader)
+    facts["kv_heads"] = int(reader.config.get("num_key_value_heads") or facts["heads"])
+    facts["head_dim"] = _head_dim(reader, facts)
+    facts["intermediate"] = int(reader.get("intermediate_size", ("intermediate_size",), 0))
+    facts["layout"] = LayerLayout(norm="layernorm", norms_per_layer=1, gated_mlp=False, qkv_bias=True,
+                                  o_bias=True, mlp_bias=True, lm_head_bias=True, parallel_residual=True)
+    return facts
+
+
+def _read_deepseek(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    facts = read_llama_like(reader, model_type)
+    facts["layout"] = LayerLayout(qkv_bias=False, o_bias=False)
+    return facts
+
+
+FAMILY_READERS = {
+    "qwen": _read_qwen1,
+    "bloom": _read_bloom,
+    "opt": _read_opt,
+    "gpt2": _read_gpt2,
+    "gpt_neox": _read_gpt_neox,
+    "falcon": _read_falcon,
+    "phi": _read_phi,
+    "deepseek_v2": _read_deepseek,
+    "deepseek_v3": _read_deepseek,
+}
+
+
+def read_moe(reader: ConfigReader, model_type: str, num_layers: int) -> MoESpec | None:
+    cfg = reader.config
+    experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts")
+    if not experts:
+        return None
+    experts = int(experts)
+    top_k = int(cfg.get("num_experts_per_tok") or cfg.get("moe_topk") or 2)
+    expert_size = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
+    layers = list(range(num_layers))
+    if model_type.startswith("deepseek"):
+        first_dense = int(cfg.get("first_k_dense_replace") or 0)
+        freq = int(cfg.get("moe_layer_freq") or 1)
+        moe_layers = [i for i in layers if i >= first_dense and i % freq == 0]
+        shared = int(cfg.get("n_shared_experts") or 0)
+        return MoESpec(
+            num_experts=experts, top_k=top_k, expert_intermediate_size=expert_size,
+            num_shared_experts=shared, shared_expert_intermediate_size=shared * expert_size,
+            moe_layers=tuple(moe_layers), dense_layers=tuple(i for i in layers if i not in moe_layers),
+            router_bias=cfg.get("topk_method") == "noaux_tc",
+        )
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        mlp_only = set(cfg.get("mlp_only_layers") or [])
+        moe_layers = [i for i in layers if i not in mlp_only and (i + 1) % step == 0]
+        shared_size = int(cfg.get("shared_expert_intermediate_size") or 0)
+        return MoESpec(
+            num_experts=experts, top_k=top_k, expert_intermediate_size=expert_size,
+            num_shared_experts=1 if shared_size else 0, shared_expert_intermediate_size=shared_size,
+            moe_layers=tuple(moe_layers), dense_layers=tuple(i for i in layers if i not in moe_layers),
+            shared_expert_gate=bool(shared_size),
+        )
+    return MoESpec(num_experts=experts, top_k=top_k, expert_intermediate_size=expert_size,
+                   moe_layers=tuple(layers))
+
+
+def read_attention(reader: ConfigReader, model_type: str, facts: dict[str, Any], num_layers: int) -> AttentionSpec:
+    cfg = reader.config
+    heads, kv_heads = facts["heads"], facts["kv_heads"]
+    window = _sliding_window(cfg, model_type)
+    layer_types = _layer_types(cfg, model_type, num_layers, window)
+    qk_norm = model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2")
+    if cfg.get("kv_lora_rank"):
+        return AttentionSpec(
+            kind="MLA", num_heads=heads, num_kv_heads=heads,
+            head_dim=int(cfg.get("qk_nope_head_dim", 0)) + int(cfg.get("qk_rope_head_dim", 0)),
+            q_lora_rank=cfg.get("q_lora_rank"), kv_lora_rank=int(cfg["kv_lora_rank"]),
+            qk_nope_head_dim=int(cfg.get("qk_nope_head_dim", 0)), qk_rope_head_dim=int(cfg.get("qk_rope_head_dim", 0)),
+            v_head_dim=int(cfg.get("v_head_dim", 0)), sliding_window=window, layer_types=layer_types,
+        )
+    if kv_heads == heads:
+        kind = "MHA"
+    elif kv_heads == 1:
+        kind = "MQA"
+    else:
+        kind = "GQA"
+    return AttentionSpec(kind=kind, num_heads=heads, num_kv_heads=kv_heads, head_dim=facts["head_dim"],
+                         sliding_window=window, layer_types=layer_types, qk_norm=qk_norm)
+
+
+def _sliding_window(cfg: dict[str, Any], model_type: str) -> int | None:
+    window = cfg.get("sliding_window")
+    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window", False):
+        return None
+    return int(window) if isinstance(window, int) and window > 0 else None
+
+
+def _layer_types(cfg: dict[str, Any], model_type: str, num_layers: int, window: int | None) -> tuple[str, ...]:
+    explicit = cfg.get("layer_types")
+    if isinstance(explicit, list) and len(explicit) == num_layers:
+        return tuple("sliding" if "sliding" in str(kind) else "full" for kind in explicit)
+    if window is None:
+        return ("full",) * num_layers
+    if model_type == "gemma2":  # even layers slide, odd layers are global
+        return tuple("sliding" if i % 2 == 0 else "full" for i in range(num_layers))
+    if model_type in ("gemma3", "gemma3_text"):
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers))
+    if model_type in ("qwen2", "qwen2_moe"):  # layers below max_window_layers use full attention
+        full_below = int(cfg.get("max_window_layers") or 0)
+        return tuple("full" if i < full_below else "sliding" for i in range(num_layers))
+    return ("sliding",) * num_layers
+
+
+def read_positional(reader: ConfigReader, model_type: str, facts: dict[str, Any]) -> PositionalEncoding:
+    cfg = reader.config
+    if model_type == "bloom" or (model_type == "falcon" and cfg.get("alibi")):
+        return PositionalEncoding(kind="alibi")
+    if model_type == "opt":
+        return PositionalEncoding(kind="learned", learned_positions=int(cfg.get("max_position_embeddings", 2048)) + 2)
+    if model_type == "gpt2":
+        return PositionalEncoding(kind="learned", learned_positions=int(cfg.get("n_positions", 1024)))
+    return PositionalEncoding(kind="rope", rope=_rope(cfg))
+
+
+def _rope(cfg: dict[str, Any]) -> RopeSpec:
+    params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else None
+    if scaling is None and params and params.get("rope_type", "default") != "default":
+        scaling = params  # transformers 5 folds scaling into rope_parameters
+    theta = (cfg.get("rope_theta") or params.get("rope_theta") or cfg.get("rotary_emb_base")
+             or cfg.get("rope_embedding_base") or 10000.0)
+    partial = cfg.get("partial_rotary_factor") or cfg.get("rotary_pct") or params.get("partial_rotary_factor") or 1.0
+    kind = factor = original = None
+    if scaling:
+        kind = scaling.get("rope_type") or scaling.get("type")
+        factor = scaling.get("factor")
+        original = scaling.get("original_max_position_embeddings")
+    return RopeSpec(theta=float(theta), scaling_type=kind, scaling_factor=float(factor) if factor else None,
+                    original_max_position=original, partial_rotary_factor=float(partial),
+                    scaling=dict(scaling) if scaling else None)
