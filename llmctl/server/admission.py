@@ -4,9 +4,10 @@ when its response ends, however it ends (finished, failed, or the client went aw
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from llmctl.server.protocol import APIError
 
@@ -50,7 +51,7 @@ class AdmittedStream(StreamingResponse):
         super().__init__(content, media_type="text/event-stream")
         self.admission = admission
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:

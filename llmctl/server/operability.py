@@ -9,7 +9,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmctl.engine.front.stats import EngineStats
 
@@ -26,10 +28,10 @@ class RequestLog:
     """ASGI middleware: takes the client's X-Request-Id (when it is a plain token) or makes one, returns
     it as a response header, and logs one line per request with its status and duration when asked."""
 
-    def __init__(self, app: Any, enabled: bool) -> None:
+    def __init__(self, app: ASGIApp, enabled: bool) -> None:
         self.app, self.enabled = app, enabled
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         given = dict(scope.get("headers") or []).get(REQUEST_ID_HEADER.encode(), b"").decode("latin-1")
@@ -37,7 +39,7 @@ class RequestLog:
         scope.setdefault("state", {})["request_id"] = request_id
         started, status = time.perf_counter(), [0]
 
-        async def send_with_id(message: dict) -> None:
+        async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER.encode(), request_id.encode())]

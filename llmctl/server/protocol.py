@@ -7,9 +7,12 @@ The request bodies are plain JSON objects; each field is checked by type and ran
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 from llmctl.engine.sampling_params import RANGES, InvalidRequestError, SamplingParams
+
+
+JSON = Union[dict[str, "JSON"], list["JSON"], str, int, float, bool, None]  # a value of a request body
 
 
 class APIError(Exception):
@@ -47,12 +50,12 @@ UNSUPPORTED = {"tools": "tool calling", "tool_choice": "tool calling", "function
 class Fields:
     """Typed access to a JSON object's fields, naming the field in every error."""
 
-    def __init__(self, body: Any) -> None:
+    def __init__(self, body: JSON) -> None:
         if not isinstance(body, dict):
             raise bad("the request body must be a JSON object")
         self.body = body
 
-    def _get(self, name: str, types: tuple[type, ...], kind: str, default: Any) -> Any:
+    def _get(self, name: str, types: tuple[type, ...], kind: str, default: JSON) -> JSON:
         value = self.body.get(name, default)
         if value is None:
             return default
@@ -85,7 +88,7 @@ class Fields:
         read = {"integer": self.int, "number": self.float, "boolean": self.bool, "string": self.str}[spec.kind]
         return read(name, spec.default)
 
-    def raw(self, name: str, default: Any = None) -> Any:
+    def raw(self, name: str, default: JSON = None) -> JSON:
         return self.body.get(name, default)
 
 
@@ -277,7 +280,7 @@ def completion_prompts(fields: Fields) -> list[str | list[int]]:
 
 
 
-def prompt_list(value: Any, param: str) -> list[str | list[int]]:
+def prompt_list(value: JSON, param: str) -> list[str | list[int]]:
     """OpenAI's prompt/input forms: a string, a list of strings, token ids, or a list of token-id lists."""
     prompts = _prompt_forms(value, param)
     if len(prompts) > MAX_PROMPTS_PER_REQUEST:
@@ -286,7 +289,7 @@ def prompt_list(value: Any, param: str) -> list[str | list[int]]:
     return prompts
 
 
-def _prompt_forms(value: Any, param: str) -> list[str | list[int]]:
+def _prompt_forms(value: JSON, param: str) -> list[str | list[int]]:
     if value is None:
         raise bad(f"{param} is required", param)
     if isinstance(value, str):
@@ -302,7 +305,7 @@ def _prompt_forms(value: Any, param: str) -> list[str | list[int]]:
               param)
 
 
-def _is_token(value: Any) -> bool:
+def _is_token(value: JSON) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -324,7 +327,7 @@ def chat_messages(fields: Fields) -> list[dict[str, str]]:
     return result
 
 
-def _content_text(content: Any, where: str) -> str:
+def _content_text(content: JSON, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
