@@ -337,7 +337,6 @@ def generate_through_graphs(folder: Path, tokenizer, capture: bool) -> None:
     from transformers import AutoModelForCausalLM
 
     from llmctl.engine.worker.cuda_graphs import decode_graphs
-    from llmctl.engine.parallel.executor import sliding_window
 
     llm = LLM(str(folder), max_model_len=128, max_num_seqs=4, attention_backend="triton",
               device="cuda" if capture else "auto", dtype="float32")
