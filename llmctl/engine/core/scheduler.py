@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from llmctl.engine.core.block_manager import BlockManager
+from llmctl.engine.core.block_manager import BlockManager, PrefixCacheStats
 from llmctl.engine.core.sequence import Sequence, SequenceStatus, TokenLogprob
 from llmctl.engine.spec_decode.proposal import Draft
 
@@ -111,6 +111,13 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    def reset_stats(self) -> None:
+        """Forget the warm-up: its cached prefix, counters and preemptions."""
+        self.block_manager.reset_prefix_cache()
+        self.block_manager.stats = PrefixCacheStats()
+        self.num_preemptions = 0
+        self.counts = TokenCounts()
 
     def lane_loads(self, lanes: int) -> list[int]:
         """Sequences per pipeline lane, running or waiting."""

@@ -38,6 +38,7 @@ class DataParallelEngine:
         single = dataclasses.replace(config, data_parallel_size=1, cpu_threads=threads_per_rank(config))
         self.replicas = [AsyncLLMEngine(LLMEngine(single)) for _ in range(config.data_parallel_size)]
         self._outstanding = [0] * len(self.replicas)
+        self._serving: dict[str, int] = {}  # request id -> the replica generating it
         self._lock = threading.Lock()
 
     # Tokenizer, model facts and limits are the same in every replica: replica 0's.
@@ -92,12 +93,21 @@ class DataParallelEngine:
         index = self.pick()
         with self._lock:
             self._outstanding[index] += work
+            if request_id is not None:
+                self._serving[request_id] = index
         try:
             async for output in self.replicas[index].generate(prompt, params, request_id, lora_request):
                 yield output
         finally:
             with self._lock:
                 self._outstanding[index] -= work
+                self._serving.pop(request_id, None)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            index = self._serving.get(request_id)
+        if index is not None:
+            self.replicas[index].abort(request_id)
 
     @property
     def engines(self) -> list[LLMEngine]:

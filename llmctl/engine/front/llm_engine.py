@@ -16,14 +16,14 @@ import torch
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.core.batch import build_batch
-from llmctl.engine.core.block_manager import BlockManager, PrefixCacheStats
-from llmctl.engine.core.scheduler import Scheduler, SchedulerOutput, TokenCounts
+from llmctl.engine.core.block_manager import BlockManager
+from llmctl.engine.core.scheduler import Scheduler, SchedulerOutput
 from llmctl.engine.core.sequence import Sequence, SequenceStatus
 from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepLogits
 from llmctl.engine.front.input_processor import InputProcessor
 from llmctl.engine.front.output_processor import OutputProcessor
 from llmctl.engine.front.outputs import RequestOutput
-from llmctl.engine.front.stats import EngineStats, SpecDecodeCounts
+from llmctl.engine.front.stats import EngineStats, snapshot
 from llmctl.engine.front.step_sampler import StepSampler
 from llmctl.engine.lora.adapter import LoRAAdapter
 from llmctl.engine.lora.manager import LoRAManager
@@ -82,10 +82,7 @@ class LLMEngine:
         self.add_request("llmctl-warm-up", [0] * 8, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
         while self.has_unfinished_requests:
             self.step()
-        self.block_manager.reset_prefix_cache()
-        self.block_manager.stats = PrefixCacheStats()
-        self.scheduler.num_preemptions = 0
-        self.scheduler.counts = TokenCounts()
+        self.scheduler.reset_stats()
         if self.speculator is not None:
             self.speculator.reset_stats()
         logger.info("warm-up took %.2f s", time.perf_counter() - started)
@@ -213,25 +210,10 @@ class LLMEngine:
                      ", ".join(request_ids), exc_info=exc)
         return StepFailedError(request_ids, exc)
 
-    # -- what the server reads ------------------------------------------------------------
     def stats(self) -> EngineStats:
         """A snapshot of the counters and queues (safe to call from another thread)."""
-        scheduler, blocks = self.scheduler, self.block_manager
-        running, waiting = tuple(scheduler.running), tuple(scheduler.waiting)  # one copy each, in C
-        spec = self.speculator.stats if self.speculator is not None else None
-        return EngineStats(
-            num_running=len(running), num_waiting=len(waiting), kv_cache_usage=blocks.usage,
-            prefix_cache_queries=blocks.stats.queries, prefix_cache_hits=blocks.stats.hits,
-            num_preemptions=scheduler.num_preemptions, prompt_tokens=scheduler.counts.prompt_tokens,
-            generation_tokens=scheduler.counts.generation_tokens,
-            max_loras=self.config.max_loras if self.lora is not None else 0,
-            running_adapters=_adapter_names(running), waiting_adapters=_adapter_names(waiting),
-            spec_decode=None if spec is None else SpecDecodeCounts(
-                spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens, list(spec.accepted_per_position)))
-
-
-def _adapter_names(seqs: tuple[Sequence, ...]) -> tuple[str, ...]:
-    return tuple(sorted({s.lora.name for s in seqs if s.lora is not None}))
+        max_loras = self.config.max_loras if self.lora is not None else 0
+        return snapshot(self.scheduler, self.speculator.stats if self.speculator else None, max_loras)
 
 
 def _samples_plainly(sched: SchedulerOutput, batch: StepBatch, sample_seqs: list[Sequence]) -> bool:

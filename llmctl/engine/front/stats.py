@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmctl.engine.core.scheduler import Scheduler
+from llmctl.engine.core.sequence import Sequence
+from llmctl.engine.spec_decode.stats import SpecDecodeStats
+
 
 @dataclass(frozen=True)
 class SpecDecodeCounts:
@@ -28,3 +32,20 @@ class EngineStats:
     running_adapters: tuple[str, ...] = ()
     waiting_adapters: tuple[str, ...] = ()
     spec_decode: SpecDecodeCounts | None = None  # None: no speculative decoding
+
+
+def snapshot(scheduler: Scheduler, spec: SpecDecodeStats | None, max_loras: int) -> EngineStats:
+    blocks = scheduler.block_manager
+    running, waiting = tuple(scheduler.running), tuple(scheduler.waiting)  # one copy each, in C
+    return EngineStats(
+        num_running=len(running), num_waiting=len(waiting), kv_cache_usage=blocks.usage,
+        prefix_cache_queries=blocks.stats.queries, prefix_cache_hits=blocks.stats.hits,
+        num_preemptions=scheduler.num_preemptions, prompt_tokens=scheduler.counts.prompt_tokens,
+        generation_tokens=scheduler.counts.generation_tokens, max_loras=max_loras,
+        running_adapters=_adapter_names(running), waiting_adapters=_adapter_names(waiting),
+        spec_decode=None if spec is None else SpecDecodeCounts(
+            spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens, list(spec.accepted_per_position)))
+
+
+def _adapter_names(seqs: tuple[Sequence, ...]) -> tuple[str, ...]:
+    return tuple(sorted({s.lora.name for s in seqs if s.lora is not None}))

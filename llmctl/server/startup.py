@@ -1,0 +1,64 @@
+"""The server's start: the engine (or an embedding model) loaded on a background thread, the
+--lora-modules and the chat template; and the watch that stops the server when ranks are lost."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+from llmctl.engine.front.async_engine import AsyncLLMEngine
+from llmctl.engine.front.data_parallel import create_engine_client
+from llmctl.engine.front.llm_engine import LLMEngine
+from llmctl.engine.parallel.executor import WorkerLostError
+from llmctl.errors import LlmctlError
+from llmctl.server.chat import chat_template
+from llmctl.server.embeddings import load_embedder
+from llmctl.server.lora import AdapterLoadError
+from llmctl.server.state import ServerState
+
+logger = logging.getLogger("llmctl.server")
+OnFailure = Callable[[BaseException], None]
+
+
+def load_engine(state: ServerState, engine: LLMEngine | None, on_load_failure: OnFailure | None) -> None:
+    """On the loading thread: the embedder or the engine, the --lora-modules, the chat template."""
+    try:
+        if engine is None and load_embedder(state):
+            return
+        state.engine = AsyncLLMEngine(engine) if engine is not None else \
+            create_engine_client(state.settings.engine_config)
+        load_static_adapters(state)
+        state.template = chat_template(state.settings.chat_template, state.engine)
+        if state.template is None:
+            logger.warning("%s has no chat template: /v1/chat/completions will answer 400 until the server is "
+                           "started with --chat-template (a file, or chatml / bloom)", state.model_name)
+    except Exception as exc:  # reported by /health and the serve command
+        state.load_error = str(exc)
+        logger.error("engine failed to start: %s", exc)
+        if on_load_failure is not None:
+            on_load_failure(exc)
+
+
+def load_static_adapters(state: ServerState) -> None:
+    """--lora-modules: each is read and checked now; one that does not fit stops the server."""
+    for module in state.settings.lora_modules:
+        try:
+            state.adapters.load(state.ready_engine, module.name, module.path, module.base_model_name)
+        except AdapterLoadError as exc:
+            raise LlmctlError(f"--lora-modules {module.name}={module.path}: {exc}") from None
+
+
+async def exit_when_ranks_are_lost(state: ServerState, stop: OnFailure | None) -> None:
+    """A lost worker rank cannot come back: once in-flight requests have their errors, stop the
+    server with a failure so a supervisor restarts it (a single-process engine stays up, 503)."""
+    while True:
+        await asyncio.sleep(0.5)
+        if state.engine is None or stop is None:
+            continue
+        reason = state.engine.lost_workers()
+        if reason is not None:
+            logger.error("engine ranks lost (%s): failing in-flight requests and stopping", reason)
+            await asyncio.sleep(1.0)  # let the error responses of in-flight requests go out
+            stop(WorkerLostError(f"a worker rank was lost: {reason}"))
+            return
