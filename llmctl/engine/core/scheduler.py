@@ -255,11 +255,12 @@ class Scheduler:
                 # Proposed tokens count as computed only once verified (below).
                 item.seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
                 self.block_manager.register_full_blocks(item.seq)
+        for result in sampled:  # all siblings first: a parent that ends at its first token frees its blocks
+            if result.forked_from is not None:
+                self._add_sibling(result.forked_from, result.seq)
         touched: set[str] = set()
         now = time.perf_counter()
         for result in sampled:
-            if result.forked_from is not None:
-                self._add_sibling(result.forked_from, result.seq)
             if result.seq.is_finished:
                 continue
             self._append(result, text, now)
