@@ -91,6 +91,18 @@ def test_n_completions_share_the_prompt_blocks(llm):
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+def test_siblings_go_on_when_the_first_completion_ends_at_its_first_token(llm):
+    """n > 1 forks at the first token. When completion 0 ends right there (EOS), its siblings keep the
+    prompt's blocks and run on; each completion i of a seeded request draws from seed + i, so it equals
+    a lone request seeded with seed + i (vLLM's per-choice seeds)."""
+    prompt = "What is 2+2?"  # this model mostly answers EOS at once
+    out = llm.generate(prompt, SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6))[0].outputs
+    assert out[0].token_ids == [2] and out[0].finish_reason == "stop"  # the case under test: the first ends at once
+    alone = llm.generate(prompt, SamplingParams(temperature=1.0, seed=4, max_tokens=6))[0].outputs[0]
+    assert len(alone.token_ids) > 1 and out[1].token_ids == alone.token_ids
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+
+
 def test_logprobs_with_alternatives(llm):
     out = llm.generate(PROMPT, greedy(logprobs=3, max_tokens=4))[0].outputs[0]
     assert len(out.logprobs) == 4
