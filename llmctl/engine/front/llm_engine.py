@@ -64,7 +64,7 @@ class LLMEngine:
                                 self.loaded.dtype) if config.enable_lora else None
         self.load_unknown_adapters = True  # offline: a new LoRARequest is read on first use; a server registers them
         self.input_processor = InputProcessor(self.tokenizer, self.loaded.spec.vocab_size, self.max_model_len,
-                                     self.loaded.generation_defaults)
+                                              self.loaded.generation_defaults)
         self.output_processor = OutputProcessor(self.tokenizer)
         generator = torch.Generator().manual_seed(config.seed)
         self.speculator = Speculator.create(config, self.loaded, generator)
