@@ -14,7 +14,8 @@ from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.gpus import lookup_gpu
 from llmctl.plan.kv import stage_kv
 from llmctl.plan.planner import MeasuredMemory, PlanRequest, build_plan
-from llmctl.plan.weights import lm_head_in_layers, pipeline_stages, split_layers, stage_weights, weight_format
+from llmctl.plan.weights import (lm_head_in_layers, pipeline_stages, split_layers, stage_weights, vllm_pipeline_stages,
+                                 weight_format)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hub"
 GiB = 1024**3
@@ -133,10 +134,52 @@ def test_tp_shards_linears_and_pp_duplicates_only_a_tied_table():
     assert sum(s.params for s in bloom_stages) == bloom_whole.params + bloom.vocab_size * bloom.hidden_size
 
 
-def test_pipeline_split_follows_vllm_and_weighs_the_lm_head():
-    assert [len(r) for r in split_layers(61, 4)] == [15, 15, 16, 15]
-    assert [len(r) for r in split_layers(32, 3)] == [11, 11, 10]
-    assert [r.start for r in split_layers(80, 4)] == [0, 20, 40, 60]
+# vLLM's own goldens for get_pp_indices (tests/distributed/test_pipeline_partition.py in vLLM).
+VLLM_UNEVEN = [(2, 2, [(0, 1), (1, 2)]), (3, 2, [(0, 2), (2, 3)]), (3, 3, [(0, 1), (1, 2), (2, 3)]),
+               (4, 3, [(0, 1), (1, 3), (3, 4)]), (5, 3, [(0, 2), (2, 4), (4, 5)])]
+VLLM_CUSTOM = [("5,5,5,5", 20, 4, [(0, 5), (5, 10), (10, 15), (15, 20)]),
+               ("4,6,6,4", 20, 4, [(0, 4), (4, 10), (10, 16), (16, 20)]),
+               ("5,6,5,6", 22, 4, [(0, 5), (5, 11), (11, 16), (16, 22)])]
+
+
+@pytest.mark.parametrize("layers,pp,golden", VLLM_UNEVEN)
+def test_vllm_split_matches_vllms_own_tests(layers, pp, golden):
+    assert [(r.start, r.stop) for r in vllm_pipeline_stages(layers, pp)] == golden
+
+
+@pytest.mark.parametrize("partition,layers,pp,golden", VLLM_CUSTOM)
+def test_vllm_pp_layer_partition_matches_vllms_own_tests(partition, layers, pp, golden):
+    assert [(r.start, r.stop) for r in vllm_pipeline_stages(layers, pp, partition)] == golden
+
+
+@pytest.mark.parametrize("partition,layers", [("5,5,5,5,", 20), ("5,5,5,a", 20), ("5,5,5", 20), ("5,5,5,5", 21)])
+def test_a_partition_vllm_refuses_is_refused(partition, layers):
+    with pytest.raises(LlmctlError, match="VLLM_PP_LAYER_PARTITION"):
+        vllm_pipeline_stages(layers, 4, partition)
+
+
+def test_plan_sizes_pipeline_stages_as_vllm_places_them():
+    """BLOOM 35/35 and SmolLM2 15/15 at PP 2 (vLLM's split); llmctl's engine weighs its LM head instead."""
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
+
+    smol, bloom = load_spec(resolve_model(None)), fixture_spec("bigscience/bloom")
+    h100 = lookup_gpu("h100-80gb")
+    for spec, tp, vllm, ours in ((smol, 1, [15, 15], [19, 11]), (bloom, 8, [35, 35], [36, 34])):
+        plan = build_plan(spec, PlanRequest(gpu=h100, gpus=2 * tp, tp=tp, pp=2), "m")
+        assert plan.recommended is plan.layouts[0]
+        assert [stage.layers for stage in plan.layouts[0].stages] == vllm
+        assert [len(r) for r in pipeline_stages(spec, 2)] == ours  # llmctl serve's own stages
+        assert any(f"hold {vllm[0]}/{vllm[1]} layers" in note and f"splits them {ours[0]}/{ours[1]}" in note
+                   for note in plan.notes)
+    custom = build_plan(smol, PlanRequest(gpu=h100, gpus=2, pp=2, pp_layer_partition="20,10"), "m")
+    assert [stage.layers for stage in custom.layouts[0].stages] == [20, 10]
+    only_pp3 = build_plan(smol, PlanRequest(gpu=h100, gpus=2, pp_layer_partition="10,10,10"), "m", suggest=False)
+    assert all(not layout.feasible for layout in only_pp3.layouts)  # no layout here has 3 stages
+
+
+def test_llmctl_split_weighs_the_lm_head():
+    assert [len(r) for r in split_layers(61, 4)] == [15, 15, 16, 15]  # no head weight: vLLM's split
     assert [len(r) for r in split_layers(30, 2, head_layers=8.0)] == [19, 11]
     assert [len(r) for r in split_layers(4, 4, head_layers=8.0)] == [1, 1, 1, 1]  # every stage keeps a layer
     from llmctl.checkpoint.config_file import load_spec
@@ -144,8 +187,11 @@ def test_pipeline_split_follows_vllm_and_weighs_the_lm_head():
 
     smol = load_spec(resolve_model(None))  # a 49152 × 576 head is 8 of its 3.5M-parameter layers
     assert round(lm_head_in_layers(smol), 1) == 8.0
-    assert [len(r) for r in pipeline_stages(smol, 2)] == [19, 11]
-    assert [len(r) for r in pipeline_stages(fixture_spec("bigscience/bloom"), 2)] == [36, 34]  # its head: 1.5 layers
+
+
+def test_plan_cli_reads_vllm_pp_layer_partition():
+    result = run_cli("plan", "--gpus", "2", "--pp", "2", env={"VLLM_PP_LAYER_PARTITION": "20,x"})
+    assert result.returncode == 2 and "VLLM_PP_LAYER_PARTITION='20,x' is not a list of layer counts" in result.stderr
 
 
 def test_kv_heads_replicate_beyond_tp_and_mla_is_replicated():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Optional
 
 import typer
@@ -56,6 +57,7 @@ def plan(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, tp=tp, pp=pp,
         expert_parallel=expert_parallel, enforce_eager=enforce_eager, min_concurrency=min_concurrency,
         max_loras=max_loras, max_lora_rank=max_lora_rank,
+        pp_layer_partition=os.environ.get("VLLM_PP_LAYER_PARTITION"),  # as vLLM reads it
     )
     result = build_plan(load_spec(source), request, model or DEFAULT_MODEL_ID)
     if as_json:

@@ -21,7 +21,8 @@ from llmctl.plan.memory import (
     runtime_overhead_bytes,
 )
 from llmctl.plan.lora import lora_slot_bytes, lora_targets
-from llmctl.plan.weights import WeightFormat, pipeline_stages, stage_weights, weight_format
+from llmctl.plan.weights import (WeightFormat, lm_head_in_layers, pipeline_stages, stage_weights, vllm_pipeline_stages,
+                                 weight_format)
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's chunked-prefill budget for serving on data-center GPUs
@@ -48,6 +49,7 @@ class PlanRequest:
     min_concurrency: float = 1.0  # full-length sequences a replica must hold to be recommended
     max_loras: int = 0  # --max-loras: resident LoRA adapter slots (0: no LoRA)
     max_lora_rank: int = 16
+    pp_layer_partition: str | None = None  # VLLM_PP_LAYER_PARTITION: layers per stage, e.g. "24,40"
 
     @property
     def gpus_per_node(self) -> int:
@@ -207,8 +209,14 @@ def evaluate_layout(spec: ModelSpec, req: PlanRequest, tp: int, pp: int, *, dtyp
     if layout.problems:
         layout.feasible = False
         return layout
-    weights = stage_weights(spec, fmt, tp, pp, req.expert_parallel)
-    stages = pipeline_stages(spec, pp)
+    partition = req.pp_layer_partition
+    if partition is not None and len(partition.split(",")) != pp:
+        layout.problems = [f"VLLM_PP_LAYER_PARTITION={partition!r} names {len(partition.split(','))} stages, "
+                           f"not {pp}: vLLM refuses it"]
+        layout.feasible = False
+        return layout
+    stages = vllm_pipeline_stages(spec.num_layers, pp, partition)  # the GPUs this plans are vLLM's
+    weights = stage_weights(spec, fmt, tp, pp, req.expert_parallel, stages)
     for index, layers in enumerate(stages):
         lora = lora_slot_bytes(spec, req.max_loras, req.max_lora_rank, dtype_bytes, tp, len(layers)) \
             if req.max_loras else 0  # resident adapter slots sit beside the weights
@@ -341,8 +349,23 @@ def _validate(spec: ModelSpec, req: PlanRequest) -> None:
         raise LlmctlError(f"unknown --kv-cache-dtype {req.kv_cache_dtype!r}; choose auto or fp8")
 
 
+def _pipeline_notes(spec: ModelSpec, req: PlanRequest, plan: Plan) -> list[str]:
+    """With PP, which split the numbers use (vLLM's) and how llmctl serve's own differs."""
+    best = plan.recommended
+    if best is None or best.pp == 1:
+        return []
+    vllm = [len(r) for r in vllm_pipeline_stages(spec.num_layers, best.pp, req.pp_layer_partition)]
+    ours = [len(r) for r in pipeline_stages(spec, best.pp)]
+    source = "VLLM_PP_LAYER_PARTITION" if req.pp_layer_partition else "vLLM's even split"
+    note = f"PP stages hold {'/'.join(map(str, vllm))} layers ({source}), as the numbers above assume"
+    if ours != vllm:
+        note += (f"; llmctl serve splits them {'/'.join(map(str, ours))}: its last stage also runs the LM head, "
+                 f"weighed as {lm_head_in_layers(spec):.1f} layers")
+    return [note]
+
+
 def _notes(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, plan: Plan) -> list[str]:
-    notes = []
+    notes = _pipeline_notes(spec, req, plan)
     if spec.moe:
         notes.append(f"MoE: {spec.moe.num_experts} experts, top-{spec.moe.top_k}; every expert's weights are "
                      "resident, only the active parameters are computed per token")

@@ -156,9 +156,35 @@ class StageWeights:
         return self.linear_bytes + self.other_bytes
 
 
+def vllm_pipeline_stages(num_layers: int, pp: int, partition: str | None = None) -> list[range]:
+    """The layers of each stage as vLLM places them (vllm.distributed.utils.get_pp_indices): ⌊L/PP⌋
+    each, the remainder one by one to the stages before the last; or, when given, the sizes of
+    VLLM_PP_LAYER_PARTITION ("24,40"), which must be PP whole numbers adding up to L."""
+    if partition is not None:
+        return _ranges(_partition_sizes(partition, num_layers, pp))
+    sizes = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    return _ranges(sizes)
+
+
+def _partition_sizes(partition: str, num_layers: int, pp: int) -> list[int]:
+    try:
+        sizes = [int(size) for size in partition.split(",")]
+    except ValueError:
+        raise LlmctlError(f"VLLM_PP_LAYER_PARTITION={partition!r} is not a list of layer counts: use e.g. "
+                          f"'{num_layers - num_layers // 2},{num_layers // 2}'") from None
+    if len(sizes) != pp:
+        raise LlmctlError(f"VLLM_PP_LAYER_PARTITION={partition!r} has {len(sizes)} stages; the pipeline has {pp}")
+    if sum(sizes) != num_layers:
+        raise LlmctlError(f"VLLM_PP_LAYER_PARTITION={partition!r} adds up to {sum(sizes)} layers; the model has "
+                          f"{num_layers}")
+    return sizes
+
+
 def split_layers(num_layers: int, pp: int, head_layers: float = 0.0) -> list[range]:
-    """vLLM's split (equal parts, the remainder going to the stages before the last), except that
-    the last stage also runs the LM head, which counts as `head_layers` layers of work there."""
+    """llmctl's own split: vLLM's, except that the last stage also runs the LM head, which counts as
+    `head_layers` layers of work there (with 0, the same as vLLM's)."""
     if pp == 1:
         return [range(num_layers)]
     last = max(1, min(num_layers - (pp - 1), math.floor((num_layers + head_layers) / pp - head_layers)))
@@ -166,6 +192,10 @@ def split_layers(num_layers: int, pp: int, head_layers: float = 0.0) -> list[ran
     sizes = [rest // (pp - 1)] * (pp - 1) + [last]
     for i in range(2, rest % (pp - 1) + 2):
         sizes[-i] += 1
+    return _ranges(sizes)
+
+
+def _ranges(sizes: list[int]) -> list[range]:
     stages, start = [], 0
     for size in sizes:
         stages.append(range(start, start + size))
@@ -180,15 +210,16 @@ def lm_head_in_layers(spec: ModelSpec) -> float:
 
 
 def pipeline_stages(spec: ModelSpec, pp: int) -> list[range]:
-    """The layers of each pipeline stage, balanced by work: a decode step is as slow as its
-    slowest stage, and the last one also runs the LM head."""
+    """The layers of each of llmctl's pipeline stages, balanced by work: a decode step is as slow as
+    its slowest stage, and the last one also runs the LM head (vLLM's split: vllm_pipeline_stages)."""
     return split_layers(spec.num_layers, pp, lm_head_in_layers(spec))
 
 
-def stage_weights(spec: ModelSpec, fmt: WeightFormat, tp: int, pp: int,
-                  expert_parallel: bool = False) -> list[StageWeights]:
+def stage_weights(spec: ModelSpec, fmt: WeightFormat, tp: int, pp: int, expert_parallel: bool = False,
+                  stages: list[range] | None = None) -> list[StageWeights]:
+    """Each stage's weight bytes per GPU; `stages` default to llmctl's own split."""
     result = []
-    for index, layers in enumerate(pipeline_stages(spec, pp)):
+    for index, layers in enumerate(stages or pipeline_stages(spec, pp)):
         params = other = 0
         linear_bytes = 0.0
         for layer in layers:
