@@ -104,3 +104,18 @@ def test_the_backend_inspect_names_is_the_one_serve_runs() -> None:
     assert on_cpu.backend == "cpu" and "adding the ALiBi bias itself" in on_cpu.reason  # g++ and ninja are here
     assert choose_attention_backend(bloom, cuda=False, kv_cache_dtype="fp8").backend == "torch"
     assert choose_attention_backend(bloom, cuda=True, requested="torch").backend == "torch"
+
+
+@pytest.mark.parametrize("command", [("serve",), ("bench", "offline")])
+def test_vllms_short_parallel_flags(command: tuple[str, ...]) -> None:
+    """vLLM's -tp / -pp / -dp (`vllm serve -tp 2`) reach the same settings as the long names."""
+    for short, long in (("-tp", "--tensor-parallel-size"), ("-pp", "--pipeline-parallel-size"),
+                        ("-dp", "--data-parallel-size")):
+        result = run_cli(*command, short, "0")
+        assert result.returncode == 2 and f"{long} must be at least 1 (got 0)" in result.stderr
+
+
+def test_plan_takes_vllms_short_parallel_flags() -> None:
+    result = run_cli("plan", "-tp", "1", "-pp", "1", "--json")
+    assert result.returncode == 0
+    assert [(l["tp"], l["pp"]) for l in json.loads(result.stdout)["layouts"]] == [(1, 1)]

@@ -23,9 +23,9 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                             parse=lambda value: parse_bytes(value, "--kv-cache-memory")),
     "enable_prefix_caching": Flag(("--enable-prefix-caching/--no-enable-prefix-caching",), bool),
     "seed": Flag(("--seed",), int),
-    "tensor_parallel_size": Flag(("--tensor-parallel-size", "--tp"), int, "ranks each layer is split over"),
-    "pipeline_parallel_size": Flag(("--pipeline-parallel-size", "--pp"), int, "stages the layers are split into"),
-    "data_parallel_size": Flag(("--data-parallel-size", "--dp"), int, "engine replicas behind one server"),
+    "tensor_parallel_size": Flag(("--tensor-parallel-size", "--tp", "-tp"), int, "ranks each layer is split over"),
+    "pipeline_parallel_size": Flag(("--pipeline-parallel-size", "--pp", "-pp"), int, "stages the layers are split into"),
+    "data_parallel_size": Flag(("--data-parallel-size", "--dp", "-dp"), int, "engine replicas behind one server"),
     "cpu_threads": Flag(("--cpu-threads",), Optional[int], "torch threads per rank (default: the CPU cores shared "
                                                            "evenly)"),
     "attention_backend": Flag(("--attention-backend",), str, "auto (triton on CUDA; on CPUs llmctl's C++ kernel, "
