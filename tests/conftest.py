@@ -34,6 +34,28 @@ from hubcache import build_hub_cache  # noqa: E402
 build_hub_cache(Path(os.environ["HF_HUB_CACHE"]))
 
 
+def cpu_paths() -> str:
+    """Which CPU paths this run tests: a green run without AVX-512 says nothing of the AVX-512 paths."""
+    from llmctl.kernels import cpu
+
+    problem = cpu.unavailable_reason()
+    if problem:
+        return f"llmctl CPU paths: C++ kernels NOT built ({problem}); only torch SDPA and oneDNN are tested"
+    if cpu.built_for_avx512():
+        return ("llmctl CPU paths: C++ kernels with AVX-512: the float32 panel GEMM and the register-row "
+                "attention are tested")
+    return ("llmctl CPU paths: C++ kernels without AVX-512 (this CPU has none): oneDNN float32 linears and the "
+            "plain attention loop are tested; the AVX-512 panel GEMM and register-row attention are NOT")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [cpu_paths()]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    terminalreporter.write_line(cpu_paths())  # also under -q, where the header is not printed
+
+
 @pytest.fixture(scope="session")
 def hf_cache() -> Path:
     return Path(os.environ["HF_HUB_CACHE"])

@@ -92,7 +92,6 @@ def test_usage_errors_and_version() -> None:
 
 
 def test_the_backend_inspect_names_is_the_one_serve_runs() -> None:
-    pytest.importorskip("triton")
     from llmctl.engine.attention_selector import choose_attention_backend
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import resolve_model

@@ -256,7 +256,6 @@ def small_config(family: str, tokenizer):
 # TRITON_INTERPRET=1). Small models, few tokens: the interpreter runs every program in Python.
 @pytest.mark.parametrize("family", ["llama-gqa", "bloom-alibi", "mistral-window"])
 def test_triton_attention_backend_matches_transformers(tmp_path, tokenizer, family):
-    pytest.importorskip("triton")
     compare_with_transformers(save_random_model(small_config(family, tokenizer), tmp_path / family, tokenizer),
                               tokenizer, max_tokens=6, attention_backend="triton")
 
@@ -282,7 +281,6 @@ def test_fp8_kv_cache(tmp_path, tokenizer):
 
     from llmctl.plan.kv import stage_kv
 
-    pytest.importorskip("triton")
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     folder = save_random_model(config, tmp_path / "llama", tokenizer)
@@ -362,7 +360,6 @@ def generate_through_graphs(folder: Path, tokenizer, capture: bool) -> None:
 
 @pytest.mark.parametrize("family", ["llama-gqa", "bloom-alibi"])
 def test_decode_steps_through_the_cuda_graph_buffers_match_transformers(tmp_path, tokenizer, family):
-    pytest.importorskip("triton")
     from llmctl.engine.worker.cuda_graphs import capture_sizes
 
     assert capture_sizes(20) == [1, 2, 4, 8, 16, 20] and capture_sizes(256)[-2:] == [248, 256]
