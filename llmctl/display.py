@@ -213,6 +213,8 @@ def _misc_table(report: InspectReport) -> Table:
     else:
         table.add_row("license", f"[yellow]{lic.declared or 'unknown'} — needs human review[/yellow]")
     table.add_row("attention backend", f"{report.backend.backend}: {report.backend.reason}")
+    table.add_row("llmctl serve", "runs this architecture" if report.llmctl_serves else
+                  f"does not run {', '.join(report.spec.architectures) or report.spec.model_type} yet (vllm serve does)")
     return table
 
 

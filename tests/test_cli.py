@@ -118,3 +118,15 @@ def test_plan_takes_vllms_short_parallel_flags() -> None:
     result = run_cli("plan", "-tp", "1", "-pp", "1", "--json")
     assert result.returncode == 0
     assert [(l["tp"], l["pp"]) for l in json.loads(result.stdout)["layouts"]] == [(1, 1)]
+
+
+@pytest.mark.parametrize("repo_id,served", [("bigscience/bloom", True), ("meta-llama/Llama-2-7b-hf", True),
+                                            ("deepseek-ai/DeepSeek-R1", False),  # MLA + MoE: not in the engine yet
+                                            ("mistralai/Mixtral-8x7B-v0.1", False)])  # MoE
+def test_plan_and_inspect_say_whether_llmctl_serves_the_model(repo_id: str, served: bool) -> None:
+    report = json.loads(run_cli("inspect", repo_id, "--json").stdout)
+    assert report["llmctl_serves"] is served
+    plan = run_cli("plan", repo_id, "--gpus", "16", "--nodes", "2", "--json")
+    commands = json.loads(plan.stdout)["commands"]
+    assert any(c.startswith("vllm serve") for c in commands)
+    assert any(c.startswith("llmctl serve") for c in commands) is served

@@ -47,10 +47,12 @@ def plan(
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import DEFAULT_MODEL_ID, resolve_model
     from llmctl.plan.hardware import resolve_hardware
+    from llmctl.engine.models.registry import is_supported
     from llmctl.plan.planner import PlanRequest, build_plan
 
     hardware = resolve_hardware(gpu, gpus, nodes, gpus_per_node)
     source = resolve_model(model, revision, show_progress=not as_json)
+    spec = load_spec(source)
     request = PlanRequest(
         gpu=hardware.gpu, gpus=hardware.gpus, nodes=nodes, gpu_memory_utilization=gpu_memory_utilization,
         dtype=dtype, kv_cache_dtype=kv_cache_dtype, quantization=quantization, max_model_len=max_model_len,
@@ -58,8 +60,9 @@ def plan(
         expert_parallel=expert_parallel, enforce_eager=enforce_eager, min_concurrency=min_concurrency,
         max_loras=max_loras, max_lora_rank=max_lora_rank,
         pp_layer_partition=os.environ.get("VLLM_PP_LAYER_PARTITION"),  # as vLLM reads it
+        llmctl_serves=is_supported(spec),
     )
-    result = build_plan(load_spec(source), request, model or DEFAULT_MODEL_ID)
+    result = build_plan(spec, request, model or DEFAULT_MODEL_ID)
     if as_json:
         print_json({**plan_to_dict(result), "gpu_note": hardware.note})
     else:
