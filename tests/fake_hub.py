@@ -14,6 +14,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 
 @dataclass
@@ -28,6 +29,7 @@ class FakeRepo:
 class FakeHub:
     repos: dict[str, FakeRepo]
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, range)
+    hosts: set[str] = field(default_factory=set)  # the Host headers seen: the hub's, or a proxied one
 
     def start(self) -> str:
         hub = self
@@ -43,8 +45,10 @@ class FakeHub:
                 self._answer(send_body=True)
 
             def _answer(self, send_body: bool) -> None:
-                hub.requests.append((self.command, self.path, self.headers.get("Range")))
-                path = self.path.split("?")[0]
+                # a proxied request names the whole URL (GET http://host/path): answer it as the hub would
+                path = urlsplit(self.path).path if "://" in self.path else self.path.split("?")[0]
+                hub.requests.append((self.command, path, self.headers.get("Range")))
+                hub.hosts.add(self.headers.get("Host", ""))
                 info = re.match(r"^/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?$", path)
                 tree = re.match(r"^/api/models/([^/]+/[^/]+)/tree/([^/]+)", path)
                 resolve = re.match(r"^/(?:datasets/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)

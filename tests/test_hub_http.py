@@ -103,6 +103,24 @@ def test_the_default_calibration_set_downloads_from_the_hub_and_works(hub, tmp_p
     assert (tmp_path / "out" / "model.safetensors").exists()
 
 
+def test_the_hub_behind_a_proxy_is_reached_through_it(hub, tmp_path: Path, default_source) -> None:
+    """HF_ENDPOINT names a host with no DNS; only HTTP_PROXY (the fake hub, acting as the proxy) reaches it.
+    A check that ignored the proxy would call the hub unreachable and calibrate data-free."""
+    import zstandard
+
+    fake, env = hub
+    fake.repos["mit-han-lab/pile-val-backup"] = FakeRepo(files={
+        "val.jsonl.zst": zstandard.ZstdCompressor().compress(b'{"text": "' + b"a b c d " * 200 + b'"}')})
+    proxied = {**env, "HF_ENDPOINT": "http://hub.invalid", "HTTP_PROXY": env["HF_ENDPOINT"],
+               "http_proxy": env["HF_ENDPOINT"], "NO_PROXY": "", "no_proxy": ""}
+    folder = tiny_llama(tmp_path / "tiny", default_source)
+    result = run_cli("quantize", str(folder), "--awq", "--no-redistribute", "--calib-samples", "1",
+                     "--calib-seq-len", "32", "-o", str(tmp_path / "out"), env=proxied)
+    assert result.returncode == 0, result.stderr
+    assert "from mit-han-lab/pile-val-backup (pileval, from the hub)" in result.stderr
+    assert "hub.invalid" in fake.hosts  # the requests named the hub and went through the proxy
+
+
 def test_an_unreachable_hub_means_calibrating_on_the_models_own_samples(tmp_path: Path, default_source) -> None:
     from server_helpers import free_port
 
@@ -112,7 +130,7 @@ def test_an_unreachable_hub_means_calibrating_on_the_models_own_samples(tmp_path
     result = run_cli("quantize", str(folder), "--awq", "--no-redistribute", "--calib-samples", "2",
                      "--calib-seq-len", "32", "-o", str(tmp_path / "out"), env=env)
     assert result.returncode == 0, result.stderr
-    assert "the hub cannot be reached (127.0.0.1" in result.stderr
+    assert "the hub cannot be reached (http://127.0.0.1:" in result.stderr and "ConnectError" in result.stderr
     assert "calibration: 2 × 32 tokens from the model's own samples (data-free)" in result.stderr
     assert "calibration" in result.stdout and "serve it: llmctl serve" in result.stdout
 

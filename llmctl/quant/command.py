@@ -194,18 +194,17 @@ def _download_pileval() -> Path | None:
 
 
 def _hub_unreachable(timeout: float = 3.0) -> str | None:
-    """Why the hub's host takes no connection (no DNS, no route), or None when it does."""
-    import socket
-    from urllib.parse import urlparse
+    """Why the hub answers no request (no DNS, no route, proxy refuses), or None when it answers.
 
+    A HEAD through huggingface_hub's own HTTP client, so HTTPS_PROXY / HTTP_PROXY / NO_PROXY and any
+    client the user configured apply exactly as they do to the download that follows."""
     from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
 
-    url = urlparse(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
     try:
-        socket.create_connection((url.hostname, port), timeout=timeout).close()
-    except OSError as exc:
-        return f"{url.hostname}:{port}: {exc}"
+        get_session().head(constants.ENDPOINT, timeout=timeout)
+    except Exception as exc:  # httpx's transport errors; any HTTP status means someone answered
+        return f"{constants.ENDPOINT}: {type(exc).__name__}: {exc}"
     return None
 
 
