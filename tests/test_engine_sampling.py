@@ -240,3 +240,16 @@ def test_generation_config_defaults_apply_unless_overridden():
     assert (explicit.temperature, explicit.top_p, explicit.top_k, explicit.repetition_penalty) == (0.2, 1.0, 0, 1.0)
     assert SamplingParams().with_defaults({"do_sample": False}).greedy
     assert SamplingParams().with_defaults({}).temperature == 1.0
+
+
+def test_prompts_in_vllms_dict_forms(llm):
+    """vLLM's LLM.generate takes TextPrompt and TokensPrompt dicts; each runs as its plain form does."""
+    ids = llm.get_tokenizer()(PROMPT).input_ids
+    plain = llm.generate(PROMPT, greedy())[0].outputs[0].token_ids
+    for prompt in ({"prompt": PROMPT}, {"prompt_token_ids": ids}):
+        [single] = llm.generate(prompt, greedy())
+        assert single.prompt_token_ids == ids and single.outputs[0].token_ids == plain
+    batch = llm.generate([{"prompt_token_ids": ids}, {"prompt": PROMPT}], greedy())
+    assert [out.outputs[0].token_ids for out in batch] == [plain, plain]
+    with pytest.raises(ValueError, match="exactly one of 'prompt'.*got the keys \\['text'\\]"):
+        llm.generate({"text": PROMPT}, greedy())

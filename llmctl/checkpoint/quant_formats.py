@@ -27,10 +27,19 @@ class QuantizedWeight:
     zeros: torch.Tensor  # int32 [out, groups]
     bits: int
     group_size: int  # inputs per group (the whole input when per channel)
+    g_idx: torch.Tensor | None = None  # act-order GPTQ: each input's group; None: input // group_size
 
     def dequantize(self) -> torch.Tensor:
-        groups = torch.arange(self.q.shape[1], device=self.q.device) // self.group_size
+        groups = input_groups(self.g_idx, self.q.shape[1], self.group_size, self.q.device)
         return (self.q - self.zeros[:, groups]).float() * self.scales[:, groups]
+
+
+def input_groups(g_idx: torch.Tensor | None, in_features: int, group_size: int,
+                 device: torch.device | None = None) -> torch.Tensor:
+    """The quantization group of every input column: g_idx as stored, or contiguous groups."""
+    if g_idx is not None:
+        return g_idx.long()
+    return torch.arange(in_features, device=device) // max(group_size, 1)
 
 
 def _pack_rows(values: torch.Tensor, bits: int) -> torch.Tensor:
@@ -80,15 +89,23 @@ def unpack_cols(packed: torch.Tensor, bits: int) -> torch.Tensor:
 def unpack_gptq(tensors: dict[str, torch.Tensor], bits: int, group_size: int) -> QuantizedWeight:
     q = unpack_rows(tensors["qweight"], bits).t().contiguous()  # [out, in]
     zeros = (unpack_cols(tensors["qzeros"], bits) + 1).t().contiguous()  # [out, groups]
-    check_g_idx(tensors.get("g_idx"), q.shape[1], group_size)
-    return QuantizedWeight(q, tensors["scales"].float().t().contiguous(), zeros, bits, group_size)
+    g_idx = permuted_g_idx(tensors.get("g_idx"), q.shape[1], group_size, zeros.shape[1])
+    return QuantizedWeight(q, tensors["scales"].float().t().contiguous(), zeros, bits, group_size, g_idx)
 
 
-def check_g_idx(g_idx: torch.Tensor | None, in_features: int, group_size: int) -> None:
-    """Only the contiguous group order (desc_act false, what llmctl writes) is read."""
-    expected = torch.arange(in_features, device=g_idx.device if g_idx is not None else None) // max(group_size, 1)
-    if g_idx is not None and not torch.equal(g_idx.long(), expected):
-        raise ValueError("act-order (desc_act) GPTQ checkpoints with a permuted g_idx are not supported")
+def permuted_g_idx(g_idx: torch.Tensor | None, in_features: int, group_size: int,
+                   groups: int) -> torch.Tensor | None:
+    """An act-order (desc_act) checkpoint's g_idx, checked; None when it is the contiguous order
+    (what llmctl writes, and what lets kernels skip the lookup)."""
+    if g_idx is None:
+        return None
+    if g_idx.shape != (in_features,):
+        raise ValueError(f"g_idx has shape {tuple(g_idx.shape)}, expected ({in_features},)")
+    if torch.equal(g_idx.long(), input_groups(None, in_features, group_size, g_idx.device)):
+        return None
+    if int(g_idx.min()) < 0 or int(g_idx.max()) >= groups:
+        raise ValueError(f"g_idx names groups outside 0..{groups - 1}")
+    return g_idx.to(torch.int32)
 
 
 def _awq_pack(values: torch.Tensor) -> torch.Tensor:

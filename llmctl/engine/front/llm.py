@@ -12,7 +12,7 @@ from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+Prompt = str | list[int] | dict[str, Any]  # vLLM's TextPrompt {"prompt": …} and TokensPrompt {"prompt_token_ids": …}
 
 
 class LLM:
@@ -37,7 +37,8 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Outputs in the order of the prompts; `lora_request` (one, or one per prompt) needs enable_lora=True."""
-        batch = [prompts] if isinstance(prompts, str) or _is_token_ids(prompts) else list(prompts)
+        single = isinstance(prompts, (str, dict)) or _is_token_ids(prompts)
+        batch = [_plain_prompt(p) for p in ([prompts] if single else list(prompts))]
         params_list = _per_prompt(sampling_params or SamplingParams(), len(batch), "sampling params")
         loras = _per_prompt(lora_request, len(batch), "lora requests")
         order = []
@@ -65,6 +66,18 @@ def _per_prompt(value: Any, count: int, what: str) -> list[Any]:
     if len(value) != count:
         raise ValueError(f"{len(value)} {what} for {count} prompts")
     return list(value)
+
+
+def _plain_prompt(prompt: Prompt) -> str | list[int]:
+    """Text or token ids, from any of the forms vLLM's LLM.generate takes."""
+    if not isinstance(prompt, dict):
+        return prompt
+    if set(prompt) == {"prompt_token_ids"} and _is_token_ids(list(prompt["prompt_token_ids"])):
+        return list(prompt["prompt_token_ids"])
+    if set(prompt) == {"prompt"} and isinstance(prompt["prompt"], str):
+        return prompt["prompt"]
+    raise ValueError(f"a prompt dict takes exactly one of 'prompt' (text) or 'prompt_token_ids' (token ids); "
+                     f"got the keys {sorted(prompt)}")
 
 
 def _is_token_ids(value: Any) -> bool:

@@ -147,11 +147,24 @@ class RowParallelLinear(nn.Module):
                                 f"on boundaries of the quantization groups ({inner.group_size})")
             read = tensor.read(*packed_shard_range(inner.method, kind, "in", p.start, p.start + p.size,
                                                    inner.bits, inner.group_size))
-            self._pending[kind] = read - p.start // inner.group_size if kind == "g_idx" else read
+            if kind == "g_idx":
+                read = self._local_g_idx(tensor.name, read)
+            self._pending[kind] = read
         else:
             _check_rows(tensor, 1, p.total)
             with torch.no_grad():
                 self.inner.weight.copy_(tensor.read(1, p.start, p.start + p.size))
+
+    def _local_g_idx(self, name: str, g_idx: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of g_idx, counted from its first group; act-order slices name groups all over
+        the input, whose scales this rank does not hold."""
+        first, group_size = self.part.start // self.inner.group_size, self.inner.group_size
+        local = g_idx - first
+        contiguous = torch.arange(self.part.size, dtype=local.dtype) // group_size
+        if self.group.size > 1 and not torch.equal(local, contiguous):
+            raise LoadError(f"{name}: act-order GPTQ (desc_act, a permuted g_idx) runs with --tp 1 only in "
+                            "llmctl; use --tp 1 (with --pp or --dp to spread it), or a desc_act false checkpoint")
+        return local
 
     def finish_loading(self) -> None:
         if isinstance(self.inner, QuantLinear):

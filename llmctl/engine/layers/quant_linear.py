@@ -5,7 +5,9 @@ The packed tensors stay as loaded, on the model's device (so memory is what `llm
 (`llmctl.kernels.w4a16`), which dequantizes inside its K loop; elsewhere (CPUs, other bit
 widths) the weight is dequantized in torch at every forward.
 Fused projections (QKV, gate/up) concatenate their parts along the output dimension,
-which both formats allow because they pack outputs in whole groups of 8.
+which both formats allow because they pack outputs in whole groups of 8. Act-order GPTQ
+(desc_act, a permuted g_idx) keeps each part's g_idx, since every part was quantized
+with its own column order.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmctl.checkpoint.quant_formats import check_g_idx, unpack_awq, unpack_gptq
+from llmctl.checkpoint.quant_formats import permuted_g_idx, unpack_awq, unpack_gptq
 
 
 class QuantLinear(nn.Module):
@@ -31,6 +33,8 @@ class QuantLinear(nn.Module):
         self.register_buffer("qweight", torch.empty(0, dtype=torch.int32))
         self.register_buffer("qzeros", torch.empty(0, dtype=torch.int32))
         self.register_buffer("scales", torch.empty(0, dtype=torch.float16))
+        self.register_buffer("g_idx", None)  # act-order: [parts, in] int32, one row per fused part
+        self.part_outputs: list[int] = [out_features]
 
     def load_parts(self, parts: list[dict[str, torch.Tensor]]) -> None:
         """Packed tensors of one or more linears that this layer runs as one (concatenated outputs)."""
@@ -41,8 +45,13 @@ class QuantLinear(nn.Module):
         groups = -(-self.in_features // self.group_size)
         if self.scales.shape != (groups, self.out_features):
             raise ValueError(f"scales have shape {tuple(self.scales.shape)}, expected {(groups, self.out_features)}")
-        for part in parts:
-            check_g_idx(part.get("g_idx"), self.in_features, self.group_size)
+        self.part_outputs = [part["scales"].shape[1] for part in parts]
+        g_idx = [permuted_g_idx(part.get("g_idx"), self.in_features, self.group_size, groups) for part in parts]
+        if any(g is not None for g in g_idx):
+            if self.method != "gptq":
+                raise ValueError("a permuted g_idx (act-order) belongs to GPTQ, not AWQ")
+            contiguous = torch.arange(self.in_features, dtype=torch.int32) // self.group_size
+            self.g_idx = torch.stack([contiguous if g is None else g for g in g_idx]).to(device)
 
     @property
     def nbytes(self) -> int:
@@ -50,10 +59,28 @@ class QuantLinear(nn.Module):
 
     def dequantize(self) -> torch.Tensor:
         """[out, in] float weight, unpacked by the same code that reads and writes the formats."""
-        packed = {"qweight": self.qweight, "qzeros": self.qzeros, "scales": self.scales}
-        if self.method == "gptq":
-            return unpack_gptq(packed, self.bits, self.group_size).dequantize()
-        return unpack_awq(packed, self.group_size).dequantize()
+        if self.g_idx is None:
+            return self._dequantize_part(self.qweight, self.qzeros, self.scales, None)
+        return torch.cat([self._dequantize_part(*part) for part in self._act_order_parts()])
+
+    def _dequantize_part(self, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                         g_idx: torch.Tensor | None) -> torch.Tensor:
+        packed = {"qweight": qweight, "qzeros": qzeros, "scales": scales}
+        if self.method == "awq":
+            return unpack_awq(packed, self.group_size).dequantize()
+        if g_idx is not None:
+            packed["g_idx"] = g_idx
+        return unpack_gptq(packed, self.bits, self.group_size).dequantize()
+
+    def _act_order_parts(self) -> list[tuple[torch.Tensor, ...]]:
+        """(qweight, qzeros, scales, g_idx) of each fused part (GPTQ packs outputs unpacked in qweight)."""
+        parts, start = [], 0
+        for index, width in enumerate(self.part_outputs):
+            stop = start + width
+            parts.append((self.qweight[:, start:stop], self.qzeros[:, start // self.pack:stop // self.pack],
+                          self.scales[:, start:stop], self.g_idx[index]))
+            start = stop
+        return parts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and self.bits == 4:
@@ -64,8 +91,12 @@ class QuantLinear(nn.Module):
         """Through the Triton kernel (on CPU tensors only under TRITON_INTERPRET=1, which tests use)."""
         from llmctl.kernels.w4a16 import w4a16_matmul
 
-        out = w4a16_matmul(x.reshape(-1, self.in_features), self.method, self.qweight, self.qzeros, self.scales,
-                           None, self.group_size)
+        flat = x.reshape(-1, self.in_features)
+        if self.g_idx is None:
+            out = w4a16_matmul(flat, self.method, self.qweight, self.qzeros, self.scales, None, self.group_size)
+        else:
+            out = torch.cat([w4a16_matmul(flat, self.method, *part, self.group_size)
+                             for part in self._act_order_parts()], dim=1)
         if self.bias is not None:
             out += self.bias.to(out.dtype)
         return out.view(*x.shape[:-1], self.out_features)
