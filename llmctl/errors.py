@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 class LlmctlError(Exception):
     """A mistake or missing resource the user can fix; shown without a traceback."""
@@ -27,3 +29,12 @@ class CorruptModelError(LlmctlError):
 
 class UnsupportedModelError(LlmctlError):
     pass
+
+
+class InternalError(RuntimeError):
+    """A bug of llmctl's, reported from somewhere its traceback cannot travel (a worker rank)."""
+
+
+def debug_enabled() -> bool:
+    """LLMCTL_DEBUG=1: tracebacks for internal errors, wherever they happen."""
+    return os.environ.get("LLMCTL_DEBUG", "") not in ("", "0")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Annotated
 
@@ -13,7 +12,7 @@ from llmctl.cli.inspect import inspect, license_
 from llmctl.cli.plan import plan
 from llmctl.cli.quantize import quantize
 from llmctl.cli.serve import serve
-from llmctl.errors import LlmctlError
+from llmctl.errors import LlmctlError, debug_enabled
 
 app = typer.Typer(
     name="llmctl",
@@ -79,7 +78,7 @@ def main() -> None:
             sys.exit(exc.exit_code)
         if type(exc).__name__ == "Abort":
             _fail("aborted", 1)
-        if os.environ.get("LLMCTL_DEBUG"):
+        if debug_enabled():
             raise
         _fail(f"internal error: {type(exc).__name__}: {exc} (set LLMCTL_DEBUG=1 for a traceback and "
               "please report it)", 3)

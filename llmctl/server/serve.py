@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 from typing import Iterator
 
+from llmctl.engine.parallel.executor import WorkerLostError
 from llmctl.errors import LlmctlError
 from llmctl.server.app import ServerSettings, create_app
 
@@ -70,5 +71,13 @@ def serve(settings: ServerSettings, *, host: str, port: int) -> int:
     logger.info("serving %s on http://%s:%d (OpenAI API under /v1)", settings.served_model_names[0], host, port)
     server.run()
     if failure:
-        raise failure[0] if isinstance(failure[0], LlmctlError) else LlmctlError(str(failure[0]))
+        raise startup_failure(failure[0])
     return 0
+
+
+def startup_failure(exc: BaseException) -> BaseException:
+    """A user's mistake or a lost rank as a one-line error; any other exception is llmctl's bug and goes
+    up as it is, so the CLI reports it as internal (with its traceback under LLMCTL_DEBUG=1)."""
+    if isinstance(exc, WorkerLostError):
+        return LlmctlError(str(exc))
+    return exc

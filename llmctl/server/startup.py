@@ -11,7 +11,7 @@ from llmctl.engine.front.async_engine import AsyncLLMEngine
 from llmctl.engine.front.data_parallel import create_engine_client
 from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.parallel.executor import WorkerLostError
-from llmctl.errors import LlmctlError
+from llmctl.errors import LlmctlError, debug_enabled
 from llmctl.server.chat import chat_template
 from llmctl.server.embeddings import load_embedder
 from llmctl.server.lora import AdapterLoadError
@@ -35,7 +35,7 @@ def load_engine(state: ServerState, engine: LLMEngine | None, on_load_failure: O
                            "started with --chat-template (a file, or chatml / bloom)", state.model_name)
     except Exception as exc:  # reported by /health and the serve command
         state.load_error = str(exc)
-        logger.error("engine failed to start: %s", exc)
+        logger.error("engine failed to start: %s", exc, exc_info=exc if debug_enabled() else None)
         if on_load_failure is not None:
             on_load_failure(exc)
 

@@ -12,6 +12,8 @@ import time
 from collections import deque
 from typing import Protocol
 
+import torch.distributed as dist
+
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.worker.cuda_graphs import decode_graphs
 from llmctl.engine.worker.loaded_model import LoadedModel
@@ -24,7 +26,7 @@ from llmctl.engine.parallel.stage import Stop, build_stage
 from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
 from llmctl.engine.worker.model_runner import make_runner
 from llmctl.engine.worker.threads import use_threads
-from llmctl.errors import LlmctlError
+from llmctl.errors import InternalError, LlmctlError
 from llmctl.units import GiB
 
 logger = logging.getLogger("llmctl.engine")
@@ -107,16 +109,21 @@ class ParallelExecutor:
         self._results = ResultReceiver(self.groups.results, self.rank.last_stage_leader)
         self._log_layout(time.perf_counter() - started)
 
-    def _startup_error(self, exc: Exception) -> LlmctlError:
-        """A worker's own error (it wrote it to the store before exiting), else what the driver saw."""
+    def _startup_error(self, exc: Exception) -> Exception:
+        """A worker's own error (it wrote it to the store before exiting), else what the driver saw;
+        a worker's bug stays an internal error, not a user's mistake."""
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             for index in range(1, self.rank.world_size):
                 key = f"error/{index}"
                 if self.launch.store.check([key]):
-                    return LlmctlError(self.launch.store.get(key).decode())
+                    message = self.launch.store.get(key).decode()
+                    internal = self.launch.store.check([f"internal/{index}"])
+                    return InternalError(message) if internal else LlmctlError(message)
             time.sleep(0.2)
-        return LlmctlError(f"the worker ranks did not start: {exc}")
+        if isinstance(exc, dist.DistError):  # the ranks never met (a timeout, a refused connection)
+            return LlmctlError(f"the worker ranks did not start: {exc}")
+        return exc  # the driver's own bug: main() reports it as one (LLMCTL_DEBUG shows its traceback)
 
     def submit(self, batch: StepBatch) -> None:
         try:

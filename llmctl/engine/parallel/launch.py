@@ -9,6 +9,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.parallel.group import Rank
 from llmctl.engine.worker.threads import use_threads
+from llmctl.errors import LlmctlError, debug_enabled
 
 logger = logging.getLogger("llmctl.engine")
 STARTUP_TIMEOUT = 600.0  # loading a big checkpoint shard can take minutes
@@ -117,9 +119,22 @@ def run_worker(config: EngineConfig, rank: Rank, store: dist.Store) -> None:
     try:
         stage = build_stage(config, rank, store)
     except Exception as exc:  # the driver reports it: one line, the same a single process would print
-        store.set(f"error/{rank.rank}", f"rank {rank.rank}: {exc}")
+        report_startup_error(store, rank.rank, exc)
         raise SystemExit(1) from None
     stage.serve_forever()
+
+
+def report_startup_error(store: dist.Store, rank: int, exc: Exception) -> None:
+    """What went wrong, for the driver: a user error as its one line; a bug marked as one, with its
+    traceback under LLMCTL_DEBUG."""
+    if isinstance(exc, LlmctlError):
+        store.set(f"error/{rank}", f"rank {rank}: {exc}")
+        return
+    message = f"rank {rank}: {type(exc).__name__}: {exc}"
+    if debug_enabled():
+        message += "\n" + "".join(traceback.format_exception(exc))
+    store.set(f"error/{rank}", message)
+    store.set(f"internal/{rank}", "1")
 
 
 def run_torchrun_worker_if_not_driver(config: EngineConfig) -> bool:

@@ -1,0 +1,69 @@
+"""A bug of llmctl's at `serve` startup is reported as an internal error (exit 3), never as the user's
+mistake (exit 2), in one process and in a worker rank; LLMCTL_DEBUG=1 shows its traceback.
+
+The bug is injected through a sitecustomize.py on PYTHONPATH, which every process (spawned ranks too)
+runs before llmctl: it breaks one function of the loader with a ZeroDivisionError."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from server_helpers import free_port
+
+INJECTED = '''
+import multiprocessing
+import os
+
+where = os.environ.get("LLMCTL_TEST_BUG_IN")  # "every" process, or only "workers"
+if where:
+    import llmctl.engine.worker.loader as loader
+
+    original = loader._check_native
+
+    def _check_native(*args, **kwargs):
+        if where == "every" or multiprocessing.current_process().name != "MainProcess":
+            raise ZeroDivisionError("injected bug")
+        return original(*args, **kwargs)
+
+    loader._check_native = _check_native
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, default_source) -> Path:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("bugs") / "tiny"
+    AutoTokenizer.from_pretrained(str(default_source.path)).save_pretrained(folder)
+    LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(folder)
+    (folder.parent / "sitecustomize.py").write_text(INJECTED)
+    return folder
+
+
+def serve_with_bug(tiny: Path, where: str, *flags: str, debug: bool = False):
+    env = {"PYTHONPATH": str(tiny.parent), "LLMCTL_TEST_BUG_IN": where, "LLMCTL_DEBUG": "1" if debug else "0"}
+    return run_cli("serve", str(tiny), "--port", str(free_port()), *flags, env=env, timeout=240)
+
+
+@pytest.mark.parametrize("where, flags, names", [("every", (), "ZeroDivisionError: injected bug"),
+                                                 ("workers", ("--tp", "2"), "rank 1: ZeroDivisionError")])
+def test_a_startup_bug_is_an_internal_error_with_its_traceback_on_demand(tiny, where, flags, names) -> None:
+    plain = serve_with_bug(tiny, where, *flags)
+    assert plain.returncode == 3, plain.stderr
+    assert "internal error" in plain.stderr and names in plain.stderr and "LLMCTL_DEBUG=1" in plain.stderr
+    assert "Traceback" not in plain.stderr
+
+    debug = serve_with_bug(tiny, where, *flags, debug=True)
+    assert debug.returncode != 2, debug.stderr
+    assert "Traceback (most recent call last)" in debug.stderr and "in _check_native" in debug.stderr
+    assert names in debug.stderr
+
+
+def test_a_users_mistake_at_startup_stays_one_line_with_exit_2(tiny) -> None:
+    result = run_cli("serve", str(tiny), "--port", str(free_port()), "--tp", "3")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("error:") == 1
