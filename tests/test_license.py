@@ -148,3 +148,19 @@ def test_license_table_output() -> None:
     assert result.returncode == 0
     for text in ("BigScience RAIL License v1.0", "commercial use", "Attachment A", "enforceable"):
         assert text in result.stdout
+
+
+@pytest.mark.parametrize("card, problem", [
+    ("---\nlicense: [apache-2.0\n---\n# broken\n", "not valid YAML (line"),
+    ("---\nlicense: mit\n# never closed\n", "never closes it"),
+    ("---\n- mit\n- apache-2.0\n---\n", "a YAML list, not a mapping"),
+])
+def test_a_malformed_card_is_a_warning_not_silence(tmp_path: Path, card: str, problem: str) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (folder / "README.md").write_text(card)
+    report = detect_license(resolve_model(str(folder)))
+    assert any(problem in w and "fix the card" in w for w in report.warnings), report.warnings
+    result = run_cli("license", str(folder), "--require", "commercial")
+    assert result.returncode == 1 and problem in result.stdout + result.stderr

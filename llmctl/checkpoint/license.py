@@ -40,30 +40,41 @@ class LicenseReport:
 
 
 def card_front_matter(source: ModelSource) -> dict[str, Any]:
-    """The YAML front matter of the model card (README.md), or {} when there is none."""
+    """The YAML front matter of the model card (README.md), or {} when there is none or it is malformed."""
+    return read_front_matter(source)[0]
+
+
+def read_front_matter(source: ModelSource) -> tuple[dict[str, Any], str | None]:
+    """The card's front matter, and why it could not be read when a card opens one but it is broken."""
     import yaml
 
     card = source.file("README.md")
     if card is None:
-        return {}
+        return {}, None
     text = card.read_text(encoding="utf-8", errors="replace")
     if not text.startswith("---"):
-        return {}
+        return {}, None
     end = text.find("\n---", 3)
     if end == -1:
-        return {}
+        return {}, "README.md opens a front matter block with --- but never closes it"
     try:
         data = yaml.safe_load(text[3:end])
-    except yaml.YAMLError:
-        return {}
-    return data if isinstance(data, dict) else {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        return {}, f"README.md's front matter is not valid YAML{where}: {getattr(exc, 'problem', None) or exc}"
+    if data is not None and not isinstance(data, dict):
+        return {}, f"README.md's front matter is a YAML {type(data).__name__}, not a mapping of fields"
+    return data or {}, None
 
 
 def detect_license(source: ModelSource) -> LicenseReport:
     """Card front matter first (license / license_name / license_link), then LICENSE files."""
-    front = card_front_matter(source)
+    front, card_problem = read_front_matter(source)
     report = LicenseReport(model=source.name, revision=source.commit or source.revision, license=None,
                            declared=None, base_model=front.get("base_model"))
+    if card_problem:
+        report.warnings.append(f"{card_problem}: the license it declares was not read; fix the card")
     from_card = _license_from_card(front, report)
     license_file, from_file = _license_from_files(source)
     report.license_file = license_file
