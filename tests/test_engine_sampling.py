@@ -209,7 +209,7 @@ def test_startup_errors_say_what_works(default_source):
     assert fits == 176
     with pytest.raises(EngineConfigError, match=r"max_model_len 8192 needs 0\.35 GiB of KV cache for one sequence; "
                                                 rf"0\.01 GiB is available: use --max-model-len {fits} or more memory "
-                                                r"\(--kv-cache-memory\)"):
+                                                r"\(--kv-cache-memory-bytes\)"):
         LLM(str(default_source.path), kv_cache_memory=memory)
     with pytest.raises(EngineConfigError, match="--block-size 12 is not supported"):
         LLM(str(default_source.path), block_size=12)

@@ -17,18 +17,18 @@ from typing import Any, AsyncIterator
 import httpx2
 
 from llmctl.bench.datasets import SampleRequest
-
-ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+from llmctl.bench.endpoint import Endpoint, resolve_endpoint
 
 
 @dataclass
 class RequestSettings:
     base_url: str
     model: str
-    endpoint: str = "completions"
+    endpoint: Endpoint = field(default_factory=lambda: resolve_endpoint(None, None))
     api_key: str | None = None
     ignore_eos: bool = False
     temperature: float | None = None
+    sampling: dict[str, float] = field(default_factory=dict)  # --top-p / --top-k / --min-p, sent as given
     timeout_s: float = 6 * 3600  # a benchmark may queue requests for a long time; never hang forever
 
     @property
@@ -53,7 +53,7 @@ class RequestOutcome:
 def request_body(request: SampleRequest, settings: RequestSettings) -> dict[str, Any]:
     body: dict[str, Any] = {"model": settings.model, "max_tokens": request.expected_output_len, "stream": True,
                             "stream_options": {"include_usage": True}}
-    if settings.endpoint == "chat":
+    if settings.endpoint.is_chat:
         messages = [{"role": "user", "content": request.prompt}]
         if request.system:
             messages.insert(0, {"role": "system", "content": request.system})
@@ -64,12 +64,13 @@ def request_body(request: SampleRequest, settings: RequestSettings) -> dict[str,
         body["ignore_eos"] = True  # a vLLM extension; llmctl serve and vLLM honour it
     if settings.temperature is not None:
         body["temperature"] = settings.temperature
+    body.update(settings.sampling)
     return body
 
 
 async def send_request(client: httpx2.AsyncClient, request: SampleRequest, settings: RequestSettings) -> RequestOutcome:
     outcome = RequestOutcome(request.prompt_len, request.expected_output_len)
-    url = settings.base_url + ENDPOINTS[settings.endpoint]
+    url = settings.base_url + settings.endpoint.path
     outcome.start_time = start = time.perf_counter()
     try:
         async with client.stream("POST", url, json=request_body(request, settings), headers=settings.headers,

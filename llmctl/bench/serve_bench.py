@@ -12,7 +12,8 @@ from typing import Callable
 
 import httpx2
 
-from llmctl.bench.client import ENDPOINTS, RequestOutcome, RequestSettings
+from llmctl.bench.client import RequestOutcome, RequestSettings
+from llmctl.bench.endpoint import Endpoint, resolve_endpoint
 from llmctl.bench.datasets import DatasetOptions, SampleRequest, sample_requests
 from llmctl.bench.load import LoadPoint, LoadResult, run_load
 from llmctl.bench.metrics import BenchmarkMetrics, calculate_metrics
@@ -25,7 +26,7 @@ class ServeBenchOptions:
     base_url: str = "http://127.0.0.1:8000"
     model: str | None = None
     tokenizer: str | None = None
-    endpoint: str = "completions"
+    endpoint: Endpoint = field(default_factory=lambda: resolve_endpoint(None, None))
     api_key: str | None = None
     dataset: DatasetOptions = field(default_factory=DatasetOptions)
     request_rates: list[float] = field(default_factory=lambda: [math.inf])
@@ -36,6 +37,7 @@ class ServeBenchOptions:
     percentiles: tuple[float, ...] = (90.0, 99.0)
     ignore_eos: bool = False
     temperature: float | None = None
+    sampling: dict[str, float] = field(default_factory=dict)
     ready_check_timeout_s: float = 600
 
 
@@ -131,12 +133,10 @@ def choose_tokenizer(options: ServeBenchOptions, model: str, headers: dict[str, 
 def run_serve_bench(options: ServeBenchOptions,
                     on_point: Callable[[LoadPoint, int], Callable[[RequestOutcome], None]] | None = None,
                     on_warning: Callable[[str], None] | None = None) -> ServeBenchRun:
-    if options.endpoint not in ENDPOINTS:
-        raise LlmctlError(f"--endpoint must be one of {', '.join(ENDPOINTS)}")
     base_url = options.base_url.rstrip("/")
     options = dataclasses.replace(options, base_url=base_url[:-3] if base_url.endswith("/v1") else base_url)
     settings = RequestSettings(options.base_url, "", options.endpoint, options.api_key, options.ignore_eos,
-                               options.temperature)
+                               options.temperature, options.sampling)
     settings.model = options.model or first_server_model(options.base_url, settings.headers,
                                                          options.ready_check_timeout_s)
     model = settings.model

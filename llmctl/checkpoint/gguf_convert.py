@@ -125,7 +125,7 @@ def _read_metadata(reader: Any) -> dict[str, Any]:
             continue  # large arrays, used only by the tokenizer converter
         try:
             meta[key] = field.contents()
-        except Exception:
+        except (ValueError, UnicodeDecodeError):  # a malformed value: its key stays unread, not the file
             continue
     return meta
 

@@ -47,15 +47,25 @@ app.command()(serve)
 app.add_typer(bench_app, name="bench")
 
 
+# vLLM's argparse options that take several values (nargs='+'): click repeats the option instead
+MULTI_VALUE_OPTIONS = {
+    "--lora-modules": lambda arg: "=" in arg or arg.startswith("{"),  # name=PATH or a JSON object
+    "--goodput": lambda arg: ":" in arg,  # ttft:500
+}
+
+
 def spread_multi_values(args: list[str]) -> list[str]:
-    """vLLM's `--lora-modules a=PATH b=PATH` (argparse nargs='+') as click's repeated option."""
-    out, after_value = [], False  # after_value: the previous argument was a --lora-modules value
+    """`--goodput ttft:500 tpot:50` as click's `--goodput ttft:500 --goodput tpot:50`."""
+    out: list[str] = []
+    option: str | None = None  # the multi-value option whose values may follow
     for index, arg in enumerate(args):
-        extra = after_value and not arg.startswith("-") and ("=" in arg or arg.startswith("{"))
+        extra = option is not None and not arg.startswith("-") and MULTI_VALUE_OPTIONS[option](arg)
         if extra:
-            out.append("--lora-modules")
+            out.append(option)
         out.append(arg)
-        after_value = extra or (index > 0 and args[index - 1] == "--lora-modules")
+        previous = args[index - 1] if index > 0 else None
+        if not extra:
+            option = previous if previous in MULTI_VALUE_OPTIONS else None
     return out
 
 

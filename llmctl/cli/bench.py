@@ -49,10 +49,20 @@ def _percentiles(text: str) -> tuple[float, ...]:
 @bench_app.command("serve")
 @with_flags(DATASET_GROUP)
 def bench_serve(
-    base_url: Annotated[str, typer.Option("--base-url", help="the server, without /v1")] = "http://127.0.0.1:8000",
+    base_url: Annotated[Optional[str], typer.Option(
+        "--base-url", help="the server, without /v1 (default: http://HOST:PORT)")] = None,
+    host: Annotated[str, typer.Option("--host", help="the server's host, when no --base-url")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="the server's port, when no --base-url")] = 8000,
     model: Annotated[Optional[str], typer.Option("--model", help="default: the server's first model")] = None,
+    served_model_name: Annotated[Optional[str], typer.Option(
+        "--served-model-name", help="the name sent in requests, when it differs from --model (the tokenizer's)")
+    ] = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="default: the model's")] = None,
-    endpoint: Annotated[str, typer.Option("--endpoint", help="completions or chat")] = "completions",
+    backend: Annotated[Optional[str], typer.Option(
+        "--backend", help="vllm or openai (the completions API), openai-chat (chat completions)")] = None,
+    endpoint: Annotated[Optional[str], typer.Option(
+        "--endpoint", help="URL path: /v1/completions (default) or /v1/chat/completions; also completions, chat")
+    ] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="OPENAI_API_KEY")] = None,
     request_rate: Annotated[str, typer.Option(
         "--request-rate", help="requests/s (Poisson), inf = all at once; a list sweeps: 1,2,4,inf")] = "inf",
@@ -62,14 +72,19 @@ def bench_serve(
         "--max-concurrency", help="requests in flight at most; a list sweeps: 1,4,16,64")] = None,
     num_warmups: Annotated[int, typer.Option("--num-warmups", help="unmeasured requests sent first")] = 0,
     goodput: Annotated[Optional[list[str]], typer.Option(
-        "--goodput", help="SLOs in ms, e.g. --goodput ttft:500 --goodput tpot:50 (also e2el)")] = None,
+        "--goodput", help="SLOs in ms, as vLLM: --goodput ttft:500 tpot:50 (also e2el)")] = None,
     metric_percentiles: PercentilesOpt = "90,99",
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="generate exactly the requested tokens")] = False,
     temperature: Annotated[Optional[float], typer.Option("--temperature", help="default: the server's")] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="sent as top_p; default: the server's")] = None,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="sent as top_k (a vLLM extension)")] = None,
+    min_p: Annotated[Optional[float], typer.Option("--min-p", help="sent as min_p (a vLLM extension)")] = None,
     save_result: Annotated[bool, typer.Option("--save-result", help="write the results as JSON")] = False,
     result_filename: Annotated[Optional[Path], typer.Option(
         "--result-filename", help="JSON file for --save-result (implies it)")] = None,
     result_dir: Annotated[Path, typer.Option("--result-dir", help="folder for a generated result name")] = Path("."),
+    save_detailed: Annotated[bool, typer.Option(
+        "--save-detailed", help="vLLM's flag for per-request fields in the JSON: llmctl always writes them")] = False,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="write PNG charts into this folder")] = None,
     ready_check_timeout_sec: Annotated[float, typer.Option(
         "--ready-check-timeout-sec", help="wait this long for a starting server")] = 600,
@@ -87,8 +102,14 @@ def bench_serve(
     percentiles = _percentiles(metric_percentiles)
     if burstiness <= 0:
         raise LlmctlError("--burstiness must be positive")
+    from llmctl.bench.endpoint import resolve_endpoint
+
+    sampling = {name: value for name, value in (("top_p", top_p), ("top_k", top_k), ("min_p", min_p))
+                if value is not None}
     options = ServeBenchOptions(
-        base_url=base_url, model=model, tokenizer=tokenizer, endpoint=endpoint, api_key=api_key, dataset=dataset,
+        base_url=base_url or f"http://{host}:{port}", model=served_model_name or model,
+        tokenizer=tokenizer or (model if served_model_name else None), endpoint=resolve_endpoint(endpoint, backend),
+        api_key=api_key, dataset=dataset, sampling=sampling,
         request_rates=parse_list(request_rate, "--request-rate", parse_rate), burstiness=burstiness,
         max_concurrencies=parse_list(max_concurrency or "none", "--max-concurrency", parse_concurrency),
         num_warmups=num_warmups, goodput=parse_goodput(goodput or []), percentiles=percentiles,

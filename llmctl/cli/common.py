@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from typing import Annotated, Optional
 
 import typer
@@ -18,9 +20,14 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print machine-readable JS
 
 
 def parse_bytes(value: str | None, flag: str) -> int | None:
-    """'4GiB', '512MiB', '2e9' or plain bytes."""
+    """'4GiB', '512MiB', '2e9', plain bytes, or vLLM's human-readable ints: '4G' (binary), '4g' (decimal)."""
     if value is None:
         return None
+    vllm_form = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value.strip())
+    if vllm_form:  # as vLLM's human_readable_int: lower case is powers of 1000, upper case of 1024
+        number, letter = vllm_form.groups()
+        power = "kmgt".index(letter.lower()) + 1
+        return int(float(number) * (1000 if letter.islower() else 1024) ** power)
     units = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "b": 1}
     text = value.strip().lower()
     for unit, factor in sorted(units.items(), key=lambda kv: -len(kv[0])):

@@ -37,7 +37,8 @@ def serve(
     metrics_auth: Annotated[bool, typer.Option(
         "--metrics-auth", help="with --api-key, /metrics needs the key too")] = False,
     allowed_origins: Annotated[Optional[list[str]], typer.Option(
-        "--allowed-origins", help="CORS: origins browsers may call the API from (none by default)")] = None,
+        "--allowed-origins", help="CORS: origins browsers may call the API from, as vLLM's JSON list "
+                                  "'[\"https://a.example\"]' or repeated (none by default, where vLLM allows all)")] = None,
     disable_log_requests: Annotated[bool, typer.Option(
         "--disable-log-requests", help="no access-log line per request")] = False,
     disable_log_stats: Annotated[bool, typer.Option(
@@ -66,9 +67,29 @@ def serve(
         config, served_model_name or [model or DEFAULT_MODEL_ID], api_key=api_key,
         chat_template=load_chat_template(chat_template), max_queue_len=max_queue_len,
         max_request_bytes=parse_bytes(max_request_bytes, "--max-request-bytes"), metrics_auth=metrics_auth,
-        allowed_origins=allowed_origins or [], log_requests=not disable_log_requests,
+        allowed_origins=parse_origins(allowed_origins or []), log_requests=not disable_log_requests,
         stats_interval=None if disable_log_stats else 10.0, lora_modules=adapters,
         allow_runtime_lora_updating=allow_runtime_lora_updating)
     if metrics_auth and not api_key:
         raise LlmctlError("--metrics-auth protects /metrics with the API key: give --api-key too")
     raise typer.Exit(run_server(settings, host=host, port=port))
+
+
+def parse_origins(values: list[str]) -> list[str]:
+    """--allowed-origins values: vLLM's JSON list, or plain origins (one per flag)."""
+    import json
+
+    origins: list[str] = []
+    for value in values:
+        if not value.lstrip().startswith("["):
+            origins.append(value)
+            continue
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise LlmctlError(f"--allowed-origins {value!r} is not a JSON list ({exc.msg}): give e.g. "
+                              '\'["https://a.example"]\'') from None
+        if not all(isinstance(origin, str) for origin in parsed):
+            raise LlmctlError(f"--allowed-origins {value!r}: the list must hold origin strings")
+        origins.extend(parsed)
+    return origins

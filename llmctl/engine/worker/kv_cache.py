@@ -92,7 +92,7 @@ def _check_fits(config: EngineConfig, geometry: StageKV, pool: KVPool, max_model
     if pool.allocated_bytes >= need:
         return
     fits = geometry.max_length(pool.allocated_bytes, step_tokens)
-    flag = "--kv-cache-memory" if config.kv_cache_memory is not None or config.device != "cuda" else \
+    flag = "--kv-cache-memory-bytes" if config.kv_cache_memory is not None or config.device != "cuda" else \
         "--gpu-memory-utilization"
     hint = f"use --max-model-len {fits} or more memory ({flag})" if fits > 0 else f"give more memory ({flag})"
     raise EngineConfigError(

