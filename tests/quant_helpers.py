@@ -26,3 +26,13 @@ def dequantized_state(out: Path, unpack: Callable) -> dict[str, torch.Tensor]:
         elif not name.endswith(METADATA):
             state[name] = tensor.float()
     return state
+
+
+def load_dense_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load `state` into a transformers model: every key must land, and only a tied lm_head may be absent
+    (load_state_dict(strict=False) alone would ignore any mismatched key)."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    assert not unexpected, f"keys the model does not have: {unexpected}"
+    assert set(missing) <= ({"lm_head.weight"} if tied else set()), f"keys the state lacks: {missing}"
+    model.tie_weights()

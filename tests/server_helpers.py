@@ -6,10 +6,11 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def free_port() -> int:
@@ -22,6 +23,21 @@ def free_port() -> int:
 class Server:
     process: subprocess.Popen
     port: int
+    lines: list[str] = field(default_factory=list)  # the server's output, drained as it comes
+
+    def __post_init__(self) -> None:
+        # read the pipe all the time: a pipe read only at stop fills up and blocks a chatty server
+        self._drain = threading.Thread(target=self._read_output, daemon=True)
+        self._drain.start()
+
+    def _read_output(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    @property
+    def log(self) -> str:
+        """Everything the server printed; complete once stop() has returned."""
+        return "".join(self.lines)
 
     @property
     def url(self) -> str:
@@ -38,10 +54,12 @@ class Server:
         if self.process.poll() is None:
             self.process.terminate()
         try:
-            return self.process.wait(timeout=60)
+            code = self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            return self.process.wait()
+            code = self.process.wait()
+        self._drain.join(timeout=10)
+        return code
 
 
 def start_server(*args: str, timeout: float = 120) -> Server:
@@ -53,7 +71,8 @@ def start_server(*args: str, timeout: float = 120) -> Server:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}: {process.stdout.read()}")
+            server.stop()
+            raise RuntimeError(f"server exited with {process.returncode}: {server.log}")
         try:
             status, _ = server.get("/health")
             if status == 200:

@@ -6,15 +6,16 @@ autoawq), a reader and writer nobody here wrote:
 - what gptqmodel writes — GPTQ with act-order (desc_act, g_idx permuted on disk) and AWQ GEMM — llmctl's
   engine loads and runs with gptqmodel's own tokens and log-probabilities.
 
-gptqmodel runs in a subprocess (tests/gptqmodel_reference.py); it loads only as float16 on a CPU and is
+gptqmodel runs in a subprocess (tests/gptqmodel_reference.py) in its own venv (.venv-gptqmodel, made by
+scripts/setup.sh, layered over .venv: beside peft it would make peft demand optimum); it loads only as float16 on a CPU and is
 then widened to float32, the engine's dtype, so the two agree to about 1e-3 in log-probability."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -46,9 +47,14 @@ def tiny_model(tmp_path_factory, default_source) -> Path:
     return folder
 
 
+GPTQMODEL_PYTHON = Path(__file__).resolve().parents[1] / ".venv-gptqmodel" / "bin" / "python"  # scripts/setup.sh
+
+
 def gptqmodel(*args: str, request: dict | list) -> dict | list:
-    result = subprocess.run([sys.executable, str(REFERENCE), *args], input=json.dumps(request),
-                            capture_output=True, text=True, timeout=600)
+    assert GPTQMODEL_PYTHON.exists(), "run ./scripts/setup.sh: it makes .venv-gptqmodel, GPTQModel's own venv"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    result = subprocess.run([str(GPTQMODEL_PYTHON), str(REFERENCE), *args], input=json.dumps(request),
+                            capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     [line] = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     return json.loads(line.removeprefix("RESULT "))

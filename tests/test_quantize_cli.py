@@ -91,9 +91,10 @@ def assert_engine_matches_dense(out: Path, unpack, prompt: str):
 def _dense_model(folder: Path, state: dict) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from quant_helpers import load_dense_state
+
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(folder)), dtype=torch.float32).eval()
-    model.load_state_dict(state, strict=False)
-    model.tie_weights()
+    load_dense_state(model, state)
     return model
 
 

@@ -366,8 +366,7 @@ def test_model_without_chat_template(tmp_path, default_source):
         assert code == 400 and "--chat-template" in payload["error"]["message"]
     finally:
         server.stop()
-    log = server.process.stdout.read()
-    assert "has no chat template" in log
+    assert "has no chat template" in server.log
     server = start_server(str(folder), "--served-model-name", "tiny", "--chat-template", "chatml")
     try:
         code, payload = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],

@@ -96,9 +96,21 @@ def check(server, path: str, body: dict, hostile: bool) -> None:
         payload = json.loads(raw)
         assert ("error" in payload) == (status != 200), (body, payload)
     else:
-        assert raw.rstrip().endswith(b"data: [DONE]") or b'"error"' in raw, (body, raw[-300:])
+        assert raw.rstrip().endswith(b"data: [DONE]"), (body, raw[-300:])  # every stream ends properly
+        errors = [event["error"] for event in stream_events(raw) if "error" in event]
+        # an error inside a stream is the request's fault (a 4xx code), never the server's (5xx)
+        assert all(error["code"] < 500 and error["type"] != "internal_server_error" for error in errors), \
+            (body, errors)
+        if errors:  # a refusal sent inside the stream: judged below like a refusal before it
+            status, raw = errors[0]["code"], json.dumps(errors).encode()
     if not hostile and status != 200:  # valid by the schema: only content limits may refuse it
         assert b"context length" in raw or b"must be" in raw or b"at most" in raw, (body, raw[:500])
+
+
+def stream_events(raw: bytes) -> list[dict]:
+    """The JSON events of an SSE body (each must parse), without the final [DONE]."""
+    lines = [line[len(b"data: "):] for line in raw.splitlines() if line.startswith(b"data: ")]
+    return [json.loads(line) for line in lines if line != b"[DONE]"]
 
 
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
