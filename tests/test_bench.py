@@ -339,3 +339,24 @@ def test_served_events_escape_characters_some_readers_take_for_line_breaks():
     event = sse({"text": "a\u2028b\x85c\x1cd"})
     assert event.splitlines() == [event[:-2], ""]  # str.splitlines sees one line, then the blank separator
     assert json.loads(event[len("data: "):])["text"] == "a\u2028b\x85c\x1cd"
+
+
+def test_vllm_flags_choose_the_api_the_metrics_and_the_sampling(tmp_path):
+    """--host/--port, --backend openai-chat with a URL-path --endpoint, --goodput with two values after one flag,
+    --percentile-metrics and --top-k as vLLM spells them, against a real HTTP server."""
+    with TimedServer(Timing(0.05, 0.01)) as server:
+        port = server.url.rsplit(":", 1)[1]
+        out = tmp_path / "result.json"
+        result = run_cli("bench", "serve", "--host", "127.0.0.1", "--port", port, "--backend", "openai-chat",
+                         "--endpoint", "/v1/chat/completions", "--tokenizer", DEFAULT_MODEL_ID, "--dataset-name",
+                         "random", "--random-input-len", "8", "--random-output-len", str(TOKENS), "--num-prompts", "2",
+                         "--goodput", "ttft:60000", "e2el:60000", "--percentile-metrics", "ttft,e2el",
+                         "--top-k", "5", "--result-filename", str(out))
+        assert result.returncode == 0, result.stdout + result.stderr
+        bodies = list(server.bodies)
+    data = json.loads(out.read_text())
+    assert data["completed"] == 2 and data["request_goodput"] == pytest.approx(2 / data["duration"])
+    assert "p99_ttft_ms" in data and "mean_e2el_ms" in data and "mean_itl_ms" not in data and "mean_tpot_ms" not in data
+    assert all("messages" in body and body["top_k"] == 5 for body in bodies)  # the chat API, top_k sent
+    bad = run_cli("bench", "serve", "--percentile-metrics", "ttft,latency")
+    assert bad.returncode == 2 and "use a comma-separated subset of ttft,tpot,itl,e2el" in bad.stderr

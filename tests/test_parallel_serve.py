@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from waiting import wait_until
 from server_helpers import free_port, start_server
 
 PROMPT = "The capital of France is"
@@ -69,8 +70,7 @@ def test_smollm2_at_tp3_through_serve_and_the_openai_client(single_tokens):
         assert len([p for p in workers if alive(p)]) >= 2
     finally:
         assert server.stop() == 0
-    time.sleep(1)
-    assert not [p for p in workers if alive(p)], "worker ranks outlived the server"
+    wait_until(lambda: not [p for p in workers if alive(p)], "the worker ranks to exit with the server", timeout=30)
 
 
 def test_pp2_and_dp2_through_serve(single_tokens):

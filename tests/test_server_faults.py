@@ -4,13 +4,13 @@ requests; the server keeps serving afterwards."""
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx2 as httpx
 import pytest
 
 from inprocess_server import InProcessServer
+from waiting import wait_until
 from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.core.sequence import SequenceStatus
 
@@ -36,10 +36,7 @@ def completion(prompt, max_tokens: int, stream: bool = False) -> dict:
 
 
 def wait_for(condition, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while not condition():
-        assert time.time() < deadline, "timed out waiting for the engine"
-        time.sleep(0.01)
+    wait_until(condition, "the engine", timeout)
 
 
 def sequences(engine, status: SequenceStatus) -> list:
@@ -138,10 +135,13 @@ def test_limits_auth_cors_and_request_ids(engine, caplog):
         assert ok.json()["id"] == "cmpl-trace-123"
         refused = client.post("/v1/completions", json=completion("Hello", 2))
         assert refused.status_code == 401 and refused.headers["x-request-id"]
-        time.sleep(0.5)
-    lines = [r.getMessage() for r in caplog.records]
-    assert any('"POST /v1/completions" 200' in line and "request_id=trace-123" in line for line in lines)
-    assert any(line.startswith("Avg prompt throughput:") and "KV cache usage" in line for line in lines)
+
+        def logged(test) -> bool:
+            return any(test(r.getMessage()) for r in list(caplog.records))
+
+        wait_until(lambda: logged(lambda line: line.startswith("Avg prompt throughput:") and "KV cache usage" in line),
+                   "the periodic engine-stats line")
+    assert logged(lambda line: '"POST /v1/completions" 200' in line and "request_id=trace-123" in line)
 
 
 def test_cors_when_configured(engine):

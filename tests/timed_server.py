@@ -35,6 +35,7 @@ class TimedServer:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.served_tokens = 0
+        self.bodies: list[dict] = []  # every request body, as received
         app = Starlette(routes=[
             Route("/v1/models", self.models),
             Route("/v1/completions", self.complete, methods=["POST"]),
@@ -71,6 +72,7 @@ class TimedServer:
 
     async def complete(self, request: Request) -> Response:
         body = await request.json()
+        self.bodies.append(body)
         number = self.arrivals
         self.arrivals += 1
         failure = self.timing.fail.get(number)

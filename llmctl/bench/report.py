@@ -43,7 +43,7 @@ def point_to_dict(run: ServeBenchRun, result: PointResult, percentiles: tuple[fl
         "output_throughput": m.output_throughput, "total_token_throughput": m.total_token_throughput,
         "max_concurrent_requests": m.max_concurrent_requests,
     }
-    for name in LATENCY_METRICS:
+    for name in run.reported_metrics:
         dist = m.latencies[name]
         data[f"mean_{name}_ms"], data[f"median_{name}_ms"], data[f"std_{name}_ms"] = dist.mean, dist.median, dist.std
         for p in percentiles:
@@ -75,7 +75,8 @@ def save_json(data: dict[str, Any], path: Path) -> None:
         raise LlmctlError(f"cannot write {path}: {error.strerror}") from None
 
 
-def metrics_table(title: str, m: BenchmarkMetrics, percentiles: tuple[float, ...], extra: dict[str, str]) -> Table:
+def metrics_table(title: str, m: BenchmarkMetrics, percentiles: tuple[float, ...], extra: dict[str, str],
+                  reported: tuple[str, ...] = LATENCY_METRICS) -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(justify="right")
@@ -90,7 +91,7 @@ def metrics_table(title: str, m: BenchmarkMetrics, percentiles: tuple[float, ...
              ("Peak concurrent requests", f"{m.max_concurrent_requests}")]
     for label, value in rows:
         table.add_row(label, value)
-    for name in LATENCY_METRICS:
+    for name in reported:
         dist = m.latencies[name]
         table.add_row(f"{TITLES[name]} mean / median (ms)", f"{dist.mean:.2f} / {dist.median:.2f}")
         table.add_row(f"{TITLES[name]} " + " / ".join(f"p{p:g}" for p in percentiles) + " (ms)",
@@ -136,7 +137,8 @@ def render_run(console: Console, run: ServeBenchRun, percentiles: tuple[float, .
             if index == 5:
                 break
             extra[f"Error ({failures.count(error)}×)"] = error
-        console.print(metrics_table(f"{run.model} · {result.load.point.label()}", result.metrics, percentiles, extra))
+        console.print(metrics_table(f"{run.model} · {result.load.point.label()}", result.metrics, percentiles, extra,
+                                    run.reported_metrics))
     if len(run.points) > 1:
         console.print(sweep_table(run, percentiles))
 

@@ -16,7 +16,7 @@ from llmctl.bench.client import RequestOutcome, RequestSettings
 from llmctl.bench.endpoint import Endpoint, resolve_endpoint
 from llmctl.bench.datasets import DatasetOptions, SampleRequest, sample_requests
 from llmctl.bench.load import LoadPoint, LoadResult, run_load
-from llmctl.bench.metrics import BenchmarkMetrics, calculate_metrics
+from llmctl.bench.metrics import LATENCY_METRICS, BenchmarkMetrics, calculate_metrics
 from llmctl.bench.tokens import LocalTokenizer, ServerTokenizer, TokenCounter, load_local_tokenizer
 from llmctl.errors import LlmctlError
 
@@ -38,6 +38,7 @@ class ServeBenchOptions:
     ignore_eos: bool = False
     temperature: float | None = None
     sampling: dict[str, float] = field(default_factory=dict)
+    percentile_metrics: tuple[str, ...] = LATENCY_METRICS
     ready_check_timeout_s: float = 600
 
 
@@ -54,6 +55,7 @@ class ServeBenchRun:
     requests: list[SampleRequest]
     points: list[PointResult]
     warnings: list[str]
+    reported_metrics: tuple[str, ...] = LATENCY_METRICS  # --percentile-metrics: which latencies to report
 
 
 def parse_list(text: str, what: str, parse: Callable[[str], float | int]) -> list:
@@ -155,4 +157,4 @@ def run_serve_bench(options: ServeBenchOptions,
         metrics = calculate_metrics(load.outcomes, load.duration, options.goodput,
                                     lambda text: len(counter.encode(text)), options.percentiles)
         points.append(PointResult(load, metrics))
-    return ServeBenchRun(model, counter.name, requests, points, warnings)
+    return ServeBenchRun(model, counter.name, requests, points, warnings, options.percentile_metrics)

@@ -74,6 +74,9 @@ def bench_serve(
     goodput: Annotated[Optional[list[str]], typer.Option(
         "--goodput", help="SLOs in ms, as vLLM: --goodput ttft:500 tpot:50 (also e2el)")] = None,
     metric_percentiles: PercentilesOpt = "90,99",
+    percentile_metrics: Annotated[str, typer.Option(
+        "--percentile-metrics", help="comma-separated latencies to report: ttft, tpot, itl, e2el (all by default; "
+                                     "vLLM's default leaves out e2el)")] = "ttft,tpot,itl,e2el",
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="generate exactly the requested tokens")] = False,
     temperature: Annotated[Optional[float], typer.Option("--temperature", help="default: the server's")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="sent as top_p; default: the server's")] = None,
@@ -109,7 +112,7 @@ def bench_serve(
     options = ServeBenchOptions(
         base_url=base_url or f"http://{host}:{port}", model=served_model_name or model,
         tokenizer=tokenizer or (model if served_model_name else None), endpoint=resolve_endpoint(endpoint, backend),
-        api_key=api_key, dataset=dataset, sampling=sampling,
+        api_key=api_key, dataset=dataset, sampling=sampling, percentile_metrics=_latency_metrics(percentile_metrics),
         request_rates=parse_list(request_rate, "--request-rate", parse_rate), burstiness=burstiness,
         max_concurrencies=parse_list(max_concurrency or "none", "--max-concurrency", parse_concurrency),
         num_warmups=num_warmups, goodput=parse_goodput(goodput or []), percentiles=percentiles,
@@ -125,6 +128,16 @@ def bench_serve(
     if plot:
         for path in write_plots(run, plot, percentiles):
             console.print(f"chart: {path}")
+
+
+def _latency_metrics(text: str) -> tuple[str, ...]:
+    from llmctl.bench.metrics import LATENCY_METRICS
+
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in LATENCY_METRICS]
+    if unknown or not names:
+        raise LlmctlError(f"--percentile-metrics {text!r}: use a comma-separated subset of {','.join(LATENCY_METRICS)}")
+    return names
 
 
 def _result_name(model: str, rates: list[float]) -> str:
