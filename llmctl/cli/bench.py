@@ -4,15 +4,19 @@ in-process): the workload flags are declared once for both, the engine flags onc
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from llmctl.bench.datasets import DatasetOptions
 from llmctl.cli.common import JsonOpt, ModelArg
+from llmctl.cli.bench_flags import REQUEST_GROUP, TARGET_GROUP, RequestFlags, Target, sampling_fields
 from llmctl.cli.engine_flags import EngineFlags, with_engine_flags
 from llmctl.cli.flags import Flag, FlagGroup, with_flags
 from llmctl.errors import LlmctlError
+
+if TYPE_CHECKING:
+    from llmctl.bench.serve_bench import ServeBenchOptions
 
 DATASET_FLAGS: dict[str, Flag] = {  # DatasetOptions field -> its flag
     "name": Flag(("--dataset-name",), str, "random, sharegpt, shared-prefix or custom (JSONL)"),
@@ -48,21 +52,9 @@ def _percentiles(text: str) -> tuple[float, ...]:
 
 @bench_app.command("serve")
 @with_flags(DATASET_GROUP)
+@with_flags(TARGET_GROUP)
+@with_flags(REQUEST_GROUP)
 def bench_serve(
-    base_url: Annotated[Optional[str], typer.Option(
-        "--base-url", help="the server, without /v1 (default: http://HOST:PORT)")] = None,
-    host: Annotated[str, typer.Option("--host", help="the server's host, when no --base-url")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="the server's port, when no --base-url")] = 8000,
-    model: Annotated[Optional[str], typer.Option("--model", help="default: the server's first model")] = None,
-    served_model_name: Annotated[Optional[str], typer.Option(
-        "--served-model-name", help="the name sent in requests, when it differs from --model (the tokenizer's)")
-    ] = None,
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="default: the model's")] = None,
-    backend: Annotated[Optional[str], typer.Option(
-        "--backend", help="vllm or openai (the completions API), openai-chat (chat completions)")] = None,
-    endpoint: Annotated[Optional[str], typer.Option(
-        "--endpoint", help="URL path: /v1/completions (default) or /v1/chat/completions; also completions, chat")
-    ] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="OPENAI_API_KEY")] = None,
     request_rate: Annotated[str, typer.Option(
         "--request-rate", help="requests/s (Poisson), inf = all at once; a list sweeps: 1,2,4,inf")] = "inf",
@@ -77,11 +69,6 @@ def bench_serve(
     percentile_metrics: Annotated[str, typer.Option(
         "--percentile-metrics", help="comma-separated latencies to report: ttft, tpot, itl, e2el (all by default; "
                                      "vLLM's default leaves out e2el)")] = "ttft,tpot,itl,e2el",
-    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="generate exactly the requested tokens")] = False,
-    temperature: Annotated[Optional[float], typer.Option("--temperature", help="default: the server's")] = None,
-    top_p: Annotated[Optional[float], typer.Option("--top-p", help="sent as top_p; default: the server's")] = None,
-    top_k: Annotated[Optional[int], typer.Option("--top-k", help="sent as top_k (a vLLM extension)")] = None,
-    min_p: Annotated[Optional[float], typer.Option("--min-p", help="sent as min_p (a vLLM extension)")] = None,
     save_result: Annotated[bool, typer.Option("--save-result", help="write the results as JSON")] = False,
     result_filename: Annotated[Optional[Path], typer.Option(
         "--result-filename", help="JSON file for --save-result (implies it)")] = None,
@@ -93,41 +80,47 @@ def bench_serve(
         "--ready-check-timeout-sec", help="wait this long for a starting server")] = 600,
     *,
     dataset: DatasetOptions,
+    target: Target,
+    request: RequestFlags,
 ) -> None:
     """Benchmark an OpenAI-compatible server, with `vllm bench serve`'s flags and metric definitions."""
     from rich.console import Console
 
-    from llmctl.bench.metrics import parse_goodput
     from llmctl.bench.report import bench_progress, render_run, run_to_json, save_json, write_plots
-    from llmctl.bench.serve_bench import (ServeBenchOptions, parse_concurrency, parse_list, parse_rate,
-                                          run_serve_bench)
+    from llmctl.bench.serve_bench import run_serve_bench
 
-    percentiles = _percentiles(metric_percentiles)
-    if burstiness <= 0:
-        raise LlmctlError("--burstiness must be positive")
-    from llmctl.bench.endpoint import resolve_endpoint
-
-    sampling = {name: value for name, value in (("top_p", top_p), ("top_k", top_k), ("min_p", min_p))
-                if value is not None}
-    options = ServeBenchOptions(
-        base_url=base_url or f"http://{host}:{port}", model=served_model_name or model,
-        tokenizer=tokenizer or (model if served_model_name else None), endpoint=resolve_endpoint(endpoint, backend),
-        api_key=api_key, dataset=dataset, sampling=sampling, percentile_metrics=_latency_metrics(percentile_metrics),
-        request_rates=parse_list(request_rate, "--request-rate", parse_rate), burstiness=burstiness,
-        max_concurrencies=parse_list(max_concurrency or "none", "--max-concurrency", parse_concurrency),
-        num_warmups=num_warmups, goodput=parse_goodput(goodput or []), percentiles=percentiles,
-        ignore_eos=ignore_eos, temperature=temperature, ready_check_timeout_s=ready_check_timeout_sec)
+    options = _serve_options(target, request, dataset, api_key, request_rate, burstiness, max_concurrency,
+                             num_warmups, goodput, metric_percentiles, percentile_metrics, ready_check_timeout_sec)
     console = Console()
     with bench_progress(console) as on_point:
         run = run_serve_bench(options, on_point, lambda text: console.print(f"[yellow]warning:[/] {text}"))
-    render_run(console, run, percentiles)
+    render_run(console, run, options.percentiles)
     if save_result or result_filename:
         path = result_filename or result_dir / _result_name(run.model, options.request_rates)
-        save_json(run_to_json(run, percentiles), path)
+        save_json(run_to_json(run, options.percentiles), path)
         console.print(f"results: {path}")
     if plot:
-        for path in write_plots(run, plot, percentiles):
+        for path in write_plots(run, plot, options.percentiles):
             console.print(f"chart: {path}")
+
+
+def _serve_options(target: Target, request: RequestFlags, dataset: DatasetOptions, api_key: str | None,
+                   request_rate: str, burstiness: float, max_concurrency: str | None, num_warmups: int,
+                   goodput: list[str] | None, metric_percentiles: str, percentile_metrics: str,
+                   ready_check_timeout_sec: float) -> ServeBenchOptions:
+    from llmctl.bench.metrics import parse_goodput
+    from llmctl.bench.serve_bench import ServeBenchOptions, parse_concurrency, parse_list, parse_rate
+
+    if burstiness <= 0:
+        raise LlmctlError("--burstiness must be positive")
+    return ServeBenchOptions(
+        base_url=target.base_url, model=target.model, tokenizer=target.tokenizer, endpoint=target.endpoint,
+        api_key=api_key, dataset=dataset, sampling=sampling_fields(request),
+        percentile_metrics=_latency_metrics(percentile_metrics),
+        request_rates=parse_list(request_rate, "--request-rate", parse_rate), burstiness=burstiness,
+        max_concurrencies=parse_list(max_concurrency or "none", "--max-concurrency", parse_concurrency),
+        num_warmups=num_warmups, goodput=parse_goodput(goodput or []), percentiles=_percentiles(metric_percentiles),
+        ignore_eos=request.ignore_eos, temperature=request.temperature, ready_check_timeout_s=ready_check_timeout_sec)
 
 
 def _latency_metrics(text: str) -> tuple[str, ...]:

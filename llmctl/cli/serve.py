@@ -61,8 +61,7 @@ def serve(
         raise LlmctlError("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
     if run_torchrun_worker_if_not_driver(config):  # torchrun rank > 0: a worker, no HTTP server
         return
-    if max_queue_len is not None and max_queue_len < 0:
-        raise LlmctlError(f"--max-queue-len must be 0 or more (got {max_queue_len})")
+    _check_server_flags(max_queue_len, metrics_auth, api_key)
     settings = ServerSettings(
         config, served_model_name or [model or DEFAULT_MODEL_ID], api_key=api_key,
         chat_template=load_chat_template(chat_template), max_queue_len=max_queue_len,
@@ -70,9 +69,14 @@ def serve(
         allowed_origins=parse_origins(allowed_origins or []), log_requests=not disable_log_requests,
         stats_interval=None if disable_log_stats else 10.0, lora_modules=adapters,
         allow_runtime_lora_updating=allow_runtime_lora_updating)
+    raise typer.Exit(run_server(settings, host=host, port=port))
+
+
+def _check_server_flags(max_queue_len: int | None, metrics_auth: bool, api_key: str | None) -> None:
+    if max_queue_len is not None and max_queue_len < 0:
+        raise LlmctlError(f"--max-queue-len must be 0 or more (got {max_queue_len})")
     if metrics_auth and not api_key:
         raise LlmctlError("--metrics-auth protects /metrics with the API key: give --api-key too")
-    raise typer.Exit(run_server(settings, host=host, port=port))
 
 
 def parse_origins(values: list[str]) -> list[str]:
