@@ -204,12 +204,18 @@ def test_startup_errors_say_what_works(default_source):
     with pytest.raises(EngineConfigError, match="--max-model-len 100000 is longer than the model's context "
                                                 "\\(8192.*use --max-model-len 8192"):
         LLM(str(default_source.path), max_model_len=100_000)
+    from transformers import AutoConfig
+
+    # the KV bytes of a token from transformers' config alone: K and V, every layer, every KV head, float32
+    hf = AutoConfig.from_pretrained(str(default_source.path))
+    head_dim = hf.hidden_size // hf.num_attention_heads
+    per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 4
     memory = 8 * 1024 * 1024
-    fits = memory // (16 * 2 * 30 * 3 * 64 * 4) * 16  # whole 16-token blocks of SmolLM2's float32 KV
-    assert fits == 176
-    with pytest.raises(EngineConfigError, match=r"max_model_len 8192 needs 0\.35 GiB of KV cache for one sequence; "
-                                                rf"0\.01 GiB is available: use --max-model-len {fits} or more memory "
-                                                r"\(--kv-cache-memory-bytes\)"):
+    fits = memory // (16 * per_token) * 16  # whole 16-token blocks
+    one_sequence = 8192 * per_token / 2**30
+    expected = (rf"max_model_len 8192 needs {one_sequence:.2f} GiB of KV cache for one sequence; 0\.01 GiB is "
+                rf"available: use --max-model-len {fits} or more memory \(--kv-cache-memory-bytes\)")
+    with pytest.raises(EngineConfigError, match=expected):
         LLM(str(default_source.path), kv_cache_memory=memory)
     with pytest.raises(EngineConfigError, match="--block-size 12 is not supported"):
         LLM(str(default_source.path), block_size=12)

@@ -12,6 +12,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from waiting import wait_until
 from server_helpers import start_server
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -169,14 +170,8 @@ def test_disconnect_mid_stream_frees_blocks(server):
     running = metrics(server)
     assert running["llmctl:num_requests_running"] == 1 and running["llmctl:kv_cache_usage_perc"] > 0
     connection.close()
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        after = metrics(server)
-        if after["llmctl:num_requests_running"] == 0:
-            break
-        time.sleep(0.1)
-    assert after["llmctl:num_requests_running"] == 0
-    assert after["llmctl:kv_cache_usage_perc"] == 0
+    wait_until(lambda: metrics(server)["llmctl:num_requests_running"] == 0, "the disconnected request to end")
+    assert metrics(server)["llmctl:kv_cache_usage_perc"] == 0
 
 
 def test_metrics_parse_and_count(client, server):
@@ -203,6 +198,12 @@ def test_version_openapi_docs_detokenize(server):
     assert post(server, "/detokenize", {"tokens": tokens["tokens"]})[1]["prompt"] == "Hello world"
 
 
+def idle(server) -> bool:
+    """No request running or waiting, by the server's own Prometheus gauges."""
+    values = metrics(server)
+    return values["llmctl:num_requests_running"] == 0 and values["llmctl:num_requests_waiting"] == 0
+
+
 def test_api_key_and_queue_limit(default_source):
     server = start_server("--max-model-len", "512", "--api-key", "sekret", "--max-num-seqs", "1",
                           "--max-queue-len", "0")
@@ -211,17 +212,22 @@ def test_api_key_and_queue_limit(default_source):
             openai.OpenAI(base_url=server.url + "/v1", api_key="wrong").models.list()
         client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="sekret", max_retries=0)
 
-        async def main():
-            async def one():
-                return await client.completions.create(model=MODEL, prompt="Hi", max_tokens=40,
-                                                       extra_body={"ignore_eos": True})
-            return await asyncio.gather(one(), one(), return_exceptions=True)
+        async def main() -> openai.APIStatusError:
+            # the first request holds the only slot from its first token on: no race on who arrives first
+            first = await client.completions.create(model=MODEL, prompt="Hi", max_tokens=400, stream=True,
+                                                    extra_body={"ignore_eos": True})
+            async for _ in first:
+                break
+            try:
+                with pytest.raises(openai.APIStatusError) as second:
+                    await client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+            finally:
+                await first.close()
+            return second.value
 
-        results = asyncio.run(main())
-        refused = [r for r in results if isinstance(r, openai.APIStatusError)]
-        served = [r for r in results if not isinstance(r, Exception)]
-        assert len(served) == 1 and len(refused) == 1
-        assert refused[0].status_code == 503 and refused[0].response.headers["retry-after"] == "1"
+        refused = asyncio.run(main())
+        assert refused.status_code == 503 and refused.response.headers["retry-after"] == "1"
+        wait_until(lambda: idle(server), "the closed stream's request to leave the engine")
 
         def fresh_client():  # one per event loop
             return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="sekret", max_retries=0)
@@ -230,7 +236,7 @@ def test_api_key_and_queue_limit(default_source):
             client = fresh_client()
 
             async def one():
-                stream = await client.completions.create(model=MODEL, prompt="Hi", max_tokens=20, stream=True,
+                stream = await client.completions.create(model=MODEL, prompt="Hi", max_tokens=200, stream=True,
                                                          extra_body={"ignore_eos": True})
                 return [chunk async for chunk in stream]
             return await asyncio.gather(*(one() for _ in range(4)), return_exceptions=True)
