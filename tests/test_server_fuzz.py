@@ -104,7 +104,8 @@ def check(server, path: str, body: dict, hostile: bool) -> None:
         if errors:  # a refusal sent inside the stream: judged below like a refusal before it
             status, raw = errors[0]["code"], json.dumps(errors).encode()
     if not hostile and status != 200:  # valid by the schema: only content limits may refuse it
-        assert b"context length" in raw or b"must be" in raw or b"at most" in raw, (body, raw[:500])
+        limits = (b"context length", b"must be", b"at most", b"the prompt is empty")  # e.g. "\x1d": no tokens
+        assert any(limit in raw for limit in limits), (body, raw[:500])
 
 
 def stream_events(raw: bytes) -> list[dict]:
@@ -113,8 +114,9 @@ def stream_events(raw: bytes) -> list[dict]:
     return [json.loads(line) for line in lines if line != b"[DONE]"]
 
 
-FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                       HealthCheck.too_slow])
+# derandomize: the same examples every run, so CI is repeatable; turn it off locally to explore new ones
+FUZZ = settings(max_examples=25, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 @FUZZ
@@ -129,7 +131,8 @@ def test_fuzzed_chat(server, case):
     check(server, "/v1/chat/completions", *case)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=st.one_of(st.binary(max_size=200), JSON.map(lambda v: json.dumps(v).encode())))
 def test_arbitrary_bytes_are_refused_cleanly(server, raw):
     for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
