@@ -83,7 +83,9 @@ def test_bloom_on_8_h100_through_the_cli():
 
 
 def test_reproduces_vllm_startup_log_llama3_8b_a100_40gb():
-    """vLLM issue #12330: weights 14.96 GiB, activation peak 9.37 GiB, KV 11.12 GiB = 5,691 blocks, 11.12x."""
+    """The arithmetic from measured inputs (MeasuredMemory) to blocks and concurrency, on vLLM issue #12330:
+    weights 14.96 GiB, activation peak 9.37 GiB, KV 11.12 GiB = 5,691 blocks, 11.12x. The prediction from
+    the config alone is tested against other logs in test_plan_vllm_logs.py (this one's command is unknown)."""
     spec = ModelSpec.from_config(LLAMA3_8B)
     request = PlanRequest(gpu=lookup_gpu("a100-40gb"), gpus=1, max_model_len=8192, gpu_memory_utilization=0.9)
     measured = MeasuredMemory(weights_bytes=int(14.96 * GiB), activation_bytes=int(9.37 * GiB), overhead_bytes=0)

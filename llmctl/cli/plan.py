@@ -9,6 +9,9 @@ import typer
 
 from llmctl.cli.common import JsonOpt, ModelArg, RevisionOpt
 
+ENFORCE_EAGER_HELP = ("pass --enforce-eager on to the vllm serve lines (vLLM captures CUDA graphs outside the "
+                      "--gpu-memory-utilization budget, so the KV pool is the same)")
+
 
 def plan(
     model: ModelArg = None,
@@ -34,7 +37,7 @@ def plan(
     pp: Annotated[Optional[int], typer.Option("--pipeline-parallel-size", "--pp", "-pp", help="evaluate only this PP")] = None,
     expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel",
                                                   help="MoE: whole experts per GPU instead of slices")] = False,
-    enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="no CUDA graphs (saves their memory)")] = False,
+    enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help=ENFORCE_EAGER_HELP)] = False,
     max_loras: Annotated[int, typer.Option(
         "--max-loras", help="count the memory of this many resident LoRA adapter slots (0: none)")] = 0,
     max_lora_rank: Annotated[int, typer.Option("--max-lora-rank", help="the rank of those slots")] = 16,

@@ -12,21 +12,19 @@ from llmctl.units import GiB
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.kv import StageKV
 
-# Runtime memory that is neither weights, activations nor KV (documented in docs/plan.md).
-CUDA_CONTEXT_BYTES = int(0.5 * GiB)  # CUDA context, cuBLAS/cuDNN workspaces
-COMMUNICATION_BYTES = int(1.0 * GiB)  # NCCL and custom all-reduce buffers, when TP·PP > 1
-CUDA_GRAPH_BYTES = int(0.5 * GiB)  # captured decode graphs, unless --enforce-eager
-LOGITS_BYTES = 4  # logits are float32 in the sampler
-SAMPLER_COPIES = 2  # logits + probabilities alive at once
-# The tensors named below are not all the allocator holds (rotary caches, fragmentation,
-# temporaries): vLLM measured 1.26 GiB for Llama-3-8B at 8192 tokens where they sum to
-# 0.84 GiB, so the estimate is scaled by this factor.
-ACTIVATION_ALLOCATOR_FACTOR = 1.5
+# Memory vLLM subtracts beside weights and activations: what its profiler sees allocated
+# outside PyTorch while profiling (cuBLAS workspaces; NCCL buffers once ranks talk). Its
+# startup logs show 0.01–0.12 GiB on one GPU and 0.20–0.43 GiB per rank with TP > 1. The CUDA
+# context predates vLLM's baseline and CUDA graphs are captured after the KV pool is sized, so
+# vLLM takes neither from the budget: both live in the 1 − utilization headroom.
+NON_TORCH_BYTES = int(0.1 * GiB)
+NON_TORCH_DISTRIBUTED_BYTES = int(0.3 * GiB)
+LOGITS_BYTES = 4  # the sampler works on float32 logits
 
 
 @dataclass(frozen=True)
 class ActivationShape:
-    """What one forward step of `tokens` tokens on one TP rank materializes."""
+    """vLLM's profiling step: `tokens` tokens split over `sequences` prompts, one TP rank."""
 
     tokens: int
     sequences: int
@@ -36,32 +34,43 @@ class ActivationShape:
 
 
 def activation_peak_bytes(spec: ModelSpec, shape: ActivationShape) -> int:
-    """Peak transient memory of a forward pass over `shape.tokens` tokens (documented estimate).
+    """vLLM's "PyTorch activation peak memory" of its profiling step (docs/plan.md).
 
-    Hidden state and residual stay alive through the layer; on top of them the larger of
-    the attention block (QKV + attention output + o_proj output) and the MLP block
-    (gate/up + activation + down output) is alive; the last stage also holds float32
-    logits and probabilities for every sampled sequence over the full vocabulary.
+    The larger of the forward pass (hidden state and residual, plus the larger of the
+    attention and MLP blocks) and, on the last stage, the sampler's top-k/top-p pass over
+    one row of logits per sequence, while the final hidden states are still held.
     """
+    resident = 2 * shape.tokens * spec.hidden_size * shape.dtype_bytes
+    forward = resident + max(_attention_bytes(spec, shape), _mlp_activation_bytes(spec, shape))
+    if not shape.last_stage:
+        return forward
+    hidden = shape.tokens * spec.hidden_size * shape.dtype_bytes
+    return max(forward, hidden + sampler_peak_bytes(spec.vocab_size, min(shape.sequences, shape.tokens),
+                                                   shape.dtype_bytes))
+
+
+def sampler_peak_bytes(vocab_size: int, rows: int, dtype_bytes: int) -> int:
+    """Tensors alive at the end of vLLM's torch top-k/top-p pass (`_apply_top_k_top_p`), which
+    its profiling run exercises with top_k = vocab − 1 and top_p = 0.99, per logits entry:
+    the model-dtype logits; float32 logits, sorted logits, sorted probabilities, their
+    cumulative sum and the logits put back in order (5 × 4 bytes); the sort indices and their
+    inverse (2 × 8 bytes); the top-k and top-p masks (2 × 1 byte)."""
+    per_entry = dtype_bytes + 5 * LOGITS_BYTES + 2 * 8 + 2 * 1
+    return rows * vocab_size * per_entry
+
+
+def _attention_bytes(spec: ModelSpec, shape: ActivationShape) -> int:
+    """QKV projection output, attention output and o_proj output."""
     t, b, tp, h = shape.tokens, shape.dtype_bytes, shape.tp, spec.hidden_size
     att = spec.attention
     heads = att.num_heads // tp
     if att.kind == "MLA":
         q = heads * ((att.qk_nope_head_dim or 0) + (att.qk_rope_head_dim or 0))
         kv = heads * ((att.qk_nope_head_dim or 0) + (att.v_head_dim or 0))
-        attention = t * (2 * q + kv + h) * b
-    else:
-        q = heads * att.head_dim
-        kv = max(1, att.num_kv_heads // tp) * att.head_dim
-        attention = t * (2 * q + 2 * kv + h) * b
-    attention += _score_bytes(spec, shape)
-    mlp = _mlp_activation_bytes(spec, shape)
-    resident = 2 * t * h * b
-    peak = resident + max(attention, mlp)
-    if shape.last_stage:
-        logits = SAMPLER_COPIES * shape.sequences * spec.vocab_size * LOGITS_BYTES
-        peak = max(peak, resident + logits)
-    return int(peak * ACTIVATION_ALLOCATOR_FACTOR)
+        return t * (2 * q + kv + h) * b + _score_bytes(spec, shape)
+    q = heads * att.head_dim
+    kv = max(1, att.num_kv_heads // tp) * att.head_dim
+    return t * (2 * q + 2 * kv + h) * b + _score_bytes(spec, shape)
 
 
 def _score_bytes(spec: ModelSpec, shape: ActivationShape) -> int:
@@ -75,6 +84,8 @@ def _score_bytes(spec: ModelSpec, shape: ActivationShape) -> int:
 
 
 def _mlp_activation_bytes(spec: ModelSpec, shape: ActivationShape) -> int:
+    """gate+up output, the activation and the down output are alive together (vLLM's MLP
+    keeps gate_up referenced through down_proj)."""
     t, b, tp, h, moe = shape.tokens, shape.dtype_bytes, shape.tp, spec.hidden_size, spec.moe
     factor = 3 if spec.layout.gated_mlp else 2  # gate+up then act, or fc1 then act
     dense = t * factor * (spec.intermediate_size // tp) * b + t * h * b
@@ -85,13 +96,9 @@ def _mlp_activation_bytes(spec: ModelSpec, shape: ActivationShape) -> int:
     return max(dense if moe.dense_layers else 0, experts + t * moe.num_experts * 4 + 2 * t * h * b)
 
 
-def runtime_overhead_bytes(tp: int, pp: int, enforce_eager: bool = False) -> int:
-    overhead = CUDA_CONTEXT_BYTES
-    if tp * pp > 1:
-        overhead += COMMUNICATION_BYTES
-    if not enforce_eager:
-        overhead += CUDA_GRAPH_BYTES
-    return overhead
+def runtime_overhead_bytes(tp: int, pp: int) -> int:
+    """The non-torch memory vLLM's profiler subtracts (see NON_TORCH_BYTES)."""
+    return NON_TORCH_DISTRIBUTED_BYTES if tp * pp > 1 else NON_TORCH_BYTES
 
 
 @dataclass(frozen=True)

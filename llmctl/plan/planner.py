@@ -238,7 +238,7 @@ def _plan_stage(spec: ModelSpec, req: PlanRequest, index: int, layers: range, we
         utilization=req.gpu_memory_utilization,
         weights_bytes=_pick(measured.weights_bytes, weights_bytes),
         activation_bytes=_pick(measured.activation_bytes, activation_peak_bytes(spec, shape)),
-        overhead_bytes=_pick(measured.overhead_bytes, runtime_overhead_bytes(tp, pp, req.enforce_eager)),
+        overhead_bytes=_pick(measured.overhead_bytes, runtime_overhead_bytes(tp, pp)),
     )
     geometry: StageKV = stage_kv(spec, tp, layers, kv_bytes, req.block_size)
     pool = kv_pool(budget.kv_bytes, geometry)
