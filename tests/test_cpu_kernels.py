@@ -176,10 +176,28 @@ def test_panel_linear_refuses_what_it_cannot_take():
         cpu.panel_linear(torch.randn(2, 96), panels, 65)
 
 
-def test_the_packing_crossover_is_measured_and_decides_the_path(monkeypatch):
+def test_the_crossover_is_the_first_batch_where_the_packed_weight_wins(monkeypatch):
+    """The timer is injected: plain costs grow with the rows, the packed path costs 2.5."""
+    weight = torch.randn(64, 32)
+    packed = cpu_gemm.pack_weight(weight)
+    costs = {"plain": lambda rows: float(rows), "packed": lambda rows: 2.5}
+    last: dict = {}
+    monkeypatch.setattr(cpu_gemm.F, "linear", lambda x, w, b=None: last.update(path="plain", rows=x.shape[0]))
+    monkeypatch.setattr(type(packed), "linear", lambda self, x, b: last.update(path="packed", rows=x.shape[0]))
+
+    def timed(call) -> float:
+        call()
+        return costs[last["path"]](last["rows"])
+
+    monkeypatch.setattr(cpu_gemm, "_fastest_seconds", timed)
+    assert cpu_gemm.measure_small_batch(weight, packed) == 3
+    costs["packed"] = lambda rows: 1e9  # never faster: every small batch stays on the plain path
+    assert cpu_gemm.measure_small_batch(weight, packed) == cpu_gemm.MAX_SMALL_BATCH
+
+
+def test_the_measured_crossover_decides_the_path(monkeypatch):
     weight = torch.randn(3072, 576)
     packed = cpu_gemm.pack_weight(weight)
-    assert 1 <= cpu_gemm.measure_small_batch(weight, packed) <= cpu_gemm.MAX_SMALL_BATCH
     calls = []
     monkeypatch.setattr(cpu_gemm.F, "linear", lambda *args: calls.append("plain") or torch.zeros(1))
     monkeypatch.setattr(cpu_gemm, "_small_batch", 3)

@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 import time
+import urllib.error
 import urllib.request
 
 import openai
@@ -323,28 +324,38 @@ def test_embeddings_match_sentence_transformers():
         server.stop()
 
 
-def test_health_is_503_while_loading_then_200(default_source):
-    import subprocess
-    import sys
+def test_health_is_503_while_loading_then_200(default_source, monkeypatch):
+    """The port answers while the engine loads: loading is held on an event the test releases, so the
+    503 is seen every run, not only when polling wins a race against a fast load."""
+    import threading
 
-    from server_helpers import Server, free_port
+    import llmctl.server.startup as startup
+    from llmctl.engine.config import EngineConfig
+    from llmctl.server.app import ServerSettings, create_app
+    from server_helpers import ThreadedUvicorn
 
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "llmctl", "serve", "--port", str(port), "--max-model-len",
-                                "256"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = Server(process, port)
-    statuses = []
+    release, real = threading.Event(), startup.create_engine_client
+    monkeypatch.setattr(startup, "create_engine_client", lambda config: release.wait(120) and real(config))
+    app = create_app(ServerSettings(EngineConfig(model=str(default_source.path), max_model_len=256), [MODEL]))
+    http = ThreadedUvicorn(app)
+    http.start()
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and 200 not in statuses:
-            try:
-                statuses.append(server.get("/health")[0])
-            except OSError:
-                pass
-            time.sleep(0.02)
-        assert statuses[0] == 503 and statuses[-1] == 200  # the port opens before the model is loaded
+        loading = urllib.request.Request(http.url + "/health")
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(loading, timeout=30)
+        assert answer.value.code == 503
+        release.set()
+        state = app.state.llmctl
+        wait_until(lambda: state.load_error or (state.engine is not None and state.engine.is_running),
+                   "the engine to load", timeout=120)
+        assert state.load_error is None
+        with urllib.request.urlopen(loading, timeout=30) as ready:
+            assert ready.status == 200
     finally:
-        server.stop()
+        release.set()
+        http.stop()
+        if app.state.llmctl.engine is not None:
+            app.state.llmctl.engine.shutdown()
 
 
 def test_echo_returns_the_prompt(client):
