@@ -12,12 +12,14 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import httpx2
 
 from llmctl.bench.datasets import SampleRequest
 from llmctl.bench.endpoint import Endpoint, resolve_endpoint
+
+Clock = Callable[[], float]  # seconds; time.perf_counter unless a test scripts the times
 
 
 @dataclass
@@ -68,10 +70,11 @@ def request_body(request: SampleRequest, settings: RequestSettings) -> dict[str,
     return body
 
 
-async def send_request(client: httpx2.AsyncClient, request: SampleRequest, settings: RequestSettings) -> RequestOutcome:
+async def send_request(client: httpx2.AsyncClient, request: SampleRequest, settings: RequestSettings,
+                       clock: Clock = time.perf_counter) -> RequestOutcome:
     outcome = RequestOutcome(request.prompt_len, request.expected_output_len)
     url = settings.base_url + settings.endpoint.path
-    outcome.start_time = start = time.perf_counter()
+    outcome.start_time = start = clock()
     try:
         async with client.stream("POST", url, json=request_body(request, settings), headers=settings.headers,
                                  timeout=settings.timeout_s) as response:
@@ -79,13 +82,13 @@ async def send_request(client: httpx2.AsyncClient, request: SampleRequest, setti
                 body = (await response.aread()).decode("utf-8", "replace")
                 outcome.error = f"HTTP {response.status_code}: {_error_message(body)}"
                 return outcome
-            await _read_stream(response, outcome, start)
+            await _read_stream(response, outcome, start, clock)
     except httpx2.HTTPError as error:
         outcome.error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     return outcome
 
 
-async def _read_stream(response: httpx2.Response, outcome: RequestOutcome, start: float) -> None:
+async def _read_stream(response: httpx2.Response, outcome: RequestOutcome, start: float, clock: Clock) -> None:
     last = start
     done, first = False, True
     async for line in sse_lines(response.aiter_text()):
@@ -95,7 +98,7 @@ async def _read_stream(response: httpx2.Response, outcome: RequestOutcome, start
         if data == "[DONE]":
             done = True
             break
-        now = time.perf_counter()
+        now = clock()  # when the chunk arrived, before it is parsed
         try:
             chunk = json.loads(data)
         except ValueError:
