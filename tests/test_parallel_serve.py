@@ -111,15 +111,16 @@ def test_a_killed_worker_fails_requests_and_stops_the_server():
         server.stop()
 
 
-def test_two_torchrun_nodes_give_the_same_tokens(single_tokens):
+def test_two_torchrun_nodes_give_the_same_tokens(single_tokens, tmp_path):
     port, http = free_port(), free_port()
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                 "--master-addr", "127.0.0.1", "--master-port", str(port)]
     serve = ["-m", "llmctl", "serve", "--pp", "2", "--max-model-len", "256", "--port", str(http),
              "--disable-log-stats"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen(torchrun + ["--node-rank", str(i)] + serve, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    logs = [tmp_path / f"node{i}.log" for i in range(2)]  # files, not pipes: nothing blocks on a full buffer
+    nodes = [subprocess.Popen(torchrun + ["--node-rank", str(i)] + serve, env=env, stdout=log.open("w"),
+                              stderr=subprocess.STDOUT, text=True) for i, log in enumerate(logs)]
     try:
         from server_helpers import Server
 
@@ -131,7 +132,7 @@ def test_two_torchrun_nodes_give_the_same_tokens(single_tokens):
                     break
             except OSError:
                 pass
-            assert all(n.poll() is None for n in nodes), nodes[0].stdout.read() if nodes[0].poll() else ""
+            assert all(n.poll() is None for n in nodes), "\n".join(log.read_text() for log in logs)
             time.sleep(0.5)
         assert complete(server.url) == single_tokens
     finally:
