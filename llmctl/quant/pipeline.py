@@ -1,4 +1,4 @@
-"""Layer-by-layer quantization of Llama-family checkpoints (Llama, Mistral, Qwen2, SmolLM2).
+"""Layer-by-layer quantization of Llama-family checkpoints (Llama, Mistral, Qwen2, Qwen3, SmolLM2).
 
 Only one decoder layer's weights are in memory at a time, plus the calibration hidden
 states. Each layer is calibrated on the outputs of the layers before it *after* they were
@@ -21,7 +21,7 @@ from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
 from llmctl.quant.gptq import HessianAccumulator, gptq_quantize
 from llmctl.quant.rtn import QuantConfig, rtn_quantize
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 BATCH = 8  # calibration sequences per forward

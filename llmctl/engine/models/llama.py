@@ -1,5 +1,6 @@
-"""The Llama family: Llama 2/3/3.1, Mistral, Qwen2/2.5 (QKV bias), SmolLM2 — and Qwen (1),
-which within its trained context is the same network under other tensor names."""
+"""The Llama family: Llama 2/3/3.1, Mistral, Qwen2/2.5 (QKV bias), Qwen3 (RMSNorm on each head of q
+and k before RoPE), SmolLM2 — and Qwen (1), which within its trained context is the same network
+under other tensor names."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ QWEN1_NAMES = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "a
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, group: TPGroup) -> None:
+    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, eps: float, group: TPGroup) -> None:
         super().__init__()
         att = spec.attention
         q = Part.split(att.num_heads * att.head_dim, group)
@@ -38,9 +39,14 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(q, spec.hidden_size, spec.layout.o_bias, group, quant)
         self.rotary = rotary
         self.scale = self.head_dim**-0.5
+        # Qwen3: one RMSNorm over head_dim, shared by every head (so TP needs no communication)
+        self.q_norm = RMSNorm(self.head_dim, eps) if att.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, eps) if att.qk_norm else None
 
     def forward(self, x: torch.Tensor, ctx: StepContext, layer: int) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q.reshape(-1, self.head_dim)), self.k_norm(k.reshape(-1, self.head_dim))
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -74,7 +80,7 @@ def silu_and_mul(fused: torch.Tensor, intermediate: int) -> torch.Tensor:
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, eps: float, group: TPGroup) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(spec, rotary, group)
+        self.self_attn = LlamaAttention(spec, rotary, eps, group)
         self.mlp = LlamaMLP(spec.hidden_size, spec.intermediate_size, spec.layout.mlp_bias, group, spec.quantization)
         self.input_layernorm = RMSNorm(spec.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps)

@@ -14,6 +14,7 @@ SUPPORTED = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
+    "Qwen3ForCausalLM": "llama",  # QK-norm, read from the config (ModelSpec.attention.qk_norm)
     "QWenLMHeadModel": "llama",  # Qwen (1): Llama-shaped under other names; its remote code is never run
     "BloomForCausalLM": "bloom",
     "OPTForCausalLM": "opt",

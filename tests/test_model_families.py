@@ -1,0 +1,123 @@
+"""Families beyond Llama, BLOOM and OPT (issue 34), each built from its transformers config class
+with random weights: 8 prompts × 64 greedy tokens identical to transformers, prompt and sampled
+log-probabilities within 1e-3, TP 2 equal to TP 1, and plan's numbers equal to what the engine holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmctl import LLM, SamplingParams
+from test_engine_models import save_random_model
+
+PROMPTS = ["The capital of France is", "Hello, my name is", "1, 2, 3, 4,", "def fibonacci(n):",
+           "Once upon a time, in a land far away, there lived a king who had three daughters, and the youngest "
+           "of them was the cleverest of all. One day",
+           "The quick brown fox jumps over the lazy dog. " * 4, "Q: What is two plus two?\nA:", "import numpy as np\n"]
+TOKENS = 64
+TOLERANCE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_source):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(default_source.path))
+
+
+def qwen3_config(vocab: int):
+    from transformers import Qwen3Config
+
+    # head_dim 32 is not hidden / heads (16), as in the real Qwen3 sizes; 2 KV heads: GQA
+    return Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                       tie_word_embeddings=False)
+
+
+FAMILIES = {"qwen3": qwen3_config}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tokenizer) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("families")
+    return {name: save_random_model(make(len(tokenizer)), tmp / name, tokenizer) for name, make in FAMILIES.items()}
+
+
+def transformers_reference(folder: Path, tokenizer) -> list[tuple[list[int], list[float], list[float]]]:
+    """Greedy tokens, their log-probabilities and the prompt's, from transformers itself."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    out = []
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            ref = hf.generate(ids, do_sample=False, max_new_tokens=TOKENS, min_new_tokens=TOKENS, output_logits=True,
+                              return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+            prompt_logits = hf(ids).logits[0, :-1].log_softmax(-1)
+        tokens = ref.sequences[0, ids.shape[1]:].tolist()
+        sampled = [float(torch.log_softmax(s[0], -1)[t]) for s, t in zip(ref.logits, tokens)]
+        prompt_lp = [float(prompt_logits[i, t]) for i, t in enumerate(ids[0, 1:].tolist())]
+        out.append((tokens, sampled, prompt_lp))
+    return out
+
+
+def engine_outputs(folder: Path, **engine_args):
+    llm = LLM(str(folder), max_model_len=256, max_num_batched_tokens=16, kv_cache_memory=64 * 1024**2,
+              **engine_args)  # chunked prefill as well
+    try:
+        params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True, logprobs=0, prompt_logprobs=0)
+        outputs = llm.generate(PROMPTS, params)
+        memory = llm.engine.executor.rank_memory if hasattr(llm.engine, "executor") else None
+    finally:
+        llm.shutdown()
+    return [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs],
+             [lp.logprob for lp in o.prompt_logprobs[1:]]) for o in outputs], memory
+
+
+def assert_close(reference, ours) -> None:
+    for prompt, (tokens, sampled, prompt_lp), (our_tokens, our_sampled, our_prompt) in zip(PROMPTS, reference, ours):
+        assert our_tokens == tokens, prompt
+        assert max(abs(a - b) for a, b in zip(sampled, our_sampled)) < TOLERANCE, prompt
+        assert len(our_prompt) == len(prompt_lp)
+        assert max(abs(a - b) for a, b in zip(prompt_lp, our_prompt)) < TOLERANCE, prompt
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_tokens_and_logprobs_equal_transformers(models, tokenizer, family):
+    ours, _ = engine_outputs(models[family])
+    assert_close(transformers_reference(models[family], tokenizer), ours)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tp2_equals_tp1(models, family):
+    single, _ = engine_outputs(models[family])
+    sharded, memory = engine_outputs(models[family], tensor_parallel_size=2)
+    assert len(memory) == 2
+    for (tokens, sampled, prompt_lp), (their_tokens, their_sampled, their_prompt) in zip(single, sharded):
+        assert their_tokens == tokens
+        assert max(abs(a - b) for a, b in zip(sampled + prompt_lp, their_sampled + their_prompt)) <= 1e-4
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_rank_holds_what_plan_says_and_plan_names_the_engine(models, family):
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
+    from llmctl.engine.models.registry import is_supported
+    from llmctl.plan.kv import stage_kv
+    from llmctl.plan.memory import kv_pool
+    from llmctl.plan.weights import pipeline_stages, stage_weights, weight_format
+
+    spec = load_spec(resolve_model(str(models[family])))
+    assert is_supported(spec)
+    _, memory = engine_outputs(models[family], tensor_parallel_size=2)
+    [weights] = stage_weights(spec, weight_format(4, None, spec), 2, 1)
+    [layers] = pipeline_stages(spec, 1)
+    block_bytes = stage_kv(spec, 2, layers, 4, 16).block_bytes
+    blocks = kv_pool(64 * 1024**2, stage_kv(spec, 2, layers, 4, 16)).num_blocks
+    for weights_bytes, kv_bytes in memory:
+        assert weights_bytes == weights.total_bytes
+        assert kv_bytes == blocks * block_bytes
