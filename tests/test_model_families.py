@@ -121,3 +121,67 @@ def test_each_rank_holds_what_plan_says_and_plan_names_the_engine(models, family
     for weights_bytes, kv_bytes in memory:
         assert weights_bytes == weights.total_bytes
         assert kv_bytes == blocks * block_bytes
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_llmctl_quantize_writes_a_checkpoint_the_engine_serves(models, family, tmp_path):
+    from conftest import run_cli
+    from llmctl.checkpoint.quant_formats import unpack_gptq
+    from test_quantize_cli import WIKITEXT, assert_engine_matches_dense
+
+    out = tmp_path / f"{family}-gptq"
+    result = run_cli("quantize", str(models[family]), "--gptq", "--group-size", "32", "--calib-file", str(WIKITEXT),
+                     "--calib-samples", "4", "--calib-seq-len", "64", "--output", str(out), "--no-redistribute")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_engine_matches_dense(out, lambda parts: unpack_gptq(parts, 4, 32), PROMPTS[0])
+
+
+# Qwen3's generation prompt as its own chat template writes it: enable_thinking=false pre-fills an empty
+# think block (the rest of the real template, tools and history handling, is not what is tested here)
+QWEN3_TEMPLATE = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
+                  "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+                  "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+                  "{%- endif %}{%- endif %}")
+
+
+def test_qwen3_served_with_the_openai_client_and_enable_thinking(models, tokenizer, tmp_path):
+    import openai
+    import urllib.request
+
+    from server_helpers import start_server
+
+    template = tmp_path / "qwen3.jinja"
+    template.write_text(QWEN3_TEMPLATE)
+    server = start_server(str(models["qwen3"]), "--served-model-name", "qwen3", "--chat-template", str(template),
+                          "--max-model-len", "256")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        served = client.completions.create(model="qwen3", prompt=PROMPTS[0], max_tokens=16, temperature=0,
+                                           extra_body={"ignore_eos": True})
+        reference = transformers_reference(models["qwen3"], tokenizer)[0][0][:16]
+        assert served.choices[0].text == tokenizer.decode(reference, skip_special_tokens=True)
+
+        def tokenize(kwargs: dict | None) -> tuple[int, dict]:
+            body = {"model": "qwen3", "messages": [{"role": "user", "content": "Hi"}]}
+            if kwargs is not None:
+                body["chat_template_kwargs"] = kwargs
+            request = urllib.request.Request(server.url + "/tokenize", data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    return response.status, json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.loads(exc.read())
+
+        _, thinking = tokenize(None)
+        _, direct = tokenize({"enable_thinking": False})
+        assert "<think>" in tokenizer.decode(direct["tokens"]) and "<think>" not in tokenizer.decode(thinking["tokens"])
+        chat = client.chat.completions.create(model="qwen3", messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=2, extra_body={"chat_template_kwargs": {"enable_thinking":
+                                                                                                 False}})
+        assert chat.usage.prompt_tokens == direct["count"]
+        for bad, what in (({"tokenize": True}, "may not set tokenize"), ("no", "must be an object")):
+            status, error = tokenize(bad)
+            assert status == 400 and what in error["error"]["message"]
+    finally:
+        server.stop()

@@ -10,7 +10,7 @@ from llmctl.engine.front.engine_client import EngineClient
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.server.generation import Endpoint, respond
 from llmctl.server.models import check_model
-from llmctl.server.protocol import bad, chat_messages, sampling_request
+from llmctl.server.protocol import Fields, bad, chat_messages, chat_template_kwargs, sampling_request
 from llmctl.server.responses import Delta, ResponseContext, chat_chunk, chat_response
 from llmctl.server.state import ServerState
 from llmctl.server.transport import read_json
@@ -19,17 +19,22 @@ from llmctl.server.transport import read_json
 async def chat_completions(state: ServerState, request: Request) -> Response:
     fields = await read_json(request)
     model = check_model(state, fields)
-    messages = chat_messages(fields)
     sampling = sampling_request(fields, chat=True)
-    template = state.template
-    if template is None:
+    text, ids = render_chat(state, fields)
+    return await respond(state, request, CHAT, model, [(text, ids)], sampling)
+
+
+def render_chat(state: ServerState, fields: Fields, add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+    """The request's messages through the chat template (with its chat_template_kwargs), and their ids."""
+    messages = chat_messages(fields)
+    kwargs = chat_template_kwargs(fields)
+    if state.template is None:
         raise bad("this model has no chat template: start the server with --chat-template FILE or a built-in name "
                   "(chatml, bloom), or use /v1/completions", "messages")
     tokenizer = state.ready_engine.tokenizer
-    text = tokenizer.apply_chat_template(messages, chat_template=template, add_generation_prompt=True,
-                                         tokenize=False)
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return await respond(state, request, CHAT, model, [(text, ids)], sampling)
+    text = tokenizer.apply_chat_template(messages, chat_template=state.template,
+                                         add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs)
+    return text, tokenizer.encode(text, add_special_tokens=False)
 
 
 def chat_template(given: str | None, engine: EngineClient) -> str | None:

@@ -195,6 +195,8 @@ CHAT_FIELDS: dict[str, FieldSpec] = {
     "top_logprobs": FieldSpec("integer", "alternatives per output token (needs logprobs)", 0, schema={
         "type": "integer", **RANGES["logprobs"].json_schema()}),
     "max_completion_tokens": FieldSpec("integer", "most tokens to generate (OpenAI's newer name for max_tokens)"),
+    "chat_template_kwargs": FieldSpec("custom", "extra variables for the chat template, e.g. {\"enable_thinking\": "
+                                      "false} for Qwen3 (vLLM's field)", schema={"type": "object"}),
     **COMMON_FIELDS, **SAMPLING_FIELDS,
 }
 
@@ -210,6 +212,7 @@ TOKENIZE_FIELDS: dict[str, FieldSpec] = {
     "messages": CHAT_FIELDS["messages"],
     "add_special_tokens": FieldSpec("boolean", "add the tokenizer's special tokens (prompt)", True),
     "add_generation_prompt": FieldSpec("boolean", "end with the assistant's turn (messages)", True),
+    "chat_template_kwargs": CHAT_FIELDS["chat_template_kwargs"],
 }
 DETOKENIZE_FIELDS: dict[str, FieldSpec] = {
     "model": COMMON_FIELDS["model"],
@@ -307,6 +310,24 @@ def _prompt_forms(value: JSON, param: str) -> list[str | list[int]]:
 
 def _is_token(value: JSON) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+# apply_chat_template's own arguments: a template variable may not replace them
+RESERVED_TEMPLATE_NAMES = ("conversation", "messages", "chat_template", "tokenize", "add_generation_prompt",
+                           "continue_final_message", "return_dict", "return_assistant_tokens_mask", "tools",
+                           "documents", "padding", "truncation", "max_length", "return_tensors", "tokenizer_kwargs")
+
+
+def chat_template_kwargs(fields: Fields) -> dict[str, JSON]:
+    """vLLM's chat_template_kwargs: variables handed to the template (Qwen3's enable_thinking)."""
+    kwargs = fields.raw("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise bad("chat_template_kwargs must be an object of template variables", "chat_template_kwargs")
+    reserved = sorted(set(kwargs) & set(RESERVED_TEMPLATE_NAMES))
+    if reserved:
+        raise bad(f"chat_template_kwargs may not set {', '.join(reserved)}: those are arguments of the "
+                  "request itself", "chat_template_kwargs")
+    return kwargs
 
 
 def chat_messages(fields: Fields) -> list[dict[str, str]]:

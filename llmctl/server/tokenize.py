@@ -6,7 +6,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from llmctl.server.models import check_model
-from llmctl.server.protocol import bad, chat_messages
+from llmctl.server.chat import render_chat
+from llmctl.server.protocol import bad
 from llmctl.server.state import ServerState
 from llmctl.server.transport import read_json
 
@@ -16,13 +17,7 @@ async def tokenize(state: ServerState, request: Request) -> Response:
     check_model(state, fields)
     engine = state.ready_engine
     if fields.raw("messages") is not None:
-        template = state.template
-        if template is None:
-            raise bad("this model has no chat template; pass --chat-template", "messages")
-        text = engine.tokenizer.apply_chat_template(chat_messages(fields), chat_template=template,
-                                                    add_generation_prompt=fields.bool("add_generation_prompt", True),
-                                                    tokenize=False)
-        ids = engine.tokenizer.encode(text, add_special_tokens=False)
+        _, ids = render_chat(state, fields, fields.bool("add_generation_prompt", True))
     else:
         prompt = fields.str("prompt")
         if prompt is None:
