@@ -37,7 +37,17 @@ def qwen3_config(vocab: int):
                        tie_word_embeddings=False)
 
 
-FAMILIES = {"qwen3": qwen3_config}
+def granite_config(vocab: int):
+    from transformers import GraniteConfig
+
+    # multipliers far from 1 so that each one changes the tokens (Granite 3's are 12, 0.22, 0.0078, 8)
+    return GraniteConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         embedding_multiplier=6.0, residual_multiplier=0.3, attention_multiplier=0.05,
+                         logits_scaling=3.0, tie_word_embeddings=True)
+
+
+FAMILIES = {"qwen3": qwen3_config, "granite": granite_config}
 
 
 @pytest.fixture(scope="module")

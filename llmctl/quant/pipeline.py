@@ -1,4 +1,5 @@
-"""Layer-by-layer quantization of Llama-family checkpoints (Llama, Mistral, Qwen2, Qwen3, SmolLM2).
+"""Layer-by-layer quantization of Llama-family checkpoints (Llama, Mistral, Qwen2, Qwen3, Granite,
+SmolLM2).
 
 Only one decoder layer's weights are in memory at a time, plus the calibration hidden
 states. Each layer is calibrated on the outputs of the layers before it *after* they were
@@ -21,7 +22,7 @@ from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
 from llmctl.quant.gptq import HessianAccumulator, gptq_quantize
 from llmctl.quant.rtn import QuantConfig, rtn_quantize
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite")
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 BATCH = 8  # calibration sequences per forward
@@ -109,7 +110,7 @@ def quantize_model(folder: Path, method: str, config: QuantConfig, calibration: 
     rotary = type(skeleton.model.rotary_emb)(config=hf_config)
     result = QuantizationResult({}, {})
     embed = reader.get("model.embed_tokens.weight")
-    hidden = embed[calibration]  # [samples, seq, hidden]
+    hidden = embed[calibration] * getattr(hf_config, "embedding_multiplier", 1.0)  # [samples, seq, hidden]
     positions = torch.arange(calibration.shape[1]).unsqueeze(0)
     position_embeddings = rotary(hidden[:1], positions)
     for index in range(hf_config.num_hidden_layers):

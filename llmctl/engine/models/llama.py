@@ -1,9 +1,10 @@
 """The Llama family: Llama 2/3/3.1, Mistral, Qwen2/2.5 (QKV bias), Qwen3 (RMSNorm on each head of q
-and k before RoPE), SmolLM2 — and Qwen (1), which within its trained context is the same network
-under other tensor names."""
+and k before RoPE), Granite (four scalar multipliers), SmolLM2 — and Qwen (1), which within its
+trained context is the same network under other tensor names."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,8 +27,26 @@ QWEN1_NAMES = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "a
                "mlp.w2": "mlp.gate_proj", "mlp.w1": "mlp.up_proj", "mlp.c_proj": "mlp.down_proj"}
 
 
+@dataclass(frozen=True)
+class Multipliers:
+    """Granite's scalars (1 and the usual 1/√head_dim everywhere else)."""
+
+    embedding: float = 1.0  # embeddings × this
+    residual: float = 1.0  # each block's output × this before the residual add
+    attention: float | None = None  # the softmax scale; None: 1/√head_dim
+    logits: float = 1.0  # logits ÷ this
+
+    @staticmethod
+    def from_config(hf_config: Any) -> "Multipliers":
+        return Multipliers(float(getattr(hf_config, "embedding_multiplier", 1.0)),
+                           float(getattr(hf_config, "residual_multiplier", 1.0)),
+                           getattr(hf_config, "attention_multiplier", None),
+                           float(getattr(hf_config, "logits_scaling", 1.0)))
+
+
 class LlamaAttention(nn.Module):
-    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, eps: float, group: TPGroup) -> None:
+    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, eps: float, group: TPGroup,
+                 scale: float | None = None) -> None:
         super().__init__()
         att = spec.attention
         q = Part.split(att.num_heads * att.head_dim, group)
@@ -38,7 +57,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = ColumnParallelLinear(spec.hidden_size, [q, kv, kv], spec.layout.qkv_bias, quant)
         self.o_proj = RowParallelLinear(q, spec.hidden_size, spec.layout.o_bias, group, quant)
         self.rotary = rotary
-        self.scale = self.head_dim**-0.5
+        self.scale = self.head_dim**-0.5 if scale is None else float(scale)
         # Qwen3: one RMSNorm over head_dim, shared by every head (so TP needs no communication)
         self.q_norm = RMSNorm(self.head_dim, eps) if att.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps) if att.qk_norm else None
@@ -78,19 +97,27 @@ def silu_and_mul(fused: torch.Tensor, intermediate: int) -> torch.Tensor:
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, eps: float, group: TPGroup) -> None:
+    def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, eps: float, group: TPGroup,
+                 multipliers: Multipliers = Multipliers()) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(spec, rotary, eps, group)
+        self.self_attn = LlamaAttention(spec, rotary, eps, group, multipliers.attention)
         self.mlp = LlamaMLP(spec.hidden_size, spec.intermediate_size, spec.layout.mlp_bias, group, spec.quantization)
         self.input_layernorm = RMSNorm(spec.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps)
+        self.residual = multipliers.residual
 
     def forward(self, x: torch.Tensor, ctx: StepContext, layer: int) -> torch.Tensor:
-        attended, x = self.post_attention_layernorm.add_and_norm(self.self_attn(self.input_layernorm(x), ctx, layer), x)
-        return x + self.mlp(attended)
+        attention = self.self_attn(self.input_layernorm(x), ctx, layer)
+        if self.residual != 1.0:
+            attention = attention * self.residual
+        attended, x = self.post_attention_layernorm.add_and_norm(attention, x)
+        mlp = self.mlp(attended)
+        return x + (mlp * self.residual if self.residual != 1.0 else mlp)
 
 
 class LlamaForCausalLM(nn.Module):
+    decoder_layer: type[nn.Module] = LlamaDecoderLayer  # a family with other norms around the blocks swaps it
+
     def __init__(self, spec: ModelSpec, hf_config: Any, shard: Shard | None = None) -> None:
         super().__init__()
         shard = shard or Shard()
@@ -99,10 +126,11 @@ class LlamaForCausalLM(nn.Module):
         eps = float(getattr(hf_config, "rms_norm_eps", getattr(hf_config, "layer_norm_epsilon", 1e-6)))
         rotary = RotaryEmbedding(hf_config, spec.attention.head_dim)
         group = shard.group
+        self.multipliers = Multipliers.from_config(hf_config)
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, group) \
             if shard.is_first else None
-        self.layers = nn.ModuleList(LlamaDecoderLayer(spec, rotary, eps, group) if i in self.stage_layers
-                                    else nn.Identity() for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(self.decoder_layer(spec, rotary, eps, group, self.multipliers)
+                                    if i in self.stage_layers else nn.Identity() for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, eps) if shard.is_last else None
         self.lm_head = None
         if shard.is_last:
@@ -114,12 +142,15 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, hidden: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids) if self.embed_tokens is not None else hidden
+        if self.embed_tokens is not None and self.multipliers.embedding != 1.0:
+            x = x * self.multipliers.embedding
         for index in self.stage_layers:
             x = self.layers[index](x, ctx, index)
         return self.norm(x) if self.norm is not None else x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.logits(hidden)
+        logits = self.lm_head.logits(hidden)
+        return logits / self.multipliers.logits if self.multipliers.logits != 1.0 else logits
 
     def load_weights(self, tensors: list[CheckpointTensor] | Any) -> None:
         load_checkpoint(self, tensors, self.targets)

@@ -15,6 +15,7 @@ SUPPORTED = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "llama",
     "Qwen3ForCausalLM": "llama",  # QK-norm, read from the config (ModelSpec.attention.qk_norm)
+    "GraniteForCausalLM": "llama",  # Llama with four multipliers (llama.Multipliers)
     "QWenLMHeadModel": "llama",  # Qwen (1): Llama-shaped under other names; its remote code is never run
     "BloomForCausalLM": "bloom",
     "OPTForCausalLM": "opt",
