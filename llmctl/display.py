@@ -122,7 +122,7 @@ def _architecture_table(report: InspectReport) -> Table:
         table.add_row("sliding window", f"{att.sliding_window} tokens on {att.sliding_layers} of "
                                         f"{len(att.layer_types)} layers")
     if att.qk_norm:
-        table.add_row("QK norm", "yes")
+        table.add_row("QK norm", "over the whole q and k projections" if att.qk_norm_whole else "per head")
     table.add_row("positional encoding", spec.positional.describe())
     table.add_row("context length", f"{spec.max_context:,} ({spec.context_source})")
     table.add_row("vocab size", f"{spec.vocab_size:,}")

@@ -47,7 +47,15 @@ def granite_config(vocab: int):
                          logits_scaling=3.0, tie_word_embeddings=True)
 
 
-FAMILIES = {"qwen3": qwen3_config, "granite": granite_config}
+def olmo2_config(vocab: int):
+    from transformers import Olmo2Config
+
+    return Olmo2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                       tie_word_embeddings=False)
+
+
+FAMILIES = {"qwen3": qwen3_config, "granite": granite_config, "olmo2": olmo2_config}
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +141,20 @@ def test_each_rank_holds_what_plan_says_and_plan_names_the_engine(models, family
         assert kv_bytes == blocks * block_bytes
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+def test_olmo2_norms_the_whole_projection_when_tp_replicates_a_kv_head(models):
+    """TP 4 over 2 KV heads: each K head is on two ranks, and the norm over the whole K projection
+    counts it once."""
+    single, _ = engine_outputs(models["olmo2"])
+    sharded, memory = engine_outputs(models["olmo2"], tensor_parallel_size=4)
+    assert len(memory) == 4
+    for (tokens, sampled, _), (their_tokens, their_sampled, _) in zip(single, sharded):
+        assert their_tokens == tokens and max(abs(a - b) for a, b in zip(sampled, their_sampled)) <= 1e-4
+
+
+QUANTIZABLE = ["qwen3", "granite"]  # OLMo 2 has no norm before its projections for AWQ to fold scales into
+
+
+@pytest.mark.parametrize("family", QUANTIZABLE)
 def test_llmctl_quantize_writes_a_checkpoint_the_engine_serves(models, family, tmp_path):
     from conftest import run_cli
     from llmctl.checkpoint.quant_formats import unpack_gptq

@@ -56,6 +56,14 @@ class AttentionSpec:
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()  # "full" or "sliding", one per layer
     qk_norm: bool = False
+    qk_norm_whole: bool = False  # OLMo 2: over the whole q and k projections, not one head's
+
+    @property
+    def qk_norm_params(self) -> int:
+        """Weights of the q and k norms in one layer."""
+        if not self.qk_norm:
+            return 0
+        return (self.num_heads + self.num_kv_heads) * self.head_dim if self.qk_norm_whole else 2 * self.head_dim
 
     @property
     def sliding_layers(self) -> int:

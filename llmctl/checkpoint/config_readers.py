@@ -237,7 +237,8 @@ def read_attention(reader: ConfigReader, model_type: str, facts: dict[str, Any],
     else:
         kind = "GQA"
     return AttentionSpec(kind=kind, num_heads=heads, num_kv_heads=kv_heads, head_dim=facts["head_dim"],
-                         sliding_window=window, layer_types=layer_types, qk_norm=qk_norm)
+                         sliding_window=window, layer_types=layer_types, qk_norm=qk_norm,
+                         qk_norm_whole=model_type == "olmo2")
 
 
 def _sliding_window(cfg: dict[str, Any], model_type: str) -> int | None:

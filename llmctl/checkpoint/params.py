@@ -74,7 +74,7 @@ def count_from_config(spec: ModelSpec) -> ConfigParamCount | None:
         lm_head += spec.vocab_size
 
     attention_per_layer = _attention_params(spec)
-    norms_per_layer = lay.norms_per_layer * norm_size + _qk_norm_params(spec)
+    norms_per_layer = lay.norms_per_layer * norm_size + spec.attention.qk_norm_params
     mlp_total = mlp_active = 0
     moe = spec.moe
     for layer in range(spec.num_layers):
@@ -111,10 +111,6 @@ def _attention_params(spec: ModelSpec) -> int:
     if lay.o_bias:
         params += h
     return params
-
-
-def _qk_norm_params(spec: ModelSpec) -> int:
-    return 2 * spec.attention.head_dim if spec.attention.qk_norm else 0
 
 
 def _mlp_params(hidden: int, intermediate: int, gated: bool, bias: bool) -> int:

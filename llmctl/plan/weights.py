@@ -92,7 +92,7 @@ def layer_rank_tensors(spec: ModelSpec, layer: int, tp: int, expert_parallel: bo
     attention = _attention_rank_tensors(spec, tp)
     mlp = _mlp_rank_tensors(spec, layer, tp, expert_parallel)
     norm_size = 2 * spec.hidden_size if spec.layout.norm == "layernorm" else spec.hidden_size
-    norms = spec.layout.norms_per_layer * norm_size + (2 * spec.attention.head_dim if spec.attention.qk_norm else 0)
+    norms = spec.layout.norms_per_layer * norm_size + spec.attention.qk_norm_params  # replicated on every rank
     return RankTensors(attention.linears + mlp.linears, attention.other_params + mlp.other_params + norms)
 
 

@@ -58,14 +58,19 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(q, spec.hidden_size, spec.layout.o_bias, group, quant)
         self.rotary = rotary
         self.scale = self.head_dim**-0.5 if scale is None else float(scale)
-        # Qwen3: one RMSNorm over head_dim, shared by every head (so TP needs no communication)
-        self.q_norm = RMSNorm(self.head_dim, eps) if att.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, eps) if att.qk_norm else None
+        self.q_norm, self.k_norm = self.qk_norms(q, kv, eps, group) if att.qk_norm else (None, None)
+
+    def qk_norms(self, q: Part, kv: Part, eps: float, group: TPGroup) -> tuple[nn.Module, nn.Module]:
+        """Qwen3: one RMSNorm over head_dim, shared by every head (so TP needs no communication)."""
+        return RMSNorm(self.head_dim, eps), RMSNorm(self.head_dim, eps)
+
+    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q_norm(q.reshape(-1, self.head_dim)), self.k_norm(k.reshape(-1, self.head_dim))
 
     def forward(self, x: torch.Tensor, ctx: StepContext, layer: int) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None:
-            q, k = self.q_norm(q.reshape(-1, self.head_dim)), self.k_norm(k.reshape(-1, self.head_dim))
+            q, k = self.norm_qk(q, k)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)

@@ -17,6 +17,7 @@ SUPPORTED = {
     "Qwen3ForCausalLM": "llama",  # QK-norm, read from the config (ModelSpec.attention.qk_norm)
     "GraniteForCausalLM": "llama",  # Llama with four multipliers (llama.Multipliers)
     "QWenLMHeadModel": "llama",  # Qwen (1): Llama-shaped under other names; its remote code is never run
+    "Olmo2ForCausalLM": "olmo2",
     "BloomForCausalLM": "bloom",
     "OPTForCausalLM": "opt",
 }
@@ -33,6 +34,10 @@ def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None) ->
             from llmctl.engine.models.llama import LlamaForCausalLM
 
             return LlamaForCausalLM(spec, hf_config, shard)
+        if family == "olmo2":
+            from llmctl.engine.models.olmo2 import Olmo2ForCausalLM
+
+            return Olmo2ForCausalLM(spec, hf_config, shard)
         if family == "bloom":
             from llmctl.engine.models.bloom import BloomForCausalLM
 
