@@ -23,6 +23,12 @@ class PositionalEncoding:
     rope: RopeSpec | None = None
     learned_positions: int = 0  # rows of a learned position table (OPT adds an offset of 2)
 
+    @property
+    def long_rope_switch(self) -> int | None:
+        """LongRoPE's pretraining length: a sequence longer than it runs on the long factors."""
+        rope = self.rope
+        return rope.original_max_position if rope and rope.scaling_type == "longrope" else None
+
     def describe(self) -> str:
         if self.kind == "rope" and self.rope:
             text = f"RoPE θ={self.rope.theta:g}"

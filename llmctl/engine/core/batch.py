@@ -14,7 +14,7 @@ def build_batch(sched: SchedulerOutput, block_size: int,
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
-    starts, lens, tables = [0], [], []
+    starts, lens, tables, total_lens = [0], [], [], []
     sample_rows, sample_seqs = [], []
     prompt_rows: dict[int, list[int]] = {}
     for item in sched.scheduled:
@@ -27,6 +27,7 @@ def build_batch(sched: SchedulerOutput, block_size: int,
             slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
         starts.append(len(ids))
         lens.append(start + item.num_new_tokens)
+        total_lens.append(seq.num_tokens)
         tables.append(_readable(seq))
         if item.samples:  # with a draft: the last real token's row, then one row per proposed token
             sample_rows += range(len(ids) - 1 - len(proposed), len(ids))
@@ -35,7 +36,7 @@ def build_batch(sched: SchedulerOutput, block_size: int,
             last = min(start + item.num_new_tokens, len(seq.prompt_token_ids) - 1)
             prompt_rows[seq.seq_id] = [row0 + p - start for p in range(start, last)]
     batch = StepBatch(ids, positions, slots, starts, lens, tables, sample_rows, prompt_rows,
-                      list(sched.block_copies), lora_slots or [])
+                      list(sched.block_copies), lora_slots or [], total_lens=total_lens)
     return batch, sample_seqs
 
 

@@ -92,6 +92,7 @@ class Scheduler:
     max_loras: int = 0  # --max-loras: distinct adapters running at once (0: LoRA is off)
     eos_token_ids: list[int] = field(default_factory=list)
     max_model_len: int = 1 << 62  # the engine's context limit; no limit beyond max_tokens by default
+    rope_switch_length: int | None = None  # LongRoPE's pretraining length (see _passes_rope_switch)
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
     num_preemptions: int = 0
@@ -144,6 +145,9 @@ class Scheduler:
         running = [seq for seq in self.running if seq.lane == lane]
         while index < len(running) and budget > 0:
             seq = running[index]
+            if self._passes_rope_switch(seq):
+                self.block_manager.free(seq)  # computed again from the first token, below
+                seq.rope_recomputed = True
             self.block_manager.release_slid_out(seq)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if num_new <= 0:
@@ -163,6 +167,14 @@ class Scheduler:
             budget -= num_new
             index += 1
         return budget
+
+    def _passes_rope_switch(self, seq: Sequence) -> bool:
+        """LongRoPE: a sequence that started within the pretraining length cached short-factor keys; the
+        first time it grows past that length transformers recomputes its whole cache with the long
+        factors (Phi3ForCausalLM.prepare_inputs_for_generation), and so does llmctl."""
+        switch = self.rope_switch_length
+        return switch is not None and not seq.rope_recomputed and len(seq.prompt_token_ids) <= switch \
+            and 0 < seq.num_computed_tokens <= switch < seq.num_tokens
 
     def _take_draft(self, seq: Sequence, num_new: int, budget: int) -> Draft | None:
         """The sequence's proposal, cut to the budget and the free blocks; never at a preemption's cost."""

@@ -59,6 +59,7 @@ class Sequence:
     timings: Timings = field(default_factory=Timings)
     waiting_to_fork: bool = False  # n > 1: the siblings are created when the prompt is done
     num_preemptions: int = 0
+    rope_recomputed: bool = False  # LongRoPE: its short-factor cache was recomputed with the long factors
     lane: int = 0  # pipeline parallel: which of the PP batches in flight this sequence rides in
     draft: Draft | None = None  # speculative decoding: tokens proposed for the next step
     lora: LoRAAdapter | None = None  # the adapter this sequence runs with (None: the base model)

@@ -26,6 +26,7 @@ class StepBatch:
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
     lora_slots: list[int] = field(default_factory=list)  # [B] each sequence's adapter slot; empty: no adapters
     sampling: list[SampleInput] | None = None  # one per sample row: the last pipeline stage samples them
+    total_lens: list[int] = field(default_factory=list)  # [B] each sequence's known tokens (LongRoPE); may be empty
 
     @property
     def num_tokens(self) -> int:

@@ -55,11 +55,15 @@ class LLMEngine:
         self.loaded: LoadedModel = self.executor.loaded
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = self.loaded.max_model_len
+        switch = self.loaded.spec.positional.long_rope_switch
         self.block_manager = BlockManager(self.loaded.kv_pool.num_blocks, config.block_size,
-                                          config.enable_prefix_caching, self.loaded.sliding_window)
+                                          config.enable_prefix_caching and switch is None, self.loaded.sliding_window)
+        if config.enable_prefix_caching and switch is not None:
+            logger.info("prefix caching is off: with LongRoPE a token's keys depend on its sequence's length")
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.loaded.max_num_batched_tokens,
                                    max_loras=config.max_loras if config.enable_lora else 0,
-                                   eos_token_ids=self.loaded.eos_token_ids, max_model_len=self.max_model_len)
+                                   eos_token_ids=self.loaded.eos_token_ids, max_model_len=self.max_model_len,
+                                   rope_switch_length=switch)
         self.lora = LoRAManager(self.loaded.spec, self.loaded.lora_slots, config.max_loras, config.max_lora_rank,
                                 self.loaded.dtype) if config.enable_lora else None
         self.load_unknown_adapters = True  # offline: a new LoRARequest is read on first use; a server registers them

@@ -98,5 +98,7 @@ def record_prompt_logprobs(prompt_logits: dict[int, torch.Tensor], seqs: dict[in
         if skip < 0:
             continue
         targets = seq.prompt_token_ids[first_target + skip:first_target + logits.shape[0]]
+        if not targets:  # a recomputed chunk whose prompt tokens were all scored the first time
+            continue
         seq.prompt_logprobs += prompt_logprob_entries(logits[skip:skip + len(targets)], targets,
                                                       seq.params.prompt_logprobs or 0)

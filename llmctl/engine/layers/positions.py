@@ -32,21 +32,38 @@ class RotaryEmbedding(torch.nn.Module):
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.attention_scaling = float(scaling)
+        # LongRoPE (Phi-3/4): short factors up to the pretraining length, long factors for a sequence past it
+        self.original_max: int | None = None
+        if rope_type == "longrope":
+            self.original_max = int(params.get("original_max_position_embeddings")
+                                    or getattr(hf_config, "original_max_position_embeddings"))
+            long_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](hf_config, seq_len=self.original_max + 1)
+            self.register_buffer("long_inv_freq", long_freq.float(), persistent=False)
         self._cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, cos, sin
 
-    def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T]; query [T, H, D], key [T, KVH, D]. On CPUs rotated in place by one C++ op."""
-        cos, sin = self._cos_sin(positions, query.dtype)
+    def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T]; query [T, H, D], key [T, KVH, D]; lengths [T]: each token's sequence length after
+        this step (LongRoPE's switch; None: position + 1, a decode step's). On CPUs rotated in place by one
+        C++ op."""
+        cos, sin = self._cos_sin(positions, query.dtype, lengths)
         if cpu_kernels.fused_layers_for(query) and query.stride(-1) == 1 and key.stride(-1) == 1:
             cpu_kernels.rotary(query, key, cos.squeeze(1), sin.squeeze(1))
             return query, key
         return _rotate(query, cos, sin), _rotate(key, cos, sin)
 
-    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype,
+                 lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         # Every layer of a step rotates by the same positions: compute once per step.
         if self._cached is not None and self._cached[0] is positions and self._cached[1].dtype == dtype:
             return self._cached[1], self._cached[2]
         freqs = positions.float().unsqueeze(-1) * self.inv_freq.unsqueeze(0)
+        if self.original_max is not None:
+            # as transformers: long factors for every token of a forward whose sequence passes the length
+            # it was pretrained on (per sequence here; transformers runs one sequence per forward)
+            ends = lengths if lengths is not None else positions + 1
+            long = positions.float().unsqueeze(-1) * self.long_inv_freq.unsqueeze(0)
+            freqs = torch.where((ends > self.original_max).unsqueeze(-1), long, freqs)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.attention_scaling).to(dtype).unsqueeze(1)
         sin = (emb.sin() * self.attention_scaling).to(dtype).unsqueeze(1)

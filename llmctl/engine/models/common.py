@@ -22,6 +22,7 @@ class StepContext:
     positions: torch.Tensor  # [T]
     kv_caches: dict[int, KVCache]  # by layer index: the layers this rank runs
     backend: AttentionBackend
+    lengths: torch.Tensor | None = None  # [T] each token's sequence length after the step (LongRoPE models)
 
 
 @dataclass(frozen=True)

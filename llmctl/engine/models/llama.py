@@ -74,7 +74,7 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(ctx.positions, q, k)
+        q, k = self.rotary(ctx.positions, q, k, ctx.lengths)
         out = ctx.backend.forward(q, k, v, ctx.kv_caches[layer], scale=self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -122,6 +122,7 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     decoder_layer: type[nn.Module] = LlamaDecoderLayer  # a family with other norms around the blocks swaps it
+    supports_lora = True
 
     def __init__(self, spec: ModelSpec, hf_config: Any, shard: Shard | None = None) -> None:
         super().__init__()
@@ -142,8 +143,10 @@ class LlamaForCausalLM(nn.Module):
             tied_here = spec.tie_word_embeddings and self.embed_tokens is not None
             self.lm_head = self.embed_tokens if tied_here else \
                 VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, group)
+        self.needs_lengths = rotary.original_max is not None  # LongRoPE switches factors by sequence length
         self.qwen1 = spec.model_type == "qwen"
-        self.supports_lora = not self.qwen1  # PEFT names q/k/v/o and gate/up/down (Qwen 1 fuses c_attn)
+        if self.qwen1:
+            self.supports_lora = False  # PEFT names q/k/v/o and gate/up/down; Qwen 1 fuses c_attn
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, hidden: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids) if self.embed_tokens is not None else hidden

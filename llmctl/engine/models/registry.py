@@ -18,6 +18,7 @@ SUPPORTED = {
     "GraniteForCausalLM": "llama",  # Llama with four multipliers (llama.Multipliers)
     "QWenLMHeadModel": "llama",  # Qwen (1): Llama-shaped under other names; its remote code is never run
     "Olmo2ForCausalLM": "olmo2",
+    "Phi3ForCausalLM": "phi3",
     "BloomForCausalLM": "bloom",
     "OPTForCausalLM": "opt",
 }
@@ -34,6 +35,10 @@ def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None) ->
             from llmctl.engine.models.llama import LlamaForCausalLM
 
             return LlamaForCausalLM(spec, hf_config, shard)
+        if family == "phi3":
+            from llmctl.engine.models.phi3 import Phi3ForCausalLM
+
+            return Phi3ForCausalLM(spec, hf_config, shard)
         if family == "olmo2":
             from llmctl.engine.models.olmo2 import Olmo2ForCausalLM
 

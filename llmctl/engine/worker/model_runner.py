@@ -51,7 +51,8 @@ class ModelRunner:
             self.lora_step.set(batch.lora_slots or [NO_ADAPTER] * len(batch.seq_lens), batch.query_start_loc, device)
         positions = to_device(batch.positions, torch.long, device)
         input_ids = to_device(batch.input_ids, torch.long, device)
-        return self.model(input_ids, StepContext(positions, self.kv_caches, self.backend), hidden)
+        lengths = sequence_lengths(batch, device) if getattr(self.model, "needs_lengths", False) else None
+        return self.model(input_ids, StepContext(positions, self.kv_caches, self.backend, lengths), hidden)
 
     @torch.inference_mode()
     def logits(self, batch: StepBatch, hidden: torch.Tensor) -> StepLogits:
@@ -76,3 +77,12 @@ class ModelRunner:
 def make_runner(loaded: LoadedModel, block_size: int) -> ModelRunner:
     return ModelRunner(loaded.model, loaded.kv_caches, loaded.backend, block_size, loaded.device,
                        loaded.sliding_window, loaded.lora_step)
+
+
+def sequence_lengths(batch: StepBatch, device: torch.device) -> torch.Tensor:
+    """[T]: for each new token, its sequence's length: every token the sequence holds, not only those in the
+    cache after this step (so every chunk of a long prompt sees what one forward over it would)."""
+    counts = [end - start for start, end in zip(batch.query_start_loc, batch.query_start_loc[1:])]
+    lengths = batch.seq_lens if not batch.total_lens else \
+        [max(length, total) for length, total in zip(batch.seq_lens, batch.total_lens)]
+    return torch.repeat_interleave(torch.tensor(lengths), torch.tensor(counts)).to(device)
