@@ -229,3 +229,29 @@ def test_qwen3_served_with_the_openai_client_and_enable_thinking(models, tokeniz
             assert status == 400 and what in error["error"]["message"]
     finally:
         server.stop()
+
+
+LORA_FAMILIES = ["qwen3", "granite", "olmo2"]  # Phi-3's PEFT targets are its fused qkv_proj / gate_up_proj
+
+
+@pytest.mark.parametrize("family", LORA_FAMILIES)
+def test_a_peft_adapter_matches_transformers_with_peft(models, tokenizer, family, tmp_path):
+    from llmctl import LoRARequest
+    from lora_helpers import PROMPTS as LORA_PROMPTS, assert_matches, make_adapter, reference
+
+    adapter = make_adapter(models[family], tmp_path / "adapter", rank=4, seed=3,
+                           targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    llm = LLM(str(models[family]), enable_lora=True, max_lora_rank=8, max_model_len=256)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
+        outputs = llm.generate(LORA_PROMPTS, params, lora_request=LoRARequest("a", 1, str(adapter)))
+    finally:
+        llm.shutdown()
+    assert_matches(outputs, reference(models[family], adapter, tokenizer, LORA_PROMPTS, 12))
+
+
+def test_phi3_with_lora_is_one_clear_refusal(models):
+    from llmctl.errors import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="Phi3ForCausalLM is not supported with --enable-lora"):
+        LLM(str(models["phi3"]), enable_lora=True, max_model_len=256)

@@ -98,7 +98,7 @@ def attach_lora_slots(model: nn.Module, spec: ModelSpec, max_loras: int, max_ran
     """Give every adapted linear of the model its slots; they share one LoRAStep."""
     if not getattr(model, "supports_lora", False):
         raise UnsupportedModelError(
-            f"LoRA adapters are served on the Llama family (Llama, Mistral, Qwen2, SmolLM2); "
+            f"LoRA adapters are served on the Llama family (Llama, Mistral, Qwen2, Qwen3, Granite, OLMo 2, SmolLM2); "
             f"{', '.join(spec.architectures) or spec.model_type} is not supported with --enable-lora yet")
     step = LoRAStep()
     modules = dict(model.named_modules())
