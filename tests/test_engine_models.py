@@ -119,8 +119,8 @@ def test_unsupported_architecture_lists_supported(tmp_path, tokenizer):
 
     folder = save_random_model(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2),
                                tmp_path / "gpt2", tokenizer)
-    with pytest.raises(UnsupportedModelError, match="supported architectures: LlamaForCausalLM"):
-        LLM(str(folder))
+    with pytest.raises(UnsupportedModelError, match="native architectures: LlamaForCausalLM"):
+        LLM(str(folder), model_impl="llmctl")  # auto runs it through transformers (tests/test_transformers_impl.py)
 
 
 def test_mistral_sliding_window(tmp_path, tokenizer):

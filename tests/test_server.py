@@ -288,8 +288,9 @@ def test_unsupported_model_fails_cleanly(tmp_path, default_source):
     import subprocess
     import sys
 
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-                                                      "n_layer": 1, "n_embd": 8, "n_head": 2, "vocab_size": 10}))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FalconForCausalLM"], "model_type": "falcon",
+                                                      "num_hidden_layers": 1, "hidden_size": 8,
+                                                      "num_attention_heads": 2, "vocab_size": 10}))
     result = subprocess.run([sys.executable, "-m", "llmctl", "serve", str(tmp_path), "--port", "0"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2

@@ -44,6 +44,9 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                                              "host memory"),
     "max_lora_rank": Flag(("--max-lora-rank",), int, "the largest adapter rank accepted"),
     "trust_remote_code": Flag(("--trust-remote-code",), bool),
+    "model_impl": Flag(("--model-impl",), str, "auto (llmctl's own implementation, else transformers' modules "
+                                               "around llmctl's paged attention), llmctl (or vLLM's 'vllm') or "
+                                               "transformers"),
     "allow_pickle_weights": Flag(("--allow-pickle-weights",), bool, "load pytorch_model*.bin when a model has no "
                                  "safetensors (torch.load weights_only); off: safetensors only"),
 }

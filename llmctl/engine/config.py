@@ -9,6 +9,7 @@ from llmctl.errors import LlmctlError
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * GiB  # vLLM's CPU backend reserves VLLM_CPU_KVCACHE_SPACE (4 GiB) the same way
 SUPPORTED_BLOCK_SIZES = (8, 16, 32, 64)
+MODEL_IMPLS = ("auto", "llmctl", "vllm", "transformers")  # "vllm": vLLM's name for the native implementation
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -35,6 +36,7 @@ class EngineConfig:
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps (llmctl.engine.worker.cuda_graphs)
     device: str = "auto"
     trust_remote_code: bool = False
+    model_impl: str = "auto"  # vLLM's --model-impl: auto (native, else transformers), llmctl, transformers
     allow_pickle_weights: bool = False  # load pytorch_model*.bin (torch.load weights_only) when no safetensors
     show_progress: bool = False
     tensor_parallel_size: int = 1
@@ -69,6 +71,8 @@ class EngineConfig:
                 bad(flag, f"must be at least 1 (got {getattr(self, flag)})")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
+        if self.model_impl not in MODEL_IMPLS:
+            bad("model_impl", f"{self.model_impl!r} is not one of {', '.join(MODEL_IMPLS)}")
         if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
             bad("kv_cache_dtype", f"{self.kv_cache_dtype!r} is not supported; use auto or fp8 (e4m3)")
         if self.speculative_config is not None:

@@ -28,7 +28,39 @@ def is_supported(spec: ModelSpec) -> bool:
     return any(arch in SUPPORTED for arch in spec.architectures)
 
 
-def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None) -> nn.Module:
+def implementation(spec: ModelSpec, requested: str = "auto") -> tuple[str | None, str]:
+    """Which implementation `serve --model-impl requested` uses: "llmctl", "transformers" or None, and why not."""
+    native = is_supported(spec)
+    if requested in ("llmctl", "vllm"):
+        return ("llmctl", "") if native else (None, _unsupported(spec))
+    if requested == "auto" and native:
+        return "llmctl", ""
+    from llmctl.engine.models.transformers_impl import transformers_class
+
+    cls, why = transformers_class(spec)
+    if cls is not None:
+        return "transformers", ""
+    tried = "" if requested == "transformers" else f"{_unsupported(spec)}; "
+    return None, f"{tried}--model-impl transformers: {why}"
+
+
+def _unsupported(spec: ModelSpec) -> str:
+    names = ", ".join(spec.architectures) or spec.model_type
+    return f"llmctl's engine has no native {names}; native architectures: {', '.join(SUPPORTED)}"
+
+
+def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None, impl: str = "auto") -> nn.Module:
+    chosen, why = implementation(spec, impl)
+    if chosen is None:
+        raise UnsupportedModelError(why)
+    if chosen == "transformers":
+        from llmctl.engine.models.transformers_impl import TransformersForCausalLM
+
+        return TransformersForCausalLM(spec, hf_config, shard)
+    return _native(spec, hf_config, shard)
+
+
+def _native(spec: ModelSpec, hf_config: Any, shard: Shard | None) -> nn.Module:
     for arch in spec.architectures:
         family = SUPPORTED.get(arch)
         if family == "llama":
@@ -51,6 +83,4 @@ def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None) ->
             from llmctl.engine.models.opt import OPTForCausalLM
 
             return OPTForCausalLM(spec, hf_config, shard)
-    names = ", ".join(spec.architectures) or spec.model_type
-    raise UnsupportedModelError(
-        f"the engine does not support {names} yet; supported architectures: {', '.join(SUPPORTED)}")
+    raise UnsupportedModelError(_unsupported(spec))

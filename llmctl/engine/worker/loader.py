@@ -50,7 +50,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
         keep_freed_memory_in_heap()
     dtype = _dtype(config.dtype, device)
     hf_config = _hf_config(source, spec, config.trust_remote_code)
-    model = _build(spec, hf_config, dtype, device, source, shard, config.allow_pickle_weights)
+    model = _build(spec, hf_config, dtype, device, source, shard, config.allow_pickle_weights, config.model_impl)
     weights_bytes = model_weight_bytes(model)
     packed_bytes = pack_linears(model) if device.type == "cpu" else 0
     lora_step, lora_slots = attach_lora_slots(model, spec, config.max_loras, config.max_lora_rank, dtype, device) \
@@ -161,9 +161,9 @@ def qwen1_config(source: ModelSource) -> Any:
 
 
 def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.device, source: ModelSource,
-           shard: Shard, allow_pickle: bool = False) -> nn.Module:
+           shard: Shard, allow_pickle: bool = False, impl: str = "auto") -> nn.Module:
     with _no_init(dtype, device):
-        model = create_model(spec, hf_config, shard)
+        model = create_model(spec, hf_config, shard, impl)
     try:
         model.load_weights(iterate_tensors(source.path, dtype, allow_pickle))
     except WeightMismatchError as exc:

@@ -1,0 +1,103 @@
+"""`--model-impl transformers`: a causal LM built by transformers, run inside llmctl's engine.
+
+transformers' modules compute embeddings, positions, norms and MLPs; attention goes through llmctl's
+paged KV cache by a function registered with transformers' AttentionInterface. One step's tokens (all
+sequences, flattened) run as a batch of one: llmctl's attention backend separates the sequences from
+the step's metadata, so transformers builds no causal mask (no mask function is registered). As vLLM's
+transformers backend, this needs a model class that supports the attention interface.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+import torch
+from torch import nn
+
+from llmctl.checkpoint.spec import ModelSpec
+from llmctl.checkpoint.weights import CheckpointTensor
+from llmctl.engine.models.common import Shard, StepContext
+from llmctl.errors import UnsupportedModelError
+
+ATTENTION_NAME = "llmctl_paged"
+_STEP: contextvars.ContextVar[StepContext] = contextvars.ContextVar("llmctl_step")
+
+
+def transformers_class(spec: ModelSpec) -> tuple[type | None, str]:
+    """The transformers class for the checkpoint's architecture, or None and why it cannot run here."""
+    import transformers
+
+    names = spec.architectures or []
+    for name in names:
+        cls = getattr(transformers, name, None)
+        if cls is None:
+            continue
+        if not getattr(cls, "_supports_attention_backend", False):
+            return None, f"no attention-interface support in transformers for {name}"
+        return cls, ""
+    return None, f"transformers has no class {', '.join(names) or spec.model_type} (or it needs --trust-remote-code)"
+
+
+def paged_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                    **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention call, [1, H, T, D] in and [1, T, H, D] out, on llmctl's paged cache."""
+    if kwargs.get("softcap") is not None:
+        raise UnsupportedModelError("attention logit soft-capping is not in llmctl's attention kernels")
+    ctx = _STEP.get()
+    q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    out = ctx.backend.forward(q, k, v, ctx.kv_caches[module.layer_idx], scale=float(scale))
+    return out.unsqueeze(0), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, paged_attention)
+
+
+class TransformersForCausalLM(nn.Module):
+    """The engine's model interface around a transformers model (one process: no TP or PP yet)."""
+
+    supports_lora = False
+
+    def __init__(self, spec: ModelSpec, hf_config: Any, shard: Shard | None = None) -> None:
+        super().__init__()
+        shard = shard or Shard()
+        if shard.group.size > 1 or not (shard.is_first and shard.is_last):
+            raise UnsupportedModelError("--model-impl transformers runs in one process: use --tp 1 --pp 1 "
+                                        "(or --dp for more replicas)")
+        cls, why = transformers_class(spec)
+        if cls is None:
+            raise UnsupportedModelError(why)
+        _register()
+        # transformers reads the checkpoint itself: its key renamings and tensor conversions apply
+        device = torch.get_default_device()
+        self.hf = cls.from_pretrained(hf_config._name_or_path, config=hf_config, attn_implementation=ATTENTION_NAME,
+                                      dtype=torch.get_default_dtype(), device_map={"": device})
+        self.spec, self.shard = spec, shard
+        self.stage_layers = range(spec.num_layers)
+        self._check_layer_indices()
+
+    def _check_layer_indices(self) -> None:
+        indices = {getattr(m, "layer_idx", None) for m in self.hf.modules() if hasattr(m, "layer_idx")}
+        if indices != set(self.stage_layers):
+            raise UnsupportedModelError(f"{type(self.hf).__name__}'s attention modules do not carry layer "
+                                        "indices llmctl can map to its KV cache")
+
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        token = _STEP.set(ctx)
+        try:
+            out = self.hf.base_model(input_ids=input_ids.unsqueeze(0), position_ids=ctx.positions.unsqueeze(0),
+                                     use_cache=False)
+        finally:
+            _STEP.reset(token)
+        return out.last_hidden_state[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.hf.get_output_embeddings()(hidden)[..., :self.spec.vocab_size]
+
+    def load_weights(self, tensors: list[CheckpointTensor] | Any) -> None:
+        """Nothing to do: transformers' from_pretrained loaded (and checked) the checkpoint."""

@@ -1,0 +1,76 @@
+"""`--model-impl transformers`: families llmctl has no native code for, run as transformers' modules
+around llmctl's paged attention, against transformers' own generate."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmctl import LLM
+from llmctl.errors import UnsupportedModelError
+from test_engine_models import save_random_model
+from test_model_families import assert_close, engine_outputs, transformers_reference
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_source):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(default_source.path))
+
+
+def configs(vocab: int) -> dict:
+    from transformers import GPT2Config, GPTJConfig, GPTNeoXConfig
+
+    return {
+        # Pythia's layout: parallel attention and MLP, partial rotary
+        "gpt_neox": GPTNeoXConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, rotary_pct=0.5, max_position_embeddings=256,
+                                  use_parallel_residual=True, tie_word_embeddings=False),
+        # learned absolute positions, Conv1D projections, tied head
+        "gpt2": GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=256),
+        # interleaved rotary on part of each head
+        "gptj": GPTJConfig(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=256),
+    }
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tokenizer):
+    tmp = tmp_path_factory.mktemp("transformers-impl")
+    return {name: save_random_model(config, tmp / name, tokenizer) for name, config in configs(len(tokenizer)).items()}
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "gpt2", "gptj"])
+def test_greedy_tokens_and_logprobs_equal_transformers(models, tokenizer, family):
+    ours, _ = engine_outputs(models[family])  # --model-impl auto picks transformers for these
+    assert_close(transformers_reference(models[family], tokenizer), ours)
+
+
+def test_a_llama_through_transformers_equals_the_native_engine(tmp_path, tokenizer):
+    from transformers import LlamaConfig
+
+    folder = save_random_model(LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+                               tmp_path / "llama", tokenizer)
+    native, _ = engine_outputs(folder, model_impl="llmctl")
+    through, _ = engine_outputs(folder, model_impl="transformers")
+    for (tokens, sampled, prompt), (their_tokens, their_sampled, their_prompt) in zip(native, through):
+        assert their_tokens == tokens
+        assert max(abs(a - b) for a, b in zip(sampled + prompt, their_sampled + their_prompt)) < 1e-4
+
+
+def test_an_architecture_neither_path_runs_says_which_were_tried(tmp_path, tokenizer):
+    from transformers import FalconConfig
+
+    folder = save_random_model(FalconConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=1,
+                                            num_attention_heads=4), tmp_path / "falcon", tokenizer)
+    with pytest.raises(UnsupportedModelError) as error:
+        LLM(str(folder))
+    message = str(error.value)
+    assert "no native FalconForCausalLM" in message
+    assert "--model-impl transformers: no attention-interface support in transformers for FalconForCausalLM" in message
+    assert "\n" not in message
+
+
+def test_transformers_impl_is_one_process(models):
+    with pytest.raises(UnsupportedModelError, match="runs in one process"):
+        LLM(str(models["gpt2"]), tensor_parallel_size=2)
