@@ -20,6 +20,9 @@ from llmctl.plan.planner import Plan as PlanResult
 console = Console()
 
 _VERDICT_STYLE = {"yes": "green", "no": "red", "conditional": "yellow"}
+SERVE_VERDICTS = {"llmctl": "runs this architecture with llmctl's own implementation",
+                  "transformers": "runs it as transformers' modules around llmctl's paged attention "
+                                  "(--model-impl transformers: one process, no TP or PP)"}
 
 
 def to_jsonable(value: Any) -> Any:
@@ -213,8 +216,8 @@ def _misc_table(report: InspectReport) -> Table:
     else:
         table.add_row("license", f"[yellow]{lic.declared or 'unknown'} — needs human review[/yellow]")
     table.add_row("attention backend", f"{report.backend.backend}: {report.backend.reason}")
-    table.add_row("llmctl serve", "runs this architecture" if report.llmctl_serves else
-                  f"does not run {', '.join(report.spec.architectures) or report.spec.model_type} yet (vllm serve does)")
+    table.add_row("llmctl serve", SERVE_VERDICTS.get(report.implementation, "") or
+                  f"does not run it yet ({report.implementation_note})")
     return table
 
 
@@ -274,6 +277,7 @@ def plan_to_dict(plan: PlanResult) -> dict[str, Any]:
     req = plan.request
     return {
         "model": plan.model,
+        "llmctl_implementation": req.llmctl_impl,  # what llmctl serve runs it with (None: it does not yet)
         "gpu": {"type": req.gpu.key, "name": req.gpu.name, "memory_bytes": req.gpu.memory_bytes,
                 "count": req.gpus, "nodes": req.nodes, "gpus_per_node": req.gpus_per_node},
         "settings": {"gpu_memory_utilization": req.gpu_memory_utilization, "dtype": plan.dtype,

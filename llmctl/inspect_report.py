@@ -7,7 +7,7 @@ from typing import Any
 
 from llmctl.errors import LlmctlError
 from llmctl.engine.attention_selector import BackendChoice, choose_attention_backend
-from llmctl.engine.models.registry import is_supported
+from llmctl.engine.models.registry import implementation
 from llmctl.checkpoint.license import LicenseReport, detect_license
 from llmctl.checkpoint.params import ConfigParamCount, TensorCount, count_from_config, count_from_tensors
 from llmctl.checkpoint.safetensors import WeightHeaders, read_weight_headers
@@ -54,7 +54,9 @@ class InspectReport:
     generation_defaults: dict[str, Any]
     license: LicenseReport
     backend: BackendChoice
-    llmctl_serves: bool  # llmctl's engine implements the architecture (else: vLLM serves it, llmctl does not yet)
+    llmctl_serves: bool  # `llmctl serve` runs it (else: vLLM serves it, llmctl does not yet)
+    implementation: str | None  # with what: "llmctl" (native), "transformers" (--model-impl), or None
+    implementation_note: str  # why neither, when None
     text_tokens: list[tuple[int, str]] | None = None
     warnings: list[str] = field(default_factory=list)
 
@@ -80,12 +82,14 @@ def build_inspect_report(source: ModelSource, *, text: str | None = None,
         warnings.append(f"parameter count from headers ({weights.params_from_headers:,}) differs from the "
                         f"config-derived count ({weights.params_from_config:,})")
     license_report = detect_license(source)
+    impl, why = implementation(spec)
     return InspectReport(
         source=source, spec=spec, config_params=config_count, weights=weights,
         kv_bytes_per_token_16bit=spec.kv_bytes_per_token(2),
         kv_bytes_per_token_model_dtype=spec.kv_bytes_per_token(spec.dtype_bytes),
         tokenizer=tokenizer, generation_defaults=generation_defaults(source),
-        license=license_report, backend=choose_attention_backend(spec), llmctl_serves=is_supported(spec),
+        license=license_report, backend=choose_attention_backend(spec),
+        llmctl_serves=impl is not None, implementation=impl, implementation_note=why,
         text_tokens=text_tokens, warnings=warnings,
     )
 

@@ -120,13 +120,16 @@ def test_plan_takes_vllms_short_parallel_flags() -> None:
     assert [(l["tp"], l["pp"]) for l in json.loads(result.stdout)["layouts"]] == [(1, 1)]
 
 
-@pytest.mark.parametrize("repo_id,served", [("bigscience/bloom", True), ("meta-llama/Llama-2-7b-hf", True),
-                                            ("deepseek-ai/DeepSeek-R1", False),  # MLA + MoE: not in the engine yet
-                                            ("mistralai/Mixtral-8x7B-v0.1", False)])  # MoE
-def test_plan_and_inspect_say_whether_llmctl_serves_the_model(repo_id: str, served: bool) -> None:
+@pytest.mark.parametrize("repo_id,impl,served", [
+    ("bigscience/bloom", "llmctl", True), ("meta-llama/Llama-2-7b-hf", "llmctl", True),
+    ("deepseek-ai/DeepSeek-R1", None, False),  # MLA + MoE: neither path has MLA's KV layout yet
+    ("mistralai/Mixtral-8x7B-v0.1", "transformers", False)])  # MoE: transformers' modules, one process only
+def test_plan_and_inspect_name_what_llmctl_serve_runs(repo_id: str, impl: str | None, served: bool) -> None:
     report = json.loads(run_cli("inspect", repo_id, "--json").stdout)
-    assert report["llmctl_serves"] is served
-    plan = run_cli("plan", repo_id, "--gpus", "16", "--nodes", "2", "--json")
-    commands = json.loads(plan.stdout)["commands"]
-    assert any(c.startswith("vllm serve") for c in commands)
-    assert any(c.startswith("llmctl serve") for c in commands) is served
+    assert report["implementation"] == impl and report["llmctl_serves"] is (impl is not None)
+    if impl is None:
+        assert "multi-head latent attention" in report["implementation_note"]
+    plan = json.loads(run_cli("plan", repo_id, "--gpus", "16", "--nodes", "2", "--json").stdout)
+    assert plan["llmctl_implementation"] == impl
+    assert any(c.startswith("vllm serve") for c in plan["commands"])
+    assert any(c.startswith("llmctl serve") for c in plan["commands"]) is served  # 16 GPUs: a sharded layout

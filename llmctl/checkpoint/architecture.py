@@ -63,6 +63,7 @@ class AttentionSpec:
     layer_types: tuple[str, ...] = ()  # "full" or "sliding", one per layer
     qk_norm: bool = False
     qk_norm_whole: bool = False  # OLMo 2: over the whole q and k projections, not one head's
+    logit_softcap: float | None = None  # Gemma 2: scores = cap · tanh(scores / cap)
 
     @property
     def qk_norm_params(self) -> int:

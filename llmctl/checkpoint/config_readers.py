@@ -238,7 +238,7 @@ def read_attention(reader: ConfigReader, model_type: str, facts: dict[str, Any],
         kind = "GQA"
     return AttentionSpec(kind=kind, num_heads=heads, num_kv_heads=kv_heads, head_dim=facts["head_dim"],
                          sliding_window=window, layer_types=layer_types, qk_norm=qk_norm,
-                         qk_norm_whole=model_type == "olmo2")
+                         qk_norm_whole=model_type == "olmo2", logit_softcap=cfg.get("attn_logit_softcapping"))
 
 
 def _sliding_window(cfg: dict[str, Any], model_type: str) -> int | None:

@@ -50,7 +50,7 @@ def plan(
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import DEFAULT_MODEL_ID, resolve_model
     from llmctl.plan.hardware import resolve_hardware
-    from llmctl.engine.models.registry import is_supported
+    from llmctl.engine.models.registry import implementation
     from llmctl.plan.planner import PlanRequest, build_plan
 
     hardware = resolve_hardware(gpu, gpus, nodes, gpus_per_node)
@@ -63,7 +63,7 @@ def plan(
         expert_parallel=expert_parallel, enforce_eager=enforce_eager, min_concurrency=min_concurrency,
         max_loras=max_loras, max_lora_rank=max_lora_rank,
         pp_layer_partition=os.environ.get("VLLM_PP_LAYER_PARTITION"),  # as vLLM reads it
-        llmctl_serves=is_supported(spec),
+        llmctl_impl=implementation(spec)[0],
     )
     result = build_plan(spec, request, model or DEFAULT_MODEL_ID)
     if as_json:

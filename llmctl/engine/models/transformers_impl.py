@@ -35,8 +35,20 @@ def transformers_class(spec: ModelSpec) -> tuple[type | None, str]:
             continue
         if not getattr(cls, "_supports_attention_backend", False):
             return None, f"no attention-interface support in transformers for {name}"
-        return cls, ""
+        return (None, why) if (why := _paged_attention_lacks(spec)) else (cls, "")
     return None, f"transformers has no class {', '.join(names) or spec.model_type} (or it needs --trust-remote-code)"
+
+
+def _paged_attention_lacks(spec: ModelSpec) -> str:
+    """What llmctl's paged attention cannot do for this model yet, or ''."""
+    att = spec.attention
+    if att.kind == "MLA":
+        return "multi-head latent attention needs its own KV layout, which llmctl's engine does not have yet"
+    if 0 < att.sliding_layers < len(att.layer_types):
+        return "layers that mix sliding-window and full attention are not in llmctl's KV manager yet"
+    if att.logit_softcap:
+        return "attention logit soft-capping is not in llmctl's attention kernels yet"
+    return ""
 
 
 def paged_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
