@@ -86,9 +86,8 @@ class TransformersForCausalLM(nn.Module):
             raise UnsupportedModelError(why)
         _register()
         # transformers reads the checkpoint itself: its key renamings and tensor conversions apply
-        device = torch.get_default_device()
         self.hf = cls.from_pretrained(hf_config._name_or_path, config=hf_config, attn_implementation=ATTENTION_NAME,
-                                      dtype=torch.get_default_dtype(), device_map={"": device})
+                                      dtype=torch.get_default_dtype()).to(torch.get_default_device())
         self.spec, self.shard = spec, shard
         self.stage_layers = range(spec.num_layers)
         self._check_layer_indices()
