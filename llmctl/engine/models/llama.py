@@ -174,8 +174,7 @@ class LlamaForCausalLM(nn.Module):
                 return []
             if name.endswith("self_attn.c_attn.weight") or name.endswith("self_attn.c_attn.bias"):
                 kind = name.rsplit(".", 1)[1]  # Qwen 1: q, k and v stacked in one tensor
-                rows = self.spec.attention.num_heads * self.spec.attention.head_dim
-                return [Target(f"layers.{layer}.self_attn.qkv_proj.{kind}", i, i * rows) for i in range(3)]
+                return self.stacked_targets(f"layers.{layer}.self_attn.qkv_proj.{kind}")
             parts = name.split(".")
             owner = parts[-2] if parts[-1] in ("weight", "bias", "qweight", "qzeros", "scales", "g_idx") else None
             if owner in FUSED:
@@ -185,6 +184,16 @@ class LlamaForCausalLM(nn.Module):
         if name == "embed_tokens.weight":
             return embedding_targets(name, self.embed_tokens, self.lm_head, self.spec.tie_word_embeddings)
         return [Target(name)]
+
+    def stacked_targets(self, path: str) -> list[Target]:
+        """A checkpoint tensor holding q, k and v (or gate and up) stacked by rows: each part from its first row."""
+        att = self.spec.attention
+        if path.split(".")[-2] == "gate_up_proj":
+            starts = [0, self.spec.intermediate_size]
+        else:
+            q, kv = att.num_heads * att.head_dim, att.num_kv_heads * att.head_dim
+            starts = [0, q, q + kv]
+        return [Target(path, part, start) for part, start in enumerate(starts)]
 
     @staticmethod
     def _qwen1_name(name: str) -> str:
