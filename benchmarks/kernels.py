@@ -1,6 +1,6 @@
 """llmctl's Triton kernels on a GPU: decode attention as KV bandwidth, and W4A16 against a bf16 GEMM.
 
-    python benchmarks/kernels.py                        # on a CUDA GPU: batch 64 × context 4k, Llama-3-8B shapes
+    python benchmarks/kernels.py [--json FILE]          # on a CUDA GPU: batch 1–256 × context 1k–32k, Llama-3-8B shapes
     TRITON_INTERPRET=1 python benchmarks/kernels.py --tiny   # anywhere: tiny shapes, checks the script runs
 
 Decode attention reads every sequence's K and V once; its bandwidth is that many bytes over the
@@ -11,7 +11,9 @@ The W4A16 GEMM (GPTQ and AWQ layouts) is timed against torch's bf16 matmul of th
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -43,28 +45,33 @@ def copy_bandwidth(device: str, nbytes: int) -> float:
 
 
 def decode_attention(device: str, dtype: torch.dtype, batch: int, context: int, heads: int, kv_heads: int,
-                     dim: int, block_size: int, repeats: int) -> None:
-    from llmctl.kernels.attention import AttentionOptions, paged_attention, plan_step
+                     dim: int, block_size: int, repeats: int, peak: float) -> list[dict]:
+    from llmctl.kernels.attention import SEGMENTS, AttentionOptions, choose_segments, paged_attention, plan_step
 
     pages = -(-context // block_size)
-    cache = torch.randn(batch * pages, block_size, 2, kv_heads, dim, device=device).to(dtype)
+    cache = torch.empty(batch * pages, block_size, 2, kv_heads, dim, device=device, dtype=dtype).normal_()
     tables = torch.randperm(batch * pages, device=device).view(batch, pages).to(torch.int32)
     lens = torch.full((batch,), context, dtype=torch.int32, device=device)
     query = torch.randn(batch, heads, dim, device=device).to(dtype)
     starts = list(range(batch + 1))
     options = AttentionOptions(scale=dim ** -0.5)
     kv_bytes = batch * context * 2 * kv_heads * dim * cache.element_size()
-    peak = copy_bandwidth(device, 1 << 30) if device == "cuda" else float("nan")
-    for segments in (1, None):
+    records = []
+    chosen = choose_segments(True, [context] * batch, kv_heads)  # what the engine runs for this step
+    for segments in (1, SEGMENTS):  # whole contexts, and split into segments merged by a second kernel
         layout = plan_step(starts, [context] * batch, heads, kv_heads, torch.device(device), num_segments=segments)
         seconds = timed(lambda: paged_attention(query, cache, tables, lens, layout, options), repeats)
-        label = f"{layout.num_segments} segment{'s' if layout.num_segments > 1 else ''}"
+        label = f"{layout.num_segments} segment{'s' if layout.num_segments > 1 else ''}" + ("*" if segments == chosen else "")
         print(f"decode attention, batch {batch} × context {context}, {heads}/{kv_heads} heads × {dim} ({label}): "
               f"{seconds * 1e6:8.1f} µs, {kv_bytes / seconds / 1e9:7.1f} GB/s of KV "
-              f"({kv_bytes / seconds / peak:.0%} of copy bandwidth {peak / 1e9:.0f} GB/s)")
+              f"({kv_bytes / seconds / peak:.0%} of copy bandwidth {peak / 1e9:.0f} GB/s)", flush=True)
+        records.append(dict(batch=batch, context=context, segments=layout.num_segments,
+                            engine_runs_this=segments == chosen, seconds=seconds,
+                            kv_gb_per_s=kv_bytes / seconds / 1e9, fraction_of_copy=kv_bytes / seconds / peak))
+    return records
 
 
-def w4a16(device: str, dtype: torch.dtype, rows: int, inner: int, cols: int, repeats: int) -> None:
+def w4a16(device: str, dtype: torch.dtype, rows: int, inner: int, cols: int, repeats: int) -> dict:
     from llmctl.kernels.w4a16 import w4a16_matmul
     from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
 
@@ -75,26 +82,42 @@ def w4a16(device: str, dtype: torch.dtype, rows: int, inner: int, cols: int, rep
     dense = weight.dequantize().t().contiguous().to(device, dtype)
     baseline = timed(lambda: x @ dense, repeats)
     print(f"GEMM {rows} × {inner} × {cols}: torch {str(dtype).removeprefix('torch.')} {baseline * 1e6:8.1f} µs")
+    record = dict(rows=rows, inner=inner, cols=cols, dense_seconds=baseline)
     for method, packed in (("gptq", pack_gptq(weight)), ("awq", pack_awq(weight))):
         args = [packed[k].to(device) for k in ("qweight", "qzeros", "scales")]
         seconds = timed(lambda: w4a16_matmul(x, method, *args, None, 128), repeats)
-        print(f"    W4A16 {method}: {seconds * 1e6:8.1f} µs ({baseline / seconds:.2f}× the dense GEMM's speed)")
+        print(f"    W4A16 {method}: {seconds * 1e6:8.1f} µs ({baseline / seconds:.2f}× the dense GEMM's speed)",
+              flush=True)
+        record[f"{method}_seconds"], record[f"{method}_speedup"] = seconds, baseline / seconds
+    return record
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiny", action="store_true", help="small shapes (for the interpreter)")
+    parser.add_argument("--json", type=Path, help="write every figure to this file")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-    print(f"device: {torch.cuda.get_device_name() if cuda else 'CPU (Triton interpreter)'}")
+    name = torch.cuda.get_device_name() if cuda else "CPU (Triton interpreter)"
+    print(f"device: {name}")
+    peak = copy_bandwidth(device, 1 << 30) if cuda else float("nan")
+    report: dict = dict(device=name, copy_gb_per_s=peak / 1e9, attention=[], w4a16=[])
     if args.tiny:
-        decode_attention(device, dtype, batch=2, context=64, heads=4, kv_heads=2, dim=64, block_size=16, repeats=2)
-        w4a16(device, dtype, rows=4, inner=256, cols=64, repeats=2)
-        return
-    decode_attention(device, dtype, batch=64, context=4096, heads=32, kv_heads=8, dim=128, block_size=16, repeats=20)
-    for rows in (1, 16, 256):  # Llama-3-8B's MLP up projection
-        w4a16(device, dtype, rows=rows, inner=4096, cols=14336, repeats=20)
+        report["attention"] += decode_attention(device, dtype, batch=2, context=64, heads=4, kv_heads=2, dim=64,
+                                                block_size=16, repeats=2, peak=peak)
+        report["w4a16"].append(w4a16(device, dtype, rows=4, inner=256, cols=64, repeats=2))
+    else:
+        free = torch.cuda.mem_get_info()[0]
+        for batch in (1, 16, 64, 256):  # Llama-3-8B's attention: 32 query heads, 8 KV heads of 128
+            for context in (1024, 4096, 32768):
+                if batch * context * 2 * 8 * 128 * 2 < free // 3:
+                    report["attention"] += decode_attention(device, dtype, batch=batch, context=context, heads=32,
+                                                            kv_heads=8, dim=128, block_size=16, repeats=20, peak=peak)
+        for rows in (1, 16, 256):  # Llama-3-8B's MLP up projection
+            report["w4a16"].append(w4a16(device, dtype, rows=rows, inner=4096, cols=14336, repeats=20))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

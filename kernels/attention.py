@@ -34,6 +34,11 @@ LONG_CONTEXT = 1024  # decode contexts from here on are split along the context 
 SEGMENTS = 16
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """float32 operands multiply in full precision: tl.dot's default on GPUs is TF32 (10 mantissa bits)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 @dataclass(frozen=True)
 class AttentionOptions:
     scale: float
@@ -143,7 +148,7 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
         GROUP=layout.group, HEAD_DIM=dim, PADDED_DIM=padded_dim, BLOCK_SIZE=block_size, ROWS=layout.rows,
         PER_BLOCK=layout.rows // layout.group, WINDOW=options.sliding_window or 0,
         ALIBI=options.alibi_slopes is not None, SOFTCAP=bool(options.softcap), SEGMENTS=segments,
-        KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
+        KV_FP8=kv_cache.dtype == torch.float8_e4m3fn, DOT_PRECISION=dot_precision(query.dtype),
     )
     if segments > 1:
         _merge_kernel[(tokens, heads)](
@@ -161,7 +166,7 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tab
               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PADDED_DIM: tl.constexpr,
               BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, PER_BLOCK: tl.constexpr,
               WINDOW: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SEGMENTS: tl.constexpr,
-              KV_FP8: tl.constexpr):
+              KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
     program, kv_head, segment = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq = tl.load(block_seq_ptr + program)
     first = tl.load(block_first_ptr + program)
@@ -207,7 +212,7 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tab
         if KV_FP8:
             k = (k.to(tl.float32) * k_scale).to(q.dtype)
             v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        score = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+        score = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * scale
         if SOFTCAP:
             score = softcap * (2.0 * tl.sigmoid(2.0 * score / softcap) - 1.0)  # softcap · tanh(score / softcap)
         if ALIBI:
@@ -221,7 +226,7 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tab
         weights = tl.exp(score - shift[:, None])
         rescale = tl.exp(best - shift)
         total = total * rescale + tl.sum(weights, 1)
-        acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
+        acc = tl.dot(weights.to(v.dtype), v, acc * rescale[:, None], input_precision=DOT_PRECISION)
         best = new_best
 
     if SEGMENTS == 1:

@@ -12,9 +12,13 @@ weight never exists in memory; products accumulate in float32.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 import triton
 import triton.language as tl
+
+from llmctl.kernels.attention import dot_precision
 
 
 def w4a16_reference(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torch.Tensor,
@@ -32,29 +36,59 @@ def w4a16_reference(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros:
     return (x.float() @ weight.to(x.device)).to(x.dtype)
 
 
+@dataclass(frozen=True)
+class Tiles:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int  # programs along K, summed with atomic adds into a float32 output
+    uniform_groups: bool  # every K tile lies in one quantization group: scales/zeros load once per tile
+
+
+def choose_tiles(rows: int, inner: int, cols: int, group_size: int, act_order: bool, programs_wanted: int) -> Tiles:
+    """Small M (decodes) reads weights faster than it multiplies: more programs by splitting K."""
+    block_m = max(16, min(64, triton.next_power_of_2(rows)))
+    block_n = 64
+    block_k = next((k for k in (128, 64, 32) if not act_order and group_size % k == 0 and k <= max(inner, 32)), 32)
+    uniform = not act_order and group_size % block_k == 0
+    programs = triton.cdiv(rows, block_m) * triton.cdiv(cols, block_n)
+    k_tiles = triton.cdiv(inner, block_k)
+    split = max(1, min(k_tiles // 2, programs_wanted // programs)) if rows <= 64 else 1
+    return Tiles(block_m, block_n, block_k, split, uniform)
+
+
 def w4a16_matmul(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-                 g_idx: torch.Tensor | None, group_size: int) -> torch.Tensor:
-    """x [M, K] -> [M, N] in x's dtype."""
+                 g_idx: torch.Tensor | None, group_size: int, split_k: int | None = None) -> torch.Tensor:
+    """x [M, K] -> [M, N] in x's dtype. `split_k` overrides the choice (tests)."""
     rows, inner = x.shape
     cols = scales.shape[1]
-    if g_idx is None:
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
+    tiles = choose_tiles(rows, inner, cols, group_size, g_idx is not None, programs_wanted=4 * sms)
+    if split_k is not None:
+        tiles = replace(tiles, split_k=split_k)
+    if g_idx is None and not tiles.uniform_groups:
         g_idx = torch.arange(inner, device=x.device, dtype=torch.int32) // group_size
-    out = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
-    block_m = max(16, min(64, triton.next_power_of_2(rows)))
-    block_n, block_k = 64, 32
-    grid = (triton.cdiv(rows, block_m), triton.cdiv(cols, block_n))
+    split = tiles.split_k > 1
+    out = torch.zeros(rows, cols, dtype=torch.float32, device=x.device) if split else \
+        torch.empty(rows, cols, dtype=x.dtype, device=x.device)
+    k_per_split = triton.cdiv(triton.cdiv(inner, tiles.block_k), tiles.split_k) * tiles.block_k
+    grid = (triton.cdiv(rows, tiles.block_m), triton.cdiv(cols, tiles.block_n), tiles.split_k)
     _w4a16_kernel[grid](
-        x, qweight, qzeros, scales, g_idx, out, rows, cols, inner,
+        x, qweight, qzeros, scales, g_idx if g_idx is not None else qzeros, out, rows, cols, inner, k_per_split,
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0),
-        AWQ=method == "awq", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-    return out
+        AWQ=method == "awq", BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        GROUP_SIZE=group_size if tiles.uniform_groups else 1, UNIFORM_GROUPS=tiles.uniform_groups, SPLIT=split,
+        DOT_PRECISION=dot_precision(x.dtype))
+    return out.to(x.dtype) if split else out
 
 
 @triton.jit
-def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K,
+def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K, K_PER_SPLIT,
                   stride_x, stride_qweight, stride_qzeros, stride_scales, stride_out,
-                  AWQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+                  AWQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_SIZE: tl.constexpr, UNIFORM_GROUPS: tl.constexpr, SPLIT: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < M, cols < N
@@ -63,12 +97,13 @@ def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr
     else:  # GPTQ packs the zero points by column, in order
         col_shift = (cols % 8) * 4
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for start in range(0, K, BLOCK_K):
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    for start in range(k_lo, k_hi, BLOCK_K):
         inner = start + tl.arange(0, BLOCK_K)
         inner_ok = inner < K
         x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + inner[None, :],
                     mask=row_ok[:, None] & inner_ok[None, :], other=0.0)
-        group = tl.load(g_idx_ptr + inner, mask=inner_ok, other=0)
         tile_ok = inner_ok[:, None] & col_ok[None, :]
         if AWQ:
             packed = tl.load(qweight_ptr + inner[:, None].to(tl.int64) * stride_qweight + (cols // 8)[None, :],
@@ -78,14 +113,25 @@ def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr
             packed = tl.load(qweight_ptr + (inner // 8)[:, None].to(tl.int64) * stride_qweight + cols[None, :],
                              mask=tile_ok, other=0)
             q = (packed >> ((inner % 8) * 4)[:, None]) & 0xF
-        zero_pack = tl.load(qzeros_ptr + group[:, None].to(tl.int64) * stride_qzeros + (cols // 8)[None, :],
-                            mask=tile_ok, other=0)
-        zero = (zero_pack >> col_shift[None, :]) & 0xF
+        if UNIFORM_GROUPS:  # the tile's one group: a row of zeros and scales
+            group = start // GROUP_SIZE
+            zero_pack = tl.load(qzeros_ptr + group * stride_qzeros + cols // 8, mask=col_ok, other=0)
+            zero = ((zero_pack >> col_shift) & 0xF)[None, :]
+            scale = tl.load(scales_ptr + group * stride_scales + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        else:
+            group = tl.load(g_idx_ptr + inner, mask=inner_ok, other=0)
+            zero_pack = tl.load(qzeros_ptr + group[:, None].to(tl.int64) * stride_qzeros + (cols // 8)[None, :],
+                                mask=tile_ok, other=0)
+            zero = (zero_pack >> col_shift[None, :]) & 0xF
+            scale = tl.load(scales_ptr + group[:, None].to(tl.int64) * stride_scales + cols[None, :],
+                            mask=tile_ok, other=0.0).to(tl.float32)
         if not AWQ:
             zero += 1  # GPTQ v1 stores zero − 1
-        scale = tl.load(scales_ptr + group[:, None].to(tl.int64) * stride_scales + cols[None, :],
-                        mask=tile_ok, other=0.0).to(tl.float32)
         weight = (q - zero).to(tl.float32) * scale
-        acc += tl.dot(x, weight.to(x.dtype))  # bf16/fp16 operands on GPUs (tensor cores), fp32 accumulation
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_out + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & col_ok[None, :])
+        # bf16/fp16 operands on GPUs (tensor cores), fp32 accumulation; fp32 operands in full precision
+        acc = tl.dot(x, weight.to(x.dtype), acc, input_precision=DOT_PRECISION)
+    at = out_ptr + rows[:, None].to(tl.int64) * stride_out + cols[None, :]
+    if SPLIT:
+        tl.atomic_add(at, acc, mask=row_ok[:, None] & col_ok[None, :])
+    else:
+        tl.store(at, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])

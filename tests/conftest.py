@@ -56,6 +56,19 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(cpu_paths())  # also under -q, where the header is not printed
 
 
+@pytest.fixture(autouse=True)
+def release_gpu_memory():
+    """On a GPU each engine takes most of the free memory for its KV pool: give a finished test's
+    engines back (they may sit in reference cycles) before the next one sizes its pool."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture(scope="session")
 def hf_cache() -> Path:
     return Path(os.environ["HF_HUB_CACHE"])

@@ -39,6 +39,7 @@ def compare_with_transformers(folder: Path, tokenizer, max_tokens: int = 12, **e
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    engine_args.setdefault("dtype", "float32")  # as the reference computes, on a GPU too (its default is bf16)
     llm = LLM(str(folder), max_model_len=256, max_num_batched_tokens=7, **engine_args)  # chunked prefill too
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
     outputs = llm.generate(PROMPTS, params)
@@ -288,7 +289,7 @@ def test_fp8_kv_cache(tmp_path, tokenizer):
     runs = {}
     for name, args in {"full": {}, "fp8": {"kv_cache_dtype": "fp8"},
                        "fp8-triton": {"kv_cache_dtype": "fp8", "attention_backend": "triton"}}.items():
-        llm = LLM(str(folder), max_model_len=256, max_num_batched_tokens=7, **args)
+        llm = LLM(str(folder), max_model_len=256, max_num_batched_tokens=7, dtype="float32", **args)
         runs[name] = llm.generate(PROMPTS, params)
         loaded = llm.engine.loaded
         assert loaded.kv_geometry.block_bytes == stage_kv(loaded.spec, 1, range(2), 1 if args else 4, 16).block_bytes
@@ -313,7 +314,8 @@ def test_the_profile_step_is_a_real_step_of_the_largest_size():
     assert batch.num_tokens == 100 and batch.seq_lens == [40, 40, 20] and blocks == 3 + 3 + 2
     assert len(set(batch.slot_mapping)) == 100 and max(batch.slot_mapping) < blocks * 16
     loaded = LLM(None, max_model_len=64).engine.loaded
-    caches = {layer: KVCache(torch.zeros(blocks, 16, *cache.kv.shape[2:])) for layer, cache in loaded.kv_caches.items()}
+    caches = {layer: KVCache(torch.zeros(blocks, 16, *cache.kv.shape[2:], dtype=cache.kv.dtype, device=cache.kv.device))
+              for layer, cache in loaded.kv_caches.items()}
     run_dummy_step(loaded.model, lambda count: caches, loaded.backend, batch, blocks, 16, loaded.device,
                    loaded.spec.hidden_size, first_stage=True, last_stage=True)
     for cache in caches.values():  # every layer stored K/V for all 100 tokens

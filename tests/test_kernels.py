@@ -100,8 +100,8 @@ def test_attention_over_an_fp8_cache():
 
 
 @pytest.mark.parametrize("method,act_order", [("gptq", False), ("gptq", True), ("awq", False)])
-@pytest.mark.parametrize("rows", [1, 5, 33])
-def test_w4a16_matches_the_unpacked_weights(method, act_order, rows):
+@pytest.mark.parametrize("rows,split_k", [(1, None), (1, 2), (5, 3), (33, None)])
+def test_w4a16_matches_the_unpacked_weights(method, act_order, rows, split_k):
     from llmctl.kernels.w4a16 import w4a16_matmul, w4a16_reference
     from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
 
@@ -119,10 +119,11 @@ def test_w4a16_matches_the_unpacked_weights(method, act_order, rows):
     args = [packed[k].to(DEVICE) for k in ("qweight", "qzeros", "scales")]
     g_idx = g_idx.to(DEVICE) if g_idx is not None else None
     expected = w4a16_reference(x.to(DEVICE), method, *args, g_idx, group)
-    got = w4a16_matmul(x.to(DEVICE), method, *args, g_idx, group)
+    got = w4a16_matmul(x.to(DEVICE), method, *args, g_idx, group, split_k=split_k)  # K split: summed partials
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE * 10, rtol=TOLERANCE * 10)
-    if not act_order:  # and the reference multiplies by the weight we packed
-        torch.testing.assert_close(expected.float().cpu(), x.float() @ weight.dequantize().t(), atol=1e-4, rtol=1e-4)
+    if not act_order:  # and the reference, in float32, multiplies by the weight we packed
+        reference = w4a16_reference(x.float(), method, *(packed[k] for k in ("qweight", "qzeros", "scales")), None, group)
+        torch.testing.assert_close(reference, x.float() @ weight.dequantize().t(), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("method", ["gptq", "awq"])
@@ -142,4 +143,6 @@ def test_quantized_linear_through_the_kernel_equals_torch_dequantization(method)
     layer.load_parts(parts)
     layer.bias.data.normal_(generator=gen)
     x = torch.randn(2, 3, 64, generator=gen)
-    torch.testing.assert_close(layer.forward_w4a16(x), layer(x), atol=1e-4, rtol=1e-4)
+    expected = layer(x)  # torch's dequantization, on the CPU
+    got = layer.to(DEVICE).forward_w4a16(x.to(DEVICE))  # float32: full-precision products on a GPU too
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)

@@ -58,7 +58,7 @@ def set_up_kv_cache(config: EngineConfig, spec: ModelSpec, model: nn.Module, bac
     agreed = placement.agree_on_blocks(pool.num_blocks)
     if agreed != pool.num_blocks:  # the KV pool is the smallest that every rank holds
         pool = kv_pool(agreed * geometry.block_bytes, geometry)
-    _check_fits(config, geometry, pool, max_model_len, max_batched, available)
+    _check_fits(config, device, geometry, pool, max_model_len, max_batched, available)
     return KVCacheSetup(geometry, pool, make_caches(pool.num_blocks), activation)
 
 
@@ -68,31 +68,57 @@ def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     return model_dtype if name == "auto" else torch.float8_e4m3fn
 
 
-def _kv_memory(config: EngineConfig, device: torch.device, weights_bytes: int, activation_bytes: int,
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One GPU's memory as CUDA and torch's allocator report it."""
+
+    free: int  # not held by any process
+    total: int
+    reserved: int  # held by this process's caching allocator
+    allocated: int  # in live tensors of this process (every engine in it)
+
+    @staticmethod
+    def read(device: torch.device) -> "DeviceMemory":
+        free, total = torch.cuda.mem_get_info(device)
+        return DeviceMemory(free, total, torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device))
+
+
+def gpu_kv_bytes(memory: DeviceMemory, utilization: float, resident_bytes: int, activation_bytes: int,
+                 step_tokens: int) -> int:
+    """vLLM's budget: utilization × total − this engine's weights − its activation peak − memory outside
+    torch's allocator; never more than can still be allocated beside the activation peak."""
+    # this engine's own weights, not memory_allocated(): another engine in the process is not our weights
+    budget = MemoryBudget(total_bytes=memory.total, utilization=utilization, weights_bytes=resident_bytes,
+                          activation_bytes=activation_bytes,
+                          overhead_bytes=max(0, memory.total - memory.free - memory.reserved))
+    logger.info("KV budget %.2f GiB = %.2f × %.2f GiB total − %.2f GiB weights − %.2f GiB activation peak "
+                "(measured at %d tokens) − %.2f GiB used outside this process's allocator", budget.kv_bytes / GiB,
+                utilization, memory.total / GiB, budget.weights_bytes / GiB, activation_bytes / GiB,
+                step_tokens, budget.overhead_bytes / GiB)
+    allocatable = memory.free + memory.reserved - memory.allocated - activation_bytes
+    if allocatable < budget.kv_bytes:
+        logger.warning("KV cache capped at %.2f GiB: that is what the GPU has free beside the activation peak "
+                       "(other tensors of this process, e.g. another engine, hold the rest)", allocatable / GiB)
+    return min(budget.kv_bytes, allocatable)
+
+
+def _kv_memory(config: EngineConfig, device: torch.device, resident_bytes: int, activation_bytes: int,
                step_tokens: int) -> int:
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory
     if device.type != "cuda":
         return DEFAULT_CPU_KV_CACHE_MEMORY
-    free, total = torch.cuda.mem_get_info(device)
-    used_by_others = total - free - torch.cuda.memory_reserved(device)
-    budget = MemoryBudget(total_bytes=total, utilization=config.gpu_memory_utilization,
-                          weights_bytes=torch.cuda.memory_allocated(device) or weights_bytes,
-                          activation_bytes=activation_bytes, overhead_bytes=max(0, used_by_others))
-    logger.info("KV budget %.2f GiB = %.2f × %.2f GiB total − %.2f GiB weights − %.2f GiB activation peak "
-                "(measured at %d tokens) − %.2f GiB used outside this process's allocator", budget.kv_bytes / GiB,
-                config.gpu_memory_utilization, total / GiB, budget.weights_bytes / GiB, activation_bytes / GiB,
-                step_tokens, budget.overhead_bytes / GiB)
-    return budget.kv_bytes
+    return gpu_kv_bytes(DeviceMemory.read(device), config.gpu_memory_utilization, resident_bytes, activation_bytes,
+                        step_tokens)
 
 
-def _check_fits(config: EngineConfig, geometry: StageKV, pool: KVPool, max_model_len: int, step_tokens: int,
-                available: int) -> None:
+def _check_fits(config: EngineConfig, device: torch.device, geometry: StageKV, pool: KVPool, max_model_len: int,
+                step_tokens: int, available: int) -> None:
     need = geometry.sequence_bytes(max_model_len, step_tokens)
     if pool.allocated_bytes >= need:
         return
     fits = geometry.max_length(pool.allocated_bytes, step_tokens)
-    flag = "--kv-cache-memory-bytes" if config.kv_cache_memory is not None or config.device != "cuda" else \
+    flag = "--kv-cache-memory-bytes" if config.kv_cache_memory is not None or device.type != "cuda" else \
         "--gpu-memory-utilization"
     hint = f"use --max-model-len {fits} or more memory ({flag})" if fits > 0 else f"give more memory ({flag})"
     raise EngineConfigError(

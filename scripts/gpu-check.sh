@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU checks in one command, on a machine with a CUDA GPU and llmctl installed (docs/kernels.md):
+# the kernel benchmarks, an end-to-end `bench offline` with and without CUDA graphs, and the GPU test subset
+# (compiled Triton kernels, CUDA graphs, the measured activation peak). Everything lands in
+# ${GPU_CHECK_OUT:-gpu-check} (logs, and gpu-check.json with every figure); the exit status is the tests'.
+#
+#   scripts/gpu-check.sh            # all of it (the end-to-end run builds a 16 GB random Llama-3-8B first)
+#   GPU_CHECK_SKIP_E2E=1 scripts/gpu-check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+OUT_DIR="${GPU_CHECK_OUT:-gpu-check}"
+mkdir -p "$OUT_DIR"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
+"$PYTHON" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT_DIR/gpu.txt"
+
+timeout "${GPU_CHECK_KERNELS_TIMEOUT:-600}" "$PYTHON" benchmarks/kernels.py --json "$OUT_DIR/kernels.json" 2>&1 | tee "$OUT_DIR/kernels.log"
+if [ -z "${GPU_CHECK_SKIP_E2E:-}" ]; then
+    timeout "${GPU_CHECK_E2E_TIMEOUT:-900}" "$PYTHON" benchmarks/gpu_end_to_end.py --json "$OUT_DIR/end_to_end.json" 2>&1 | tee "$OUT_DIR/end_to_end.log"
+fi
+timeout "${GPU_CHECK_TEST_TIMEOUT:-900}" "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs \
+    tests/test_kernels.py tests/test_gpu_memory_budget.py tests/test_engine_models.py 2>&1 | tee "$OUT_DIR/tests.log"
+tests=${PIPESTATUS[0]}
+"$PYTHON" - "$OUT_DIR" "$tests" <<'PY'
+import json, sys
+from pathlib import Path
+out, tests = Path(sys.argv[1]), int(sys.argv[2])
+read = lambda name: json.loads((out / name).read_text()) if (out / name).exists() else None
+summary = {"gpu": (out / "gpu.txt").read_text().strip(), "tests_exit_status": tests,
+           "tests_summary": (out / "tests.log").read_text().strip().splitlines()[-1:],
+           "kernels": read("kernels.json"), "end_to_end": read("end_to_end.json")}
+(out / "gpu-check.json").write_text(json.dumps(summary, indent=1))
+print(f"wrote {out / 'gpu-check.json'}")
+PY
+exit "$tests"
