@@ -13,7 +13,6 @@ from typing import Protocol
 import torch
 
 
-
 @dataclass
 class AttentionMetadata:
     """Flat description of one step: T new tokens from B sequences."""
@@ -65,6 +64,9 @@ class AttentionBackend(Protocol):
     def prepare(self, meta: AttentionMetadata, device: torch.device) -> None: ...
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
-                scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
-        """query [T, H, D], key/value [T, KVH, D] (new tokens) -> output [T, H, D]."""
+                scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
+        """query [T, H, D], key/value [T, KVH, D] (new tokens) -> output [T, H, D]. `window`: this layer's
+        sliding window where layers differ (Gemma; None: the step's `sliding_window`); `softcap`: scores =
+        softcap · tanh(scores / softcap) (Gemma 2)."""
         ...

@@ -17,9 +17,13 @@ class RotaryEmbedding(torch.nn.Module):
     yarn, longrope), so scaling matches the reference implementation exactly.
     """
 
-    def __init__(self, hf_config: Any, head_dim: int) -> None:
+    def __init__(self, hf_config: Any, head_dim: int, layer_type: str | None = None) -> None:
+        """`layer_type`: Gemma 3 keeps one set of RoPE parameters per kind of layer ("full_attention",
+        "sliding_attention")."""
         super().__init__()
         params = getattr(hf_config, "rope_parameters", None) or {}
+        if layer_type is not None:
+            params = params[layer_type]
         rope_type = params.get("rope_type", "default")
         if rope_type == "default":
             theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
@@ -29,7 +33,8 @@ class RotaryEmbedding(torch.nn.Module):
         else:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config)
+            extra = {} if layer_type is None else {"layer_type": layer_type}
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, **extra)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.attention_scaling = float(scaling)
         # LongRoPE (Phi-3/4): short factors up to the pretraining length, long factors for a sequence past it

@@ -40,16 +40,25 @@ class TorchAttention:
 
     def __init__(self) -> None:
         self.meta: AttentionMetadata | None = None
-        self.prefills: list[_Prefill] = []
-        self.decodes: list[_Decodes] = []
+        self._plans: dict[int | None, tuple[list[_Prefill], list[_Decodes]]] = {}  # by sliding window
+        self._device: torch.device | None = None
+        self._only: list[int] | None = None
         self._workspace: torch.Tensor | None = None  # reused gather buffer: fresh large buffers cost page faults
 
     def prepare(self, meta: AttentionMetadata, device: torch.device, only: list[int] | None = None) -> None:
         """`only`: the sequences this backend answers (default all; the `cpu` backend hands it some)."""
-        self.meta = meta
+        self.meta, self._device, self._only, self._plans = meta, device, only, {}
+        self._plan(meta.sliding_window)
+
+    def _plan(self, window: int | None) -> tuple[list[_Prefill], list[_Decodes]]:
+        """Masks for one sliding window (None: full attention), made once per step: models that mix
+        sliding and full layers (Gemma) use two."""
+        if window in self._plans:
+            return self._plans[window]
+        meta, device = self.meta, self._device
         size = meta.block_size
-        self.prefills, decodes = [], []
-        for i in range(meta.num_seqs) if only is None else only:
+        prefills, decodes = [], []
+        for i in range(meta.num_seqs) if self._only is None else self._only:
             start, q_len, length = meta.query_start_loc[i], meta.query_len(i), meta.seq_lens[i]
             blocks = meta.block_tables[i][: -(-length // size)]
             if q_len == 1:
@@ -58,28 +67,34 @@ class TorchAttention:
             query_pos = torch.arange(length - q_len, length).unsqueeze(1)
             key_pos = torch.arange(len(blocks) * size).unsqueeze(0)
             mask = key_pos <= query_pos
-            if meta.sliding_window:
-                mask &= key_pos > query_pos - meta.sliding_window
-            fresh = q_len == length and not meta.sliding_window
-            self.prefills.append(_Prefill(slice(start, start + q_len), fresh, torch.tensor(blocks, device=device),
-                                          mask.to(device), torch.arange(len(blocks) * size, device=device)))
-        self.decodes = [_decode_batch([decodes[i] for i in group], size, device, meta.sliding_window)
-                        for group in _length_groups([length for _, _, length in decodes])]
+            if window:
+                mask &= key_pos > query_pos - window
+            fresh = q_len == length and not window
+            prefills.append(_Prefill(slice(start, start + q_len), fresh, torch.tensor(blocks, device=device),
+                                     mask.to(device), torch.arange(len(blocks) * size, device=device)))
+        batches = [_decode_batch([decodes[i] for i in group], size, device, window)
+                   for group in _length_groups([length for _, _, length in decodes])]
+        self._plans[window] = prefills, batches
+        return self._plans[window]
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
-                scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+                scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
         assert self.meta is not None, "prepare() runs before forward()"
         _store(cache.flat_slots(), self.meta.slot_mapping, key, value)
-        return self.attend(query, key, value, cache, scale=scale, alibi_slopes=alibi_slopes)
+        return self.attend(query, key, value, cache, scale=scale, alibi_slopes=alibi_slopes, window=window,
+                           softcap=softcap)
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
-               scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+               scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
+               softcap: float | None = None) -> torch.Tensor:
         """Attention for the prepared sequences, their new K/V already stored; other rows are left unset."""
+        prefills, decodes = self._plan(window or self.meta.sliding_window)
         output = torch.empty_like(query)
         gqa = query.shape[1] != key.shape[1]
-        for p in self.prefills:
+        for p in prefills:
             q = query[p.tokens].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-            if p.fresh and alibi_slopes is None and cache.kv.dtype != FP8:  # fp8: attend to what is stored
+            if p.fresh and alibi_slopes is None and not softcap and cache.kv.dtype != FP8:  # fp8: read what is stored
                 k, v = key[p.tokens].transpose(0, 1).unsqueeze(0), value[p.tokens].transpose(0, 1).unsqueeze(0)
                 out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=scale,
                                                      enable_gqa=gqa)
@@ -87,11 +102,15 @@ class TorchAttention:
                 continue
             k, v = self._gather(cache.kv, p.blocks.unsqueeze(0), q.dtype)  # [1, KVH, L, D] each
             mask = _bias(p.mask, p.key_positions, alibi_slopes, q.dtype)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+            out = softcapped_attention(q, k, v, mask, scale, softcap) if softcap else \
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
             output[p.tokens] = out.squeeze(0).transpose(0, 1)
-        for d in self.decodes:
+        for d in decodes:
             k, v = self._gather(cache.kv, d.blocks, query.dtype)  # [B, KVH, L, D] each
-            output.index_copy_(0, d.rows, _decode(query.index_select(0, d.rows), k, v, d, scale, alibi_slopes))
+            rows = query.index_select(0, d.rows)
+            out = softcapped_attention(rows.unsqueeze(2), k, v, d.mask, scale, softcap).squeeze(2) if softcap else \
+                _decode(rows, k, v, d, scale, alibi_slopes)
+            output.index_copy_(0, d.rows, out)
         return output
 
     def _gather(self, kv: torch.Tensor, blocks: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,6 +147,19 @@ def _decode(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d: _Decodes, 
     out = F.scaled_dot_product_attention(query.unsqueeze(2), k, v, attn_mask=mask, scale=scale,
                                          enable_gqa=heads != k.shape[1])
     return out.squeeze(2)
+
+
+def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+                         softcap: float) -> torch.Tensor:
+    """q [B, H, q, D], K/V [B, KVH, L, D], mask boolean [.., q, L]: softmax(cap · tanh(q·kᵀ·scale / cap)) · v,
+    as transformers' eager Gemma 2 attention computes it (SDPA has no soft-cap)."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
 def _length_groups(lengths: list[int], ratio: float = 0.6) -> list[list[int]]:

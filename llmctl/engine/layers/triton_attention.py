@@ -57,7 +57,8 @@ class TritonAttention:
         return self._attention.plan_step(list(range(size + 1)), [1] * size, heads, kv_heads, device, num_segments=1)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
-                scale: float, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+                scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
         step = self.step
         assert step is not None, "prepare() or use_static() runs before forward()"
         self._kv_store.store_kv(key.contiguous(), value.contiguous(), cache.kv, step.slot_mapping)
@@ -66,6 +67,6 @@ class TritonAttention:
                                                     key.shape[1], query.device)
         options = self._attention.AttentionOptions(
             scale=scale, alibi_slopes=None if alibi_slopes is None else alibi_slopes.float().contiguous(),
-            sliding_window=step.sliding_window)
+            sliding_window=window or step.sliding_window, softcap=softcap)
         return self._attention.paged_attention(query.contiguous(), cache.kv, step.block_tables, step.seq_lens,
                                                step.layout, options)

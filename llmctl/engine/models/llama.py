@@ -58,6 +58,8 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(q, spec.hidden_size, spec.layout.o_bias, group, quant)
         self.rotary = rotary
         self.scale = self.head_dim**-0.5 if scale is None else float(scale)
+        self.window: int | None = None  # this layer's sliding window where layers differ (Gemma)
+        self.softcap: float | None = None  # attention logit soft-cap (Gemma 2)
         self.q_norm, self.k_norm = self.qk_norms(q, kv, eps, group) if att.qk_norm else (None, None)
 
     def qk_norms(self, q: Part, kv: Part, eps: float, group: TPGroup) -> tuple[nn.Module, nn.Module]:
@@ -75,7 +77,8 @@ class LlamaAttention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(ctx.positions, q, k, ctx.lengths)
-        out = ctx.backend.forward(q, k, v, ctx.kv_caches[layer], scale=self.scale)
+        out = ctx.backend.forward(q, k, v, ctx.kv_caches[layer], scale=self.scale, window=self.window,
+                                  softcap=self.softcap)
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
@@ -130,12 +133,12 @@ class LlamaForCausalLM(nn.Module):
         self.spec, self.shard = spec, shard
         self.stage_layers = shard.stage_layers(spec.num_layers)
         eps = float(getattr(hf_config, "rms_norm_eps", getattr(hf_config, "layer_norm_epsilon", 1e-6)))
-        rotary = RotaryEmbedding(hf_config, spec.attention.head_dim)
+        rotary = self.make_rotary(hf_config, spec.attention.head_dim)
         group = shard.group
         self.multipliers = Multipliers.from_config(hf_config)
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, group) \
             if shard.is_first else None
-        self.layers = nn.ModuleList(self.decoder_layer(spec, rotary, eps, group, self.multipliers)
+        self.layers = nn.ModuleList(self.make_layer(i, hf_config, rotary, eps)
                                     if i in self.stage_layers else nn.Identity() for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, eps) if shard.is_last else None
         self.lm_head = None
@@ -147,6 +150,12 @@ class LlamaForCausalLM(nn.Module):
         self.qwen1 = spec.model_type == "qwen"
         if self.qwen1:
             self.supports_lora = False  # PEFT names q/k/v/o and gate/up/down; Qwen 1 fuses c_attn
+
+    def make_rotary(self, hf_config: Any, head_dim: int) -> RotaryEmbedding:
+        return RotaryEmbedding(hf_config, head_dim)
+
+    def make_layer(self, index: int, hf_config: Any, rotary: RotaryEmbedding, eps: float) -> nn.Module:
+        return self.decoder_layer(self.spec, rotary, eps, self.shard.group, self.multipliers)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, hidden: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids) if self.embed_tokens is not None else hidden

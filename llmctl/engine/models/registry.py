@@ -19,6 +19,9 @@ SUPPORTED = {
     "QWenLMHeadModel": "llama",  # Qwen (1): Llama-shaped under other names; its remote code is never run
     "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
+    "Gemma2ForCausalLM": "gemma",
+    "Gemma3ForCausalLM": "gemma",
+    "Gemma3ForConditionalGeneration": "gemma",  # served text-only: the language model of the checkpoint
     "BloomForCausalLM": "bloom",
     "OPTForCausalLM": "opt",
 }
@@ -71,6 +74,10 @@ def _native(spec: ModelSpec, hf_config: Any, shard: Shard | None) -> nn.Module:
             from llmctl.engine.models.phi3 import Phi3ForCausalLM
 
             return Phi3ForCausalLM(spec, hf_config, shard)
+        if family == "gemma":
+            from llmctl.engine.models.gemma import GemmaForCausalLM
+
+            return GemmaForCausalLM(spec, hf_config, shard)
         if family == "olmo2":
             from llmctl.engine.models.olmo2 import Olmo2ForCausalLM
 

@@ -1,0 +1,121 @@
+"""Gemma 2 and Gemma 3 (issue 34) against transformers' eager implementation: random weights, windows
+short enough that the prompts and generations slide past them, soft-caps low enough to bite, greedy
+tokens identical and log-probabilities within 1e-3 on every attention backend, TP 2 equal to TP 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_engine_models import save_random_model
+from test_model_families import PROMPTS, TOLERANCE, engine_outputs
+
+TOKENS = 24
+WINDOW = 8  # the prompts are 6–40 tokens: sliding layers drop keys that full layers still see
+
+
+def gemma2_config(vocab: int):
+    from transformers import Gemma2Config
+
+    # head_dim 16 with query_pre_attn_scalar 24: the softmax scale is not 1/√head_dim; caps of 5 and 3 are
+    # reached by these random weights (the real ones are 50 and 30)
+    return Gemma2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+                        sliding_window=WINDOW, attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                        max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def gemma3_text_config(vocab: int):
+    from transformers import Gemma3TextConfig
+
+    # two sliding layers then a full one (the real pattern is 5:1); RoPE bases 10k locally and 1M ×8 linear
+    # globally, as in Gemma 3 4B and larger
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}}
+    return Gemma3TextConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                            sliding_window=WINDOW, layer_types=["sliding_attention", "sliding_attention",
+                                                                "full_attention"],
+                            rope_parameters=rope, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
+                            eos_token_id=2)
+
+
+FAMILIES = {"gemma2": gemma2_config, "gemma3": gemma3_text_config}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_source):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(default_source.path))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tokenizer) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("gemma")
+    return {name: save_random_model(make(len(tokenizer)), tmp / name, tokenizer) for name, make in FAMILIES.items()}
+
+
+def eager_reference(folder: Path, tokenizer, model_class=None, prompts=PROMPTS):
+    """Greedy tokens and their log-probabilities from transformers' eager attention (SDPA has no soft-cap)."""
+    from transformers import AutoModelForCausalLM
+
+    loader = model_class or AutoModelForCausalLM
+    hf = loader.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
+    out = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            ref = hf.generate(ids, do_sample=False, max_new_tokens=TOKENS, min_new_tokens=TOKENS, output_logits=True,
+                              return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+        tokens = ref.sequences[0, ids.shape[1]:].tolist()
+        out.append((tokens, [float(torch.log_softmax(s[0], -1)[t]) for s, t in zip(ref.logits, tokens)]))
+    return out
+
+
+def assert_matches(reference, ours, prompts=PROMPTS) -> None:
+    for prompt, (tokens, sampled), (our_tokens, our_sampled, _) in zip(prompts, reference, ours):
+        assert our_tokens[:TOKENS] == tokens, prompt
+        assert max(abs(a - b) for a, b in zip(sampled, our_sampled)) < TOLERANCE, prompt
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_greedy_tokens_and_logprobs_equal_transformers(models, tokenizer, family, backend):
+    reference = eager_reference(models[family], tokenizer)
+    ours, _ = engine_outputs(models[family], attention_backend=backend)
+    assert_matches(reference, ours)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_triton_backend_applies_each_layers_window_and_the_softcap(models, tokenizer, family):
+    prompts = PROMPTS[4:6]  # the two longest: each slides past the window (the interpreter is slow)
+    reference = eager_reference(models[family], tokenizer, prompts=prompts)
+    from llmctl import LLM, SamplingParams
+
+    llm = LLM(str(models[family]), max_model_len=128, max_num_batched_tokens=16, attention_backend="triton")
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True, logprobs=0))
+    ours = [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs], None) for o in outputs]
+    assert_matches(reference, ours, prompts)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tp2_equals_tp1(models, family):
+    single, _ = engine_outputs(models[family])
+    sharded, memory = engine_outputs(models[family], tensor_parallel_size=2)
+    assert len(memory) == 2
+    for (tokens, sampled, _), (their_tokens, their_sampled, _) in zip(single, sharded):
+        assert their_tokens == tokens and max(abs(a - b) for a, b in zip(sampled, their_sampled)) <= 1e-4
+
+
+def test_the_cpu_backend_hands_soft_capped_attention_to_torch(models):
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
+    from llmctl.engine.attention_selector import choose_attention_backend
+
+    spec = load_spec(resolve_model(str(models["gemma2"])))
+    choice = choose_attention_backend(spec, cuda=False)
+    assert choice.backend == "torch" and "soft-capped at 5" in choice.reason
+    assert choose_attention_backend(load_spec(resolve_model(str(models["gemma3"]))), cuda=False).backend == "cpu"
