@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from test_engine_models import save_random_model
-from test_model_families import PROMPTS, TOLERANCE, engine_outputs
+from test_model_families import PROMPTS, TOLERANCE, assert_ranks_hold_what_plan_says, engine_outputs
 
 TOKENS = 24
 WINDOW = 8  # the prompts are 6–40 tokens: sliding layers drop keys that full layers still see
@@ -90,6 +90,13 @@ def test_greedy_tokens_and_logprobs_equal_transformers(models, tokenizer, family
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_transformers_path_pages_mixed_windows_and_soft_caps(models, tokenizer, family):
+    """--model-impl transformers: transformers' Gemma modules over llmctl's hybrid KV cache."""
+    ours, _ = engine_outputs(models[family], model_impl="transformers")
+    assert_matches(eager_reference(models[family], tokenizer), ours)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_triton_backend_applies_each_layers_window_and_the_softcap(models, tokenizer, family):
     prompts = PROMPTS[4:6]  # the two longest: each slides past the window (the interpreter is slow)
     reference = eager_reference(models[family], tokenizer, prompts=prompts)
@@ -108,6 +115,11 @@ def test_tp2_equals_tp1(models, family):
     assert len(memory) == 2
     for (tokens, sampled, _), (their_tokens, their_sampled, _) in zip(single, sharded):
         assert their_tokens == tokens and max(abs(a - b) for a, b in zip(sampled, their_sampled)) <= 1e-4
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_rank_holds_what_plan_says(models, family):
+    assert_ranks_hold_what_plan_says(models[family])  # KV: one block is a page in each of the group's slots
 
 
 def test_the_cpu_backend_hands_soft_capped_attention_to_torch(models):

@@ -135,6 +135,11 @@ def test_tp2_equals_tp1(models, family):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_each_rank_holds_what_plan_says_and_plan_names_the_engine(models, family):
+    assert_ranks_hold_what_plan_says(models[family])
+
+
+def assert_ranks_hold_what_plan_says(folder: Path) -> None:
+    """At TP 2, each rank's weights and KV pool are plan's numbers for that model."""
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import resolve_model
     from llmctl.engine.models.registry import is_supported
@@ -142,9 +147,9 @@ def test_each_rank_holds_what_plan_says_and_plan_names_the_engine(models, family
     from llmctl.plan.memory import kv_pool
     from llmctl.plan.weights import pipeline_stages, stage_weights, weight_format
 
-    spec = load_spec(resolve_model(str(models[family])))
+    spec = load_spec(resolve_model(str(folder)))
     assert is_supported(spec)
-    _, memory = engine_outputs(models[family], tensor_parallel_size=2)
+    _, memory = engine_outputs(folder, tensor_parallel_size=2)
     [weights] = stage_weights(spec, weight_format(4, None, spec), 2, 1)
     [layers] = pipeline_stages(spec, 1)
     block_bytes = stage_kv(spec, 2, layers, 4, 16).block_bytes

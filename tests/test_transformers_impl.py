@@ -8,7 +8,7 @@ import pytest
 from llmctl import LLM
 from llmctl.errors import UnsupportedModelError
 from test_engine_models import save_random_model
-from test_model_families import assert_close, engine_outputs, transformers_reference
+from test_model_families import assert_close, engine_outputs, granite_config, transformers_reference
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,13 @@ def models(tmp_path_factory, tokenizer):
 def test_greedy_tokens_and_logprobs_equal_transformers(models, tokenizer, family):
     ours, _ = engine_outputs(models[family])  # --model-impl auto picks transformers for these
     assert_close(transformers_reference(models[family], tokenizer), ours)
+
+
+def test_the_head_scales_logits_as_the_familys_forward_does(tmp_path, tokenizer):
+    """Granite divides its logits by logits_scaling after the head, in its own forward: so does the path."""
+    folder = save_random_model(granite_config(len(tokenizer)), tmp_path / "granite", tokenizer)
+    ours, _ = engine_outputs(folder, model_impl="transformers")
+    assert_close(transformers_reference(folder, tokenizer), ours)
 
 
 def test_a_llama_through_transformers_equals_the_native_engine(tmp_path, tokenizer):

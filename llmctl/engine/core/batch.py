@@ -3,6 +3,7 @@ block tables, plus the rows to sample and to score as prompt log-probabilities."
 
 from __future__ import annotations
 
+from llmctl.engine.core.block_manager import SLID_OUT
 from llmctl.engine.core.scheduler import SchedulerOutput
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.core.step_messages import StepBatch
@@ -13,8 +14,10 @@ def build_batch(sched: SchedulerOutput, block_size: int,
     """The step's batch and the sequences its sample rows belong to (in row order)."""
     ids: list[int] = []
     positions: list[int] = []
-    slots: list[int] = []
-    starts, lens, tables, total_lens = [0], [], [], []
+    groups = len(sched.scheduled[0].seq.block_tables) if sched.scheduled else 1
+    slots: list[list[int]] = [[] for _ in range(groups)]  # per KV group
+    tables: list[list[list[int]]] = [[] for _ in range(groups)]
+    starts, lens, total_lens = [0], [], []
     sample_rows, sample_seqs = [], []
     prompt_rows: dict[int, list[int]] = {}
     for item in sched.scheduled:
@@ -24,27 +27,28 @@ def build_batch(sched: SchedulerOutput, block_size: int,
         for pos in range(start, start + item.num_new_tokens):
             ids.append(seq.token_at(pos) if pos < seq.num_tokens else proposed[pos - seq.num_tokens])
             positions.append(pos)
-            slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
+        for group, table in enumerate(seq.block_tables):
+            slots[group] += [table[pos // block_size] * block_size + pos % block_size
+                             for pos in range(start, start + item.num_new_tokens)]
+            tables[group].append(_readable(table))
         starts.append(len(ids))
         lens.append(start + item.num_new_tokens)
         total_lens.append(seq.num_tokens)
-        tables.append(_readable(seq))
         if item.samples:  # with a draft: the last real token's row, then one row per proposed token
             sample_rows += range(len(ids) - 1 - len(proposed), len(ids))
             sample_seqs.append(seq)
         if seq.params.prompt_logprobs is not None and start < len(seq.prompt_token_ids) - 1:
             last = min(start + item.num_new_tokens, len(seq.prompt_token_ids) - 1)
             prompt_rows[seq.seq_id] = [row0 + p - start for p in range(start, last)]
-    batch = StepBatch(ids, positions, slots, starts, lens, tables, sample_rows, prompt_rows,
-                      list(sched.block_copies), lora_slots or [], total_lens=total_lens)
+    batch = StepBatch(ids, positions, slots[0], starts, lens, tables[0], sample_rows, prompt_rows,
+                      list(sched.block_copies), lora_slots or [], total_lens=total_lens,
+                      group_slot_mappings=slots[1:], group_block_tables=tables[1:])
     return batch, sample_seqs
 
 
-def _readable(seq: Sequence) -> list[int]:
+def _readable(table: list[int]) -> list[int]:
     """The block table with slid-out entries pointing at block 0: the window mask hides what is there."""
-    if not seq.num_slid_out_blocks:
-        return seq.block_table
-    return [0] * seq.num_slid_out_blocks + seq.block_table[seq.num_slid_out_blocks:]
+    return [0 if block == SLID_OUT else block for block in table] if SLID_OUT in table[:1] else table
 
 
 def is_decode_step(batch: StepBatch) -> bool:

@@ -1,8 +1,10 @@
 """KV block pool: block tables, reference counts, prefix caching, copy-on-write.
 
-Sliding-window models give back the blocks that every later query has slid past, so a
-sequence holds about the window's worth of blocks however long it grows; its block table
-keeps SLID_OUT in their place.
+A sequence holds one block table per KV group (llmctl.plan.kv.KVGroups: one group for most
+models; a full-attention group and sliding-window groups for models that mix them, as vLLM's
+hybrid KV cache manager does), all drawing on one pool. Sliding groups give back the blocks
+that every later query has slid past, so they hold about the window's worth of blocks however
+long the sequence grows; their tables keep SLID_OUT in those places.
 
 A full block is identified by a chained hash of its parent's hash and its token ids, so
 equal prefixes map to equal blocks. The stored token ids are compared on every hit, so a
@@ -43,14 +45,20 @@ class BlockManager:
     num_blocks: int
     block_size: int
     enable_prefix_caching: bool = True
-    sliding_window: int | None = None  # every layer attends to at most this many tokens back
+    sliding_window: int | None = None  # every layer attends to at most this many tokens back (one group)
+    group_windows: tuple[int | None, ...] | None = None  # per KV group (hybrid models); overrides sliding_window
     blocks: list[Block] = field(init=False)
     free_ids: list[int] = field(init=False)  # never hashed, or hash dropped
     evictable: OrderedDict[int, None] = field(init=False)  # free but still cached, LRU order
-    cached: dict[int, int] = field(init=False)  # hash -> block id
+    cached: dict[tuple[int, int], int] = field(init=False)  # (group, hash) -> block id
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
 
     def __post_init__(self) -> None:
+        windows = self.group_windows or (self.sliding_window,)
+        self.group_windows = tuple(windows)
+        sliding = {w for w in windows if w}
+        assert len(sliding) <= 1, "one sliding window per model"
+        self.sliding_window = next(iter(sliding), None)
         self.blocks = [Block(i) for i in range(self.num_blocks)]
         self.free_ids = list(range(self.num_blocks - 1, -1, -1))
         self.evictable = OrderedDict()
@@ -66,9 +74,20 @@ class BlockManager:
         """Fraction of blocks held by sequences (vLLM's kv_cache_usage)."""
         return 1.0 - self.num_free_blocks / self.num_blocks if self.num_blocks else 0.0
 
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_windows)
+
+    def tables(self, seq: Sequence) -> list[list[int]]:
+        """The sequence's block table of each KV group (created empty on first use)."""
+        if len(seq.group_tables) != self.num_groups - 1:
+            seq.group_tables = [[] for _ in range(self.num_groups - 1)]
+        return seq.block_tables
+
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        """New blocks in every group: all tables grow together, one entry per block of tokens."""
         total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
-        return max(0, total - len(seq.block_table))
+        return max(0, total - len(seq.block_table)) * self.num_groups
 
     # -- prefix cache ---------------------------------------------------------------------
     def match_prefix(self, seq: Sequence) -> None:
@@ -83,14 +102,16 @@ class BlockManager:
         if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return
         parent = seq.prefix_root
+        tables = self.tables(seq)
         for index in range(max_blocks):
             chunk = tuple(tokens[index * self.block_size:(index + 1) * self.block_size])
             digest = chain_hash(parent, chunk)
-            block_id = self.cached.get(digest)
-            if block_id is None or self.blocks[block_id].token_ids != chunk:
-                break
-            self._take(block_id)
-            seq.block_table.append(block_id)
+            found = [self.cached.get((group, digest)) for group in range(self.num_groups)]
+            if any(block_id is None or self.blocks[block_id].token_ids != chunk for block_id in found):
+                break  # a hit needs the block of every group
+            for table, block_id in zip(tables, found):
+                self._take(block_id)
+                table.append(block_id)
             seq.block_hashes.append(digest)
             parent = digest
         hit = len(seq.block_table) * self.block_size
@@ -107,10 +128,13 @@ class BlockManager:
         for index in range(len(seq.block_hashes), full):
             chunk = tuple(seq.token_at(p) for p in range(index * self.block_size, (index + 1) * self.block_size))
             digest = chain_hash(parent, chunk)
-            block = self.blocks[seq.block_table[index]]
-            if block.hash is None and digest not in self.cached:
-                block.hash, block.token_ids = digest, chunk
-                self.cached[digest] = block.block_id
+            for group, table in enumerate(self.tables(seq)):
+                if table[index] == SLID_OUT:
+                    continue
+                block, key = self.blocks[table[index]], (group, digest)
+                if block.hash is None and key not in self.cached:
+                    block.hash, block.token_ids = key, chunk
+                    self.cached[key] = block.block_id
             seq.block_hashes.append(digest)
             parent = digest
 
@@ -121,10 +145,14 @@ class BlockManager:
             return
         first_needed = seq.num_computed_tokens - self.sliding_window + 1
         end = min(max(0, first_needed) // self.block_size, len(seq.block_table))
-        for index in range(seq.num_slid_out_blocks, end):
-            self._release(seq.block_table[index])
-            seq.block_table[index] = SLID_OUT
+        for table in self._sliding_tables(seq):
+            for index in range(seq.num_slid_out_blocks, end):
+                self._release(table[index])
+                table[index] = SLID_OUT
         seq.num_slid_out_blocks = max(seq.num_slid_out_blocks, end)
+
+    def _sliding_tables(self, seq: Sequence) -> list[list[int]]:
+        return [table for table, window in zip(self.tables(seq), self.group_windows) if window]
 
     # -- allocation -----------------------------------------------------------------------
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -137,37 +165,46 @@ class BlockManager:
     def trim(self, seq: Sequence) -> None:
         """Give back trailing blocks beyond the computed tokens: those allocated for speculative
         tokens that were rejected. They were never full, so never hashed."""
-        keep = -(-seq.num_computed_tokens // self.block_size)
-        while len(seq.block_table) > max(keep, seq.num_slid_out_blocks):
-            self._release(seq.block_table.pop())
+        keep = max(-(-seq.num_computed_tokens // self.block_size), seq.num_slid_out_blocks)
+        for table in self.tables(seq):
+            while len(table) > keep:
+                self._release(table.pop())
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
         """Give `seq` room for `num_new_tokens` more tokens. Returns (src, dst) block copies
         for copy-on-write: a shared, partly filled last block is copied before it is written."""
         copies = []
-        if self._cow_needed(seq):
-            shared = seq.block_table[-1]
-            fresh = self._pop_free()
-            self._release(shared)
-            seq.block_table[-1] = fresh
-            copies.append((shared, fresh))
-        for _ in range(self.blocks_needed(seq, num_new_tokens)):
-            seq.block_table.append(self._pop_free())
+        tables = self.tables(seq)
+        for table in tables:
+            if self._shared_last(table, seq):
+                shared = table[-1]
+                fresh = self._pop_free()
+                self._release(shared)
+                table[-1] = fresh
+                copies.append((shared, fresh))
+        for _ in range(self.blocks_needed(seq, num_new_tokens) // self.num_groups):
+            for table in tables:
+                table.append(self._pop_free())
         return copies
 
     def _cow_needed(self, seq: Sequence) -> int:
-        if not seq.block_table or seq.num_computed_tokens % self.block_size == 0:
-            return 0
+        return sum(self._shared_last(table, seq) for table in self.tables(seq))
+
+    def _shared_last(self, table: list[int], seq: Sequence) -> bool:
+        """The partly filled block the next token goes into is shared with another sequence."""
+        if not table or seq.num_computed_tokens % self.block_size == 0:
+            return False
         last = seq.num_computed_tokens // self.block_size
-        if last >= len(seq.block_table):
-            return 0
-        return int(self.blocks[seq.block_table[last]].ref_count > 1)
+        return last < len(table) and table[last] != SLID_OUT and self.blocks[table[last]].ref_count > 1
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares all of the parent's blocks (n > 1 completions of one prompt)."""
-        for block_id in parent.block_table[parent.num_slid_out_blocks:]:
-            self.blocks[block_id].ref_count += 1
+        for table in self.tables(parent):
+            for block_id in table:
+                if block_id != SLID_OUT:
+                    self.blocks[block_id].ref_count += 1
         child.block_table = list(parent.block_table)
+        child.group_tables = [list(table) for table in parent.group_tables]
         child.num_slid_out_blocks = parent.num_slid_out_blocks
         child.block_hashes = list(parent.block_hashes)
         child.num_computed_tokens = parent.num_computed_tokens
@@ -175,9 +212,12 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         # Release the tail first so that, when evicted, the deepest blocks go before their prefixes.
-        for block_id in reversed(seq.block_table[seq.num_slid_out_blocks:]):
-            self._release(block_id)
+        for table in self.tables(seq):
+            for block_id in reversed(table):
+                if block_id != SLID_OUT:
+                    self._release(block_id)
         seq.block_table = []
+        seq.group_tables = []
         seq.num_slid_out_blocks = 0
         seq.block_hashes = []
         seq.num_computed_tokens = 0

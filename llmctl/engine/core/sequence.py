@@ -48,8 +48,9 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # of the prompt, found in the prefix cache
-    block_table: list[int] = field(default_factory=list)
-    num_slid_out_blocks: int = 0  # leading block-table entries given back (sliding window)
+    block_table: list[int] = field(default_factory=list)  # the first KV group's (the only one, most models)
+    group_tables: list[list[int]] = field(default_factory=list)  # the other KV groups' (hybrid models: Gemma)
+    num_slid_out_blocks: int = 0  # leading entries of the sliding groups' tables given back (sliding window)
     block_hashes: list[int] = field(default_factory=list)  # hashes of the full blocks registered so far
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
@@ -63,6 +64,11 @@ class Sequence:
     lane: int = 0  # pipeline parallel: which of the PP batches in flight this sequence rides in
     draft: Draft | None = None  # speculative decoding: tokens proposed for the next step
     lora: LoRAAdapter | None = None  # the adapter this sequence runs with (None: the base model)
+
+    @property
+    def block_tables(self) -> list[list[int]]:
+        """One per KV group, all of the same length (one entry per block of tokens)."""
+        return [self.block_table, *self.group_tables]
 
     @property
     def num_tokens(self) -> int:

@@ -27,6 +27,9 @@ class StepBatch:
     lora_slots: list[int] = field(default_factory=list)  # [B] each sequence's adapter slot; empty: no adapters
     sampling: list[SampleInput] | None = None  # one per sample row: the last pipeline stage samples them
     total_lens: list[int] = field(default_factory=list)  # [B] each sequence's known tokens (LongRoPE); may be empty
+    # hybrid KV cache (llmctl.plan.kv.KVGroups): slot_mapping and block_tables are the first group's, these the rest's
+    group_slot_mappings: list[list[int]] = field(default_factory=list)
+    group_block_tables: list[list[list[int]]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -57,7 +57,8 @@ class LLMEngine:
         self.max_model_len = self.loaded.max_model_len
         switch = self.loaded.spec.positional.long_rope_switch
         self.block_manager = BlockManager(self.loaded.kv_pool.num_blocks, config.block_size,
-                                          config.enable_prefix_caching and switch is None, self.loaded.sliding_window)
+                                          config.enable_prefix_caching and switch is None,
+                                          group_windows=self.loaded.kv_groups.windows)
         if config.enable_prefix_caching and switch is not None:
             logger.info("prefix caching is off: with LongRoPE a token's keys depend on its sequence's length")
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.loaded.max_num_batched_tokens,

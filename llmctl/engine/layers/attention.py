@@ -13,6 +13,11 @@ from typing import Protocol
 import torch
 
 
+def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap · tanh(x / cap): Gemma 2's attention scores and final logits."""
+    return torch.tanh(x / cap) * cap
+
+
 @dataclass
 class AttentionMetadata:
     """Flat description of one step: T new tokens from B sequences."""

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmctl.engine.layers.attention import soft_cap
 from llmctl.engine.layers.linear import Part
 from llmctl.engine.layers.positions import RotaryEmbedding
 from llmctl.engine.models.common import RMSNorm, StepContext, Target
@@ -111,9 +112,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head.logits(hidden)
-        if self.final_softcap:
-            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
-        return logits
+        return soft_cap(logits, self.final_softcap) if self.final_softcap else logits
 
     def targets(self, name: str) -> list[Target]:
         if name.startswith(OTHER_TOWERS):

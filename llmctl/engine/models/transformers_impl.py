@@ -17,6 +17,7 @@ from torch import nn
 
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.checkpoint.weights import CheckpointTensor
+from llmctl.engine.layers.attention import soft_cap
 from llmctl.engine.models.common import Shard, StepContext
 from llmctl.errors import UnsupportedModelError
 
@@ -44,10 +45,6 @@ def _paged_attention_lacks(spec: ModelSpec) -> str:
     att = spec.attention
     if att.kind == "MLA":
         return "multi-head latent attention needs its own KV layout, which llmctl's engine does not have yet"
-    if 0 < att.sliding_layers < len(att.layer_types):
-        return "layers that mix sliding-window and full attention are not in llmctl's KV manager yet"
-    if att.logit_softcap:
-        return "attention logit soft-capping is not in llmctl's attention kernels yet"
     return ""
 
 
@@ -55,12 +52,11 @@ def paged_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                     **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention call, [1, H, T, D] in and [1, T, H, D] out, on llmctl's paged cache."""
-    if kwargs.get("softcap") is not None:
-        raise UnsupportedModelError("attention logit soft-capping is not in llmctl's attention kernels")
     ctx = _STEP.get()
     q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    out = ctx.backend.forward(q, k, v, ctx.kv_caches[module.layer_idx], scale=float(scale))
+    out = ctx.backend.forward(q, k, v, ctx.kv_caches[module.layer_idx], scale=float(scale),
+                              window=kwargs.get("sliding_window"), softcap=kwargs.get("softcap"))
     return out.unsqueeze(0), None
 
 
@@ -108,7 +104,15 @@ class TransformersForCausalLM(nn.Module):
         return out.last_hidden_state[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.hf.get_output_embeddings()(hidden)[..., :self.spec.vocab_size]
+        """The head, then what the families' own forward does to its output (read from their configs)."""
+        logits = self.hf.get_output_embeddings()(hidden)[..., :self.spec.vocab_size]
+        config = getattr(self.hf.config, "text_config", None) or self.hf.config
+        if getattr(config, "logits_scaling", None):  # Granite
+            logits = logits / config.logits_scaling
+        if isinstance(getattr(self.hf, "logit_scale", None), float):  # Cohere
+            logits = logits * self.hf.logit_scale
+        cap = getattr(config, "final_logit_softcapping", None)  # Gemma 2 and 3
+        return soft_cap(logits, cap) if cap else logits
 
     def load_weights(self, tensors: list[CheckpointTensor] | Any) -> None:
         """Nothing to do: transformers' from_pretrained loaded (and checked) the checkpoint."""

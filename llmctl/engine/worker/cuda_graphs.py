@@ -124,6 +124,8 @@ def decode_graphs(loaded: LoadedModel, config: EngineConfig, window: int | None,
         why_not = "--enforce-eager"
     elif loaded.device.type != "cuda" and capture:
         return None  # CPUs have no graphs to capture: nothing to say
+    elif loaded.kv_groups.hybrid:
+        why_not = "sliding-window and full-attention layers in one model (per-group block tables are not captured yet)"
     elif not isinstance(loaded.backend, TritonAttention):
         why_not = "the torch attention backend cannot be captured"
     elif loaded.placement.rank.world_size > 1:

@@ -17,7 +17,7 @@ from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.worker.loaded_model import Placement
 from llmctl.engine.worker.profile import dummy_prefill, measure_activation_peak, run_dummy_step
 from llmctl.kernels.huge_pages import zeros_on_huge_pages
-from llmctl.plan.kv import StageKV, stage_kv
+from llmctl.plan.kv import StageKV, kv_groups, stage_kv
 from llmctl.plan.memory import KVPool, MemoryBudget, kv_pool
 from llmctl.plan.weights import kv_heads_per_rank
 from llmctl.units import GiB
@@ -128,8 +128,14 @@ def _check_fits(config: EngineConfig, device: torch.device, geometry: StageKV, p
 
 def allocate(spec: ModelSpec, num_blocks: int, block_size: int, layers: range, kv_heads: int, dtype: torch.dtype,
               device: torch.device) -> dict[int, KVCache]:
+    """One tensor per slot of the KV groups (llmctl.plan.kv.KVGroups): per layer where layers are of one kind;
+    shared by the j-th layers of every group where sliding and full layers mix."""
+    groups = kv_groups(spec)
+    slots = sorted({groups.slot(layer) for layer in layers})
     shape = (num_blocks, block_size, 2, kv_heads, spec.attention.head_dim)
     if device.type == "cpu":  # one buffer on huge pages: decoding walks all of it every step
-        pool = zeros_on_huge_pages((len(layers), *shape), dtype)
-        return {layer: KVCache(pool[i]) for i, layer in enumerate(layers)}
-    return {layer: KVCache(torch.zeros(shape, dtype=dtype, device=device)) for layer in layers}
+        pool = zeros_on_huge_pages((len(slots), *shape), dtype)
+        tensors = {slot: pool[i] for i, slot in enumerate(slots)}
+    else:
+        tensors = {slot: torch.zeros(shape, dtype=dtype, device=device) for slot in slots}
+    return {layer: KVCache(tensors[groups.slot(layer)]) for layer in layers}

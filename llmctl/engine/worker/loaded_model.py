@@ -15,7 +15,7 @@ from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.lora.slots import LoRASlots, LoRAStep
 from llmctl.engine.models.common import Shard
 from llmctl.engine.parallel.group import Rank, TPGroup
-from llmctl.plan.kv import StageKV
+from llmctl.plan.kv import KVGroups, StageKV, kv_groups
 from llmctl.plan.memory import KVPool
 from llmctl.plan.weights import pipeline_stages
 
@@ -50,16 +50,20 @@ class LoadedModel:
         return sum(slots.nbytes for slots in self.lora_slots.values())
 
     @property
+    def kv_groups(self) -> KVGroups:
+        return kv_groups(self.spec)
+
+    @property
     def sliding_window(self) -> int | None:
-        """Mistral-style models slide every layer's window; mixed layouts are not supported yet."""
-        att = self.spec.attention
-        if att.sliding_window and att.layer_types and all(kind == "sliding" for kind in att.layer_types):
-            return att.sliding_window
-        return None
+        """The window of a model whose every layer slides (Mistral); models that mix sliding and full
+        layers give each KV group its own (kv_groups)."""
+        groups = self.kv_groups
+        return None if groups.hybrid else groups.windows[0]
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(cache.nbytes for cache in self.kv_caches.values())
+        """The KV tensors' bytes (layers of different KV groups share tensors)."""
+        return sum({cache.kv.data_ptr(): cache.nbytes for cache in self.kv_caches.values()}.values())
 
 
 def _same(blocks: int) -> int:

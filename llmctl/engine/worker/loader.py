@@ -30,6 +30,8 @@ from llmctl.engine.worker.kv_cache import set_up_kv_cache
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
 from llmctl.errors import CorruptModelError, UnsupportedModelError
 from llmctl.kernels.cpu import CPUKernelsUnavailable
+from llmctl.engine.layers.grouped_attention import GroupedAttention
+from llmctl.plan.kv import kv_groups
 from llmctl.plan.memory import max_concurrency
 from llmctl.units import GiB
 
@@ -61,6 +63,10 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     max_model_len = _max_model_len(config, spec)
     max_batched = config.max_num_batched_tokens or (8192 if device.type == "cuda" else 2048)
     choice, backend = _attention_backend(config, spec, device, dtype)
+    groups = kv_groups(spec)
+    if groups.hybrid:  # a backend of the same kind for each further KV group
+        backend = GroupedAttention([backend, *(create_backend(backend.name, dtype, spec.attention.head_dim)
+                                               for _ in groups.groups[1:])], groups)
     kv = set_up_kv_cache(config, spec, model, backend, placement, device, dtype, weights_bytes + lora_bytes,
                          max_model_len, max_batched)
     loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, kv.geometry, kv.pool,

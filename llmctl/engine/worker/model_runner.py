@@ -10,6 +10,7 @@ from torch import nn
 from llmctl.engine.core.batch import is_decode_step
 from llmctl.engine.core.step_messages import StepBatch, StepLogits
 from llmctl.engine.layers.attention import AttentionBackend, AttentionMetadata, KVCache
+from llmctl.engine.layers.grouped_attention import GroupedAttention
 from llmctl.engine.lora.slots import NO_ADAPTER, LoRAStep
 from llmctl.engine.models.common import StepContext
 from llmctl.kernels.transfer import to_device
@@ -30,6 +31,8 @@ class ModelRunner:
         self.sliding_window = sliding_window
         self.kv_caches = kv_caches
         self.backend = backend
+        if isinstance(backend, GroupedAttention):
+            backend.bind(kv_caches)
         self.block_size = block_size
         self.device = device
         self.graphs: DecodeGraphs | None = None  # captured decode steps (llmctl.engine.worker.cuda_graphs)
@@ -42,17 +45,26 @@ class ModelRunner:
             return self.graphs.run(batch)
         self._copy_blocks(batch.block_copies)
         device = self.device
-        meta = AttentionMetadata(
-            slot_mapping=to_device(batch.slot_mapping, torch.long, device),
-            query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens, block_tables=batch.block_tables,
-            block_size=self.block_size, sliding_window=self.sliding_window)
-        self.backend.prepare(meta, device)
+        if isinstance(self.backend, GroupedAttention):
+            self.backend.prepare_groups([self._metadata(batch, group, window)
+                                         for group, window in enumerate(self.backend.windows)], device)
+        else:
+            self.backend.prepare(self._metadata(batch, 0, self.sliding_window), device)
         if self.lora_step is not None:
             self.lora_step.set(batch.lora_slots or [NO_ADAPTER] * len(batch.seq_lens), batch.query_start_loc, device)
         positions = to_device(batch.positions, torch.long, device)
         input_ids = to_device(batch.input_ids, torch.long, device)
         lengths = sequence_lengths(batch, device) if getattr(self.model, "needs_lengths", False) else None
         return self.model(input_ids, StepContext(positions, self.kv_caches, self.backend, lengths), hidden)
+
+    def _metadata(self, batch: StepBatch, group: int, window: int | None) -> AttentionMetadata:
+        """The step as one KV group's layers see it (a profiling batch has the first group's tables only)."""
+        slots, tables = batch.slot_mapping, batch.block_tables
+        if 0 < group <= len(batch.group_slot_mappings):
+            slots, tables = batch.group_slot_mappings[group - 1], batch.group_block_tables[group - 1]
+        return AttentionMetadata(slot_mapping=to_device(slots, torch.long, self.device),
+                                 query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens, block_tables=tables,
+                                 block_size=self.block_size, sliding_window=window)
 
     @torch.inference_mode()
     def logits(self, batch: StepBatch, hidden: torch.Tensor) -> StepLogits:
@@ -70,8 +82,8 @@ class ModelRunner:
             return
         src = torch.tensor([s for s, _ in copies], device=self.device)
         dst = torch.tensor([d for _, d in copies], device=self.device)
-        for cache in self.kv_caches.values():
-            cache.kv[dst] = cache.kv[src]
+        for tensor in {cache.kv.data_ptr(): cache.kv for cache in self.kv_caches.values()}.values():
+            tensor[dst] = tensor[src]  # layers of different KV groups share tensors: each copied once
 
 
 def make_runner(loaded: LoadedModel, block_size: int) -> ModelRunner:

@@ -1,0 +1,40 @@
+"""Attention for models whose layers read different block tables: one backend per KV group.
+
+Models that mix sliding-window and full-attention layers (Gemma 2 and 3) keep one block table
+per KV group (llmctl.plan.kv.KVGroups, vLLM's hybrid KV cache layout): the sliding groups give
+back the blocks their window has passed. Each group gets a backend of its own, prepared with its
+group's slots and tables; a layer's call goes to the backend of the group its cache belongs to.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from llmctl.engine.layers.attention import AttentionBackend, AttentionMetadata, KVCache
+from llmctl.plan.kv import KVGroups
+
+
+class GroupedAttention:
+    def __init__(self, backends: list[AttentionBackend], groups: KVGroups) -> None:
+        self.backends, self.groups = backends, groups
+        self.name = backends[0].name
+        self._group_of_cache: dict[int, int] = {}
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        return self.groups.windows
+
+    def bind(self, caches: dict[int, KVCache]) -> None:
+        """The caches the next steps run over (by layer): each answers to its group's backend."""
+        self._group_of_cache = {id(cache): self.groups.group_of(layer) for layer, cache in caches.items()}
+
+    def prepare_groups(self, metas: list[AttentionMetadata], device: torch.device) -> None:
+        for backend, meta in zip(self.backends, metas):
+            backend.prepare(meta, device)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
+                scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
+        backend = self.backends[self._group_of_cache[id(cache)]]
+        return backend.forward(query, key, value, cache, scale=scale, alibi_slopes=alibi_slopes, window=window,
+                               softcap=softcap)
