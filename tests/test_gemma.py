@@ -108,10 +108,13 @@ def test_triton_backend_applies_each_layers_window_and_the_softcap(models, token
     assert_matches(reference, ours, prompts)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_tp2_equals_tp1(models, family):
+@pytest.mark.parametrize("family,parallel", [("gemma2", {"tensor_parallel_size": 2}),
+                                             ("gemma3", {"tensor_parallel_size": 2}),
+                                             ("gemma3", {"pipeline_parallel_size": 2})])
+def test_tp2_and_pp2_equal_one_process(models, family, parallel):
+    """PP 2 over Gemma 3's layers: the sliding layers on one stage, the full one on the other, one table each."""
     single, _ = engine_outputs(models[family])
-    sharded, memory = engine_outputs(models[family], tensor_parallel_size=2)
+    sharded, memory = engine_outputs(models[family], **parallel)
     assert len(memory) == 2
     for (tokens, sampled, _), (their_tokens, their_sampled, _) in zip(single, sharded):
         assert their_tokens == tokens and max(abs(a - b) for a, b in zip(sampled, their_sampled)) <= 1e-4
@@ -120,6 +123,20 @@ def test_tp2_equals_tp1(models, family):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_each_rank_holds_what_plan_says(models, family):
     assert_ranks_hold_what_plan_says(models[family])  # KV: one block is a page in each of the group's slots
+
+
+def test_the_text_tower_of_gemma3_for_conditional_generation(tmp_path, tokenizer):
+    """The multimodal checkpoint served text-only: its language model's tensors load, the vision tower's stay
+    on disk, and the tokens are those of transformers' own Gemma3ForConditionalGeneration on text."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=32, patch_size=8)
+    config = Gemma3Config(text_config=gemma3_text_config(len(tokenizer)).to_dict(), vision_config=vision.to_dict(),
+                          mm_tokens_per_image=4)
+    folder = save_random_model(config, tmp_path / "gemma3-multimodal", tokenizer)
+    ours, _ = engine_outputs(folder)
+    assert_matches(eager_reference(folder, tokenizer, Gemma3ForConditionalGeneration), ours)
 
 
 def test_the_cpu_backend_hands_soft_capped_attention_to_torch(models):
