@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from test_engine_models import save_random_model
-from test_model_families import PROMPTS, TOLERANCE, assert_ranks_hold_what_plan_says, engine_outputs
+from test_model_families import (PROMPTS, TOLERANCE, assert_peft_adapter_matches, assert_ranks_hold_what_plan_says,
+                                  engine_outputs)
 
 TOKENS = 24
 WINDOW = 8  # the prompts are 6–40 tokens: sliding layers drop keys that full layers still see
@@ -137,6 +138,45 @@ def test_the_text_tower_of_gemma3_for_conditional_generation(tmp_path, tokenizer
     folder = save_random_model(config, tmp_path / "gemma3-multimodal", tokenizer)
     ours, _ = engine_outputs(folder)
     assert_matches(eager_reference(folder, tokenizer, Gemma3ForConditionalGeneration), ours)
+
+
+def test_a_peft_adapter_on_gemma3_matches_transformers_with_peft(models, tokenizer, tmp_path):
+    # Gemma 3 only: the reference runs transformers' default (SDPA) attention, which has no soft-cap
+    assert_peft_adapter_matches(models["gemma3"], tokenizer, tmp_path)
+
+
+@pytest.mark.parametrize("family,method", [("gemma2", "gptq"), ("gemma3", "awq")])
+def test_llmctl_quantize_writes_a_checkpoint_the_engine_serves(models, family, method, tmp_path):
+    """AWQ folds its scales into Gemma's (1 + weight) norms; the calibration forward masks each sliding
+    layer's window and soft-caps as the model does."""
+    from conftest import run_cli
+    from llmctl.checkpoint.quant_formats import unpack_awq, unpack_gptq
+    from test_quantize_cli import WIKITEXT, assert_engine_matches_dense
+
+    out = tmp_path / f"{family}-{method}"
+    result = run_cli("quantize", str(models[family]), f"--{method}", "--group-size", "32", "--calib-file",
+                     str(WIKITEXT), "--calib-samples", "4", "--calib-seq-len", "64", "--output", str(out),
+                     "--no-redistribute")
+    assert result.returncode == 0, result.stdout + result.stderr
+    unpack = (lambda parts: unpack_gptq(parts, 4, 32)) if method == "gptq" else (lambda parts: unpack_awq(parts, 32))
+    assert_engine_matches_dense(out, unpack, PROMPTS[4])
+
+
+def test_awq_scales_folded_into_a_gemma_norm_leave_the_block_unchanged():
+    """transformers' Gemma RMSNorm scales by (1 + weight): dividing its output by s must keep that form."""
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
+
+    from llmctl.quant.awq import ScaleGroup, apply_scales
+
+    torch.manual_seed(0)
+    norm, linear = Gemma2RMSNorm(64), torch.nn.Linear(64, 32, bias=False)
+    with torch.no_grad():
+        norm.weight.normal_(0, 0.5)
+    x, scales = torch.randn(5, 64), torch.rand(64) + 0.5
+    before = linear(norm(x))
+    with torch.no_grad():
+        apply_scales(ScaleGroup(norm, [linear], x, linear, unit_offset=True), scales)
+    torch.testing.assert_close(linear(norm(x)), before, atol=1e-5, rtol=1e-5)
 
 
 def test_the_cpu_backend_hands_soft_capped_attention_to_torch(models):

@@ -241,18 +241,23 @@ LORA_FAMILIES = ["qwen3", "granite", "olmo2"]  # Phi-3's PEFT targets are its fu
 
 @pytest.mark.parametrize("family", LORA_FAMILIES)
 def test_a_peft_adapter_matches_transformers_with_peft(models, tokenizer, family, tmp_path):
+    assert_peft_adapter_matches(models[family], tokenizer, tmp_path)
+
+
+def assert_peft_adapter_matches(folder: Path, tokenizer, tmp_path: Path) -> None:
+    """A random PEFT adapter on every projection: the engine's tokens are transformers + peft's."""
     from llmctl import LoRARequest
     from lora_helpers import PROMPTS as LORA_PROMPTS, assert_matches, make_adapter, reference
 
-    adapter = make_adapter(models[family], tmp_path / "adapter", rank=4, seed=3,
+    adapter = make_adapter(folder, tmp_path / "adapter", rank=4, seed=3,
                            targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    llm = LLM(str(models[family]), enable_lora=True, max_lora_rank=8, max_model_len=256)
+    llm = LLM(str(folder), enable_lora=True, max_lora_rank=8, max_model_len=256)
     try:
         params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0)
         outputs = llm.generate(LORA_PROMPTS, params, lora_request=LoRARequest("a", 1, str(adapter)))
     finally:
         llm.shutdown()
-    assert_matches(outputs, reference(models[family], adapter, tokenizer, LORA_PROMPTS, 12))
+    assert_matches(outputs, reference(folder, adapter, tokenizer, LORA_PROMPTS, 12))
 
 
 def test_phi3_with_lora_is_one_clear_refusal(models):

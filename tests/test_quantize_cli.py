@@ -93,7 +93,9 @@ def _dense_model(folder: Path, state: dict) -> torch.nn.Module:
 
     from quant_helpers import load_dense_state
 
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(folder)), dtype=torch.float32).eval()
+    # eager attention: it is exact for every family, and the only one with Gemma 2's soft-cap
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(folder)), dtype=torch.float32,
+                                             attn_implementation="eager").eval()
     load_dense_state(model, state)
     return model
 

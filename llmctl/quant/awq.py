@@ -31,6 +31,7 @@ class ScaleGroup:
     linears: list[nn.Linear]
     inputs: torch.Tensor  # [tokens, in] what the linears read
     block: Callable[[torch.Tensor], torch.Tensor]  # the module whose output error is minimized
+    unit_offset: bool = False  # the previous norm scales by (1 + weight) (Gemma)
 
 
 @torch.no_grad()
@@ -77,6 +78,8 @@ def apply_scales(group: ScaleGroup, scales: torch.Tensor) -> None:
         previous.weight.div_(scales.unsqueeze(1))
         if previous.bias is not None:
             previous.bias.div_(scales)
+    elif group.unit_offset:  # (1 + w) / s = 1 + w'
+        previous.weight.copy_((1 + previous.weight) / scales - 1)
     else:
         previous.weight.div_(scales)
         if getattr(previous, "bias", None) is not None:

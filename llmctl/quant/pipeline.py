@@ -18,11 +18,12 @@ from torch import nn
 
 from llmctl.errors import LlmctlError
 from llmctl.quant.awq import ScaleGroup, apply_scales, clip_weights, search_scales
+from llmctl.quant.families import (SUPPORTED_TYPES, LayerInputs, attention_implementation, embedding_scale,
+                                   is_gemma, mlp_norm)
 from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
 from llmctl.quant.gptq import HessianAccumulator, gptq_quantize
 from llmctl.quant.rtn import QuantConfig, rtn_quantize
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite")
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 BATCH = 8  # calibration sequences per forward
@@ -83,7 +84,7 @@ def working_group_sizes(hf_config: Any) -> list[int]:
 
 def check_supported(hf_config: Any, config: QuantConfig) -> None:
     if hf_config.model_type not in SUPPORTED_TYPES:
-        raise LlmctlError(f"llmctl quantize supports Llama-family models ({', '.join(SUPPORTED_TYPES)}); "
+        raise LlmctlError(f"llmctl quantize supports these model types: {', '.join(SUPPORTED_TYPES)}; "
                           f"this one is {hf_config.model_type}")
     if config.group_size == -1:
         return
@@ -103,24 +104,24 @@ def quantize_model(folder: Path, method: str, config: QuantConfig, calibration: 
 
     hf_config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
     check_supported(hf_config, config)
-    hf_config._attn_implementation = "sdpa"
+    hf_config._attn_implementation = attention_implementation(hf_config)
     reader = CheckpointReader(folder)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     rotary = type(skeleton.model.rotary_emb)(config=hf_config)
     result = QuantizationResult({}, {})
     embed = reader.get("model.embed_tokens.weight")
-    hidden = embed[calibration] * getattr(hf_config, "embedding_multiplier", 1.0)  # [samples, seq, hidden]
-    positions = torch.arange(calibration.shape[1]).unsqueeze(0)
-    position_embeddings = rotary(hidden[:1], positions)
+    hidden = embed[calibration] * embedding_scale(hf_config)  # [samples, seq, hidden]
+    inputs = LayerInputs(hf_config, rotary, torch.arange(calibration.shape[1]).unsqueeze(0))
     for index in range(hf_config.num_hidden_layers):
+        position_embeddings, mask = inputs.for_layer(index, hidden[:1])
         started = time.perf_counter()
         layer = skeleton.model.layers[index]
         layer.to_empty(device="cpu")
         prefix = f"model.layers.{index}."
         _load_layer(layer, reader, prefix)
-        run = _layer_runner(layer, position_embeddings, positions)
-        quantized = _quantize_layer(layer, hidden, run, method, config, position_embeddings)
+        run = _layer_runner(layer, position_embeddings, inputs.positions, mask)
+        quantized = _quantize_layer(layer, hidden, run, method, config, position_embeddings, mask)
         with torch.no_grad():
             for name, weight in quantized.items():
                 _module(layer, name).weight.copy_(weight.dequantize())
@@ -151,11 +152,12 @@ def _load_layer(layer: nn.Module, reader: CheckpointReader, prefix: str) -> None
             param.copy_(reader.get(prefix + name))
 
 
-def _layer_runner(layer: nn.Module, position_embeddings: tuple, positions: torch.Tensor) -> Callable:
+def _layer_runner(layer: nn.Module, position_embeddings: tuple, positions: torch.Tensor,
+                  mask: torch.Tensor | None) -> Callable:
     def run(hidden: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             cos, sin = (t.expand(hidden.shape[0], *t.shape[1:]) for t in position_embeddings)
-            out = layer(hidden, attention_mask=None, position_ids=positions.expand(hidden.shape[0], -1),
+            out = layer(hidden, attention_mask=mask, position_ids=positions.expand(hidden.shape[0], -1),
                         position_embeddings=(cos, sin))
         return out[0] if isinstance(out, tuple) else out
     return run
@@ -175,19 +177,19 @@ def _capture_inputs(layer: nn.Module, hidden: torch.Tensor, run: Callable, names
 
 
 def _quantize_layer(layer: nn.Module, hidden: torch.Tensor, run: Callable, method: str, config: QuantConfig,
-                    position_embeddings: tuple) -> dict[str, QuantizedWeight]:
+                    position_embeddings: tuple, mask: torch.Tensor | None) -> dict[str, QuantizedWeight]:
     if method == "gptq":
         accumulators = {name: HessianAccumulator(_module(layer, name).in_features) for name in LINEARS}
         _capture_inputs(layer, hidden, run, LINEARS, lambda name, x: accumulators[name].add(x))
         return {name: gptq_quantize(_module(layer, name).weight, accumulators[name].hessian(), config)
                 for name in LINEARS}
     if method == "awq":
-        _awq_transform(layer, hidden, run, config, position_embeddings)
+        _awq_transform(layer, hidden, run, config, position_embeddings, mask)
     return {name: rtn_quantize(_module(layer, name).weight, config) for name in LINEARS}
 
 
 def _awq_transform(layer: nn.Module, hidden: torch.Tensor, run: Callable, config: QuantConfig,
-                   position_embeddings: tuple) -> None:
+                   position_embeddings: tuple, mask: torch.Tensor | None) -> None:
     inputs: dict[str, list[torch.Tensor]] = {}
     wanted = ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")
     _capture_inputs(layer, hidden, run, wanted, lambda name, x: inputs.setdefault(name, []).append(x))
@@ -196,11 +198,12 @@ def _awq_transform(layer: nn.Module, hidden: torch.Tensor, run: Callable, config
 
     def attention_block(states: torch.Tensor) -> torch.Tensor:
         cos, sin = (t.expand(states.shape[0], *t.shape[1:]) for t in position_embeddings)
-        return attn(states, attention_mask=None, position_embeddings=(cos, sin))[0]
+        return attn(states, attention_mask=mask, position_embeddings=(cos, sin))[0]
 
+    offset = is_gemma(layer.self_attn.config)  # Gemma's norms scale by (1 + weight)
     groups = [ScaleGroup(layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj], x["self_attn.q_proj"],
-                         attention_block),
-              ScaleGroup(layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj], x["mlp.gate_proj"], mlp),
+                         attention_block, unit_offset=offset),
+              ScaleGroup(mlp_norm(layer), [mlp.gate_proj, mlp.up_proj], x["mlp.gate_proj"], mlp, unit_offset=offset),
               ScaleGroup(mlp.up_proj, [mlp.down_proj], x["mlp.down_proj"], mlp.down_proj)]
     if attn.v_proj.out_features == attn.o_proj.in_features:  # v -> o only when no KV-head sharing
         groups.insert(1, ScaleGroup(attn.v_proj, [attn.o_proj], x["self_attn.o_proj"], attn.o_proj))

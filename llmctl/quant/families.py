@@ -1,0 +1,74 @@
+"""What the layer-by-layer calibration forward needs from each family llmctl quantize takes.
+
+Llama, Mistral, Qwen2/3 and Granite run transformers' decoder layers with SDPA, a causal mask by
+default and one RoPE table. Gemma 2/3 run them with eager attention (SDPA has no logit soft-cap),
+so the causal mask — with each sliding layer's window — is given explicitly; Gemma 3 has one RoPE
+table per kind of layer; Gemma's embeddings are scaled by √hidden and its norms scale by
+(1 + weight), which AWQ's scale folding must respect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma2", "gemma3_text")
+GEMMA_TYPES = ("gemma2", "gemma3_text")
+
+
+def is_gemma(hf_config: Any) -> bool:
+    return hf_config.model_type in GEMMA_TYPES
+
+
+def attention_implementation(hf_config: Any) -> str:
+    return "eager" if is_gemma(hf_config) else "sdpa"
+
+
+def embedding_scale(hf_config: Any) -> float:
+    """What the model multiplies its embeddings by before the first layer."""
+    if is_gemma(hf_config):
+        return float(hf_config.hidden_size) ** 0.5
+    return float(getattr(hf_config, "embedding_multiplier", 1.0))  # Granite
+
+
+def mlp_norm(layer: nn.Module) -> nn.Module:
+    """The norm in front of the MLP's gate and up projections (Gemma has one of its own)."""
+    return getattr(layer, "pre_feedforward_layernorm", None) or layer.post_attention_layernorm
+
+
+@dataclass
+class LayerInputs:
+    """Position embeddings and attention mask for each layer of the calibration forward."""
+
+    hf_config: Any
+    rotary: nn.Module
+    positions: torch.Tensor  # [1, seq]
+    _by_kind: dict[str | None, tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]] = \
+        field(default_factory=dict)
+
+    def for_layer(self, index: int, sample: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor],
+                                                                   torch.Tensor | None]:
+        kinds = getattr(self.hf_config, "layer_types", None) if is_gemma(self.hf_config) else None
+        kind = kinds[index] if kinds else None
+        if kind not in self._by_kind:
+            self._by_kind[kind] = (self._embeddings(kind, sample), self._mask(kind))
+        return self._by_kind[kind]
+
+    def _embeddings(self, kind: str | None, sample: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.hf_config.model_type == "gemma3_text":
+            return self.rotary(sample, self.positions, layer_type=kind)
+        return self.rotary(sample, self.positions)
+
+    def _mask(self, kind: str | None) -> torch.Tensor | None:
+        """None lets SDPA mask causally; eager attention gets an additive causal (and window) mask."""
+        if not is_gemma(self.hf_config):
+            return None
+        length = self.positions.shape[1]
+        query, key = torch.arange(length).unsqueeze(1), torch.arange(length).unsqueeze(0)
+        allowed = key <= query
+        if kind == "sliding_attention":
+            allowed &= key > query - self.hf_config.sliding_window
+        return torch.zeros(length, length).masked_fill(~allowed, float("-inf"))[None, None]
