@@ -7,7 +7,8 @@ and the CPU's instruction sets, so an edit, a torch upgrade or another CPU build
 A cached library loads in milliseconds; `python -m llmctl.kernels.cpu` builds it ahead of
 time (scripts/setup.sh does). The ops, each tested against a torch reference:
 
-- `paged_attention`, `store_kv` (cpu_attention.cpp): reference `llmctl.kernels.attention.paged_attention_reference`;
+- `paged_attention` (sliding window, ALiBi, logit soft-cap), `store_kv` (cpu_attention.cpp): reference
+  `llmctl.kernels.attention.paged_attention_reference`;
 - `rms_norm` (with the residual add fused), `rotary`, `silu_and_mul` (cpu_layers.cpp):
   references are the torch code in llmctl.engine.models (common, llama) and
   llmctl.engine.layers.positions;
@@ -102,13 +103,15 @@ def fused_layers_for(x: torch.Tensor) -> bool:
 
 def paged_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                    alibi_slopes: torch.Tensor | None = None, sliding_window: int | None = None) -> torch.Tensor:
+                    alibi_slopes: torch.Tensor | None = None, sliding_window: int | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """Causal attention of flat queries [T, H, D] over each sequence's cached tokens, into `out`.
-    block_tables [B, n], seq_lens [B] and query_start_loc [B + 1] are int32."""
+    block_tables [B, n], seq_lens [B] and query_start_loc [B + 1] are int32; `softcap`: scores =
+    softcap · tanh(scores / softcap)."""
     load()
     slopes = alibi_slopes.float().contiguous() if alibi_slopes is not None else None
     torch.ops.llmctl_cpu.paged_attention(out, query, kv_cache, block_tables, seq_lens, query_start_loc, scale,
-                                         slopes, sliding_window or 0)
+                                         slopes, sliding_window or 0, softcap or 0.0)
     return out
 
 

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cmath>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -240,8 +241,9 @@ int64_t kv_heads_per_item(int64_t kv_heads, int64_t items) {
 template <typename T, int DIM>
 void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
             const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale,
-            const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window) {
+            const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window, double softcap) {
   const int64_t heads = query.size(1), dim = query.size(2);
+  const float cap = static_cast<float>(softcap);
   const int64_t block_size = kv_cache.size(1), kv_heads = kv_cache.size(3);
   const int64_t group = heads / kv_heads;
   const int64_t max_blocks = block_tables.size(1);
@@ -306,6 +308,9 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
         }
         for (int64_t h = 0; h < q_heads; ++h) {
           float* head_scores = scores.data() + h * num_keys;
+          if (cap > 0.f) {  // Gemma 2: cap · tanh(score / cap), on the scaled score
+            for (int64_t j = 0; j < num_keys; ++j) head_scores[j] = cap * std::tanh(head_scores[j] / cap);
+          }
           if (slopes) {  // ALiBi as BLOOM adds it: slope · key position
             const float slope = slopes[first_head + h];
             for (int64_t j = 0; j < num_keys; ++j) head_scores[j] += slope * static_cast<float>(first_key + j);
@@ -345,10 +350,11 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
 template <typename T>
 void attend_any_dim(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                     const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
-                    double scale, const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window) {
+                    double scale, const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
+                    double softcap) {
   auto run = [&](auto dim) {
     attend<T, decltype(dim)::value>(out, query, kv_cache, block_tables, seq_lens, query_start_loc, scale,
-                                    alibi_slopes, sliding_window);
+                                    alibi_slopes, sliding_window, softcap);
   };
   switch (query.size(2)) {
     case 64: run(std::integral_constant<int, 64>{}); break;
@@ -363,7 +369,8 @@ void check(bool ok, const char* message) { TORCH_CHECK(ok, "llmctl cpu paged_att
 
 void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& kv_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
-                     double scale, const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window) {
+                     double scale, const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
+                     double softcap) {
   check(query.dim() == 3 && out.sizes() == query.sizes(), "query and out are [T, H, D]");
   check(query.stride(2) == 1 && out.stride(2) == 1, "query and out rows must be contiguous");
   check(kv_cache.dim() == 5 && kv_cache.is_contiguous(), "kv_cache is a contiguous [blocks, block_size, 2, KVH, D]");
@@ -377,7 +384,7 @@ void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& 
         "alibi_slopes is float32 [H]");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
     attend_any_dim<scalar_t>(out, query, kv_cache, block_tables, seq_lens, query_start_loc, scale, alibi_slopes,
-                             sliding_window);
+                             sliding_window, softcap);
   });
 }
 
@@ -413,7 +420,7 @@ void store_kv(at::Tensor kv_cache, const at::Tensor& slots, const at::Tensor& ke
 
 TORCH_LIBRARY(llmctl_cpu, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, "
-        "Tensor query_start_loc, float scale, Tensor? alibi_slopes, int sliding_window) -> ()");
+        "Tensor query_start_loc, float scale, Tensor? alibi_slopes, int sliding_window, float softcap) -> ()");
   m.def("store_kv(Tensor(a!) kv_cache, Tensor slots, Tensor key, Tensor value) -> ()");
 }
 

@@ -82,6 +82,14 @@ def default_source():
     return resolve_model(None, show_progress=False)
 
 
+@pytest.fixture(scope="session")
+def tokenizer(default_source):
+    """The default model's tokenizer: test models are saved with it."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(default_source.path))
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
             timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the real `llmctl` entry point in a subprocess."""

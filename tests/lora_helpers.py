@@ -35,7 +35,8 @@ def reference(base: Path, adapter: Path | None, tokenizer, prompts: list[str], m
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    # eager attention: exact for every family, and the only one that soft-caps (Gemma 2)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32, attn_implementation="eager")
     if state is not None:
         from quant_helpers import load_dense_state
 

@@ -34,7 +34,7 @@ def check(query_lens, seq_lens, *, heads, kv_heads, dim, block_size=16, dtype=to
     expected = paged_attention_reference(query, cache, tables, lens, torch.tensor(starts), opts)
     got = cpu.paged_attention(torch.empty_like(query), query, cache, tables, lens,
                               torch.tensor(starts, dtype=torch.int32), opts.scale, opts.alibi_slopes,
-                              opts.sliding_window)
+                              opts.sliding_window, opts.softcap)
     assert torch.isfinite(got).all()  # never a NaN page past a sequence's end
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
@@ -74,6 +74,13 @@ def test_paged_attention_bfloat16():
 def test_paged_attention_alibi_and_window():
     check([1, 4, 1], [21, 6, 40], heads=6, kv_heads=6, dim=64, alibi_slopes=alibi_slopes(6))
     check([1, 4, 1], [50, 40, 9], heads=4, kv_heads=2, dim=64, sliding_window=8)
+
+
+@pytest.mark.parametrize("dim", [64, 72])  # the unrolled rows and the runtime-size path
+def test_paged_attention_soft_caps_the_scores(dim):
+    # Gemma 2's soft-cap, low enough that it bends most scores (its real one is 50), with and without a window
+    check([1, 4, 1, 130], [50, 40, 9, 130], heads=4, kv_heads=2, dim=dim, softcap=0.5, pool_blocks=128)
+    check([1, 4, 1], [50, 40, 9], heads=4, kv_heads=2, dim=dim, softcap=0.5, sliding_window=8)
 
 
 @pytest.mark.parametrize("views_of_qkv", [False, True])

@@ -1,6 +1,7 @@
 """Gemma 2 and Gemma 3 (issue 34) against transformers' eager implementation: random weights, windows
-short enough that the prompts and generations slide past them, soft-caps low enough to bite, greedy
-tokens identical and log-probabilities within 1e-3 on every attention backend, TP 2 equal to TP 1."""
+short enough that the prompts and generations slide past them, soft-caps low enough to bite; 8 prompts ×
+64 greedy tokens identical, prompt and sampled log-probabilities within 1e-3, on every attention backend
+and through the transformers path; TP 2 and PP 2 equal to one process; served; LoRA; quantized."""
 
 from __future__ import annotations
 
@@ -10,10 +11,9 @@ import pytest
 import torch
 
 from test_engine_models import save_random_model
-from test_model_families import (PROMPTS, TOLERANCE, assert_peft_adapter_matches, assert_ranks_hold_what_plan_says,
-                                  engine_outputs)
+from test_model_families import (PROMPTS, assert_close, assert_peft_adapter_matches, assert_ranks_hold_what_plan_says,
+                                  assert_served_like_transformers, engine_outputs, transformers_reference)
 
-TOKENS = 24
 WINDOW = 8  # the prompts are 6–40 tokens: sliding layers drop keys that full layers still see
 
 
@@ -47,66 +47,30 @@ FAMILIES = {"gemma2": gemma2_config, "gemma3": gemma3_text_config}
 
 
 @pytest.fixture(scope="module")
-def tokenizer(default_source):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(default_source.path))
-
-
-@pytest.fixture(scope="module")
 def models(tmp_path_factory, tokenizer) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("gemma")
     return {name: save_random_model(make(len(tokenizer)), tmp / name, tokenizer) for name, make in FAMILIES.items()}
 
 
-def eager_reference(folder: Path, tokenizer, model_class=None, prompts=PROMPTS):
-    """Greedy tokens and their log-probabilities from transformers' eager attention (SDPA has no soft-cap)."""
-    from transformers import AutoModelForCausalLM
-
-    loader = model_class or AutoModelForCausalLM
-    hf = loader.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
-    out = []
-    for prompt in prompts:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        with torch.no_grad():
-            ref = hf.generate(ids, do_sample=False, max_new_tokens=TOKENS, min_new_tokens=TOKENS, output_logits=True,
-                              return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
-        tokens = ref.sequences[0, ids.shape[1]:].tolist()
-        out.append((tokens, [float(torch.log_softmax(s[0], -1)[t]) for s, t in zip(ref.logits, tokens)]))
-    return out
-
-
-def assert_matches(reference, ours, prompts=PROMPTS) -> None:
-    for prompt, (tokens, sampled), (our_tokens, our_sampled, _) in zip(prompts, reference, ours):
-        assert our_tokens[:TOKENS] == tokens, prompt
-        assert max(abs(a - b) for a, b in zip(sampled, our_sampled)) < TOLERANCE, prompt
-
-
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("backend", ["auto", "torch"])
 def test_greedy_tokens_and_logprobs_equal_transformers(models, tokenizer, family, backend):
-    reference = eager_reference(models[family], tokenizer)
     ours, _ = engine_outputs(models[family], attention_backend=backend)
-    assert_matches(reference, ours)
+    assert_close(transformers_reference(models[family], tokenizer), ours)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_the_transformers_path_pages_mixed_windows_and_soft_caps(models, tokenizer, family):
     """--model-impl transformers: transformers' Gemma modules over llmctl's hybrid KV cache."""
     ours, _ = engine_outputs(models[family], model_impl="transformers")
-    assert_matches(eager_reference(models[family], tokenizer), ours)
+    assert_close(transformers_reference(models[family], tokenizer), ours)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_triton_backend_applies_each_layers_window_and_the_softcap(models, tokenizer, family):
     prompts = PROMPTS[4:6]  # the two longest: each slides past the window (the interpreter is slow)
-    reference = eager_reference(models[family], tokenizer, prompts=prompts)
-    from llmctl import LLM, SamplingParams
-
-    llm = LLM(str(models[family]), max_model_len=128, max_num_batched_tokens=16, attention_backend="triton")
-    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True, logprobs=0))
-    ours = [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs], None) for o in outputs]
-    assert_matches(reference, ours, prompts)
+    ours, _ = engine_outputs(models[family], prompts, 16, attention_backend="triton")
+    assert_close(transformers_reference(models[family], tokenizer, prompts=prompts, max_tokens=16), ours, prompts)
 
 
 @pytest.mark.parametrize("family,parallel", [("gemma2", {"tensor_parallel_size": 2}),
@@ -137,12 +101,13 @@ def test_the_text_tower_of_gemma3_for_conditional_generation(tmp_path, tokenizer
                           mm_tokens_per_image=4)
     folder = save_random_model(config, tmp_path / "gemma3-multimodal", tokenizer)
     ours, _ = engine_outputs(folder)
-    assert_matches(eager_reference(folder, tokenizer, Gemma3ForConditionalGeneration), ours)
+    assert_close(transformers_reference(folder, tokenizer, Gemma3ForConditionalGeneration), ours)
+    assert_served_like_transformers(folder, tokenizer, Gemma3ForConditionalGeneration)
 
 
-def test_a_peft_adapter_on_gemma3_matches_transformers_with_peft(models, tokenizer, tmp_path):
-    # Gemma 3 only: the reference runs transformers' default (SDPA) attention, which has no soft-cap
-    assert_peft_adapter_matches(models["gemma3"], tokenizer, tmp_path)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_peft_adapter_matches_transformers_with_peft(models, tokenizer, family, tmp_path):
+    assert_peft_adapter_matches(models[family], tokenizer, tmp_path)
 
 
 @pytest.mark.parametrize("family,method", [("gemma2", "gptq"), ("gemma3", "awq")])
@@ -162,6 +127,11 @@ def test_llmctl_quantize_writes_a_checkpoint_the_engine_serves(models, family, m
     assert_engine_matches_dense(out, unpack, PROMPTS[4])
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_served_with_the_openai_client(models, tokenizer, family):
+    assert_served_like_transformers(models[family], tokenizer)
+
+
 def test_awq_scales_folded_into_a_gemma_norm_leave_the_block_unchanged():
     """transformers' Gemma RMSNorm scales by (1 + weight): dividing its output by s must keep that form."""
     from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
@@ -177,14 +147,3 @@ def test_awq_scales_folded_into_a_gemma_norm_leave_the_block_unchanged():
     with torch.no_grad():
         apply_scales(ScaleGroup(norm, [linear], x, linear, unit_offset=True), scales)
     torch.testing.assert_close(linear(norm(x)), before, atol=1e-5, rtol=1e-5)
-
-
-def test_the_cpu_backend_hands_soft_capped_attention_to_torch(models):
-    from llmctl.checkpoint.config_file import load_spec
-    from llmctl.checkpoint.source import resolve_model
-    from llmctl.engine.attention_selector import choose_attention_backend
-
-    spec = load_spec(resolve_model(str(models["gemma2"])))
-    choice = choose_attention_backend(spec, cuda=False)
-    assert choice.backend == "torch" and "soft-capped at 5" in choice.reason
-    assert choose_attention_backend(load_spec(resolve_model(str(models["gemma3"]))), cuda=False).backend == "cpu"

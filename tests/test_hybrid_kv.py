@@ -14,7 +14,7 @@ from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.sampling_params import SamplingParams as Params
 from llmctl.plan.kv import kv_groups
 from test_engine_models import save_random_model
-from test_gemma import WINDOW, gemma3_text_config, tokenizer  # noqa: F401 (tokenizer: a fixture)
+from test_gemma import WINDOW, gemma3_text_config
 
 BS = 16
 
@@ -78,7 +78,7 @@ def test_a_prefix_hit_needs_the_block_of_every_group():
     assert third.num_computed_tokens == 0 and third.block_table == []
 
 
-def test_a_generation_longer_than_full_attention_could_hold(tmp_path, tokenizer):  # noqa: F811
+def test_a_generation_longer_than_full_attention_could_hold(tmp_path, tokenizer):
     """Gemma 3 shape (two sliding layers, one full): 3 prompts × 200 tokens on a pool of 24 blocks, where one
     240-token sequence needs 15 + 2 × 3 = 21 (45 if every layer kept every token); tokens as transformers'."""
     folder = save_random_model(gemma3_text_config(len(tokenizer)), tmp_path / "gemma3", tokenizer)

@@ -77,16 +77,20 @@ def models(tmp_path_factory, tokenizer) -> dict[str, Path]:
     return {name: save_random_model(make(len(tokenizer)), tmp / name, tokenizer) for name, make in FAMILIES.items()}
 
 
-def transformers_reference(folder: Path, tokenizer) -> list[tuple[list[int], list[float], list[float]]]:
-    """Greedy tokens, their log-probabilities and the prompt's, from transformers itself."""
+def transformers_reference(folder: Path, tokenizer, model_class=None, prompts: list[str] = PROMPTS,
+                           max_tokens: int = TOKENS) -> list[tuple[list[int], list[float], list[float]]]:
+    """Greedy tokens, their log-probabilities and the prompt's, from transformers itself (eager attention:
+    exact for every family, and the only one with Gemma 2's soft-cap)."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    loader = model_class or AutoModelForCausalLM
+    hf = loader.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
     out = []
-    for prompt in PROMPTS:
+    for prompt in prompts:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         with torch.no_grad():
-            ref = hf.generate(ids, do_sample=False, max_new_tokens=TOKENS, min_new_tokens=TOKENS, output_logits=True,
+            ref = hf.generate(ids, do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                              output_logits=True,
                               return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
             prompt_logits = hf(ids).logits[0, :-1].log_softmax(-1)
         tokens = ref.sequences[0, ids.shape[1]:].tolist()
@@ -96,12 +100,12 @@ def transformers_reference(folder: Path, tokenizer) -> list[tuple[list[int], lis
     return out
 
 
-def engine_outputs(folder: Path, **engine_args):
+def engine_outputs(folder: Path, prompts: list[str] = PROMPTS, tokens: int = TOKENS, **engine_args):
     llm = LLM(str(folder), max_model_len=256, max_num_batched_tokens=16, kv_cache_memory=64 * 1024**2,
               **engine_args)  # chunked prefill as well
     try:
-        params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True, logprobs=0, prompt_logprobs=0)
-        outputs = llm.generate(PROMPTS, params)
+        params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, logprobs=0, prompt_logprobs=0)
+        outputs = llm.generate(prompts, params)
         memory = llm.engine.executor.rank_memory if hasattr(llm.engine, "executor") else None
     finally:
         llm.shutdown()
@@ -109,8 +113,9 @@ def engine_outputs(folder: Path, **engine_args):
              [lp.logprob for lp in o.prompt_logprobs[1:]]) for o in outputs], memory
 
 
-def assert_close(reference, ours) -> None:
-    for prompt, (tokens, sampled, prompt_lp), (our_tokens, our_sampled, our_prompt) in zip(PROMPTS, reference, ours):
+def assert_close(reference, ours, prompts: list[str] = PROMPTS) -> None:
+    assert len(reference) == len(ours) == len(prompts)
+    for prompt, (tokens, sampled, prompt_lp), (our_tokens, our_sampled, our_prompt) in zip(prompts, reference, ours):
         assert our_tokens == tokens, prompt
         assert max(abs(a - b) for a, b in zip(sampled, our_sampled)) < TOLERANCE, prompt
         assert len(our_prompt) == len(prompt_lp)
@@ -234,6 +239,28 @@ def test_qwen3_served_with_the_openai_client_and_enable_thinking(models, tokeniz
             assert status == 400 and what in error["error"]["message"]
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("family", ["granite", "olmo2", "phi3"])  # Qwen3 is served in the test above
+def test_served_with_the_openai_client(models, tokenizer, family):
+    assert_served_like_transformers(models[family], tokenizer)
+
+
+def assert_served_like_transformers(folder: Path, tokenizer, model_class=None) -> None:
+    """`llmctl serve` on the model answers the official openai client with transformers' greedy text."""
+    import openai
+
+    from server_helpers import start_server
+
+    server = start_server(str(folder), "--served-model-name", "m", "--max-model-len", "256")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        served = client.completions.create(model="m", prompt=PROMPTS[4], max_tokens=16, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    finally:
+        server.stop()
+    [(reference, _, _)] = transformers_reference(folder, tokenizer, model_class, PROMPTS[4:5], 16)
+    assert served.choices[0].text == tokenizer.decode(reference, skip_special_tokens=True)
 
 
 LORA_FAMILIES = ["qwen3", "granite", "olmo2"]  # Phi-3's PEFT targets are its fused qkv_proj / gate_up_proj

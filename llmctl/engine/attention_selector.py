@@ -65,9 +65,6 @@ def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, reque
         f"for chunks over {SHORT_QUERY_LIMIT})"
     if requested == "torch":
         return BackendChoice("torch", f"{torch_sdpa} (--attention-backend torch)")
-    softcap = spec.attention.logit_softcap
-    if requested == "cpu" and softcap:
-        return torch_fallback(spec, "--attention-backend cpu: the C++ CPU kernel has no logit soft-cap (Gemma 2)")
     if requested == "cpu":
         return BackendChoice("cpu", f"{cpu_kernel} (--attention-backend cpu)")
     if requested == "triton":
@@ -79,9 +76,6 @@ def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, reque
         return BackendChoice("torch", f"{torch_sdpa} (triton is not installed)")
     if kv_cache_dtype.startswith("fp8"):
         return torch_fallback(spec, "the C++ CPU kernel reads caches in the model's dtype, not fp8")
-    if softcap:
-        return torch_fallback(spec, f"attention logits soft-capped at {softcap:g}, which the C++ CPU kernel "
-                                    "does not do")
     problem = _cpu_kernel_problem()
     if problem:
         return torch_fallback(spec, f"the C++ CPU kernel cannot be built: {problem}")

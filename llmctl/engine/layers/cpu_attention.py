@@ -76,10 +76,9 @@ class CPUAttention:
                 scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
                 softcap: float | None = None) -> torch.Tensor:
         assert self.meta is not None, "prepare() runs before forward()"
-        if softcap:  # the attention selector never pairs this backend with a soft-capping model
-            raise ValueError("the C++ paged-attention kernel has no logit soft-cap: use the torch backend")
         cpu_kernels.store_kv(cache.kv, self.meta.slot_mapping, _token_rows(key), _token_rows(value))
-        output = self.torch.attend(query, key, value, cache, scale=scale, alibi_slopes=alibi_slopes, window=window)
+        output = self.torch.attend(query, key, value, cache, scale=scale, alibi_slopes=alibi_slopes, window=window,
+                                   softcap=softcap)
         if self.paged is None:
             return output
         tables, lens, starts = self.paged
@@ -87,7 +86,7 @@ class CPUAttention:
         q = query if rows is None else query.index_select(0, rows)
         out = torch.empty_like(q)
         cpu_kernels.paged_attention(out, q, cache.kv, tables, lens, starts, scale, alibi_slopes,
-                                    window or self.meta.sliding_window)
+                                    window or self.meta.sliding_window, softcap)
         if rows is None:
             return out
         output.index_copy_(0, rows, out)

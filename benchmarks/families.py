@@ -1,0 +1,80 @@
+"""Native families against a Llama of the same size: `llmctl bench offline` on random-weight models with
+SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads / 3 KV heads of 64, MLP 1536), runs alternating
+between the models so that machine noise spreads over all of them; prints each model's median output
+tok/s and its ratio to the Llama's.
+
+    python benchmarks/families.py [--families gemma2 gemma3] [--runs 5] [--workdir /tmp/llmctl-families]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+             num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=2048)
+WORKLOAD = ["--num-prompts", "32", "--random-input-len", "128", "--random-output-len", "64"]
+
+
+def config(family: str):
+    import transformers
+
+    if family == "llama":
+        return transformers.LlamaConfig(**SHAPE)
+    if family == "gemma2":  # the real soft-caps and window (50, 30, 4096): on CPUs the torch backend runs it
+        return transformers.Gemma2Config(**SHAPE, query_pre_attn_scalar=64)
+    if family == "gemma3":  # Gemma 3 1B's pattern: 5 sliding layers of 512 per full one
+        return transformers.Gemma3TextConfig(**SHAPE, query_pre_attn_scalar=64, sliding_window=512)
+    if family == "qwen3":
+        return transformers.Qwen3Config(**SHAPE)
+    raise SystemExit(f"unknown family {family}")
+
+
+def build(family: str, workdir: Path) -> Path:
+    folder = workdir / family
+    if (folder / "config.json").exists():
+        return folder
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llmctl.checkpoint.source import resolve_model
+
+    model = AutoModelForCausalLM.from_config(config(family)).to(torch.float32)
+    model.save_pretrained(folder, safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(resolve_model(None, show_progress=False).path)).save_pretrained(folder)
+    return folder
+
+
+def run(folder: Path) -> float:
+    command = [sys.executable, "-m", "llmctl", "bench", "offline", str(folder), *WORKLOAD, "--json"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout)["llmctl"]["output_tokens_per_s"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--families", nargs="+", default=["gemma2", "gemma3"])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/llmctl-families"))
+    args = parser.parse_args()
+    names = ["llama", *args.families]
+    folders = {name: build(name, args.workdir) for name in names}
+    speeds: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(args.runs):
+        for name in names:
+            speeds[name].append(run(folders[name]))
+    base = statistics.median(speeds["llama"])
+    for name in names:
+        median = statistics.median(speeds[name])
+        runs = ", ".join(f"{s:.0f}" for s in speeds[name])
+        print(f"{name:>8}: median {median:6.1f} output tok/s ({median / base:.2f}× the Llama) — runs {runs}")
+
+
+if __name__ == "__main__":
+    main()
