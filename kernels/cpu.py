@@ -9,8 +9,8 @@ time (scripts/setup.sh does). The ops, each tested against a torch reference:
 
 - `paged_attention` (sliding window, ALiBi, logit soft-cap), `store_kv` (cpu_attention.cpp): reference
   `llmctl.kernels.attention.paged_attention_reference`;
-- `rms_norm` (with the residual add fused), `rotary`, `silu_and_mul` (cpu_layers.cpp):
-  references are the torch code in llmctl.engine.models (common, llama) and
+- `rms_norm` (with the residual add fused), `rotary`, `silu_and_mul`, `gelu_tanh_and_mul` (cpu_layers.cpp):
+  references are the torch code in llmctl.engine.models (common, llama, gemma) and
   llmctl.engine.layers.positions;
 - `pack_panels`, `panel_linear` (cpu_gemm.cpp, float32 on AVX-512 only): reference `F.linear`.
 """
@@ -140,6 +140,14 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     load()
     out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype)
     torch.ops.llmctl_cpu.silu_and_mul(out, x)
+    return out
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """gelu(gate, tanh approximation) * up for x = [gate | up] of shape [M, 2I] (Gemma's GeGLU)."""
+    load()
+    out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype)
+    torch.ops.llmctl_cpu.gelu_tanh_and_mul(out, x)
     return out
 
 

@@ -129,16 +129,52 @@ void silu_and_mul(at::Tensor out, const at::Tensor& x) {
                                   [&] { silu_rows<scalar_t>(out, x); });
 }
 
+// out [M, I] = gelu_tanh(x[:, :I]) * x[:, I:] (Gemma's GeGLU), as silu_rows does for SiLU.
+template <typename T>
+void gelu_tanh_rows(at::Tensor& out, const at::Tensor& x) {
+  const int64_t rows = x.size(0), width = out.size(1), row_stride = x.stride(0);
+  const T* x_ptr = x.data_ptr<T>();
+  T* out_ptr = out.data_ptr<T>();
+  constexpr float k = 0.7978845608028654f;  // √(2/π)
+  auto gelu = [](float g) { return 0.5f * g * (1.f + std::tanh(k * (g + 0.044715f * g * g * g))); };
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const T* gate = x_ptr + row * row_stride;
+      const T* up = gate + width;
+      T* o = out_ptr + row * width;
+      if constexpr (std::is_same_v<T, float>) {
+#pragma omp simd
+        for (int64_t i = 0; i < width; ++i) o[i] = gelu(gate[i]) * up[i];
+      } else {  // as torch: gelu rounded to T, then the product
+        for (int64_t i = 0; i < width; ++i) {
+          o[i] = static_cast<T>(static_cast<float>(static_cast<T>(gelu(static_cast<float>(gate[i])))) *
+                                static_cast<float>(up[i]));
+        }
+      }
+    }
+  });
+}
+
+void gelu_tanh_and_mul(at::Tensor out, const at::Tensor& x) {
+  check(x.dim() == 2 && x.stride(1) == 1 && out.is_contiguous() && out.dim() == 2, "gelu_tanh_and_mul takes [M, 2I] rows");
+  check(x.size(1) == 2 * out.size(1) && x.size(0) == out.size(0) && x.scalar_type() == out.scalar_type(),
+        "out is [M, I] in x's dtype");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "gelu_tanh_and_mul",
+                                  [&] { gelu_tanh_rows<scalar_t>(out, x); });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(llmctl_cpu, m) {
   m.def("rms_norm(Tensor(a!) out, Tensor(b!) x, Tensor? residual, Tensor weight, float eps) -> ()");
   m.def("rotary(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin) -> ()");
   m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()");
+  m.def("gelu_tanh_and_mul(Tensor(a!) out, Tensor x) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(llmctl_cpu, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("rotary", &rotary);
   m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("gelu_tanh_and_mul", &gelu_tanh_and_mul);
 }

@@ -222,6 +222,32 @@ def test_silu_and_mul_of_the_fused_gate_up_output(dtype):
                                rtol=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_tanh_and_mul_of_the_fused_gate_up_output(dtype):
+    # Gemma's GeGLU against torch's own tanh-approximated GELU
+    fused = torch.randn(9, 2 * 1536).to(dtype) * 4
+    gate, up = fused.split(1536, dim=-1)
+    expected = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    torch.testing.assert_close(cpu.gelu_tanh_and_mul(fused), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+def test_gemma_norm_through_the_fused_kernel_equals_transformers():
+    """(1 + weight) RMSNorm through llmctl's fused kernel, the residual add included, against transformers'."""
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
+
+    from llmctl.engine.models.gemma import GemmaRMSNorm
+
+    ours, theirs = GemmaRMSNorm(576, 1e-6), Gemma2RMSNorm(576, 1e-6)
+    with torch.no_grad():
+        theirs.weight.normal_(0, 0.5)
+        ours.weight.copy_(theirs.weight)
+    x, residual = torch.randn(7, 576) * 3, torch.randn(7, 576)
+    torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+    normed, total = ours.add_and_norm(x.clone(), residual.clone())
+    torch.testing.assert_close(total, x + residual)
+    torch.testing.assert_close(normed, theirs(x + residual), atol=1e-5, rtol=1e-5)
+
+
 def _smaps_field(address: int, field: str) -> list[str]:
     """A field ("VmFlags:", "Rss:", …) of this process's mapping that holds `address` (/proc/self/smaps)."""
     inside = False

@@ -23,6 +23,7 @@ from llmctl.engine.models.common import RMSNorm, StepContext, Target
 from llmctl.engine.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from llmctl.engine.parallel.group import TPGroup
 from llmctl.errors import UnsupportedModelError
+from llmctl.kernels import cpu as cpu_kernels
 
 TEXT_TOWER_PREFIXES = ("model.language_model.", "language_model.model.")  # transformers 5 and the original names
 OTHER_TOWERS = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
@@ -30,14 +31,28 @@ GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 
 
 class GemmaRMSNorm(RMSNorm):
-    """x / rms(x) · (1 + weight), in float32 before the cast back (transformers' Gemma order)."""
+    """x / rms(x) · (1 + weight), in float32 before the cast back (transformers' Gemma order). A float32
+    model on a CPU runs llmctl's fused RMSNorm with the weight 1 + w (the same products in float32)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and _fusable(x):
+            return cpu_kernels.rms_norm(x, self.unit_offset_weight(), self.eps)
         return self.reference(x)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.dtype == torch.float32 and _fusable(x) and _fusable(residual):
+            return cpu_kernels.rms_norm(residual, self.unit_offset_weight(), self.eps, residual=x), residual
         total = x + residual
         return self.reference(total), total
+
+    def unit_offset_weight(self) -> torch.Tensor:
+        """1 + weight, made once the checkpoint's weight is in (finish_loading) or on first use."""
+        if getattr(self, "_offset", None) is None or self._offset.device != self.weight.device:
+            self._offset = (1.0 + self.weight.detach().float()).contiguous()
+        return self._offset
+
+    def finish_loading(self) -> None:
+        self._offset = None
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
@@ -51,8 +66,15 @@ class GemmaAttention(LlamaAttention):
 
 class GemmaMLP(LlamaMLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        fused = self.gate_up_proj(x)
+        if fused.dim() == 2 and fused.stride(1) == 1 and cpu_kernels.fused_layers_for(fused):
+            return self.down_proj(cpu_kernels.gelu_tanh_and_mul(fused))
+        gate, up = fused.split(self.intermediate, dim=-1)
         return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+def _fusable(x: torch.Tensor) -> bool:
+    return x.dim() == 2 and x.is_contiguous() and cpu_kernels.fused_layers_for(x)
 
 
 class GemmaDecoderLayer(nn.Module):
