@@ -205,6 +205,21 @@ def test_gemma3_multimodal_uses_text_config() -> None:
     assert any("text_config" in note for note in spec.notes)
 
 
+def test_gemma3_rope_bases_for_full_and_sliding_layers() -> None:
+    """Gemma 3's two RoPE bases, as published (rope_local_base_freq) and as transformers 5 saves them."""
+    shape = {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4,
+             "vocab_size": 100, "intermediate_size": 128, "sliding_window": 16}
+    published = ModelSpec.from_config({**shape, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                                       "rope_scaling": {"factor": 8.0, "rope_type": "linear"}})
+    saved = ModelSpec.from_config({**shape, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}})
+    for spec in (published, saved):
+        rope = spec.positional.rope
+        assert (rope.theta, rope.sliding_theta, rope.scaling_type, rope.scaling_factor) == (1e6, 1e4, "linear", 8.0)
+        assert spec.positional.describe() == "RoPE θ=1e+06, linear scaling ×8; sliding layers θ=10000"
+
+
 def test_transformers5_rope_parameters() -> None:
     spec = ModelSpec.from_config({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
                                   "num_attention_heads": 4, "vocab_size": 100, "intermediate_size": 128,

@@ -15,6 +15,7 @@ class RopeSpec:
     original_max_position: int | None = None
     partial_rotary_factor: float = 1.0
     scaling: dict[str, Any] | None = None  # the raw scaling parameters
+    sliding_theta: float | None = None  # Gemma 3: its sliding layers' own base (θ above is the full layers')
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class PositionalEncoding:
                     text += f" ×{self.rope.scaling_factor:g}"
                 if self.rope.original_max_position:
                     text += f" (from {self.rope.original_max_position})"
+            if self.rope.sliding_theta is not None:
+                text += f"; sliding layers θ={self.rope.sliding_theta:g}"
             return text
         if self.kind == "alibi":
             return "ALiBi"

@@ -278,6 +278,10 @@ def read_positional(reader: ConfigReader, model_type: str, facts: dict[str, Any]
 
 def _rope(cfg: dict[str, Any]) -> RopeSpec:
     params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    sliding_theta = cfg.get("rope_local_base_freq")  # Gemma 3 as published: its sliding layers' base
+    if isinstance(params.get("full_attention"), dict):  # Gemma 3 as transformers 5 writes it: a set per kind
+        sliding_theta = (params.get("sliding_attention") or {}).get("rope_theta")
+        params = params["full_attention"]
     scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else None
     if scaling is None and params and params.get("rope_type", "default") != "default":
         scaling = params  # transformers 5 folds scaling into rope_parameters
@@ -291,4 +295,5 @@ def _rope(cfg: dict[str, Any]) -> RopeSpec:
         original = scaling.get("original_max_position_embeddings")
     return RopeSpec(theta=float(theta), scaling_type=kind, scaling_factor=float(factor) if factor else None,
                     original_max_position=original, partial_rotary_factor=float(partial),
-                    scaling=dict(scaling) if scaling else None)
+                    scaling=dict(scaling) if scaling else None,
+                    sliding_theta=float(sliding_theta) if sliding_theta is not None else None)
