@@ -126,12 +126,14 @@ class _Entry:
     target: LoRATarget
     slice: int
     kind: str  # "A" or "B"
+    rows: tuple[int, int] | None = None  # a B trained on a fused projection (Phi-3's qkv_proj): this slice's rows
 
 
 def place_tensors(keys: Iterable[str], spec: ModelSpec, path: Path, base_model: str | None) -> list[_Entry]:
     """Map every tensor name onto our fused layers, or say why the adapter does not fit."""
     targets = lora_targets(spec)
     by_slice = {(t.module.split(".")[0], name): (t, i) for t in targets for i, name in enumerate(t.slices)}
+    fused = {tuple(t.module.split(".")): t for t in targets if len(t.slices) > 1}  # Phi-3 trains these whole
     served = sorted({name for t in targets for name in t.slices})
     made_for = f" (it was made for {base_model})" if base_model else ""
     entries, unserved = [], set()
@@ -141,16 +143,20 @@ def place_tensors(keys: Iterable[str], spec: ModelSpec, path: Path, base_model: 
         if layer is None:
             unserved.add(key)
             continue
-        parts = layer[2].split(".")
+        parts = tuple(layer[2].split("."))
         place = by_slice.get((parts[0], parts[-1])) if len(parts) == 2 else None
-        if place is None:
+        whole = fused.get(parts) if place is None and spec.model_type == "phi3" else None
+        if place is None and whole is None:
             unserved.add(layer[2])
             continue
         index = int(layer[1])
         if index >= spec.num_layers:
             raise AdapterError(f"{path} adapts layer {index}, but the base model has {spec.num_layers} layers: it "
                                f"does not fit this model{made_for}")
-        entries.append(_Entry(key, match["module"], index, place[0], place[1], match["ab"]))
+        if whole is None:
+            entries.append(_Entry(key, match["module"], index, place[0], place[1], match["ab"]))
+        else:  # one A for every slice, and each slice's rows of B: the same delta, slice by slice
+            entries += _fused_entries(key, match["module"], index, whole, match["ab"])
     if unserved:
         raise AdapterError(f"{path} adapts {', '.join(sorted(unserved)[:4])}, which llmctl's LoRA does not serve "
                            f"(it serves {', '.join(served)})")
@@ -160,6 +166,12 @@ def place_tensors(keys: Iterable[str], spec: ModelSpec, path: Path, base_model: 
     return entries
 
 
+def _fused_entries(key: str, module: str, layer: int, target: LoRATarget, kind: str) -> list[_Entry]:
+    starts = [sum(target.slice_outs[:i]) for i in range(len(target.slices))]
+    return [_Entry(key, module, layer, target, i, kind, None if kind == "A" else (start, start + out))
+            for i, (start, out) in enumerate(zip(starts, target.slice_outs))]
+
+
 def check_shapes(entries: list[_Entry], shapes: dict[str, tuple[int, ...]], path: Path,
                  base_model: str | None) -> dict[tuple[int, str, int], int]:
     """Each A is [r, in] and each B [out, r] for the base model's sizes: (layer, module, slice) -> r."""
@@ -167,7 +179,8 @@ def check_shapes(entries: list[_Entry], shapes: dict[str, tuple[int, ...]], path
     ranks: dict[tuple[int, str, int], int] = {}
     for e in entries:
         shape = shapes[e.key]
-        need = e.target.in_features if e.kind == "A" else e.target.slice_outs[e.slice]
+        need = e.target.in_features if e.kind == "A" else \
+            (sum(e.target.slice_outs) if e.rows else e.target.slice_outs[e.slice])
         size = shape[1] if e.kind == "A" else shape[0]
         if len(shape) != 2 or size != need:
             expected = f"[r, {need}]" if e.kind == "A" else f"[{need}, r]"
@@ -259,6 +272,8 @@ def load_adapter(path: Path, name: str, spec: ModelSpec, max_rank: int, dtype: t
         pairs.setdefault((e.layer, e.target.module, e.slice), {})[e.kind] = e
     for (layer, module, index), pair in pairs.items():
         a, b = tensors[pair["A"].key], tensors[pair["B"].key]
+        if pair["B"].rows:
+            b = b[pair["B"].rows[0]:pair["B"].rows[1]]
         scale = config.scale(pair["A"].module, a.shape[0])
         slices = weights.setdefault((layer, module), [None] * len(pair["A"].target.slices))
         slices[index] = SliceWeights(a.to(torch.float32).to(dtype).contiguous(),

@@ -1,6 +1,7 @@
 """Phi-3, Phi-3.5 and Phi-4-mini: the Llama network with q, k and v stored as one `qkv_proj` tensor
 and gate and up as one `gate_up_proj` (split here into each rank's rows), partial rotary and
-LongRoPE (both in llmctl.engine.layers.positions)."""
+LongRoPE (both in llmctl.engine.layers.positions). PEFT adapters train the fused projections whole;
+llmctl.engine.lora.adapter splits their B rows into the slices."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ FUSED_TENSORS = ("self_attn.qkv_proj", "mlp.gate_up_proj")  # stored fused in Ph
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
-    supports_lora = False  # PEFT names Phi-3's fused qkv_proj / gate_up_proj, which llmctl's LoRA does not map yet
-
     def targets(self, name: str) -> list[Target]:
         stripped = name.removeprefix("model.")
         layer = layer_index(stripped, "layers.")
