@@ -174,7 +174,7 @@ def test_olmo2_norms_the_whole_projection_when_tp_replicates_a_kv_head(models):
         assert their_tokens == tokens and max(abs(a - b) for a, b in zip(sampled, their_sampled)) <= 1e-4
 
 
-QUANTIZABLE = ["qwen3", "granite"]  # OLMo 2 has no norm before its projections for AWQ to fold scales into
+QUANTIZABLE = ["qwen3", "granite", "olmo2"]  # GPTQ; OLMo 2 refuses AWQ (below)
 
 
 @pytest.mark.parametrize("family", QUANTIZABLE)
@@ -188,6 +188,14 @@ def test_llmctl_quantize_writes_a_checkpoint_the_engine_serves(models, family, t
                      "--calib-samples", "4", "--calib-seq-len", "64", "--output", str(out), "--no-redistribute")
     assert result.returncode == 0, result.stdout + result.stderr
     assert_engine_matches_dense(out, lambda parts: unpack_gptq(parts, 4, 32), PROMPTS[0])
+
+
+def test_awq_on_olmo2_is_one_clear_refusal(models, tmp_path):
+    from conftest import run_cli
+
+    result = run_cli("quantize", str(models["olmo2"]), "--awq", "--no-redistribute", "--output", str(tmp_path / "out"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--awq: OLMo 2 norms each block's output" in result.stderr and "use --gptq" in result.stderr
 
 
 # Qwen3's generation prompt as its own chat template writes it: enable_thinking=false pre-fills an empty

@@ -117,9 +117,9 @@ def _group_size(options: QuantizeOptions, source: ModelSource) -> int:
 
     hf_config = AutoConfig.from_pretrained(str(source.path), trust_remote_code=False)
     if options.group_size is not None:
-        check_supported(hf_config, QuantConfig(options.bits, options.group_size))
+        check_supported(hf_config, QuantConfig(options.bits, options.group_size), options.method)
         return options.group_size
-    check_supported(hf_config, QuantConfig(options.bits, -1))
+    check_supported(hf_config, QuantConfig(options.bits, -1), options.method)
     works = working_group_sizes(hf_config)
     size = 128 if 128 in works else max(works, default=-1)
     if size != 128:

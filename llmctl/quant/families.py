@@ -15,8 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma2", "gemma3_text")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma2", "gemma3_text", "olmo2")
 GEMMA_TYPES = ("gemma2", "gemma3_text")
+# AWQ folds its scales into the norm in front of q/k/v and gate/up; these families have none there
+NO_AWQ = {"olmo2": "OLMo 2 norms each block's output, not its input, so AWQ has no norm to fold its scales into"}
 
 
 def is_gemma(hf_config: Any) -> bool:

@@ -18,8 +18,8 @@ from torch import nn
 
 from llmctl.errors import LlmctlError
 from llmctl.quant.awq import ScaleGroup, apply_scales, clip_weights, search_scales
-from llmctl.quant.families import (SUPPORTED_TYPES, LayerInputs, attention_implementation, embedding_scale,
-                                   is_gemma, mlp_norm)
+from llmctl.quant.families import (NO_AWQ, SUPPORTED_TYPES, LayerInputs, attention_implementation,
+                                   embedding_scale, is_gemma, mlp_norm)
 from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
 from llmctl.quant.gptq import HessianAccumulator, gptq_quantize
 from llmctl.quant.rtn import QuantConfig, rtn_quantize
@@ -82,10 +82,12 @@ def working_group_sizes(hf_config: Any) -> list[int]:
     return [g for g in GROUP_SIZES if all(size % g == 0 for size in _grouped_sizes(hf_config).values())]
 
 
-def check_supported(hf_config: Any, config: QuantConfig) -> None:
+def check_supported(hf_config: Any, config: QuantConfig, method: str | None = None) -> None:
     if hf_config.model_type not in SUPPORTED_TYPES:
         raise LlmctlError(f"llmctl quantize supports these model types: {', '.join(SUPPORTED_TYPES)}; "
                           f"this one is {hf_config.model_type}")
+    if method == "awq" and hf_config.model_type in NO_AWQ:
+        raise LlmctlError(f"--awq: {NO_AWQ[hf_config.model_type]}; use --gptq")
     if config.group_size == -1:
         return
     sizes = _grouped_sizes(hf_config)
@@ -103,7 +105,7 @@ def quantize_model(folder: Path, method: str, config: QuantConfig, calibration: 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     hf_config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-    check_supported(hf_config, config)
+    check_supported(hf_config, config, method)
     hf_config._attn_implementation = attention_implementation(hf_config)
     reader = CheckpointReader(folder)
     with torch.device("meta"):
