@@ -129,6 +129,14 @@ def test_greedy_tokens_and_logprobs_equal_transformers(models, tokenizer, family
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_triton_backend_equals_transformers(models, tokenizer, family):
+    """Under Triton's interpreter on this CPU (compiled on a GPU): the two longest prompts, 16 tokens."""
+    prompts = PROMPTS[4:6]
+    ours, _ = engine_outputs(models[family], prompts, 16, attention_backend="triton")
+    assert_close(transformers_reference(models[family], tokenizer, prompts=prompts, max_tokens=16), ours, prompts)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_tp2_equals_tp1(models, family):
     single, _ = engine_outputs(models[family])
     sharded, memory = engine_outputs(models[family], tensor_parallel_size=2)
