@@ -56,6 +56,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(cpu_paths())  # also under -q, where the header is not printed
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's hub cache and converted default model (half a GB) go when it ends: runs must not fill /tmp."""
+    import shutil
+
+    shutil.rmtree(_ROOT, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def release_gpu_memory():
     """On a GPU each engine takes most of the free memory for its KV pool: give a finished test's
