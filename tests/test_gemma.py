@@ -90,19 +90,77 @@ def test_each_rank_holds_what_plan_says(models, family):
     assert_ranks_hold_what_plan_says(models[family])  # KV: one block is a page in each of the group's slots
 
 
-def test_the_text_tower_of_gemma3_for_conditional_generation(tmp_path, tokenizer):
-    """The multimodal checkpoint served text-only: its language model's tensors load, the vision tower's stay
-    on disk, and the tokens are those of transformers' own Gemma3ForConditionalGeneration on text."""
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+@pytest.fixture(scope="module")
+def multimodal(tmp_path_factory, tokenizer) -> Path:
+    """A Gemma3ForConditionalGeneration checkpoint (saved by transformers under the published names,
+    language_model.model.*, beside vision_tower.* and multi_modal_projector.*)."""
+    from transformers import Gemma3Config, SiglipVisionConfig
 
     vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                 image_size=32, patch_size=8)
     config = Gemma3Config(text_config=gemma3_text_config(len(tokenizer)).to_dict(), vision_config=vision.to_dict(),
                           mm_tokens_per_image=4)
-    folder = save_random_model(config, tmp_path / "gemma3-multimodal", tokenizer)
-    ours, _ = engine_outputs(folder)
-    assert_close(transformers_reference(folder, tokenizer, Gemma3ForConditionalGeneration), ours)
-    assert_served_like_transformers(folder, tokenizer, Gemma3ForConditionalGeneration)
+    return save_random_model(config, tmp_path_factory.mktemp("gemma3-multimodal") / "model", tokenizer)
+
+
+def test_the_text_tower_of_gemma3_for_conditional_generation(multimodal, tokenizer):
+    """The multimodal checkpoint served text-only: its language model's tensors load, the vision tower's stay
+    on disk, and the tokens are those of transformers' own Gemma3ForConditionalGeneration on text."""
+    from transformers import Gemma3ForConditionalGeneration
+
+    ours, _ = engine_outputs(multimodal)
+    assert_close(transformers_reference(multimodal, tokenizer, Gemma3ForConditionalGeneration), ours)
+    assert_served_like_transformers(multimodal, tokenizer, Gemma3ForConditionalGeneration)
+
+
+def test_llmctl_quantize_takes_the_language_model_of_a_multimodal_gemma3(multimodal, tmp_path):
+    """GPTQ on the language model; the vision tower and projector are written as they were (16-bit) and
+    named in `dynamic`, GPTQModel's field that vLLM reads to build them unquantized. Served like
+    transformers' Gemma3ForConditionalGeneration loading the unpacked weights (its own name mapping)."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    from transformers import Gemma3ForConditionalGeneration
+
+    from llmctl.checkpoint.quant_formats import unpack_gptq
+    from test_model_families import quantize
+    from test_quantize_cli import assert_engine_matches_dense
+
+    out = quantize(multimodal, "gptq", tmp_path / "gemma3-mm-gptq")
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["dynamic"] == {"-:.*(vision_tower|multi_modal_projector).*": {}}
+    with safe_open(str(out / "model.safetensors"), framework="pt") as quantized, \
+            safe_open(str(multimodal / "model.safetensors"), framework="pt") as original:
+        assert "language_model.model.layers.0.self_attn.q_proj.qweight" in quantized.keys()
+        towers = [n for n in original.keys() if n.startswith(("vision_tower.", "multi_modal_projector."))]
+        assert towers and not any(n.startswith(("vision_tower.", "multi_modal_projector.")) and "qweight" in n
+                                  for n in quantized.keys())
+        for name in towers:
+            torch.testing.assert_close(quantized.get_tensor(name), original.get_tensor(name).half())
+
+    def dense_model(folder: Path, state: dict) -> torch.nn.Module:
+        save_file({name: t.contiguous() for name, t in state.items()}, str(folder / "model.safetensors"))
+        return Gemma3ForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32,
+                                                              attn_implementation="eager").eval()
+
+    assert_engine_matches_dense(out, lambda parts: unpack_gptq(parts, 4, 32), PROMPTS[4], dense_model)
+
+
+def test_quantize_eval_scores_a_multimodal_checkpoint_by_its_language_model(multimodal):
+    """`--eval`'s reference model for a multimodal checkpoint: the language model alone, from the checkpoint's
+    tensors, computes the logits of transformers' whole Gemma3ForConditionalGeneration on text."""
+    from safetensors.torch import load_file
+    from transformers import Gemma3ForConditionalGeneration
+
+    from llmctl.quant.evaluate import load_dense_model
+
+    ids = torch.arange(3, 40)[None]
+    text_only = load_dense_model(multimodal, {n: t.float() for n, t in load_file(str(multimodal / "model.safetensors"))
+                                              .items()})
+    whole = Gemma3ForConditionalGeneration.from_pretrained(str(multimodal), dtype=torch.float32).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(text_only(ids).logits, whole(ids).logits, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

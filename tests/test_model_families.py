@@ -182,20 +182,87 @@ def test_olmo2_norms_the_whole_projection_when_tp_replicates_a_kv_head(models):
         assert their_tokens == tokens and max(abs(a - b) for a, b in zip(sampled, their_sampled)) <= 1e-4
 
 
-QUANTIZABLE = ["qwen3", "granite", "olmo2"]  # GPTQ; OLMo 2 refuses AWQ (below)
+QUANTIZABLE = ["qwen3", "granite", "olmo2", "phi3"]  # GPTQ; OLMo 2 refuses AWQ (below)
+
+
+def quantize(folder: Path, method: str, out: Path) -> Path:
+    from conftest import run_cli
+    from test_quantize_cli import WIKITEXT
+
+    result = run_cli("quantize", str(folder), f"--{method}", "--group-size", "32", "--calib-file", str(WIKITEXT),
+                     "--calib-samples", "4", "--calib-seq-len", "64", "--output", str(out), "--no-redistribute")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
 
 
 @pytest.mark.parametrize("family", QUANTIZABLE)
 def test_llmctl_quantize_writes_a_checkpoint_the_engine_serves(models, family, tmp_path):
-    from conftest import run_cli
     from llmctl.checkpoint.quant_formats import unpack_gptq
-    from test_quantize_cli import WIKITEXT, assert_engine_matches_dense
+    from test_quantize_cli import assert_engine_matches_dense
 
-    out = tmp_path / f"{family}-gptq"
-    result = run_cli("quantize", str(models[family]), "--gptq", "--group-size", "32", "--calib-file", str(WIKITEXT),
-                     "--calib-samples", "4", "--calib-seq-len", "64", "--output", str(out), "--no-redistribute")
-    assert result.returncode == 0, result.stdout + result.stderr
+    out = quantize(models[family], "gptq", tmp_path / f"{family}-gptq")
     assert_engine_matches_dense(out, lambda parts: unpack_gptq(parts, 4, 32), PROMPTS[0])
+
+
+def test_phi3_gptq_keeps_qkv_and_gate_up_fused_and_tp2_splits_them(models, tmp_path):
+    """Phi-3 is quantized as GPTQModel does it: qkv_proj and gate_up_proj whole. The engine takes each
+    part's columns of the packed tensors; with TP 2 each rank's columns, and the tokens are TP 1's."""
+    from safetensors import safe_open
+
+    out = quantize(models["phi3"], "gptq", tmp_path / "phi3-gptq")
+    with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
+        names = set(handle.keys())
+        assert handle.get_slice("model.layers.0.self_attn.qkv_proj.qweight").get_shape() == [64 // 8, 64 + 2 * 32]
+    assert "model.layers.0.mlp.gate_up_proj.scales" in names and not any("q_proj" in n for n in names)
+    single, _ = engine_outputs(out, PROMPTS[3:5], tokens=16)
+    sharded, _ = engine_outputs(out, PROMPTS[3:5], tokens=16, tensor_parallel_size=2)
+    for (tokens, sampled, _), (their_tokens, their_sampled, _) in zip(single, sharded):
+        assert their_tokens == tokens and max(abs(a - b) for a, b in zip(sampled, their_sampled)) <= 1e-4
+
+
+def test_phi3_awq_folds_into_the_v_and_up_rows_of_the_fused_projections(tokenizer, tmp_path):
+    """Without KV-head sharing AWQ also scales v → o: on Phi-3 the previous op is qkv_proj's v rows (and
+    gate_up_proj's up rows before down_proj). Served like transformers on the unpacked weights."""
+    from llmctl.checkpoint.quant_formats import unpack_awq
+    from test_quantize_cli import assert_engine_matches_dense
+
+    config = phi3_config(len(tokenizer))
+    config.num_key_value_heads = 4
+    folder = save_random_model(config, tmp_path / "phi3-mha", tokenizer)
+    out = quantize(folder, "awq", tmp_path / "phi3-awq")
+    assert_engine_matches_dense(out, lambda parts: unpack_awq(parts, 32), PROMPTS[4])
+
+
+def test_awq_scale_groups_of_a_phi3_layer_leave_it_unchanged(tokenizer):
+    """Every AWQ group of transformers' own Phi3DecoderLayer (MHA: all four), scaled by random s and folded
+    into the op before: the layer computes what it did (before rounding)."""
+    from transformers.models.phi3.modeling_phi3 import Phi3DecoderLayer, Phi3RotaryEmbedding
+
+    from llmctl.quant.awq import apply_scales
+    from llmctl.quant.pipeline import _scale_groups
+
+    torch.manual_seed(0)
+    config = phi3_config(len(tokenizer))
+    config.num_key_value_heads, config._attn_implementation = 4, "eager"
+    layer = Phi3DecoderLayer(config, 0).eval()
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.normal_(0, 0.2)
+    x = torch.randn(2, 12, 64)
+    cos_sin = Phi3RotaryEmbedding(config)(x, torch.arange(12)[None])
+    mask = torch.full((12, 12), float("-inf")).triu(1)[None, None]
+
+    def run(h):
+        cos, sin = (t.expand(h.shape[0], *t.shape[1:]) for t in cos_sin)
+        return layer(h, attention_mask=mask, position_embeddings=(cos, sin))
+
+    with torch.no_grad():
+        before = run(x)
+        groups = _scale_groups(layer, x, run, lambda h: h)
+        assert len(groups) == 4 and groups[1].previous is layer.self_attn.qkv_proj
+        for group in groups:
+            apply_scales(group, torch.rand(group.inputs.shape[-1]) + 0.5)
+        torch.testing.assert_close(run(x), before, atol=1e-5, rtol=1e-4)
 
 
 def test_awq_on_olmo2_is_one_clear_refusal(models, tmp_path):

@@ -58,9 +58,10 @@ def test_engine_serves_it_like_transformers_on_the_dequantized_weights(gptq_fold
     assert packed == stage.linear_bytes
 
 
-def assert_engine_matches_dense(out: Path, unpack, prompt: str):
+def assert_engine_matches_dense(out: Path, unpack, prompt: str, dense_model=None):
     """The engine's greedy tokens and logprobs on the packed checkpoint == transformers on weights unpacked
-    by the formats module (an independent path from the engine's QuantLinear)."""
+    by the formats module (an independent path from the engine's QuantLinear). dense_model(folder, state)
+    builds the reference from the unquantized config in `folder`; by default from_config + the state."""
     from llmctl import LLM, SamplingParams
     from quant_helpers import dequantized_state
 
@@ -70,7 +71,7 @@ def assert_engine_matches_dense(out: Path, unpack, prompt: str):
     dense = out.parent / f"{out.name}-dense"
     dense.mkdir()
     (dense / "config.json").write_text(json.dumps(config))
-    model = _dense_model(dense, state)
+    model = (dense_model or _dense_model)(dense, state)
     llm = LLM(str(out), max_model_len=256)
     ours = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0))[0]
     ids = llm.get_tokenizer()(prompt, return_tensors="pt").input_ids

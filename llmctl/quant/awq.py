@@ -27,7 +27,7 @@ SEARCH_TOKENS = 2048  # calibration tokens the α grid is scored on: the block r
 
 @dataclass
 class ScaleGroup:
-    previous: nn.Module  # a norm (weight) or a linear (output rows)
+    previous: nn.Module  # a norm (weight) or a linear (its last output rows)
     linears: list[nn.Linear]
     inputs: torch.Tensor  # [tokens, in] what the linears read
     block: Callable[[torch.Tensor], torch.Tensor]  # the module whose output error is minimized
@@ -74,10 +74,11 @@ def _subsample(inputs: torch.Tensor) -> torch.Tensor:
 def apply_scales(group: ScaleGroup, scales: torch.Tensor) -> None:
     """Divide the previous operation's output by s and multiply the linears' inputs by s."""
     previous = group.previous
-    if isinstance(previous, nn.Linear):
-        previous.weight.div_(scales.unsqueeze(1))
+    if isinstance(previous, nn.Linear):  # its last rows: all of v_proj, or the v (up) part of a fused qkv (gate_up)
+        rows = scales.numel()
+        previous.weight[-rows:].div_(scales.unsqueeze(1))
         if previous.bias is not None:
-            previous.bias.div_(scales)
+            previous.bias[-rows:].div_(scales)
     elif group.unit_offset:  # (1 + w) / s = 1 + w'
         previous.weight.copy_((1 + previous.weight) / scales - 1)
     else:

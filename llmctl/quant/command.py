@@ -78,7 +78,9 @@ def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
     logger.info("calibration: %d × %d tokens from %s", calibration.shape[0], calibration.shape[1],
                 calibration_source)
     started = time.perf_counter()
-    layers = int(read_json(source.path / "config.json").get("num_hidden_layers", 0))
+    model_config = read_json(source.path / "config.json")
+    layers = int(model_config.get("num_hidden_layers") or model_config.get("text_config", {}).get("num_hidden_layers")
+                 or 0)
     with progress_bar(f"{options.method.upper()} {options.bits}-bit, layer by layer", layers,
                       enabled=options.show_progress) as advance:
         result = quantize_model(source.path, options.method, config, calibration, lambda done, total: advance())
@@ -86,7 +88,8 @@ def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
     base_model = source.repo_id or options.model or source.name
     if options.force and output.exists():
         shutil.rmtree(output)  # only a model folder gets here (_check_output)
-    written = write_quantized_model(output, source, result.tensors, options.method, config, report, base_model)
+    written = write_quantized_model(output, source, result.tensors, options.method, config, report, base_model,
+                                    result.dense_towers)
     summary = QuantizeSummary(
         model=source.name, method=options.method, bits=options.bits, group_size=config.group_size,
         layers=len(result.layers), size_before=_weights_bytes(source), seconds=seconds, output=output,

@@ -16,6 +16,8 @@ def load_dense_model(folder: Path, state: dict[str, torch.Tensor] | None = None)
         return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, use_safetensors=True,
                                                     trust_remote_code=False).eval()
     config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    if config.get_text_config() is not config:  # multimodal: text is scored by its language model alone
+        config, state = config.get_text_config(), _language_model_state(state)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
@@ -24,6 +26,16 @@ def load_dense_model(folder: Path, state: dict[str, torch.Tensor] | None = None)
     if config.tie_word_embeddings:
         model.tie_weights()
     return model
+
+
+def _language_model_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A multimodal checkpoint's language-model tensors under a text model's names (model.layers...)."""
+    from llmctl.quant.families import language_model_prefix
+
+    prefix = language_model_prefix(state)
+    text = {"model." + name.removeprefix(prefix): tensor for name, tensor in state.items() if name.startswith(prefix)}
+    heads = [name for name in state if name.endswith("lm_head.weight")]  # absent when tied (Gemma 3)
+    return text | ({"lm_head.weight": state[heads[0]]} if heads else {})
 
 
 @torch.no_grad()

@@ -1,7 +1,8 @@
 """What the layer-by-layer calibration forward needs from each family llmctl quantize takes.
 
-Llama, Mistral, Qwen2/3 and Granite run transformers' decoder layers with SDPA, a causal mask by
-default and one RoPE table. Gemma 2/3 run them with eager attention (SDPA has no logit soft-cap),
+Llama, Mistral, Qwen2/3, Granite, OLMo 2 and Phi-3 run transformers' decoder layers with SDPA, a
+causal mask by default and one RoPE table; Phi-3's fused qkv_proj and gate_up_proj are quantized
+whole. Gemma 2/3 run them with eager attention (SDPA has no logit soft-cap),
 so the causal mask — with each sliding layer's window — is given explicitly; Gemma 3 has one RoPE
 table per kind of layer; Gemma's embeddings are scaled by √hidden and its norms scale by
 (1 + weight), which AWQ's scale folding must respect.
@@ -10,15 +11,41 @@ table per kind of layer; Gemma's embeddings are scaled by √hidden and its norm
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch import nn
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma2", "gemma3_text", "olmo2")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma2", "gemma3_text", "olmo2", "phi3")
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 # AWQ folds its scales into the norm in front of q/k/v and gate/up; these families have none there
 NO_AWQ = {"olmo2": "OLMo 2 norms each block's output, not its input, so AWQ has no norm to fold its scales into"}
+
+
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+# Phi-3 stores q/k/v and gate/up fused; they are quantized whole, as GPTQModel and AutoAWQ do
+FUSED_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+# Multimodal checkpoints whose language model is quantized: these towers stay dense, and the quantization
+# config names them so that vLLM and transformers build them unquantized
+DENSE_TOWERS = {"gemma3": ("vision_tower", "multi_modal_projector")}
+
+
+def language_model_prefix(names: Iterable[str]) -> str:
+    """Where the decoder's tensors are: 'model.' in text models; Gemma 3's multimodal checkpoints say
+    'language_model.model.' as published, 'model.language_model.' as transformers 5 writes them."""
+    candidates = sorted(name.removesuffix("embed_tokens.weight") for name in names
+                        if name.endswith("embed_tokens.weight"))
+    if not candidates:
+        raise ValueError("the checkpoint has no embed_tokens.weight")
+    return min(candidates, key=len)
+
+
+def quantized_linears(hf_config: Any) -> tuple[str, ...]:
+    """The linears of one decoder layer that are quantized, by their names in transformers' layer."""
+    return FUSED_LINEARS if hf_config.model_type == "phi3" else LINEARS
 
 
 def is_gemma(hf_config: Any) -> bool:
@@ -65,12 +92,20 @@ class LayerInputs:
         return self.rotary(sample, self.positions)
 
     def _mask(self, kind: str | None) -> torch.Tensor | None:
-        """None lets SDPA mask causally; eager attention gets an additive causal (and window) mask."""
-        if not is_gemma(self.hf_config):
-            return None
+        """None lets SDPA mask causally; eager attention, and a window shorter than the samples (Phi-3
+        mini's 2047; Mistral's), get an additive causal (and window) mask."""
         length = self.positions.shape[1]
+        window = self._window(kind)
+        if not is_gemma(self.hf_config) and (window is None or window >= length):
+            return None
         query, key = torch.arange(length).unsqueeze(1), torch.arange(length).unsqueeze(0)
         allowed = key <= query
-        if kind == "sliding_attention":
-            allowed &= key > query - self.hf_config.sliding_window
+        if window is not None:
+            allowed &= key > query - window
         return torch.zeros(length, length).masked_fill(~allowed, float("-inf"))[None, None]
+
+    def _window(self, kind: str | None) -> int | None:
+        if is_gemma(self.hf_config):
+            return self.hf_config.sliding_window if kind == "sliding_attention" else None
+        windowed = self.hf_config.model_type in ("mistral", "phi3")  # Qwen2 names a window it does not use
+        return getattr(self.hf_config, "sliding_window", None) if windowed else None

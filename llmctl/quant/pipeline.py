@@ -1,5 +1,4 @@
-"""Layer-by-layer quantization of Llama-family checkpoints (Llama, Mistral, Qwen2, Qwen3, Granite,
-SmolLM2).
+"""Layer-by-layer quantization of decoder checkpoints (the families in llmctl.quant.families).
 
 Only one decoder layer's weights are in memory at a time, plus the calibration hidden
 states. Each layer is calibrated on the outputs of the layers before it *after* they were
@@ -18,14 +17,12 @@ from torch import nn
 
 from llmctl.errors import LlmctlError
 from llmctl.quant.awq import ScaleGroup, apply_scales, clip_weights, search_scales
-from llmctl.quant.families import (NO_AWQ, SUPPORTED_TYPES, LayerInputs, attention_implementation,
-                                   embedding_scale, is_gemma, mlp_norm)
+from llmctl.quant.families import (DENSE_TOWERS, NO_AWQ, SUPPORTED_TYPES, LayerInputs, attention_implementation,
+                                   embedding_scale, is_gemma, language_model_prefix, mlp_norm, quantized_linears)
 from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
 from llmctl.quant.gptq import HessianAccumulator, gptq_quantize
 from llmctl.quant.rtn import QuantConfig, rtn_quantize
 
-LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 BATCH = 8  # calibration sequences per forward
 
 
@@ -40,6 +37,7 @@ class QuantizationResult:
     tensors: dict[str, torch.Tensor]  # the checkpoint to write: packed linears + 16-bit rest
     dequantized: dict[str, torch.Tensor]  # the same model with dense float weights (for evaluation)
     layers: list[LayerReport] = field(default_factory=list)
+    dense_towers: tuple[str, ...] = ()  # a multimodal checkpoint's other towers, written unquantized
 
 
 class CheckpointReader:
@@ -72,6 +70,7 @@ GROUP_SIZES = (32, 64, 128)  # the group sizes vLLM's GPTQ/AWQ kernels take (and
 
 def _grouped_sizes(hf_config: Any) -> dict[str, int]:
     """The input sizes of the quantized linears: each must be a multiple of the group size."""
+    hf_config = hf_config.get_text_config()
     sizes = {"hidden size": hf_config.hidden_size, "intermediate size": hf_config.intermediate_size}
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     sizes["attention output size"] = hf_config.num_attention_heads * head_dim
@@ -83,9 +82,10 @@ def working_group_sizes(hf_config: Any) -> list[int]:
 
 
 def check_supported(hf_config: Any, config: QuantConfig, method: str | None = None) -> None:
-    if hf_config.model_type not in SUPPORTED_TYPES:
-        raise LlmctlError(f"llmctl quantize supports these model types: {', '.join(SUPPORTED_TYPES)}; "
-                          f"this one is {hf_config.model_type}")
+    outer, hf_config = hf_config.model_type, hf_config.get_text_config()
+    if hf_config.model_type not in SUPPORTED_TYPES or (outer != hf_config.model_type and outer not in DENSE_TOWERS):
+        raise LlmctlError(f"llmctl quantize supports these model types: {', '.join(SUPPORTED_TYPES)} (and "
+                          f"{', '.join(DENSE_TOWERS)}'s language model); this one is {outer}")
     if method == "awq" and hf_config.model_type in NO_AWQ:
         raise LlmctlError(f"--awq: {NO_AWQ[hf_config.model_type]}; use --gptq")
     if config.group_size == -1:
@@ -104,15 +104,17 @@ def quantize_model(folder: Path, method: str, config: QuantConfig, calibration: 
     """calibration: [samples, seq_len] token ids. method: gptq | awq | rtn."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    hf_config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-    check_supported(hf_config, config, method)
+    outer = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    check_supported(outer, config, method)
+    hf_config = outer.get_text_config()  # a multimodal checkpoint's language model; else the model itself
     hf_config._attn_implementation = attention_implementation(hf_config)
     reader = CheckpointReader(folder)
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     rotary = type(skeleton.model.rotary_emb)(config=hf_config)
-    result = QuantizationResult({}, {})
-    embed = reader.get("model.embed_tokens.weight")
+    result = QuantizationResult({}, {}, dense_towers=DENSE_TOWERS.get(outer.model_type, ()))
+    model_prefix = language_model_prefix(reader.where)
+    embed = reader.get(f"{model_prefix}embed_tokens.weight")
     hidden = embed[calibration] * embedding_scale(hf_config)  # [samples, seq, hidden]
     inputs = LayerInputs(hf_config, rotary, torch.arange(calibration.shape[1]).unsqueeze(0))
     for index in range(hf_config.num_hidden_layers):
@@ -120,21 +122,22 @@ def quantize_model(folder: Path, method: str, config: QuantConfig, calibration: 
         started = time.perf_counter()
         layer = skeleton.model.layers[index]
         layer.to_empty(device="cpu")
-        prefix = f"model.layers.{index}."
+        prefix = f"{model_prefix}layers.{index}."
         _load_layer(layer, reader, prefix)
         run = _layer_runner(layer, position_embeddings, inputs.positions, mask)
-        quantized = _quantize_layer(layer, hidden, run, method, config, position_embeddings, mask)
+        linears = quantized_linears(hf_config)
+        quantized = _quantize_layer(layer, hidden, run, method, config, linears, position_embeddings, mask)
         with torch.no_grad():
             for name, weight in quantized.items():
                 _module(layer, name).weight.copy_(weight.dequantize())
             hidden = torch.cat([run(hidden[i:i + BATCH]) for i in range(0, hidden.shape[0], BATCH)])
-        _store_layer(result, layer, prefix, quantized, method)
+        _store_layer(result, layer, prefix, quantized, method, linears)
         layer.to("meta")
         result.layers.append(LayerReport(index, time.perf_counter() - started))
         if on_layer:
             on_layer(index + 1, hf_config.num_hidden_layers)
-    for name in reader.where:
-        if not name.startswith("model.layers."):
+    for name in reader.where:  # embeddings, final norm, head; a multimodal checkpoint's other towers
+        if not name.startswith(f"{model_prefix}layers."):
             tensor = reader.get(name)
             result.tensors[name] = tensor.to(torch.float16)
             result.dequantized[name] = tensor
@@ -179,54 +182,68 @@ def _capture_inputs(layer: nn.Module, hidden: torch.Tensor, run: Callable, names
 
 
 def _quantize_layer(layer: nn.Module, hidden: torch.Tensor, run: Callable, method: str, config: QuantConfig,
-                    position_embeddings: tuple, mask: torch.Tensor | None) -> dict[str, QuantizedWeight]:
+                    linears: tuple[str, ...], position_embeddings: tuple,
+                    mask: torch.Tensor | None) -> dict[str, QuantizedWeight]:
     if method == "gptq":
-        accumulators = {name: HessianAccumulator(_module(layer, name).in_features) for name in LINEARS}
-        _capture_inputs(layer, hidden, run, LINEARS, lambda name, x: accumulators[name].add(x))
+        accumulators = {name: HessianAccumulator(_module(layer, name).in_features) for name in linears}
+        _capture_inputs(layer, hidden, run, linears, lambda name, x: accumulators[name].add(x))
         return {name: gptq_quantize(_module(layer, name).weight, accumulators[name].hessian(), config)
-                for name in LINEARS}
+                for name in linears}
     if method == "awq":
         _awq_transform(layer, hidden, run, config, position_embeddings, mask)
-    return {name: rtn_quantize(_module(layer, name).weight, config) for name in LINEARS}
+    return {name: rtn_quantize(_module(layer, name).weight, config) for name in linears}
 
 
 def _awq_transform(layer: nn.Module, hidden: torch.Tensor, run: Callable, config: QuantConfig,
                    position_embeddings: tuple, mask: torch.Tensor | None) -> None:
-    inputs: dict[str, list[torch.Tensor]] = {}
-    wanted = ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")
-    _capture_inputs(layer, hidden, run, wanted, lambda name, x: inputs.setdefault(name, []).append(x))
-    x = {name: torch.cat(chunks) for name, chunks in inputs.items()}
-    attn, mlp = layer.self_attn, layer.mlp
+    attn = layer.self_attn
 
     def attention_block(states: torch.Tensor) -> torch.Tensor:
         cos, sin = (t.expand(states.shape[0], *t.shape[1:]) for t in position_embeddings)
         return attn(states, attention_mask=mask, position_embeddings=(cos, sin))[0]
 
-    offset = is_gemma(layer.self_attn.config)  # Gemma's norms scale by (1 + weight)
-    groups = [ScaleGroup(layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj], x["self_attn.q_proj"],
-                         attention_block, unit_offset=offset),
-              ScaleGroup(mlp_norm(layer), [mlp.gate_proj, mlp.up_proj], x["mlp.gate_proj"], mlp, unit_offset=offset),
-              ScaleGroup(mlp.up_proj, [mlp.down_proj], x["mlp.down_proj"], mlp.down_proj)]
-    if attn.v_proj.out_features == attn.o_proj.in_features:  # v -> o only when no KV-head sharing
-        groups.insert(1, ScaleGroup(attn.v_proj, [attn.o_proj], x["self_attn.o_proj"], attn.o_proj))
+    groups = _scale_groups(layer, hidden, run, attention_block)
     scales = [search_scales(group, config) for group in groups]  # all on the unmodified layer, as AutoAWQ
     for group, scale in zip(groups, scales):
         apply_scales(group, scale)
         group.inputs.div_(scale)  # what the linears now read
+    query_key = [getattr(attn, name) for name in ("q_proj", "k_proj", "qkv_proj") if hasattr(attn, name)]
     for group in groups:
         for linear in group.linears:
-            if linear not in (attn.q_proj, attn.k_proj):  # query/key clipping hurts attention (AutoAWQ skips it)
+            if linear not in query_key:  # query/key clipping hurts attention (AutoAWQ skips it)
                 clip_weights(linear, group.inputs, config)
 
 
+def _scale_groups(layer: nn.Module, hidden: torch.Tensor, run: Callable, attention_block: Callable) -> list[ScaleGroup]:
+    """AutoAWQ's four groups: norm → q/k/v, v → o (without KV-head sharing), norm → gate/up, up → down.
+    In fused layers (Phi-3) v and up are the last rows of qkv_proj and gate_up_proj."""
+    attn, mlp = layer.self_attn, layer.mlp
+    fused = hasattr(attn, "qkv_proj")
+    first = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj") if fused else \
+        ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj")
+    inputs: dict[str, list[torch.Tensor]] = {}
+    _capture_inputs(layer, hidden, run, first + ("mlp.down_proj",),
+                    lambda name, x: inputs.setdefault(name, []).append(x))
+    x = [torch.cat(inputs[name]) for name in first + ("mlp.down_proj",)]
+    qkv = [attn.qkv_proj] if fused else [attn.q_proj, attn.k_proj, attn.v_proj]
+    gate_up = [mlp.gate_up_proj] if fused else [mlp.gate_proj, mlp.up_proj]
+    offset = is_gemma(attn.config)  # Gemma's norms scale by (1 + weight)
+    groups = [ScaleGroup(layer.input_layernorm, qkv, x[0], attention_block, unit_offset=offset),
+              ScaleGroup(mlp_norm(layer), gate_up, x[2], mlp, unit_offset=offset),
+              ScaleGroup(gate_up[-1], [mlp.down_proj], x[3], mlp.down_proj)]
+    if attn.o_proj.in_features == attn.config.num_key_value_heads * attn.head_dim:  # v -> o: no KV-head sharing
+        groups.insert(1, ScaleGroup(qkv[-1], [attn.o_proj], x[1], attn.o_proj))
+    return groups
+
+
 def _store_layer(result: QuantizationResult, layer: nn.Module, prefix: str,
-                 quantized: dict[str, QuantizedWeight], method: str) -> None:
+                 quantized: dict[str, QuantizedWeight], method: str, linears: tuple[str, ...]) -> None:
     pack = pack_gptq if method == "gptq" else pack_awq
     for name, weight in quantized.items():
         for suffix, tensor in pack(weight).items():
             result.tensors[f"{prefix}{name}.{suffix}"] = tensor
         result.dequantized[f"{prefix}{name}.weight"] = weight.dequantize()
     for name, param in layer.named_parameters():
-        if not any(name.startswith(linear) for linear in LINEARS) or name.endswith(".bias"):
+        if not any(name.startswith(linear) for linear in linears) or name.endswith(".bias"):
             result.tensors[prefix + name] = param.detach().to(torch.float16)
             result.dequantized[prefix + name] = param.detach().clone()

@@ -26,14 +26,19 @@ COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.j
                 "chat_template.json")
 
 
-def quantization_config(method: str, config: QuantConfig) -> dict[str, Any]:
+def quantization_config(method: str, config: QuantConfig, dense_towers: tuple[str, ...] = ()) -> dict[str, Any]:
+    """dense_towers: modules left unquantized (a multimodal model's vision tower), in each format's own
+    field: GPTQModel's `dynamic` with a negative pattern (vLLM reads it), AWQ's `modules_to_not_convert`."""
     if method == "gptq":
-        return {"quant_method": "gptq", "bits": config.bits, "group_size": config.group_size, "desc_act": False,
-                "sym": True, "damp_percent": DAMPING, "true_sequential": False,
-                "static_groups": config.act_order,  # act-order ran with static groups: g_idx stays in order
-                "checkpoint_format": "gptq"}
+        fields = {"quant_method": "gptq", "bits": config.bits, "group_size": config.group_size, "desc_act": False,
+                  "sym": True, "damp_percent": DAMPING, "true_sequential": False,
+                  "static_groups": config.act_order,  # act-order ran with static groups: g_idx stays in order
+                  "checkpoint_format": "gptq"}
+        if dense_towers:
+            fields["dynamic"] = {f"-:.*({'|'.join(dense_towers)}).*": {}}
+        return fields
     return {"quant_method": "awq", "bits": config.bits, "group_size": config.group_size, "zero_point": True,
-            "version": "gemm", "modules_to_not_convert": None}
+            "version": "gemm", "modules_to_not_convert": list(dense_towers) or None}
 
 
 def write_checkpoint(out_dir: Path, tensors: dict[str, torch.Tensor]) -> list[Path]:
@@ -66,17 +71,19 @@ def write_checkpoint(out_dir: Path, tensors: dict[str, torch.Tensor]) -> list[Pa
 
 
 def write_quantized_model(out_dir: Path, source: ModelSource, tensors: dict[str, torch.Tensor], method: str,
-                          config: QuantConfig, report: LicenseReport, base_model: str) -> list[Path]:
+                          config: QuantConfig, report: LicenseReport, base_model: str,
+                          dense_towers: tuple[str, ...] = ()) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = write_checkpoint(out_dir, tensors)
     model_config = read_json(source.path / "config.json")
-    model_config["quantization_config"] = quantization_config(method, config)
+    model_config["quantization_config"] = quantization_config(method, config, dense_towers)
     model_config["torch_dtype"] = "float16"
     (out_dir / "config.json").write_text(json.dumps(model_config, indent=2))
     written.append(out_dir / "config.json")
     if method == "gptq":
         (out_dir / "quantize_config.json").write_text(json.dumps(
-            {k: v for k, v in quantization_config(method, config).items() if k != "quant_method"}, indent=2))
+            {k: v for k, v in quantization_config(method, config, dense_towers).items() if k != "quant_method"},
+            indent=2))
         written.append(out_dir / "quantize_config.json")
     for name in COPIED_FILES:
         if (source.path / name).exists():

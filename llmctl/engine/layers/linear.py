@@ -90,7 +90,7 @@ class ColumnParallelLinear(nn.Module):
         p = self.parts[part]
         begin = sum(q.size for q in self.parts[:part])
         if kind in PACKED:
-            self._stash(kind, tensor, part, p)
+            self._stash(kind, tensor, part, p, offset or 0)
             return
         fits = tensor.shape[0] == p.total if offset is None else tensor.shape[0] >= offset + p.total
         if not fits:
@@ -100,12 +100,15 @@ class ColumnParallelLinear(nn.Module):
         with torch.no_grad():
             target[begin:begin + p.size].copy_(tensor.read(0, offset + p.start, offset + p.start + p.size))
 
-    def _stash(self, kind: str, tensor: CheckpointTensor, part: int, p: Part) -> None:
+    def _stash(self, kind: str, tensor: CheckpointTensor, part: int, p: Part, offset: int) -> None:
+        """Packed tensors hold outputs as columns: a fused checkpoint tensor (Phi-3's qkv_proj) gives each
+        part its columns from `offset` on, as a plain tensor gives rows."""
         inner = self.inner
-        if p.start % inner.pack or p.size % inner.pack:
-            raise LoadError(f"{tensor.name}: output rows {p.start}..{p.start + p.size} of this rank are not on "
+        start = offset + p.start
+        if start % inner.pack or p.size % inner.pack:
+            raise LoadError(f"{tensor.name}: output rows {start}..{start + p.size} of this rank are not on "
                             f"{inner.pack}-column boundaries of the packed {inner.method.upper()} layout")
-        where = packed_shard_range(inner.method, kind, "out", p.start, p.start + p.size, inner.bits,
+        where = packed_shard_range(inner.method, kind, "out", start, start + p.size, inner.bits,
                                    inner.group_size)
         self._pending.setdefault(part, {})[kind] = tensor.read(*where) if where else tensor.read()
 
