@@ -323,15 +323,21 @@ def test_the_profile_step_is_a_real_step_of_the_largest_size():
 
 
 def graph_test_model(tmp_path, tokenizer, family: str) -> Path:
-    from transformers import BloomConfig, LlamaConfig
+    from transformers import BloomConfig, Gemma3TextConfig, LlamaConfig
 
     config = {"llama-gqa": LlamaConfig(vocab_size=len(tokenizer), hidden_size=96, intermediate_size=128,
                                        num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2),
-              "bloom-alibi": BloomConfig(vocab_size=len(tokenizer), hidden_size=72, n_layer=2, n_head=6)}[family]
+              "bloom-alibi": BloomConfig(vocab_size=len(tokenizer), hidden_size=72, n_layer=2, n_head=6),
+              # hybrid KV cache: a sliding group (window 8) and a full group, each with its own block table
+              "gemma3-hybrid": Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                                                layer_types=["sliding_attention", "full_attention"],
+                                                max_position_embeddings=256)}[family]
     return save_random_model(config, tmp_path / family, tokenizer)
 
 
-def generate_through_graphs(folder: Path, tokenizer, capture: bool) -> None:
+def generate_through_graphs(folder: Path, tokenizer, capture: bool, max_tokens: int = 5) -> None:
     """Decode steps through the graphs' static buffers (3 sequences in the size-4 buffers, a padding
     row storing nothing): captured and replayed on a GPU, the same path run eagerly elsewhere."""
     from transformers import AutoModelForCausalLM
@@ -349,29 +355,35 @@ def generate_through_graphs(folder: Path, tokenizer, capture: bool) -> None:
     replays: list[int] = []
     run = graphs.run
     graphs.run = lambda batch: replays.append(len(batch.seq_lens)) or run(batch)
-    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     assert 3 in replays  # the three prompts decoded together, in the size-4 buffers
-    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
     for prompt, output in zip(PROMPTS, outputs):
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         with torch.no_grad():
-            ref = hf.generate(ids, do_sample=False, max_new_tokens=5, min_new_tokens=5, pad_token_id=0,
-                              eos_token_id=None)
+            ref = hf.generate(ids, do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                              pad_token_id=0, eos_token_id=None)
         assert output.outputs[0].token_ids == ref[0, ids.shape[1]:].tolist(), prompt
 
 
-@pytest.mark.parametrize("family", ["llama-gqa", "bloom-alibi"])
+GRAPH_FAMILIES = {"llama-gqa": 5, "bloom-alibi": 5, "gemma3-hybrid": 28}  # tokens: gemma3's pass block 0 out of
+# the window (8) of its sliding group, which then gives the block back while the full group keeps it
+
+
+@pytest.mark.parametrize("family", list(GRAPH_FAMILIES))
 def test_decode_steps_through_the_cuda_graph_buffers_match_transformers(tmp_path, tokenizer, family):
     from llmctl.engine.worker.cuda_graphs import capture_sizes
 
     assert capture_sizes(20) == [1, 2, 4, 8, 16, 20] and capture_sizes(256)[-2:] == [248, 256]
-    generate_through_graphs(graph_test_model(tmp_path, tokenizer, family), tokenizer, capture=False)
+    generate_through_graphs(graph_test_model(tmp_path, tokenizer, family), tokenizer, capture=False,
+                            max_tokens=GRAPH_FAMILIES[family])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
-@pytest.mark.parametrize("family", ["llama-gqa", "bloom-alibi"])
+@pytest.mark.parametrize("family", list(GRAPH_FAMILIES))
 def test_captured_cuda_graphs_replay_what_transformers_generates(tmp_path, tokenizer, family):
-    generate_through_graphs(graph_test_model(tmp_path, tokenizer, family), tokenizer, capture=True)
+    generate_through_graphs(graph_test_model(tmp_path, tokenizer, family), tokenizer, capture=True,
+                            max_tokens=GRAPH_FAMILIES[family])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the activation peak is measured with CUDA's allocator")

@@ -6,6 +6,9 @@ max_num_seqs) gets one graph of the model's forward over static input buffers; a
 sequences copies its ids, positions, slots and block tables into the buffers of the next
 size up (padding rows store nothing: slot -1) and replays that graph.
 
+Models with a hybrid KV cache (sliding-window and full-attention layers, llmctl.plan.kv.KVGroups)
+get one slot mapping and one block-table buffer per KV group, each read by its group's backend.
+
 Only the `triton` attention backend can be captured (the `torch` backend groups sequences
 on the host), and only with every layer in this process (TP 1, PP 1). `--enforce-eager`
 turns graphs off. With `capture=False` the same static-buffer path runs eagerly: that is
@@ -23,6 +26,7 @@ from torch import nn
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.layers.attention import KVCache
+from llmctl.engine.layers.grouped_attention import GroupedAttention
 from llmctl.engine.layers.triton_attention import StepTensors, TritonAttention
 from llmctl.engine.models.common import StepContext
 from llmctl.engine.worker.loaded_model import LoadedModel
@@ -43,20 +47,27 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 class DecodeGraphs:
     """Static buffers of the largest size; each size's graph reads a prefix of them."""
 
-    def __init__(self, model: nn.Module, backend: TritonAttention, kv_caches: dict[int, KVCache], sizes: list[int],
-                 max_blocks_per_seq: int, heads: int, kv_heads: int, sliding_window: int | None,
+    def __init__(self, model: nn.Module, backend: TritonAttention | GroupedAttention, kv_caches: dict[int, KVCache],
+                 sizes: list[int], max_blocks_per_seq: int, heads: int, kv_heads: int, sliding_window: int | None,
                  device: torch.device, capture: bool = True) -> None:
         self.model, self.backend, self.kv_caches, self.device = model, backend, kv_caches, device
         self.sizes = sorted(sizes)
         largest = self.sizes[-1]
         self.input_ids = torch.zeros(largest, dtype=torch.long, device=device)
         self.positions = torch.zeros(largest, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((largest,), -1, dtype=torch.long, device=device)
         self.seq_lens = torch.ones(largest, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros(largest, max_blocks_per_seq, dtype=torch.int32, device=device)
-        self.steps = {size: StepTensors(self.slot_mapping[:size], self.block_tables[:size], self.seq_lens[:size],
-                                        backend.plan_decodes(size, heads, kv_heads, device), list(range(size + 1)),
-                                        [1] * size, sliding_window) for size in self.sizes}
+        # one backend, slot mapping and block table per KV group (one group unless the KV cache is hybrid)
+        self.backends = backend.backends if isinstance(backend, GroupedAttention) else [backend]
+        windows = backend.windows if isinstance(backend, GroupedAttention) else (sliding_window,)
+        self.slot_mappings = [torch.full((largest,), -1, dtype=torch.long, device=device) for _ in self.backends]
+        self.block_tables = [torch.zeros(largest, max_blocks_per_seq, dtype=torch.int32, device=device)
+                             for _ in self.backends]
+        self.steps = {size: [StepTensors(slots[:size], tables[:size], self.seq_lens[:size],
+                                         group.plan_decodes(size, heads, kv_heads, device), list(range(size + 1)),
+                                         [1] * size, window)
+                             for group, slots, tables, window in zip(self.backends, self.slot_mappings,
+                                                                     self.block_tables, windows)]
+                      for size in self.sizes}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         if capture:
@@ -67,7 +78,8 @@ class DecodeGraphs:
         return self.sizes[-1]
 
     def _forward(self, size: int) -> torch.Tensor:
-        self.backend.use_static(self.steps[size])
+        for backend, step in zip(self.backends, self.steps[size]):
+            backend.use_static(step)
         return self.model(self.input_ids[:size], StepContext(self.positions[:size], self.kv_caches, self.backend))
 
     @torch.inference_mode()
@@ -98,22 +110,29 @@ class DecodeGraphs:
         return self._forward(size)[:count]
 
     def _fill(self, batch: StepBatch, size: int) -> None:
-        count = len(batch.seq_lens)
-        pad = size - count
-        tables = torch.zeros(size, self.block_tables.shape[1], dtype=torch.int32)
-        for row, table in enumerate(batch.block_tables):
-            tables[row, :len(table)] = torch.tensor(table, dtype=torch.int32)
+        pad = size - len(batch.seq_lens)
         host = [
             (self.input_ids, torch.tensor(batch.input_ids + [0] * pad)),
             (self.positions, torch.tensor(batch.positions + [0] * pad)),
-            (self.slot_mapping, torch.tensor(batch.slot_mapping + [-1] * pad)),  # padding rows store nothing
             (self.seq_lens, torch.tensor(batch.seq_lens + [1] * pad, dtype=torch.int32)),
-            (self.block_tables, tables),
         ]
+        group_slots = [batch.slot_mapping] + batch.group_slot_mappings
+        group_tables = [batch.block_tables] + batch.group_block_tables
+        for static_slots, static_tables, slots, tables in zip(self.slot_mappings, self.block_tables, group_slots,
+                                                              group_tables):
+            host.append((static_slots, torch.tensor(slots + [-1] * pad)))  # padding rows store nothing
+            host.append((static_tables, _padded_tables(tables, size, static_tables.shape[1])))
         for static, values in host:
             if self.device.type == "cuda":
                 values = values.pin_memory()
             static[:size].copy_(values, non_blocking=True)
+
+
+def _padded_tables(tables: list[list[int]], rows: int, width: int) -> torch.Tensor:
+    padded = torch.zeros(rows, width, dtype=torch.int32)
+    for row, table in enumerate(tables):
+        padded[row, :len(table)] = torch.tensor(table, dtype=torch.int32)
+    return padded
 
 
 def decode_graphs(loaded: LoadedModel, config: EngineConfig, window: int | None, capture: bool = True
@@ -124,9 +143,7 @@ def decode_graphs(loaded: LoadedModel, config: EngineConfig, window: int | None,
         why_not = "--enforce-eager"
     elif loaded.device.type != "cuda" and capture:
         return None  # CPUs have no graphs to capture: nothing to say
-    elif loaded.kv_groups.hybrid:
-        why_not = "sliding-window and full-attention layers in one model (per-group block tables are not captured yet)"
-    elif not isinstance(loaded.backend, TritonAttention):
+    elif not all(isinstance(b, TritonAttention) for b in getattr(loaded.backend, "backends", [loaded.backend])):
         why_not = "the torch attention backend cannot be captured"
     elif loaded.placement.rank.world_size > 1:
         why_not = "tensor/pipeline parallelism (collectives are not captured yet)"
