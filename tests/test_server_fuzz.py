@@ -51,7 +51,20 @@ def valid_value(name: str, spec: FieldSpec) -> st.SearchStrategy:
         "top_logprobs": st.integers(0, 5),
         "chat_template_kwargs": st.dictionaries(st.sampled_from(["enable_thinking", "date_string", "x"]),
                                                 st.one_of(st.booleans(), st.text(max_size=5)), max_size=2),
+        "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"},
+                                            {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+                                                "type": "object", "properties": {"a": {"type": "integer"}}}}}]),
+        "structured_outputs": st.sampled_from([{"choice": ["yes", "no"]}, {"regex": "[a-z]{1,3}"},
+                                               {"json": {"type": "array"}}, {"grammar": 'root ::= "x" "y"?'}]),
+        "guided_json": st.just({"type": "object"}),
+        "guided_regex": st.just("[0-9]{1,3}"),
+        "guided_choice": st.lists(st.text(min_size=1, max_size=4), min_size=1, max_size=3),
+        "guided_grammar": st.just('root ::= "a" | "b"'),
     }[name]
+
+
+STRUCTURED = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+              "guided_grammar")
 
 
 def bodies(fields: dict[str, FieldSpec], required: str) -> st.SearchStrategy:
@@ -69,6 +82,8 @@ def bodies(fields: dict[str, FieldSpec], required: str) -> st.SearchStrategy:
             body["min_tokens"] = min(body.get("min_tokens", 0), body["max_tokens"])
             if body.get("top_logprobs"):
                 body["logprobs"] = True
+            for name in [n for n in STRUCTURED if n in body][1:]:  # one structured-output constraint at most
+                del body[name]
         return body, hostile
 
     return build()

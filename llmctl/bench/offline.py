@@ -26,6 +26,7 @@ from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.worker.threads import threads_per_rank
 from llmctl.engine.spec_decode.stats import SpecDecodeStats
+from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.errors import LlmctlError
 
 COMPARE_WITH = ("transformers",)
@@ -40,6 +41,7 @@ class OfflineOptions:
     hf_batch_size: int = 16
     percentiles: tuple[float, ...] = (90.0, 99.0)
     lora_path: str | None = None  # with enable_lora: each request runs one of max_loras adapters loaded from here
+    json_schema: dict[str, Any] | None = None  # every request's output follows it (structured outputs)
 
 
 @dataclass
@@ -125,8 +127,10 @@ def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None]
     tokenizer = LocalTokenizer(llm.engine.loaded.source.name, llm.get_tokenizer())
     requests = sample_requests(options.dataset, tokenizer, tokenizer.words())
     prompts = [tokenizer.encode(r.full_prompt) for r in requests]
+    structured = StructuredOutputsParams(json=options.json_schema) if options.json_schema is not None else None
     params = [SamplingParams(temperature=options.temperature, max_tokens=r.expected_output_len, ignore_eos=True,
-                             seed=options.dataset.seed + i) for i, r in enumerate(requests)]
+                             seed=options.dataset.seed + i, structured_outputs=structured)
+              for i, r in enumerate(requests)]
     loras = lora_requests(options, len(prompts))
     llm.generate([prompts[0]], [SamplingParams(max_tokens=4)])  # warm-up: first-call costs are not throughput
     engine = llm.engine

@@ -133,6 +133,23 @@ def _latency_metrics(text: str) -> tuple[str, ...]:
     return names
 
 
+def _json_schema(given: str | None) -> dict | None:
+    """--json-schema: a file holding the schema, or the schema itself."""
+    import json
+    from pathlib import Path
+
+    if given is None:
+        return None
+    text = Path(given).read_text() if not given.lstrip().startswith("{") and Path(given).is_file() else given
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LlmctlError(f"--json-schema: neither a file nor valid JSON ({exc})") from None
+    if not isinstance(schema, dict):
+        raise LlmctlError("--json-schema must be a JSON object (a schema)")
+    return schema
+
+
 def _result_name(model: str, rates: list[float]) -> str:
     from datetime import datetime
 
@@ -152,6 +169,9 @@ def bench_offline(
     compare: Annotated[Optional[str], typer.Option(
         "--compare", help="also run the workload through transformers generate: transformers")] = None,
     hf_batch_size: Annotated[int, typer.Option("--hf-batch-size", help="--compare: sequences per padded batch")] = 16,
+    json_schema: Annotated[Optional[str], typer.Option(
+        "--json-schema", help="a JSON schema (file or inline JSON) every output follows: the cost of structured "
+                              "outputs (with ignore_eos, a finished schema leaves the rest unconstrained)")] = None,
     metric_percentiles: PercentilesOpt = "90,99",
     as_json: JsonOpt = False,
     *,
@@ -169,7 +189,8 @@ def bench_offline(
         raise LlmctlError("--hf-batch-size must be at least 1")
     result = run_offline(OfflineOptions(
         engine=engine_flags.config(model=model), dataset=dataset, temperature=temperature, compare=compare,
-        hf_batch_size=hf_batch_size, percentiles=_percentiles(metric_percentiles), lora_path=lora_path))
+        hf_batch_size=hf_batch_size, percentiles=_percentiles(metric_percentiles), lora_path=lora_path,
+        json_schema=_json_schema(json_schema)))
     if as_json:
         print_json(offline_to_dict(result))
     else:

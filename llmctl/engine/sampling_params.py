@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from llmctl.errors import LlmctlError
+
+if TYPE_CHECKING:
+    from llmctl.engine.structured.params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20
 MAX_N = 128
@@ -85,6 +89,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     disable_spec_decode: bool = False  # this request never proposes, on an engine that speculates
+    structured_outputs: StructuredOutputsParams | None = None  # a grammar the output must follow
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -13,6 +13,7 @@ from llmctl.server.models import check_model
 from llmctl.server.protocol import Fields, bad, chat_messages, chat_template_kwargs, sampling_request
 from llmctl.server.responses import Delta, ResponseContext, chat_chunk, chat_response
 from llmctl.server.state import ServerState
+from llmctl.server.structured import structured_outputs
 from llmctl.server.transport import read_json
 
 
@@ -20,6 +21,7 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     fields = await read_json(request)
     model = check_model(state, fields)
     sampling = sampling_request(fields, chat=True)
+    sampling.params.structured_outputs = structured_outputs(fields)
     text, ids = render_chat(state, fields)
     return await respond(state, request, CHAT, model, [(text, ids)], sampling)
 

@@ -13,6 +13,7 @@ from llmctl.server.models import check_model
 from llmctl.server.protocol import completion_prompts, completion_sampling_request
 from llmctl.server.responses import Delta, ResponseContext, completion_chunk, completion_response, echo_logprobs
 from llmctl.server.state import ServerState
+from llmctl.server.structured import structured_outputs
 from llmctl.server.transport import read_json
 
 
@@ -21,6 +22,7 @@ async def completions(state: ServerState, request: Request) -> Response:
     model = check_model(state, fields)
     prompts = completion_prompts(fields)
     sampling = completion_sampling_request(fields)
+    sampling.params.structured_outputs = structured_outputs(fields)
     prepared = [state.ready_engine.tokenize(p) for p in prompts]
     return await respond(state, request, COMPLETIONS, model, prepared, sampling)
 

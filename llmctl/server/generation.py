@@ -32,6 +32,8 @@ class Endpoint:
 async def respond(state: ServerState, request: Request, endpoint: Endpoint, model: str, prompts: list[Prompt],
                   sampling: SamplingRequest) -> Response:
     engine = state.ready_engine
+    if sampling.params.structured_outputs is not None:  # a grammar that cannot compile is a 400 before queueing
+        await asyncio.to_thread(engine.check_structured_outputs, sampling.params.structured_outputs)
     admission = state.in_flight.admit(len(prompts) * sampling.params.n)
     ctx = ResponseContext(endpoint.id_prefix + request_id_of(request.scope), model, state.created, sampling,
                           engine.tokenizer, prompts)

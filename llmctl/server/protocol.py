@@ -41,10 +41,9 @@ MAX_PROMPTS_PER_REQUEST = 1024
 # Fields vLLM accepts that we accept and ignore, and ones we refuse with a clear message.
 IGNORED = {"user", "stream_options", "service_tier", "store", "metadata", "parallel_tool_calls"}
 UNSUPPORTED = {"tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
-               "function_call": "function calling", "response_format": "structured output (response_format)",
+               "function_call": "function calling",
                "logit_bias": "logit_bias", "suffix": "suffix", "best_of": "best_of > 1",
-               "audio": "audio output", "modalities": "non-text modalities", "prediction": "predicted outputs",
-               "guided_json": "guided decoding", "guided_regex": "guided decoding"}
+               "audio": "audio output", "modalities": "non-text modalities", "prediction": "predicted outputs"}
 
 
 class Fields:
@@ -174,6 +173,29 @@ COMMON_FIELDS: dict[str, FieldSpec] = {
         "anyOf": [{"type": "string"}, {**_STRINGS, "maxItems": 16}]}),
     "stop_token_ids": FieldSpec("custom", "token ids that end the output", schema=_TOKEN_IDS),
 }
+_SCHEMA_OBJECT = {"type": "object"}
+# Structured outputs (llmctl.server.structured): at most one of these per request
+STRUCTURED_FIELDS: dict[str, FieldSpec] = {
+    "response_format": FieldSpec("custom", "text (no constraint), json_object, json_schema (its `schema`), or vLLM's "
+                                 "structural_tag", schema={"type": "object", "required": ["type"], "properties": {
+                                     "type": {"enum": ["text", "json_object", "json_schema", "structural_tag"]},
+                                     "json_schema": {"type": "object", "properties": {
+                                         "name": {"type": "string"}, "schema": _SCHEMA_OBJECT,
+                                         "strict": {"type": "boolean"}}}}}),
+    "structured_outputs": FieldSpec("custom", "vLLM's constraint object: one of json, regex, choice, grammar, "
+                                    "json_object, structural_tag", schema={"type": "object", "properties": {
+                                        "json": {"anyOf": [_SCHEMA_OBJECT, {"type": "string"}]},
+                                        "regex": {"type": "string"}, "choice": _STRINGS,
+                                        "grammar": {"type": "string"}, "json_object": {"type": "boolean"},
+                                        "structural_tag": {"type": "string"},
+                                        "disable_any_whitespace": {"type": "boolean"}}}),
+    "guided_json": FieldSpec("custom", "vLLM's older name for structured_outputs.json",
+                             schema={"anyOf": [_SCHEMA_OBJECT, {"type": "string"}]}),
+    "guided_regex": FieldSpec("custom", "vLLM's older name for structured_outputs.regex", schema={"type": "string"}),
+    "guided_choice": FieldSpec("custom", "vLLM's older name for structured_outputs.choice", schema=_STRINGS),
+    "guided_grammar": FieldSpec("custom", "vLLM's older name for structured_outputs.grammar (EBNF)",
+                                schema={"type": "string"}),
+}
 COMPLETION_FIELDS: dict[str, FieldSpec] = {
     "prompt": FieldSpec("custom", "a string, strings, token ids, or lists of token ids", schema={"anyOf": [
         {"type": "string"}, {**_STRINGS, "minItems": 1, "maxItems": MAX_PROMPTS_PER_REQUEST},
@@ -182,7 +204,7 @@ COMPLETION_FIELDS: dict[str, FieldSpec] = {
          "maxItems": MAX_PROMPTS_PER_REQUEST}]}),
     "echo": FieldSpec("boolean", "return the prompt before the completion (with its logprobs when asked)", False),
     "logprobs": FieldSpec("integer", "log-probabilities of each output token, with this many alternatives"),
-    **COMMON_FIELDS, **SAMPLING_FIELDS,
+    **COMMON_FIELDS, **SAMPLING_FIELDS, **STRUCTURED_FIELDS,
 }
 CHAT_FIELDS: dict[str, FieldSpec] = {
     "messages": FieldSpec("custom", "the conversation: role and text content of each message", schema={
@@ -197,7 +219,7 @@ CHAT_FIELDS: dict[str, FieldSpec] = {
     "max_completion_tokens": FieldSpec("integer", "most tokens to generate (OpenAI's newer name for max_tokens)"),
     "chat_template_kwargs": FieldSpec("custom", "extra variables for the chat template, e.g. {\"enable_thinking\": "
                                       "false} for Qwen3 (vLLM's field)", schema={"type": "object"}),
-    **COMMON_FIELDS, **SAMPLING_FIELDS,
+    **COMMON_FIELDS, **SAMPLING_FIELDS, **STRUCTURED_FIELDS,
 }
 
 EMBEDDING_FIELDS: dict[str, FieldSpec] = {

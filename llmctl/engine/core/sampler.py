@@ -1,9 +1,10 @@
 """Sampling one token per sequence from its logits, with the request's own settings.
 
 Everything runs batched on the logits' device, one tensor op per setting for all rows
-(temperature, top-k, top-p, min-p, penalties, blocked ids); only the sampled ids and the
-requested log-probabilities go to the host. Log-probabilities are reported from the raw
-model distribution (before temperature and penalties), as vLLM does by default. Each row
+(a grammar's token bitmask, temperature, top-k, top-p, min-p, penalties, blocked ids); only
+the sampled ids and the requested log-probabilities go to the host. Log-probabilities are
+reported from the raw model distribution (before the grammar, temperature and penalties),
+as vLLM does by default. Each row
 draws one uniform number from its request's generator (seeded requests have their own), so
 a seeded output does not depend on the batch; the draw is an inverse-CDF lookup.
 
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.core.sequence import Sequence, TokenLogprob
+from llmctl.engine.structured.bitmask import apply_token_bitmask
 
 
 @dataclass
@@ -31,20 +33,22 @@ class SampleInput:
     blocked_token_ids: list[int]  # EOS and stop ids while min_tokens is not reached
     seen_token_ids: list[int] = field(default_factory=list)  # distinct prompt + output ids: repetition penalty
     output_token_ids: list[int] = field(default_factory=list)  # the output so far: presence/frequency penalties
+    token_bitmask: torch.Tensor | None = None  # structured outputs: int32 words, the tokens the grammar allows
 
     @classmethod
     def for_sequence(cls, seq: Sequence, params: SamplingParams, generator: torch.Generator,
-                     blocked_token_ids: list[int]) -> SampleInput:
+                     blocked_token_ids: list[int], token_bitmask: torch.Tensor | None = None) -> SampleInput:
         """Draws the row's uniform now: the draws of a request stay in its token order wherever it samples."""
         uniform = 0.0 if params.greedy else torch.rand(1, generator=generator).item()
         seen = sorted(set(seq.all_token_ids)) if (params.repetition_penalty or 1.0) != 1.0 else []
         output = list(seq.output_token_ids) if params.presence_penalty or params.frequency_penalty else []
-        return cls(params, uniform, blocked_token_ids, seen, output)
+        return cls(params, uniform, blocked_token_ids, seen, output, token_bitmask)
 
 
 def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, TokenLogprob | None]]:
     """logits [N, V] float32, one row per input; returns (token, logprob entry) per row."""
     processed = logits.clone() if _edits_logits(inputs) else logits
+    _mask_by_grammar(processed, inputs)
     _block(processed, inputs)
     _apply_penalties(processed, inputs)
     sampled_rows = [row for row, item in enumerate(inputs) if not item.params.greedy]
@@ -67,7 +71,14 @@ def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, T
 def _edits_logits(inputs: list[SampleInput]) -> bool:
     """Whether blocking or penalties change logits (they then work on a copy: logprobs stay raw)."""
     return any(item.blocked_token_ids or (item.params.repetition_penalty or 1.0) != 1.0
-               or item.params.presence_penalty or item.params.frequency_penalty for item in inputs)
+               or item.params.presence_penalty or item.params.frequency_penalty or item.token_bitmask is not None
+               for item in inputs)
+
+
+def _mask_by_grammar(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
+    rows = [row for row, item in enumerate(inputs) if item.token_bitmask is not None]
+    if rows:
+        apply_token_bitmask(logits, rows, torch.stack([inputs[row].token_bitmask for row in rows]))
 
 
 def _flat_pairs(per_row: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -303,6 +303,8 @@ class Scheduler:
         if not seq.output_token_ids and seq.index == 0:
             self.counts.prompt_tokens += len(seq.prompt_token_ids)
         seq.output_token_ids.append(token)
+        if seq.grammar is not None and not seq.grammar.is_terminated:
+            seq.grammar.accept(token)  # the grammar allowed it: the bitmask masked everything else
         self.counts.generation_tokens += 1
         if logprob is not None:
             seq.output_logprobs.append(logprob)

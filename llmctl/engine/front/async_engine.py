@@ -23,6 +23,7 @@ from llmctl.engine.parallel.executor import WorkerLostError
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
+from llmctl.engine.structured.params import StructuredOutputsParams
 
 logger = logging.getLogger("llmctl.engine")
 
@@ -119,6 +120,11 @@ class AsyncLLMEngine:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    def check_structured_outputs(self, params: StructuredOutputsParams) -> None:
+        """Compile the grammar now (InvalidRequestError if it cannot be); the request's own compile is then
+        a cache hit. Runs on the caller's thread: xgrammar's compiler is thread-safe."""
+        self.engine.structured.matcher(params)
 
     def abort(self, request_id: str) -> None:
         self._commands.put(_Abort(request_id))

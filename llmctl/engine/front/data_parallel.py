@@ -22,6 +22,7 @@ from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
+from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.engine.worker.threads import threads_per_rank
 
 def create_engine_client(config: EngineConfig) -> EngineClient:
@@ -60,6 +61,9 @@ class DataParallelEngine:
 
     def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         return self.replicas[0].tokenize(prompt)
+
+    def check_structured_outputs(self, params: StructuredOutputsParams) -> None:
+        self.replicas[0].check_structured_outputs(params)
 
     def stats(self) -> list[EngineStats]:
         return [stats for replica in self.replicas for stats in replica.stats()]

@@ -12,6 +12,7 @@ from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.sampling_params import SamplingParams
+from llmctl.engine.structured.params import StructuredOutputsParams
 
 
 class EngineClient(Protocol):
@@ -34,6 +35,8 @@ class EngineClient(Protocol):
                  lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]: ...
 
     def abort(self, request_id: str) -> None: ...
+
+    def check_structured_outputs(self, params: StructuredOutputsParams) -> None: ...  # InvalidRequestError if bad
 
     def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]: ...
 

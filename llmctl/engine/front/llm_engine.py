@@ -31,6 +31,7 @@ from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.parallel.executor import Executor, WorkerLostError, create_executor
 from llmctl.engine.sampling_params import InvalidRequestError, SamplingParams
 from llmctl.engine.spec_decode.speculator import Speculator
+from llmctl.engine.structured.manager import StructuredOutputManager
 from llmctl.engine.worker.loaded_model import LoadedModel
 from llmctl.logs import configure_logging
 
@@ -73,8 +74,10 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         generator = torch.Generator().manual_seed(config.seed)
         self.speculator = Speculator.create(config, self.loaded, generator)
+        self.structured = StructuredOutputManager(self.tokenizer, self.loaded.spec.vocab_size,
+                                                  self.loaded.eos_token_ids)
         self.sampler = StepSampler(self.loaded.eos_token_ids, generator, self.output_processor.new_sibling,
-                                   self.speculator)
+                                   self.speculator, self.structured)
         if self.speculator is not None:
             logger.info("speculative decoding: %s", self.speculator.describe())
         self.in_flight: deque[tuple[int, SchedulerOutput, list[Sequence]]] = deque()  # (lane, ...) submitted
@@ -102,6 +105,8 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         request = self.input_processor.process(request_id, prompt, params, lora=None)
         request.lora = self._adapter(lora_request)
+        if request.params.structured_outputs is not None:
+            request.grammar = self.structured.matcher(request.params.structured_outputs)
         first = self.output_processor.add(request)
         loads = self.scheduler.lane_loads(self.executor.max_in_flight) if self.executor.max_in_flight > 1 else [0]
         first.lane = loads.index(min(loads))

@@ -15,6 +15,7 @@ from llmctl.engine.front.detokenizer import IncrementalDetokenizer
 from llmctl.engine.front.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from llmctl.engine.lora.adapter import LoRAAdapter
 from llmctl.engine.sampling_params import SamplingParams
+from llmctl.engine.structured.xgrammar_backend import XgrammarMatcher
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     lora: LoRAAdapter | None = None
+    grammar: XgrammarMatcher | None = None  # structured outputs: the first sequence's matcher
     seqs: list[Sequence] = field(default_factory=list)
     texts: dict[int, SeqText] = field(default_factory=dict)  # by seq_id
 
@@ -54,6 +56,8 @@ class OutputProcessor:
     def new_sequence(self, request: Request, index: int) -> Sequence:
         seq = Sequence(seq_id=next(self._seq_ids), request_id=request.request_id, index=index,
                        prompt_token_ids=request.prompt_token_ids, params=request.params, lora=request.lora)
+        if request.grammar is not None:
+            seq.grammar = request.grammar if index == 0 else request.grammar.fresh()
         if request.params.seed is not None:
             seq.generator = torch.Generator().manual_seed((request.params.seed + index) % 2**63)
         request.seqs.append(seq)

@@ -14,24 +14,27 @@ from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.core.step_messages import SampledTokens, StepLogits
 from llmctl.engine.spec_decode.rejection import VerifyInput, verify
 from llmctl.engine.spec_decode.speculator import Speculator
+from llmctl.engine.structured.manager import StructuredOutputManager
 
 NewSibling = Callable[[Sequence, int], Sequence]  # (first sequence, index) -> a new sequence of its request
 
 
 class StepSampler:
     def __init__(self, eos_token_ids: list[int], generator: torch.Generator, new_sibling: NewSibling,
-                 speculator: Speculator | None = None) -> None:
+                 speculator: Speculator | None = None, structured: StructuredOutputManager | None = None) -> None:
         self.eos_token_ids = eos_token_ids
         self.generator = generator  # for requests without a seed
         self.new_sibling = new_sibling
         self.speculator = speculator  # counts accepted proposals
+        self.structured = structured  # token bitmasks of sequences with a grammar
 
     def sample_input(self, seq: Sequence) -> SampleInput:
         params = seq.params
         blocked: list[int] = []
         if len(seq.output_token_ids) < params.min_tokens:
             blocked = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids)))
-        return SampleInput.for_sequence(seq, params, seq.generator or self.generator, blocked)
+        bitmask = self.structured.bitmask(seq.grammar) if seq.grammar is not None and self.structured else None
+        return SampleInput.for_sequence(seq, params, seq.generator or self.generator, blocked, bitmask)
 
     def sample_step(self, sched: SchedulerOutput, result: StepLogits | SampledTokens,
                     sample_seqs: list[Sequence]) -> list[SampledSeq]:

@@ -69,6 +69,8 @@ class Speculator:
         params = seq.params
         if params.disable_spec_decode or seq.is_finished or seq.in_prefill or seq.num_tokens - seq.num_computed_tokens != 1:
             return 0
+        if seq.grammar is not None:  # structured outputs: drafts are not checked against the grammar yet
+            return 0
         if (params.repetition_penalty or 1.0) != 1.0 or params.presence_penalty or params.frequency_penalty:
             return 0
         generated = len(seq.output_token_ids)

@@ -1,0 +1,198 @@
+"""Structured outputs (issue 35) on the default model through `llmctl serve` and the official openai client:
+the SDK's `parse()` with pydantic models, every output valid under jsonschema, regex and choice outputs that
+match, streaming and n > 1; greedy tokens identical to transformers generating with xgrammar's own logits
+processor for the same grammar (an implementation of the masking independent of llmctl's); bad specs are 400s."""
+
+from __future__ import annotations
+
+import json
+import re
+from enum import Enum
+from typing import Annotated, Literal, Optional
+
+import jsonschema
+import openai
+import pytest
+import torch
+from pydantic import BaseModel, Field
+
+from server_helpers import start_server
+from test_server import post
+
+PROMPT = [{"role": "user", "content": "Describe a person, a city and a few numbers as JSON."}]
+
+
+class Color(str, Enum):
+    red = "red"
+    green = "green"
+    blue = "blue"
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=16)
+    age: int = Field(ge=0, le=120)
+
+
+class Address(BaseModel):
+    city: str = Field(max_length=16)
+    zip: str = Field(pattern=r"^[0-9]{5}$")
+
+
+class WithAddress(BaseModel):
+    person: Person
+    address: Address
+
+
+class Tags(BaseModel):
+    tags: list[str] = Field(min_length=1, max_length=3)
+
+
+class Paint(BaseModel):
+    color: Color
+    shade: Literal["light", "dark"]
+
+
+class Optional_(BaseModel):
+    title: str = Field(max_length=12)
+    subtitle: Optional[str] = Field(default=None, max_length=12)
+
+
+class Bounded(BaseModel):
+    ratio: float = Field(ge=0.0, le=1.0)
+    count: int = Field(ge=1, le=9)
+
+
+class Code(BaseModel):
+    code: str = Field(pattern=r"^[A-Z]{3}-[0-9]{2}$")
+
+
+class Flags(BaseModel):
+    enabled: bool
+    retries: int = Field(ge=0, le=5)
+
+
+class Matrix(BaseModel):  # every list and number bounded: the model must be able to finish within max_tokens
+    rows: list[Annotated[list[Annotated[int, Field(ge=0, le=99)]], Field(min_length=1, max_length=3)]] = \
+        Field(min_length=1, max_length=2)
+
+
+SCHEMAS = [Person, WithAddress, Tags, Paint, Optional_, Bounded, Code, Flags, Matrix, Address]
+
+
+@pytest.fixture(scope="module")
+def server(default_source):
+    server = start_server("--max-model-len", "1024")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+
+@pytest.mark.parametrize("model_class", SCHEMAS, ids=lambda m: m.__name__)
+def test_parse_returns_a_valid_object_for_each_schema(client, model_class):
+    completion = client.chat.completions.parse(model=client.models.list().data[0].id, messages=PROMPT,
+                                               response_format=model_class, temperature=0, max_tokens=200)
+    message = completion.choices[0].message
+    assert completion.choices[0].finish_reason == "stop", message.content
+    assert isinstance(message.parsed, model_class)
+    jsonschema.validate(json.loads(message.content), model_class.model_json_schema())
+
+
+def test_regex_choice_and_grammar_through_vllm_fields(client):
+    model = client.models.list().data[0].id
+
+    def chat(**extra) -> str:
+        return client.chat.completions.create(model=model, messages=PROMPT, temperature=0, max_tokens=40,
+                                              extra_body=extra).choices[0].message.content
+
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", chat(structured_outputs={"regex": r"[0-9]{3}-[0-9]{4}"}))
+    assert re.fullmatch(r"[a-z]{1,8}@[a-z]{1,8}\.com", chat(guided_regex=r"[a-z]{1,8}@[a-z]{1,8}\.com"))
+    assert chat(structured_outputs={"choice": ["positive", "negative"]}) in ("positive", "negative")
+    assert chat(guided_choice=["yes", "no", "it \"depends\""]) in ("yes", "no", "it \"depends\"")
+    assert re.fullmatch(r"a[bc]*d", chat(guided_grammar='root ::= "a" ("b" | "c")* "d"'))
+
+
+def test_completions_endpoint_and_json_object(client):
+    model = client.models.list().data[0].id
+    texts = []
+    for extra in ({"response_format": {"type": "json_object"}}, {"structured_outputs": {"json_object": True}}):
+        out = client.completions.create(model=model, prompt="Output a small JSON object with a name field.\n", max_tokens=120,
+                                        temperature=0, extra_body=extra)
+        assert out.choices[0].finish_reason == "stop"
+        assert isinstance(json.loads(out.choices[0].text), dict)
+        texts.append(out.choices[0].text)
+    assert texts[0] == texts[1]  # the same constraint, however it is asked for
+
+
+def test_streamed_and_sampled_outputs_are_valid(client):
+    model = client.models.list().data[0].id
+    schema = {"type": "json_schema", "json_schema": {"name": "person", "schema": Person.model_json_schema()}}
+    stream = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=200, stream=True,
+                                            temperature=0, response_format=schema)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    Person.model_validate_json(text)
+    sampled = client.chat.completions.create(model=model, messages=PROMPT, max_tokens=200, n=4, seed=3,
+                                             temperature=1.0, response_format=schema)
+    assert len(sampled.choices) == 4
+    for choice in sampled.choices:
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), Person.model_json_schema())
+
+
+def test_text_response_format_changes_nothing(client):
+    model = client.models.list().data[0].id
+    plain, text = (client.chat.completions.create(model=model, messages=PROMPT, temperature=0, max_tokens=16,
+                                                  **extra).choices[0].message.content
+                   for extra in ({}, {"response_format": {"type": "text"}}))
+    assert plain == text
+
+
+@pytest.mark.parametrize("body,param,words", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}},
+     "structured_outputs", "Unsupported type"),
+    ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs", "parenthesis"),
+    ({"guided_grammar": "root ::= "}, "structured_outputs", "grammar"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one"),
+    ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex", "only one"),
+    ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs", "not supported"),
+    ({"structured_outputs": {"json": 3}}, "structured_outputs", "JSON schema object"),
+    ({"response_format": {"type": "xml"}}, "response_format", "json_schema"),
+    ({"guided_decoding_backend": "outlines", "guided_regex": "a"}, "guided_decoding_backend", "xgrammar"),
+])
+def test_bad_specs_are_400s_that_say_what_is_wrong(server, body, param, words):
+    status, answer = post(server, "/v1/chat/completions", {"messages": PROMPT, "max_tokens": 4, **body})
+    assert status == 400, answer
+    assert answer["error"]["param"] == param and words in answer["error"]["message"], answer
+
+
+def test_greedy_tokens_equal_transformers_with_xgrammars_logits_processor(default_source):
+    """The same compiled grammar applied by xgrammar's own transformers integration: identical tokens."""
+    import xgrammar
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llmctl import LLM, SamplingParams
+    from llmctl.engine.structured.params import StructuredOutputsParams
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
+    model = AutoModelForCausalLM.from_pretrained(str(default_source.path), dtype=torch.float32).eval()
+    info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=model.config.vocab_size,
+                                                   stop_token_ids=[tokenizer.eos_token_id])
+    compiler = xgrammar.GrammarCompiler(info)
+    prompt = tokenizer.apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    specs = {"json": (StructuredOutputsParams(json=WithAddress.model_json_schema()),
+                      compiler.compile_json_schema(json.dumps(WithAddress.model_json_schema()))),
+             "regex": (StructuredOutputsParams(regex=r"[0-9]{3}-[a-z]{2,5}"), compiler.compile_regex(r"[0-9]{3}-[a-z]{2,5}"))}
+    llm = LLM(str(default_source.path), max_model_len=1024)
+    try:
+        for name, (params, compiled) in specs.items():
+            ours = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=120, structured_outputs=params))
+            with torch.no_grad():
+                ref = model.generate(ids, do_sample=False, max_new_tokens=120, pad_token_id=tokenizer.eos_token_id,
+                                     logits_processor=[xgrammar.contrib.hf.LogitsProcessor(compiled)])
+            assert ours[0].outputs[0].token_ids == ref[0, ids.shape[1]:].tolist(), name
+    finally:
+        llm.shutdown()
