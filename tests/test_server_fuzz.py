@@ -60,6 +60,9 @@ def valid_value(name: str, spec: FieldSpec) -> st.SearchStrategy:
         "guided_regex": st.just("[0-9]{1,3}"),
         "guided_choice": st.lists(st.text(min_size=1, max_size=4), min_size=1, max_size=3),
         "guided_grammar": st.just('root ::= "a" | "b"'),
+        "logit_bias": st.dictionaries(st.integers(0, 49151).map(str), st.floats(-150, 150), max_size=3),
+        "allowed_token_ids": st.lists(st.integers(0, 49151), min_size=1, max_size=4),
+        "bad_words": st.lists(st.text(min_size=1, max_size=6), max_size=3),
     }[name]
 
 
@@ -84,6 +87,9 @@ def bodies(fields: dict[str, FieldSpec], required: str) -> st.SearchStrategy:
                 body["logprobs"] = True
             for name in [n for n in STRUCTURED if n in body][1:]:  # one structured-output constraint at most
                 del body[name]
+            if body.get("continue_final_message"):  # continues the last message, which must be the assistant's
+                body["add_generation_prompt"] = False
+                body["messages"][-1]["role"] = "assistant"
         return body, hostile
 
     return build()

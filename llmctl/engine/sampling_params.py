@@ -90,6 +90,10 @@ class SamplingParams:
     skip_special_tokens: bool = True
     disable_spec_decode: bool = False  # this request never proposes, on an engine that speculates
     structured_outputs: StructuredOutputsParams | None = None  # a grammar the output must follow
+    logit_bias: dict[int, float] | None = None  # added to these tokens' logits (OpenAI: -100 to 100)
+    allowed_token_ids: list[int] | None = None  # only these tokens may be generated
+    bad_words: list[str] | None = None  # words (token sequences) that must not be generated
+    bad_words_token_ids: list[list[int]] | None = None  # the words tokenized (set by the engine, as vLLM's)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -104,6 +108,12 @@ class SamplingParams:
                 raise InvalidRequestError(f"{name} must be {allowed.describe()}, got {value}", name)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise InvalidRequestError(f"min_tokens must be at most max_tokens, got {self.min_tokens}", "min_tokens")
+        for token, bias in (self.logit_bias or {}).items():
+            if not -100 <= bias <= 100:
+                raise InvalidRequestError(f"logit_bias values must be between -100 and 100, got {bias} for token "
+                                          f"{token}", "logit_bias")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise InvalidRequestError("allowed_token_ids must not be empty", "allowed_token_ids")
 
     @property
     def greedy(self) -> bool:

@@ -22,20 +22,30 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     model = check_model(state, fields)
     sampling = sampling_request(fields, chat=True)
     sampling.params.structured_outputs = structured_outputs(fields)
-    text, ids = render_chat(state, fields)
+    continue_final = fields.bool("continue_final_message")
+    add_generation_prompt = fields.bool("add_generation_prompt", True)
+    if continue_final and add_generation_prompt:
+        raise bad("continue_final_message and add_generation_prompt cannot both be true: pass "
+                  "add_generation_prompt: false to continue the last assistant message", "continue_final_message")
+    text, ids = render_chat(state, fields, add_generation_prompt, continue_final)
     return await respond(state, request, CHAT, model, [(text, ids)], sampling)
 
 
-def render_chat(state: ServerState, fields: Fields, add_generation_prompt: bool = True) -> tuple[str, list[int]]:
-    """The request's messages through the chat template (with its chat_template_kwargs), and their ids."""
+def render_chat(state: ServerState, fields: Fields, add_generation_prompt: bool = True,
+                continue_final_message: bool = False) -> tuple[str, list[int]]:
+    """The request's messages through the chat template (with its chat_template_kwargs), and their ids;
+    continue_final_message leaves the last (assistant) message open for the model to go on."""
     messages = chat_messages(fields)
+    if continue_final_message and messages[-1]["role"] != "assistant":
+        raise bad("continue_final_message needs the last message to be the assistant's", "continue_final_message")
     kwargs = chat_template_kwargs(fields)
     if state.template is None:
         raise bad("this model has no chat template: start the server with --chat-template FILE or a built-in name "
                   "(chatml, bloom), or use /v1/completions", "messages")
     tokenizer = state.ready_engine.tokenizer
     text = tokenizer.apply_chat_template(messages, chat_template=state.template,
-                                         add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs)
+                                         add_generation_prompt=add_generation_prompt, tokenize=False,
+                                         continue_final_message=continue_final_message, **kwargs)
     return text, tokenizer.encode(text, add_special_tokens=False)
 
 

@@ -41,9 +41,10 @@ MAX_PROMPTS_PER_REQUEST = 1024
 # Fields vLLM accepts that we accept and ignore, and ones we refuse with a clear message.
 IGNORED = {"user", "stream_options", "service_tier", "store", "metadata", "parallel_tool_calls"}
 UNSUPPORTED = {"tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
-               "function_call": "function calling",
-               "logit_bias": "logit_bias", "suffix": "suffix", "best_of": "best_of > 1",
-               "audio": "audio output", "modalities": "non-text modalities", "prediction": "predicted outputs"}
+               "function_call": "function calling", "suffix": "suffix", "best_of": "best_of > 1",
+               "audio": "audio output", "modalities": "non-text modalities", "prediction": "predicted outputs",
+               "use_beam_search": "beam search", "priority": "priority scheduling (--scheduling-policy priority)"}
+UNSUPPORTED_DEFAULTS = {"best_of": 1, "use_beam_search": False, "priority": 0}  # values that ask for nothing
 
 
 class Fields:
@@ -94,7 +95,8 @@ class Fields:
 def refuse_unsupported(fields: Fields) -> None:
     for name, what in UNSUPPORTED.items():
         value = fields.body.get(name)
-        if value in (None, [], {}) or (name == "best_of" and value == 1):
+        if value in (None, [], {}) or (name in UNSUPPORTED_DEFAULTS and value == UNSUPPORTED_DEFAULTS[name]
+                                       and type(value) is type(UNSUPPORTED_DEFAULTS[name])):
             continue
         raise bad(f"{name} is not supported: llmctl does not implement {what} yet", name)
 
@@ -110,6 +112,32 @@ def stop_strings(fields: Fields) -> list[str]:
             raise bad("stop may hold at most 16 strings", "stop")
         return stop
     raise bad("stop must be a string or a list of strings", "stop")
+
+
+def logit_bias(fields: Fields) -> dict[int, float] | None:
+    """OpenAI's {"token id": bias}; biases clamped to [-100, 100] as vLLM does."""
+    value = fields.raw("logit_bias")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise bad("logit_bias must be an object mapping token ids to biases", "logit_bias")
+    bias = {}
+    for token, amount in value.items():
+        if not (isinstance(token, str) and token.strip().lstrip("-").isdigit()):
+            raise bad(f"logit_bias keys must be token ids, got {token!r}", "logit_bias")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount != amount:
+            raise bad(f"logit_bias[{token!r}] must be a number", "logit_bias")
+        bias[int(token)] = min(100.0, max(-100.0, float(amount)))
+    return bias or None
+
+
+def string_list(fields: Fields, name: str) -> list[str]:
+    value = fields.raw(name)
+    if value is None:
+        return []
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise bad(f"{name} must be a list of strings", name)
 
 
 def int_list(fields: Fields, name: str) -> list[int]:
@@ -164,6 +192,11 @@ SAMPLING_FIELDS: dict[str, FieldSpec] = {
 
 # Fields read by their own parsers below; their schemas are published beside them.
 COMMON_FIELDS: dict[str, FieldSpec] = {
+    "logit_bias": FieldSpec("custom", "token id → bias added to its logit (clamped to -100…100)", schema={
+        "type": "object", "additionalProperties": {"type": "number"}}),
+    "allowed_token_ids": FieldSpec("custom", "only these token ids may be generated (vLLM's field)",
+                                   schema=_TOKEN_IDS),
+    "bad_words": FieldSpec("custom", "words that must not be generated (vLLM's field)", schema=_STRINGS),
     "model": FieldSpec("string", "a served model name (default: the first)"),
     "max_tokens": FieldSpec("integer", "most tokens to generate (completions default 16; chat: up to the context)"),
     "stream": FieldSpec("boolean", "send server-sent events as tokens are generated", False),
@@ -217,6 +250,9 @@ CHAT_FIELDS: dict[str, FieldSpec] = {
     "top_logprobs": FieldSpec("integer", "alternatives per output token (needs logprobs)", 0, schema={
         "type": "integer", **RANGES["logprobs"].json_schema()}),
     "max_completion_tokens": FieldSpec("integer", "most tokens to generate (OpenAI's newer name for max_tokens)"),
+    "add_generation_prompt": FieldSpec("boolean", "end the prompt with the assistant's turn (vLLM's field)", True),
+    "continue_final_message": FieldSpec("boolean", "leave the last assistant message open and continue it "
+                                        "(needs add_generation_prompt: false)", False),
     "chat_template_kwargs": FieldSpec("custom", "extra variables for the chat template, e.g. {\"enable_thinking\": "
                                       "false} for Qwen3 (vLLM's field)", schema={"type": "object"}),
     **COMMON_FIELDS, **SAMPLING_FIELDS, **STRUCTURED_FIELDS,
@@ -266,7 +302,9 @@ def sampling_request(fields: Fields, *, chat: bool) -> SamplingRequest:
     try:
         params = SamplingParams(**sampling, stop=stop_strings(fields),
                                 stop_token_ids=int_list(fields, "stop_token_ids"),
-                                max_tokens=max_tokens, logprobs=top_logprobs if logprobs else None)
+                                max_tokens=max_tokens, logprobs=top_logprobs if logprobs else None,
+                                logit_bias=logit_bias(fields), allowed_token_ids=int_list(fields, "allowed_token_ids")
+                                or None, bad_words=string_list(fields, "bad_words") or None)
     except InvalidRequestError as exc:
         raise bad(str(exc), exc.param) from None
     include_usage = bool(options and options.get("include_usage"))

@@ -1,12 +1,12 @@
 """Sampling one token per sequence from its logits, with the request's own settings.
 
-Everything runs batched on the logits' device, one tensor op per setting for all rows
-(a grammar's token bitmask, temperature, top-k, top-p, min-p, penalties, blocked ids); only
-the sampled ids and the requested log-probabilities go to the host. Log-probabilities are
-reported from the raw model distribution (before the grammar, temperature and penalties),
-as vLLM does by default. Each row
-draws one uniform number from its request's generator (seeded requests have their own), so
-a seeded output does not depend on the batch; the draw is an inverse-CDF lookup.
+Everything runs batched on the logits' device, one tensor op per setting for all rows (a
+grammar's token bitmask, allowed and blocked ids, logit bias, penalties, temperature, top-k,
+top-p, min-p); only the sampled ids and the requested log-probabilities go to the host.
+Log-probabilities are reported from the raw model distribution (before any of these), as vLLM
+does by default. Each row draws one uniform number from its request's generator (seeded
+requests have their own), so a seeded output does not depend on the batch; the draw is an
+inverse-CDF lookup.
 
 A SampleInput holds plain values only (the uniform already drawn, the token ids penalties
 need), so a pipeline's last stage can sample from it where the logits are.
@@ -49,7 +49,9 @@ def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, T
     """logits [N, V] float32, one row per input; returns (token, logprob entry) per row."""
     processed = logits.clone() if _edits_logits(inputs) else logits
     _mask_by_grammar(processed, inputs)
+    _allow_only(processed, inputs)
     _block(processed, inputs)
+    _add_logit_bias(processed, inputs)
     _apply_penalties(processed, inputs)
     sampled_rows = [row for row, item in enumerate(inputs) if not item.params.greedy]
     tokens = torch.argmax(processed, dim=-1) if len(sampled_rows) < len(inputs) else \
@@ -72,7 +74,25 @@ def _edits_logits(inputs: list[SampleInput]) -> bool:
     """Whether blocking or penalties change logits (they then work on a copy: logprobs stay raw)."""
     return any(item.blocked_token_ids or (item.params.repetition_penalty or 1.0) != 1.0
                or item.params.presence_penalty or item.params.frequency_penalty or item.token_bitmask is not None
-               for item in inputs)
+               or item.params.logit_bias or item.params.allowed_token_ids for item in inputs)
+
+
+def _allow_only(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
+    """allowed_token_ids: every other token of the row to -inf."""
+    for row, item in enumerate(inputs):
+        if item.params.allowed_token_ids:
+            allowed = torch.tensor(item.params.allowed_token_ids, dtype=torch.long, device=logits.device)
+            kept = logits[row, allowed].clone()
+            logits[row].fill_(float("-inf"))
+            logits[row, allowed] = kept
+
+
+def _add_logit_bias(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
+    if any(item.params.logit_bias for item in inputs):
+        rows, ids = _flat_pairs([list(item.params.logit_bias or {}) for item in inputs], logits.device)
+        bias = torch.tensor([b for item in inputs for b in (item.params.logit_bias or {}).values()],
+                            dtype=logits.dtype, device=logits.device)
+        logits[rows, ids] += bias
 
 
 def _mask_by_grammar(logits: torch.Tensor, inputs: list[SampleInput]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmctl.engine.front.bad_words import bad_words_token_ids
 from llmctl.engine.front.output_processor import Request
 from llmctl.engine.lora.adapter import LoRAAdapter
 from llmctl.engine.sampling_params import InvalidRequestError, SamplingParams
@@ -32,7 +33,17 @@ class InputProcessor:
         text, ids = self.tokenize(prompt)
         params = (params or SamplingParams()).with_defaults(self.generation_defaults)
         self._check_lengths(ids, params)
+        self._check_token_ids(params)
+        if params.bad_words:
+            params.bad_words_token_ids = bad_words_token_ids(params.bad_words, self.tokenizer)
         return Request(request_id, text, ids, params, lora=lora)
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        for name, ids in (("logit_bias", list(params.logit_bias or {})), ("allowed_token_ids",
+                                                                          params.allowed_token_ids or [])):
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise InvalidRequestError(f"{name}: token ids must be in [0, {self.vocab_size}); got {bad[:3]}", name)
 
     def _check_lengths(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:

@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from llmctl.engine.core.sampler import SampleInput, prompt_logprob_entries, sample
+from llmctl.engine.front.bad_words import blocked_by_bad_words
 from llmctl.engine.core.scheduler import SampledSeq, SchedulerOutput
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.core.step_messages import SampledTokens, StepLogits
@@ -33,6 +34,9 @@ class StepSampler:
         blocked: list[int] = []
         if len(seq.output_token_ids) < params.min_tokens:
             blocked = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids)))
+        if params.bad_words_token_ids:
+            blocked = sorted(set(blocked) | set(blocked_by_bad_words(params.bad_words_token_ids,
+                                                                     seq.output_token_ids)))
         bitmask = self.structured.bitmask(seq.grammar) if seq.grammar is not None and self.structured else None
         return SampleInput.for_sequence(seq, params, seq.generator or self.generator, blocked, bitmask)
 
