@@ -154,13 +154,13 @@ def test_text_response_format_changes_nothing(client):
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}},
      "structured_outputs", "Unsupported type"),
     ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs", "parenthesis"),
-    ({"guided_grammar": "root ::= "}, "structured_outputs", "grammar"),
+    ({"guided_grammar": "root ::= missing_rule"}, "structured_outputs", "missing_rule"),
     ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one"),
     ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex", "only one"),
     ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs", "not supported"),
     ({"structured_outputs": {"json": 3}}, "structured_outputs", "JSON schema object"),
     ({"response_format": {"type": "xml"}}, "response_format", "json_schema"),
-    ({"guided_decoding_backend": "outlines", "guided_regex": "a"}, "guided_decoding_backend", "xgrammar"),
+    ({"guided_decoding_backend": "outlines", "guided_regex": "a"}, "guided_decoding_backend", "backend is 'auto'"),
 ])
 def test_bad_specs_are_400s_that_say_what_is_wrong(server, body, param, words):
     status, answer = post(server, "/v1/chat/completions", {"messages": PROMPT, "max_tokens": 4, **body})
@@ -196,3 +196,56 @@ def test_greedy_tokens_equal_transformers_with_xgrammars_logits_processor(defaul
             assert ours[0].outputs[0].token_ids == ref[0, ids.shape[1]:].tolist(), name
     finally:
         llm.shutdown()
+
+
+def test_lark_grammar_falls_back_to_llguidance_under_auto(client):
+    """vLLM's auto backend: xgrammar compiles what it can, llguidance what xgrammar refuses (Lark syntax)."""
+    model = client.models.list().data[0].id
+    text = client.chat.completions.create(model=model, messages=PROMPT, temperature=0, max_tokens=20, extra_body={
+        "structured_outputs": {"grammar": 'start: "x" ("y" | "z")~1..4 "!"'}}).choices[0].message.content
+    assert re.fullmatch(r"x[yz]{1,4}!", text), text
+
+
+def test_the_guidance_backend_agrees_with_xgrammar(default_source):
+    """Two grammar engines written independently: for a regex and a choice the greedy texts are identical
+    (not always the tokens: the engines differ on some tokenizations of the same text); for a JSON schema
+    both outputs are valid (they may differ where a token spans two JSON lexemes). The schema closes its
+    objects: xgrammar,
+    as vLLM runs it, refuses properties a schema does not name; llguidance allows them unless
+    additionalProperties is false, as JSON Schema says."""
+    from llmctl import LLM, SamplingParams
+    from llmctl.engine.structured.params import StructuredOutputsParams
+
+    closed = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"], "properties": {
+        "name": {"type": "string", "maxLength": 16}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 2}}}
+    specs = [StructuredOutputsParams(json=closed), StructuredOutputsParams(regex=r"[0-9]{3}-[a-z]{2,5}"),
+             StructuredOutputsParams(choice=("alpha", "beta", "gamma"))]
+    outputs = {}
+    for backend in ("xgrammar", "guidance"):
+        llm = LLM(str(default_source.path), max_model_len=1024, structured_outputs_config={"backend": backend})
+        try:
+            prompt = llm.get_tokenizer().apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True)
+            outputs[backend] = [llm.generate([prompt], SamplingParams(temperature=0, max_tokens=120,
+                                                                      structured_outputs=spec))[0].outputs[0]
+                                for spec in specs]
+        finally:
+            llm.shutdown()
+    for ours, theirs in zip(outputs["xgrammar"][1:], outputs["guidance"][1:]):
+        assert ours.text == theirs.text and theirs.finish_reason == "stop", (ours.text, theirs.text)
+    for backend in outputs:
+        assert outputs[backend][0].finish_reason == "stop"
+        jsonschema.validate(json.loads(outputs[backend][0].text), closed)
+
+
+@pytest.mark.parametrize("value,backend,words", [
+    ('{"backend": "outlines"}', None, "'outlines' is not one of auto, xgrammar, guidance"),
+    ('{"backend": "guidance", "disable_fallback": true}', None, "disable_fallback is not supported"),
+    ("{backend", None, "is not JSON"),
+    (None, "lm-format-enforcer", "'lm-format-enforcer' is not one of"),
+])
+def test_server_backend_flags_are_checked_before_startup(value, backend, words):
+    from llmctl.engine.config import EngineConfig, EngineConfigError
+
+    with pytest.raises(EngineConfigError, match=re.escape(words)):
+        EngineConfig(structured_outputs_config=value, guided_decoding_backend=backend).validate()

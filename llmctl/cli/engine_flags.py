@@ -38,6 +38,11 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
     "speculative_config": Flag(("--speculative-config",), Optional[str], "speculative decoding as vLLM's JSON, e.g. "
                                '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\' or '
                                '\'{"model": DRAFT, "num_speculative_tokens": 3}\''),
+    "structured_outputs_config": Flag(("--structured-outputs-config",), Optional[str], "structured outputs as "
+                                      'vLLM\'s JSON: \'{"backend": "auto"}\' (xgrammar, llguidance for what it '
+                                      'refuses), "xgrammar" or "guidance"; "disable_any_whitespace": true'),
+    "guided_decoding_backend": Flag(("--guided-decoding-backend",), Optional[str], "vLLM's older flag for the "
+                                    "structured-output backend: auto, xgrammar or guidance"),
     "enable_lora": Flag(("--enable-lora",), bool, "serve PEFT LoRA adapters on the base model, chosen per request by "
                                                   "its 'model' field"),
     "max_loras": Flag(("--max-loras",), int, "adapters resident (and running) at once; more are swapped in from "

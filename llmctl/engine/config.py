@@ -44,6 +44,8 @@ class EngineConfig:
     data_parallel_size: int = 1  # replicas behind one server (llmctl.engine.front.data_parallel)
     cpu_threads: int | None = None  # torch threads per rank; default: the cores shared evenly
     speculative_config: str | dict | None = None  # vLLM's JSON (llmctl.engine.spec_decode.config); None: off
+    structured_outputs_config: str | dict | None = None  # vLLM's JSON: {"backend": "auto|xgrammar|guidance"}
+    guided_decoding_backend: str | None = None  # vLLM's older flag for the backend
     enable_lora: bool = False  # per-request PEFT adapters (llmctl.engine.lora)
     max_loras: int = 1  # adapters resident at once (and running at once), as vLLM's default
     max_lora_rank: int = 16  # the slots' rank: larger adapters are refused at load
@@ -82,6 +84,14 @@ class EngineConfig:
                     self.tensor_parallel_size * self.pipeline_parallel_size > 1:  # fails before any rank starts
                 bad("speculative_config", "runs with --tensor-parallel-size 1 and --pipeline-parallel-size 1 for "
                     "now; use --data-parallel-size to scale out")
+        if self.structured_outputs_config is not None or self.guided_decoding_backend is not None:
+            from llmctl.engine.structured.config import parse_structured_outputs_config
+            from llmctl.errors import LlmctlError
+
+            try:
+                parse_structured_outputs_config(self.structured_outputs_config, self.guided_decoding_backend)
+            except LlmctlError as exc:
+                raise EngineConfigError(str(exc)) from None
         if self.enable_lora:
             if self.max_loras < 1:
                 bad("max_loras", f"must be at least 1 (got {self.max_loras})")

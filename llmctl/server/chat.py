@@ -21,7 +21,7 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     fields = await read_json(request)
     model = check_model(state, fields)
     sampling = sampling_request(fields, chat=True)
-    sampling.params.structured_outputs = structured_outputs(fields)
+    sampling.params.structured_outputs = structured_outputs(fields, state.structured_backend)
     continue_final = fields.bool("continue_final_message")
     add_generation_prompt = fields.bool("add_generation_prompt", True)
     if continue_final and add_generation_prompt:

@@ -22,7 +22,7 @@ async def completions(state: ServerState, request: Request) -> Response:
     model = check_model(state, fields)
     prompts = completion_prompts(fields)
     sampling = completion_sampling_request(fields)
-    sampling.params.structured_outputs = structured_outputs(fields)
+    sampling.params.structured_outputs = structured_outputs(fields, state.structured_backend)
     prepared = [state.ready_engine.tokenize(p) for p in prompts]
     return await respond(state, request, COMPLETIONS, model, prepared, sampling)
 

@@ -11,6 +11,7 @@ from llmctl.engine.config import EngineConfig
 from llmctl.engine.front.embedding import EmbeddingModel
 from llmctl.engine.front.engine_client import EngineClient
 from llmctl.engine.front.stats import EngineStats
+from llmctl.engine.structured.config import parse_structured_outputs_config
 from llmctl.server.admission import InFlight
 from llmctl.server.lora import LoRAModulePath, ServedAdapters
 from llmctl.server.metrics import ServerMetrics
@@ -59,6 +60,12 @@ class ServerState:
     @property
     def model_name(self) -> str:
         return self.settings.served_model_names[0]
+
+    @property
+    def structured_backend(self) -> str:
+        """The structured-output backend the engine was started with (auto, xgrammar or guidance)."""
+        config = self.settings.engine_config
+        return parse_structured_outputs_config(config.structured_outputs_config, config.guided_decoding_backend).backend
 
     @property
     def ready_engine(self) -> EngineClient:

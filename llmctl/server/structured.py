@@ -19,11 +19,12 @@ NOT_IMPLEMENTED = {"whitespace_pattern": "a custom whitespace pattern", "disable
                    "guided_whitespace_pattern": "a custom whitespace pattern"}
 
 
-def structured_outputs(fields: Fields) -> StructuredOutputsParams | None:
-    """The request's constraint, or None; a malformed or doubled one is a 400 that names the field."""
+def structured_outputs(fields: Fields, backend: str = "auto") -> StructuredOutputsParams | None:
+    """The request's constraint, or None; a malformed or doubled one is a 400 that names the field.
+    backend: the server's (a request may name it, not choose another: vLLM no longer lets it)."""
     found = [(name, spec) for name, spec in (("response_format", _response_format(fields)),
-                                             ("structured_outputs", _structured_outputs_field(fields)),
-                                             *_legacy(fields)) if spec is not None]
+                                             ("structured_outputs", _structured_outputs_field(fields, backend)),
+                                             *_legacy(fields, backend)) if spec is not None]
     if len(found) > 1:
         raise bad(f"only one structured-output constraint per request; got {', '.join(n for n, _ in found)}",
                   found[1][0])
@@ -61,7 +62,7 @@ def _response_format(fields: Fields) -> dict[str, Any] | None:
               "response_format")
 
 
-def _structured_outputs_field(fields: Fields) -> dict[str, Any] | None:
+def _structured_outputs_field(fields: Fields, backend: str) -> dict[str, Any] | None:
     value = fields.raw("structured_outputs")
     if value is None:
         return None
@@ -76,24 +77,25 @@ def _structured_outputs_field(fields: Fields) -> dict[str, Any] | None:
     if unknown:
         raise bad(f"structured_outputs has no field {unknown[0]!r}; it takes {', '.join(KINDS)} and "
                   "disable_any_whitespace", "structured_outputs")
-    _check_backend(value.get("backend"), "structured_outputs")
+    _check_backend(value.get("backend"), backend, "structured_outputs")
     spec = {key: value[key] for key in (*KINDS, "disable_any_whitespace") if value.get(key) is not None}
     return _typed(spec, "structured_outputs")
 
 
-def _legacy(fields: Fields) -> list[tuple[str, dict[str, Any] | None]]:
+def _legacy(fields: Fields, backend: str) -> list[tuple[str, dict[str, Any] | None]]:
     refused = [name for name in ("guided_whitespace_pattern",) if fields.raw(name) is not None]
     if refused:
         raise bad(f"{refused[0]} is not supported: llmctl does not implement {NOT_IMPLEMENTED[refused[0]]}",
                   refused[0])
-    _check_backend(fields.raw("guided_decoding_backend"), "guided_decoding_backend")
+    _check_backend(fields.raw("guided_decoding_backend"), backend, "guided_decoding_backend")
     return [(name, _typed({kind: fields.raw(name)}, name)) for name, kind in LEGACY.items()
             if fields.raw(name) is not None]
 
 
-def _check_backend(backend: Any, param: str) -> None:
-    if backend is not None and backend not in ("xgrammar", "auto"):
-        raise bad(f"{param}: the structured-output backend of this server is xgrammar; got {backend!r}", param)
+def _check_backend(asked: Any, backend: str, param: str) -> None:
+    if asked is not None and asked != backend:
+        raise bad(f"{param}: this server's structured-output backend is {backend!r} (choose it with "
+                  f"--structured-outputs-config when starting the server); got {asked!r}", param)
 
 
 def _typed(spec: dict[str, Any], param: str) -> dict[str, Any]:

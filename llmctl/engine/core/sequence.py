@@ -12,7 +12,7 @@ from llmctl.engine.spec_decode.proposal import Draft
 
 if TYPE_CHECKING:
     from llmctl.engine.lora.adapter import LoRAAdapter
-    from llmctl.engine.structured.xgrammar_backend import XgrammarMatcher
+    from llmctl.engine.structured.matcher import GrammarMatcher
 
 
 class SequenceStatus(enum.Enum):
@@ -65,7 +65,7 @@ class Sequence:
     lane: int = 0  # pipeline parallel: which of the PP batches in flight this sequence rides in
     draft: Draft | None = None  # speculative decoding: tokens proposed for the next step
     lora: LoRAAdapter | None = None  # the adapter this sequence runs with (None: the base model)
-    grammar: XgrammarMatcher | None = None  # structured outputs: where this sequence is in its grammar (llmctl.engine.structured)
+    grammar: GrammarMatcher | None = None  # structured outputs: where this sequence is in its grammar (llmctl.engine.structured)
 
     @property
     def block_tables(self) -> list[list[int]]:

@@ -31,6 +31,7 @@ from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.parallel.executor import Executor, WorkerLostError, create_executor
 from llmctl.engine.sampling_params import InvalidRequestError, SamplingParams
 from llmctl.engine.spec_decode.speculator import Speculator
+from llmctl.engine.structured.config import parse_structured_outputs_config
 from llmctl.engine.structured.manager import StructuredOutputManager
 from llmctl.engine.worker.loaded_model import LoadedModel
 from llmctl.logs import configure_logging
@@ -74,8 +75,9 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         generator = torch.Generator().manual_seed(config.seed)
         self.speculator = Speculator.create(config, self.loaded, generator)
-        self.structured = StructuredOutputManager(self.tokenizer, self.loaded.spec.vocab_size,
-                                                  self.loaded.eos_token_ids)
+        self.structured = StructuredOutputManager(
+            self.tokenizer, self.loaded.spec.vocab_size, self.loaded.eos_token_ids,
+            parse_structured_outputs_config(config.structured_outputs_config, config.guided_decoding_backend))
         self.sampler = StepSampler(self.loaded.eos_token_ids, generator, self.output_processor.new_sibling,
                                    self.speculator, self.structured)
         if self.speculator is not None:

@@ -15,7 +15,7 @@ from llmctl.engine.front.detokenizer import IncrementalDetokenizer
 from llmctl.engine.front.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from llmctl.engine.lora.adapter import LoRAAdapter
 from llmctl.engine.sampling_params import SamplingParams
-from llmctl.engine.structured.xgrammar_backend import XgrammarMatcher
+from llmctl.engine.structured.matcher import GrammarMatcher
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     lora: LoRAAdapter | None = None
-    grammar: XgrammarMatcher | None = None  # structured outputs: the first sequence's matcher
+    grammar: GrammarMatcher | None = None  # structured outputs: the first sequence's matcher
     seqs: list[Sequence] = field(default_factory=list)
     texts: dict[int, SeqText] = field(default_factory=dict)  # by seq_id
 

@@ -1,45 +1,62 @@
-"""Structured outputs for one engine: the backend, built on the first request that needs it (xgrammar
-reads the whole vocabulary once), and each step's token bitmasks for the sequences that have a grammar.
+"""Structured outputs for one engine: the backends, built on the first request that needs them (each
+reads the whole vocabulary once), and the token bitmask of a sequence that has a grammar.
 
 The server compiles a request's grammar before queueing it (`matcher`: a bad schema is a 400 then);
-the engine compiles it again for the request itself, which xgrammar's cache makes a lookup."""
+the engine compiles it again for the request itself, which the backends' caches make cheap. With the
+`auto` backend (vLLM's default) xgrammar compiles, and llguidance takes what xgrammar refuses."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
 import torch
 
+from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.engine.structured.config import StructuredOutputsConfig
+from llmctl.engine.structured.llguidance_backend import LLGuidanceBackend
+from llmctl.engine.structured.matcher import GrammarMatcher
 from llmctl.engine.structured.params import StructuredOutputsParams
-from llmctl.engine.structured.xgrammar_backend import XgrammarBackend, XgrammarMatcher
-
-BACKENDS = ("xgrammar",)
+from llmctl.engine.structured.xgrammar_backend import XgrammarBackend
+BACKEND_CLASSES = {"xgrammar": XgrammarBackend, "guidance": LLGuidanceBackend}
 
 
 class StructuredOutputManager:
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], backend: str = "xgrammar") -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int],
+                 config: StructuredOutputsConfig | None = None) -> None:
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
-        self.backend_name = backend
-        self._backend: XgrammarBackend | None = None
+        self.config = config or StructuredOutputsConfig()
+        self._backends: dict[str, XgrammarBackend | LLGuidanceBackend] = {}
         self._lock = threading.Lock()  # the server's handlers and the engine thread both compile
 
-    @property
-    def backend(self) -> XgrammarBackend:
+    def backend(self, name: str) -> XgrammarBackend | LLGuidanceBackend:
         with self._lock:
-            if self._backend is None:
-                self._backend = XgrammarBackend(self.tokenizer, self.vocab_size, self.eos_token_ids)
-            return self._backend
+            if name not in self._backends:
+                self._backends[name] = BACKEND_CLASSES[name](self.tokenizer, self.vocab_size, self.eos_token_ids)
+            return self._backends[name]
 
-    def matcher(self, params: StructuredOutputsParams) -> XgrammarMatcher:
+    def matcher(self, params: StructuredOutputsParams) -> GrammarMatcher:
         """A matcher at the start of the request's grammar; InvalidRequestError when it cannot be compiled."""
-        return self.backend.compile(params)
+        if self.config.disable_any_whitespace and not params.disable_any_whitespace:
+            params = dataclasses.replace(params, disable_any_whitespace=True)
+        if self.config.backend != "auto":
+            return self.backend(self.config.backend).compile(params)
+        try:
+            return self.backend("xgrammar").compile(params)
+        except InvalidRequestError as refused:
+            if params.kind == "structural_tag":
+                raise
+            try:
+                return self.backend("guidance").compile(params)
+            except InvalidRequestError:
+                raise refused from None
 
-    def bitmask(self, matcher: XgrammarMatcher) -> torch.Tensor | None:
+    def bitmask(self, matcher: GrammarMatcher) -> torch.Tensor | None:
         """The tokens the matcher allows next as int32 words; None once its grammar is complete (vLLM then
         leaves the row unmasked: the stop token is what the grammar allowed last)."""
         if matcher.is_terminated:
             return None
-        mask = torch.full((1, self.backend.words), -1, dtype=torch.int32)
+        mask = torch.full((1, -(-self.vocab_size // 32)), -1, dtype=torch.int32)
         matcher.fill_bitmask(mask, 0)
         return mask[0]

@@ -1,0 +1,95 @@
+"""llguidance (vLLM's `guidance` backend): the same request forms compiled by llguidance — JSON schemas,
+regexes, choices, and grammars in Lark or GBNF — with one LLMatcher per sequence."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.engine.structured.bitmask import words_for
+from llmctl.engine.structured.params import StructuredOutputsParams
+
+
+class LLGuidanceMatcher:
+    """One sequence's position in its grammar (llmctl.engine.structured.matcher.GrammarMatcher). Like
+    vLLM's guidance backend it counts as terminated once the stop token came: a complete grammar
+    (llguidance's is_stopped) still masks everything but that token."""
+
+    def __init__(self, tokenizer: Any, grammar: str) -> None:
+        import llguidance
+
+        self._tokenizer, self._grammar = tokenizer, grammar
+        self._matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        self._terminated = False
+
+    def fresh(self) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(self._tokenizer, self._grammar)
+
+    @property
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def accept(self, token: int) -> bool:
+        if token == self._tokenizer.eos_token:
+            self._terminated = True
+        if self._matcher.is_stopped():
+            return True
+        return self._matcher.consume_token(token)
+
+    def rollback(self, count: int) -> None:
+        if count:
+            self._matcher.rollback(count)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        import llguidance.torch
+
+        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
+
+
+class LLGuidanceBackend:
+    name = "guidance"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        import llguidance.hf
+
+        self.vocab_size = vocab_size
+        self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size,
+                                                       eos_token=eos_token_ids[0] if eos_token_ids else None)
+
+    @property
+    def words(self) -> int:
+        return words_for(self.vocab_size)
+
+    def compile(self, params: StructuredOutputsParams) -> LLGuidanceMatcher:
+        import llguidance
+
+        try:
+            grammar = self._grammar(params)
+            error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            error = str(exc)
+        if error:
+            first = error.strip().splitlines()[0] if error.strip() else error
+            raise InvalidRequestError(f"the {params.kind} of structured outputs cannot be compiled (guidance): "
+                                      f"{first}", "structured_outputs")
+        return LLGuidanceMatcher(self._tokenizer, grammar)
+
+    @staticmethod
+    def _grammar(params: StructuredOutputsParams) -> str:
+        import llguidance
+
+        defaults = {"whitespace_flexible": not params.disable_any_whitespace}
+        kind = params.kind
+        if kind in ("json", "json_object"):
+            schema = params.json if kind == "json" else {"type": "object"}
+            text = schema if isinstance(schema, str) else json.dumps(schema)
+            return llguidance.LLMatcher.grammar_from_json_schema(text, defaults=defaults)
+        if kind == "choice":
+            return llguidance.grammar_from("choice", json.dumps(list(params.choice)))
+        if kind in ("regex", "grammar"):
+            return llguidance.grammar_from(kind, getattr(params, kind))
+        raise InvalidRequestError("structural_tag needs the xgrammar backend (--structured-outputs-config "
+                                  "'{\"backend\": \"xgrammar\"}')", "structured_outputs")
