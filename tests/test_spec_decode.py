@@ -324,3 +324,33 @@ def test_served_streams_with_speculation_equal_the_plain_engine_and_count_accept
         assert "Mean acceptance length" in result.stdout
     finally:
         server.stop()
+
+
+def test_structured_outputs_with_speculation_follow_the_grammar_token_for_token(plain, default_source):
+    """Drafts are checked against the grammar (cut at the first token it refuses, each row verified under
+    its mask, the matcher rolled back): the tokens are those of the same grammar without speculation.
+    With the model as its own draft every proposal the grammar allows is accepted."""
+    from llmctl.engine.structured.params import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"items": {"type": "array", "maxItems": 6, "items": {
+        "type": "object", "properties": {"id": {"type": "integer", "maximum": 99}, "tag": {"enum": ["x", "y"]}},
+        "required": ["id", "tag"], "additionalProperties": False}}}, "required": ["items"],
+        "additionalProperties": False}
+    specs = [StructuredOutputsParams(json=schema), StructuredOutputsParams(regex=r"(ab ){3,12}c"),
+             StructuredOutputsParams(choice=("the quick brown fox", "the lazy dog"))]
+    params = [SamplingParams(temperature=0, max_tokens=120, structured_outputs=spec) for spec in specs]
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[0]]
+    expected = _tokens(plain.generate(prompts, params))
+    for config in (NGRAM, {"model": str(default_source.path), "num_speculative_tokens": 3}):
+        llm = LLM(None, max_model_len=256, speculative_config=config)
+        assert _tokens(llm.generate(prompts, params)) == expected
+        stats = llm.engine.speculator.stats
+        assert stats.num_accepted_tokens > 0, config
+        llm.shutdown()
+
+
+def test_requests_with_biases_or_word_lists_do_not_speculate(plain):
+    llm = LLM(None, max_model_len=256, speculative_config=NGRAM)
+    params = [_greedy(logit_bias={13: 2.0}), _greedy(bad_words=["fox"]), _greedy(allowed_token_ids=list(range(900)))]
+    assert _tokens(llm.generate([REPEATING] * 3, params)) == _tokens(plain.generate([REPEATING] * 3, params))
+    assert llm.engine.speculator.stats.num_drafts == 0

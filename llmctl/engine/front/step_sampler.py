@@ -13,6 +13,7 @@ from llmctl.engine.front.bad_words import blocked_by_bad_words
 from llmctl.engine.core.scheduler import SampledSeq, SchedulerOutput
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.core.step_messages import SampledTokens, StepLogits
+from llmctl.engine.spec_decode.proposal import Draft
 from llmctl.engine.spec_decode.rejection import VerifyInput, verify
 from llmctl.engine.spec_decode.speculator import Speculator
 from llmctl.engine.structured.manager import StructuredOutputManager
@@ -57,7 +58,8 @@ class StepSampler:
             if seq.is_finished:  # aborted while its batch was in flight
                 continue
             if draft is not None:
-                verifying.append((seq, VerifyInput(seq.params, seq.generator or self.generator, draft, row)))
+                draft, masks = self._grammar_rows(seq, draft)
+                verifying.append((seq, VerifyInput(seq.params, seq.generator or self.generator, draft, row, masks)))
                 continue
             for member in [SampledSeq(seq, [])] + self._fork(seq):
                 inputs.append(self.sample_input(member.seq))
@@ -70,6 +72,21 @@ class StepSampler:
             for member, token in zip(plain, sample(logits, inputs)):
                 member.tokens.append(token)
         return plain + self._verify(result.sample_logits, verifying)
+
+    def _grammar_rows(self, seq: Sequence, draft: Draft) -> tuple[Draft, torch.Tensor | None]:
+        """A grammar-constrained sequence's draft, cut at the first token its grammar refuses, and the mask
+        of each of its rows: the matcher walks the draft and is rolled back to where it was."""
+        if seq.grammar is None or self.structured is None:
+            return draft, None
+        rows, walked = [], 0
+        for token in draft.token_ids + [None]:
+            mask = self.structured.bitmask(seq.grammar)
+            rows.append(mask if mask is not None else self.structured.full_row())
+            if token is None or seq.grammar.is_terminated or not seq.grammar.accept(token):
+                break
+            walked += 1
+        seq.grammar.rollback(walked)
+        return draft.truncated(len(rows) - 1), torch.stack(rows)
 
     def _fork(self, seq: Sequence) -> list[SampledSeq]:
         """At the first token of an n > 1 request: its siblings, sampled from the same logits row."""

@@ -9,7 +9,9 @@ row j scores the token after d1..dj. Per row j < k:
   An n-gram proposal is a draft with q = 1 on the proposed token.
 
 The first rejection ends the sequence's tokens for the step; when all k are accepted, row k
-gives one more (bonus) token from p. The accepted and drawn tokens are, in distribution,
+gives one more (bonus) token from p. With structured outputs p is the target's distribution
+under the grammar's mask for that row (the draft having been cut at its first token the
+grammar refuses), so the emitted tokens are what constrained sampling gives one at a time. The accepted and drawn tokens are, in distribution,
 exactly what sampling from p one token at a time gives (Leviathan et al., 2023; Chen et al., 2023).
 Every row of a sampling sequence draws its uniforms from the request's own generator, so a
 seeded request is reproducible.
@@ -25,6 +27,7 @@ from llmctl.engine.core.sampler import inverse_cdf, probabilities, token_logprob
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.core.sequence import TokenLogprob
 from llmctl.engine.spec_decode.proposal import Draft
+from llmctl.engine.structured.bitmask import apply_token_bitmask
 
 
 @dataclass
@@ -33,6 +36,7 @@ class VerifyInput:
     generator: torch.Generator
     draft: Draft
     first_row: int  # the sequence's k + 1 logits rows start here
+    token_bitmask: torch.Tensor | None = None  # structured outputs: [k + 1, words] the grammar's mask per row
 
 
 def accept_or_recover(target: torch.Tensor, draft: torch.Tensor | None, tokens: torch.Tensor,
@@ -60,11 +64,22 @@ def verify(logits: torch.Tensor, inputs: list[VerifyInput]) -> list[list[tuple[i
     emitted: list[list[int]] = [[] for _ in inputs]
     greedy = [i for i, item in enumerate(inputs) if item.params.greedy]
     sampled = [i for i, item in enumerate(inputs) if not item.params.greedy]
+    decide = _masked_by_grammar(logits, inputs)  # the decisions follow the grammar; logprobs stay raw
     if greedy:
-        _verify_greedy(logits, [inputs[i] for i in greedy], [emitted[i] for i in greedy])
+        _verify_greedy(decide, [inputs[i] for i in greedy], [emitted[i] for i in greedy])
     if sampled:
-        _verify_sampled(logits, [inputs[i] for i in sampled], [emitted[i] for i in sampled])
+        _verify_sampled(decide, [inputs[i] for i in sampled], [emitted[i] for i in sampled])
     return _with_logprobs(logits, inputs, emitted)
+
+
+def _masked_by_grammar(logits: torch.Tensor, inputs: list[VerifyInput]) -> torch.Tensor:
+    constrained = [item for item in inputs if item.token_bitmask is not None]
+    if not constrained:
+        return logits
+    rows = [row for item in constrained for row in _rows(item)]
+    masked = logits.clone()
+    apply_token_bitmask(masked, rows, torch.cat([item.token_bitmask for item in constrained]))
+    return masked
 
 
 def _rows(item: VerifyInput) -> range:

@@ -65,12 +65,13 @@ class Speculator:
 
     def _budget(self, seq: Sequence) -> int:
         """How many tokens a sequence may propose: none when its request opts out or while settings
-        that depend on each emitted token apply (penalties, min_tokens); never past max_tokens or the context."""
+        that depend on each emitted token apply (penalties, min_tokens, biases, allowed and bad words;
+        a grammar's mask is applied in verification); never past max_tokens or the context."""
         params = seq.params
         if params.disable_spec_decode or seq.is_finished or seq.in_prefill or seq.num_tokens - seq.num_computed_tokens != 1:
             return 0
-        if seq.grammar is not None:  # structured outputs: drafts are not checked against the grammar yet
-            return 0
+        if params.logit_bias or params.allowed_token_ids or params.bad_words_token_ids:
+            return 0  # they change each row's distribution; verification reads the target's own
         if (params.repetition_penalty or 1.0) != 1.0 or params.presence_penalty or params.frequency_penalty:
             return 0
         generated = len(seq.output_token_ids)

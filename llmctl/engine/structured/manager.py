@@ -52,11 +52,15 @@ class StructuredOutputManager:
             except InvalidRequestError:
                 raise refused from None
 
+    def full_row(self) -> torch.Tensor:
+        """A bitmask row that allows every token."""
+        return torch.full((-(-self.vocab_size // 32),), -1, dtype=torch.int32)
+
     def bitmask(self, matcher: GrammarMatcher) -> torch.Tensor | None:
         """The tokens the matcher allows next as int32 words; None once its grammar is complete (vLLM then
         leaves the row unmasked: the stop token is what the grammar allowed last)."""
         if matcher.is_terminated:
             return None
-        mask = torch.full((1, -(-self.vocab_size // 32)), -1, dtype=torch.int32)
+        mask = self.full_row().unsqueeze(0)
         matcher.fill_bitmask(mask, 0)
         return mask[0]
