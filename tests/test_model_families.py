@@ -182,7 +182,7 @@ def test_olmo2_norms_the_whole_projection_when_tp_replicates_a_kv_head(models):
         assert their_tokens == tokens and max(abs(a - b) for a, b in zip(sampled, their_sampled)) <= 1e-4
 
 
-QUANTIZABLE = ["qwen3", "granite", "olmo2", "phi3"]  # GPTQ; OLMo 2 refuses AWQ (below)
+QUANTIZABLE = ["qwen3", "granite", "olmo2"]  # GPTQ; OLMo 2 refuses AWQ (below); Phi-3 has its own test
 
 
 def quantize(folder: Path, method: str, out: Path) -> Path:
@@ -206,10 +206,15 @@ def test_llmctl_quantize_writes_a_checkpoint_the_engine_serves(models, family, t
 
 def test_phi3_gptq_keeps_qkv_and_gate_up_fused_and_tp2_splits_them(models, tmp_path):
     """Phi-3 is quantized as GPTQModel does it: qkv_proj and gate_up_proj whole. The engine takes each
-    part's columns of the packed tensors; with TP 2 each rank's columns, and the tokens are TP 1's."""
+    part's columns of the packed tensors (served like transformers on the unpacked weights); with TP 2
+    each rank's columns, and the tokens are TP 1's."""
     from safetensors import safe_open
 
+    from llmctl.checkpoint.quant_formats import unpack_gptq
+    from test_quantize_cli import assert_engine_matches_dense
+
     out = quantize(models["phi3"], "gptq", tmp_path / "phi3-gptq")
+    assert_engine_matches_dense(out, lambda parts: unpack_gptq(parts, 4, 32), PROMPTS[0])
     with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
         names = set(handle.keys())
         assert handle.get_slice("model.layers.0.self_attn.qkv_proj.qweight").get_shape() == [64 // 8, 64 + 2 * 32]

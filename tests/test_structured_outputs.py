@@ -249,3 +249,24 @@ def test_server_backend_flags_are_checked_before_startup(value, backend, words):
 
     with pytest.raises(EngineConfigError, match=re.escape(words)):
         EngineConfig(structured_outputs_config=value, guided_decoding_backend=backend).validate()
+
+
+def test_pipeline_parallel_samples_under_the_grammar_on_its_last_stage(default_source):
+    """With PP 2 the last stage samples (the bitmask travels in each row's SampleInput): the tokens are one
+    process's."""
+    from llmctl import LLM, SamplingParams
+    from llmctl.engine.structured.params import StructuredOutputsParams
+
+    params = [SamplingParams(temperature=0, max_tokens=80, structured_outputs=StructuredOutputsParams(json=schema))
+              for schema in (Person.model_json_schema(), Paint.model_json_schema())]
+    params.append(SamplingParams(temperature=0.8, seed=4, max_tokens=30,
+                                 structured_outputs=StructuredOutputsParams(regex=r"[a-z]{2,6}( [a-z]{2,6}){2,4}\.")))
+    outputs = []
+    for pp in (1, 2):
+        llm = LLM(str(default_source.path), max_model_len=512, pipeline_parallel_size=pp)
+        try:
+            prompt = llm.get_tokenizer().apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True)
+            outputs.append([o.outputs[0].token_ids for o in llm.generate([prompt] * 3, params)])
+        finally:
+            llm.shutdown()
+    assert outputs[0] == outputs[1]
