@@ -270,3 +270,14 @@ def test_pipeline_parallel_samples_under_the_grammar_on_its_last_stage(default_s
         finally:
             llm.shutdown()
     assert outputs[0] == outputs[1]
+
+
+def test_langchain_with_structured_output(server):
+    """A client nobody here wrote: LangChain's ChatOpenAI.with_structured_output (json_schema method)."""
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(base_url=server.url + "/v1", api_key="unused", model="HuggingFaceTB/SmolLM2-135M-Instruct",
+                      temperature=0, max_tokens=200)
+    for model_class in (Person, Paint):
+        result = chat.with_structured_output(model_class, method="json_schema").invoke(PROMPT[0]["content"])
+        assert isinstance(result, model_class)
