@@ -385,3 +385,17 @@ def test_vllm_flags_choose_the_api_the_metrics_and_the_sampling(tmp_path):
     assert all("messages" in body and body["top_k"] == 5 for body in bodies)  # the chat API, top_k sent
     bad = run_cli("bench", "serve", "--percentile-metrics", "ttft,latency")
     assert bad.returncode == 2 and "use a comma-separated subset of ttft,tpot,itl,e2el" in bad.stderr
+
+
+def test_offline_with_a_json_schema_and_a_bad_one():
+    """--json-schema: every request constrained (a schema whose string outlasts the run: 8 tokens each);
+    a schema xgrammar cannot compile, or text that is not JSON, is one clear error."""
+    schema = '{"type": "object", "properties": {"s": {"type": "string", "minLength": 500}}, "required": ["s"]}'
+    result = run_cli("bench", "offline", "--num-prompts", "2", "--random-input-len", "16", "--random-output-len",
+                     "8", "--json-schema", schema, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["llmctl"]["output_tokens"] == 16
+    for bad, words in (('{"type": "objec"}', "Unsupported type"), ("{not json", "neither a file nor valid JSON")):
+        result = run_cli("bench", "offline", "--num-prompts", "2", "--random-input-len", "16",
+                         "--random-output-len", "8", "--json-schema", bad)
+        assert result.returncode != 0 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
