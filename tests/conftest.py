@@ -89,6 +89,25 @@ def default_source():
     return resolve_model(None, show_progress=False)
 
 
+@pytest.fixture(scope="module")
+def server(default_source):
+    """`llmctl serve` of the default model, one per test module that asks (modules with other flags define
+    their own)."""
+    from server_helpers import start_server
+
+    server = start_server("--max-model-len", "1024")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official openai client on that server."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+
 @pytest.fixture(scope="session")
 def tokenizer(default_source):
     """The default model's tokenizer: test models are saved with it."""

@@ -19,18 +19,6 @@ from server_helpers import start_server
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-@pytest.fixture(scope="module")
-def server(default_source):
-    server = start_server("--max-model-len", "1024")
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
-
-
 def post(server, path: str, body: bytes | str | dict, headers: dict | None = None) -> tuple[int, dict]:
     data = body if isinstance(body, bytes) else (body if isinstance(body, str) else json.dumps(body)).encode()
     request = urllib.request.Request(server.url + path, data=data, method="POST",

@@ -11,12 +11,10 @@ from enum import Enum
 from typing import Annotated, Literal, Optional
 
 import jsonschema
-import openai
 import pytest
 import torch
 from pydantic import BaseModel, Field
 
-from server_helpers import start_server
 from test_server import post
 
 PROMPT = [{"role": "user", "content": "Describe a person, a city and a few numbers as JSON."}]
@@ -77,18 +75,6 @@ class Matrix(BaseModel):  # every list and number bounded: the model must be abl
 
 
 SCHEMAS = [Person, WithAddress, Tags, Paint, Optional_, Bounded, Code, Flags, Matrix, Address]
-
-
-@pytest.fixture(scope="module")
-def server(default_source):
-    server = start_server("--max-model-len", "1024")
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
 
 
 @pytest.mark.parametrize("model_class", SCHEMAS, ids=lambda m: m.__name__)

@@ -5,13 +5,11 @@ Then the same fields through `llmctl serve` with the openai client, and the vLLM
 
 from __future__ import annotations
 
-import openai
 import pytest
 import torch
 
 from llmctl import LLM, SamplingParams
 from llmctl.engine.sampling_params import InvalidRequestError
-from server_helpers import start_server
 from test_server import post
 
 PROMPTS = ["The capital of France is", "My favourite fruit is the", "Once upon a time"]
@@ -89,15 +87,7 @@ def test_out_of_vocabulary_ids_are_refused(llm):
         assert caught.value.param == param
 
 
-@pytest.fixture(scope="module")
-def server(default_source):
-    server = start_server("--max-model-len", "512")
-    yield server
-    server.stop()
-
-
-def test_served_fields_with_the_openai_client(server, llm):
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+def test_served_fields_with_the_openai_client(client, llm):
     model = client.models.list().data[0].id
     tokenizer = llm.get_tokenizer()
     forced = tokenizer.encode(" banana", add_special_tokens=False)[0]
