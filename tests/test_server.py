@@ -124,7 +124,7 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": []}, 400, "messages must be a non-empty list"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "role must be"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
-     400, "tools is not supported"),
+     400, "tools must be a list of"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "only text parts are supported"),
     ("/v1/embeddings", {"input": "hi"}, 400, "serves no embeddings"),

@@ -14,6 +14,7 @@ from llmctl.server.protocol import Fields, bad, chat_messages, chat_template_kwa
 from llmctl.server.responses import Delta, ResponseContext, chat_chunk, chat_response
 from llmctl.server.state import ServerState
 from llmctl.server.structured import structured_outputs
+from llmctl.server.tools import chat_tools
 from llmctl.server.transport import read_json
 
 
@@ -43,7 +44,7 @@ def render_chat(state: ServerState, fields: Fields, add_generation_prompt: bool 
         raise bad("this model has no chat template: start the server with --chat-template FILE or a built-in name "
                   "(chatml, bloom), or use /v1/completions", "messages")
     tokenizer = state.ready_engine.tokenizer
-    text = tokenizer.apply_chat_template(messages, chat_template=state.template,
+    text = tokenizer.apply_chat_template(messages, chat_template=state.template, tools=chat_tools(fields),
                                          add_generation_prompt=add_generation_prompt, tokenize=False,
                                          continue_final_message=continue_final_message, **kwargs)
     return text, tokenizer.encode(text, add_special_tokens=False)

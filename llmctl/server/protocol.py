@@ -6,6 +6,7 @@ The request bodies are plain JSON objects; each field is checked by type and ran
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -40,9 +41,9 @@ MAX_PROMPTS_PER_REQUEST = 1024
 
 # Fields vLLM accepts that we accept and ignore, and ones we refuse with a clear message.
 IGNORED = {"user", "stream_options", "service_tier", "store", "metadata", "parallel_tool_calls"}
-UNSUPPORTED = {"tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
-               "function_call": "function calling", "suffix": "suffix", "best_of": "best_of > 1",
-               "audio": "audio output", "modalities": "non-text modalities", "prediction": "predicted outputs",
+UNSUPPORTED = {"functions": "function calling (the deprecated form; see tools)",
+               "function_call": "function calling (the deprecated form; see tool_choice)", "suffix": "suffix",
+               "best_of": "best_of > 1", "audio": "audio output", "modalities": "non-text modalities", "prediction": "predicted outputs",
                "use_beam_search": "beam search", "priority": "priority scheduling (--scheduling-policy priority)"}
 UNSUPPORTED_DEFAULTS = {"best_of": 1, "use_beam_search": False, "priority": 0}  # values that ask for nothing
 
@@ -390,7 +391,7 @@ def chat_template_kwargs(fields: Fields) -> dict[str, JSON]:
     return kwargs
 
 
-def chat_messages(fields: Fields) -> list[dict[str, str]]:
+def chat_messages(fields: Fields) -> list[dict[str, Any]]:
     """messages with roles system/user/assistant (also developer/tool) and string or text-part content."""
     messages = fields.raw("messages")
     if not isinstance(messages, list) or not messages:
@@ -403,9 +404,32 @@ def chat_messages(fields: Fields) -> list[dict[str, str]]:
         role = message.get("role")
         if role not in ("system", "user", "assistant", "developer", "tool"):
             raise bad(f"{where}.role must be system, user or assistant, got {role!r}", "messages")
-        result.append({"role": "system" if role == "developer" else role,
-                       "content": _content_text(message.get("content"), where)})
+        entry: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                                 "content": _content_text(message.get("content"), where)}
+        entry.update(_tool_fields(message, where))
+        result.append(entry)
     return result
+
+
+def _tool_fields(message: dict[str, JSON], where: str) -> dict[str, Any]:
+    """An assistant's tool_calls (their JSON arguments parsed, as chat templates and vLLM take them) and a
+    tool message's tool_call_id / name, for the chat template."""
+    fields: dict[str, Any] = {key: message[key] for key in ("tool_call_id", "name") if isinstance(message.get(key), str)}
+    calls = message.get("tool_calls")
+    if calls is None:
+        return fields
+    if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                              for c in calls):
+        raise bad(f"{where}.tool_calls must be a list of {{\"function\": {{\"name\", \"arguments\"}}}}", "messages")
+    parsed = []
+    for call in calls:
+        arguments = call["function"].get("arguments", "{}")
+        try:
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError:
+            raise bad(f"{where}.tool_calls: arguments must be a JSON object (as text)", "messages") from None
+        parsed.append({**call, "function": {**call["function"], "arguments": arguments}})
+    return fields | {"tool_calls": parsed}
 
 
 def _content_text(content: JSON, where: str) -> str:
