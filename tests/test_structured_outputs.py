@@ -267,3 +267,25 @@ def test_langchain_with_structured_output(server):
     for model_class in (Person, Paint):
         result = chat.with_structured_output(model_class, method="json_schema").invoke(PROMPT[0]["content"])
         assert isinstance(result, model_class)
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_a_matcher_walks_a_draft_past_its_stop_token_and_rolls_back(default_source, backend):
+    """What speculative decoding does with a draft: accept tokens (the grammar's last one, then the stop
+    token), refuse one the grammar does not allow without losing its place, and roll back to the start."""
+    from transformers import AutoTokenizer
+
+    from llmctl.engine.structured.manager import StructuredOutputManager
+    from llmctl.engine.structured.params import StructuredOutputsParams
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
+    manager = StructuredOutputManager(tokenizer, 49152, [tokenizer.eos_token_id])
+    matcher = manager.backend(backend).compile(StructuredOutputsParams(choice=("yes", "no")))
+    start = manager.bitmask(matcher).clone()
+    yes = tokenizer.encode("yes", add_special_tokens=False)
+    assert len(yes) == 1 and not matcher.accept(tokenizer.encode("maybe", add_special_tokens=False)[0])
+    assert torch.equal(manager.bitmask(matcher), start)  # a refused token changes nothing
+    assert matcher.accept(yes[0]) and matcher.accept(tokenizer.eos_token_id) and matcher.is_terminated
+    matcher.rollback(2)
+    assert not matcher.is_terminated and torch.equal(manager.bitmask(matcher), start)
+    assert matcher.accept(tokenizer.encode("no", add_special_tokens=False)[0])

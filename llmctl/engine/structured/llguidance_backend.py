@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 from llmctl.engine.sampling_params import InvalidRequestError
-from llmctl.engine.structured.bitmask import words_for
 from llmctl.engine.structured.params import StructuredOutputsParams
 
 
@@ -23,25 +22,37 @@ class LLGuidanceMatcher:
 
         self._tokenizer, self._grammar = tokenizer, grammar
         self._matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-        self._terminated = False
+        self._consumed: list[bool] = []  # per accepted token: did llguidance consume it (not once stopped)
+        self._terminated_at: int | None = None  # how many tokens were accepted when the stop token came
 
     def fresh(self) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(self._tokenizer, self._grammar)
 
     @property
     def is_terminated(self) -> bool:
-        return self._terminated
+        return self._terminated_at is not None
 
     def accept(self, token: int) -> bool:
-        if token == self._tokenizer.eos_token:
-            self._terminated = True
-        if self._matcher.is_stopped():
-            return True
-        return self._matcher.consume_token(token)
+        """A refused token leaves the matcher as it was (llguidance would enter an error state)."""
+        stopped = self._matcher.is_stopped()
+        if not stopped and self._matcher.validate_tokens([token]) != 1:
+            return False
+        if not stopped:
+            self._matcher.consume_token(token)
+        self._consumed.append(not stopped)
+        if token == self._tokenizer.eos_token and self._terminated_at is None:
+            self._terminated_at = len(self._consumed)
+        return True
 
     def rollback(self, count: int) -> None:
-        if count:
-            self._matcher.rollback(count)
+        """Undo the last `count` accepted tokens (speculative decoding's walk through a draft)."""
+        if not count:
+            return
+        undone, self._consumed = self._consumed[-count:], self._consumed[:-count]
+        if sum(undone):
+            self._matcher.rollback(sum(undone))
+        if self._terminated_at is not None and self._terminated_at > len(self._consumed):
+            self._terminated_at = None
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         import llguidance.torch
@@ -58,10 +69,6 @@ class LLGuidanceBackend:
         self.vocab_size = vocab_size
         self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size,
                                                        eos_token=eos_token_ids[0] if eos_token_ids else None)
-
-    @property
-    def words(self) -> int:
-        return words_for(self.vocab_size)
 
     def compile(self, params: StructuredOutputsParams) -> LLGuidanceMatcher:
         import llguidance

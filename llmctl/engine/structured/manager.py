@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.engine.structured.bitmask import words_for
 from llmctl.engine.structured.config import StructuredOutputsConfig
 from llmctl.engine.structured.llguidance_backend import LLGuidanceBackend
 from llmctl.engine.structured.matcher import GrammarMatcher
@@ -54,7 +55,7 @@ class StructuredOutputManager:
 
     def full_row(self) -> torch.Tensor:
         """A bitmask row that allows every token."""
-        return torch.full((-(-self.vocab_size // 32),), -1, dtype=torch.int32)
+        return torch.full((words_for(self.vocab_size),), -1, dtype=torch.int32)
 
     def bitmask(self, matcher: GrammarMatcher) -> torch.Tensor | None:
         """The tokens the matcher allows next as int32 words; None once its grammar is complete (vLLM then

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from llmctl.engine.sampling_params import InvalidRequestError
-from llmctl.engine.structured.bitmask import words_for
 from llmctl.engine.structured.params import StructuredOutputsParams
 
 _LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # "[07:43:59] /project/cpp/regex_converter.cc:83: "
@@ -63,10 +62,6 @@ class XgrammarBackend:
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                        stop_token_ids=list(eos_token_ids) or None)
         self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=True)
-
-    @property
-    def words(self) -> int:
-        return words_for(self.vocab_size)
 
     def compile(self, params: StructuredOutputsParams) -> XgrammarMatcher:
         """A matcher at the start of the request's grammar; a spec xgrammar refuses is an InvalidRequestError."""
