@@ -19,7 +19,7 @@ timeout "${GPU_CHECK_KERNELS_TIMEOUT:-600}" "$PYTHON" benchmarks/kernels.py --js
 if [ -z "${GPU_CHECK_SKIP_E2E:-}" ]; then
     timeout "${GPU_CHECK_E2E_TIMEOUT:-900}" "$PYTHON" benchmarks/gpu_end_to_end.py --json "$OUT_DIR/end_to_end.json" 2>&1 | tee "$OUT_DIR/end_to_end.log"
 fi
-timeout "${GPU_CHECK_TEST_TIMEOUT:-900}" "$PYTHON" -m pytest -q -p no:cacheprovider -rfEs \
+timeout "${GPU_CHECK_TEST_TIMEOUT:-900}" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs \
     tests/test_kernels.py tests/test_gpu_memory_budget.py tests/test_engine_models.py 2>&1 | tee "$OUT_DIR/tests.log"
 tests=${PIPESTATUS[0]}
 "$PYTHON" - "$OUT_DIR" "$tests" <<'PY'

@@ -71,6 +71,11 @@ def release_gpu_memory():
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         import gc
+        import traceback
+
+        if getattr(sys, "last_traceback", None) is not None:  # pytest keeps a failed test's frames (its engines)
+            traceback.clear_frames(sys.last_traceback)
+            sys.last_type = sys.last_value = sys.last_traceback = None
 
         gc.collect()
         torch.cuda.empty_cache()

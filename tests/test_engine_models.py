@@ -142,9 +142,9 @@ def test_sliding_window_long_generation_on_a_small_pool(tmp_path, tokenizer):
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                            sliding_window=32)
     folder = save_random_model(config, tmp_path / "mistral-long", tokenizer)
-    probe = LLM(str(folder), max_model_len=512, max_num_batched_tokens=16)
-    block_bytes = probe.engine.loaded.kv_geometry.block_bytes
-    llm = LLM(str(folder), max_model_len=512, max_num_batched_tokens=16, kv_cache_memory=6 * block_bytes)
+    args = {"max_model_len": 512, "max_num_batched_tokens": 16, "dtype": "float32"}  # float32 as the reference
+    block_bytes = LLM(str(folder), **args).engine.loaded.kv_geometry.block_bytes
+    llm = LLM(str(folder), kv_cache_memory=6 * block_bytes, **args)
     manager = llm.engine.block_manager
     assert manager.num_blocks == 6  # one sequence of 200+ tokens alone would need 14 blocks without the window
     max_tokens = 200
@@ -185,6 +185,26 @@ def test_pickled_weights_only_when_allowed(tmp_path, tokenizer):
     expected = LLM(str(safe), max_model_len=128).generate(PROMPTS, params)
     allowed = LLM(str(pickled), max_model_len=128, allow_pickle_weights=True).generate(PROMPTS, params)
     assert [o.outputs[0].token_ids for o in allowed] == [o.outputs[0].token_ids for o in expected]
+
+
+def test_a_folder_without_weights_fails_before_the_model_is_built(tmp_path, tokenizer, monkeypatch):
+    """On a GPU, building a large model before looking for its weights ran out of memory (an H100, a 72B
+    config): the weight files are found first, so the error says what is missing."""
+    from transformers import LlamaConfig
+
+    from llmctl.engine.worker import loader
+    from llmctl.errors import CorruptModelError
+
+    LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+
+    def build_too_early(*args, **kwargs):
+        raise AssertionError("the model was built before its weight files were looked for")
+
+    monkeypatch.setattr(loader, "create_model", build_too_early)
+    with pytest.raises(CorruptModelError, match=r"no \*\.safetensors weights"):
+        LLM(str(tmp_path), max_model_len=64)
 
 
 def test_remote_code_never_runs_without_the_flag(tmp_path):
@@ -230,14 +250,14 @@ def test_cpu_backend_falls_back_to_torch_when_the_kernel_cannot_be_built(tmp_pat
     monkeypatch.setattr(cpu, "load", cannot_build)
     monkeypatch.setattr(cpu, "unavailable_reason", lambda: "no C++ compiler")  # the fused layers fall back too
     with caplog.at_level("INFO", logger="llmctl"):
-        llm = LLM(str(folder), max_model_len=64)
+        llm = LLM(str(folder), max_model_len=64, device="cpu")
     assert llm.engine.executor.runner.backend.name == "torch"
     assert "no C++ compiler; attending with torch SDPA instead" in caplog.text
     with pytest.raises(EngineConfigError, match=r"--attention-backend cpu: .*no C\+\+ compiler.*torch"):
-        LLM(str(folder), attention_backend="cpu")
+        LLM(str(folder), attention_backend="cpu", device="cpu")
     monkeypatch.undo()
     with pytest.raises(EngineConfigError, match="--attention-backend cpu: .*fp8.*--attention-backend torch"):
-        LLM(str(folder), attention_backend="cpu", kv_cache_dtype="fp8")
+        LLM(str(folder), attention_backend="cpu", kv_cache_dtype="fp8", device="cpu")
 
 
 def small_config(family: str, tokenizer):
@@ -304,7 +324,7 @@ def test_fp8_kv_cache(tmp_path, tokenizer):
         assert max(abs(a.logprob - b.logprob) for a, b in pairs) < 0.05
 
 
-def test_the_profile_step_is_a_real_step_of_the_largest_size():
+def test_the_profile_step_is_a_real_step_of_the_largest_size(tmp_path, tokenizer):
     """On a GPU the KV pool leaves room for the activation peak of this step (measured with CUDA's
     allocator statistics); here the step itself runs, through every layer, on throwaway caches."""
     from llmctl.engine.layers.attention import KVCache
@@ -313,7 +333,8 @@ def test_the_profile_step_is_a_real_step_of_the_largest_size():
     batch, blocks = dummy_prefill(100, 40, 16)
     assert batch.num_tokens == 100 and batch.seq_lens == [40, 40, 20] and blocks == 3 + 3 + 2
     assert len(set(batch.slot_mapping)) == 100 and max(batch.slot_mapping) < blocks * 16
-    loaded = LLM(None, max_model_len=64).engine.loaded
+    folder = save_random_model(small_config("llama-gqa", tokenizer), tmp_path / "l", tokenizer)
+    loaded = LLM(str(folder), max_model_len=64).engine.loaded  # random weights: K and V are not zero
     caches = {layer: KVCache(torch.zeros(blocks, 16, *cache.kv.shape[2:], dtype=cache.kv.dtype, device=cache.kv.device))
               for layer, cache in loaded.kv_caches.items()}
     run_dummy_step(loaded.model, lambda count: caches, loaded.backend, batch, blocks, 16, loaded.device,

@@ -21,9 +21,10 @@ def test_a_second_engine_in_the_process_is_not_this_engines_weights():
     memory = DeviceMemory(free=80 * GiB - GiB // 2 - held, total=80 * GiB, reserved=held, allocated=held)
     kv = gpu_kv_bytes(memory, 0.9, resident_bytes=GiB, activation_bytes=GiB, step_tokens=2048)
     # vLLM's formula alone would give 0.9 × 80 − 1 − 1 − 0.5 = 69.5 GiB, more than is free: capped at what
-    # can still be allocated beside the activation peak (22.5 − 1 GiB), where counting every tensor in the
-    # process as weights (memory_allocated) left the second engine nothing
-    assert kv == memory.free - GiB == 21 * GiB + GiB // 2
+    # can still be allocated beside the activation peak and 256 MiB of headroom (22.5 − 1 − 0.25 GiB; without it
+    # the last layer's tensor of a capped pool did not fit on an H100), where counting every tensor in the process
+    # as weights (memory_allocated) left the second engine nothing
+    assert kv == memory.free - GiB - GiB // 4 == 21 * GiB + GiB // 4
 
 
 def test_memory_cached_by_torchs_allocator_counts_as_free():

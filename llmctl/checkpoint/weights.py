@@ -60,15 +60,22 @@ class CheckpointTensor:
 
 
 def iterate_tensors(folder: Path, dtype: torch.dtype, allow_pickle: bool = False) -> Iterator[CheckpointTensor]:
-    """safetensors (read slice by slice); pickled .bin files only when allowed and nothing else is there."""
+    """safetensors (read slice by slice); pickled .bin files only when allowed and nothing else is there.
+    The files are found now, the tensors read as the iterator goes: a folder without weights fails before
+    a model is built for it (on a GPU, building a large one would run out of memory first)."""
     if allow_pickle and not list(folder.glob("*.safetensors")) and pickle_files(folder):
-        yield from _pickled_tensors(folder, dtype)
-        return
-    from safetensors import SafetensorError, safe_open
-
-    for path in safetensors_files(folder):
+        return _pickled_tensors(folder, dtype)
+    files = safetensors_files(folder)
+    for path in files:
         if not path.exists():
             raise CorruptModelError(f"{path.name} is listed in the index but missing from {folder}")
+    return _safetensors_tensors(files, dtype)
+
+
+def _safetensors_tensors(files: list[Path], dtype: torch.dtype) -> Iterator[CheckpointTensor]:
+    from safetensors import SafetensorError, safe_open
+
+    for path in files:
         try:
             with safe_open(str(path), framework="pt") as handle:
                 for name in handle.keys():

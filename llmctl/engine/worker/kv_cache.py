@@ -83,6 +83,9 @@ class DeviceMemory:
         return DeviceMemory(free, total, torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device))
 
 
+ALLOCATION_HEADROOM = 256 * 2**20
+
+
 def gpu_kv_bytes(memory: DeviceMemory, utilization: float, resident_bytes: int, activation_bytes: int,
                  step_tokens: int) -> int:
     """vLLM's budget: utilization × total − this engine's weights − its activation peak − memory outside
@@ -95,7 +98,8 @@ def gpu_kv_bytes(memory: DeviceMemory, utilization: float, resident_bytes: int, 
                 "(measured at %d tokens) − %.2f GiB used outside this process's allocator", budget.kv_bytes / GiB,
                 utilization, memory.total / GiB, budget.weights_bytes / GiB, activation_bytes / GiB,
                 step_tokens, budget.overhead_bytes / GiB)
-    allocatable = memory.free + memory.reserved - memory.allocated - activation_bytes
+    # headroom: each layer's tensor is one allocation, and what is free may not hold the last one whole
+    allocatable = memory.free + memory.reserved - memory.allocated - activation_bytes - ALLOCATION_HEADROOM
     if allocatable < budget.kv_bytes:
         logger.warning("KV cache capped at %.2f GiB: that is what the GPU has free beside the activation peak "
                        "(other tensors of this process, e.g. another engine, hold the rest)", allocatable / GiB)

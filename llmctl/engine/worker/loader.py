@@ -168,10 +168,11 @@ def qwen1_config(source: ModelSource) -> Any:
 
 def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.device, source: ModelSource,
            shard: Shard, allow_pickle: bool = False, impl: str = "auto") -> nn.Module:
+    tensors = iterate_tensors(source.path, dtype, allow_pickle)  # no weight files: fail before building
     with _no_init(dtype, device):
         model = create_model(spec, hf_config, shard, impl)
     try:
-        model.load_weights(iterate_tensors(source.path, dtype, allow_pickle))
+        model.load_weights(tensors)
     except WeightMismatchError as exc:
         raise CorruptModelError(f"the weights of {source.name} do not match its config.json: {exc}") from None
     return model.eval()
