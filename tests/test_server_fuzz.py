@@ -63,9 +63,13 @@ def valid_value(name: str, spec: FieldSpec) -> st.SearchStrategy:
         "logit_bias": st.dictionaries(st.integers(0, 49151).map(str), st.floats(-150, 150), max_size=3),
         "allowed_token_ids": st.lists(st.integers(0, 49151), min_size=1, max_size=4),
         "bad_words": st.lists(st.text(min_size=1, max_size=6), max_size=3),
+        "tools": st.just([WEATHER]),
+        "tool_choice": st.sampled_from(["none", "required", {"type": "function", "function": {"name": "get_weather"}}]),
     }[name]
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 STRUCTURED = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
               "guided_grammar")
 
@@ -87,6 +91,11 @@ def bodies(fields: dict[str, FieldSpec], required: str) -> st.SearchStrategy:
                 body["logprobs"] = True
             for name in [n for n in STRUCTURED if n in body][1:]:  # one structured-output constraint at most
                 del body[name]
+            if "tools" in body or "tool_choice" in body:  # a choice needs tools; auto (the default) a parser
+                body["tools"], body["tool_choice"] = [WEATHER], body.get("tool_choice", "none")
+                if body["tool_choice"] != "none":  # a forced choice is the constraint itself
+                    for name in STRUCTURED:
+                        body.pop(name, None)
             if body.get("continue_final_message"):  # continues the last message, which must be the assistant's
                 body["add_generation_prompt"] = False
                 body["messages"][-1]["role"] = "assistant"

@@ -11,6 +11,19 @@ from llmctl.cli.engine_flags import EngineFlags, with_engine_flags
 from llmctl.errors import LlmctlError
 
 
+AutoToolChoiceOpt = Annotated[bool, typer.Option(
+    "--enable-auto-tool-choice", help="tool_choice \"auto\": find tool calls in the model's text with --tool-call-parser")]
+ToolCallParserOpt = Annotated[Optional[str], typer.Option(
+    "--tool-call-parser", help="how the model writes tool calls: hermes (Qwen2.5/Qwen3, Hermes), llama3_json, mistral, "
+                               "pythonic, or one a --tool-parser-plugin registers")]
+ToolParserPluginOpt = Annotated[Optional[str], typer.Option(
+    "--tool-parser-plugin", help="a Python file whose @ToolParserManager.register_module(\"name\") classes become "
+                                 "--tool-call-parser names")]
+LoRAModulesOpt = Annotated[Optional[list[str]], typer.Option(
+    "--lora-modules", help="adapters served by name: name=path (a folder or hub id) or vLLM's JSON "
+                           "{\"name\": …, \"path\": …, \"base_model_name\": …}; several may follow one flag")]
+
+
 @with_engine_flags()
 def serve(
     model: ModelArg = None,
@@ -26,9 +39,7 @@ def serve(
     max_queue_len: Annotated[Optional[int], typer.Option(
         "--max-queue-len",
         help="sequences (prompts × n) that may wait beyond max-num-seqs; more get 503 + Retry-After")] = None,
-    lora_modules: Annotated[Optional[list[str]], typer.Option(
-        "--lora-modules", help="adapters served by name: name=path (a folder or hub id) or vLLM's JSON "
-                               "{\"name\": …, \"path\": …, \"base_model_name\": …}; several may follow one flag")] = None,
+    lora_modules: LoRAModulesOpt = None,
     allow_runtime_lora_updating: Annotated[bool, typer.Option(
         "--allow-runtime-lora-updating", envvar="VLLM_ALLOW_RUNTIME_LORA_UPDATING",
         help="enable /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING)")] = False,
@@ -43,6 +54,9 @@ def serve(
         "--disable-log-requests", help="no access-log line per request")] = False,
     disable_log_stats: Annotated[bool, typer.Option(
         "--disable-log-stats", help="no periodic engine stats line")] = False,
+    enable_auto_tool_choice: AutoToolChoiceOpt = False,
+    tool_call_parser: ToolCallParserOpt = None,
+    tool_parser_plugin: ToolParserPluginOpt = None,
     *,
     engine_flags: EngineFlags,
 ) -> None:
@@ -62,13 +76,14 @@ def serve(
     if run_torchrun_worker_if_not_driver(config):  # torchrun rank > 0: a worker, no HTTP server
         return
     _check_server_flags(max_queue_len, metrics_auth, api_key)
+    tool_parser = auto_tool_parser(enable_auto_tool_choice, tool_call_parser, tool_parser_plugin)
     settings = ServerSettings(
         config, served_model_name or [model or DEFAULT_MODEL_ID], api_key=api_key,
         chat_template=load_chat_template(chat_template), max_queue_len=max_queue_len,
         max_request_bytes=parse_bytes(max_request_bytes, "--max-request-bytes"), metrics_auth=metrics_auth,
         allowed_origins=parse_origins(allowed_origins or []), log_requests=not disable_log_requests,
         stats_interval=None if disable_log_stats else 10.0, lora_modules=adapters,
-        allow_runtime_lora_updating=allow_runtime_lora_updating)
+        allow_runtime_lora_updating=allow_runtime_lora_updating, tool_parser=tool_parser)
     raise typer.Exit(run_server(settings, host=host, port=port))
 
 
@@ -77,6 +92,19 @@ def _check_server_flags(max_queue_len: int | None, metrics_auth: bool, api_key: 
         raise LlmctlError(f"--max-queue-len must be 0 or more (got {max_queue_len})")
     if metrics_auth and not api_key:
         raise LlmctlError("--metrics-auth protects /metrics with the API key: give --api-key too")
+
+
+def auto_tool_parser(enable: bool, name: str | None, plugin: str | None):
+    """The parser class for tool_choice "auto", as vLLM's flags choose it (None: "auto" is refused)."""
+    from llmctl.server.tool_parsers import ToolParserManager
+
+    if plugin is not None:
+        ToolParserManager.import_tool_parser(plugin)
+    if enable and name is None:
+        raise LlmctlError("--enable-auto-tool-choice needs --tool-call-parser NAME (hermes, llama3_json, mistral, "
+                          "pythonic): how the model writes its tool calls")
+    parser = ToolParserManager.get_tool_parser(name) if name is not None else None
+    return parser if enable else None
 
 
 def parse_origins(values: list[str]) -> list[str]:

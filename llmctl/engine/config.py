@@ -46,6 +46,7 @@ class EngineConfig:
     speculative_config: str | dict | None = None  # vLLM's JSON (llmctl.engine.spec_decode.config); None: off
     structured_outputs_config: str | dict | None = None  # vLLM's JSON: {"backend": "auto|xgrammar|guidance"}
     guided_decoding_backend: str | None = None  # vLLM's older flag for the backend
+    reasoning_parser: str | None = None  # deepseek_r1 | qwen3: structured outputs start after the reasoning
     enable_lora: bool = False  # per-request PEFT adapters (llmctl.engine.lora)
     max_loras: int = 1  # adapters resident at once (and running at once), as vLLM's default
     max_lora_rank: int = 16  # the slots' rank: larger adapters are refused at load
@@ -90,6 +91,14 @@ class EngineConfig:
 
             try:
                 parse_structured_outputs_config(self.structured_outputs_config, self.guided_decoding_backend)
+            except LlmctlError as exc:
+                raise EngineConfigError(str(exc)) from None
+        if self.reasoning_parser is not None:
+            from llmctl.engine.reasoning import ReasoningParserManager
+            from llmctl.errors import LlmctlError
+
+            try:
+                ReasoningParserManager.get_reasoning_parser(self.reasoning_parser)
             except LlmctlError as exc:
                 raise EngineConfigError(str(exc)) from None
         if self.enable_lora:

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from starlette.requests import Request
 from starlette.responses import Response
 
 from llmctl.checkpoint.tokenizer import resolve_chat_template
 from llmctl.engine.front.engine_client import EngineClient
 from llmctl.engine.front.outputs import RequestOutput
+from llmctl.engine.reasoning import ReasoningParser
+from llmctl.engine.structured.params import StructuredOutputsParams
+from llmctl.server.chat_message import StreamedMessage, ToolCalling, finish_reason
 from llmctl.server.generation import Endpoint, respond
 from llmctl.server.models import check_model
-from llmctl.server.protocol import Fields, bad, chat_messages, chat_template_kwargs, sampling_request
+from llmctl.server.protocol import (CHAT_FIELDS, Fields, bad, chat_messages, chat_template_kwargs, sampling_request,
+                                    warn_ignored)
 from llmctl.server.responses import Delta, ResponseContext, chat_chunk, chat_response
 from llmctl.server.state import ServerState
 from llmctl.server.structured import structured_outputs
-from llmctl.server.tools import chat_tools
+from llmctl.server.tools import ToolRequest, read_tools
 from llmctl.server.transport import read_json
 
 
@@ -22,18 +28,34 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     fields = await read_json(request)
     model = check_model(state, fields)
     sampling = sampling_request(fields, chat=True)
-    sampling.params.structured_outputs = structured_outputs(fields, state.structured_backend)
+    warn_ignored(fields, CHAT_FIELDS)
+    tools = read_tools(fields, state.tool_parser, state.ready_engine.tokenizer)
+    sampling.params.structured_outputs = _constraint(fields, state, tools)
+    if tools.calling is not None and tools.calling.make_parser().keep_special_tokens:
+        sampling.params.skip_special_tokens = False  # the parser's markers are special tokens
     continue_final = fields.bool("continue_final_message")
     add_generation_prompt = fields.bool("add_generation_prompt", True)
     if continue_final and add_generation_prompt:
         raise bad("continue_final_message and add_generation_prompt cannot both be true: pass "
                   "add_generation_prompt: false to continue the last assistant message", "continue_final_message")
-    text, ids = render_chat(state, fields, add_generation_prompt, continue_final)
-    return await respond(state, request, CHAT, model, [(text, ids)], sampling)
+    text, ids = render_chat(state, fields, add_generation_prompt, continue_final, tools.tools)
+    endpoint = chat_endpoint(tools.calling, state.reasoning_parser)
+    return await respond(state, request, endpoint, model, [(text, ids)], sampling)
+
+
+def _constraint(fields: Fields, state: ServerState, tools: ToolRequest) -> StructuredOutputsParams | None:
+    """The request's structured output, or the JSON schema a forced tool choice puts on it (not both)."""
+    asked = structured_outputs(fields, state.structured_backend)
+    if tools.schema is None:
+        return asked
+    if asked is not None:
+        raise bad("tool_choice \"required\" or a named function already constrains the output to the tools' JSON: "
+                  "drop response_format / structured_outputs, or use tool_choice \"auto\"", "tool_choice")
+    return StructuredOutputsParams(json=tools.schema)
 
 
 def render_chat(state: ServerState, fields: Fields, add_generation_prompt: bool = True,
-                continue_final_message: bool = False) -> tuple[str, list[int]]:
+                continue_final_message: bool = False, tools: list[dict] | None = None) -> tuple[str, list[int]]:
     """The request's messages through the chat template (with its chat_template_kwargs), and their ids;
     continue_final_message leaves the last (assistant) message open for the model to go on."""
     messages = chat_messages(fields)
@@ -44,7 +66,7 @@ def render_chat(state: ServerState, fields: Fields, add_generation_prompt: bool 
         raise bad("this model has no chat template: start the server with --chat-template FILE or a built-in name "
                   "(chatml, bloom), or use /v1/completions", "messages")
     tokenizer = state.ready_engine.tokenizer
-    text = tokenizer.apply_chat_template(messages, chat_template=state.template, tools=chat_tools(fields),
+    text = tokenizer.apply_chat_template(messages, chat_template=state.template, tools=tools,
                                          add_generation_prompt=add_generation_prompt, tokenize=False,
                                          continue_final_message=continue_final_message, **kwargs)
     return text, tokenizer.encode(text, add_special_tokens=False)
@@ -61,9 +83,14 @@ def chat_template(given: str | None, engine: EngineClient) -> str | None:
 
 
 class ChatStream:
-    """Chat chunks: the assistant role for every choice first, as vLLM sends it, then content deltas."""
+    """Chat chunks: the assistant role for every choice first, as vLLM sends it, then content deltas (and,
+    with tool calling, tool-call deltas)."""
 
     object_name = "chat.completion.chunk"
+
+    def __init__(self, calling: ToolCalling | None = None, reasoning: type[ReasoningParser] | None = None) -> None:
+        self.calling, self.reasoning = calling, reasoning
+        self.messages: dict[int, StreamedMessage] = {}
 
     def opening(self, ctx: ResponseContext, num_choices: int) -> list[dict]:
         return [chat_chunk(ctx, choice, {"role": "assistant", "content": ""}) for choice in range(num_choices)]
@@ -71,8 +98,19 @@ class ChatStream:
     def before_output(self, ctx: ResponseContext, prompt_index: int, output: RequestOutput) -> list[dict]:
         return []
 
-    def chunk(self, ctx: ResponseContext, prompt_index: int, delta: Delta) -> dict:
-        return chat_chunk(ctx, delta.choice, {"content": delta.text} if delta.text else {}, delta)
+    def chunk(self, ctx: ResponseContext, prompt_index: int, delta: Delta) -> dict | None:
+        if self.calling is None and self.reasoning is None:
+            return chat_chunk(ctx, delta.choice, {"content": delta.text} if delta.text else {}, delta)
+        if delta.choice not in self.messages:
+            self.messages[delta.choice] = StreamedMessage(self.calling, self.reasoning() if self.reasoning else None)
+        message = self.messages[delta.choice]
+        end = delta.completion.finish_reason
+        new = message.delta(delta.completion.text, final=end is not None)
+        if not new and end is None and not delta.logprobs:
+            return None  # text held back (a call's name not whole yet): nothing to send
+        return chat_chunk(ctx, delta.choice, new, delta, finish_reason(end, self.calling, message.called))
 
 
-CHAT = Endpoint("chatcmpl-", chat_response, ChatStream)
+def chat_endpoint(calling: ToolCalling | None, reasoning: type[ReasoningParser] | None = None) -> Endpoint:
+    return Endpoint("chatcmpl-", partial(chat_response, calling=calling, reasoning=reasoning),
+                    partial(ChatStream, calling, reasoning))

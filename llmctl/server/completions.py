@@ -10,7 +10,7 @@ from starlette.responses import Response
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.server.generation import Endpoint, respond
 from llmctl.server.models import check_model
-from llmctl.server.protocol import completion_prompts, completion_sampling_request
+from llmctl.server.protocol import COMPLETION_FIELDS, completion_prompts, completion_sampling_request, warn_ignored
 from llmctl.server.responses import Delta, ResponseContext, completion_chunk, completion_response, echo_logprobs
 from llmctl.server.state import ServerState
 from llmctl.server.structured import structured_outputs
@@ -22,6 +22,7 @@ async def completions(state: ServerState, request: Request) -> Response:
     model = check_model(state, fields)
     prompts = completion_prompts(fields)
     sampling = completion_sampling_request(fields)
+    warn_ignored(fields, COMPLETION_FIELDS)
     sampling.params.structured_outputs = structured_outputs(fields, state.structured_backend)
     prepared = [state.ready_engine.tokenize(p) for p in prompts]
     return await respond(state, request, COMPLETIONS, model, prepared, sampling)

@@ -7,10 +7,13 @@ The request bodies are plain JSON objects; each field is checked by type and ran
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Union
 
 from llmctl.engine.sampling_params import RANGES, InvalidRequestError, SamplingParams
+
+logger = logging.getLogger("llmctl.server")
 
 
 JSON = Union[dict[str, "JSON"], list["JSON"], str, int, float, bool, None]  # a value of a request body
@@ -40,7 +43,8 @@ def bad(message: str, param: str | None = None) -> APIError:
 MAX_PROMPTS_PER_REQUEST = 1024
 
 # Fields vLLM accepts that we accept and ignore, and ones we refuse with a clear message.
-IGNORED = {"user", "stream_options", "service_tier", "store", "metadata", "parallel_tool_calls"}
+IGNORED = {"user", "service_tier", "store", "metadata"}
+READ_BESIDE = {"guided_decoding_backend"}  # read, but not published: it may only name the server's backend
 UNSUPPORTED = {"functions": "function calling (the deprecated form; see tools)",
                "function_call": "function calling (the deprecated form; see tool_choice)", "suffix": "suffix",
                "best_of": "best_of > 1", "audio": "audio output", "modalities": "non-text modalities", "prediction": "predicted outputs",
@@ -91,6 +95,13 @@ class Fields:
 
     def raw(self, name: str, default: JSON = None) -> JSON:
         return self.body.get(name, default)
+
+
+def warn_ignored(fields: Fields, known: dict[str, FieldSpec]) -> None:
+    """Fields llmctl does not know are accepted and named in the log, as vLLM does."""
+    ignored = sorted(set(fields.body) - set(known) - IGNORED - set(UNSUPPORTED) - READ_BESIDE)
+    if ignored:
+        logger.warning("The following fields were present in the request but ignored: %s", ", ".join(ignored))
 
 
 def refuse_unsupported(fields: Fields) -> None:
@@ -256,6 +267,10 @@ CHAT_FIELDS: dict[str, FieldSpec] = {
                                         "(needs add_generation_prompt: false)", False),
     "chat_template_kwargs": FieldSpec("custom", "extra variables for the chat template, e.g. {\"enable_thinking\": "
                                       "false} for Qwen3 (vLLM's field)", schema={"type": "object"}),
+    "tools": FieldSpec("custom", "functions the model may call, for the chat template", schema={"type": "array"}),
+    "tool_choice": FieldSpec("custom", "none, auto (needs --enable-auto-tool-choice), required or a named function",
+                             schema={"anyOf": [{"enum": ["none", "auto", "required"]}, {"type": "object"}]}),
+    "parallel_tool_calls": FieldSpec("boolean", "false: at most one tool call", True),
     **COMMON_FIELDS, **SAMPLING_FIELDS, **STRUCTURED_FIELDS,
 }
 

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from llmctl.engine.core.sequence import TokenLogprob
 from llmctl.engine.front.outputs import CompletionOutput, RequestOutput
-from llmctl.server.protocol import SamplingRequest
+from llmctl.engine.reasoning import ReasoningParser
+from llmctl.server.chat_message import ToolCalling, full_message
+from llmctl.server.protocol import JSON, SamplingRequest
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
@@ -101,11 +103,15 @@ def completion_response(ctx: ResponseContext, outputs: list[RequestOutput]) -> d
             "choices": choices, "usage": usage(outputs)}
 
 
-def chat_response(ctx: ResponseContext, outputs: list[RequestOutput]) -> dict[str, Any]:
+def chat_response(ctx: ResponseContext, outputs: list[RequestOutput], calling: ToolCalling | None = None,
+                  reasoning: type[ReasoningParser] | None = None) -> dict[str, Any]:
     [output] = outputs
-    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                "logprobs": chat_logprobs(c.logprobs, ctx.tokenizer) if c.logprobs is not None else None,
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in output.outputs]
+    choices = []
+    for c in output.outputs:
+        message, finish_reason = full_message(c.text, c.finish_reason, calling, reasoning() if reasoning else None)
+        choices.append({"index": c.index, "message": message,
+                        "logprobs": chat_logprobs(c.logprobs, ctx.tokenizer) if c.logprobs is not None else None,
+                        "finish_reason": finish_reason, "stop_reason": c.stop_reason})
     return {"id": ctx.request_id, "object": "chat.completion", "created": ctx.created, "model": ctx.model,
             "choices": choices, "usage": usage(outputs)}
 
@@ -121,12 +127,14 @@ def completion_chunk(ctx: ResponseContext, index: int, text: str, delta: Delta |
             "choices": [choice]}
 
 
-def chat_chunk(ctx: ResponseContext, index: int, message: dict[str, str], delta: Delta | None = None
-               ) -> dict[str, Any]:
-    """One choice's message delta; with a delta, its finish and log-probabilities too."""
+def chat_chunk(ctx: ResponseContext, index: int, message: dict[str, JSON], delta: Delta | None = None,
+               finish_reason: str | None = None) -> dict[str, Any]:
+    """One choice's message delta; with a delta, its finish (finish_reason overrides the output's) and
+    log-probabilities too."""
     end = delta.completion if delta is not None else None
     logprobs = delta.logprobs if delta is not None else None
-    choice = {"index": index, "delta": message, "finish_reason": end.finish_reason if end else None,
+    finish = finish_reason or (end.finish_reason if end else None)
+    choice = {"index": index, "delta": message, "finish_reason": finish,
               "stop_reason": end.stop_reason if end else None,
               "logprobs": chat_logprobs(logprobs, ctx.tokenizer) if logprobs else None}
     return {"id": ctx.request_id, "object": "chat.completion.chunk", "created": ctx.created, "model": ctx.model,

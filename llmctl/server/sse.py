@@ -23,7 +23,7 @@ class StreamFormat(Protocol):
 
     def before_output(self, ctx: ResponseContext, prompt_index: int, output: RequestOutput) -> list[dict]: ...
 
-    def chunk(self, ctx: ResponseContext, prompt_index: int, delta: Delta) -> dict: ...
+    def chunk(self, ctx: ResponseContext, prompt_index: int, delta: Delta) -> dict | None: ...  # None: nothing new
 
 
 class DeltaTracker:
@@ -108,8 +108,9 @@ async def stream_events(ctx: ResponseContext, streams: list[AsyncIterator[Reques
                 finished[index] = item
             for completion in item.outputs:
                 delta = tracker.delta(index * n + completion.index, completion)
-                if delta is not None:
-                    yield sse(fmt.chunk(ctx, index, delta))
+                chunk = fmt.chunk(ctx, index, delta) if delta is not None else None
+                if chunk is not None:
+                    yield sse(chunk)
         if ctx.sampling.include_usage and finished:
             yield sse({"id": ctx.request_id, "object": fmt.object_name, "created": ctx.created, "model": ctx.model,
                        "choices": [], "usage": usage(list(finished.values()))})

@@ -5,16 +5,20 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.front.embedding import EmbeddingModel
 from llmctl.engine.front.engine_client import EngineClient
 from llmctl.engine.front.stats import EngineStats
+from llmctl.engine.reasoning import ReasoningParser, ReasoningParserManager
 from llmctl.engine.structured.config import parse_structured_outputs_config
 from llmctl.server.admission import InFlight
 from llmctl.server.lora import LoRAModulePath, ServedAdapters
 from llmctl.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from llmctl.server.tool_parsers import ToolParser
 
 
 @dataclass
@@ -32,6 +36,7 @@ class ServerSettings:
     stats_interval: float | None = 10.0  # seconds between engine stats lines; None: off
     lora_modules: list[LoRAModulePath] = field(default_factory=list)  # adapters served from startup (--enable-lora)
     allow_runtime_lora_updating: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
+    tool_parser: type[ToolParser] | None = None  # --enable-auto-tool-choice with --tool-call-parser: tool_choice auto
 
 
 @dataclass
@@ -66,6 +71,15 @@ class ServerState:
         """The structured-output backend the engine was started with (auto, xgrammar or guidance)."""
         config = self.settings.engine_config
         return parse_structured_outputs_config(config.structured_outputs_config, config.guided_decoding_backend).backend
+
+    @property
+    def reasoning_parser(self) -> type[ReasoningParser] | None:
+        name = self.settings.engine_config.reasoning_parser
+        return ReasoningParserManager.get_reasoning_parser(name) if name is not None else None
+
+    @property
+    def tool_parser(self) -> type[ToolParser] | None:
+        return self.settings.tool_parser
 
     @property
     def ready_engine(self) -> EngineClient:

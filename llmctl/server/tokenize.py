@@ -7,6 +7,7 @@ from starlette.responses import JSONResponse, Response
 
 from llmctl.server.models import check_model
 from llmctl.server.chat import render_chat
+from llmctl.server.tools import template_tools
 from llmctl.server.protocol import bad
 from llmctl.server.state import ServerState
 from llmctl.server.transport import read_json
@@ -17,7 +18,7 @@ async def tokenize(state: ServerState, request: Request) -> Response:
     check_model(state, fields)
     engine = state.ready_engine
     if fields.raw("messages") is not None:
-        _, ids = render_chat(state, fields, fields.bool("add_generation_prompt", True))
+        _, ids = render_chat(state, fields, fields.bool("add_generation_prompt", True), tools=template_tools(fields))
     else:
         prompt = fields.str("prompt")
         if prompt is None:

@@ -32,6 +32,7 @@ from llmctl.engine.parallel.executor import Executor, WorkerLostError, create_ex
 from llmctl.engine.sampling_params import InvalidRequestError, SamplingParams
 from llmctl.engine.spec_decode.speculator import Speculator
 from llmctl.engine.structured.config import parse_structured_outputs_config
+from llmctl.engine.reasoning import ReasoningParserManager
 from llmctl.engine.structured.manager import StructuredOutputManager
 from llmctl.engine.worker.loaded_model import LoadedModel
 from llmctl.logs import configure_logging
@@ -77,7 +78,8 @@ class LLMEngine:
         self.speculator = Speculator.create(config, self.loaded, generator)
         self.structured = StructuredOutputManager(
             self.tokenizer, self.loaded.spec.vocab_size, self.loaded.eos_token_ids,
-            parse_structured_outputs_config(config.structured_outputs_config, config.guided_decoding_backend))
+            parse_structured_outputs_config(config.structured_outputs_config, config.guided_decoding_backend),
+            reasoning_end_ids(config.reasoning_parser, self.tokenizer))
         self.sampler = StepSampler(self.loaded.eos_token_ids, generator, self.output_processor.new_sibling,
                                    self.speculator, self.structured)
         if self.speculator is not None:
@@ -233,3 +235,11 @@ def _samples_plainly(sched: SchedulerOutput, batch: StepBatch, sample_seqs: list
     no prompt log-probabilities, no proposals to verify, no n > 1 request forking at its first token."""
     return not batch.prompt_rows and len(batch.sample_rows) == len(sample_seqs) \
         and all(item.draft is None for item in sched.scheduled) and not any(seq.waiting_to_fork for seq in sample_seqs)
+
+
+def reasoning_end_ids(parser_name: str | None, tokenizer: Any) -> tuple[int, ...] | None:
+    """The tokens that end a reasoning model's thinking (its parser's end marker), or None."""
+    if parser_name is None:
+        return None
+    end = ReasoningParserManager.get_reasoning_parser(parser_name).end_token
+    return tuple(tokenizer.encode(end, add_special_tokens=False))

@@ -1,6 +1,7 @@
 """The server-wide structured-output settings, vLLM's `--structured-outputs-config` JSON (and its older
-`--guided-decoding-backend` flag): which backend compiles grammars, and whether JSON may carry free
-whitespace."""
+`--guided-decoding-backend` flag): which backend compiles grammars, whether JSON may carry free
+whitespace, and whether the grammar also constrains a reasoning model's thinking (enable_in_reasoning;
+by default it starts when the reasoning ends, as vLLM's does)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ BACKENDS = ("auto", "xgrammar", "guidance")  # auto: xgrammar, and llguidance fo
 class StructuredOutputsConfig:
     backend: str = "auto"
     disable_any_whitespace: bool = False
+    enable_in_reasoning: bool = False
 
 
 def parse_structured_outputs_config(value: str | dict | None, guided_decoding_backend: str | None = None
@@ -26,10 +28,10 @@ def parse_structured_outputs_config(value: str | dict | None, guided_decoding_ba
         raise LlmctlError(f"--structured-outputs-config is not JSON ({exc})") from None
     if not isinstance(fields, dict):
         raise LlmctlError("--structured-outputs-config must be a JSON object, e.g. '{\"backend\": \"guidance\"}'")
-    unknown = sorted(set(fields) - {"backend", "disable_any_whitespace"})
+    unknown = sorted(set(fields) - {"backend", "disable_any_whitespace", "enable_in_reasoning"})
     if unknown:
         raise LlmctlError(f"--structured-outputs-config: {unknown[0]} is not supported; llmctl takes backend "
-                          f"({', '.join(BACKENDS)}) and disable_any_whitespace")
+                          f"({', '.join(BACKENDS)}), disable_any_whitespace and enable_in_reasoning")
     if guided_decoding_backend is not None:
         fields.setdefault("backend", guided_decoding_backend)
     config = StructuredOutputsConfig(**fields)
