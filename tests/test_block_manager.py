@@ -164,3 +164,28 @@ def test_abort_frees_everything_at_once():
     scheduler.finish(waiting)
     assert scheduler.block_manager.num_free_blocks == 8
     assert not scheduler.has_work
+
+
+def test_priority_policy_admits_the_most_urgent_first_and_preempts_the_least():
+    """vLLM's --scheduling-policy priority: lower priority values first, then arrival; when blocks run out
+    the least urgent running sequence is preempted, even an older one (fcfs would take the newest)."""
+    scheduler = Scheduler(BlockManager(32, BS), max_num_seqs=1, max_num_batched_tokens=100,
+                          scheduling_policy="priority")
+    for seq_id, priority in ((0, 5), (1, -1), (2, 5), (3, 0)):
+        scheduler.add(seq(seq_id, [seq_id] * 3, priority=priority))
+    assert [s.seq_id for s in scheduler.waiting] == [1, 3, 0, 2]
+    assert [s.seq.seq_id for s in run_step(scheduler).scheduled] == [1]
+
+    scheduler = Scheduler(BlockManager(3, BS), max_num_seqs=8, max_num_batched_tokens=100,
+                          scheduling_policy="priority")
+    lax, urgent = seq(0, [1] * 4, priority=10), seq(1, [2] * 3, priority=0)
+    scheduler.add(lax)
+    run_step(scheduler)  # lax runs first (alone), urgent arrives after: running is [lax, urgent]
+    scheduler.add(urgent)
+    run_step(scheduler)
+    for _ in range(4):
+        out = run_step(scheduler)
+        if out.preempted:
+            break
+    assert out.preempted == [lax] and scheduler.waiting[0] is lax and urgent.status == SequenceStatus.RUNNING
+    assert [s.seq_id for s in scheduler.running] == [1]

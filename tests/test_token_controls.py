@@ -132,3 +132,23 @@ def test_refusals_name_the_field(server, body, param):
     ok, _ = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
                                                   "use_beam_search": False, "priority": 0})
     assert ok == 200
+
+
+def test_priority_scheduling_runs_the_most_urgent_request_first(default_source):
+    """--scheduling-policy priority with one sequence at a time: requests given together run in priority
+    order (lower first), not in the order they came."""
+    from llmctl import LLM, SamplingParams
+
+    llm = LLM(None, max_model_len=256, max_num_seqs=1, scheduling_policy="priority")
+    priorities = [5, 0, 1]
+    outputs = llm.generate(["a b c", "d e f", "g h i"], [SamplingParams(max_tokens=3, ignore_eos=True, priority=p)
+                                                         for p in priorities])
+    order = sorted(range(3), key=lambda i: outputs[i].metrics.first_scheduled_time)
+    assert [priorities[i] for i in order] == [0, 1, 5]
+
+
+def test_priority_without_the_policy_is_refused_by_name(server):
+    status, answer = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "priority": 3})
+    assert status == 400 and answer["error"]["param"] == "priority" and "--scheduling-policy priority" in \
+        answer["error"]["message"]
+    assert post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "priority": 0})[0] == 200

@@ -43,6 +43,8 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                                       'refuses), "xgrammar" or "guidance"; "disable_any_whitespace": true'),
     "guided_decoding_backend": Flag(("--guided-decoding-backend",), Optional[str], "vLLM's older flag for the "
                                     "structured-output backend: auto, xgrammar or guidance"),
+    "scheduling_policy": Flag(("--scheduling-policy",), str, "fcfs (first come, first served) or priority (a "
+                              "request's priority field: lower first, then arrival; preemption takes the least urgent)"),
     "reasoning_parser": Flag(("--reasoning-parser",), Optional[str], "a reasoning model's thinking goes to "
                              "reasoning_content: deepseek_r1 or qwen3 (structured outputs constrain the answer)"),
     "enable_lora": Flag(("--enable-lora",), bool, "serve PEFT LoRA adapters on the base model, chosen per request by "

@@ -47,6 +47,7 @@ class EngineConfig:
     structured_outputs_config: str | dict | None = None  # vLLM's JSON: {"backend": "auto|xgrammar|guidance"}
     guided_decoding_backend: str | None = None  # vLLM's older flag for the backend
     reasoning_parser: str | None = None  # deepseek_r1 | qwen3: structured outputs start after the reasoning
+    scheduling_policy: str = "fcfs"  # or "priority": requests' priority (lower first), then arrival
     enable_lora: bool = False  # per-request PEFT adapters (llmctl.engine.lora)
     max_loras: int = 1  # adapters resident at once (and running at once), as vLLM's default
     max_lora_rank: int = 16  # the slots' rank: larger adapters are refused at load
@@ -93,6 +94,8 @@ class EngineConfig:
                 parse_structured_outputs_config(self.structured_outputs_config, self.guided_decoding_backend)
             except LlmctlError as exc:
                 raise EngineConfigError(str(exc)) from None
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            bad("scheduling_policy", f"{self.scheduling_policy!r} is not fcfs (first come, first served) or priority")
         if self.reasoning_parser is not None:
             from llmctl.engine.reasoning import ReasoningParserManager
             from llmctl.errors import LlmctlError

@@ -89,6 +89,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     disable_spec_decode: bool = False  # this request never proposes, on an engine that speculates
+    priority: int = 0  # --scheduling-policy priority: lower runs first (vLLM's request priority, carried here)
     structured_outputs: StructuredOutputsParams | None = None  # a grammar the output must follow
     logit_bias: dict[int, float] | None = None  # added to these tokens' logits (OpenAI: -100 to 100)
     allowed_token_ids: list[int] | None = None  # only these tokens may be generated

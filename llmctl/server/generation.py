@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.server.admission import AdmittedStream
 from llmctl.server.operability import request_id_of
-from llmctl.server.protocol import SamplingRequest
+from llmctl.server.protocol import SamplingRequest, bad
 from llmctl.server.responses import Prompt, ResponseContext
 from llmctl.server.sse import StreamFormat, stream_events
 from llmctl.server.state import ServerState
@@ -32,6 +32,9 @@ class Endpoint:
 async def respond(state: ServerState, request: Request, endpoint: Endpoint, model: str, prompts: list[Prompt],
                   sampling: SamplingRequest) -> Response:
     engine = state.ready_engine
+    if sampling.params.priority and state.settings.engine_config.scheduling_policy != "priority":
+        raise bad(f"priority {sampling.params.priority} needs the server started with --scheduling-policy priority "
+                  "(vLLM answers the same)", "priority")
     if sampling.params.structured_outputs is not None:  # a grammar that cannot compile is a 400 before queueing
         await asyncio.to_thread(engine.check_structured_outputs, sampling.params.structured_outputs)
     admission = state.in_flight.admit(len(prompts) * sampling.params.n)

@@ -48,8 +48,8 @@ READ_BESIDE = {"guided_decoding_backend"}  # read, but not published: it may onl
 UNSUPPORTED = {"functions": "function calling (the deprecated form; see tools)",
                "function_call": "function calling (the deprecated form; see tool_choice)", "suffix": "suffix",
                "best_of": "best_of > 1", "audio": "audio output", "modalities": "non-text modalities", "prediction": "predicted outputs",
-               "use_beam_search": "beam search", "priority": "priority scheduling (--scheduling-policy priority)"}
-UNSUPPORTED_DEFAULTS = {"best_of": 1, "use_beam_search": False, "priority": 0}  # values that ask for nothing
+               "use_beam_search": "beam search"}
+UNSUPPORTED_DEFAULTS = {"best_of": 1, "use_beam_search": False}  # values that ask for nothing
 
 
 class Fields:
@@ -196,6 +196,7 @@ SAMPLING_FIELDS: dict[str, FieldSpec] = {
     "include_stop_str_in_output": FieldSpec("boolean", "keep the matched stop string in the text", False),
     "ignore_eos": FieldSpec("boolean", "keep generating past the end-of-sequence token", False),
     "min_tokens": FieldSpec("integer", "tokens to generate before EOS or stop tokens may end the output", 0),
+    "priority": FieldSpec("integer", "with --scheduling-policy priority: lower runs first (vLLM's field)", 0),
     "prompt_logprobs": FieldSpec("integer", "log-probabilities of each prompt token, with this many alternatives"),
     "skip_special_tokens": FieldSpec("boolean", "leave special tokens out of the text", True),
     "disable_spec_decode": FieldSpec("boolean", "decode this request one token per step on a server started "

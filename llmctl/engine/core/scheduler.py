@@ -93,13 +93,27 @@ class Scheduler:
     eos_token_ids: list[int] = field(default_factory=list)
     max_model_len: int = 1 << 62  # the engine's context limit; no limit beyond max_tokens by default
     rope_switch_length: int | None = None  # LongRoPE's pretraining length (see _passes_rope_switch)
+    scheduling_policy: str = "fcfs"  # "priority": lower SamplingParams.priority first, then arrival (vLLM's)
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
     num_preemptions: int = 0
     counts: TokenCounts = field(default_factory=TokenCounts)
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        if self.scheduling_policy == "priority":
+            self._queue_by_priority(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _queue_by_priority(self, seq: Sequence) -> None:
+        at = next((i for i, other in enumerate(self.waiting) if _rank(other) > _rank(seq)), len(self.waiting))
+        self.waiting.insert(at, seq)
+
+    def _victim(self, running: list[Sequence]) -> int:
+        """Where in running the sequence to preempt is: the newest (fcfs), or the least urgent (priority)."""
+        if self.scheduling_policy == "priority":
+            return max(range(len(running)), key=lambda i: _rank(running[i]))
+        return len(running) - 1
 
     @property
     def has_work(self) -> bool:
@@ -154,12 +168,14 @@ class Scheduler:
                 index += 1
                 continue
             while not self.block_manager.can_allocate(seq, num_new):
-                victim = running.pop()
+                at = self._victim(running)
+                victim = running.pop(at)
+                index -= at < index  # a victim already scheduled this step: the rest moved up
                 self._preempt(victim, out)
                 if victim is seq:
                     break
             if seq.status != SequenceStatus.RUNNING:
-                break  # the sequence preempted itself: it was the newest
+                break  # the sequence preempted itself: it was the newest (or least urgent)
             draft = self._take_draft(seq, num_new, budget)
             num_new += len(draft.token_ids) if draft is not None else 0
             out.block_copies += self.block_manager.allocate(seq, num_new)
@@ -232,7 +248,10 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if self.scheduling_policy == "priority":
+            self._queue_by_priority(seq)
+        else:
+            self.waiting.appendleft(seq)
         out.preempted.append(seq)
 
     def finish(self, seq: Sequence, reason: str | None = None, stop_reason: str | int | None = None) -> None:
@@ -328,3 +347,8 @@ class Scheduler:
         limit = params.max_tokens if params.max_tokens is not None else self.max_model_len
         if generated >= limit or seq.num_tokens >= self.max_model_len:
             self.finish(seq, "length", None)
+
+
+def _rank(seq: Sequence) -> tuple[int, int]:
+    """Priority scheduling's order: lower priority value first, then earlier arrival (vLLM's)."""
+    return seq.params.priority, seq.seq_id
