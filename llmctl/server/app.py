@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.server.chat import chat_completions
+from llmctl.server.responses_api.endpoint import create_response
 from llmctl.server.completions import completions
 from llmctl.server.embeddings import embeddings
 from llmctl.server.models import load_lora_adapter, models, unload_lora_adapter
@@ -82,6 +83,7 @@ def _routes(state: ServerState) -> list[Route]:
         Route("/v1/models", api(models), methods=["GET"]),
         Route("/v1/completions", api(completions), methods=["POST"]),
         Route("/v1/chat/completions", api(chat_completions), methods=["POST"]),
+        Route("/v1/responses", api(create_response), methods=["POST"]),
         Route("/v1/embeddings", api(embeddings), methods=["POST"]),
         Route("/tokenize", api(tokenize), methods=["POST"]),
         Route("/detokenize", api(detokenize), methods=["POST"]),

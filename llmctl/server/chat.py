@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 from starlette.requests import Request
@@ -15,9 +16,9 @@ from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.server.chat_message import StreamedMessage, ToolCalling, finish_reason
 from llmctl.server.generation import Endpoint, respond
 from llmctl.server.models import check_model
-from llmctl.server.protocol import (CHAT_FIELDS, Fields, bad, chat_messages, chat_template_kwargs, sampling_request,
-                                    warn_ignored)
-from llmctl.server.responses import Delta, ResponseContext, chat_chunk, chat_response
+from llmctl.server.protocol import (CHAT_FIELDS, Fields, SamplingRequest, bad, chat_messages, chat_template_kwargs,
+                                    sampling_request, warn_ignored)
+from llmctl.server.responses import Delta, Prompt, ResponseContext, chat_chunk, chat_response
 from llmctl.server.state import ServerState
 from llmctl.server.structured import structured_outputs
 from llmctl.server.tools import ToolRequest, read_tools
@@ -27,8 +28,23 @@ from llmctl.server.transport import read_json
 async def chat_completions(state: ServerState, request: Request) -> Response:
     fields = await read_json(request)
     model = check_model(state, fields)
-    sampling = sampling_request(fields, chat=True)
     warn_ignored(fields, CHAT_FIELDS)
+    chat = prepare_chat(state, fields)
+    endpoint = chat_endpoint(chat.calling, state.reasoning_parser)
+    return await respond(state, request, endpoint, model, [chat.prompt], chat.sampling)
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    sampling: SamplingRequest
+    calling: ToolCalling | None
+    prompt: Prompt
+
+
+def prepare_chat(state: ServerState, fields: Fields) -> PreparedChat:
+    """A chat request's sampling (its structured output or forced tool choice included), how its output
+    becomes tool calls, and its prompt through the chat template (shared with /v1/responses)."""
+    sampling = sampling_request(fields, chat=True)
     tools = read_tools(fields, state.tool_parser, state.ready_engine.tokenizer)
     sampling.params.structured_outputs = _constraint(fields, state, tools)
     if tools.calling is not None and tools.calling.make_parser().keep_special_tokens:
@@ -38,9 +54,8 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     if continue_final and add_generation_prompt:
         raise bad("continue_final_message and add_generation_prompt cannot both be true: pass "
                   "add_generation_prompt: false to continue the last assistant message", "continue_final_message")
-    text, ids = render_chat(state, fields, add_generation_prompt, continue_final, tools.tools)
-    endpoint = chat_endpoint(tools.calling, state.reasoning_parser)
-    return await respond(state, request, endpoint, model, [(text, ids)], sampling)
+    prompt = render_chat(state, fields, add_generation_prompt, continue_final, tools.tools)
+    return PreparedChat(sampling, tools.calling, prompt)
 
 
 def _constraint(fields: Fields, state: ServerState, tools: ToolRequest) -> StructuredOutputsParams | None:

@@ -17,16 +17,20 @@ from llmctl.server.admission import AdmittedStream
 from llmctl.server.operability import request_id_of
 from llmctl.server.protocol import SamplingRequest, bad
 from llmctl.server.responses import Prompt, ResponseContext
-from llmctl.server.sse import StreamFormat, stream_events
+from llmctl.server.sse import RecordFinished, StreamFormat, stream_events
 from llmctl.server.state import ServerState
 from llmctl.server.transport import until_disconnect
+
+
+EventStream = Callable[[ResponseContext, list[AsyncIterator[RequestOutput]], RecordFinished], AsyncIterator[str]]
 
 
 @dataclass(frozen=True)
 class Endpoint:
     id_prefix: str  # "cmpl-" or "chatcmpl-", as OpenAI's ids start
     full_response: Callable[[ResponseContext, list[RequestOutput]], dict]
-    stream_format: Callable[[], StreamFormat]
+    stream_format: Callable[[], StreamFormat] | None = None  # chunks per choice (completions, chat)
+    event_stream: EventStream | None = None  # or a whole stream of its own (/v1/responses)
 
 
 async def respond(state: ServerState, request: Request, endpoint: Endpoint, model: str, prompts: list[Prompt],
@@ -51,7 +55,9 @@ async def respond(state: ServerState, request: Request, endpoint: Endpoint, mode
         record_finished(state, output, token_times)
 
     if sampling.stream:
-        return AdmittedStream(admission, stream_events(ctx, streams, record, endpoint.stream_format()))
+        events = endpoint.event_stream(ctx, streams, record) if endpoint.event_stream is not None else \
+            stream_events(ctx, streams, record, endpoint.stream_format())
+        return AdmittedStream(admission, events)
     try:
         finals = await until_disconnect(request, asyncio.gather(*(last_output(s, record) for s in streams)))
         if finals is None:  # the client went away: the generators were cancelled and aborted

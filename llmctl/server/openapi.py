@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmctl.server.responses_api.request import RESPONSES_FIELDS
 from llmctl.version import __version__
 from llmctl.server.protocol import (
     CHAT_FIELDS,
@@ -61,6 +62,8 @@ def openapi_schema(runtime_lora: bool = False) -> dict[str, Any]:
                                  "a text_completion, or server-sent events when stream is true"),
         "/v1/chat/completions": _post("Create a chat completion (OpenAI)", CHAT_FIELDS, REQUIRED_FIELDS["chat"],
                                       "a chat.completion, or server-sent events when stream is true"),
+        "/v1/responses": _post("Create a response (OpenAI's Responses API; nothing is stored)", RESPONSES_FIELDS,
+                               ["input"], "a response, or its streaming events when stream is true"),
         "/v1/embeddings": _post("Create embeddings (embedding models only)", EMBEDDING_FIELDS,
                                 REQUIRED_FIELDS["embeddings"], "a list of embeddings"),
         "/tokenize": _post("Token ids of a prompt or of chat messages", TOKENIZE_FIELDS, [], "tokens, count"),
