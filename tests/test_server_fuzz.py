@@ -91,6 +91,11 @@ def bodies(fields: dict[str, FieldSpec], required: str) -> st.SearchStrategy:
                 body["logprobs"] = True
             for name in [n for n in STRUCTURED if n in body][1:]:  # one structured-output constraint at most
                 del body[name]
+            if body.get("priority"):  # the fuzzed server runs fcfs: only priority 0 is valid there
+                body["priority"] = 0
+            if body.get("use_beam_search"):  # what beam search does not apply is refused
+                for name in ("stop", "logprobs", "top_logprobs", "logit_bias", "tool_choice", "tools", *STRUCTURED):
+                    body.pop(name, None)
             if "tools" in body or "tool_choice" in body:  # a choice needs tools; auto (the default) a parser
                 body["tools"], body["tool_choice"] = [WEATHER], body.get("tool_choice", "none")
                 if body["tool_choice"] != "none":  # a forced choice is the constraint itself

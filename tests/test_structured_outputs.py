@@ -289,3 +289,28 @@ def test_a_matcher_walks_a_draft_past_its_stop_token_and_rolls_back(default_sour
     matcher.rollback(2)
     assert not matcher.is_terminated and torch.equal(manager.bitmask(matcher), start)
     assert matcher.accept(tokenizer.encode("no", add_special_tokens=False)[0])
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_structural_tags_constrain_what_follows_a_trigger(default_source, backend):
+    """vLLM's structural_tag form: free text, and after a trigger the structure's begin, its JSON schema and
+    its end; both backends (llguidance through its StructTag grammar, as vLLM's guidance backend builds it)."""
+    from transformers import AutoTokenizer
+
+    from llmctl.engine.structured.manager import StructuredOutputManager
+    from llmctl.engine.structured.params import StructuredOutputsParams
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
+    manager = StructuredOutputManager(tokenizer, 49152, [tokenizer.eos_token_id])
+    tag = {"type": "structural_tag", "triggers": ["<function="], "structures": [{
+        "begin": "<function=get_weather>", "end": "</function>",
+        "schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                   "additionalProperties": False}}]}
+
+    def walk(text: str) -> bool:
+        matcher = manager.backend(backend).compile(StructuredOutputsParams(structural_tag=json.dumps(tag)))
+        return all(matcher.accept(token) for token in tokenizer.encode(text, add_special_tokens=False))
+
+    assert walk('Let me look. <function=get_weather>{"city": "Paris"}</function> Done.')
+    assert not walk('Let me look. <function=get_weather>{"city": 5}</function>')
+    assert not walk('<function=get_weather>{"town": "Paris"}</function>')

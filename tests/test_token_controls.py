@@ -119,8 +119,8 @@ def test_continue_final_message_goes_on_from_the_assistants_text(server, llm):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"use_beam_search": True}, "use_beam_search"),
-    ({"priority": 3}, "priority"),
+    ({"use_beam_search": True, "stop": ["x"]}, "use_beam_search"),  # stop strings: not applied by beam search
+    ({"priority": 3}, "priority"),  # without --scheduling-policy priority
     ({"continue_final_message": True}, "continue_final_message"),  # add_generation_prompt is true by default
     ({"logit_bias": {"x": 1}}, "logit_bias"),
     ({"bad_words": "Paris"}, "bad_words"),

@@ -52,6 +52,20 @@ class EngineConfig:
     max_loras: int = 1  # adapters resident at once (and running at once), as vLLM's default
     max_lora_rank: int = 16  # the slots' rank: larger adapters are refused at load
 
+    def _validate_policies(self) -> None:
+        """The scheduling policy and the reasoning parser are names llmctl knows."""
+        from llmctl.engine.reasoning import ReasoningParserManager
+        from llmctl.errors import LlmctlError
+
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise EngineConfigError(f"--scheduling-policy {self.scheduling_policy!r} is not fcfs (first come, first "
+                                    "served) or priority")
+        if self.reasoning_parser is not None:
+            try:
+                ReasoningParserManager.get_reasoning_parser(self.reasoning_parser)
+            except LlmctlError as exc:
+                raise EngineConfigError(str(exc)) from None
+
     def validate(self) -> None:
         def bad(flag: str, message: str) -> None:
             raise EngineConfigError(f"--{flag.replace('_', '-')} {message}")
@@ -94,16 +108,7 @@ class EngineConfig:
                 parse_structured_outputs_config(self.structured_outputs_config, self.guided_decoding_backend)
             except LlmctlError as exc:
                 raise EngineConfigError(str(exc)) from None
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            bad("scheduling_policy", f"{self.scheduling_policy!r} is not fcfs (first come, first served) or priority")
-        if self.reasoning_parser is not None:
-            from llmctl.engine.reasoning import ReasoningParserManager
-            from llmctl.errors import LlmctlError
-
-            try:
-                ReasoningParserManager.get_reasoning_parser(self.reasoning_parser)
-            except LlmctlError as exc:
-                raise EngineConfigError(str(exc)) from None
+        self._validate_policies()
         if self.enable_lora:
             if self.max_loras < 1:
                 bad("max_loras", f"must be at least 1 (got {self.max_loras})")

@@ -12,7 +12,9 @@ from typing import AsyncIterator, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from llmctl.engine.front.beam_search import BeamSearchParams, run_beam_search
 from llmctl.engine.front.outputs import RequestOutput
+from llmctl.engine.sampling_params import InvalidRequestError
 from llmctl.server.admission import AdmittedStream
 from llmctl.server.operability import request_id_of
 from llmctl.server.protocol import SamplingRequest, bad
@@ -48,8 +50,12 @@ async def respond(state: ServerState, request: Request, endpoint: Endpoint, mode
     lora = state.adapters.get(model)
     if lora is not None:
         state.metrics.lora_requests.labels(state.model_name, model).inc()
-    streams = [engine.generate(ids, sampling.params, f"{ctx.request_id}-{number}-{i}", lora)
-               for i, (_, ids) in enumerate(prompts)]
+    if sampling.use_beam_search:
+        streams = [run_beam_search(engine, ids, beam_search_params(sampling, engine.max_model_len - len(ids)),
+                                   f"{ctx.request_id}-{number}-{i}", lora, text) for i, (text, ids) in enumerate(prompts)]
+    else:
+        streams = [engine.generate(ids, sampling.params, f"{ctx.request_id}-{number}-{i}", lora)
+                   for i, (_, ids) in enumerate(prompts)]
 
     def record(output: RequestOutput | None, token_times: list[float]) -> None:
         record_finished(state, output, token_times)
@@ -65,6 +71,21 @@ async def respond(state: ServerState, request: Request, endpoint: Endpoint, mode
         return JSONResponse(endpoint.full_response(ctx, finals))
     finally:
         admission.release()
+
+
+def beam_search_params(sampling: SamplingRequest, room: int) -> BeamSearchParams:
+    """vLLM's use_beam_search: n beams; what beam search does not apply is refused, not ignored."""
+    params = sampling.params
+    for name, asked in (("stop", params.stop), ("logprobs", params.logprobs is not None),
+                        ("structured outputs", params.structured_outputs), ("logit_bias", params.logit_bias)):
+        if asked:
+            raise bad(f"use_beam_search does not apply {name}: leave it out or do not use beam search",
+                      "use_beam_search")
+    try:
+        return BeamSearchParams(params.n, min(params.max_tokens or room, room), params.ignore_eos,
+                                params.temperature or 0.0, sampling.length_penalty, params.include_stop_str_in_output)
+    except InvalidRequestError as exc:
+        raise bad(str(exc), exc.param) from None
 
 
 async def last_output(stream: AsyncIterator[RequestOutput],

@@ -47,9 +47,9 @@ IGNORED = {"user", "service_tier", "store", "metadata"}
 READ_BESIDE = {"guided_decoding_backend"}  # read, but not published: it may only name the server's backend
 UNSUPPORTED = {"functions": "function calling (the deprecated form; see tools)",
                "function_call": "function calling (the deprecated form; see tool_choice)", "suffix": "suffix",
-               "best_of": "best_of > 1", "audio": "audio output", "modalities": "non-text modalities", "prediction": "predicted outputs",
-               "use_beam_search": "beam search"}
-UNSUPPORTED_DEFAULTS = {"best_of": 1, "use_beam_search": False}  # values that ask for nothing
+               "best_of": "best_of > 1", "audio": "audio output", "modalities": "non-text modalities",
+               "prediction": "predicted outputs"}
+UNSUPPORTED_DEFAULTS = {"best_of": 1}  # values that ask for nothing
 
 
 class Fields:
@@ -218,6 +218,8 @@ COMMON_FIELDS: dict[str, FieldSpec] = {
     "stop": FieldSpec("custom", "up to 16 strings that end the output", schema={
         "anyOf": [{"type": "string"}, {**_STRINGS, "maxItems": 16}]}),
     "stop_token_ids": FieldSpec("custom", "token ids that end the output", schema=_TOKEN_IDS),
+    "use_beam_search": FieldSpec("boolean", "vLLM's beam search: n beams, best first", False),
+    "length_penalty": FieldSpec("number", "beam search: score = cumulative logprob / length ** this", 1.0),
 }
 _SCHEMA_OBJECT = {"type": "object"}
 # Structured outputs (llmctl.server.structured): at most one of these per request
@@ -302,6 +304,8 @@ class SamplingRequest:
     stream: bool
     include_usage: bool
     echo: bool = False
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
 
 
 def sampling_request(fields: Fields, *, chat: bool) -> SamplingRequest:
@@ -325,7 +329,9 @@ def sampling_request(fields: Fields, *, chat: bool) -> SamplingRequest:
     except InvalidRequestError as exc:
         raise bad(str(exc), exc.param) from None
     include_usage = bool(options and options.get("include_usage"))
-    return SamplingRequest(params, stream, include_usage, echo=fields.bool("echo"))
+    return SamplingRequest(params, stream, include_usage, echo=fields.bool("echo"),
+                           use_beam_search=fields.bool("use_beam_search"),
+                           length_penalty=fields.float("length_penalty", 1.0))
 
 
 def completion_sampling_request(fields: Fields) -> SamplingRequest:

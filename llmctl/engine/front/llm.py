@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.lora.request import LoRARequest
+from llmctl.engine.front.beam_search import BeamSearch, BeamSearchParams, alternatives_of
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 
@@ -57,6 +58,17 @@ class LLM:
                 if output.finished:
                     finished[output.request_id] = output
         return [finished[rid] for rid in order]
+
+    def beam_search(self, prompts: Sequence[Prompt], params: BeamSearchParams) -> list[RequestOutput]:
+        """vLLM's LLM.beam_search, one RequestOutput per prompt (its beams as outputs, best first)."""
+        tokenizer = self.engine.tokenizer
+        searches = [BeamSearch(self.engine.tokenize(_plain_prompt(p))[1], params, tokenizer.eos_token_id)
+                    for p in prompts]
+        while live := [search for search in searches if not search.done]:
+            steps = self.generate([beam.tokens for search in live for beam in search.beams], params.step_params())
+            for search in live:
+                search.advance([alternatives_of(steps.pop(0)) for _ in search.beams])
+        return [search.output(str(next(self._ids)), tokenizer, None) for search in searches]
 
 
 def _per_prompt(value: Any, count: int, what: str) -> list[Any]:

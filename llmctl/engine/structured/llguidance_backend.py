@@ -98,5 +98,26 @@ class LLGuidanceBackend:
             return llguidance.grammar_from("choice", json.dumps(list(params.choice)))
         if kind in ("regex", "grammar"):
             return llguidance.grammar_from(kind, getattr(params, kind))
-        raise InvalidRequestError("structural_tag needs the xgrammar backend (--structured-outputs-config "
-                                  "'{\"backend\": \"xgrammar\"}')", "structured_outputs")
+        return _structural_tag_grammar(params.structural_tag)
+
+
+def _structural_tag_grammar(text: str) -> str:
+    """vLLM's guidance form of a structural tag: each structure's begin/schema/end behind the trigger it
+    starts with, as llguidance's StructTag grammar (free text elsewhere)."""
+    import llguidance
+
+    tag = json.loads(text)
+    if not isinstance(tag, dict) or "structures" not in tag or "triggers" not in tag:
+        raise InvalidRequestError("under the guidance backend a structural_tag takes vLLM's form {\"structures\": "
+                                  "[{\"begin\", \"schema\", \"end\"}], \"triggers\": [...]}; xgrammar's newer "
+                                  "format needs the xgrammar backend", "structured_outputs")
+    tags = []
+    for structure in tag["structures"]:
+        trigger = next((t for t in tag["triggers"] if structure["begin"].startswith(t)), None)
+        if trigger is None:
+            raise InvalidRequestError(f"structural_tag: no trigger begins {structure['begin']!r}", "structured_outputs")
+        tags.append(llguidance.StructTag(trigger=trigger, begin=structure["begin"], grammar=structure["schema"],
+                                         end=structure["end"]))
+    if not tags:
+        raise InvalidRequestError("structural_tag has no structures", "structured_outputs")
+    return llguidance.StructTag.to_grammar(tags)

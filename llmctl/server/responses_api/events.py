@@ -6,10 +6,11 @@ event carries a sequence_number and its SSE event name."""
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.server.chat_message import StreamedMessage
+from llmctl.server.protocol import JSON
 from llmctl.server.responses import ResponseContext
 from llmctl.server.responses_api.items import (ResponseShell, function_call_item, message_item, new_id,
                                               reasoning_item, text_part, usage)
@@ -21,17 +22,17 @@ class ItemWriter:
     """The open output item and the events that open, grow and close items."""
 
     def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = []  # finished and open, in order
-        self.open: dict[str, Any] | None = None
+        self.items: list[dict[str, JSON]] = []  # finished and open, in order
+        self.open: dict[str, JSON] | None = None
         self.sequence = 0
-        self.calls: dict[int, dict[str, Any]] = {}  # tool-call index -> its item
+        self.calls: dict[int, dict[str, JSON]] = {}  # tool-call index -> its item
 
-    def event(self, kind: str, **fields: Any) -> str:
+    def event(self, kind: str, **fields: JSON) -> str:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
-    def _add(self, item: dict[str, Any]) -> list[str]:
+    def _add(self, item: dict[str, JSON]) -> list[str]:
         self.items.append(item)
         self.open = item
         return [self.event("response.output_item.added", output_index=len(self.items) - 1, item=item)]
@@ -55,7 +56,7 @@ class ItemWriter:
         return events + [self.event(name, item_id=self.open["id"], output_index=len(self.items) - 1,
                                     content_index=0, delta=delta, **extra)]
 
-    def call(self, fragment: dict[str, Any]) -> list[str]:
+    def call(self, fragment: dict[str, JSON]) -> list[str]:
         """A tool-call delta: a new function_call item, or arguments for one."""
         events = []
         if fragment["index"] not in self.calls:
@@ -92,7 +93,7 @@ class ItemWriter:
                                content_index=0, text=item["content"][0]["text"])]
         return done + [self.event("response.output_item.done", output_index=index, item=item)]
 
-    def message_delta(self, delta: dict[str, Any]) -> list[str]:
+    def message_delta(self, delta: dict[str, JSON]) -> list[str]:
         events = []
         if delta.get("reasoning_content"):
             events += self.text("reasoning", delta["reasoning_content"])

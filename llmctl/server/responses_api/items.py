@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.server.protocol import JSON, Fields
@@ -16,26 +15,26 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+def reasoning_item(item_id: str, text: str) -> dict[str, JSON]:
     return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}],
             "status": "completed"}
 
 
-def text_part(text: str) -> dict[str, Any]:
+def text_part(text: str) -> dict[str, JSON]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def message_item(item_id: str, text: str | None, status: str = "completed") -> dict[str, Any]:
+def message_item(item_id: str, text: str | None, status: str = "completed") -> dict[str, JSON]:
     return {"type": "message", "id": item_id, "role": "assistant", "status": status,
             "content": [text_part(text)] if text is not None else []}
 
 
-def function_call_item(item_id: str, call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+def function_call_item(item_id: str, call: dict[str, JSON], status: str = "completed") -> dict[str, JSON]:
     return {"type": "function_call", "id": item_id, "call_id": call["id"], "name": call["function"]["name"],
             "arguments": call["function"]["arguments"], "status": status}
 
 
-def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
+def output_items(message: dict[str, JSON]) -> list[dict[str, JSON]]:
     """The items of one finished chat message, in the order the model wrote them."""
     items = []
     if message.get("reasoning_content"):
@@ -46,7 +45,7 @@ def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
     return items
 
 
-def usage(output: RequestOutput) -> dict[str, Any]:
+def usage(output: RequestOutput) -> dict[str, JSON]:
     prompt, generated = len(output.prompt_token_ids), sum(len(c.token_ids) for c in output.outputs)
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": output.num_cached_tokens},
             "output_tokens": generated, "output_tokens_details": {"reasoning_tokens": 0},
@@ -62,7 +61,7 @@ class ResponseShell:
     request: Fields
     created_at: int = field(default_factory=lambda: int(time.time()))
 
-    def body(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
+    def body(self, status: str, output: list[dict[str, JSON]], usage: dict[str, JSON] | None = None,
              finish_reason: str | None = None) -> dict[str, JSON]:
         raw = self.request.raw
         incomplete = {"reason": "max_output_tokens"} if finish_reason == "length" else None
