@@ -23,7 +23,8 @@ class ReasoningSplit:
     content: str
 
 
-def _held_back(text: str, marker: str) -> int:
+def held_back(text: str, marker: str) -> int:
+    """Characters at the end of text that could be the start of marker (held until the next token says)."""
     for size in range(min(len(marker) - 1, len(text)), 0, -1):
         if marker.startswith(text[-size:]):
             return size
@@ -42,7 +43,7 @@ class ReasoningParser:
         reasoning, marker, content = body.partition(self.end_token)
         if marker:
             return ReasoningSplit(reasoning, content)
-        return ReasoningSplit(body if final else body[:len(body) - _held_back(body, self.end_token)], "")
+        return ReasoningSplit(body if final else body[:len(body) - held_back(body, self.end_token)], "")
 
 
 P = TypeVar("P", bound=type[ReasoningParser])

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypeVar
 
+from llmctl.engine.reasoning.parsers import held_back
 from llmctl.errors import LlmctlError
 
 if TYPE_CHECKING:
@@ -66,14 +67,6 @@ class ToolParser:
 
     def new_call_id(self) -> str:
         return f"chatcmpl-tool-{uuid.uuid4().hex}"
-
-
-def held_back(text: str, marker: str) -> int:
-    """Characters at the end of text that could be the start of marker (held until the next token says)."""
-    for size in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-size:]):
-            return size
-    return 0
 
 
 def content_before(text: str, marker: str, final: bool) -> tuple[str, str | None]:
