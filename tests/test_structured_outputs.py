@@ -314,3 +314,27 @@ def test_structural_tags_constrain_what_follows_a_trigger(default_source, backen
     assert walk('Let me look. <function=get_weather>{"city": "Paris"}</function> Done.')
     assert not walk('Let me look. <function=get_weather>{"city": 5}</function>')
     assert not walk('<function=get_weather>{"town": "Paris"}</function>')
+
+
+def test_bitmasks_are_filled_beside_the_forward(default_source):
+    """The step's grammar masks are computed on llmctl's mask thread while the forward runs (vLLM overlaps
+    them with the GPU), and the greedy output is what the grammar allows."""
+    import threading
+
+    from llmctl import LLM, SamplingParams
+    from llmctl.engine.structured.params import StructuredOutputsParams
+
+    llm = LLM(None, max_model_len=256)
+    manager, threads = llm.engine.structured, []
+    fill = manager.bitmask
+
+    def recording(matcher):
+        threads.append(threading.current_thread().name)
+        return fill(matcher)
+
+    manager.bitmask = recording
+    params = SamplingParams(temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(
+        choice=("red", "green", "blue")))
+    [output] = llm.generate(["Pick a colour:"], params)
+    assert output.outputs[0].text in ("red", "green", "blue")
+    assert threads and all(name.startswith("llmctl-bitmask") for name in threads), threads

@@ -193,6 +193,9 @@ class LLMEngine:
         batch, sample_seqs = build_batch(sched, self.config.block_size, lora_slots)
         if self.executor.samples_on_last_stage and _samples_plainly(sched, batch, sample_seqs):
             batch.sampling = [self.sampler.sample_input(seq) for seq in sample_seqs]
+        else:
+            drafted = {item.seq.seq_id for item in sched.scheduled if item.draft is not None}
+            self.sampler.prefetch_bitmasks([seq for seq in sample_seqs if seq.seq_id not in drafted])
         try:
             self.executor.submit(batch)
         except WorkerLostError:

@@ -4,6 +4,7 @@ recorded and the siblings of an n > 1 request are forked at its first token."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import torch
@@ -29,6 +30,20 @@ class StepSampler:
         self.new_sibling = new_sibling
         self.speculator = speculator  # counts accepted proposals
         self.structured = structured  # token bitmasks of sequences with a grammar
+        self._masks: dict[int, Future[torch.Tensor | None]] = {}  # seq id -> its bitmask, computed beside the forward
+        self._mask_thread: ThreadPoolExecutor | None = None
+
+    def prefetch_bitmasks(self, seqs: list[Sequence]) -> None:
+        """Start the step's grammar bitmasks on a thread while the forward runs (as vLLM overlaps them with
+        the GPU): a matcher only moves when the step's tokens are appended, after sampling has read its mask.
+        xgrammar and llguidance fill masks outside the GIL."""
+        grammars = [seq for seq in seqs if seq.grammar is not None]
+        if not grammars or self.structured is None:
+            return
+        if self._mask_thread is None:
+            self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="llmctl-bitmask")
+        for seq in grammars:
+            self._masks[seq.seq_id] = self._mask_thread.submit(self.structured.bitmask, seq.grammar)
 
     def sample_input(self, seq: Sequence) -> SampleInput:
         params = seq.params
@@ -38,7 +53,11 @@ class StepSampler:
         if params.bad_words_token_ids:
             blocked = sorted(set(blocked) | set(blocked_by_bad_words(params.bad_words_token_ids,
                                                                      seq.output_token_ids)))
-        bitmask = self.structured.bitmask(seq.grammar) if seq.grammar is not None and self.structured else None
+        prefetched = self._masks.pop(seq.seq_id, None)
+        if prefetched is not None:
+            bitmask = prefetched.result()
+        else:
+            bitmask = self.structured.bitmask(seq.grammar) if seq.grammar is not None and self.structured else None
         return SampleInput.for_sequence(seq, params, seq.generator or self.generator, blocked, bitmask)
 
     def sample_step(self, sched: SchedulerOutput, result: StepLogits | SampledTokens,
@@ -71,6 +90,8 @@ class StepSampler:
                 logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
             for member, token in zip(plain, sample(logits, inputs)):
                 member.tokens.append(token)
+        for seq in sample_seqs:  # masks of sequences that did not sample (aborted, verified) are dropped
+            self._masks.pop(seq.seq_id, None)
         return plain + self._verify(result.sample_logits, verifying)
 
     def _grammar_rows(self, seq: Sequence, draft: Draft) -> tuple[Draft, torch.Tensor | None]:
