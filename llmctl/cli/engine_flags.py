@@ -40,7 +40,8 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                                '\'{"model": DRAFT, "num_speculative_tokens": 3}\''),
     "structured_outputs_config": Flag(("--structured-outputs-config",), Optional[str], "structured outputs as "
                                       'vLLM\'s JSON: \'{"backend": "auto"}\' (xgrammar, llguidance for what it '
-                                      'refuses), "xgrammar" or "guidance"; "disable_any_whitespace": true'),
+                                      'refuses), "xgrammar" or "guidance"; "disable_any_whitespace": true; "enable_in_reasoning": '
+                                      'true (the grammar also during a reasoning model\'s thinking)'),
     "guided_decoding_backend": Flag(("--guided-decoding-backend",), Optional[str], "vLLM's older flag for the "
                                     "structured-output backend: auto, xgrammar or guidance"),
     "scheduling_policy": Flag(("--scheduling-policy",), str, "fcfs (first come, first served) or priority (a "
