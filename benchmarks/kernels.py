@@ -57,9 +57,9 @@ def decode_attention(device: str, dtype: torch.dtype, batch: int, context: int, 
     options = AttentionOptions(scale=dim ** -0.5)
     kv_bytes = batch * context * 2 * kv_heads * dim * cache.element_size()
     records = []
-    chosen = choose_segments(True, [context] * batch, kv_heads)  # what the engine runs for this step
+    chosen = choose_segments(True, batch, kv_heads)  # what the engine runs for this step
     for segments in (1, SEGMENTS):  # whole contexts, and split into segments merged by a second kernel
-        layout = plan_step(starts, [context] * batch, heads, kv_heads, torch.device(device), num_segments=segments)
+        layout = plan_step(starts, heads, kv_heads, torch.device(device), num_segments=segments)
         seconds = timed(lambda: paged_attention(query, cache, tables, lens, layout, options), repeats)
         label = f"{layout.num_segments} segment{'s' if layout.num_segments > 1 else ''}" + ("*" if segments == chosen else "")
         print(f"decode attention, batch {batch} × context {context}, {heads}/{kv_heads} heads × {dim} ({label}): "

@@ -27,10 +27,14 @@ import triton.language as tl
 
 from llmctl.kernels.transfer import to_device
 
-# A program's rows: query tokens × the query heads of one KV head. 16 is the smallest tl.dot takes.
+# A program's rows: query tokens × the query heads of one KV head. 16 is the smallest tl.dot takes
+# (every dot dimension: rows, head dim and key tile are all at least 16).
+MIN_DOT = 16
 DECODE_ROWS = 16
 PREFILL_ROWS = 64
-LONG_CONTEXT = 1024  # decode contexts from here on are split along the context when sequences are few
+DECODE_KEY_TILE = 16  # keys per step of the walk; a tile may span several pages (block size 8)
+PREFILL_KEY_TILE = 64
+SPLIT_BELOW_PROGRAMS = 256  # decodes with fewer (sequence × KV head) programs split the context
 SEGMENTS = 16
 
 
@@ -90,11 +94,32 @@ def query_blocks(query_start_loc: list[int], tokens_per_block: int) -> tuple[lis
     return seqs, firsts
 
 
-def choose_segments(decode_only: bool, seq_lens: list[int], kv_heads: int) -> int:
-    """Split the context only where it pays: decodes only, long contexts, too few programs otherwise."""
-    if decode_only and seq_lens and max(seq_lens) >= LONG_CONTEXT and len(seq_lens) * kv_heads < 256:
-        return SEGMENTS
-    return 1
+def choose_segments(decode_only: bool, num_seqs: int, kv_heads: int) -> int:
+    """Split the context when a decode step has too few programs to fill the GPU otherwise. Chosen from
+    shapes alone (as vLLM chooses its 3D kernel), so a captured decode graph has the split built in;
+    a short context leaves most segments empty, and an empty segment costs one early exit."""
+    return SEGMENTS if decode_only and 0 < num_seqs * kv_heads < SPLIT_BELOW_PROGRAMS else 1
+
+
+def padded_head_dim(dim: int) -> int:
+    return max(MIN_DOT, triton.next_power_of_2(dim))
+
+
+def key_tile(block_size: int, decode_only: bool) -> int:
+    return max(block_size, DECODE_KEY_TILE if decode_only else PREFILL_KEY_TILE)
+
+
+def kernel_constexprs(*, dim: int, block_size: int, group: int, rows: int, segments: int, decode_only: bool,
+                      dtype: torch.dtype, kv_fp8: bool, window: bool, alibi: bool, softcap: bool) -> dict:
+    """The attention kernel's compile-time parameters: the launcher and the ahead-of-time compile check
+    (`llmctl.kernels.compile_check`) both build them here, so the check covers what runs."""
+    return dict(GROUP=group, HEAD_DIM=dim, PADDED_DIM=padded_head_dim(dim), BLOCK_SIZE=block_size, ROWS=rows,
+                PER_BLOCK=rows // group, KEY_TILE=key_tile(block_size, decode_only), WINDOW=window, ALIBI=alibi,
+                SOFTCAP=softcap, SEGMENTS=segments, KV_FP8=kv_fp8, DOT_PRECISION=dot_precision(dtype))
+
+
+def program_rows(group: int, decode_only: bool) -> int:
+    return max(DECODE_ROWS if decode_only else PREFILL_ROWS, triton.next_power_of_2(group))
 
 
 @dataclass(frozen=True)
@@ -108,17 +133,18 @@ class StepLayout:
     rows: int  # query tokens × the query heads of one KV head, per program
     group: int  # query heads per KV head
     num_segments: int
+    decode_only: bool
 
 
-def plan_step(query_start_loc: list[int], seq_lens: list[int], heads: int, kv_heads: int, device: torch.device,
+def plan_step(query_start_loc: list[int], heads: int, kv_heads: int, device: torch.device,
               num_segments: int | None = None) -> StepLayout:
     group = heads // kv_heads
     decode_only = all(b - a <= 1 for a, b in zip(query_start_loc, query_start_loc[1:]))
-    rows = max(DECODE_ROWS if decode_only else PREFILL_ROWS, triton.next_power_of_2(group))
+    rows = program_rows(group, decode_only)
     seqs, firsts = query_blocks(query_start_loc, rows // group)
-    segments = num_segments or choose_segments(decode_only, seq_lens, kv_heads)
+    segments = num_segments or choose_segments(decode_only, len(query_start_loc) - 1, kv_heads)
     return StepLayout(*(to_device(values, torch.int32, device) for values in (query_start_loc, seqs, firsts)),
-                      rows, group, segments)
+                      rows, group, segments, decode_only)
 
 
 def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
@@ -131,7 +157,11 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
     programs, segments = layout.block_seq.shape[0], layout.num_segments
     if programs == 0:
         return out
-    padded_dim = triton.next_power_of_2(dim)
+    constexprs = kernel_constexprs(
+        dim=dim, block_size=block_size, group=layout.group, rows=layout.rows, segments=segments,
+        decode_only=layout.decode_only, dtype=query.dtype, kv_fp8=kv_cache.dtype == torch.float8_e4m3fn,
+        window=bool(options.sliding_window), alibi=options.alibi_slopes is not None, softcap=bool(options.softcap))
+    padded_dim = constexprs["PADDED_DIM"]
     if segments > 1:
         partial = torch.empty(tokens, heads, segments, padded_dim, dtype=torch.float32, device=query.device)
         maxes = torch.empty(tokens, heads, segments, dtype=torch.float32, device=query.device)
@@ -142,14 +172,10 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
     _attention_kernel[(programs, kv_heads, segments)](
         out, partial, maxes, sums, query, kv_cache, block_tables, seq_lens, layout.query_start_loc,
         layout.block_seq, layout.block_first, slopes,
-        options.scale, options.softcap or 0.0, options.k_scale, options.v_scale,
+        options.scale, options.softcap or 0.0, options.k_scale, options.v_scale, options.sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), block_tables.stride(0),
-        GROUP=layout.group, HEAD_DIM=dim, PADDED_DIM=padded_dim, BLOCK_SIZE=block_size, ROWS=layout.rows,
-        PER_BLOCK=layout.rows // layout.group, WINDOW=options.sliding_window or 0,
-        ALIBI=options.alibi_slopes is not None, SOFTCAP=bool(options.softcap), SEGMENTS=segments,
-        KV_FP8=kv_cache.dtype == torch.float8_e4m3fn, DOT_PRECISION=dot_precision(query.dtype),
-    )
+        **constexprs)
     if segments > 1:
         _merge_kernel[(tokens, heads)](
             out, partial, maxes, sums, out.stride(0), out.stride(1),
@@ -160,11 +186,11 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
 @triton.jit
 def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tables_ptr, lens_ptr, starts_ptr,
               block_seq_ptr, block_first_ptr, slopes_ptr,
-              scale, softcap, k_scale, v_scale,
+              scale, softcap, k_scale, v_scale, window,
               stride_qt, stride_qh, stride_ot, stride_oh,
               stride_block, stride_slot, stride_kv, stride_head, stride_table,
               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PADDED_DIM: tl.constexpr,
-              BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, PER_BLOCK: tl.constexpr,
+              BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, PER_BLOCK: tl.constexpr, KEY_TILE: tl.constexpr,
               WINDOW: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SEGMENTS: tl.constexpr,
               KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
     program, kv_head, segment = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -184,28 +210,29 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tab
     q = tl.load(q_ptr + token[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :],
                 mask=valid[:, None] & dim_ok[None, :], other=0.0)
 
-    # the keys any row of this block may see, in whole pages, then this segment's share of them
+    # the keys any row of this block may see, in whole key tiles, then this segment's share of them
     last_key = tl.max(tl.where(valid, position, 0), 0)
     first_key = 0
-    if WINDOW > 0:
-        first_key = tl.maximum(tl.min(tl.where(valid, position, last_key), 0) - WINDOW + 1, 0)
-    first_page = first_key // BLOCK_SIZE
-    pages = last_key // BLOCK_SIZE + 1 - first_page
-    per_segment = tl.cdiv(pages, SEGMENTS)
-    page_lo = first_page + segment * per_segment
-    page_hi = tl.minimum(page_lo + per_segment, first_page + pages)
+    if WINDOW:
+        first_key = tl.maximum(tl.min(tl.where(valid, position, last_key), 0) - window + 1, 0)
+    first_tile = first_key // KEY_TILE
+    tiles = last_key // KEY_TILE + 1 - first_tile
+    per_segment = tl.cdiv(tiles, SEGMENTS)
+    tile_lo = first_tile + segment * per_segment
+    tile_hi = tl.minimum(tile_lo + per_segment, first_tile + tiles)
 
     if ALIBI:
         slope = tl.load(slopes_ptr + head, mask=valid, other=0.0).to(tl.float32)
     best = tl.full([ROWS], float("-inf"), tl.float32)
     total = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, PADDED_DIM], tl.float32)
-    slot = tl.arange(0, BLOCK_SIZE)
-    for page in range(page_lo, page_hi):
-        block = tl.load(tables_ptr + seq.to(tl.int64) * stride_table + page).to(tl.int64)
-        key_pos = page * BLOCK_SIZE + slot
+    table = tables_ptr + seq.to(tl.int64) * stride_table
+    for tile in range(tile_lo, tile_hi):
+        key_pos = tile * KEY_TILE + tl.arange(0, KEY_TILE)
         key_ok = key_pos < seq_len
-        at = kv_ptr + block * stride_block + slot[:, None] * stride_slot + kv_head * stride_head + dims[None, :]
+        block = tl.load(table + key_pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)  # a tile spans pages
+        at = (kv_ptr + block[:, None] * stride_block + (key_pos % BLOCK_SIZE)[:, None] * stride_slot
+              + kv_head * stride_head + dims[None, :])
         load_ok = key_ok[:, None] & dim_ok[None, :]  # never read unused slots: they may hold NaN
         k = tl.load(at, mask=load_ok, other=0.0)
         v = tl.load(at + stride_kv, mask=load_ok, other=0.0)
@@ -215,11 +242,11 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tab
         score = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(tl.float32) * scale
         if SOFTCAP:
             score = softcap * (2.0 * tl.sigmoid(2.0 * score / softcap) - 1.0)  # softcap · tanh(score / softcap)
-        if ALIBI:
-            score += slope[:, None] * key_pos[None, :].to(tl.float32)
+        if ALIBI:  # relative to the query (≤ 0): softmax gives BLOOM's absolute form, without large float32 terms
+            score += slope[:, None] * (key_pos[None, :] - position[:, None]).to(tl.float32)
         allowed = valid[:, None] & key_ok[None, :] & (key_pos[None, :] <= position[:, None])
-        if WINDOW > 0:
-            allowed = allowed & (key_pos[None, :] > position[:, None] - WINDOW)
+        if WINDOW:
+            allowed = allowed & (key_pos[None, :] > position[:, None] - window)
         score = tl.where(allowed, score, float("-inf"))
         new_best = tl.maximum(best, tl.max(score, 1))
         shift = tl.where(new_best == float("-inf"), 0.0, new_best)  # rows that saw nothing yet

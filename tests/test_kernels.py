@@ -27,9 +27,9 @@ def check(query_lens, seq_lens, *, heads, kv_heads, dim, block_size, segments=No
                                                     block_size=block_size, pool_blocks=pool_blocks)
     opts = AttentionOptions(scale=dim ** -0.5, **options)
     expected = paged_attention_reference(query, cache, tables, lens, torch.tensor(starts), opts)
-    layout = plan_step(starts, seq_lens, heads, kv_heads, query.device, num_segments=segments)
-    if segments is None and max(seq_lens) >= 1024 and set(query_lens) == {1}:
-        assert layout.num_segments > 1  # long decodes with few sequences split by themselves
+    layout = plan_step(starts, heads, kv_heads, query.device, num_segments=segments)
+    if segments is None and set(query_lens) == {1} and len(seq_lens) * kv_heads < 256:
+        assert layout.num_segments > 1  # decodes with few programs split by themselves, whatever their length
     got = paged_attention(query, cache, tables, lens, layout, opts)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE, rtol=TOLERANCE)
@@ -42,9 +42,20 @@ def test_mixed_step_of_prefill_chunks_and_decodes(dim, group):
     check([7, 5, 1, 1, 1], [7, 18, 1, 33, 70], heads=2 * group, kv_heads=2, dim=dim, block_size=16)
 
 
-@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("block_size", [8, 16, 32, 64])
 def test_long_chunk_and_block_sizes(block_size):
-    check([129, 1], [463, 200], heads=4, kv_heads=1, dim=64, block_size=block_size)
+    # block size 8: a key tile (16 keys, the smallest tl.dot takes) spans two pages
+    check([129, 1], [463, 200], heads=4, kv_heads=1, dim=64, block_size=block_size, pool_blocks=128)
+    check([1, 1, 1], [9, 100, 17], heads=4, kv_heads=2, dim=64, block_size=block_size, segments=1)
+
+
+def test_head_dims_below_sixteen_are_padded():
+    check([5, 1], [5, 40], heads=4, kv_heads=2, dim=8, block_size=8)
+
+
+def test_short_decodes_split_by_shape_leave_segments_empty():
+    # the split is chosen from the batch alone (so a CUDA graph captures it): 3 keys over 16 segments
+    check([1, 1], [3, 1], heads=4, kv_heads=2, dim=64, block_size=16)
 
 
 @pytest.mark.parametrize("segments", [1, 4, None])
@@ -95,7 +106,7 @@ def test_attention_over_an_fp8_cache():
     fp8 = (cache.float() / 0.05).clamp(-448, 448).to(torch.float8_e4m3fn)
     opts = AttentionOptions(scale=0.125, k_scale=0.05, v_scale=0.05)
     expected = paged_attention_reference(query, fp8, tables, lens, torch.tensor(starts), opts)
-    got = paged_attention(query, fp8, tables, lens, plan_step(starts, [4, 40], 4, 2, query.device), opts)
+    got = paged_attention(query, fp8, tables, lens, plan_step(starts, 4, 2, query.device), opts)
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE, rtol=TOLERANCE)
 
 

@@ -84,3 +84,17 @@ def test_gptq_beats_round_to_nearest_on_correlated_inputs():
     gptq_error = (inputs @ gptq.t() - exact).pow(2).mean()
     rtn_error = (inputs @ rtn.t() - exact).pow(2).mean()
     assert gptq_error < 0.7 * rtn_error
+
+
+def test_scales_keep_their_stored_float16_when_the_model_runs_in_bfloat16(tmp_path):
+    # float16 has 10 mantissa bits, bfloat16 7: scales read through bfloat16 would come back changed
+    from safetensors.torch import save_file
+
+    from llmctl.checkpoint.weights import iterate_tensors
+
+    scales = (torch.arange(1, 65, dtype=torch.float32) / 1000 + 0.0123).half().view(8, 8)
+    assert not torch.equal(scales.to(torch.bfloat16).half(), scales)  # values bfloat16 cannot hold
+    save_file({"layer.scales": scales, "layer.weight": scales.float()}, str(tmp_path / "model.safetensors"))
+    read = {t.name: t.read() for t in iterate_tensors(tmp_path, torch.bfloat16)}
+    assert read["layer.scales"].dtype == torch.float16 and torch.equal(read["layer.scales"], scales)
+    assert read["layer.weight"].dtype == torch.bfloat16  # other floats take the model's dtype

@@ -48,7 +48,12 @@ class CheckpointTensor:
     name: str
     shape: tuple[int, ...]
     _reader: Callable[[tuple[slice, ...]], torch.Tensor]
-    _dtype: torch.dtype  # floating-point tensors are converted to the model's dtype
+    _dtype: torch.dtype  # floating-point tensors are converted to the model's dtype, but quantization scales
+
+    @property
+    def keeps_stored_dtype(self) -> bool:
+        """GPTQ/AWQ scales stay as stored (float16): through bfloat16 they would lose 3 mantissa bits."""
+        return self.name.endswith(".scales")
 
     def read(self, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """The whole tensor, or [start, stop) along `dim`."""
@@ -56,7 +61,7 @@ class CheckpointTensor:
         if dim is not None:
             index[dim] = slice(start, self.shape[dim] if stop is None else stop)
         tensor = self._reader(tuple(index))
-        return tensor.to(self._dtype) if tensor.is_floating_point() else tensor
+        return tensor.to(self._dtype) if tensor.is_floating_point() and not self.keeps_stored_dtype else tensor
 
 
 def iterate_tensors(folder: Path, dtype: torch.dtype, allow_pickle: bool = False) -> Iterator[CheckpointTensor]:

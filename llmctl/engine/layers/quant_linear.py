@@ -41,7 +41,7 @@ class QuantLinear(nn.Module):
         device = self.qweight.device  # where the model was built: the checkpoint is read on the CPU
         for name in ("qweight", "qzeros", "scales"):
             setattr(self, name, torch.cat([part[name] for part in parts], dim=1).to(device).contiguous())
-        self.scales = self.scales.to(torch.float16)  # as stored (the loader may have upcast it)
+        self.scales = self.scales.to(torch.float16)  # the formats store float16 (the loader keeps it so)
         groups = -(-self.in_features // self.group_size)
         if self.scales.shape != (groups, self.out_features):
             raise ValueError(f"scales have shape {tuple(self.scales.shape)}, expected {(groups, self.out_features)}")

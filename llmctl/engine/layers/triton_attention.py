@@ -26,7 +26,6 @@ class StepTensors:
     seq_lens: torch.Tensor  # [B] int32
     layout: object | None  # kernels.attention.StepLayout; planned by the first layer when None
     query_start_loc: list[int]
-    seq_lens_list: list[int]
     sliding_window: int | None
 
 
@@ -46,15 +45,16 @@ class TritonAttention:
             tables[row, :len(table)] = torch.tensor(table, dtype=torch.int32)
         self.step = StepTensors(meta.slot_mapping, to_device(tables, torch.int32, device),
                                 to_device(meta.seq_lens, torch.int32, device), None, meta.query_start_loc,
-                                meta.seq_lens, meta.sliding_window)
+                                meta.sliding_window)
 
     def use_static(self, step: StepTensors) -> None:
         """Read the step from these tensors (a captured graph's buffers) until the next prepare."""
         self.step = step
 
     def plan_decodes(self, size: int, heads: int, kv_heads: int, device: torch.device) -> object:
-        """The layout of `size` one-token sequences, in one segment (fixed for a captured graph)."""
-        return self._attention.plan_step(list(range(size + 1)), [1] * size, heads, kv_heads, device, num_segments=1)
+        """The layout of `size` one-token sequences (fixed for a captured graph; the context split, chosen
+        from the batch size alone, is captured with it)."""
+        return self._attention.plan_step(list(range(size + 1)), heads, kv_heads, device)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
@@ -63,7 +63,7 @@ class TritonAttention:
         assert step is not None, "prepare() or use_static() runs before forward()"
         self._kv_store.store_kv(key.contiguous(), value.contiguous(), cache.kv, step.slot_mapping)
         if step.layout is None:  # the first layer of the step plans it for all
-            step.layout = self._attention.plan_step(step.query_start_loc, step.seq_lens_list, query.shape[1],
+            step.layout = self._attention.plan_step(step.query_start_loc, query.shape[1],
                                                     key.shape[1], query.device)
         options = self._attention.AttentionOptions(
             scale=scale, alibi_slopes=None if alibi_slopes is None else alibi_slopes.float().contiguous(),

@@ -64,7 +64,7 @@ class DecodeGraphs:
                              for _ in self.backends]
         self.steps = {size: [StepTensors(slots[:size], tables[:size], self.seq_lens[:size],
                                          group.plan_decodes(size, heads, kv_heads, device), list(range(size + 1)),
-                                         [1] * size, window)
+                                         window)
                              for group, slots, tables, window in zip(self.backends, self.slot_mappings,
                                                                      self.block_tables, windows)]
                       for size in self.sizes}
