@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from llmctl.engine.gpu_support import MIN_KEY_TILE, SMALLEST_SHARED_MEMORY, attention_shared_bytes
 from llmctl.kernels.transfer import to_device
 
 # A program's rows: query tokens × the query heads of one KV head. 16 is the smallest tl.dot takes
@@ -32,7 +33,7 @@ from llmctl.kernels.transfer import to_device
 MIN_DOT = 16
 DECODE_ROWS = 16
 PREFILL_ROWS = 64
-DECODE_KEY_TILE = 16  # keys per step of the walk; a tile may span several pages (block size 8)
+DECODE_KEY_TILE = 16  # keys per step of the walk; a tile may span pages (block size 8) or part of one
 PREFILL_KEY_TILE = 64
 SPLIT_BELOW_PROGRAMS = 256  # decodes with fewer (sequence × KV head) programs split the context
 SEGMENTS = 16
@@ -105,16 +106,23 @@ def padded_head_dim(dim: int) -> int:
     return max(MIN_DOT, triton.next_power_of_2(dim))
 
 
-def key_tile(block_size: int, decode_only: bool) -> int:
-    return max(block_size, DECODE_KEY_TILE if decode_only else PREFILL_KEY_TILE)
+def key_tile(decode_only: bool, padded_dim: int, rows: int, element_bytes: int) -> int:
+    """Keys per step of the walk (any size: each key finds its own page): the preferred tile, halved
+    until the program's shared memory fits every GPU target (sm_89 has the least)."""
+    tile = DECODE_KEY_TILE if decode_only else PREFILL_KEY_TILE
+    while tile > MIN_KEY_TILE and attention_shared_bytes(padded_dim, rows, tile, element_bytes) > SMALLEST_SHARED_MEMORY:
+        tile //= 2
+    return tile
 
 
 def kernel_constexprs(*, dim: int, block_size: int, group: int, rows: int, segments: int, decode_only: bool,
                       dtype: torch.dtype, kv_fp8: bool, window: bool, alibi: bool, softcap: bool) -> dict:
     """The attention kernel's compile-time parameters: the launcher and the ahead-of-time compile check
     (`llmctl.kernels.compile_check`) both build them here, so the check covers what runs."""
-    return dict(GROUP=group, HEAD_DIM=dim, PADDED_DIM=padded_head_dim(dim), BLOCK_SIZE=block_size, ROWS=rows,
-                PER_BLOCK=rows // group, KEY_TILE=key_tile(block_size, decode_only), WINDOW=window, ALIBI=alibi,
+    padded_dim = padded_head_dim(dim)
+    element_bytes = torch.empty(0, dtype=dtype).element_size()
+    return dict(GROUP=group, HEAD_DIM=dim, PADDED_DIM=padded_dim, BLOCK_SIZE=block_size, ROWS=rows,
+                PER_BLOCK=rows // group, KEY_TILE=key_tile(decode_only, padded_dim, rows, element_bytes), WINDOW=window, ALIBI=alibi,
                 SOFTCAP=softcap, SEGMENTS=segments, KV_FP8=kv_fp8, DOT_PRECISION=dot_precision(dtype))
 
 

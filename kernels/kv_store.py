@@ -33,18 +33,22 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
     tokens = key.shape[0]
     if tokens == 0:
         return
-    width = key.shape[1] * key.shape[2]
     _store_kernel[(tokens,)](
         key, value, kv_cache, slots, 1.0 / k_scale, 1.0 / v_scale,
         key.stride(0), value.stride(0), kv_cache.stride(1), kv_cache.stride(2),
-        WIDTH=width, PADDED=triton.next_power_of_2(width), FP8=kv_cache.dtype == FP8, LIMIT=FP8_MAX)
+        **store_constexprs(key.shape[1] * key.shape[2], kv_cache.dtype == FP8))
+
+
+def store_constexprs(width: int, kv_fp8: bool) -> dict:
+    """The store kernel's compile-time parameters (shared with `llmctl.kernels.compile_check`)."""
+    return dict(WIDTH=width, PADDED=triton.next_power_of_2(width), FP8=kv_fp8, LIMIT=FP8_MAX)
 
 
 @triton.jit
 def _store_kernel(key_ptr, value_ptr, cache_ptr, slot_ptr, k_inverse, v_inverse,
                   stride_key, stride_value, stride_slot, stride_kv,
                   WIDTH: tl.constexpr, PADDED: tl.constexpr, FP8: tl.constexpr, LIMIT: tl.constexpr):
-    token = tl.program_id(0)
+    token = tl.program_id(0).to(tl.int64)  # token × stride passes 2^31 in a long prefill
     slot = tl.load(slot_ptr + token).to(tl.int64)
     offsets = tl.arange(0, PADDED)
     mask = offsets < tl.where(slot >= 0, WIDTH, 0)  # slot -1: store nothing

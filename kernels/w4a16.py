@@ -8,6 +8,10 @@ weight never exists in memory; products accumulate in float32.
   g_idx [K] gives each input row's group (act-order checkpoints permute it).
 - AWQ GEMM: qweight [K, N/8] packs 8 output columns per int32 in the nibble order
   0, 2, 4, 6, 1, 3, 5, 7; qzeros [groups, N/8] the same way; group = row // group_size.
+
+Each packed word is loaded once and unpacked into its 8 values in registers. Decodes (small M)
+split K across programs; above `DEQUANTIZE_ABOVE_ROWS` rows (prefill) the weight is dequantized
+once into a scratch tensor and multiplied by cuBLAS, as vLLM does for AWQ.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import triton
 import triton.language as tl
 
 from llmctl.kernels.attention import dot_precision
+
+DEQUANTIZE_ABOVE_ROWS = 256  # more rows than this: dequantize once, then one dense GEMM
 
 
 def w4a16_reference(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torch.Tensor,
@@ -45,16 +51,32 @@ class Tiles:
     uniform_groups: bool  # every K tile lies in one quantization group: scales/zeros load once per tile
 
 
-def choose_tiles(rows: int, inner: int, cols: int, group_size: int, act_order: bool, programs_wanted: int) -> Tiles:
-    """Small M (decodes) reads weights faster than it multiplies: more programs by splitting K."""
+def choose_tiles(rows: int, inner: int, cols: int, group_size: int, act_order: bool, programs_wanted: int,
+                 element_bytes: int = 2) -> Tiles:
+    """Small M (decodes) reads weights faster than it multiplies: more programs by splitting K. float32
+    activations take K tiles of at most 64 (128 needs more shared memory than sm_89 has)."""
     block_m = max(16, min(64, triton.next_power_of_2(rows)))
     block_n = 64
-    block_k = next((k for k in (128, 64, 32) if not act_order and group_size % k == 0 and k <= max(inner, 32)), 32)
+    widest = 128 if element_bytes <= 2 else 64
+    block_k = next((k for k in (128, 64, 32) if k <= widest and not act_order and group_size % k == 0
+                    and k <= max(inner, 32)), 32)
     uniform = not act_order and group_size % block_k == 0
     programs = triton.cdiv(rows, block_m) * triton.cdiv(cols, block_n)
     k_tiles = triton.cdiv(inner, block_k)
     split = max(1, min(k_tiles // 2, programs_wanted // programs)) if rows <= 64 else 1
     return Tiles(block_m, block_n, block_k, split, uniform)
+
+
+def w4a16_constexprs(tiles: Tiles, method: str, group_size: int, dtype: torch.dtype) -> dict:
+    """The GEMM kernel's compile-time parameters (shared with `llmctl.kernels.compile_check`)."""
+    return dict(AWQ=method == "awq", BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+                GROUP_SIZE=group_size if tiles.uniform_groups else 1, UNIFORM_GROUPS=tiles.uniform_groups,
+                SPLIT=tiles.split_k > 1, DOT_PRECISION=dot_precision(dtype))
+
+
+def dequantize_constexprs(tiles: Tiles, method: str, group_size: int) -> dict:
+    return dict(AWQ=method == "awq", BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+                GROUP_SIZE=group_size if tiles.uniform_groups else 1, UNIFORM_GROUPS=tiles.uniform_groups)
 
 
 def w4a16_matmul(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
@@ -63,11 +85,14 @@ def w4a16_matmul(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: to
     rows, inner = x.shape
     cols = scales.shape[1]
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
-    tiles = choose_tiles(rows, inner, cols, group_size, g_idx is not None, programs_wanted=4 * sms)
+    tiles = choose_tiles(rows, inner, cols, group_size, g_idx is not None, programs_wanted=4 * sms,
+                         element_bytes=x.element_size())
     if split_k is not None:
         tiles = replace(tiles, split_k=split_k)
     if g_idx is None and not tiles.uniform_groups:
-        g_idx = torch.arange(inner, device=x.device, dtype=torch.int32) // group_size
+        g_idx = _contiguous_groups(inner, group_size, x.device)
+    if rows > DEQUANTIZE_ABOVE_ROWS:
+        return x @ w4a16_dequantize(method, qweight, qzeros, scales, g_idx, group_size, inner, x.dtype, tiles)
     split = tiles.split_k > 1
     out = torch.zeros(rows, cols, dtype=torch.float32, device=x.device) if split else \
         torch.empty(rows, cols, dtype=x.dtype, device=x.device)
@@ -76,10 +101,74 @@ def w4a16_matmul(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: to
     _w4a16_kernel[grid](
         x, qweight, qzeros, scales, g_idx if g_idx is not None else qzeros, out, rows, cols, inner, k_per_split,
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0),
-        AWQ=method == "awq", BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        GROUP_SIZE=group_size if tiles.uniform_groups else 1, UNIFORM_GROUPS=tiles.uniform_groups, SPLIT=split,
-        DOT_PRECISION=dot_precision(x.dtype))
+        **w4a16_constexprs(tiles, method, group_size, x.dtype))
     return out.to(x.dtype) if split else out
+
+
+_GROUPS: dict[tuple, torch.Tensor] = {}
+
+
+def _contiguous_groups(inner: int, group_size: int, device: torch.device) -> torch.Tensor:
+    """Each input row's group when tiles cross groups; made once per shape, not per forward."""
+    key = (inner, group_size, str(device))
+    if key not in _GROUPS:
+        _GROUPS[key] = torch.arange(inner, device=device, dtype=torch.int32) // group_size
+    return _GROUPS[key]
+
+
+def w4a16_dequantize(method: str, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                     g_idx: torch.Tensor | None, group_size: int, inner: int, dtype: torch.dtype,
+                     tiles: Tiles) -> torch.Tensor:
+    """The [K, N] weight in `dtype`, each packed word read once (prefill: then one cuBLAS GEMM)."""
+    cols = scales.shape[1]
+    weight = torch.empty(inner, cols, dtype=dtype, device=qweight.device)
+    grid = (triton.cdiv(inner, tiles.block_k), triton.cdiv(cols, tiles.block_n))
+    _dequantize_kernel[grid](
+        qweight, qzeros, scales, g_idx if g_idx is not None else qzeros, weight, cols, inner,
+        qweight.stride(0), qzeros.stride(0), scales.stride(0), weight.stride(0),
+        **dequantize_constexprs(tiles, method, group_size))
+    return weight
+
+
+@triton.jit
+def _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N, K,
+                 stride_qweight, stride_qzeros, stride_scales,
+                 AWQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GROUP_SIZE: tl.constexpr, UNIFORM_GROUPS: tl.constexpr):
+    """Rows [start, start + BLOCK_K) × this program's BLOCK_N columns of the weight, in float32."""
+    inner = start + tl.arange(0, BLOCK_K)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    inner_ok, col_ok = inner < K, cols < N
+    nibble = tl.arange(0, 8)
+    if AWQ:  # [K, N/8]: word p of a row holds columns 8p..8p+7, column 8p + j at nibble j // 2 + 4 · (j % 2)
+        packs = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
+        packed = tl.load(qweight_ptr + inner[:, None].to(tl.int64) * stride_qweight + packs[None, :],
+                         mask=inner_ok[:, None] & (packs < tl.cdiv(N, 8))[None, :], other=0)
+        shift = (nibble // 2 + 4 * (nibble % 2)) * 4
+        q = tl.reshape((packed[:, :, None] >> shift[None, None, :]) & 0xF, [BLOCK_K, BLOCK_N])
+        col_shift = ((cols % 8) // 2 + 4 * (cols % 2)) * 4
+    else:  # GPTQ [K/8, N]: word p of a column holds input rows 8p..8p+7, lowest bits first
+        packs = start // 8 + tl.arange(0, BLOCK_K // 8)
+        packed = tl.load(qweight_ptr + packs[:, None].to(tl.int64) * stride_qweight + cols[None, :],
+                         mask=(packs < tl.cdiv(K, 8))[:, None] & col_ok[None, :], other=0)
+        q = tl.reshape((packed[:, None, :] >> (nibble * 4)[None, :, None]) & 0xF, [BLOCK_K, BLOCK_N])
+        col_shift = (cols % 8) * 4  # GPTQ packs the zero points by column, in order
+    if UNIFORM_GROUPS:  # the tile's one group: a row of zeros and scales
+        group = start // GROUP_SIZE
+        zero_pack = tl.load(qzeros_ptr + group * stride_qzeros + cols // 8, mask=col_ok, other=0)
+        zero = ((zero_pack >> col_shift) & 0xF)[None, :]
+        scale = tl.load(scales_ptr + group * stride_scales + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    else:
+        tile_ok = inner_ok[:, None] & col_ok[None, :]
+        group = tl.load(g_idx_ptr + inner, mask=inner_ok, other=0)
+        zero_pack = tl.load(qzeros_ptr + group[:, None].to(tl.int64) * stride_qzeros + (cols // 8)[None, :],
+                            mask=tile_ok, other=0)
+        zero = (zero_pack >> col_shift[None, :]) & 0xF
+        scale = tl.load(scales_ptr + group[:, None].to(tl.int64) * stride_scales + cols[None, :],
+                        mask=tile_ok, other=0.0).to(tl.float32)
+    if not AWQ:
+        zero += 1  # GPTQ v1 stores zero − 1
+    return (q - zero).to(tl.float32) * scale
 
 
 @triton.jit
@@ -92,42 +181,16 @@ def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < M, cols < N
-    if AWQ:  # column c sits in pack c // 8 at nibble (c % 8 // 2) + 4 · (c % 2)
-        col_shift = ((cols % 8) // 2 + 4 * (cols % 2)) * 4
-    else:  # GPTQ packs the zero points by column, in order
-        col_shift = (cols % 8) * 4
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     for start in range(k_lo, k_hi, BLOCK_K):
         inner = start + tl.arange(0, BLOCK_K)
-        inner_ok = inner < K
         x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + inner[None, :],
-                    mask=row_ok[:, None] & inner_ok[None, :], other=0.0)
-        tile_ok = inner_ok[:, None] & col_ok[None, :]
-        if AWQ:
-            packed = tl.load(qweight_ptr + inner[:, None].to(tl.int64) * stride_qweight + (cols // 8)[None, :],
-                             mask=tile_ok, other=0)
-            q = (packed >> col_shift[None, :]) & 0xF
-        else:  # GPTQ packs 8 input rows per int32, lowest bits first
-            packed = tl.load(qweight_ptr + (inner // 8)[:, None].to(tl.int64) * stride_qweight + cols[None, :],
-                             mask=tile_ok, other=0)
-            q = (packed >> ((inner % 8) * 4)[:, None]) & 0xF
-        if UNIFORM_GROUPS:  # the tile's one group: a row of zeros and scales
-            group = start // GROUP_SIZE
-            zero_pack = tl.load(qzeros_ptr + group * stride_qzeros + cols // 8, mask=col_ok, other=0)
-            zero = ((zero_pack >> col_shift) & 0xF)[None, :]
-            scale = tl.load(scales_ptr + group * stride_scales + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        else:
-            group = tl.load(g_idx_ptr + inner, mask=inner_ok, other=0)
-            zero_pack = tl.load(qzeros_ptr + group[:, None].to(tl.int64) * stride_qzeros + (cols // 8)[None, :],
-                                mask=tile_ok, other=0)
-            zero = (zero_pack >> col_shift[None, :]) & 0xF
-            scale = tl.load(scales_ptr + group[:, None].to(tl.int64) * stride_scales + cols[None, :],
-                            mask=tile_ok, other=0.0).to(tl.float32)
-        if not AWQ:
-            zero += 1  # GPTQ v1 stores zero − 1
-        weight = (q - zero).to(tl.float32) * scale
+                    mask=row_ok[:, None] & (inner < K)[None, :], other=0.0)
+        weight = _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N, K,
+                              stride_qweight, stride_qzeros, stride_scales,
+                              AWQ, BLOCK_N, BLOCK_K, GROUP_SIZE, UNIFORM_GROUPS)
         # bf16/fp16 operands on GPUs (tensor cores), fp32 accumulation; fp32 operands in full precision
         acc = tl.dot(x, weight.to(x.dtype), acc, input_precision=DOT_PRECISION)
     at = out_ptr + rows[:, None].to(tl.int64) * stride_out + cols[None, :]
@@ -135,3 +198,18 @@ def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr
         tl.atomic_add(at, acc, mask=row_ok[:, None] & col_ok[None, :])
     else:
         tl.store(at, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _dequantize_kernel(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr, N, K,
+                       stride_qweight, stride_qzeros, stride_scales, stride_out,
+                       AWQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       GROUP_SIZE: tl.constexpr, UNIFORM_GROUPS: tl.constexpr):
+    pid_k, pid_n = tl.program_id(0), tl.program_id(1)
+    start = pid_k * BLOCK_K
+    weight = _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N, K,
+                          stride_qweight, stride_qzeros, stride_scales, AWQ, BLOCK_N, BLOCK_K, GROUP_SIZE, UNIFORM_GROUPS)
+    inner = start + tl.arange(0, BLOCK_K)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + inner[:, None].to(tl.int64) * stride_out + cols[None, :], weight.to(out_ptr.dtype.element_ty),
+             mask=(inner < K)[:, None] & (cols < N)[None, :])

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks in one command, on a machine with a CUDA GPU and llmctl installed (docs/kernels.md):
-# the kernel benchmarks, an end-to-end `bench offline` with and without CUDA graphs, and the GPU test subset
+# the ahead-of-time compile check for this GPU's arch, the kernel benchmarks, an end-to-end `bench offline` with and without CUDA graphs, and the GPU test subset
 # (compiled Triton kernels, CUDA graphs, the measured activation peak). Everything lands in
 # ${GPU_CHECK_OUT:-gpu-check} (logs, and gpu-check.json with every figure); the exit status is the tests'.
 #
@@ -15,6 +15,11 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
 "$PYTHON" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT_DIR/gpu.txt"
 
+if [ -z "${GPU_CHECK_SKIP_COMPILE:-}" ]; then  # every kernel case compiled for this GPU's arch, as CI does for sm_80/89/90
+    ARCH=$("$PYTHON" -c 'import torch; m, n = torch.cuda.get_device_capability(); print(10 * m + n)')
+    timeout "${GPU_CHECK_COMPILE_TIMEOUT:-300}" "$PYTHON" -m llmctl.kernels.compile_check --arch "$ARCH" --workers 8 2>&1 \
+        | grep -v FP_FUSION | tee "$OUT_DIR/compile_check.log"
+fi
 timeout "${GPU_CHECK_KERNELS_TIMEOUT:-600}" "$PYTHON" benchmarks/kernels.py --json "$OUT_DIR/kernels.json" 2>&1 | tee "$OUT_DIR/kernels.log"
 if [ -z "${GPU_CHECK_SKIP_E2E:-}" ]; then
     timeout "${GPU_CHECK_E2E_TIMEOUT:-900}" "$PYTHON" benchmarks/gpu_end_to_end.py --json "$OUT_DIR/end_to_end.json" 2>&1 | tee "$OUT_DIR/end_to_end.log"

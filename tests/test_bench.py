@@ -330,6 +330,7 @@ def test_offline_with_transformers_comparison():
     data = json.loads(result.stdout)
     assert data["llmctl"]["requests"] == 4 and data["llmctl"]["output_tokens"] == 32
     assert data["llmctl"]["input_tokens"] == 64 and data["transformers"]["output_tokens"] == 32
+    assert data["transformers_on"] == "float32 on cpu"  # the engine's device and dtype (bf16 on cuda on a GPU)
     assert data["ratio_output_tokens_per_s"] == pytest.approx(
         data["llmctl"]["output_tokens_per_s"] / data["transformers"]["output_tokens_per_s"])
     assert data["ttft_ms"]["mean"] > 0 and data["tpot_ms"]["mean"] > 0

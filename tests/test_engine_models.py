@@ -337,8 +337,8 @@ def test_the_profile_step_is_a_real_step_of_the_largest_size(tmp_path, tokenizer
     loaded = LLM(str(folder), max_model_len=64).engine.loaded  # random weights: K and V are not zero
     caches = {layer: KVCache(torch.zeros(blocks, 16, *cache.kv.shape[2:], dtype=cache.kv.dtype, device=cache.kv.device))
               for layer, cache in loaded.kv_caches.items()}
-    run_dummy_step(loaded.model, lambda count: caches, loaded.backend, batch, blocks, 16, loaded.device,
-                   loaded.spec.hidden_size, first_stage=True, last_stage=True)
+    run_dummy_step(loaded.model, caches, loaded.backend, batch, 16, loaded.device, loaded.spec.hidden_size,
+                   first_stage=True, last_stage=True, sampler_rows=8)  # and the sampler, top-k and top-p, on 8 rows
     for cache in caches.values():  # every layer stored K/V for all 100 tokens
         assert cache.kv.flatten(0, 1)[torch.tensor(batch.slot_mapping)].abs().sum(dim=(1, 2, 3)).gt(0).all()
 

@@ -111,7 +111,7 @@ def test_attention_over_an_fp8_cache():
 
 
 @pytest.mark.parametrize("method,act_order", [("gptq", False), ("gptq", True), ("awq", False)])
-@pytest.mark.parametrize("rows,split_k", [(1, None), (1, 2), (5, 3), (33, None)])
+@pytest.mark.parametrize("rows,split_k", [(1, None), (1, 2), (5, 3), (33, None), (300, None)])  # 300: dequantize, GEMM
 def test_w4a16_matches_the_unpacked_weights(method, act_order, rows, split_k):
     from llmctl.kernels.w4a16 import w4a16_matmul, w4a16_reference
     from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq

@@ -176,6 +176,26 @@ def test_a_dead_engine_is_reported_as_such(default_source):
         assert refused.status_code == 503 and refused.json()["error"]["type"] == "service_unavailable"
 
 
+def test_a_cuda_error_in_a_step_stops_the_engine(default_source):
+    """CUDA errors are sticky: after one, every step would fail while /health said healthy. The engine
+    stops instead (an injected error with CUDA's own wording, as a worker rank or torch reports it)."""
+    engine = LLMEngine(model=str(default_source.path), max_model_len=256)
+    original = engine.executor.submit
+
+    def submit(batch):
+        if any(len(seq.output_token_ids) >= 2 for seq in engine.scheduler.running):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return original(batch)
+
+    engine.executor.submit = submit
+    with InProcessServer(engine) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        failed = client.post("/v1/completions", json=completion("Hello", 20))
+        assert failed.status_code in (500, 503) and "the GPU failed in a model step" in failed.json()["error"]["message"]
+        assert client.get("/health").status_code == 503
+        refused = client.post("/v1/completions", json=completion("Hello", 2))
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "service_unavailable"
+
+
 def test_clients_may_reuse_a_request_id(server):
     """X-Request-Id is the client's label: two requests in flight with the same one are both served."""
     from concurrent.futures import ThreadPoolExecutor

@@ -354,3 +354,24 @@ def test_requests_with_biases_or_word_lists_do_not_speculate(plain):
     params = [_greedy(logit_bias={13: 2.0}), _greedy(bad_words=["fox"]), _greedy(allowed_token_ids=list(range(900)))]
     assert _tokens(llm.generate([REPEATING] * 3, params)) == _tokens(plain.generate([REPEATING] * 3, params))
     assert llm.engine.speculator.stats.num_drafts == 0
+
+
+def test_the_target_sets_aside_what_its_draft_will_take(default_source, tmp_path):
+    """On a GPU the target sizes its pool first: the draft's weights and its KV per block are kept out of it,
+    counted from the draft's config. Checked here against the draft as it really loads (CPU, float32)."""
+    from llmctl.engine.config import EngineConfig
+    from llmctl.engine.spec_decode.draft_memory import draft_reservation
+    from llmctl.engine.worker.memory_reservation import MemoryReservation
+
+    draft = _random_llama(tmp_path / "draft", default_source)
+    spec_config = {"model": str(draft), "num_speculative_tokens": 2}
+    reserved = draft_reservation(EngineConfig(speculative_config=spec_config), torch.float32, torch.float32)
+    llm = LLM(str(default_source.path), max_model_len=256, speculative_config=spec_config)
+    loaded = llm.engine.speculator.draft_model.loaded
+    assert reserved.fixed_bytes == loaded.weights_bytes
+    assert reserved.bytes_per_block == loaded.kv_geometry.block_bytes
+    # 100 target blocks of 1,000 bytes and 250 draft bytes each, beside 5,000 bytes of draft weights
+    assert MemoryReservation("draft", 5_000, 250).kv_bytes_beside(130_000, 1_000) == 100_000
+    assert MemoryReservation().kv_bytes_beside(130_000, 1_000) == 130_000
+    assert draft_reservation(EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+                             torch.float32, torch.float32) == MemoryReservation()

@@ -72,6 +72,7 @@ class OfflineResult:
     tpot: Distribution
     preemptions: int
     transformers: Throughput | None = None
+    transformers_on: str = ""  # the device and dtype it ran in: the engine's, so the ratio compares like with like
     spec_decode: SpecDecodeStats | None = None  # with --speculative-config: acceptance, summed over replicas
     lora_adapters: int = 0  # distinct adapters the requests were spread over
     startup_seconds: float = 0.0  # building the engine(s): spawning ranks, loading, sizing the KV pool
@@ -160,9 +161,10 @@ def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None]
         lora_adapters=len({lora for lora in loras if lora is not None}), startup_seconds=startup_seconds,
         rank_memory=list(engine.executor.rank_memory))
     if options.compare == "transformers":
-        path = engine.loaded.source.path
-        del llm, engine
-        result.transformers = run_transformers(str(path), prompts, requests, options)
+        path, device, dtype = engine.loaded.source.path, engine.loaded.device, engine.loaded.dtype
+        del llm, engine, engines
+        result.transformers = run_transformers(str(path), prompts, requests, options, device, dtype)
+        result.transformers_on = f"{str(dtype).removeprefix('torch.')} on {device}"
     return result
 
 
@@ -195,11 +197,13 @@ def _spec_decode(engines: list[Any]) -> SpecDecodeStats | None:
     return total
 
 
-def run_transformers(path: str, prompts: list[list[int]], requests: list[SampleRequest],
-                     options: OfflineOptions) -> Throughput:
+def run_transformers(path: str, prompts: list[list[int]], requests: list[SampleRequest], options: OfflineOptions,
+                     device: torch.device, dtype: torch.dtype) -> Throughput:
+    """transformers `generate` on the engine's device and dtype (bf16 on a GPU: fp32 on the CPU beside a
+    GPU engine would take hours at 8B shapes and compare nothing useful)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=False).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False).to(device).eval()
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     sampling: dict[str, Any] = ({"do_sample": True, "temperature": options.temperature, "top_p": 1.0, "top_k": 0}
                                 if options.temperature > 0 else {"do_sample": False})
@@ -214,8 +218,10 @@ def run_transformers(path: str, prompts: list[list[int]], requests: list[SampleR
             mask[row, longest - len(prompt):] = 1
         new_tokens = max(r.expected_output_len for r in requests[first:first + options.hf_batch_size])
         with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                           pad_token_id=pad, **sampling)
+            model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=new_tokens,
+                           min_new_tokens=new_tokens, pad_token_id=pad, **sampling)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
     return Throughput(seconds, len(prompts), sum(len(p) for p in prompts),
                       sum(r.expected_output_len for r in requests))

@@ -235,6 +235,7 @@ def offline_to_dict(result: OfflineResult) -> dict[str, Any]:
     return {"model_id": result.model, "llmctl": throughput(result.llmctl), "ttft_ms": asdict(result.ttft),
             "tpot_ms": asdict(result.tpot), "preemptions": result.preemptions,
             "transformers": throughput(result.transformers) if result.transformers else None,
+            "transformers_on": result.transformers_on or None,
             "ratio_output_tokens_per_s": result.ratio, "spec_decode": spec_decode_to_dict(result.spec_decode),
             "lora_adapters": result.lora_adapters, "startup_s": result.startup_seconds,
             "ranks": [{"weights_bytes": weights, "kv_cache_bytes": kv} for weights, kv in result.rank_memory]}
@@ -251,7 +252,8 @@ def render_offline(console: Console, result: OfflineResult) -> None:
     table = Table(title=f"Offline · {result.model}")
     for column in ("engine", "seconds", "requests/s", "output tok/s", "total tok/s"):
         table.add_column(column, justify="right")
-    runs = [("llmctl", result.llmctl)] + ([("transformers", result.transformers)] if result.transformers else [])
+    runs = [("llmctl", result.llmctl)] + \
+        ([(f"transformers ({result.transformers_on})", result.transformers)] if result.transformers else [])
     for name, t in runs:
         table.add_row(name, f"{t.seconds:.2f}", f"{t.requests_per_s:.2f}", f"{t.output_tokens_per_s:.1f}",
                       f"{t.total_tokens_per_s:.1f}")

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from llmctl.kernels.transfer import to_device
+
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.core.sequence import Sequence, TokenLogprob
 from llmctl.engine.structured.bitmask import apply_token_bitmask
@@ -58,9 +60,9 @@ def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, T
         torch.empty(len(inputs), dtype=torch.long, device=logits.device)
     if sampled_rows:
         every_row = len(sampled_rows) == len(inputs)
-        rows = torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)
+        rows = to_device(sampled_rows, torch.long, logits.device)
         probs = probabilities(processed if every_row else processed[rows], [inputs[r].params for r in sampled_rows])
-        uniforms = torch.tensor([inputs[r].uniform for r in sampled_rows], dtype=torch.float32, device=logits.device)
+        uniforms = to_device([inputs[r].uniform for r in sampled_rows], torch.float32, logits.device)
         drawn = inverse_cdf(probs, uniforms)
         if every_row:
             tokens = drawn
@@ -81,7 +83,7 @@ def _allow_only(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
     """allowed_token_ids: every other token of the row to -inf."""
     for row, item in enumerate(inputs):
         if item.params.allowed_token_ids:
-            allowed = torch.tensor(item.params.allowed_token_ids, dtype=torch.long, device=logits.device)
+            allowed = to_device(item.params.allowed_token_ids, torch.long, logits.device)
             kept = logits[row, allowed].clone()
             logits[row].fill_(float("-inf"))
             logits[row, allowed] = kept
@@ -90,8 +92,8 @@ def _allow_only(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
 def _add_logit_bias(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
     if any(item.params.logit_bias for item in inputs):
         rows, ids = _flat_pairs([list(item.params.logit_bias or {}) for item in inputs], logits.device)
-        bias = torch.tensor([b for item in inputs for b in (item.params.logit_bias or {}).values()],
-                            dtype=logits.dtype, device=logits.device)
+        bias = to_device([b for item in inputs for b in (item.params.logit_bias or {}).values()], logits.dtype,
+                         logits.device)
         logits[rows, ids] += bias
 
 
@@ -104,7 +106,7 @@ def _mask_by_grammar(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
 def _flat_pairs(per_row: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     rows = [row for row, ids in enumerate(per_row) for _ in ids]
     ids = [token for tokens in per_row for token in tokens]
-    return (torch.tensor(rows, dtype=torch.long, device=device), torch.tensor(ids, dtype=torch.long, device=device))
+    return to_device(rows, torch.long, device), to_device(ids, torch.long, device)
 
 
 def _block(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
@@ -120,7 +122,7 @@ def _apply_penalties(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
         rows, ids = _flat_pairs([item.seen_token_ids if p != 1.0 else [] for item, p in zip(inputs, repetition)],
                                 device)
         # A penalty below float32's smallest normal (5e-324 is a valid request) would round to 0: -inf * 0 is NaN.
-        penalty = torch.tensor(repetition, device=device).clamp(min=torch.finfo(logits.dtype).tiny)[rows]
+        penalty = to_device(repetition, torch.float32, device).clamp(min=torch.finfo(logits.dtype).tiny)[rows]
         values = logits[rows, ids]
         logits[rows, ids] = torch.where(values > 0, values / penalty, values * penalty)
     if any((item.params.presence_penalty or item.params.frequency_penalty) and item.output_token_ids
@@ -128,30 +130,31 @@ def _apply_penalties(logits: torch.Tensor, inputs: list[SampleInput]) -> None:
         rows, ids = _flat_pairs([item.output_token_ids for item in inputs], device)
         counts = torch.zeros_like(logits).index_put_((rows, ids), torch.ones_like(rows, dtype=logits.dtype),
                                                      accumulate=True)
-        frequency = torch.tensor([item.params.frequency_penalty or 0.0 for item in inputs], device=device)
-        presence = torch.tensor([item.params.presence_penalty or 0.0 for item in inputs], device=device)
+        frequency = to_device([item.params.frequency_penalty or 0.0 for item in inputs], torch.float32, device)
+        presence = to_device([item.params.presence_penalty or 0.0 for item in inputs], torch.float32, device)
         logits -= frequency.unsqueeze(1) * counts + presence.unsqueeze(1) * (counts > 0)
 
 
 def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     device, vocab = logits.device, logits.shape[1]
-    temperatures = torch.tensor([max(p.temperature or 1.0, 1e-5) for p in params], device=device)
+    temperatures = to_device([max(p.temperature or 1.0, 1e-5) for p in params], torch.float32, device)
     # Extreme penalties or temperatures can overflow a logit to +inf, which softmax turns into NaN: the
     # largest float keeps the limit (all mass on the largest logits).
     logits = (logits / temperatures.unsqueeze(1)).nan_to_num_(nan=float("-inf"), neginf=float("-inf"),
                                                                posinf=torch.finfo(logits.dtype).max)
     top_k = [p.top_k if p.top_k and 0 < p.top_k < vocab else 0 for p in params]
     if any(top_k):
-        k = torch.tensor(top_k, device=device)
-        kth = torch.sort(logits, dim=-1, descending=True).values.gather(1, (k.clamp(min=1) - 1).unsqueeze(1))
+        k = to_device(top_k, torch.long, device)
+        # the k largest only (not a sort of the whole vocabulary): topk of the largest k asked for
+        kth = torch.topk(logits, max(top_k), dim=-1).values.gather(1, (k.clamp(min=1) - 1).unsqueeze(1))
         logits = logits.masked_fill((logits < kth) & (k > 0).unsqueeze(1), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     top_p = [p.top_p if p.top_p is not None and p.top_p < 1.0 else 1.0 for p in params]
     if any(v < 1.0 for v in top_p):
-        probs = _top_p(probs, torch.tensor(top_p, device=device))
+        probs = _top_p(probs, to_device(top_p, torch.float32, device))
     min_p = [p.min_p or 0.0 for p in params]
     if any(min_p):
-        floor = torch.tensor(min_p, device=device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+        floor = to_device(min_p, torch.float32, device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
         probs = probs.masked_fill(probs < floor, 0.0)
     return probs
 
@@ -199,7 +202,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: list[int |
     rows = [row for row, n in enumerate(top_n) if n is not None]
     if not rows:
         return [None] * len(top_n)
-    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    index = to_device(rows, torch.long, logits.device)
     entries = _entries(torch.log_softmax(logits[index], dim=-1), tokens[index], [top_n[r] or 0 for r in rows])
     result: list[TokenLogprob | None] = [None] * len(top_n)
     for row, entry in zip(rows, entries):
@@ -220,5 +223,5 @@ def _entries(raw: torch.Tensor, tokens: torch.Tensor, top_n: list[int]) -> list[
 
 def prompt_logprob_entries(logits: torch.Tensor, next_tokens: list[int], top_n: int) -> list[TokenLogprob]:
     """Log-probabilities of each prompt token given the tokens before it."""
-    tokens = torch.tensor(next_tokens, dtype=torch.long, device=logits.device)
+    tokens = to_device(next_tokens, torch.long, logits.device)
     return _entries(torch.log_softmax(logits[: len(next_tokens)], dim=-1), tokens, [top_n] * len(next_tokens))

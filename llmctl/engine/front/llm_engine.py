@@ -48,6 +48,22 @@ class StepFailedError(RuntimeError):
         self.request_ids = request_ids
 
 
+class DeviceFailedError(RuntimeError):
+    """A CUDA error in a model step. CUDA errors are sticky (the context is unusable afterwards), so
+    the engine stops: /health turns 503 and every request in flight gets the error."""
+
+
+def is_sticky_device_error(exc: BaseException) -> bool:
+    """An error of the CUDA context itself (not an out-of-memory, which leaves the context usable)."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return False
+    accelerator_error = getattr(torch, "AcceleratorError", None)  # torch ≥ 2.8 raises it for CUDA errors
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    text = str(exc)  # a worker rank's error arrives as text
+    return any(marker in text for marker in ("CUDA error", "device-side assert", "illegal memory access"))
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, **overrides: Any) -> None:
         config = config or EngineConfig(**overrides)
@@ -220,6 +236,10 @@ class LLMEngine:
         self.speculator.propose(seqs, self.scheduler.num_running, self.block_manager)
 
     def _fail_step(self, sched: SchedulerOutput, exc: Exception) -> StepFailedError:
+        if is_sticky_device_error(exc):
+            logger.critical("a CUDA error in a model step leaves the GPU unusable; the engine stops: %s", exc)
+            raise DeviceFailedError(f"the GPU failed in a model step ({type(exc).__name__}: {exc}); restart the "
+                                    "server") from exc
         request_ids = sorted({item.seq.request_id for item in sched.scheduled})
         for request_id in request_ids:
             self.abort(request_id)

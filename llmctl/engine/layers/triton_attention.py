@@ -39,10 +39,10 @@ class TritonAttention:
         self.step: StepTensors | None = None
 
     def prepare(self, meta: AttentionMetadata, device: torch.device) -> None:
-        width = max((len(t) for t in meta.block_tables), default=1)
-        tables = torch.zeros(len(meta.block_tables), max(width, 1), dtype=torch.int32)
-        for row, table in enumerate(meta.block_tables):
-            tables[row, :len(table)] = torch.tensor(table, dtype=torch.int32)
+        width = max(1, max((len(t) for t in meta.block_tables), default=1))
+        # one host tensor from padded rows, one pinned copy (not a small tensor per sequence)
+        tables = torch.tensor([table + [0] * (width - len(table)) for table in meta.block_tables] or [[0]],
+                              dtype=torch.int32)[:len(meta.block_tables)]
         self.step = StepTensors(meta.slot_mapping, to_device(tables, torch.int32, device),
                                 to_device(meta.seq_lens, torch.int32, device), None, meta.query_start_loc,
                                 meta.sliding_window)

@@ -15,6 +15,7 @@ from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.worker.loaded_model import Placement
+from llmctl.engine.worker.memory_reservation import MemoryReservation
 from llmctl.engine.worker.profile import dummy_prefill, measure_activation_peak, run_dummy_step
 from llmctl.kernels.huge_pages import zeros_on_huge_pages
 from llmctl.plan.kv import StageKV, kv_groups, stage_kv
@@ -35,9 +36,11 @@ class KVCacheSetup:
 
 def set_up_kv_cache(config: EngineConfig, spec: ModelSpec, model: nn.Module, backend: AttentionBackend,
                     placement: Placement, device: torch.device, dtype: torch.dtype, resident_bytes: int,
-                    max_model_len: int, max_batched: int) -> KVCacheSetup:
-    """Size the pool from what is left after `resident_bytes` (weights, adapters) and the activation
-    peak, agree on it with the other ranks, check one full sequence fits, and allocate it."""
+                    max_model_len: int, max_batched: int,
+                    reserved: MemoryReservation = MemoryReservation()) -> KVCacheSetup:
+    """Size the pool from what is left after `resident_bytes` (weights, adapters), the activation peak
+    and what `reserved` sets aside (a draft model), agree on it with the other ranks, check one full
+    sequence fits, and allocate it."""
     shard, rank = placement.shard(spec), placement.rank
     layers = shard.stage_layers(spec.num_layers)
     cache_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)
@@ -50,10 +53,15 @@ def set_up_kv_cache(config: EngineConfig, spec: ModelSpec, model: nn.Module, bac
     activation = 0
     if device.type == "cuda" and config.kv_cache_memory is None:
         batch, blocks = dummy_prefill(max_batched, max_model_len, config.block_size)
-        activation = measure_activation_peak(device, lambda: run_dummy_step(
-            model, make_caches, backend, batch, blocks, config.block_size, device, spec.hidden_size,
-            shard.is_first, shard.is_last))
+        activation = measure_activation_peak(device, lambda: make_caches(blocks), lambda caches: run_dummy_step(
+            model, caches, backend, batch, config.block_size, device, spec.hidden_size, shard.is_first,
+            shard.is_last, sampler_rows=config.max_num_seqs))
     available = _kv_memory(config, device, resident_bytes, activation, max_batched)
+    if device.type == "cuda" and config.kv_cache_memory is None and reserved.what:
+        share = reserved.kv_bytes_beside(available, geometry.block_bytes)
+        logger.info("KV cache %.2f GiB of %.2f GiB: the rest is kept for the %s (weights %.2f GiB, and its KV "
+                    "of each block)", share / GiB, available / GiB, reserved.what, reserved.fixed_bytes / GiB)
+        available = share
     pool = kv_pool(available, geometry)
     agreed = placement.agree_on_blocks(pool.num_blocks)
     if agreed != pool.num_blocks:  # the KV pool is the smallest that every rank holds

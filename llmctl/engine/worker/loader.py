@@ -21,6 +21,8 @@ from llmctl.engine.attention_selector import (BackendChoice, choose_attention_ba
 from llmctl.engine.config import EngineConfig, EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend
 from llmctl.engine.layers.cpu_gemm import pack_linears, packed_kernel, small_batch
+from llmctl.engine.gpu_support import check_this_gpu
+from llmctl.engine.worker.memory_reservation import MemoryReservation
 from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.lora.slots import attach_lora_slots
 from llmctl.engine.models.common import Shard, WeightMismatchError
@@ -50,7 +52,9 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     device = device_for(config.device, rank)
     if device.type == "cpu":
         keep_freed_memory_in_heap()
+    bind_device(device)
     dtype = _dtype(config.dtype, device)
+    choice, backend = _attention_backend(config, spec, device, dtype)  # refuses what this GPU cannot run first
     hf_config = _hf_config(source, spec, config.trust_remote_code)
     model = _build(spec, hf_config, dtype, device, source, shard, config.allow_pickle_weights, config.model_impl)
     weights_bytes = model_weight_bytes(model)
@@ -62,13 +66,13 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     defaults = generation_defaults(source)
     max_model_len = _max_model_len(config, spec)
     max_batched = config.max_num_batched_tokens or (8192 if device.type == "cuda" else 2048)
-    choice, backend = _attention_backend(config, spec, device, dtype)
     groups = kv_groups(spec)
     if groups.hybrid:  # a backend of the same kind for each further KV group
         backend = GroupedAttention([backend, *(create_backend(backend.name, dtype, spec.attention.head_dim)
                                                for _ in groups.groups[1:])], groups)
+    reserved = _draft_reservation(config, device, dtype)
     kv = set_up_kv_cache(config, spec, model, backend, placement, device, dtype, weights_bytes + lora_bytes,
-                         max_model_len, max_batched)
+                         max_model_len, max_batched, reserved)
     loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, kv.geometry, kv.pool,
                          kv.caches, max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes,
                          placement, choice.reason, kv.activation_peak_bytes, packed_bytes, lora_step, lora_slots)
@@ -116,6 +120,23 @@ def device_for(name: str, rank: Rank) -> torch.device:
     if name == "cuda" and rank.world_size > 1:  # one GPU per rank (LOCAL_RANK under torchrun)
         return torch.device("cuda", local_rank(rank) % max(1, torch.cuda.device_count()))
     return torch.device(name)
+
+
+def _draft_reservation(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> MemoryReservation:
+    """On a GPU, what a draft model (loaded after this target) needs is kept out of the target's pool."""
+    if device.type != "cuda":
+        return MemoryReservation()
+    from llmctl.engine.spec_decode.draft_memory import draft_reservation
+    from llmctl.engine.worker.kv_cache import kv_cache_dtype
+
+    return draft_reservation(config, dtype, kv_cache_dtype(config.kv_cache_dtype, dtype))
+
+
+def bind_device(device: torch.device) -> None:
+    """Make this rank's GPU the current one: Triton launches on the current device and stream, so
+    without it every rank's kernels would run on GPU 0 with another GPU's pointers."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
@@ -205,6 +226,9 @@ def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.devi
         problem = triton_usable(cuda)
         if problem:
             raise EngineConfigError(f"--attention-backend triton: {problem}")
+        if cuda:
+            check_this_gpu(device, dtype, config.kv_cache_dtype, spec.attention.head_dim,
+                           spec.attention.num_heads // spec.attention.num_kv_heads)
     if choice.backend != "cpu":
         return choice, create_backend(choice.backend)
     if cuda:

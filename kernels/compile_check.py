@@ -1,0 +1,297 @@
+"""Compile every Triton kernel ahead of time for real NVIDIA GPUs, on any machine.
+
+Triton's wheel ships `ptxas`, so `triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`
+makes a cubin without a GPU. That catches what the interpreter (TRITON_INTERPRET=1, which the CPU
+tests use) accepts and a GPU refuses: a `tl.dot` dimension under 16, fp8 before sm_89, a tile that
+needs more shared memory than the GPU has.
+
+The cases come from the code that chooses them at run time: the engine's options
+(`EngineConfig`'s dtypes and block sizes, `--kv-cache-dtype`), the launchers' own constexpr
+builders (`attention.kernel_constexprs`, `kv_store.store_constexprs`, `w4a16.w4a16_constexprs`) and
+their tile choosers. A case the engine refuses on some GPU (`llmctl.engine.gpu_support`) must fail to
+compile there, and every other case must compile: `tests/test_compile_check.py` holds both.
+
+    python -m llmctl.kernels.compile_check --arch 80,89,90          # the table
+    python -m llmctl.kernels.compile_check --arch 90 --full         # every head dim × group, not a cover
+    python -m llmctl.kernels.compile_check --ci --json out.json     # what the test suite compiles
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import itertools
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from llmctl.engine.config import SUPPORTED_BLOCK_SIZES
+from llmctl.engine.gpu_support import attention_shared_bytes, kernel_refusal, shared_memory_limit
+
+ARCHES = (80, 89, 90)
+FLOAT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# head dims of the families served (64: Llama-2 7B, SmolLM; 80: Phi-2; 96: Phi-3; 128: Llama-3;
+# 256: Gemma) and two under 16 (tests' tiny models); groups (query heads per KV head) from MHA to MQA
+HEAD_DIMS = (8, 64, 80, 96, 128, 256)
+GROUPS = (1, 3, 8, 16, 32, 71)
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    kernel: str  # attention | merge | store | w4a16 | dequantize
+    dtype: str  # the activations' (query's) dtype
+    kv_dtype: str  # the cache's dtype (fp8e4nv for --kv-cache-dtype fp8); "" where there is none
+    constexprs: tuple[tuple[str, object], ...]
+
+    @property
+    def label(self) -> str:
+        shown = ", ".join(f"{k}={v}" for k, v in self.constexprs if k not in ("DOT_PRECISION", "LIMIT"))
+        kv = f" kv {self.kv_dtype}" if self.kv_dtype and self.kv_dtype != self.dtype else ""
+        return f"{self.kernel} {self.dtype}{kv} {shown}"
+
+
+@dataclass
+class Outcome:
+    case: KernelCase
+    arch: int
+    error: str | None  # None: compiled, and fits the GPU
+    shared_bytes: int = 0
+    seconds: float = 0.0
+    refusal: str | None = field(default=None)  # what the engine says on this GPU instead of running it
+
+
+def _case(kernel: str, dtype: str, kv_dtype: str, constexprs: dict) -> KernelCase:
+    return KernelCase(kernel, dtype, kv_dtype, tuple(sorted(constexprs.items())))
+
+
+def attention_cases(full: bool = False) -> list[KernelCase]:
+    """Every dtype × KV dtype × block size × step kind (prefill, decode, split decode); the features
+    (ALiBi, sliding window, soft-cap) on and off; head dims × groups for each element size. Without
+    `full` the shapes are a cover (each head dim and group with each element size and step kind, at
+    block size 16), since the tiles depend on element size, padded dim and rows only."""
+    from llmctl.kernels.attention import SEGMENTS, kernel_constexprs, padded_head_dim, program_rows
+
+    kinds = [(d, d) for d in FLOAT_DTYPES] + [(d, "fp8e4nv") for d in FLOAT_DTYPES]
+    steps = ((False, 1), (True, 1), (True, SEGMENTS))  # (decode only, segments)
+
+    def case(dtype, kv, block_size, step, dim=64, group=4, features=False):
+        decode_only, segments = step
+        return _case("attention", dtype, kv, kernel_constexprs(
+            dim=dim, block_size=block_size, group=group, rows=program_rows(group, decode_only), segments=segments,
+            decode_only=decode_only, dtype=FLOAT_DTYPES[dtype], kv_fp8=kv == "fp8e4nv",
+            window=features, alibi=features, softcap=features))
+
+    cases = [case(dtype, kv, block_size, step)
+             for (dtype, kv), block_size, step in itertools.product(kinds, SUPPORTED_BLOCK_SIZES, steps)]
+    cases += [case(dtype, kv, 16, step, features=True) for (dtype, kv), step in itertools.product(kinds, steps)]
+    shape_kinds = kinds if full else [("bf16", "bf16"), ("fp32", "fp32")]  # element sizes 2 and 4
+    block_sizes = SUPPORTED_BLOCK_SIZES if full else (16,)
+    for (dtype, kv), block_size, step, dim, group in itertools.product(
+            shape_kinds, block_sizes, steps[:2], HEAD_DIMS, GROUPS if full else (1, 16, 71)):
+        cases.append(case(dtype, kv, block_size, step, dim=dim, group=group))
+    cases += [_case("merge", dtype, "", dict(HEAD_DIM=dim, PADDED_DIM=padded_head_dim(dim), SEGMENTS=SEGMENTS))
+              for dtype, dim in itertools.product(FLOAT_DTYPES, HEAD_DIMS)]
+    return list(dict.fromkeys(cases))
+
+
+def store_cases() -> list[KernelCase]:
+    from llmctl.kernels.kv_store import store_constexprs
+
+    return [_case("store", dtype, kv, store_constexprs(kv_heads * dim, kv == "fp8e4nv"))
+            for dtype in FLOAT_DTYPES for kv in (dtype, "fp8e4nv") for kv_heads, dim in ((1, 8), (8, 128), (2, 80))]
+
+
+def w4a16_cases() -> list[KernelCase]:
+    """Decode and prefill row counts, group sizes 32/64/128 and act-order, both formats, as `choose_tiles` picks."""
+    from llmctl.kernels.w4a16 import DEQUANTIZE_ABOVE_ROWS, choose_tiles, dequantize_constexprs, w4a16_constexprs
+
+    cases = []
+    for dtype, method, group_size, act_order in itertools.product(
+            FLOAT_DTYPES, ("gptq", "awq"), (32, 64, 128), (False, True)):
+        if act_order and method == "awq":
+            continue
+        for rows in (1, 16, 64, DEQUANTIZE_ABOVE_ROWS):
+            tiles = choose_tiles(rows, 4096, 4096, group_size, act_order, programs_wanted=4 * 132,
+                                 element_bytes=FLOAT_DTYPES[dtype].itemsize)
+            cases.append(_case("w4a16", dtype, "", w4a16_constexprs(tiles, method, group_size, FLOAT_DTYPES[dtype])))
+        tiles = choose_tiles(DEQUANTIZE_ABOVE_ROWS + 1, 4096, 4096, group_size, act_order, programs_wanted=4 * 132,
+                             element_bytes=FLOAT_DTYPES[dtype].itemsize)
+        cases.append(_case("dequantize", dtype, "", dequantize_constexprs(tiles, method, group_size)))
+    return list(dict.fromkeys(cases))
+
+
+def all_cases(full: bool = False) -> list[KernelCase]:
+    return attention_cases(full) + store_cases() + w4a16_cases()
+
+
+def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
+    """The jit function and the types of its runtime arguments (pointers by what the launcher passes)."""
+    from llmctl.kernels import attention, kv_store, w4a16
+
+    act, kv = f"*{case.dtype}", f"*{case.kv_dtype}" if case.kv_dtype else ""
+    if case.kernel == "attention":
+        return attention._attention_kernel, dict(
+            out_ptr=act, partial_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", q_ptr=act, kv_ptr=kv,
+            tables_ptr="*i32", lens_ptr="*i32", starts_ptr="*i32", block_seq_ptr="*i32", block_first_ptr="*i32",
+            slopes_ptr="*fp32")
+    if case.kernel == "merge":
+        return attention._merge_kernel, dict(out_ptr=act, partial_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32")
+    if case.kernel == "store":
+        return kv_store._store_kernel, dict(key_ptr=act, value_ptr=act, cache_ptr=kv, slot_ptr="*i64")
+    packed = dict(qweight_ptr="*i32", qzeros_ptr="*i32", scales_ptr="*fp16", g_idx_ptr="*i32")
+    if case.kernel == "w4a16":
+        return w4a16._w4a16_kernel, dict(packed, x_ptr=act, out_ptr="*fp32" if dict(case.constexprs)["SPLIT"] else act)
+    return w4a16._dequantize_kernel, dict(packed, out_ptr=act)
+
+
+def _scalar_type(name: str) -> str:
+    return "fp32" if name in ("scale", "softcap", "k_scale", "v_scale", "k_inverse", "v_inverse") else "i32"
+
+
+def compile_case(case: KernelCase, arch: int) -> Outcome:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    import triton
+
+    kernel, pointers = _kernel_and_types(case)
+    constexprs = dict(case.constexprs)
+    signature = {name: "constexpr" if name in constexprs else pointers.get(name) or _scalar_type(name)
+                 for name in inspect.signature(kernel.fn).parameters}
+    started = time.perf_counter()
+    try:
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", arch, 32))
+    except Exception as exc:  # Triton's compile errors have no common base class
+        return Outcome(case, arch, _first_line(exc), seconds=time.perf_counter() - started)
+    shared = compiled.metadata.shared
+    limit = shared_memory_limit(arch)
+    error = None if shared <= limit else f"needs {shared:,} bytes of shared memory; sm_{arch} has {limit:,}"
+    return Outcome(case, arch, error, shared, time.perf_counter() - started)
+
+
+def _first_line(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    useful = [line for line in lines if "error" in line.lower() or "assert" in line.lower()]
+    return f"{type(exc).__name__}: {(useful or lines or [''])[-1][:200]}"
+
+
+def _compile_pair(pair: tuple[KernelCase, int]) -> Outcome:
+    case, arch = pair
+    outcome = compile_case(case, arch)
+    constexprs = dict(case.constexprs)
+    shape = (constexprs["PADDED_DIM"], constexprs["ROWS"]) if case.kernel == "attention" else (0, 0)
+    outcome.refusal = kernel_refusal(arch, case.dtype, case.kv_dtype, *shape)
+    return outcome
+
+
+def all_pairs(arches: tuple[int, ...], full: bool = False) -> list[tuple[KernelCase, int]]:
+    return [(case, arch) for arch in arches for case in all_cases(full)]
+
+
+def ci_pairs() -> list[tuple[KernelCase, int]]:
+    """The test suite's share (minutes on two cores, not a quarter of an hour): every bfloat16 and float32
+    case for sm_90; for sm_80 and sm_89, and for float16 on sm_90, the largest tile of each kernel × dtype ×
+    KV dtype (what their shared memory and fp8 support decide; float16 compiles as bfloat16 does)."""
+    cases = all_cases()
+    pairs = [(case, 90) for case in cases if case.dtype != "fp16"]
+    for arch in ARCHES:
+        seen: set[tuple[str, str, str]] = set()
+        for case in sorted(cases, key=lambda c: -_tile_bytes(c)):
+            key = (case.kernel, case.dtype, case.kv_dtype)
+            if key not in seen and (arch != 90 or case.dtype == "fp16"):
+                seen.add(key)
+                pairs.append((case, arch))
+    return pairs
+
+
+def _tile_bytes(case: KernelCase) -> int:
+    c = dict(case.constexprs)
+    if case.kernel == "attention":
+        return attention_shared_bytes(c["PADDED_DIM"], c["ROWS"], c["KEY_TILE"], 4 if case.dtype == "fp32" else 2)
+    return c.get("BLOCK_M", 1) * c.get("BLOCK_K", 0) + c.get("BLOCK_K", 0) * c.get("BLOCK_N", 0) + c.get("PADDED_DIM", 0)
+
+
+def run(pairs: list[tuple[KernelCase, int]], workers: int | None = None) -> list[Outcome]:
+    """Compile in worker processes. Triton decides at import whether kernels are interpreted, so this runs
+    in a process where TRITON_INTERPRET is unset (the test suite starts the command in one)."""
+    if os.environ.get("TRITON_INTERPRET") not in (None, "", "0"):
+        raise RuntimeError("unset TRITON_INTERPRET: the compile check compiles, it does not interpret")
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated (it warns otherwise)
+    with ProcessPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
+        return list(pool.map(_compile_pair, pairs, chunksize=4))
+
+
+def mismatches(outcomes: list[Outcome]) -> list[str]:
+    """Cases that fail where the engine would run them, or compile where the engine refuses them."""
+    wrong = []
+    for o in outcomes:
+        if o.error and not o.refusal:
+            wrong.append(f"sm_{o.arch} {o.case.label}: fails to compile and the engine does not refuse it: {o.error}")
+        elif o.refusal and not o.error:
+            wrong.append(f"sm_{o.arch} {o.case.label}: compiles, yet the engine refuses it ({o.refusal})")
+    return wrong
+
+
+def outcome_to_dict(outcome: Outcome) -> dict:
+    return {"kernel": outcome.case.kernel, "dtype": outcome.case.dtype, "kv_dtype": outcome.case.kv_dtype,
+            "constexprs": dict(outcome.case.constexprs), "arch": outcome.arch, "error": outcome.error,
+            "refusal": outcome.refusal, "shared_bytes": outcome.shared_bytes, "seconds": round(outcome.seconds, 2)}
+
+
+def print_table(outcomes: list[Outcome]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("kernel", "dtype", *(f"sm_{a}" for a in sorted({o.arch for o in outcomes})), "max shared", title=
+                  "Triton kernels compiled ahead of time (cases: compiled / refused by the engine / failing)")
+    groups: dict[tuple[str, str], dict[int, list[Outcome]]] = {}
+    for o in outcomes:
+        kv = o.case.kv_dtype if o.case.kv_dtype not in ("", o.case.dtype) else ""
+        groups.setdefault((o.case.kernel, o.case.dtype + (f" · kv {kv}" if kv else "")), {}).setdefault(o.arch, []).append(o)
+    for (kernel, dtype), by_arch in groups.items():
+        cells = []
+        for arch in sorted(by_arch):
+            items = by_arch[arch]
+            ok = sum(not o.error for o in items)
+            refused = sum(bool(o.error and o.refusal) for o in items)
+            failing = len(items) - ok - refused
+            cells.append(f"{ok}" + (f" / {refused} refused" if refused else "") + (f" / [red]{failing} failing[/]" if failing else ""))
+        shared = max(o.shared_bytes for items in by_arch.values() for o in items)
+        table.add_row(kernel, dtype, *cells, f"{shared / 1024:.0f} KiB")
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llmctl.kernels.compile_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default=",".join(map(str, ARCHES)), help="compute capabilities, e.g. 80,89,90")
+    parser.add_argument("--full", action="store_true", help="every head dim with every group (slower)")
+    parser.add_argument("--ci", action="store_true", help="the test suite's share (ignores --arch)")
+    parser.add_argument("--json", type=Path, help="also write every outcome to this file")
+    parser.add_argument("--workers", type=int, default=None, help="compiler processes (default: up to 4)")
+    args = parser.parse_args(argv)
+    try:
+        arches = tuple(int(a) for a in args.arch.split(","))
+    except ValueError:
+        print(f"--arch {args.arch!r}: give compute capabilities as numbers, e.g. 80,89,90", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    outcomes = run(ci_pairs() if args.ci else all_pairs(arches, args.full), args.workers)
+    print_table(outcomes)
+    if args.json:
+        args.json.write_text(json.dumps([outcome_to_dict(o) for o in outcomes]))
+    wrong = mismatches(outcomes)
+    for line in wrong:
+        print(line)
+    print(f"{len(outcomes)} compilations in {time.perf_counter() - started:.0f} s; "
+          f"{'all as the engine expects' if not wrong else f'{len(wrong)} not as the engine expects'}")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Every Triton kernel compiled ahead of time for real NVIDIA GPUs (sm_80, sm_89, sm_90) on this CPU
+machine, with Triton's own ptxas: what fails to compile must be what the engine refuses on that GPU,
+and everything else must compile. The interpreter the other kernel tests run under accepts what a
+GPU refuses (a tl.dot under 16, fp8 on Ampere); this does not. The compiler runs in its own process,
+where TRITON_INTERPRET is unset (Triton reads it once, at import)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from llmctl.engine.config import SUPPORTED_BLOCK_SIZES
+from llmctl.engine.gpu_support import kernel_refusal
+from llmctl.kernels.compile_check import ARCHES, all_cases
+
+
+def compiling_python(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_every_kernel_compiles_where_the_engine_runs_it(tmp_path):
+    result = compiling_python("-m", "llmctl.kernels.compile_check", "--ci", "--json", str(tmp_path / "out.json"))
+    outcomes = json.loads((tmp_path / "out.json").read_text())
+    assert {o["arch"] for o in outcomes} == set(ARCHES)
+    assert {o["kernel"] for o in outcomes} == {"attention", "merge", "store", "w4a16", "dequantize"}
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]  # no case the engine gets wrong
+    failed = [o for o in outcomes if o["error"]]
+    assert failed and all(o["refusal"] for o in failed)
+    assert {(o["arch"], o["kv_dtype"]) for o in failed} == {(80, "fp8e4nv")}  # e4m3 needs sm_89
+    print(f"compiled {len(outcomes) - len(failed)} kernel cases for sm_{', sm_'.join(map(str, ARCHES))}; "
+          f"{len(failed)} fail where the engine refuses them (fp8 on sm_80)")
+
+
+def test_the_cases_are_what_the_launchers_build():
+    cases = all_cases()
+    attention = [dict(c.constexprs) for c in cases if c.kernel == "attention"]
+    assert {c["BLOCK_SIZE"] for c in attention} == set(SUPPORTED_BLOCK_SIZES)
+    assert {c["SEGMENTS"] for c in attention} == {1, 16} and {c["KV_FP8"] for c in attention} == {True, False}
+    assert all(c["KEY_TILE"] >= 16 and c["PADDED_DIM"] >= 16 and c["ROWS"] >= 16 for c in attention)
+    assert {(c["ALIBI"], c["WINDOW"], c["SOFTCAP"]) for c in attention} == {(False,) * 3, (True,) * 3}
+    w4a16 = [dict(c.constexprs) for c in cases if c.kernel == "w4a16"]
+    assert {c["AWQ"] for c in w4a16} == {True, False} and {c["SPLIT"] for c in w4a16} == {True, False}
+    assert {c["UNIFORM_GROUPS"] for c in w4a16} == {True, False}  # act-order GPTQ reads g_idx per row
+
+
+CHECK_EIGHT_KEY_TILE = """
+import dataclasses, json
+from llmctl.kernels.compile_check import all_cases, compile_case
+case = next(c for c in all_cases() if c.kernel == "attention" and c.dtype == "bf16" and c.kv_dtype == "bf16"
+            and dict(c.constexprs)["BLOCK_SIZE"] == 8)
+eight = dataclasses.replace(case, constexprs=tuple((k, 8 if k == "KEY_TILE" else v) for k, v in case.constexprs))
+print(json.dumps([compile_case(case, 90).error, compile_case(eight, 90).error]))
+"""
+
+
+def test_a_dot_under_sixteen_fails_to_compile_for_a_gpu():
+    """The class of error this check exists for: block size 8 used to give the PV tl.dot K = 8, which the
+    interpreter runs and ptxas refuses. Forcing an 8-key tile shows the check sees it."""
+    result = compiling_python("-c", CHECK_EIGHT_KEY_TILE, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    as_chosen, eight_keys = json.loads(result.stdout.strip().splitlines()[-1])
+    assert as_chosen is None and eight_keys is not None
+
+
+def test_the_engine_refusals_in_one_line():
+    assert "compute capability 8.9 or newer" in kernel_refusal(80, "bf16", "fp8e4nv")
+    assert kernel_refusal(89, "bf16", "fp8e4nv") is None and kernel_refusal(90, "fp16", "fp8e4nv") is None
+    assert "use --dtype bfloat16" in kernel_refusal(80, "fp32", "fp32", padded_dim=256, rows=128)
+    assert kernel_refusal(90, "fp32", "fp32", padded_dim=256, rows=128) is None
+
+
+@pytest.mark.parametrize("arch", [75, 120])
+def test_gpus_outside_the_compiled_targets_get_the_closest_limits(arch):
+    assert kernel_refusal(arch, "bf16", "bf16", padded_dim=128, rows=64) is None
