@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from llmctl.engine.gpu_support import MIN_KEY_TILE, SMALLEST_SHARED_MEMORY, attention_shared_bytes
+from llmctl.kernels.limits import MIN_KEY_TILE, SMALLEST_SHARED_MEMORY, attention_shared_bytes
 from llmctl.kernels.transfer import to_device
 
 # A program's rows: query tokens × the query heads of one KV head. 16 is the smallest tl.dot takes

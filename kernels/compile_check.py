@@ -8,7 +8,7 @@ needs more shared memory than the GPU has.
 The cases come from the code that chooses them at run time: the engine's options
 (`EngineConfig`'s dtypes and block sizes, `--kv-cache-dtype`), the launchers' own constexpr
 builders (`attention.kernel_constexprs`, `kv_store.store_constexprs`, `w4a16.w4a16_constexprs`) and
-their tile choosers. A case the engine refuses on some GPU (`llmctl.engine.gpu_support`) must fail to
+their tile choosers. A case the engine refuses on some GPU (`llmctl.kernels.limits`) must fail to
 compile there, and every other case must compile: `tests/test_compile_check.py` holds both.
 
     python -m llmctl.kernels.compile_check --arch 80,89,90          # the table
@@ -31,8 +31,7 @@ from pathlib import Path
 
 import torch
 
-from llmctl.engine.config import SUPPORTED_BLOCK_SIZES
-from llmctl.engine.gpu_support import attention_shared_bytes, kernel_refusal, shared_memory_limit
+from llmctl.kernels.limits import SUPPORTED_BLOCK_SIZES, attention_shared_bytes, kernel_refusal, shared_memory_limit
 
 ARCHES = (80, 89, 90)
 FLOAT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

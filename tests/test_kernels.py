@@ -68,6 +68,30 @@ def test_a_large_pool():
     check([3, 1], [20, 50], heads=2, kv_heads=1, dim=64, block_size=16, pool_blocks=32_768)
 
 
+def test_a_pool_past_two_to_the_thirty_one_elements():
+    """A 2.15 GB fp8 pool (2^31 + elements, as an 80 GB GPU's pool is): the step's K/V stored in its last
+    blocks and read back through them, so every slot × stride and block × stride must be 64-bit."""
+    from llmctl.kernels.kv_store import store_kv
+
+    blocks, block_size, dim, length = 1_050_000, 16, 64, 40
+    cache = torch.empty(blocks, block_size, 2, 1, dim, dtype=torch.float8_e4m3fn, device=DEVICE)
+    assert cache.numel() > 2**31
+    gen = torch.Generator().manual_seed(5)
+    tables = torch.tensor([[blocks - 1, blocks - 3, blocks - 2]], dtype=torch.int32, device=DEVICE)
+    slots = torch.tensor([int(tables[0, p // block_size]) * block_size + p % block_size for p in range(length)],
+                         dtype=torch.int64, device=DEVICE)
+    key, value = (torch.randn(length, 1, dim, generator=gen).to(DTYPE).to(DEVICE) for _ in range(2))
+    store_kv(key, value, cache, slots)
+    stored = cache.view(-1, 2, 1, dim)[slots]
+    torch.testing.assert_close(stored[:, 0].float(), key.to(torch.float8_e4m3fn).float())
+    query = torch.randn(1, 2, dim, generator=gen).to(DTYPE).to(DEVICE)
+    opts, lens = AttentionOptions(scale=dim ** -0.5), torch.tensor([length], dtype=torch.int32, device=DEVICE)
+    got = paged_attention(query, cache, tables, lens, plan_step([0, 1], 2, 1, query.device), opts)
+    expected = paged_attention_reference(query, cache, tables, lens, torch.tensor([0, 1]), opts)
+    torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE, rtol=TOLERANCE)
+    del cache
+
+
 def test_alibi():
     check([6, 1, 1], [6, 21, 40], heads=6, kv_heads=6, dim=64, block_size=16, alibi_slopes=alibi_slopes(6).to(DEVICE))
 

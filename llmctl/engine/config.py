@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from llmctl.units import GiB
 from llmctl.errors import LlmctlError
+from llmctl.kernels.limits import SUPPORTED_BLOCK_SIZES
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * GiB  # vLLM's CPU backend reserves VLLM_CPU_KVCACHE_SPACE (4 GiB) the same way
-SUPPORTED_BLOCK_SIZES = (8, 16, 32, 64)
 MODEL_IMPLS = ("auto", "llmctl", "vllm", "transformers")  # "vllm": vLLM's name for the native implementation
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 

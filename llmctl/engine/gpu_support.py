@@ -1,58 +1,20 @@
-"""What llmctl's Triton kernels can run on a given NVIDIA GPU, decided before anything loads.
-
-`llmctl.kernels.compile_check` compiles every kernel case for sm_80, sm_89 and sm_90 and checks
-that what fails to compile is exactly what `kernel_refusal` refuses here.
-"""
+"""Refuse, before the model is built, what llmctl's Triton kernels cannot run on this GPU
+(the limits themselves live with the kernels: `llmctl.kernels.limits`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import torch
 
-if TYPE_CHECKING:
-    import torch
-
-# The most shared memory one program may use (the opt-in limit per block), by compute capability.
-SHARED_MEMORY_BYTES = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
-SMALLEST_SHARED_MEMORY = min(SHARED_MEMORY_BYTES.values())  # tiles are chosen to fit every target
-OLDER_GPU_SHARED_MEMORY = 65_536  # sm_75 (Turing); newer unknown GPUs are taken as sm_89's
-FP8_FROM_ARCH = 89  # tl.float8e4nv (e4m3) exists from Ada (sm_89) on
-MIN_KEY_TILE = 16
+from llmctl.engine.config import EngineConfigError
+from llmctl.kernels.limits import kernel_refusal
 
 
-def attention_shared_bytes(padded_dim: int, rows: int, key_tile: int, element_bytes: int) -> int:
-    """An upper bound on one attention program's shared memory under Triton 3.9: the query tile, a key
-    and a value tile staged for tl.dot, the score tile of float32 pipelines, and a little for barriers
-    (fitted to what the compile check measures: exact for float32, above it for 16-bit types)."""
-    return element_bytes * (padded_dim * (rows + 2 * key_tile) + rows * key_tile) + 1024
-
-
-def shared_memory_limit(arch: int) -> int:
-    return SHARED_MEMORY_BYTES.get(arch, OLDER_GPU_SHARED_MEMORY if arch < 80 else SMALLEST_SHARED_MEMORY)
-
-
-def kernel_refusal(arch: int, dtype: str, kv_dtype: str, padded_dim: int = 0, rows: int = 0) -> str | None:
-    """One line saying why this GPU cannot run the kernels for these settings; None when it can."""
-    if kv_dtype == "fp8e4nv" and arch < FP8_FROM_ARCH:
-        return (f"--kv-cache-dtype fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper) for e4m3; "
-                f"this one is {arch // 10}.{arch % 10}: use --kv-cache-dtype auto")
-    element_bytes = 4 if dtype == "fp32" else 2
-    if attention_shared_bytes(padded_dim, rows, MIN_KEY_TILE, element_bytes) > shared_memory_limit(arch):
-        return (f"--dtype float32: attention over {rows} query rows of head dim {padded_dim} needs more shared memory "
-                f"than compute capability {arch // 10}.{arch % 10} has: use --dtype bfloat16")
-    return None
-
-
-def check_this_gpu(device: torch.device, dtype: torch.dtype, kv_cache_dtype: str, head_dim: int,
-                   group: int) -> None:
-    """Refuse, in one line and before the model is built, what the kernels cannot run on this GPU."""
-    import torch
-
-    from llmctl.engine.config import EngineConfigError
-    from llmctl.kernels.attention import padded_head_dim, program_rows
-
+def check_this_gpu(device: torch.device, dtype: torch.dtype, kv_cache_dtype: str, padded_dim: int, rows: int) -> None:
+    """Refuse, in one line and before the model is built, what the kernels cannot run on this GPU
+    (`rows`: the largest program's query rows, `padded_dim`: the head dim as the kernel pads it)."""
     major, minor = torch.cuda.get_device_capability(device)
     name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     kv = "fp8e4nv" if kv_cache_dtype.startswith("fp8") else name
-    problem = kernel_refusal(10 * major + minor, name, kv, padded_head_dim(head_dim), program_rows(group, False))
+    problem = kernel_refusal(10 * major + minor, name, kv, padded_dim, rows)
     if problem:
         raise EngineConfigError(problem)

@@ -227,8 +227,11 @@ def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.devi
         if problem:
             raise EngineConfigError(f"--attention-backend triton: {problem}")
         if cuda:
-            check_this_gpu(device, dtype, config.kv_cache_dtype, spec.attention.head_dim,
-                           spec.attention.num_heads // spec.attention.num_kv_heads)
+            from llmctl.kernels.attention import padded_head_dim, program_rows
+
+            group = spec.attention.num_heads // spec.attention.num_kv_heads
+            check_this_gpu(device, dtype, config.kv_cache_dtype, padded_head_dim(spec.attention.head_dim),
+                           program_rows(group, decode_only=False))
     if choice.backend != "cpu":
         return choice, create_backend(choice.backend)
     if cuda:
