@@ -107,21 +107,22 @@ def store_cases() -> list[KernelCase]:
 
 
 def w4a16_cases() -> list[KernelCase]:
-    """Decode and prefill row counts, group sizes 32/64/128 and act-order, both formats, as `choose_tiles` picks."""
+    """Decode and prefill row counts, group sizes 32/64/128 and act-order, 4-bit GPTQ and AWQ and 8-bit GPTQ,
+    as `choose_tiles` picks."""
     from llmctl.kernels.w4a16 import DEQUANTIZE_ABOVE_ROWS, choose_tiles, dequantize_constexprs, w4a16_constexprs
 
     cases = []
-    for dtype, method, group_size, act_order in itertools.product(
-            FLOAT_DTYPES, ("gptq", "awq"), (32, 64, 128), (False, True)):
+    for dtype, (method, bits), group_size, act_order in itertools.product(
+            FLOAT_DTYPES, (("gptq", 4), ("awq", 4), ("gptq", 8)), (32, 64, 128), (False, True)):
         if act_order and method == "awq":
             continue
+        element_bytes = FLOAT_DTYPES[dtype].itemsize
         for rows in (1, 16, 64, DEQUANTIZE_ABOVE_ROWS):
-            tiles = choose_tiles(rows, 4096, 4096, group_size, act_order, programs_wanted=4 * 132,
-                                 element_bytes=FLOAT_DTYPES[dtype].itemsize)
-            cases.append(_case("w4a16", dtype, "", w4a16_constexprs(tiles, method, group_size, FLOAT_DTYPES[dtype])))
-        tiles = choose_tiles(DEQUANTIZE_ABOVE_ROWS + 1, 4096, 4096, group_size, act_order, programs_wanted=4 * 132,
-                             element_bytes=FLOAT_DTYPES[dtype].itemsize)
-        cases.append(_case("dequantize", dtype, "", dequantize_constexprs(tiles, method, group_size)))
+            tiles = choose_tiles(rows, 4096, 4096, group_size, act_order, 4 * 132, element_bytes)
+            cases.append(_case("w4a16", dtype, "", w4a16_constexprs(tiles, method, group_size, FLOAT_DTYPES[dtype],
+                                                                    bits)))
+        tiles = choose_tiles(DEQUANTIZE_ABOVE_ROWS + 1, 4096, 4096, group_size, act_order, 4 * 132, element_bytes)
+        cases.append(_case("dequantize", dtype, "", dequantize_constexprs(tiles, method, group_size, bits)))
     return list(dict.fromkeys(cases))
 
 

@@ -1,11 +1,12 @@
-"""W4A16 GEMM: activations in 16/32-bit floats times GPTQ or AWQ packed 4-bit weights.
+"""W4A16 GEMM: activations in 16/32-bit floats times GPTQ or AWQ packed 4-bit weights (and GPTQ's
+8-bit weights, W8A16, through the same kernel).
 
 The packed weights are read as stored (`llmctl.checkpoint.quant_formats` documents both layouts) and
 dequantized inside the K loop, one [BLOCK_K, BLOCK_N] tile at a time, so the full-precision
 weight never exists in memory; products accumulate in float32.
 
-- GPTQ v1: qweight [K/8, N] packs 8 input rows per int32; qzeros [groups, N/8] holds zero − 1;
-  g_idx [K] gives each input row's group (act-order checkpoints permute it).
+- GPTQ v1: qweight [K/8, N] packs 8 input rows per int32 (4 at 8 bits); qzeros [groups, N/8] holds
+  zero − 1; g_idx [K] gives each input row's group (act-order checkpoints permute it).
 - AWQ GEMM: qweight [K, N/8] packs 8 output columns per int32 in the nibble order
   0, 2, 4, 6, 1, 3, 5, 7; qzeros [groups, N/8] the same way; group = row // group_size.
 
@@ -28,13 +29,13 @@ DEQUANTIZE_ABOVE_ROWS = 256  # more rows than this: dequantize once, then one de
 
 
 def w4a16_reference(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torch.Tensor,
-                    scales: torch.Tensor, g_idx: torch.Tensor | None, group_size: int) -> torch.Tensor:
+                    scales: torch.Tensor, g_idx: torch.Tensor | None, group_size: int, bits: int = 4) -> torch.Tensor:
     """x [M, K] @ the dequantized weight, through the same unpacking code that writes the formats."""
     from llmctl.checkpoint.quant_formats import awq_unpack, unpack_cols, unpack_rows
 
     if method == "gptq":
-        q = unpack_rows(qweight.cpu(), 4)  # [K, N]
-        zeros = unpack_cols(qzeros.cpu(), 4) + 1  # [groups, N]
+        q = unpack_rows(qweight.cpu(), bits)  # [K, N]
+        zeros = unpack_cols(qzeros.cpu(), bits) + 1  # [groups, N]
     else:
         q, zeros = awq_unpack(qweight.cpu()), awq_unpack(qzeros.cpu())
     groups = g_idx.long().cpu() if g_idx is not None else torch.arange(q.shape[0]) // group_size
@@ -67,21 +68,23 @@ def choose_tiles(rows: int, inner: int, cols: int, group_size: int, act_order: b
     return Tiles(block_m, block_n, block_k, split, uniform)
 
 
-def w4a16_constexprs(tiles: Tiles, method: str, group_size: int, dtype: torch.dtype) -> dict:
+def w4a16_constexprs(tiles: Tiles, method: str, group_size: int, dtype: torch.dtype, bits: int = 4) -> dict:
     """The GEMM kernel's compile-time parameters (shared with `llmctl.kernels.compile_check`)."""
-    return dict(AWQ=method == "awq", BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+    return dict(AWQ=method == "awq", BITS=bits, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
                 GROUP_SIZE=group_size if tiles.uniform_groups else 1, UNIFORM_GROUPS=tiles.uniform_groups,
                 SPLIT=tiles.split_k > 1, DOT_PRECISION=dot_precision(dtype))
 
 
-def dequantize_constexprs(tiles: Tiles, method: str, group_size: int) -> dict:
-    return dict(AWQ=method == "awq", BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+def dequantize_constexprs(tiles: Tiles, method: str, group_size: int, bits: int = 4) -> dict:
+    return dict(AWQ=method == "awq", BITS=bits, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
                 GROUP_SIZE=group_size if tiles.uniform_groups else 1, UNIFORM_GROUPS=tiles.uniform_groups)
 
 
 def w4a16_matmul(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-                 g_idx: torch.Tensor | None, group_size: int, split_k: int | None = None) -> torch.Tensor:
-    """x [M, K] -> [M, N] in x's dtype. `split_k` overrides the choice (tests)."""
+                 g_idx: torch.Tensor | None, group_size: int, split_k: int | None = None, bits: int = 4) -> torch.Tensor:
+    """x [M, K] -> [M, N] in x's dtype; `bits` 4 (GPTQ, AWQ) or 8 (GPTQ). `split_k` overrides the choice (tests)."""
+    if bits not in (4, 8) or (bits == 8 and method != "gptq"):
+        raise ValueError(f"the W4A16 kernel takes 4-bit GPTQ/AWQ and 8-bit GPTQ weights, not {bits}-bit {method}")
     rows, inner = x.shape
     cols = scales.shape[1]
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
@@ -92,7 +95,7 @@ def w4a16_matmul(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: to
     if g_idx is None and not tiles.uniform_groups:
         g_idx = _contiguous_groups(inner, group_size, x.device)
     if rows > DEQUANTIZE_ABOVE_ROWS:
-        return x @ w4a16_dequantize(method, qweight, qzeros, scales, g_idx, group_size, inner, x.dtype, tiles)
+        return x @ w4a16_dequantize(method, qweight, qzeros, scales, g_idx, group_size, inner, x.dtype, tiles, bits)
     split = tiles.split_k > 1
     out = torch.zeros(rows, cols, dtype=torch.float32, device=x.device) if split else \
         torch.empty(rows, cols, dtype=x.dtype, device=x.device)
@@ -101,7 +104,7 @@ def w4a16_matmul(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: to
     _w4a16_kernel[grid](
         x, qweight, qzeros, scales, g_idx if g_idx is not None else qzeros, out, rows, cols, inner, k_per_split,
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0),
-        **w4a16_constexprs(tiles, method, group_size, x.dtype))
+        **w4a16_constexprs(tiles, method, group_size, x.dtype, bits))
     return out.to(x.dtype) if split else out
 
 
@@ -118,7 +121,7 @@ def _contiguous_groups(inner: int, group_size: int, device: torch.device) -> tor
 
 def w4a16_dequantize(method: str, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                      g_idx: torch.Tensor | None, group_size: int, inner: int, dtype: torch.dtype,
-                     tiles: Tiles) -> torch.Tensor:
+                     tiles: Tiles, bits: int = 4) -> torch.Tensor:
     """The [K, N] weight in `dtype`, each packed word read once (prefill: then one cuBLAS GEMM)."""
     cols = scales.shape[1]
     weight = torch.empty(inner, cols, dtype=dtype, device=qweight.device)
@@ -126,44 +129,46 @@ def w4a16_dequantize(method: str, qweight: torch.Tensor, qzeros: torch.Tensor, s
     _dequantize_kernel[grid](
         qweight, qzeros, scales, g_idx if g_idx is not None else qzeros, weight, cols, inner,
         qweight.stride(0), qzeros.stride(0), scales.stride(0), weight.stride(0),
-        **dequantize_constexprs(tiles, method, group_size))
+        **dequantize_constexprs(tiles, method, group_size, bits))
     return weight
 
 
 @triton.jit
 def _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N, K,
                  stride_qweight, stride_qzeros, stride_scales,
-                 AWQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 AWQ: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  GROUP_SIZE: tl.constexpr, UNIFORM_GROUPS: tl.constexpr):
     """Rows [start, start + BLOCK_K) × this program's BLOCK_N columns of the weight, in float32."""
     inner = start + tl.arange(0, BLOCK_K)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     inner_ok, col_ok = inner < K, cols < N
-    nibble = tl.arange(0, 8)
-    if AWQ:  # [K, N/8]: word p of a row holds columns 8p..8p+7, column 8p + j at nibble j // 2 + 4 · (j % 2)
+    PER_WORD: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    nibble = tl.arange(0, PER_WORD)
+    if AWQ:  # 4-bit only  # [K, N/8]: word p of a row holds columns 8p..8p+7, column 8p + j at nibble j // 2 + 4 · (j % 2)
         packs = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
         packed = tl.load(qweight_ptr + inner[:, None].to(tl.int64) * stride_qweight + packs[None, :],
                          mask=inner_ok[:, None] & (packs < tl.cdiv(N, 8))[None, :], other=0)
         shift = (nibble // 2 + 4 * (nibble % 2)) * 4
         q = tl.reshape((packed[:, :, None] >> shift[None, None, :]) & 0xF, [BLOCK_K, BLOCK_N])
         col_shift = ((cols % 8) // 2 + 4 * (cols % 2)) * 4
-    else:  # GPTQ [K/8, N]: word p of a column holds input rows 8p..8p+7, lowest bits first
-        packs = start // 8 + tl.arange(0, BLOCK_K // 8)
+    else:  # GPTQ [K/w, N], w = 32 / BITS: word p of a column holds input rows wp..wp+w-1, lowest bits first
+        packs = start // PER_WORD + tl.arange(0, BLOCK_K // PER_WORD)
         packed = tl.load(qweight_ptr + packs[:, None].to(tl.int64) * stride_qweight + cols[None, :],
-                         mask=(packs < tl.cdiv(K, 8))[:, None] & col_ok[None, :], other=0)
-        q = tl.reshape((packed[:, None, :] >> (nibble * 4)[None, :, None]) & 0xF, [BLOCK_K, BLOCK_N])
-        col_shift = (cols % 8) * 4  # GPTQ packs the zero points by column, in order
+                         mask=(packs < tl.cdiv(K, PER_WORD))[:, None] & col_ok[None, :], other=0)
+        q = tl.reshape((packed[:, None, :] >> (nibble * BITS)[None, :, None]) & MASK, [BLOCK_K, BLOCK_N])
+        col_shift = (cols % PER_WORD) * BITS  # GPTQ packs the zero points by column, in order
     if UNIFORM_GROUPS:  # the tile's one group: a row of zeros and scales
         group = start // GROUP_SIZE
-        zero_pack = tl.load(qzeros_ptr + group * stride_qzeros + cols // 8, mask=col_ok, other=0)
-        zero = ((zero_pack >> col_shift) & 0xF)[None, :]
+        zero_pack = tl.load(qzeros_ptr + group * stride_qzeros + cols // PER_WORD, mask=col_ok, other=0)
+        zero = ((zero_pack >> col_shift) & MASK)[None, :]
         scale = tl.load(scales_ptr + group * stride_scales + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     else:
         tile_ok = inner_ok[:, None] & col_ok[None, :]
         group = tl.load(g_idx_ptr + inner, mask=inner_ok, other=0)
-        zero_pack = tl.load(qzeros_ptr + group[:, None].to(tl.int64) * stride_qzeros + (cols // 8)[None, :],
+        zero_pack = tl.load(qzeros_ptr + group[:, None].to(tl.int64) * stride_qzeros + (cols // PER_WORD)[None, :],
                             mask=tile_ok, other=0)
-        zero = (zero_pack >> col_shift[None, :]) & 0xF
+        zero = (zero_pack >> col_shift[None, :]) & MASK
         scale = tl.load(scales_ptr + group[:, None].to(tl.int64) * stride_scales + cols[None, :],
                         mask=tile_ok, other=0.0).to(tl.float32)
     if not AWQ:
@@ -174,8 +179,8 @@ def _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N
 @triton.jit
 def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K, K_PER_SPLIT,
                   stride_x, stride_qweight, stride_qzeros, stride_scales, stride_out,
-                  AWQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUP_SIZE: tl.constexpr, UNIFORM_GROUPS: tl.constexpr, SPLIT: tl.constexpr,
+                  AWQ: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, GROUP_SIZE: tl.constexpr, UNIFORM_GROUPS: tl.constexpr, SPLIT: tl.constexpr,
                   DOT_PRECISION: tl.constexpr):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -190,7 +195,7 @@ def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr
                     mask=row_ok[:, None] & (inner < K)[None, :], other=0.0)
         weight = _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N, K,
                               stride_qweight, stride_qzeros, stride_scales,
-                              AWQ, BLOCK_N, BLOCK_K, GROUP_SIZE, UNIFORM_GROUPS)
+                              AWQ, BITS, BLOCK_N, BLOCK_K, GROUP_SIZE, UNIFORM_GROUPS)
         # bf16/fp16 operands on GPUs (tensor cores), fp32 accumulation; fp32 operands in full precision
         acc = tl.dot(x, weight.to(x.dtype), acc, input_precision=DOT_PRECISION)
     at = out_ptr + rows[:, None].to(tl.int64) * stride_out + cols[None, :]
@@ -203,12 +208,13 @@ def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr
 @triton.jit
 def _dequantize_kernel(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr, N, K,
                        stride_qweight, stride_qzeros, stride_scales, stride_out,
-                       AWQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       AWQ: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        GROUP_SIZE: tl.constexpr, UNIFORM_GROUPS: tl.constexpr):
     pid_k, pid_n = tl.program_id(0), tl.program_id(1)
     start = pid_k * BLOCK_K
     weight = _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N, K,
-                          stride_qweight, stride_qzeros, stride_scales, AWQ, BLOCK_N, BLOCK_K, GROUP_SIZE, UNIFORM_GROUPS)
+                          stride_qweight, stride_qzeros, stride_scales, AWQ, BITS, BLOCK_N, BLOCK_K, GROUP_SIZE,
+                          UNIFORM_GROUPS)
     inner = start + tl.arange(0, BLOCK_K)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(out_ptr + inner[:, None].to(tl.int64) * stride_out + cols[None, :], weight.to(out_ptr.dtype.element_ty),

@@ -48,6 +48,7 @@ def test_the_cases_are_what_the_launchers_build():
     w4a16 = [dict(c.constexprs) for c in cases if c.kernel == "w4a16"]
     assert {c["AWQ"] for c in w4a16} == {True, False} and {c["SPLIT"] for c in w4a16} == {True, False}
     assert {c["UNIFORM_GROUPS"] for c in w4a16} == {True, False}  # act-order GPTQ reads g_idx per row
+    assert {(c["AWQ"], c["BITS"]) for c in w4a16} == {(False, 4), (True, 4), (False, 8)}
 
 
 CHECK_EIGHT_KEY_TILE = """

@@ -3,6 +3,8 @@ numbers CUDA would report given as data, so it is checked here without a GPU."""
 
 from __future__ import annotations
 
+import torch
+
 from llmctl.engine.worker.kv_cache import DeviceMemory, gpu_kv_bytes
 
 GiB = 1 << 30
@@ -32,3 +34,20 @@ def test_memory_cached_by_torchs_allocator_counts_as_free():
     memory = DeviceMemory(free=10 * GiB, total=80 * GiB, reserved=70 * GiB - GiB // 2, allocated=GiB)
     kv = gpu_kv_bytes(memory, 0.9, resident_bytes=GiB, activation_bytes=GiB, step_tokens=2048)
     assert kv == int(0.9 * 80 * GiB) - GiB - GiB - GiB // 2
+
+
+def test_each_rank_makes_its_own_gpu_current(monkeypatch):
+    """Triton launches on the current CUDA device: rank 1 of a TP group on cuda:1 must make cuda:1 current,
+    or its kernels run on GPU 0 with GPU 1's pointers. Checked at the call CUDA would receive."""
+    from llmctl.engine.parallel.group import Rank
+    from llmctl.engine.worker.loader import bind_device, device_for
+
+    made_current = []
+    monkeypatch.setattr(torch.cuda, "set_device", made_current.append)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    device = device_for("auto", Rank(rank=1, tp=2))
+    bind_device(device)
+    bind_device(torch.device("cpu"))  # CPUs have no current device
+    assert made_current == [torch.device("cuda", 1)]

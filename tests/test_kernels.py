@@ -134,18 +134,20 @@ def test_attention_over_an_fp8_cache():
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE, rtol=TOLERANCE)
 
 
-@pytest.mark.parametrize("method,act_order", [("gptq", False), ("gptq", True), ("awq", False)])
+@pytest.mark.parametrize("method,act_order,bits", [("gptq", False, 4), ("gptq", True, 4), ("awq", False, 4),
+                                                   ("gptq", False, 8), ("gptq", True, 8)])
 @pytest.mark.parametrize("rows,split_k", [(1, None), (1, 2), (5, 3), (33, None), (300, None)])  # 300: dequantize, GEMM
-def test_w4a16_matches_the_unpacked_weights(method, act_order, rows, split_k):
+def test_w4a16_matches_the_unpacked_weights(method, act_order, bits, rows, split_k):
     from llmctl.kernels.w4a16 import w4a16_matmul, w4a16_reference
     from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
 
     gen = torch.Generator().manual_seed(2)
     inner, cols, group = 96, 80, 32  # K not a multiple of BLOCK_K · 2, N not of BLOCK_N
-    weight = QuantizedWeight(q=torch.randint(0, 16, (cols, inner), generator=gen, dtype=torch.int32),
-                             scales=(torch.rand(cols, inner // group, generator=gen) / 10 + 0.01).half().float(),
-                             zeros=torch.randint(1, 16, (cols, inner // group), generator=gen, dtype=torch.int32),
-                             bits=4, group_size=group)
+    levels = 1 << bits
+    weight = QuantizedWeight(q=torch.randint(0, levels, (cols, inner), generator=gen, dtype=torch.int32),
+                             scales=(torch.rand(cols, inner // group, generator=gen) / levels + 0.001).half().float(),
+                             zeros=torch.randint(1, levels, (cols, inner // group), generator=gen, dtype=torch.int32),
+                             bits=bits, group_size=group)
     packed = pack_gptq(weight) if method == "gptq" else pack_awq(weight)
     g_idx = packed.get("g_idx")
     if act_order:  # desc_act: each input row's group as a permutation gives it
@@ -153,11 +155,12 @@ def test_w4a16_matches_the_unpacked_weights(method, act_order, rows, split_k):
     x = torch.randn(rows, inner, generator=gen).to(DTYPE)
     args = [packed[k].to(DEVICE) for k in ("qweight", "qzeros", "scales")]
     g_idx = g_idx.to(DEVICE) if g_idx is not None else None
-    expected = w4a16_reference(x.to(DEVICE), method, *args, g_idx, group)
-    got = w4a16_matmul(x.to(DEVICE), method, *args, g_idx, group, split_k=split_k)  # K split: summed partials
+    expected = w4a16_reference(x.to(DEVICE), method, *args, g_idx, group, bits)
+    got = w4a16_matmul(x.to(DEVICE), method, *args, g_idx, group, split_k=split_k, bits=bits)  # K split: summed
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE * 10, rtol=TOLERANCE * 10)
     if not act_order:  # and the reference, in float32, multiplies by the weight we packed
-        reference = w4a16_reference(x.float(), method, *(packed[k] for k in ("qweight", "qzeros", "scales")), None, group)
+        reference = w4a16_reference(x.float(), method, *(packed[k] for k in ("qweight", "qzeros", "scales")), None, group,
+                                    bits)
         torch.testing.assert_close(reference, x.float() @ weight.dequantize().t(), atol=1e-4, rtol=1e-4)
 
 

@@ -83,7 +83,7 @@ class QuantLinear(nn.Module):
         return parts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and self.bits == 4:
+        if x.is_cuda and (self.bits == 4 or (self.bits == 8 and self.method == "gptq")):
             return self.forward_w4a16(x)
         return F.linear(x, self.dequantize().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
@@ -93,9 +93,10 @@ class QuantLinear(nn.Module):
 
         flat = x.reshape(-1, self.in_features)
         if self.g_idx is None:
-            out = w4a16_matmul(flat, self.method, self.qweight, self.qzeros, self.scales, None, self.group_size)
+            out = w4a16_matmul(flat, self.method, self.qweight, self.qzeros, self.scales, None, self.group_size,
+                               bits=self.bits)
         else:
-            out = torch.cat([w4a16_matmul(flat, self.method, *part, self.group_size)
+            out = torch.cat([w4a16_matmul(flat, self.method, *part, self.group_size, bits=self.bits)
                              for part in self._act_order_parts()], dim=1)
         if self.bias is not None:
             out += self.bias.to(out.dtype)
