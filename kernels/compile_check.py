@@ -71,9 +71,9 @@ def _case(kernel: str, dtype: str, kv_dtype: str, constexprs: dict) -> KernelCas
 
 def attention_cases(full: bool = False) -> list[KernelCase]:
     """Every dtype × KV dtype × block size × step kind (prefill, decode, split decode); the features
-    (ALiBi, sliding window, soft-cap) on and off; head dims × groups for each element size. Without
-    `full` the shapes are a cover (each head dim and group with each element size and step kind, at
-    block size 16), since the tiles depend on element size, padded dim and rows only."""
+    (ALiBi, sliding window, soft-cap) on and off; head dims × groups. Without `full` the shapes are a
+    cover (every head dim with groups 1, 16 and 71 — 16, 32 and 128 rows — for bf16 and fp32, at block
+    size 16), since a program's tiles depend on element size, padded head dim and rows only."""
     from llmctl.kernels.attention import SEGMENTS, kernel_constexprs, padded_head_dim, program_rows
 
     kinds = [(d, d) for d in FLOAT_DTYPES] + [(d, "fp8e4nv") for d in FLOAT_DTYPES]
