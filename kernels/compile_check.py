@@ -118,10 +118,10 @@ def w4a16_cases() -> list[KernelCase]:
             continue
         element_bytes = FLOAT_DTYPES[dtype].itemsize
         for rows in (1, 16, 64, DEQUANTIZE_ABOVE_ROWS):
-            tiles = choose_tiles(rows, 4096, 4096, group_size, act_order, 4 * 132, element_bytes)
+            tiles = choose_tiles(rows, 4096, group_size, act_order, method == "awq", element_bytes)
             cases.append(_case("w4a16", dtype, "", w4a16_constexprs(tiles, method, group_size, FLOAT_DTYPES[dtype],
                                                                     bits)))
-        tiles = choose_tiles(DEQUANTIZE_ABOVE_ROWS + 1, 4096, 4096, group_size, act_order, 4 * 132, element_bytes)
+        tiles = choose_tiles(DEQUANTIZE_ABOVE_ROWS + 1, 4096, group_size, act_order, method == "awq", element_bytes)
         cases.append(_case("dequantize", dtype, "", dequantize_constexprs(tiles, method, group_size, bits)))
     return list(dict.fromkeys(cases))
 

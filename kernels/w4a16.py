@@ -25,7 +25,10 @@ import triton.language as tl
 
 from llmctl.kernels.attention import dot_precision
 
-DEQUANTIZE_ABOVE_ROWS = 256  # more rows than this: dequantize once, then one dense GEMM
+# More rows than this: dequantize once, then one dense GEMM. On an H100 at 4096 -> 14336 the fused kernel
+# took 229 µs for 256 rows, where dequantizing took ~100 µs and cuBLAS 66 µs (scripts/gpu-check.sh).
+DEQUANTIZE_ABOVE_ROWS = 128
+DECODE_SPLIT_K = 8  # K split across this many programs at <= 64 rows (H100: 1.2-2.4x over splitting in two)
 
 
 def w4a16_reference(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torch.Tensor,
@@ -50,21 +53,22 @@ class Tiles:
     block_k: int
     split_k: int  # programs along K, summed with atomic adds into a float32 output
     uniform_groups: bool  # every K tile lies in one quantization group: scales/zeros load once per tile
+    num_warps: int = 4
 
 
-def choose_tiles(rows: int, inner: int, cols: int, group_size: int, act_order: bool, programs_wanted: int,
+def choose_tiles(rows: int, inner: int, group_size: int, act_order: bool, awq: bool,
                  element_bytes: int = 2) -> Tiles:
-    """Small M (decodes) reads weights faster than it multiplies: more programs by splitting K. float32
-    activations take K tiles of at most 64 (128 needs more shared memory than sm_89 has)."""
+    """Measured on an H100 (benchmarks/w4a16_tiles.py, 4096 -> 14336 at 1 and 16 rows): 128-deep K tiles,
+    AWQ 128 columns wide (16 packed words a row; 64 columns re-reads each row's words twice as often and
+    ran 2.4x slower), GPTQ 64, and decodes split K eight ways. float32 activations take K tiles of at most
+    64 (128 needs more shared memory than sm_89 has)."""
     block_m = max(16, min(64, triton.next_power_of_2(rows)))
-    block_n = 64
+    block_n = 128 if awq else 64
     widest = 128 if element_bytes <= 2 else 64
     block_k = next((k for k in (128, 64, 32) if k <= widest and not act_order and group_size % k == 0
                     and k <= max(inner, 32)), 32)
     uniform = not act_order and group_size % block_k == 0
-    programs = triton.cdiv(rows, block_m) * triton.cdiv(cols, block_n)
-    k_tiles = triton.cdiv(inner, block_k)
-    split = max(1, min(k_tiles // 2, programs_wanted // programs)) if rows <= 64 else 1
+    split = max(1, min(triton.cdiv(inner, block_k) // 2, DECODE_SPLIT_K)) if rows <= 64 else 1
     return Tiles(block_m, block_n, block_k, split, uniform)
 
 
@@ -81,15 +85,15 @@ def dequantize_constexprs(tiles: Tiles, method: str, group_size: int, bits: int 
 
 
 def w4a16_matmul(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-                 g_idx: torch.Tensor | None, group_size: int, split_k: int | None = None, bits: int = 4) -> torch.Tensor:
-    """x [M, K] -> [M, N] in x's dtype; `bits` 4 (GPTQ, AWQ) or 8 (GPTQ). `split_k` overrides the choice (tests)."""
+                 g_idx: torch.Tensor | None, group_size: int, split_k: int | None = None, bits: int = 4,
+                 tiles: Tiles | None = None) -> torch.Tensor:
+    """x [M, K] -> [M, N] in x's dtype; `bits` 4 (GPTQ, AWQ) or 8 (GPTQ). `split_k` or `tiles` override the
+    choice (tests, benchmarks/w4a16_tiles.py)."""
     if bits not in (4, 8) or (bits == 8 and method != "gptq"):
         raise ValueError(f"the W4A16 kernel takes 4-bit GPTQ/AWQ and 8-bit GPTQ weights, not {bits}-bit {method}")
     rows, inner = x.shape
     cols = scales.shape[1]
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
-    tiles = choose_tiles(rows, inner, cols, group_size, g_idx is not None, programs_wanted=4 * sms,
-                         element_bytes=x.element_size())
+    tiles = tiles or choose_tiles(rows, inner, group_size, g_idx is not None, method == "awq", x.element_size())
     if split_k is not None:
         tiles = replace(tiles, split_k=split_k)
     if g_idx is None and not tiles.uniform_groups:
@@ -104,7 +108,7 @@ def w4a16_matmul(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: to
     _w4a16_kernel[grid](
         x, qweight, qzeros, scales, g_idx if g_idx is not None else qzeros, out, rows, cols, inner, k_per_split,
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0),
-        **w4a16_constexprs(tiles, method, group_size, x.dtype, bits))
+        num_warps=tiles.num_warps, **w4a16_constexprs(tiles, method, group_size, x.dtype, bits))
     return out.to(x.dtype) if split else out
 
 

@@ -50,4 +50,5 @@ def test_each_rank_makes_its_own_gpu_current(monkeypatch):
     device = device_for("auto", Rank(rank=1, tp=2))
     bind_device(device)
     bind_device(torch.device("cpu"))  # CPUs have no current device
+    bind_device(torch.device("cuda"))  # no index: the current device (torch refuses set_device without one)
     assert made_current == [torch.device("cuda", 1)]

@@ -184,3 +184,20 @@ def test_quantized_linear_through_the_kernel_equals_torch_dequantization(method)
     expected = layer(x)  # torch's dequantization, on the CPU
     got = layer.to(DEVICE).forward_w4a16(x.to(DEVICE))  # float32: full-precision products on a GPU too
     torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("script", ["kernels.py", "w4a16_tiles.py"])
+def test_the_gpu_benchmarks_run(script, tmp_path):
+    """The scripts scripts/gpu-check.sh runs on a lent GPU work before one is lent: tiny shapes, interpreted."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / script), "--tiny", "--json", str(tmp_path / "f")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "WRONG" not in done.stdout and json.loads((tmp_path / "f").read_text())

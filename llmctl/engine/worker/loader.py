@@ -135,7 +135,7 @@ def _draft_reservation(config: EngineConfig, device: torch.device, dtype: torch.
 def bind_device(device: torch.device) -> None:
     """Make this rank's GPU the current one: Triton launches on the current device and stream, so
     without it every rank's kernels would run on GPU 0 with another GPU's pointers."""
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:  # plain "cuda" is the current device already
         torch.cuda.set_device(device)
 
 
