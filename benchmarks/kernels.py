@@ -92,7 +92,8 @@ def w4a16(device: str, dtype: torch.dtype, rows: int, inner: int, cols: int, rep
     return record
 
 
-def main() -> None:
+def setup() -> tuple[argparse.Namespace, str, torch.dtype, str]:
+    """The GPU benchmarks' flags (--tiny, --json), and where they run: bf16 on CUDA, else float32 interpreted."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiny", action="store_true", help="small shapes (for the interpreter)")
     parser.add_argument("--json", type=Path, help="write every figure to this file")
@@ -101,6 +102,12 @@ def main() -> None:
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     name = torch.cuda.get_device_name() if cuda else "CPU (Triton interpreter)"
     print(f"device: {name}")
+    return args, device, dtype, name
+
+
+def main() -> None:
+    args, device, dtype, name = setup()
+    cuda = device == "cuda"
     peak = copy_bandwidth(device, 1 << 30) if cuda else float("nan")
     report: dict = dict(device=name, copy_gb_per_s=peak / 1e9, attention=[], w4a16=[])
     if args.tiny:

@@ -9,7 +9,6 @@ the engine's own choice (`choose_tiles`) beside the best found, against torch's 
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernels import timed  # noqa: E402  (benchmarks/kernels.py: median seconds per call)
+from kernels import setup, timed  # noqa: E402  (benchmarks/kernels.py: flags and device; median seconds)
 
 
 def sweep(device: str, dtype: torch.dtype, rows: int, inner: int, cols: int, method: str, repeats: int,
@@ -70,13 +69,7 @@ def w4a16_timing(x: torch.Tensor, method: str, args: list, repeats: int) -> floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--tiny", action="store_true", help="small shapes (for the interpreter)")
-    parser.add_argument("--json", type=Path, help="write every figure to this file")
-    args = parser.parse_args()
-    cuda = torch.cuda.is_available()
-    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-    print(f"device: {torch.cuda.get_device_name() if cuda else 'CPU (Triton interpreter)'}")
+    args, device, dtype, _ = setup()
     if args.tiny:
         grid = dict(block_n=[32, 64], block_k=[32], split_k=[1, 2], num_warps=[4])
         report = [sweep(device, dtype, 2, 256, 64, m, 1, grid) for m in ("gptq", "awq")]

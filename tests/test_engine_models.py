@@ -377,7 +377,8 @@ def generate_through_graphs(folder: Path, tokenizer, capture: bool, max_tokens: 
     assert graphs is not None and bool(graphs.graphs) == capture
     replays: list[int] = []
     run = graphs.run
-    graphs.run = lambda batch: replays.append(len(batch.seq_lens)) or run(batch)
+    graphs.run = lambda batch, tables: replays.append(len(batch.seq_lens)) or run(batch, tables)
+    assert executor.runner.tables.device is not None  # the graphs' block tables come from the device copy
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     assert 3 in replays  # the three prompts decoded together, in the size-4 buffers
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()

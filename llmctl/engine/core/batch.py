@@ -6,12 +6,14 @@ from __future__ import annotations
 from llmctl.engine.core.block_manager import SLID_OUT
 from llmctl.engine.core.scheduler import SchedulerOutput
 from llmctl.engine.core.sequence import Sequence
-from llmctl.engine.core.step_messages import StepBatch
+from llmctl.engine.core.step_messages import StepBatch, TableUpdate
+from llmctl.engine.core.table_updates import TableRows
 
 
-def build_batch(sched: SchedulerOutput, block_size: int,
-                lora_slots: list[int] | None = None) -> tuple[StepBatch, list[Sequence]]:
-    """The step's batch and the sequences its sample rows belong to (in row order)."""
+def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] | None = None,
+                table_rows: TableRows | None = None) -> tuple[StepBatch, list[Sequence]]:
+    """The step's batch and the sequences its sample rows belong to (in row order). With `table_rows`
+    the block tables go as changes to the workers' copy, not whole."""
     ids: list[int] = []
     positions: list[int] = []
     groups = len(sched.scheduled[0].seq.block_tables) if sched.scheduled else 1
@@ -20,6 +22,8 @@ def build_batch(sched: SchedulerOutput, block_size: int,
     starts, lens, total_lens = [0], [], []
     sample_rows, sample_seqs = [], []
     prompt_rows: dict[int, list[int]] = {}
+    rows: list[int] = []
+    updates: list[TableUpdate] = []
     for item in sched.scheduled:
         seq, start = item.seq, item.seq.num_computed_tokens
         row0 = len(ids)
@@ -30,7 +34,12 @@ def build_batch(sched: SchedulerOutput, block_size: int,
         for group, table in enumerate(seq.block_tables):
             slots[group] += [table[pos // block_size] * block_size + pos % block_size
                              for pos in range(start, start + item.num_new_tokens)]
-            tables[group].append(_readable(table))
+            if table_rows is None:
+                tables[group].append(_readable(table))
+        if table_rows is not None:
+            row, update = table_rows.update(seq)
+            rows.append(row)
+            updates += [update] if update is not None else []
         starts.append(len(ids))
         lens.append(start + item.num_new_tokens)
         total_lens.append(seq.num_tokens)
@@ -42,7 +51,8 @@ def build_batch(sched: SchedulerOutput, block_size: int,
             prompt_rows[seq.seq_id] = [row0 + p - start for p in range(start, last)]
     batch = StepBatch(ids, positions, slots[0], starts, lens, tables[0], sample_rows, prompt_rows,
                       list(sched.block_copies), lora_slots or [], total_lens=total_lens,
-                      group_slot_mappings=slots[1:], group_block_tables=tables[1:])
+                      group_slot_mappings=slots[1:], group_block_tables=tables[1:], table_rows=rows,
+                      table_updates=updates)
     return batch, sample_seqs
 
 

@@ -52,6 +52,7 @@ class BlockManager:
     evictable: OrderedDict[int, None] = field(init=False)  # free but still cached, LRU order
     cached: dict[tuple[int, int], int] = field(init=False)  # (group, hash) -> block id
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    freed_seq_ids: list[int] = field(default_factory=list)  # since the last step was built (table_updates)
 
     def __post_init__(self) -> None:
         windows = self.group_windows or (self.sliding_window,)
@@ -149,6 +150,8 @@ class BlockManager:
             for index in range(seq.num_slid_out_blocks, end):
                 self._release(table[index])
                 table[index] = SLID_OUT
+        if end > seq.num_slid_out_blocks:
+            seq.tables_changed_from = min(seq.tables_changed_from, seq.num_slid_out_blocks)
         seq.num_slid_out_blocks = max(seq.num_slid_out_blocks, end)
 
     def _sliding_tables(self, seq: Sequence) -> list[list[int]]:
@@ -166,6 +169,8 @@ class BlockManager:
         """Give back trailing blocks beyond the computed tokens: those allocated for speculative
         tokens that were rejected. They were never full, so never hashed."""
         keep = max(-(-seq.num_computed_tokens // self.block_size), seq.num_slid_out_blocks)
+        if len(seq.block_table) > keep:
+            seq.tables_changed_from = min(seq.tables_changed_from, keep)
         for table in self.tables(seq):
             while len(table) > keep:
                 self._release(table.pop())
@@ -182,6 +187,7 @@ class BlockManager:
                 self._release(shared)
                 table[-1] = fresh
                 copies.append((shared, fresh))
+                seq.tables_changed_from = min(seq.tables_changed_from, len(table) - 1)
         for _ in range(self.blocks_needed(seq, num_new_tokens) // self.num_groups):
             for table in tables:
                 table.append(self._pop_free())
@@ -218,6 +224,8 @@ class BlockManager:
                     self._release(block_id)
         seq.block_table = []
         seq.group_tables = []
+        seq.tables_changed_from = 0
+        self.freed_seq_ids.append(seq.seq_id)  # its workers' table row can go to another sequence
         seq.num_slid_out_blocks = 0
         seq.block_hashes = []
         seq.num_computed_tokens = 0

@@ -52,6 +52,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)  # the first KV group's (the only one, most models)
     group_tables: list[list[int]] = field(default_factory=list)  # the other KV groups' (hybrid models: Gemma)
     num_slid_out_blocks: int = 0  # leading entries of the sliding groups' tables given back (sliding window)
+    # lowest block-table entry rewritten in place (not appended) since the workers were last sent the tables
+    # (llmctl.engine.core.table_updates): copy-on-write, slid out, trimmed, freed
+    tables_changed_from: int = 0
     block_hashes: list[int] = field(default_factory=list)  # hashes of the full blocks registered so far
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)

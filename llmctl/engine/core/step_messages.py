@@ -12,6 +12,15 @@ from llmctl.engine.core.sequence import TokenLogprob
 
 
 @dataclass
+class TableUpdate:
+    """Row `row` of every KV group's table from entry `start` on is `blocks[group]` (and ends there)."""
+
+    row: int
+    start: int
+    blocks: list[list[int]]  # per KV group; slid-out entries as block 0 (the window mask hides them)
+
+
+@dataclass
 class StepBatch:
     """One step, flat: T new tokens of B sequences. Small and picklable."""
 
@@ -30,6 +39,10 @@ class StepBatch:
     # hybrid KV cache (llmctl.plan.kv.KVGroups): slot_mapping and block_tables are the first group's, these the rest's
     group_slot_mappings: list[list[int]] = field(default_factory=list)
     group_block_tables: list[list[list[int]]] = field(default_factory=list)
+    # tables sent as changes (llmctl.engine.core.table_updates): each sequence's row in the workers' copy, and
+    # what to write there first; the worker then fills block_tables / group_block_tables from its copy
+    table_rows: list[int] = field(default_factory=list)
+    table_updates: list[TableUpdate] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -16,6 +16,7 @@ import torch
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.core.batch import build_batch
+from llmctl.engine.core.table_updates import TableRows
 from llmctl.engine.core.block_manager import BlockManager
 from llmctl.engine.core.scheduler import Scheduler, SchedulerOutput
 from llmctl.engine.core.sequence import Sequence, SequenceStatus
@@ -78,6 +79,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.loaded.kv_pool.num_blocks, config.block_size,
                                           config.enable_prefix_caching and switch is None,
                                           group_windows=self.loaded.kv_groups.windows)
+        self.table_rows = TableRows()  # each live sequence's row in the workers' block tables
         if config.enable_prefix_caching and switch is not None:
             logger.info("prefix caching is off: with LongRoPE a token's keys depend on its sequence's length")
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.loaded.max_num_batched_tokens,
@@ -206,7 +208,8 @@ class LLMEngine:
         for item in sched.scheduled:
             item.seq.timings.first_scheduled = item.seq.timings.first_scheduled or now
         lora_slots = self.lora.activate([item.seq for item in sched.scheduled]) if self.lora else None
-        batch, sample_seqs = build_batch(sched, self.config.block_size, lora_slots)
+        self.table_rows.release(self.block_manager.freed_seq_ids)
+        batch, sample_seqs = build_batch(sched, self.config.block_size, lora_slots, self.table_rows)
         if self.executor.samples_on_last_stage and _samples_plainly(sched, batch, sample_seqs):
             batch.sampling = [self.sampler.sample_input(seq) for seq in sample_seqs]
         else:

@@ -28,6 +28,8 @@ class AttentionMetadata:
     block_tables: list[list[int]]  # [B][blocks] physical blocks of each sequence
     block_size: int
     sliding_window: int | None = None  # a query sees only keys less than this many positions back
+    # the same tables as [B, blocks] int32 on the device, gathered from the worker's copy (Triton backend)
+    device_block_tables: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

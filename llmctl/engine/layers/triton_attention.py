@@ -1,7 +1,8 @@
 """The `triton` attention backend: llmctl's own kernels over the paged cache, read in place.
 
-`prepare` turns the step's lists into int32 device tensors once per step (copied from pinned
-memory without blocking on CUDA); `forward` stores the new K/V (`kernels.kv_store`) and runs
+`prepare` takes the step's block tables as gathered on the device from the worker's copy
+(llmctl.engine.worker.block_tables) and its other lists as int32 device tensors (copied from
+pinned memory without blocking on CUDA); `forward` stores the new K/V (`kernels.kv_store`) and runs
 one paged-attention launch for the whole step (`kernels.attention`). A forward reads only
 device tensors, so a decode step can be captured in a CUDA graph over static buffers
 (`use_static`, see `llmctl.engine.worker.cuda_graphs`).
@@ -39,13 +40,14 @@ class TritonAttention:
         self.step: StepTensors | None = None
 
     def prepare(self, meta: AttentionMetadata, device: torch.device) -> None:
-        width = max(1, max((len(t) for t in meta.block_tables), default=1))
-        # one host tensor from padded rows, one pinned copy (not a small tensor per sequence)
-        tables = torch.tensor([table + [0] * (width - len(table)) for table in meta.block_tables] or [[0]],
-                              dtype=torch.int32)[:len(meta.block_tables)]
-        self.step = StepTensors(meta.slot_mapping, to_device(tables, torch.int32, device),
-                                to_device(meta.seq_lens, torch.int32, device), None, meta.query_start_loc,
-                                meta.sliding_window)
+        tables = meta.device_block_tables
+        if tables is None:  # a batch with whole tables (profiling, draft proposals): one padded host tensor
+            width = max(1, max((len(t) for t in meta.block_tables), default=1))
+            host = torch.tensor([table + [0] * (width - len(table)) for table in meta.block_tables] or [[0]],
+                                dtype=torch.int32)[:len(meta.block_tables)]
+            tables = to_device(host, torch.int32, device)
+        self.step = StepTensors(meta.slot_mapping, tables, to_device(meta.seq_lens, torch.int32, device), None,
+                                meta.query_start_loc, meta.sliding_window)
 
     def use_static(self, step: StepTensors) -> None:
         """Read the step from these tensors (a captured graph's buffers) until the next prepare."""

@@ -29,6 +29,7 @@ from llmctl.engine.layers.attention import KVCache
 from llmctl.engine.layers.grouped_attention import GroupedAttention
 from llmctl.engine.layers.triton_attention import StepTensors, TritonAttention
 from llmctl.engine.models.common import StepContext
+from llmctl.engine.worker.block_tables import BlockTableCopy
 from llmctl.engine.worker.loaded_model import LoadedModel
 from llmctl.engine.core.step_messages import StepBatch
 from llmctl.plan.weights import kv_heads_per_rank
@@ -99,18 +100,20 @@ class DecodeGraphs:
                     "them off)", ", ".join(map(str, self.sizes)), time.perf_counter() - started)
 
     @torch.inference_mode()
-    def run(self, batch: StepBatch) -> torch.Tensor:
-        """Hidden states [n, hidden] of a decode step of n ≤ largest sequences."""
+    def run(self, batch: StepBatch, tables: BlockTableCopy | None = None) -> torch.Tensor:
+        """Hidden states [n, hidden] of a decode step of n ≤ largest sequences (`tables`: the worker's copy
+        of the block tables, read on the device when it has one there)."""
         count = len(batch.seq_lens)
         size = self.sizes[bisect.bisect_left(self.sizes, count)]
-        self._fill(batch, size)
+        self._fill(batch, size, tables)
         if self.graphs:
             self.graphs[size].replay()
             return self.outputs[size][:count]
         return self._forward(size)[:count]
 
-    def _fill(self, batch: StepBatch, size: int) -> None:
-        pad = size - len(batch.seq_lens)
+    def _fill(self, batch: StepBatch, size: int, tables: BlockTableCopy | None) -> None:
+        count = len(batch.seq_lens)
+        pad = size - count
         host = [
             (self.input_ids, torch.tensor(batch.input_ids + [0] * pad)),
             (self.positions, torch.tensor(batch.positions + [0] * pad)),
@@ -118,10 +121,14 @@ class DecodeGraphs:
         ]
         group_slots = [batch.slot_mapping] + batch.group_slot_mappings
         group_tables = [batch.block_tables] + batch.group_block_tables
-        for static_slots, static_tables, slots, tables in zip(self.slot_mappings, self.block_tables, group_slots,
-                                                              group_tables):
+        for group, (static_slots, static_tables, slots, lists) in enumerate(zip(
+                self.slot_mappings, self.block_tables, group_slots, group_tables)):
             host.append((static_slots, torch.tensor(slots + [-1] * pad)))  # padding rows store nothing
-            host.append((static_tables, _padded_tables(tables, size, static_tables.shape[1])))
+            gathered = tables.gathered(group, static_tables.shape[1]) if tables is not None else None
+            if gathered is None:
+                host.append((static_tables, _padded_tables(lists, size, static_tables.shape[1])))
+            else:  # padding rows keep earlier block ids: valid, and masked (length 1, nothing stored)
+                static_tables[:count, :gathered.shape[1]].copy_(gathered)
         for static, values in host:
             if self.device.type == "cuda":
                 values = values.pin_memory()

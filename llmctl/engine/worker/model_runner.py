@@ -11,8 +11,10 @@ from llmctl.engine.core.batch import is_decode_step
 from llmctl.engine.core.step_messages import StepBatch, StepLogits
 from llmctl.engine.layers.attention import AttentionBackend, AttentionMetadata, KVCache
 from llmctl.engine.layers.grouped_attention import GroupedAttention
+from llmctl.engine.layers.triton_attention import TritonAttention
 from llmctl.engine.lora.slots import NO_ADAPTER, LoRAStep
 from llmctl.engine.models.common import StepContext
+from llmctl.engine.worker.block_tables import BlockTableCopy
 from llmctl.kernels.transfer import to_device
 
 if TYPE_CHECKING:
@@ -36,13 +38,17 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.graphs: DecodeGraphs | None = None  # captured decode steps (llmctl.engine.worker.cuda_graphs)
+        backends = backend.backends if isinstance(backend, GroupedAttention) else [backend]
+        on_device = all(isinstance(b, TritonAttention) for b in backends)  # the others read the host lists
+        self.tables = BlockTableCopy(len(backends), device if on_device else None)
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """This stage's layers on the batch: token ids in (first stage) or the previous stage's hidden states."""
+        self.tables.apply(batch)
         if self.graphs is not None and hidden is None and is_decode_step(batch) \
                 and len(batch.seq_lens) <= self.graphs.largest:
-            return self.graphs.run(batch)
+            return self.graphs.run(batch, self.tables)
         self._copy_blocks(batch.block_copies)
         device = self.device
         if isinstance(self.backend, GroupedAttention):
@@ -62,9 +68,11 @@ class ModelRunner:
         slots, tables = batch.slot_mapping, batch.block_tables
         if 0 < group <= len(batch.group_slot_mappings):
             slots, tables = batch.group_slot_mappings[group - 1], batch.group_block_tables[group - 1]
+        width = max((len(table) for table in tables), default=1)
         return AttentionMetadata(slot_mapping=to_device(slots, torch.long, self.device),
                                  query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens, block_tables=tables,
-                                 block_size=self.block_size, sliding_window=window)
+                                 block_size=self.block_size, sliding_window=window,
+                                 device_block_tables=self.tables.gathered(group, width))
 
     @torch.inference_mode()
     def logits(self, batch: StepBatch, hidden: torch.Tensor) -> StepLogits:
