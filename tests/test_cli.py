@@ -123,7 +123,7 @@ def test_plan_takes_vllms_short_parallel_flags() -> None:
 @pytest.mark.parametrize("repo_id,impl,served", [
     ("bigscience/bloom", "llmctl", True), ("meta-llama/Llama-2-7b-hf", "llmctl", True),
     ("deepseek-ai/DeepSeek-R1", None, False),  # MLA + MoE: neither path has MLA's KV layout yet
-    ("mistralai/Mixtral-8x7B-v0.1", "transformers", False)])  # MoE: transformers' modules, one process only
+    ("mistralai/Mixtral-8x7B-v0.1", "llmctl", True)])  # MoE: llmctl's own layers, sharded like dense ones
 def test_plan_and_inspect_name_what_llmctl_serve_runs(repo_id: str, impl: str | None, served: bool) -> None:
     report = json.loads(run_cli("inspect", repo_id, "--json").stdout)
     assert report["implementation"] == impl and report["llmctl_serves"] is (impl is not None)

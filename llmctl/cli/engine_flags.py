@@ -27,6 +27,8 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
     "tensor_parallel_size": Flag(("--tensor-parallel-size", "--tp", "-tp"), int, "ranks each layer is split over"),
     "pipeline_parallel_size": Flag(("--pipeline-parallel-size", "--pp", "-pp"), int, "stages the layers are split into"),
     "data_parallel_size": Flag(("--data-parallel-size", "--dp", "-dp"), int, "engine replicas behind one server"),
+    "enable_expert_parallel": Flag(("--enable-expert-parallel",), bool, "mixture-of-experts models: whole experts "
+                                   "spread over the TP ranks instead of every expert split (EP = TP)"),
     "cpu_threads": Flag(("--cpu-threads",), Optional[int], "torch threads per rank (default: the CPU cores shared "
                                                            "evenly)"),
     "attention_backend": Flag(("--attention-backend",), str, "auto (triton on CUDA; on CPUs llmctl's C++ kernel, "

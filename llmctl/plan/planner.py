@@ -179,6 +179,8 @@ def structural_problems(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, tp
     moe = spec.moe
     if spec.intermediate_size and spec.intermediate_size % tp and not (moe and not moe.dense_layers):
         problems.append(f"intermediate size {spec.intermediate_size} is not divisible by TP {tp}")
+    if moe and req.expert_parallel and moe.num_experts % tp:
+        problems.append(f"{moe.num_experts} experts cannot be spread evenly over {tp} expert-parallel ranks")
     if moe and not req.expert_parallel and moe.expert_intermediate_size % tp:
         problems.append(f"expert intermediate size {moe.expert_intermediate_size} is not divisible by TP {tp} "
                         "(try --enable-expert-parallel)")
@@ -433,7 +435,7 @@ def _suggestions(spec: ModelSpec, req: PlanRequest, model: str, plan: Plan) -> l
 
 
 # Flags plan may need that `llmctl serve` refuses today; a layout needing one gets no llmctl command.
-LLMCTL_SERVE_LACKS = ("--quantization", "--enable-expert-parallel")
+LLMCTL_SERVE_LACKS = ("--quantization",)
 
 
 def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: WeightFormat) -> list[str]:

@@ -33,6 +33,7 @@ class Shard:
     layers: range | None = None  # None: every layer
     is_first: bool = True
     is_last: bool = True
+    expert_parallel: bool = False  # MoE layers: each TP rank holds whole experts, not a slice of every one
 
     def stage_layers(self, num_layers: int) -> range:
         return range(num_layers) if self.layers is None else self.layers

@@ -17,6 +17,9 @@ SUPPORTED = {
     "Qwen3ForCausalLM": "llama",  # QK-norm, read from the config (ModelSpec.attention.qk_norm)
     "GraniteForCausalLM": "llama",  # Llama with four multipliers (llama.Multipliers)
     "QWenLMHeadModel": "llama",  # Qwen (1): Llama-shaped under other names; its remote code is never run
+    "MixtralForCausalLM": "moe",  # Llama attention, routed experts (llmctl.engine.layers.moe)
+    "Qwen2MoeForCausalLM": "moe",  # Qwen2 attention, routed experts and a gated shared expert
+    "Qwen3MoeForCausalLM": "moe",  # Qwen3 attention (QK-norm), routed experts
     "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma",
@@ -70,6 +73,10 @@ def _native(spec: ModelSpec, hf_config: Any, shard: Shard | None) -> nn.Module:
             from llmctl.engine.models.llama import LlamaForCausalLM
 
             return LlamaForCausalLM(spec, hf_config, shard)
+        if family == "moe":
+            from llmctl.engine.models.moe import MixtureOfExpertsForCausalLM
+
+            return MixtureOfExpertsForCausalLM(spec, hf_config, shard)
         if family == "phi3":
             from llmctl.engine.models.phi3 import Phi3ForCausalLM
 

@@ -14,19 +14,23 @@ from llmctl.plan.planner import PlanRequest, structural_problems
 from llmctl.plan.weights import weight_format
 
 
-def layout_problems(spec: ModelSpec, tp: int, pp: int) -> list[str]:
+def layout_problems(spec: ModelSpec, tp: int, pp: int, expert_parallel: bool = False) -> list[str]:
     quant = spec.quantization.method if spec.quantization else None
     fmt = weight_format(2, quant, spec)
-    request = PlanRequest(gpu=_ANY_GPU, gpus=tp * pp)  # one node: TP may use all of it
+    request = PlanRequest(gpu=_ANY_GPU, gpus=tp * pp, expert_parallel=expert_parallel)  # one node: TP may use all
     return structural_problems(spec, request, fmt, tp, pp)
 
 
 def check_layout(spec: ModelSpec, config: EngineConfig, device: str) -> None:
     """One line naming what is wrong and the sizes that work."""
     tp, pp, dp = config.tensor_parallel_size, config.pipeline_parallel_size, config.data_parallel_size
-    problems = layout_problems(spec, tp, pp)
+    ep = config.enable_expert_parallel
+    if ep and spec.moe is None:
+        raise EngineConfigError("--enable-expert-parallel applies to mixture-of-experts models; this model has no "
+                                "experts: leave it out")
+    problems = layout_problems(spec, tp, pp, ep)
     if problems:
-        working_tp = [t for t in range(1, 65) if not layout_problems(spec, t, 1)]
+        working_tp = [t for t in range(1, 65) if not layout_problems(spec, t, 1, ep)]
         working_pp = [p for p in range(1, min(spec.num_layers, 64) + 1) if not layout_problems(spec, 1, p)]
         raise EngineConfigError(
             f"--tp {tp} --pp {pp} cannot run this model: {'; '.join(problems)}. "

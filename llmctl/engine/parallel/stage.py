@@ -101,7 +101,8 @@ class StageRunner:
 def build_stage(config: EngineConfig, rank: Rank, store: dist.Store) -> StageRunner:
     """Any rank: join the groups, load this rank's shard, agree on the KV pool, report memory."""
     groups = connect(store, rank, device_for(config.device, rank))
-    placement = Placement(rank, groups.tp, lambda blocks: all_reduce_min(groups.world_control, blocks))
+    placement = Placement(rank, groups.tp, lambda blocks: all_reduce_min(groups.world_control, blocks),
+                          config.enable_expert_parallel)
     loaded = load_model(config, placement)
     stage = StageRunner(loaded, make_runner(loaded, config.block_size), groups)
     stage.rank_memory = [tuple(m) for m in all_gather_ints(

@@ -77,7 +77,8 @@ class Placement:
     rank: Rank = Rank(0)
     group: TPGroup = field(default_factory=TPGroup)
     agree_on_blocks: Callable[[int], int] = _same  # the minimum over all ranks
+    expert_parallel: bool = False  # whole experts spread over the TP ranks (--enable-expert-parallel)
 
     def shard(self, spec: ModelSpec) -> Shard:
         layers = pipeline_stages(spec, self.rank.pp)[self.rank.pp_rank] if self.rank.pp > 1 else None
-        return Shard(self.group, layers, self.rank.is_first_stage, self.rank.is_last_stage)
+        return Shard(self.group, layers, self.rank.is_first_stage, self.rank.is_last_stage, self.expert_parallel)

@@ -1,0 +1,109 @@
+"""Mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE): a router picks each token's top-k experts,
+the tokens are grouped by expert with one sort, and each expert runs once on all of its tokens (one
+GEMM for gate and up, one for down) — never a loop over tokens, never the experts a token did not pick.
+
+Experts are stored stacked, as vLLM's FusedMoE holds them: w13 [E, 2 × I, H] (gate rows then up rows)
+and w2 [E, H, I]. Tensor parallelism splits every expert's intermediate size like a dense MLP's; with
+expert parallelism (`--enable-expert-parallel`) each TP rank holds E / TP whole experts instead. Either
+way every rank has every token (attention's all-reduce leaves them replicated), computes what its
+weights can, and one all-reduce after the experts sums the parts — vLLM's all-reduce form of EP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmctl.checkpoint.weights import CheckpointTensor
+from llmctl.engine.layers.linear import LoadError, Part
+from llmctl.engine.parallel.group import TPGroup
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How a family turns router logits into expert weights (transformers' order of operations)."""
+
+    top_k: int
+    renormalize: bool  # the top-k probabilities divided by their sum (Mixtral; Qwen with norm_topk_prob)
+
+
+def route(logits: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over all experts in float32, then top-k: weights [T, k] float32 and expert ids [T, k]."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, routing.top_k, dim=-1)
+    if routing.renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
+                    w2: torch.Tensor, first_expert: int = 0) -> torch.Tensor:
+    """Σ_k weight_k · expert_k(x) for each token: [T, H] -> [T, H], over the experts this rank holds
+    (w13[i] is expert first_expert + i): a partial sum under TP or EP."""
+    tokens, top_k = ids.shape
+    local = ids.flatten() - first_expert
+    if first_expert or w13.shape[0] < int(ids.max()) + 1:  # expert parallel: only pairs for experts held here
+        pairs = ((local >= 0) & (local < w13.shape[0])).nonzero().squeeze(1)
+    else:
+        pairs = torch.arange(local.numel(), device=ids.device)
+    order = pairs[torch.argsort(local[pairs], stable=True)]  # (token, k) pairs grouped by expert
+    counts = torch.bincount(local[pairs], minlength=w13.shape[0]).tolist()
+    rows = order // top_k
+    gathered = x.index_select(0, rows)
+    scale = weights.flatten().index_select(0, order)
+    out = torch.zeros(tokens, x.shape[1], dtype=torch.float32, device=x.device)
+    intermediate = w2.shape[2]
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        chunk = gathered[start:start + count]
+        gate, up = F.linear(chunk, w13[expert]).split(intermediate, dim=-1)
+        y = F.linear(F.silu(gate) * up, w2[expert])
+        out.index_add_(0, rows[start:start + count], y.float() * scale[start:start + count, None])
+        start += count
+    return out.to(x.dtype)
+
+
+class FusedMoE(nn.Module):
+    """The routed experts of one layer: `load` takes transformers' per-expert gate/up/down tensors."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, routing: Routing, group: TPGroup,
+                 expert_parallel: bool = False) -> None:
+        super().__init__()
+        # expert parallel: whole experts [first, first + local); else a slice of every expert
+        self.part = Part(intermediate, 0, intermediate) if expert_parallel else Part.split(intermediate, group)
+        local = num_experts // group.size if expert_parallel else num_experts
+        self.first_expert = group.rank * local if expert_parallel else 0
+        self.local_experts = range(self.first_expert, self.first_expert + local)
+        self.routing, self.group = routing, group
+        self.w13 = nn.Parameter(torch.empty(local, 2 * self.part.size, hidden), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(local, hidden, self.part.size), requires_grad=False)
+
+    def holds(self, expert: int) -> bool:
+        return expert in self.local_experts
+
+    def expected(self) -> set[tuple[str, int]]:
+        return {("w13", 2 * e + slot) for e in self.local_experts for slot in (0, 1)} | \
+            {("w2", e) for e in self.local_experts}
+
+    def load(self, kind: str, tensor: CheckpointTensor, part: int, offset: int | None = None) -> None:
+        """w13 part 2e / 2e + 1: expert e's gate / up [I, H]; w2 part e: its down [H, I]."""
+        p = self.part
+        dim = 0 if kind == "w13" else 1
+        if tensor.shape[dim] != p.total:
+            raise LoadError(f"{tensor.name}: checkpoint shape {tensor.shape}, expected {p.total} along dim {dim}")
+        with torch.no_grad():
+            if kind == "w13":
+                expert, slot = divmod(part, 2)
+                rows = self.w13[expert - self.first_expert, slot * p.size:(slot + 1) * p.size]
+                rows.copy_(tensor.read(0, p.start, p.start + p.size))
+            else:
+                self.w2[part - self.first_expert].copy_(tensor.read(1, p.start, p.start + p.size))
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(router_logits, self.routing)
+        return self.group.all_reduce(grouped_experts(x, weights, ids, self.w13, self.w2, self.first_expert))

@@ -1,0 +1,102 @@
+"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE) against transformers on the same random
+weights: greedy tokens identical and log-probabilities within 1e-3, with chunked prefill; TP 2 as TP 1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmctl.engine.layers.moe import Routing, grouped_experts, route
+from test_engine_models import save_random_model
+from test_model_families import assert_close, assert_ranks_hold_what_plan_says, engine_outputs, transformers_reference
+
+
+def moe_config(family: str, vocab: int):
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+
+    common = dict(vocab_size=vocab, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=256)
+    return {
+        "mixtral": MixtralConfig(intermediate_size=48, num_hidden_layers=2, num_local_experts=8,
+                                 num_experts_per_tok=2, **common),
+        # a shared expert behind its gate; layer 0 dense (mlp_only_layers), top-4 of 16 without renormalising
+        "qwen2-moe": Qwen2MoeConfig(intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                    num_hidden_layers=3, num_experts=16, num_experts_per_tok=4, norm_topk_prob=False,
+                                    mlp_only_layers=[0], **common),
+        "qwen3-moe": Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2, num_experts=8,
+                                    num_experts_per_tok=2, head_dim=16, **common),
+    }[family]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2-moe", "qwen3-moe"])
+def test_moe_families_match_transformers_and_tp2(tmp_path, tokenizer, family):
+    """8 prompts × 64 greedy tokens as transformers (chunked prefill; prompt log-probabilities too); TP 2
+    gives TP 1's tokens, each rank holding plan's weight and KV bytes."""
+    folder = save_random_model(moe_config(family, len(tokenizer)), tmp_path / family, tokenizer)
+    single, _ = engine_outputs(folder)
+    assert_close(transformers_reference(folder, tokenizer), single)
+    sharded, memory = engine_outputs(folder, tensor_parallel_size=2)
+    assert [tokens for tokens, _, _ in sharded] == [tokens for tokens, _, _ in single]
+    assert_close(single, sharded)
+    assert_ranks_hold_what_plan_says(folder, memory)
+
+
+def test_expert_parallel_tp2_equals_tp1(tmp_path, tokenizer):
+    """--enable-expert-parallel at TP 2: each rank holds 8 of the 16 experts whole (and half the shared
+    expert and attention); the tokens are TP 1's and each rank holds what `plan --enable-expert-parallel` says."""
+    folder = save_random_model(moe_config("qwen2-moe", len(tokenizer)), tmp_path / "qwen2-moe", tokenizer)
+    prompts = ["The capital of France is", "Hello, my name is", "def fibonacci(n):"]
+    single, _ = engine_outputs(folder, prompts, tokens=24)
+    spread, memory = engine_outputs(folder, prompts, tokens=24, tensor_parallel_size=2, enable_expert_parallel=True)
+    assert_close(single, spread, prompts)
+    assert_ranks_hold_what_plan_says(folder, memory, expert_parallel=True)
+    staged, _ = engine_outputs(folder, prompts, tokens=24, pipeline_parallel_size=2)  # dense layer 0, sparse 1–2
+    assert_close(single, staged, prompts)
+
+
+def test_served_with_expert_parallelism_through_the_openai_client(tmp_path, tokenizer):
+    import openai
+
+    from server_helpers import start_server
+
+    folder = save_random_model(moe_config("mixtral", len(tokenizer)), tmp_path / "mixtral", tokenizer)
+    prompt = "The capital of France is"
+    [(reference, _, _)] = transformers_reference(folder, tokenizer, prompts=[prompt], max_tokens=16)
+    server = start_server(str(folder), "--served-model-name", "mixtral", "--tensor-parallel-size", "2",
+                          "--enable-expert-parallel", "--max-model-len", "256")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        served = client.completions.create(model="mixtral", prompt=prompt, max_tokens=16, temperature=0,
+                                           extra_body={"ignore_eos": True})
+        assert served.choices[0].text == tokenizer.decode(reference, skip_special_tokens=True)
+    finally:
+        server.stop()
+
+
+def test_experts_that_do_not_spread_evenly_are_refused_before_any_rank_starts(tmp_path, tokenizer):
+    from llmctl import LLM
+    from llmctl.engine.config import EngineConfigError
+
+    config = moe_config("mixtral", len(tokenizer))
+    config.num_local_experts = 6
+    folder = save_random_model(config, tmp_path / "mixtral6", tokenizer)
+    with pytest.raises(EngineConfigError, match=r"6 experts cannot be spread evenly over 4 expert-parallel ranks.*"
+                                                r"TP sizes that work: 1, 2;"):
+        LLM(str(folder), tensor_parallel_size=4, enable_expert_parallel=True)
+
+
+def test_grouped_experts_equal_every_token_through_its_own_experts():
+    """The sort-and-group computation against the plain definition, token by token."""
+    gen = torch.Generator().manual_seed(0)
+    tokens, hidden, inter, experts = 37, 24, 16, 6
+    x = torch.randn(tokens, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) / 5
+    w2 = torch.randn(experts, hidden, inter, generator=gen) / 5
+    weights, ids = route(torch.randn(tokens, experts, generator=gen), Routing(top_k=3, renormalize=True))
+    assert torch.allclose(weights.sum(-1), torch.ones(tokens))
+    expected = torch.zeros(tokens, hidden)
+    for t in range(tokens):
+        for k in range(3):
+            gate, up = (w13[ids[t, k]] @ x[t]).split(inter)
+            expected[t] += weights[t, k] * (w2[ids[t, k]] @ (torch.nn.functional.silu(gate) * up))
+    torch.testing.assert_close(grouped_experts(x, weights, ids, w13, w2), expected, atol=1e-5, rtol=1e-5)
