@@ -7,7 +7,8 @@ needs more shared memory than the GPU has.
 
 The cases come from the code that chooses them at run time: the engine's options
 (`EngineConfig`'s dtypes and block sizes, `--kv-cache-dtype`), the launchers' own constexpr
-builders (`attention.kernel_constexprs`, `kv_store.store_constexprs`, `w4a16.w4a16_constexprs`) and
+builders (`attention.kernel_constexprs`, `kv_store.store_constexprs`, `w4a16.w4a16_constexprs`,
+`fused_moe.moe_constexprs`) and
 their tile choosers. A case the engine refuses on some GPU (`llmctl.kernels.limits`) must fail to
 compile there, and every other case must compile: `tests/test_compile_check.py` holds both.
 
@@ -43,7 +44,7 @@ GROUPS = (1, 3, 8, 16, 32, 71)
 
 @dataclass(frozen=True)
 class KernelCase:
-    kernel: str  # attention | merge | store | w4a16 | dequantize
+    kernel: str  # attention | merge | store | w4a16 | dequantize | fused_moe
     dtype: str  # the activations' (query's) dtype
     kv_dtype: str  # the cache's dtype (fp8e4nv for --kv-cache-dtype fp8); "" where there is none
     constexprs: tuple[tuple[str, object], ...]
@@ -126,13 +127,24 @@ def w4a16_cases() -> list[KernelCase]:
     return list(dict.fromkeys(cases))
 
 
+def moe_cases() -> list[KernelCase]:
+    """The fused-MoE grouped GEMM at decode, mid and prefill pair counts (16/32/64-row blocks), both launches."""
+    from llmctl.kernels.fused_moe import choose_moe_tiles, moe_constexprs
+
+    cases = []
+    for dtype, pairs, weighted in itertools.product(FLOAT_DTYPES, (16, 512, 8192), (False, True)):
+        tiles = choose_moe_tiles(pairs, 8, FLOAT_DTYPES[dtype].itemsize)
+        cases.append(_case("fused_moe", dtype, "", moe_constexprs(tiles, weighted, FLOAT_DTYPES[dtype])))
+    return list(dict.fromkeys(cases))
+
+
 def all_cases(full: bool = False) -> list[KernelCase]:
-    return attention_cases(full) + store_cases() + w4a16_cases()
+    return attention_cases(full) + store_cases() + w4a16_cases() + moe_cases()
 
 
 def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
     """The jit function and the types of its runtime arguments (pointers by what the launcher passes)."""
-    from llmctl.kernels import attention, kv_store, w4a16
+    from llmctl.kernels import attention, fused_moe, kv_store, w4a16
 
     act, kv = f"*{case.dtype}", f"*{case.kv_dtype}" if case.kv_dtype else ""
     if case.kernel == "attention":
@@ -144,6 +156,9 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
         return attention._merge_kernel, dict(out_ptr=act, partial_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32")
     if case.kernel == "store":
         return kv_store._store_kernel, dict(key_ptr=act, value_ptr=act, cache_ptr=kv, slot_ptr="*i64")
+    if case.kernel == "fused_moe":
+        return fused_moe._fused_moe_kernel, dict(a_ptr=act, b_ptr=act, out_ptr=act, routing_ptr="*fp32",
+                                                 sorted_ids_ptr="*i32", block_expert_ptr="*i32", total_ptr="*i32")
     packed = dict(qweight_ptr="*i32", qzeros_ptr="*i32", scales_ptr="*fp16", g_idx_ptr="*i32")
     if case.kernel == "w4a16":
         return w4a16._w4a16_kernel, dict(packed, x_ptr=act, out_ptr="*fp32" if dict(case.constexprs)["SPLIT"] else act)

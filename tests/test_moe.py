@@ -100,3 +100,23 @@ def test_grouped_experts_equal_every_token_through_its_own_experts():
             gate, up = (w13[ids[t, k]] @ x[t]).split(inter)
             expected[t] += weights[t, k] * (w2[ids[t, k]] @ (torch.nn.functional.silu(gate) * up))
     torch.testing.assert_close(grouped_experts(x, weights, ids, w13, w2), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tokens,experts,top_k,first", [(1, 8, 2, 0), (37, 6, 3, 0), (40, 4, 2, 4)])
+def test_fused_moe_kernel_equals_the_grouped_experts(tokens, experts, top_k, first):
+    """The Triton grouped GEMM (interpreted here, compiled for sm_80/89/90 by the compile check) against
+    the torch path; `first` 4: an expert-parallel rank holding experts 4–7 of 8, the others' pairs skipped."""
+    from llmctl.kernels.fused_moe import align_pairs, fused_moe
+
+    gen = torch.Generator().manual_seed(tokens)
+    hidden, inter, total_experts = 32, 48, experts + first
+    x = torch.randn(tokens, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) / 5
+    w2 = torch.randn(experts, hidden, inter, generator=gen) / 5
+    weights, ids = route(torch.randn(tokens, total_experts, generator=gen), Routing(top_k, renormalize=False))
+    expected = grouped_experts(x, weights, ids, w13, w2, first)
+    torch.testing.assert_close(fused_moe(x, weights, ids, w13, w2, first), expected, atol=1e-4, rtol=1e-4)
+    sorted_ids, block_expert, total = align_pairs(ids - first, experts, 16)
+    placed = sorted_ids[:int(total)]
+    assert sorted(placed[placed < tokens * top_k].tolist()) == \
+        [p for p in range(tokens * top_k) if first <= int(ids.flatten()[p]) < first + experts]

@@ -7,6 +7,7 @@ and w2 [E, H, I]. Tensor parallelism splits every expert's intermediate size lik
 expert parallelism (`--enable-expert-parallel`) each TP rank holds E / TP whole experts instead. Either
 way every rank has every token (attention's all-reduce leaves them replicated), computes what its
 weights can, and one all-reduce after the experts sums the parts — vLLM's all-reduce form of EP.
+On CUDA the experts run as two grouped-GEMM launches over the sorted pairs (llmctl.kernels.fused_moe).
 """
 
 from __future__ import annotations
@@ -106,4 +107,8 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, ids = route(router_logits, self.routing)
+        if x.is_cuda:  # one grouped GEMM launch per projection (llmctl.kernels.fused_moe)
+            from llmctl.kernels.fused_moe import fused_moe
+
+            return self.group.all_reduce(fused_moe(x, weights, ids, self.w13, self.w2, self.first_expert))
         return self.group.all_reduce(grouped_experts(x, weights, ids, self.w13, self.w2, self.first_expert))

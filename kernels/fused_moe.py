@@ -1,0 +1,121 @@
+"""Fused mixture-of-experts GEMMs for GPUs, as vLLM's `fused_moe`: the (token, expert) pairs sorted by
+expert and padded to whole row blocks, so that one launch multiplies every expert's rows by its own
+weight — a grouped GEMM over the permutation, no loop over experts on the host.
+
+    h = x[pair // top_k] @ w13[expert]ᵀ            (launch 1: gate and up of every pair)
+    y = (silu(gate) · up) @ w2[expert]ᵀ · weight    (launch 2: down, scaled by the routing weight)
+    out[token] = Σ_k y[token · top_k + k]
+
+`align_pairs` does the sorting with tensor ops only (no host synchronisation): rows padded per expert
+to `block_m`, each row block's expert, and the padded total the kernel stops at. Pairs whose expert
+is not on this rank (expert parallelism) carry the id `num_experts` and are never computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from llmctl.kernels.attention import dot_precision
+
+
+@dataclass(frozen=True)
+class MoETiles:
+    block_m: int
+    block_n: int
+    block_k: int
+
+
+def choose_moe_tiles(pairs: int, num_experts: int, element_bytes: int) -> MoETiles:
+    """Decode-sized batches (few pairs per expert) take 16-row blocks; float32 K tiles of at most 32
+    keep a program inside sm_89's shared memory."""
+    per_expert = max(1, pairs // max(1, num_experts))
+    block_m = 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
+    return MoETiles(block_m, 64, 64 if element_bytes <= 2 else 32)
+
+
+def moe_constexprs(tiles: MoETiles, weighted: bool, dtype: torch.dtype) -> dict:
+    """The kernel's compile-time parameters (shared with `llmctl.kernels.compile_check`)."""
+    return dict(MUL_WEIGHT=weighted, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+                DOT_PRECISION=dot_precision(dtype))
+
+
+def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids [T, k] (outside 0..num_experts-1: not on this rank) -> sorted pair ids padded per expert (padding
+    = T·k), the expert of each block of `block_m` rows, and the padded total [1]."""
+    flat = ids.flatten()
+    flat = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)  # the bucket computed elsewhere
+    pairs = flat.numel()
+    order = torch.argsort(flat, stable=True)
+    experts_sorted = flat[order]
+    counts = torch.bincount(flat, minlength=num_experts + 1)[:num_experts]
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    start = torch.cumsum(counts, 0) - counts
+    capacity = pairs + num_experts * (block_m - 1)  # every expert's last block partly empty, at most
+    capacity = (capacity + block_m - 1) // block_m * block_m
+    sorted_ids = torch.full((capacity,), pairs, dtype=torch.int32, device=ids.device)
+    here = experts_sorted < num_experts
+    expert_here = experts_sorted[here]
+    rank = torch.arange(pairs, device=ids.device)[here] - start[expert_here]
+    sorted_ids[(padded_end - padded)[expert_here] + rank] = order[here].to(torch.int32)
+    block_starts = torch.arange(0, capacity, block_m, device=ids.device)
+    block_expert = torch.searchsorted(padded_end, block_starts, right=True).to(torch.int32)
+    return sorted_ids, block_expert, padded_end[-1:].to(torch.int32)
+
+
+def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+              first_expert: int = 0) -> torch.Tensor:
+    """Σ_k weight_k · expert_k(x): [T, H] -> [T, H], over this rank's experts (w13[i] is expert first_expert + i)."""
+    tokens, top_k = ids.shape
+    experts, intermediate = w13.shape[0], w2.shape[2]
+    tiles = choose_moe_tiles(tokens * top_k, experts, x.element_size())
+    sorted_ids, block_expert, total = align_pairs(ids - first_expert, experts, tiles.block_m)
+    gate_up = torch.empty(tokens * top_k, 2 * intermediate, dtype=x.dtype, device=x.device)
+    _launch(x, w13, gate_up, None, sorted_ids, block_expert, total, top_k, tiles)
+    hidden = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
+    down = torch.zeros(tokens * top_k, w2.shape[1], dtype=x.dtype, device=x.device)  # pairs not here stay 0
+    _launch(hidden, w2, down, weights.flatten().float().contiguous(), sorted_ids, block_expert, total, 1, tiles)
+    return down.view(tokens, top_k, -1).sum(dim=1)
+
+
+def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, routing: torch.Tensor | None,
+            sorted_ids: torch.Tensor, block_expert: torch.Tensor, total: torch.Tensor, rows_per_token: int,
+            tiles: MoETiles) -> None:
+    n, k = b.shape[1], b.shape[2]
+    grid = (sorted_ids.numel() // tiles.block_m, triton.cdiv(n, tiles.block_n))
+    _fused_moe_kernel[grid](
+        a, b, out, routing if routing is not None else out, sorted_ids, block_expert, total,
+        n, k, out.shape[0], rows_per_token, a.stride(0), b.stride(0), b.stride(1), out.stride(0),
+        **moe_constexprs(tiles, routing is not None, a.dtype))
+
+
+@triton.jit
+def _fused_moe_kernel(a_ptr, b_ptr, out_ptr, routing_ptr, sorted_ids_ptr, block_expert_ptr, total_ptr,
+                      N, K, num_pairs, rows_per_token, stride_a, stride_be, stride_bn, stride_out,
+                      MUL_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(total_ptr):
+        return  # past the last expert's padded rows
+    pair = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = pair < num_pairs
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    rows = (pair // rows_per_token).to(tl.int64)  # launch 1 reads each token's row for its k pairs
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        inner = start + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + rows[:, None] * stride_a + inner[None, :], mask=valid[:, None] & (inner < K)[None, :],
+                    other=0.0)
+        b = tl.load(b_ptr + expert * stride_be + cols[None, :].to(tl.int64) * stride_bn + inner[:, None],
+                    mask=(inner < K)[:, None] & (cols < N)[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    if MUL_WEIGHT:
+        acc = acc * tl.load(routing_ptr + pair, mask=valid, other=0.0)[:, None]
+    tl.store(out_ptr + pair[:, None].to(tl.int64) * stride_out + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=valid[:, None] & (cols < N)[None, :])
