@@ -42,7 +42,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1  # replicas behind one server (llmctl.engine.front.data_parallel)
-    enable_expert_parallel: bool = False  # MoE: experts spread whole over the TP ranks (vLLM's EP, here EP = TP)
+    enable_expert_parallel: bool = False  # MoE: whole experts spread over each replica's TP ranks (EP = TP)
     cpu_threads: int | None = None  # torch threads per rank; default: the cores shared evenly
     speculative_config: str | dict | None = None  # vLLM's JSON (llmctl.engine.spec_decode.config); None: off
     structured_outputs_config: str | dict | None = None  # vLLM's JSON: {"backend": "auto|xgrammar|guidance"}
@@ -118,8 +118,5 @@ class EngineConfig:
             if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
                 bad("enable_lora", "runs with --tensor-parallel-size 1 and --pipeline-parallel-size 1 for now; use "
                     "--data-parallel-size to scale out")
-        if self.enable_expert_parallel and self.data_parallel_size > 1:
-            bad("enable_expert_parallel", "spreads experts over the --tensor-parallel-size ranks of one replica; "
-                "with --data-parallel-size > 1 (vLLM's EP = TP × DP) it is not supported yet: use --dp 1")
         if self.attention_backend not in ("auto", "cpu", "torch", "triton"):
             bad("attention_backend", f"{self.attention_backend!r} is not a backend; use auto, cpu, torch or triton")
