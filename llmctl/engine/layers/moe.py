@@ -46,10 +46,7 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w
     (w13[i] is expert first_expert + i): a partial sum under TP or EP."""
     tokens, top_k = ids.shape
     local = ids.flatten() - first_expert
-    if first_expert or w13.shape[0] < int(ids.max()) + 1:  # expert parallel: only pairs for experts held here
-        pairs = ((local >= 0) & (local < w13.shape[0])).nonzero().squeeze(1)
-    else:
-        pairs = torch.arange(local.numel(), device=ids.device)
+    pairs = ((local >= 0) & (local < w13.shape[0])).nonzero().squeeze(1)  # expert parallel: experts held here
     order = pairs[torch.argsort(local[pairs], stable=True)]  # (token, k) pairs grouped by expert
     counts = torch.bincount(local[pairs], minlength=w13.shape[0]).tolist()
     rows = order // top_k

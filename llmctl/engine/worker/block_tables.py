@@ -67,5 +67,5 @@ class BlockTableCopy:
         height, width = table.shape
         grown = torch.zeros(max(rows, 2 * height) if rows > height else height,
                             max(columns, 2 * width) if columns > width else width, dtype=torch.int32, device=self.device)
-        grown[:table.shape[0], :table.shape[1]] = table
+        grown[:height, :width] = table
         self.tables[group] = grown
