@@ -199,7 +199,7 @@ def read_moe(reader: ConfigReader, model_type: str, num_layers: int) -> MoESpec 
             num_experts=experts, top_k=top_k, expert_intermediate_size=expert_size,
             num_shared_experts=shared, shared_expert_intermediate_size=shared * expert_size,
             moe_layers=tuple(moe_layers), dense_layers=tuple(i for i in layers if i not in moe_layers),
-            router_bias=cfg.get("topk_method") == "noaux_tc",
+            router_bias=cfg.get("topk_method") == "noaux_tc" or model_type == "deepseek_v3",
         )
     if model_type in ("qwen2_moe", "qwen3_moe"):
         step = int(cfg.get("decoder_sparse_step") or 1)

@@ -9,6 +9,8 @@ startup log and the engine, so they cannot disagree.
   (Triton kernels run there only in its slow, test-only interpreter). Built on first use.
 - `torch`: SDPA over KV pages gathered into a padded copy: the reference, and the fallback
   where the C++ kernel cannot be built or the KV cache is fp8.
+- `mla`: multi-head latent attention (DeepSeek-V2/V3) over a cache of latents
+  (llmctl.engine.layers.mla_attention), on CPUs and GPUs alike: the one backend of MLA models.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, reque
                              kv_cache_dtype: str = "auto") -> BackendChoice:
     """`requested` is --attention-backend: auto, cpu, torch or triton."""
     cuda = _cuda_available() if cuda is None else cuda
+    if spec.attention.kind == "MLA":
+        return BackendChoice("mla", MLA_REASON)  # the loader refuses another --attention-backend
     alibi = spec.positional.kind == "alibi"
     torch_sdpa = _torch_sdpa(spec)
     kernel = f"{spec.positional.describe()}: llmctl's Triton paged-attention kernel, reading the KV pages in place" + \
@@ -80,6 +84,10 @@ def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, reque
     if problem:
         return torch_fallback(spec, f"the C++ CPU kernel cannot be built: {problem}")
     return BackendChoice("cpu", f"{cpu_kernel} (the default on CPUs)")
+
+
+MLA_REASON = ("multi-head latent attention: the query absorbs kv_b_proj, every head attends over the paged "
+              "latent cache (kv_lora_rank + qk_rope_head_dim per token) with torch SDPA")
 
 
 def torch_fallback(spec: ModelSpec, why: str) -> BackendChoice:
@@ -112,6 +120,10 @@ def create_backend(name: str, dtype: torch.dtype = torch.float32, head_dim: int 
         from llmctl.engine.layers.torch_attention import TorchAttention
 
         return TorchAttention()
+    if name == "mla":
+        from llmctl.engine.layers.mla_attention import LatentAttention
+
+        return LatentAttention()
     if name == "cpu":
         from llmctl.engine.layers.cpu_attention import CPUAttention
 

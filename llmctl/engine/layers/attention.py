@@ -44,7 +44,9 @@ class KVCache:
     """One layer's paged cache: [num_blocks, block_size, 2, kv_heads, head_dim].
 
     K and V of a token sit side by side, so gathering a block copies one contiguous run
-    holding both, and K (or V) of a gathered block range is still a strided view."""
+    holding both, and K (or V) of a gathered block range is still a strided view. MLA models
+    (llmctl.engine.layers.mla_attention) keep one latent entry per token instead:
+    [num_blocks, block_size, 1, 1, kv_lora_rank + qk_rope_head_dim]."""
 
     kv: torch.Tensor
 

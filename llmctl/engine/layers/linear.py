@@ -64,6 +64,11 @@ def _local_linear(in_features: int, out_features: int, bias: bool, quant: Quanti
     return QuantLinear(in_features, out_features, bias, quant.method, quant.bits or 4, quant.group_size or 128)
 
 
+class ReadOnlyLinear(nn.Linear):
+    """A linear whose weight is read, not multiplied (MLA's kv_b_proj, absorbed into the query and the
+    output): cpu_gemm.pack_linears, which packs plain nn.Linear layers only, gives it no packed copy."""
+
+
 def _check_rows(tensor: CheckpointTensor, dim: int, expected: int) -> None:
     if tensor.shape[dim] != expected:
         raise LoadError(f"{tensor.name}: checkpoint shape {tensor.shape}, expected {expected} along dim {dim}")
@@ -72,11 +77,14 @@ def _check_rows(tensor: CheckpointTensor, dim: int, expected: int) -> None:
 class ColumnParallelLinear(nn.Module):
     """y = x Wᵀ for this rank's output rows of one or more fused parts."""
 
-    def __init__(self, in_features: int, parts: list[Part], bias: bool, quant: QuantizationSpec | None = None) -> None:
+    def __init__(self, in_features: int, parts: list[Part], bias: bool, quant: QuantizationSpec | None = None,
+                 read_only: bool = False) -> None:
+        """`read_only`: the weight is read by the model, never run as a linear (ReadOnlyLinear)."""
         super().__init__()
         self.parts = parts
         self.out_features = sum(p.size for p in parts)
-        self.inner = _local_linear(in_features, self.out_features, bias, quant)
+        self.inner = ReadOnlyLinear(in_features, self.out_features, bias) if read_only else \
+            _local_linear(in_features, self.out_features, bias, quant)
         self.lora: LoRASlots | None = None  # resident adapters' A/B (--enable-lora)
         self._pending: dict[int, dict[str, torch.Tensor]] = {}
 

@@ -1,5 +1,5 @@
-"""Mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE): a router picks each token's top-k experts,
-the tokens are grouped by expert with one sort, and each expert runs once on all of its tokens (one
+"""Mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3): a router picks each token's
+top-k experts, the tokens are grouped by expert with one sort, and each expert runs once on all of its tokens (one
 GEMM for gate and up, one for down) — never a loop over tokens, never the experts a token did not pick.
 
 Experts are stored stacked, as vLLM's FusedMoE holds them: w13 [E, 2 × I, H] (gate rows then up rows)
@@ -28,16 +28,38 @@ class Routing:
     """How a family turns router logits into expert weights (transformers' order of operations)."""
 
     top_k: int
-    renormalize: bool  # the top-k probabilities divided by their sum (Mixtral; Qwen with norm_topk_prob)
+    renormalize: bool  # the top-k weights divided by their sum (Mixtral; Qwen with norm_topk_prob; DeepSeek-V3)
+    scoring: str = "softmax"  # "softmax" over all experts, or "sigmoid" of each (DeepSeek-V3)
+    num_groups: int = 1  # DeepSeek's group-limited routing: experts in n_group groups ...
+    topk_groups: int = 1  # ... of which each token picks from the topk_group best
+    group_score: str = "max"  # a group's score: its best expert ("max", V2) or its best two summed ("top2", V3)
+    scaling: float = 1.0  # routed_scaling_factor: the weights × this
 
 
-def route(logits: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax over all experts in float32, then top-k: weights [T, k] float32 and expert ids [T, k]."""
-    probs = torch.softmax(logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, routing.top_k, dim=-1)
+def route(logits: torch.Tensor, routing: Routing, correction_bias: torch.Tensor | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores in float32 (softmax or sigmoid), top-k of the scores (plus DeepSeek-V3's correction bias, which
+    chooses but does not weigh) within the best groups: weights [T, k] float32 and expert ids [T, k]."""
+    logits = logits.float()
+    scores = torch.softmax(logits, dim=-1) if routing.scoring == "softmax" else torch.sigmoid(logits)
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    if routing.num_groups > 1:
+        choice = _best_groups_only(choice, routing)
+    ids = torch.topk(choice, routing.top_k, dim=-1)[1]
+    weights = scores.gather(1, ids)
     if routing.renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)  # DeepSeek-V3's guard; 0 for a sum near 1
+    return weights * routing.scaling if routing.scaling != 1.0 else weights, ids
+
+
+def _best_groups_only(choice: torch.Tensor, routing: Routing) -> torch.Tensor:
+    """Scores outside each token's topk_groups best groups set to -inf (transformers' DeepSeek routers)."""
+    grouped = choice.view(choice.shape[0], routing.num_groups, -1)
+    group_scores = grouped.max(dim=-1).values if routing.group_score == "max" else \
+        grouped.topk(2, dim=-1)[0].sum(dim=-1)
+    best = torch.topk(group_scores, routing.topk_groups, dim=-1)[1]
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view_as(choice)
 
 
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
@@ -102,8 +124,9 @@ class FusedMoE(nn.Module):
             else:
                 self.w2[part - self.first_expert].copy_(tensor.read(1, p.start, p.start + p.size))
 
-    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(router_logits, self.routing)
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
+                correction_bias: torch.Tensor | None = None) -> torch.Tensor:
+        weights, ids = route(router_logits, self.routing, correction_bias)
         if x.is_cuda:  # one grouped GEMM launch per projection (llmctl.kernels.fused_moe)
             from llmctl.kernels.fused_moe import fused_moe
 

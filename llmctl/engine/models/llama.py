@@ -106,11 +106,13 @@ def silu_and_mul(fused: torch.Tensor, intermediate: int) -> torch.Tensor:
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, eps: float, group: TPGroup,
-                 multipliers: Multipliers = Multipliers(), mlp: nn.Module | None = None) -> None:
+                 multipliers: Multipliers = Multipliers(), mlp: nn.Module | None = None,
+                 attention: nn.Module | None = None) -> None:
+        """`mlp`, `attention`: other blocks in their places (mixture of experts, latent attention)."""
         super().__init__()
-        self.self_attn = LlamaAttention(spec, rotary, eps, group, multipliers.attention)
+        self.self_attn = attention or LlamaAttention(spec, rotary, eps, group, multipliers.attention)
         self.mlp = mlp or LlamaMLP(spec.hidden_size, spec.intermediate_size, spec.layout.mlp_bias, group,
-                                   spec.quantization)  # `mlp`: another block in its place (mixture of experts)
+                                   spec.quantization)
         self.input_layernorm = RMSNorm(spec.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps)
         self.residual = multipliers.residual

@@ -54,9 +54,13 @@ class MixtureOfExpertsForCausalLM(LlamaForCausalLM):
             raise UnsupportedModelError(f"{spec.quantization.method.upper()} mixture-of-experts checkpoints are not "
                                         "served yet (their experts are not loaded quantized): use the unquantized "
                                         "model")
-        # Mixtral always renormalises its top-k; Qwen does when norm_topk_prob is set
-        self.routing = Routing(spec.moe.top_k, bool(getattr(hf_config, "norm_topk_prob", True)))
+        self.routing = self.routing_for(spec, hf_config)
         super().__init__(spec, hf_config, shard)
+
+    @staticmethod
+    def routing_for(spec: ModelSpec, hf_config: Any) -> Routing:
+        """Mixtral always renormalises its top-k; Qwen does when norm_topk_prob is set."""
+        return Routing(spec.moe.top_k, bool(getattr(hf_config, "norm_topk_prob", True)))
 
     def make_layer(self, index: int, hf_config: Any, rotary: RotaryEmbedding, eps: float) -> nn.Module:
         sparse = index in self.spec.moe.moe_layers

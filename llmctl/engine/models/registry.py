@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from torch import nn
@@ -20,6 +21,8 @@ SUPPORTED = {
     "MixtralForCausalLM": "moe",  # Llama attention, routed experts (llmctl.engine.layers.moe)
     "Qwen2MoeForCausalLM": "moe",  # Qwen2 attention, routed experts and a gated shared expert
     "Qwen3MoeForCausalLM": "moe",  # Qwen3 attention (QK-norm), routed experts
+    "DeepseekV2ForCausalLM": "deepseek",  # multi-head latent attention, routed + shared experts
+    "DeepseekV3ForCausalLM": "deepseek",  # as V2, with sigmoid routing and its correction bias
     "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma",
@@ -66,35 +69,22 @@ def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None, im
     return _native(spec, hf_config, shard)
 
 
+# family -> (module, class): imported only when a model of that family is built
+FAMILY_CLASSES = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "moe": ("moe", "MixtureOfExpertsForCausalLM"),
+    "deepseek": ("deepseek", "DeepseekForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
+    "gemma": ("gemma", "GemmaForCausalLM"),
+    "olmo2": ("olmo2", "Olmo2ForCausalLM"),
+    "bloom": ("bloom", "BloomForCausalLM"),
+    "opt": ("opt", "OPTForCausalLM"),
+}
+
+
 def _native(spec: ModelSpec, hf_config: Any, shard: Shard | None) -> nn.Module:
     for arch in spec.architectures:
-        family = SUPPORTED.get(arch)
-        if family == "llama":
-            from llmctl.engine.models.llama import LlamaForCausalLM
-
-            return LlamaForCausalLM(spec, hf_config, shard)
-        if family == "moe":
-            from llmctl.engine.models.moe import MixtureOfExpertsForCausalLM
-
-            return MixtureOfExpertsForCausalLM(spec, hf_config, shard)
-        if family == "phi3":
-            from llmctl.engine.models.phi3 import Phi3ForCausalLM
-
-            return Phi3ForCausalLM(spec, hf_config, shard)
-        if family == "gemma":
-            from llmctl.engine.models.gemma import GemmaForCausalLM
-
-            return GemmaForCausalLM(spec, hf_config, shard)
-        if family == "olmo2":
-            from llmctl.engine.models.olmo2 import Olmo2ForCausalLM
-
-            return Olmo2ForCausalLM(spec, hf_config, shard)
-        if family == "bloom":
-            from llmctl.engine.models.bloom import BloomForCausalLM
-
-            return BloomForCausalLM(spec, hf_config, shard)
-        if family == "opt":
-            from llmctl.engine.models.opt import OPTForCausalLM
-
-            return OPTForCausalLM(spec, hf_config, shard)
+        if arch in SUPPORTED:
+            module, name = FAMILY_CLASSES[SUPPORTED[arch]]
+            return getattr(importlib.import_module(f"llmctl.engine.models.{module}"), name)(spec, hf_config, shard)
     raise UnsupportedModelError(_unsupported(spec))

@@ -151,7 +151,7 @@ def decode_graphs(loaded: LoadedModel, config: EngineConfig, window: int | None,
     elif loaded.device.type != "cuda" and capture:
         return None  # CPUs have no graphs to capture: nothing to say
     elif not all(isinstance(b, TritonAttention) for b in getattr(loaded.backend, "backends", [loaded.backend])):
-        why_not = "the torch attention backend cannot be captured"
+        why_not = f"the {loaded.backend.name} attention backend cannot be captured (it reads host-side lists)"
     elif loaded.placement.rank.world_size > 1:
         why_not = "tensor/pipeline parallelism (collectives are not captured yet)"
     elif loaded.lora_slots:

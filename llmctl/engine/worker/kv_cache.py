@@ -138,13 +138,21 @@ def _check_fits(config: EngineConfig, device: torch.device, geometry: StageKV, p
         f"{max(available, 0) / GiB:.2f} GiB is available: {hint}")
 
 
+def token_shape(spec: ModelSpec, kv_heads: int) -> tuple[int, int, int]:
+    """One token's slot: K and V of each KV head; MLA: one latent entry (kv_lora_rank + qk_rope_head_dim)."""
+    att = spec.attention
+    if att.kind == "MLA":
+        return 1, 1, (att.kv_lora_rank or 0) + (att.qk_rope_head_dim or 0)
+    return 2, kv_heads, att.head_dim
+
+
 def allocate(spec: ModelSpec, num_blocks: int, block_size: int, layers: range, kv_heads: int, dtype: torch.dtype,
               device: torch.device) -> dict[int, KVCache]:
     """One tensor per slot of the KV groups (llmctl.plan.kv.KVGroups): per layer where layers are of one kind;
     shared by the j-th layers of every group where sliding and full layers mix."""
     groups = kv_groups(spec)
     slots = sorted({groups.slot(layer) for layer in layers})
-    shape = (num_blocks, block_size, 2, kv_heads, spec.attention.head_dim)
+    shape = (num_blocks, block_size, *token_shape(spec, kv_heads))
     if device.type == "cpu":  # one buffer on huge pages: decoding walks all of it every step
         pool = zeros_on_huge_pages((len(slots), *shape), dtype)
         tensors = {slot: pool[i] for i, slot in enumerate(slots)}

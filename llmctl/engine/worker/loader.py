@@ -222,6 +222,14 @@ def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.devi
     cuda = device.type == "cuda"
     choice = choose_attention_backend(spec, cuda=cuda, requested=config.attention_backend,
                                       kv_cache_dtype=config.kv_cache_dtype)
+    if choice.backend == "mla":
+        if config.attention_backend != "auto":
+            raise EngineConfigError(f"--attention-backend {config.attention_backend}: {spec.model_type} uses "
+                                    "multi-head latent attention, whose cache holds latents, not K/V pages; leave "
+                                    "--attention-backend at auto")
+        if config.kv_cache_dtype.startswith("fp8"):
+            raise EngineConfigError("--kv-cache-dtype fp8: the latent cache of MLA models is kept in the model's "
+                                    "dtype; leave --kv-cache-dtype at auto")
     if choice.backend == "triton":
         problem = triton_usable(cuda)
         if problem:
