@@ -76,3 +76,91 @@ def test_deepseek_matches_transformers_and_tp2(models, tokenizer, family):
     sharded, memory = engine_outputs(models[family], tensor_parallel_size=2)
     assert_close(single, sharded)
     assert_ranks_hold_what_plan_says(models[family], memory)
+
+
+@pytest.mark.parametrize("family", ["deepseek-v2", "deepseek-v3"])
+def test_routing_equals_transformers_routers(family, tokenizer):
+    """Group-limited softmax (V2) and sigmoid with the correction bias (V3): the same experts and weights as
+    transformers' own router modules, for 64 tokens."""
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    from llmctl.checkpoint.spec import ModelSpec
+    from llmctl.engine.models.deepseek import DeepseekForCausalLM
+
+    config = deepseek_config(family, len(tokenizer))
+    router = (DeepseekV3TopkRouter if family == "deepseek-v3" else DeepseekV2TopkRouter)(config)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(router.weight.shape, generator=gen))
+        bias = getattr(router, "e_score_correction_bias", None)
+        if bias is not None:
+            bias.copy_(torch.randn(bias.shape, generator=gen))
+    hidden = torch.randn(64, config.hidden_size, generator=gen)
+    logits, expected_weights, expected_ids = router(hidden)
+    routing = DeepseekForCausalLM.routing_for(ModelSpec.from_config(config.to_dict()), config)
+    weights, ids = route(logits, routing, bias)
+    order, expected_order = ids.argsort(dim=-1), expected_ids.argsort(dim=-1)
+    assert torch.equal(ids.gather(1, order), expected_ids.gather(1, expected_order))
+    assert torch.allclose(weights.gather(1, order), expected_weights.gather(1, expected_order), atol=1e-6)
+    assert isinstance(routing, Routing) and routing.num_groups == 4  # the groups limited the choice
+
+
+def test_expert_parallel_and_pipeline_stages_equal_tp1(models):
+    """V3 at TP 2 with --enable-expert-parallel (8 of 16 experts whole per rank) and at PP 2 (dense layer 0
+    and sparse layer 1 on the first stage): TP 1's tokens, and plan's bytes on each expert-parallel rank."""
+    prompts = ["The capital of France is", "Hello, my name is", "def fibonacci(n):"]
+    folder = models["deepseek-v3"]
+    single, _ = engine_outputs(folder, prompts, tokens=24)
+    spread, memory = engine_outputs(folder, prompts, tokens=24, tensor_parallel_size=2, enable_expert_parallel=True)
+    assert_close(single, spread, prompts)
+    assert_ranks_hold_what_plan_says(folder, memory, expert_parallel=True)
+    staged, _ = engine_outputs(folder, prompts, tokens=24, pipeline_parallel_size=2)
+    assert_close(single, staged, prompts)
+
+
+def test_the_cache_holds_latents_not_keys_and_values(models):
+    """Per token and layer the pool holds kv_lora_rank + qk_rope_head_dim values (32 + 8 = 40 float32s), not
+    2 × heads × head_dim (2 × 4 × 24 = 192) — counted from the engine's own cache tensors."""
+    from llmctl import LLM
+
+    llm = LLM(str(models["deepseek-v2"]), max_model_len=256, kv_cache_memory=8 * 1024**2)
+    try:
+        loaded = llm.engine.loaded
+        caches = loaded.kv_caches
+        pool = {cache.kv.data_ptr(): cache.kv for cache in caches.values()}
+        slots = loaded.kv_pool.num_blocks * 16
+        assert len(caches) == 3 and sum(t.numel() for t in pool.values()) == 3 * slots * (32 + 8)
+        assert loaded.backend.name == "mla"
+    finally:
+        llm.shutdown()
+
+
+def test_served_through_the_openai_client(models, tokenizer):
+    import openai
+
+    from server_helpers import start_server
+
+    folder = models["deepseek-v2"]
+    prompt = "The capital of France is"
+    [(reference, _, _)] = transformers_reference(folder, tokenizer, prompts=[prompt], max_tokens=16)
+    server = start_server(str(folder), "--served-model-name", "deepseek", "--max-model-len", "256")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        served = client.completions.create(model="deepseek", prompt=prompt, max_tokens=16, temperature=0,
+                                           extra_body={"ignore_eos": True})
+        assert served.choices[0].text == tokenizer.decode(reference, skip_special_tokens=True)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("attention_backend", "torch", "multi-head latent attention.*leave --attention-backend at auto"),
+    ("kv_cache_dtype", "fp8", "latent cache of MLA models is kept in the model's dtype"),
+])
+def test_what_the_latent_cache_cannot_do_is_refused(models, flag, value, message):
+    from llmctl import LLM
+    from llmctl.engine.config import EngineConfigError
+
+    with pytest.raises(EngineConfigError, match=message):
+        LLM(str(models["deepseek-v2-lite"]), max_model_len=256, **{flag: value})

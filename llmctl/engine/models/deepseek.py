@@ -149,7 +149,8 @@ class DeepseekForCausalLM(MixtureOfExpertsForCausalLM):
     def __init__(self, spec: ModelSpec, hf_config: Any, shard=None) -> None:
         super().__init__(spec, hf_config, shard)
         if spec.mtp_layers and self.shard.is_first and self.shard.group.rank == 0:
-            logger.info("%d multi-token-prediction layer(s) in the checkpoint are not run", spec.mtp_layers)
+            logger.info("config.json names %d multi-token-prediction layer(s): llmctl does not run them (their "
+                        "tensors, where the checkpoint has them, are skipped)", spec.mtp_layers)
 
     @staticmethod
     def routing_for(spec: ModelSpec, hf_config: Any) -> Routing:
