@@ -168,13 +168,16 @@ def _available_memory() -> int | None:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Give every plain linear of a CPU model (and the LM head) a packed copy; returns the bytes added.
+    """Give every plain linear of a CPU model, the LM head and each routed expert's two weights a packed copy;
+    returns the bytes added.
     Skipped, with a log line, when the copies would take more than half the free memory."""
     global _small_batch, _packed_kernel
     linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if type(child) is nn.Linear]
     heads = [m for m in model.modules() if hasattr(m, "packed_head")]
-    total = sum(c.weight.numel() * c.weight.element_size() for _, _, c in linears) + \
+    experts = [m for m in model.modules() if hasattr(m, "packed_experts")]  # layers.moe.FusedMoE
+    expert_weights = [w for m in experts for w in m.expert_weights()]
+    total = sum(w.numel() * w.element_size() for w in [c.weight for _, _, c in linears] + expert_weights) + \
         sum(h.weight.numel() * h.weight.element_size() for h in heads)
     available = _available_memory()
     if available is not None and total > available // 2:
@@ -183,7 +186,7 @@ def pack_linears(model: nn.Module) -> int:
         return 0
     added = 0
     largest: PackedLinear | None = None
-    arena = PanelArena([c.weight for _, _, c in linears] + [h.weight for h in heads])
+    arena = PanelArena([c.weight for _, _, c in linears] + [h.weight for h in heads] + expert_weights)
     for parent, name, child in linears:
         packed = pack_weight(child.weight, arena)
         if packed is not None:
@@ -195,6 +198,10 @@ def pack_linears(model: nn.Module) -> int:
     for head in heads:
         head.packed_head = pack_weight(head.weight, arena)
         added += head.weight.numel() * head.weight.element_size() if head.packed_head is not None else 0
+    for moe in experts:
+        packs = [pack_weight(w, arena) for w in moe.expert_weights()]
+        moe.packed_experts = list(zip(packs[0::2], packs[1::2]))
+        added += sum(w.numel() * w.element_size() for w, p in zip(moe.expert_weights(), packs) if p is not None)
     if largest is not None:
         _small_batch = measure_small_batch(largest.weight.detach(), largest.packed)
         _packed_kernel = kernel_name(largest.packed)

@@ -19,8 +19,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmctl.checkpoint.weights import CheckpointTensor
+from llmctl.engine.layers import cpu_gemm
 from llmctl.engine.layers.linear import LoadError, Part
+from llmctl.kernels import cpu as cpu_kernels
 from llmctl.engine.parallel.group import TPGroup
+
+
+PackedPair = tuple["cpu_gemm.PackedWeight | None", "cpu_gemm.PackedWeight | None"]  # an expert's w13, w2
 
 
 @dataclass(frozen=True)
@@ -63,9 +68,10 @@ def _best_groups_only(choice: torch.Tensor, routing: Routing) -> torch.Tensor:
 
 
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
-                    w2: torch.Tensor, first_expert: int = 0) -> torch.Tensor:
+                    w2: torch.Tensor, first_expert: int = 0, packed: list[PackedPair] | None = None) -> torch.Tensor:
     """Σ_k weight_k · expert_k(x) for each token: [T, H] -> [T, H], over the experts this rank holds
-    (w13[i] is expert first_expert + i): a partial sum under TP or EP."""
+    (w13[i] is expert first_expert + i): a partial sum under TP or EP. `packed`: each expert's weights packed
+    for the CPU GEMMs (llmctl.engine.layers.cpu_gemm), as the dense linears are."""
     tokens, top_k = ids.shape
     local = ids.flatten() - first_expert
     pairs = ((local >= 0) & (local < w13.shape[0])).nonzero().squeeze(1)  # expert parallel: experts held here
@@ -81,11 +87,19 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w
         if count == 0:
             continue
         chunk = gathered[start:start + count]
-        gate, up = F.linear(chunk, w13[expert]).split(intermediate, dim=-1)
-        y = F.linear(F.silu(gate) * up, w2[expert])
+        pair = packed[expert] if packed else (None, None)
+        y = cpu_gemm.linear(_silu_and_mul(cpu_gemm.linear(chunk, w13[expert], pair[0]), intermediate),
+                            w2[expert], pair[1])
         out.index_add_(0, rows[start:start + count], y.float() * scale[start:start + count, None])
         start += count
     return out.to(x.dtype)
+
+
+def _silu_and_mul(fused: torch.Tensor, intermediate: int) -> torch.Tensor:
+    if cpu_kernels.fused_layers_for(fused) and fused.is_contiguous():
+        return cpu_kernels.silu_and_mul(fused)  # one C++ pass on CPUs, as the dense MLP
+    gate, up = fused.split(intermediate, dim=-1)
+    return F.silu(gate) * up
 
 
 class FusedMoE(nn.Module):
@@ -102,6 +116,11 @@ class FusedMoE(nn.Module):
         self.routing, self.group = routing, group
         self.w13 = nn.Parameter(torch.empty(local, 2 * self.part.size, hidden), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(local, hidden, self.part.size), requires_grad=False)
+        self.packed_experts: list[PackedPair] | None = None  # CPU: set by cpu_gemm.pack_linears
+
+    def expert_weights(self) -> list[torch.Tensor]:
+        """Each local expert's gate/up [2I, H] and down [H, I], for cpu_gemm.pack_linears to pack."""
+        return [w for expert in range(self.w13.shape[0]) for w in (self.w13[expert], self.w2[expert])]
 
     def holds(self, expert: int) -> bool:
         return expert in self.local_experts
@@ -131,4 +150,5 @@ class FusedMoE(nn.Module):
             from llmctl.kernels.fused_moe import fused_moe
 
             return self.group.all_reduce(fused_moe(x, weights, ids, self.w13, self.w2, self.first_expert))
-        return self.group.all_reduce(grouped_experts(x, weights, ids, self.w13, self.w2, self.first_expert))
+        return self.group.all_reduce(grouped_experts(x, weights, ids, self.w13, self.w2, self.first_expert,
+                                                     self.packed_experts))
