@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from llmctl.engine.layers.cpu_gemm import pack_weight
 from llmctl.engine.layers.moe import Routing, grouped_experts, route
 from test_engine_models import save_random_model
 from test_model_families import assert_close, assert_ranks_hold_what_plan_says, engine_outputs, transformers_reference
@@ -100,6 +101,10 @@ def test_grouped_experts_equal_every_token_through_its_own_experts():
             gate, up = (w13[ids[t, k]] @ x[t]).split(inter)
             expected[t] += weights[t, k] * (w2[ids[t, k]] @ (torch.nn.functional.silu(gate) * up))
     torch.testing.assert_close(grouped_experts(x, weights, ids, w13, w2), expected, atol=1e-5, rtol=1e-5)
+    packed = [(pack_weight(w13[e]), pack_weight(w2[e])) for e in range(experts)]  # the CPU GEMM's layout
+    assert all(pair[0] is not None for pair in packed)
+    torch.testing.assert_close(grouped_experts(x, weights, ids, w13, w2, packed=packed), expected, atol=1e-5,
+                               rtol=1e-5)
 
 
 @pytest.mark.parametrize("tokens,experts,top_k,first", [(1, 8, 2, 0), (37, 6, 3, 0), (40, 4, 2, 4)])
