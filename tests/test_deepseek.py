@@ -1,6 +1,6 @@
 """DeepSeek-V2 / V2-Lite / V3 (multi-head latent attention, routed and shared experts) against transformers
 on the same random weights: greedy tokens identical and log-probabilities within 1e-3 with chunked prefill;
-TP 2, TP 2 with expert parallelism and PP 2 as TP 1; the latent cache's bytes per token."""
+TP 2 (V2), TP 2 with expert parallelism and PP 2 (V3) as TP 1; the latent cache's bytes per token."""
 
 from __future__ import annotations
 
@@ -69,13 +69,14 @@ def models(tmp_path_factory, tokenizer) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("family", ["deepseek-v2", "deepseek-v2-lite", "deepseek-v3"])
-def test_deepseek_matches_transformers_and_tp2(models, tokenizer, family):
-    """8 prompts × 64 greedy tokens as transformers; TP 2 gives TP 1's tokens with plan's bytes on each rank."""
+def test_deepseek_matches_transformers(models, tokenizer, family):
+    """8 prompts × 64 greedy tokens as transformers, log-probabilities within 1e-3, chunked prefill."""
     single, _ = engine_outputs(models[family])
     assert_close(transformers_reference(models[family], tokenizer), single)
-    sharded, memory = engine_outputs(models[family], tensor_parallel_size=2)
-    assert_close(single, sharded)
-    assert_ranks_hold_what_plan_says(models[family], memory)
+    if family == "deepseek-v2":  # TP 2 splits the heads of q_b, kv_b and o: TP 1's tokens, plan's bytes per rank
+        sharded, memory = engine_outputs(models[family], tensor_parallel_size=2)
+        assert_close(single, sharded)
+        assert_ranks_hold_what_plan_says(models[family], memory)
 
 
 @pytest.mark.parametrize("family", ["deepseek-v2", "deepseek-v3"])
