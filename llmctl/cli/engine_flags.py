@@ -29,10 +29,11 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
     "data_parallel_size": Flag(("--data-parallel-size", "--dp", "-dp"), int, "engine replicas behind one server"),
     "enable_expert_parallel": Flag(("--enable-expert-parallel",), bool, "mixture-of-experts models: whole experts "
                                    "spread over the TP ranks instead of every expert split (EP = TP)"),
-    "cpu_threads": Flag(("--cpu-threads",), Optional[int], "torch threads per rank (default: the CPU cores shared "
-                                                           "evenly)"),
+    "cpu_threads": Flag(("--cpu-threads",), Optional[int], "torch threads per rank, fixed (default: the CPU cores "
+                                                           "shared evenly; one rank uses fewer while other "
+                                                           "processes keep cores busy)"),
     "attention_backend": Flag(("--attention-backend",), str, "auto (triton on CUDA; on CPUs llmctl's C++ kernel, "
-                                                             "cpu), cpu, torch or triton"),
+                                                             "cpu; MLA models: mla), cpu, torch or triton"),
     "kv_cache_dtype": Flag(("--kv-cache-dtype",), str, "auto (the model's dtype) or fp8 (e4m3, scale 1.0: half of "
                                                        "bfloat16's KV bytes)"),
     "enforce_eager": Flag(("--enforce-eager",), bool, "no CUDA graphs for decode steps (captured on CUDA with the "

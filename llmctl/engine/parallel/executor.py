@@ -25,7 +25,7 @@ from llmctl.engine.parallel.results import ResultReceiver
 from llmctl.engine.parallel.stage import Stop, build_stage
 from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
 from llmctl.engine.worker.model_runner import make_runner
-from llmctl.engine.worker.threads import use_threads
+from llmctl.engine.worker.threads import thread_governor, use_threads
 from llmctl.errors import InternalError, LlmctlError
 from llmctl.units import GiB
 
@@ -63,8 +63,10 @@ class LocalExecutor:
     def __init__(self, config: EngineConfig) -> None:
         self.threads = use_threads(config)
         self.loaded = load_model(config)
+        self.governor = thread_governor(config, self.threads, self.loaded.device)
         if self.loaded.device.type == "cpu":
-            logger.info("%d CPU threads (--cpu-threads or OMP_NUM_THREADS to change)", self.threads)
+            logger.info("%d CPU threads%s (--cpu-threads or OMP_NUM_THREADS to fix the count)", self.threads,
+                        ", fewer while other processes keep cores busy" if self.governor else "")
         self.runner = make_runner(self.loaded, config.block_size)
         self.runner.graphs = decode_graphs(self.loaded, config, self.loaded.sliding_window)
         self.rank_memory = [(self.loaded.weights_bytes, self.loaded.kv_cache_bytes)]
@@ -72,6 +74,8 @@ class LocalExecutor:
 
     def submit(self, batch: StepBatch) -> None:
         self._ready.append(self.runner.logits(batch, self.runner.forward(batch)))
+        if self.governor is not None:
+            self.governor.after_step()
 
     def collect(self) -> StepLogits:
         return self._ready.popleft()
