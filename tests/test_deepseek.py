@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from llmctl.engine.layers.moe import Routing, route
-from test_model_families import assert_close, assert_ranks_hold_what_plan_says, engine_outputs, transformers_reference
+from test_model_families import (assert_close, assert_ranks_hold_what_plan_says, assert_served_like_transformers,
+                                 engine_outputs, transformers_reference)
 
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
         "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}
@@ -52,13 +53,6 @@ def save_deepseek(family: str, folder: Path, tokenizer) -> Path:
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     return folder
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_source):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(default_source.path))
 
 
 @pytest.fixture(scope="module")
@@ -138,21 +132,7 @@ def test_the_cache_holds_latents_not_keys_and_values(models):
 
 
 def test_served_through_the_openai_client(models, tokenizer):
-    import openai
-
-    from server_helpers import start_server
-
-    folder = models["deepseek-v2"]
-    prompt = "The capital of France is"
-    [(reference, _, _)] = transformers_reference(folder, tokenizer, prompts=[prompt], max_tokens=16)
-    server = start_server(str(folder), "--served-model-name", "deepseek", "--max-model-len", "256")
-    try:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-        served = client.completions.create(model="deepseek", prompt=prompt, max_tokens=16, temperature=0,
-                                           extra_body={"ignore_eos": True})
-        assert served.choices[0].text == tokenizer.decode(reference, skip_special_tokens=True)
-    finally:
-        server.stop()
+    assert_served_like_transformers(models["deepseek-v2"], tokenizer)
 
 
 @pytest.mark.parametrize("flag, value, message", [
