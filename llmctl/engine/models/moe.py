@@ -48,12 +48,6 @@ class MixtureOfExpertsForCausalLM(LlamaForCausalLM):
     supports_lora = False  # adapters on experts are not loaded yet
 
     def __init__(self, spec: ModelSpec, hf_config: Any, shard=None) -> None:
-        if spec.quantization is not None:
-            from llmctl.errors import UnsupportedModelError
-
-            raise UnsupportedModelError(f"{spec.quantization.method.upper()} mixture-of-experts checkpoints are not "
-                                        "served yet (their experts are not loaded quantized): use the unquantized "
-                                        "model")
         self.routing = self.routing_for(spec, hf_config)
         super().__init__(spec, hf_config, shard)
 

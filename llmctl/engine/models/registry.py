@@ -39,18 +39,29 @@ def is_supported(spec: ModelSpec) -> bool:
 
 def implementation(spec: ModelSpec, requested: str = "auto") -> tuple[str | None, str]:
     """Which implementation `serve --model-impl requested` uses: "llmctl", "transformers" or None, and why not."""
-    native = is_supported(spec)
+    problem = native_problem(spec)
     if requested in ("llmctl", "vllm"):
-        return ("llmctl", "") if native else (None, _unsupported(spec))
-    if requested == "auto" and native:
+        return ("llmctl", "") if problem is None else (None, problem)
+    if requested == "auto" and problem is None:
         return "llmctl", ""
     from llmctl.engine.models.transformers_impl import transformers_class
 
     cls, why = transformers_class(spec)
     if cls is not None:
         return "transformers", ""
-    tried = "" if requested == "transformers" else f"{_unsupported(spec)}; "
+    tried = "" if requested == "transformers" else f"{problem}; "
     return None, f"{tried}--model-impl transformers: {why}"
+
+
+def native_problem(spec: ModelSpec) -> str | None:
+    """Why llmctl's own implementation cannot serve this checkpoint, or None."""
+    if not is_supported(spec):
+        return _unsupported(spec)
+    family = next(SUPPORTED[arch] for arch in spec.architectures if arch in SUPPORTED)
+    if spec.quantization is not None and family in ("moe", "deepseek"):
+        return (f"{spec.quantization.method.upper()} mixture-of-experts checkpoints are not served yet (their "
+                "experts are not loaded quantized): use the unquantized model")
+    return None
 
 
 def _unsupported(spec: ModelSpec) -> str:
