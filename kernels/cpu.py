@@ -12,7 +12,9 @@ time (scripts/setup.sh does). The ops, each tested against a torch reference:
 - `rms_norm` (with the residual add fused), `rotary`, `silu_and_mul`, `gelu_tanh_and_mul` (cpu_layers.cpp):
   references are the torch code in llmctl.engine.models (common, llama, gemma) and
   llmctl.engine.layers.positions;
-- `pack_panels`, `panel_linear` (cpu_gemm.cpp, float32 on AVX-512 only): reference `F.linear`.
+- `pack_panels`, `panel_linear` (cpu_gemm.cpp, float32 on AVX-512 only): reference `F.linear`;
+- `int4_linear` (cpu_int4.cpp, 4-bit weights kept packed; AVX-512, AVX2 and plain paths): reference the
+  weight dequantized in torch.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import torch
 
 from llmctl.cache import llmctl_cache_dir
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_attention.cpp", "cpu_layers.cpp", "cpu_gemm.cpp")]
+SOURCES = [Path(__file__).with_name(name)
+           for name in ("cpu_attention.cpp", "cpu_layers.cpp", "cpu_gemm.cpp", "cpu_int4.cpp")]
 LIBRARY = "llmctl_cpu"
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]  # fast-math: vectorized exp (libmvec)
 
@@ -177,6 +180,38 @@ def panel_linear(x: torch.Tensor, panels: torch.Tensor, out_features: int,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """x Wᵀ + b for float32 x [M, K], with W packed by pack_panels."""
     return torch.ops.llmctl_cpu.panel_linear(x.contiguous(), panels, out_features, bias)
+
+
+INT4_ISAS = {"auto": 0, "plain": 1, "avx2": 2, "avx512": 3}
+
+
+def int4_isas() -> list[str]:
+    """The int4_linear paths built on this machine, widest first (what "auto" runs is the first)."""
+    load()
+    names = {code: name for name, code in INT4_ISAS.items()}
+    return [names[code] for code in torch.ops.llmctl_cpu.int4_isas()]
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [N, K] (0..15, K a multiple of 32) as int4_linear reads them, [N, K / 2] uint8: in each
+    32-code chunk, byte j holds code j (low nibble) and code j + 16 (high) — GGUF's Q4_0/Q4_1 order."""
+    rows, k = codes.shape
+    chunks = codes.to(torch.uint8).reshape(rows, k // 32, 2, 16)
+    return (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(rows, k // 2).contiguous()
+
+
+def int4_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
+                bias: torch.Tensor | None = None, isa: str = "auto") -> torch.Tensor:
+    """x Wᵀ + b for float32 x [M, K], W[n, k] = code · scale[n, k // group] + offset[n, k // group], the codes
+    packed by pack_int4; scales and offsets float32 [N, groups]."""
+    load()
+    return torch.ops.llmctl_cpu.int4_linear(x.contiguous(), codes, scales, offsets, bias, INT4_ISAS[isa])
+
+
+def int4_dequantize(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [N, K] of int4_linear's operands."""
+    load()
+    return torch.ops.llmctl_cpu.int4_dequantize(codes, scales, offsets)
 
 
 if __name__ == "__main__":

@@ -168,8 +168,8 @@ def _available_memory() -> int | None:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Give every plain linear of a CPU model, the LM head and each routed expert's two weights a packed copy;
-    returns the bytes added.
+    """Give every plain linear of a CPU model, the LM head and each routed expert's two weights a packed copy,
+    and repack 4-bit GPTQ/AWQ linears for the int4 kernel (logged apart); returns the bytes of the float copies.
     Skipped, with a log line, when the copies would take more than half the free memory."""
     global _small_batch, _packed_kernel
     linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
@@ -198,6 +198,7 @@ def pack_linears(model: nn.Module) -> int:
     for head in heads:
         head.packed_head = pack_weight(head.weight, arena)
         added += head.weight.numel() * head.weight.element_size() if head.packed_head is not None else 0
+    _repack_4bit(model)
     for moe in experts:
         packs = [pack_weight(w, arena) for w in moe.expert_weights()]
         moe.packed_experts = list(zip(packs[0::2], packs[1::2]))
@@ -206,3 +207,14 @@ def pack_linears(model: nn.Module) -> int:
         _small_batch = measure_small_batch(largest.weight.detach(), largest.packed)
         _packed_kernel = kernel_name(largest.packed)
     return added
+
+
+def _repack_4bit(model: nn.Module) -> None:
+    """GPTQ/AWQ linears (QuantLinear) repacked for the C++ int4 kernel, which reads them without a float copy."""
+    layers = [m for m in model.modules() if hasattr(m, "pack_for_cpu")]
+    added = [layer.pack_for_cpu() for layer in layers]
+    taken = sum(1 for size in added if size)
+    if taken:
+        logger.info("%d of %d 4-bit linears repacked for llmctl's int4 CPU kernel (%s path, %.2f GiB; the rest "
+                    "dequantize in torch at each step)", taken, len(layers), cpu_kernels.int4_isas()[0],
+                    sum(added) / 2**30)

@@ -2,8 +2,11 @@
 
 The packed tensors stay as loaded, on the model's device (so memory is what `llmctl plan
 --quantization` predicts). On CUDA, 4-bit weights run through llmctl's Triton W4A16 GEMM
-(`llmctl.kernels.w4a16`), which dequantizes inside its K loop; elsewhere (CPUs, other bit
-widths) the weight is dequantized in torch at every forward.
+(`llmctl.kernels.w4a16`), which dequantizes inside its K loop. On CPUs, 4-bit weights with
+contiguous groups of a multiple of 32 are repacked once at load (`pack_for_cpu`) for the C++
+int4 kernel (`llmctl.kernels.cpu.int4_linear`), which decodes them as it multiplies, for float32
+activations; elsewhere (other bit widths, act-order, bfloat16) the weight is dequantized in torch
+at every forward.
 Fused projections (QKV, gate/up) concatenate their parts along the output dimension,
 which both formats allow because they pack outputs in whole groups of 8. Act-order GPTQ
 (desc_act, a permuted g_idx) keeps each part's g_idx, since every part was quantized
@@ -17,6 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmctl.checkpoint.quant_formats import permuted_g_idx, unpack_awq, unpack_gptq
+from llmctl.kernels import cpu as cpu_kernels
+
+INT4_DECODE_ROWS = 128  # input rows from which a CPU int4 linear dequantizes once, then one float GEMM
 
 
 class QuantLinear(nn.Module):
@@ -35,6 +41,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("scales", torch.empty(0, dtype=torch.float16))
         self.register_buffer("g_idx", None)  # act-order: [parts, in] int32, one row per fused part
         self.part_outputs: list[int] = [out_features]
+        self.cpu_int4: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # codes, scales, offsets
 
     def load_parts(self, parts: list[dict[str, torch.Tensor]]) -> None:
         """Packed tensors of one or more linears that this layer runs as one (concatenated outputs)."""
@@ -82,10 +89,35 @@ class QuantLinear(nn.Module):
             start = stop
         return parts
 
+    def pack_for_cpu(self) -> int:
+        """Repack 4-bit codes for the C++ int4 kernel (w = code · scale − zero · scale); the bytes added, 0 when
+        this layer's format is not one it takes."""
+        if self.bits != 4 or self.g_idx is not None or self.in_features % 32 or self.group_size % 32 \
+                or self.qweight.device.type != "cpu" or cpu_kernels.unavailable_reason() is not None:
+            return 0
+        packed = {"qweight": self.qweight, "qzeros": self.qzeros, "scales": self.scales}
+        weight = unpack_awq(packed, self.group_size) if self.method == "awq" else \
+            unpack_gptq(packed, self.bits, self.group_size)
+        scales = weight.scales.float().contiguous()
+        self.cpu_int4 = (cpu_kernels.pack_int4(weight.q), scales, (-weight.zeros.float() * scales).contiguous())
+        return sum(t.numel() * t.element_size() for t in self.cpu_int4)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu_int4 is not None and x.device.type == "cpu" and x.dtype == torch.float32:
+            return self.forward_cpu_int4(x)
         if x.is_cuda and (self.bits == 4 or (self.bits == 8 and self.method == "gptq")):
             return self.forward_w4a16(x)
         return F.linear(x, self.dequantize().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+
+    def forward_cpu_int4(self, x: torch.Tensor) -> torch.Tensor:
+        """Few rows (decoding): the kernel decodes the codes as it multiplies; many (prompts): the weight
+        decoded once into float32, then one float GEMM (INT4_DECODE_ROWS measured by benchmarks/cpu_int4.py)."""
+        flat = x.reshape(-1, self.in_features)
+        if flat.shape[0] < INT4_DECODE_ROWS:
+            out = cpu_kernels.int4_linear(flat, *self.cpu_int4, self.bias)
+        else:
+            out = F.linear(flat, cpu_kernels.int4_dequantize(*self.cpu_int4), self.bias)
+        return out.view(*x.shape[:-1], self.out_features)
 
     def forward_w4a16(self, x: torch.Tensor) -> torch.Tensor:
         """Through the Triton kernel (on CPU tensors only under TRITON_INTERPRET=1, which tests use)."""

@@ -1,0 +1,235 @@
+// 4-bit linears on CPUs: y = x Wᵀ (+ b) with W kept as 4-bit codes, never as a float copy.
+//
+// w[n, k] = code[n, k] · scale[n, g] + offset[n, g] for the group g = k / group_size (GPTQ and AWQ:
+// offset = −zero · scale; GGUF Q4_1: the block's min; Q4_0: −8 · scale). Codes are packed 32 to 16
+// bytes, as GGUF's Q4_0/Q4_1 blocks are: byte j of a chunk holds code j in its low nibble and code
+// j + 16 in its high nibble, so one 16-byte load widens to 16 codes (low) and the next 16 (high).
+//
+// Each thread takes a range of output rows; for up to four input rows at a time a chunk's 32
+// weights are decoded once (widen, mask/shift, convert, one FMA with scale and offset) and feed
+// every row's accumulators. Decoding reads half a byte per weight where float32 reads four, which
+// is what bounds decoding on a CPU. Three paths from one layout: AVX-512, AVX2 (each compiled where
+// the compiler targets it) and plain C++; `isa` picks one (0: the widest built), so a test on an
+// AVX-512 machine checks the AVX2 path too. Reference: the weight dequantized in torch.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t CHUNK = 32;  // codes per 16 bytes
+constexpr int MAX_ROWS = 4;    // input rows sharing one decode of a chunk
+enum Isa : int64_t { AUTO = 0, PLAIN = 1, AVX2 = 2, AVX512 = 3 };
+
+void check(bool ok, const char* message) { TORCH_CHECK(ok, "llmctl cpu int4_linear: ", message); }
+
+struct Weights {
+  const uint8_t* codes;  // [N, K / 2]
+  const float* scales;   // [N, G]
+  const float* offsets;  // [N, G]
+  int64_t k, groups, group_size;
+};
+
+// out[r] = Σ_k x[r, k] · w[n, k] for R rows of x (stride x_stride) and the one output row n.
+template <int R>
+void row_plain(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+  float acc[R] = {};
+  const uint8_t* codes = w.codes + n * w.k / 2;
+  for (int64_t c = 0; c < w.k / CHUNK; ++c) {
+    const int64_t g = c * CHUNK / w.group_size;
+    const float scale = w.scales[n * w.groups + g], offset = w.offsets[n * w.groups + g];
+    for (int j = 0; j < 16; ++j) {
+      const uint8_t byte = codes[c * 16 + j];
+      const float low = (byte & 0xF) * scale + offset, high = (byte >> 4) * scale + offset;
+      for (int r = 0; r < R; ++r) {
+        const float* xr = x + r * x_stride + c * CHUNK;
+        acc[r] += low * xr[j] + high * xr[16 + j];
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
+#if defined(__AVX512F__)
+template <int R>
+void row_avx512(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i nibble = _mm512_set1_epi32(0xF);
+  const uint8_t* codes = w.codes + n * w.k / 2;
+  const int64_t per_group = w.group_size / CHUNK;
+  for (int64_t g = 0; g < w.groups; ++g) {
+    const __m512 scale = _mm512_set1_ps(w.scales[n * w.groups + g]);
+    const __m512 offset = _mm512_set1_ps(w.offsets[n * w.groups + g]);
+    for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
+      const __m512i wide = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + c * 16)));
+      const __m512 low = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(wide, nibble)), scale, offset);
+      const __m512 high = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(wide, 4)), scale, offset);
+      for (int r = 0; r < R; ++r) {
+        const float* xr = x + r * x_stride + c * CHUNK;
+        acc[r] = _mm512_fmadd_ps(low, _mm512_loadu_ps(xr), acc[r]);
+        acc[r] = _mm512_fmadd_ps(high, _mm512_loadu_ps(xr + 16), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline float sum8(__m256 v) {
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+
+template <int R>
+void row_avx2(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i nibble = _mm256_set1_epi32(0xF);
+  const uint8_t* codes = w.codes + n * w.k / 2;
+  const int64_t per_group = w.group_size / CHUNK;
+  for (int64_t g = 0; g < w.groups; ++g) {
+    const __m256 scale = _mm256_set1_ps(w.scales[n * w.groups + g]);
+    const __m256 offset = _mm256_set1_ps(w.offsets[n * w.groups + g]);
+    for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
+      for (int half = 0; half < 2; ++half) {  // bytes 8h..8h+7: codes 8h.. (low) and 16 + 8h.. (high)
+        const __m256i wide = _mm256_cvtepu8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + c * 16 + 8 * half)));
+        const __m256 low = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(wide, nibble)), scale, offset);
+        const __m256 high = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(wide, 4)), scale, offset);
+        for (int r = 0; r < R; ++r) {
+          const float* xr = x + r * x_stride + c * CHUNK + 8 * half;
+          acc[r] = _mm256_fmadd_ps(low, _mm256_loadu_ps(xr), acc[r]);
+          acc[r] = _mm256_fmadd_ps(high, _mm256_loadu_ps(xr + 16), acc[r]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = sum8(acc[r]);
+}
+#endif
+
+bool built(int64_t isa) {
+  switch (isa) {
+    case PLAIN: return true;
+#if defined(__AVX2__) && defined(__FMA__)
+    case AVX2: return true;
+#endif
+#if defined(__AVX512F__)
+    case AVX512: return true;
+#endif
+    default: return false;
+  }
+}
+
+int64_t widest() { return built(AVX512) ? AVX512 : built(AVX2) ? AVX2 : PLAIN; }
+
+template <int R>
+void rows(int64_t isa, const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+#if defined(__AVX512F__)
+  if (isa == AVX512) return row_avx512<R>(w, n, x, x_stride, out);
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if (isa == AVX2) return row_avx2<R>(w, n, x, x_stride, out);
+#endif
+  row_plain<R>(w, n, x, x_stride, out);
+}
+
+// y[m0 .. m0 + count, n] for one output row n: `count` <= MAX_ROWS input rows.
+void tile(int64_t isa, const Weights& w, int64_t n, const float* x, int64_t k, int64_t count, float* y,
+          int64_t y_stride) {
+  float out[MAX_ROWS];
+  switch (count) {
+    case 1: rows<1>(isa, w, n, x, k, out); break;
+    case 2: rows<2>(isa, w, n, x, k, out); break;
+    case 3: rows<3>(isa, w, n, x, k, out); break;
+    default: rows<4>(isa, w, n, x, k, out); break;
+  }
+  for (int64_t r = 0; r < count; ++r) y[r * y_stride + n] = out[r];
+}
+
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                       const at::Tensor& offsets, const c10::optional<at::Tensor>& bias, int64_t isa) {
+  check(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x is a contiguous float32 [M, K]");
+  const int64_t m = x.size(0), k = x.size(1), n = codes.size(0), groups = scales.size(1);
+  check(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.size(1) * 2 == k,
+        "codes are uint8 [N, K / 2]");
+  check(k % CHUNK == 0 && groups > 0 && k % groups == 0 && (k / groups) % CHUNK == 0,
+        "K and the group size are multiples of 32");
+  check(scales.scalar_type() == at::kFloat && offsets.scalar_type() == at::kFloat && scales.is_contiguous() &&
+            offsets.is_contiguous() && scales.size(0) == n && offsets.sizes() == scales.sizes(),
+        "scales and offsets are float32 [N, G]");
+  isa = isa == AUTO ? widest() : isa;
+  check(built(isa), "that instruction set is not built on this machine");
+  const Weights w{codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), k, groups,
+                  k / groups};
+  at::Tensor y = at::empty({m, n}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t row = 0; row < m; row += MAX_ROWS) {  // the rows' x stays in cache over the outputs
+      const int64_t count = std::min<int64_t>(MAX_ROWS, m - row);
+      for (int64_t out = begin; out < end; ++out) tile(isa, w, out, xp + row * k, k, count, yp + row * n, n);
+    }
+  });
+  if (bias.has_value()) y.add_(*bias);
+  return y;
+}
+
+// The float32 weight [N, K]: for many input rows a float GEMM over it is faster than decoding per row.
+at::Tensor int4_dequantize(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets) {
+  check(codes.scalar_type() == at::kByte && codes.is_contiguous() && scales.is_contiguous() &&
+            offsets.is_contiguous() && scales.scalar_type() == at::kFloat && offsets.scalar_type() == at::kFloat,
+        "uint8 codes, float32 scales and offsets, contiguous");
+  const int64_t n = codes.size(0), k = codes.size(1) * 2, groups = scales.size(1);
+  check(k % CHUNK == 0 && groups > 0 && k % groups == 0 && (k / groups) % CHUNK == 0,
+        "K and the group size are multiples of 32");
+  at::Tensor out = at::empty({n, k}, scales.options());
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const float *sp = scales.data_ptr<float>(), *op = offsets.data_ptr<float>();
+  float* wp = out.data_ptr<float>();
+  at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      for (int64_t c = 0; c < k / CHUNK; ++c) {
+        const int64_t g = c * CHUNK / (k / groups);
+        const float scale = sp[row * groups + g], offset = op[row * groups + g];
+        const uint8_t* bytes = cp + row * k / 2 + c * 16;
+        float* w = wp + row * k + c * CHUNK;
+        for (int j = 0; j < 16; ++j) {
+          w[j] = (bytes[j] & 0xF) * scale + offset;
+          w[16 + j] = (bytes[j] >> 4) * scale + offset;
+        }
+      }
+    }
+  });
+  return out;
+}
+
+std::vector<int64_t> int4_isas() {
+  std::vector<int64_t> out;
+  for (int64_t isa : {AVX512, AVX2, PLAIN})
+    if (built(isa)) out.push_back(isa);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(llmctl_cpu, m) {
+  m.def("int4_isas() -> int[]", &int4_isas);
+  m.def("int4_linear(Tensor x, Tensor codes, Tensor scales, Tensor offsets, Tensor? bias, int isa) -> Tensor");
+  m.def("int4_dequantize(Tensor codes, Tensor scales, Tensor offsets) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(llmctl_cpu, CPU, m) {
+  m.impl("int4_linear", &int4_linear);
+  m.impl("int4_dequantize", &int4_dequantize);
+}
