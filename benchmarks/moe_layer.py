@@ -6,8 +6,6 @@ timed before and after packed (two cores are noisy), and the largest difference 
     python benchmarks/moe_layer.py
 """
 
-import time
-
 import torch
 from torch import nn
 
@@ -15,14 +13,7 @@ from llmctl.engine.layers import cpu_gemm
 from llmctl.engine.layers.moe import FusedMoE, Routing
 from llmctl.engine.parallel.group import TPGroup
 
-
-def fastest(call, calls: int = 15) -> float:
-    best = float("inf")
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best
+from cpu_int4 import fastest  # benchmarks/ is this script's folder
 
 
 def main() -> None:
