@@ -14,7 +14,9 @@ time (scripts/setup.sh does). The ops, each tested against a torch reference:
   llmctl.engine.layers.positions;
 - `pack_panels`, `panel_linear` (cpu_gemm.cpp, float32 on AVX-512 only): reference `F.linear`;
 - `int4_linear` (cpu_int4.cpp, 4-bit weights kept packed; AVX-512, AVX2 and plain paths): reference the
-  weight dequantized in torch.
+  weight dequantized in torch;
+- `int8_linear` (cpu_int8.cpp, signed byte codes with a scale and offset per group of 16+: GGUF's Q5/Q6/Q8
+  types; the same three paths): reference the same.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch
 from llmctl.cache import llmctl_cache_dir
 
 SOURCES = [Path(__file__).with_name(name)
-           for name in ("cpu_attention.cpp", "cpu_layers.cpp", "cpu_gemm.cpp", "cpu_int4.cpp")]
+           for name in ("cpu_attention.cpp", "cpu_layers.cpp", "cpu_gemm.cpp", "cpu_int4.cpp", "cpu_int8.cpp")]
 LIBRARY = "llmctl_cpu"
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]  # fast-math: vectorized exp (libmvec)
 
@@ -182,13 +184,13 @@ def panel_linear(x: torch.Tensor, panels: torch.Tensor, out_features: int,
     return torch.ops.llmctl_cpu.panel_linear(x.contiguous(), panels, out_features, bias)
 
 
-INT4_ISAS = {"auto": 0, "plain": 1, "avx2": 2, "avx512": 3}
+CODED_ISAS = {"auto": 0, "plain": 1, "avx2": 2, "avx512": 3}
 
 
 def int4_isas() -> list[str]:
     """The int4_linear paths built on this machine, widest first (what "auto" runs is the first)."""
     load()
-    names = {code: name for name, code in INT4_ISAS.items()}
+    names = {code: name for name, code in CODED_ISAS.items()}
     return [names[code] for code in torch.ops.llmctl_cpu.int4_isas()]
 
 
@@ -205,13 +207,27 @@ def int4_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offs
     """x Wᵀ + b for float32 x [M, K], W[n, k] = code · scale[n, k // group] + offset[n, k // group], the codes
     packed by pack_int4; scales and offsets float32 [N, groups]."""
     load()
-    return torch.ops.llmctl_cpu.int4_linear(x.contiguous(), codes, scales, offsets, bias, INT4_ISAS[isa])
+    return torch.ops.llmctl_cpu.int4_linear(x.contiguous(), codes, scales, offsets, bias, CODED_ISAS[isa])
 
 
 def int4_dequantize(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """The float32 weight [N, K] of int4_linear's operands."""
     load()
     return torch.ops.llmctl_cpu.int4_dequantize(codes, scales, offsets)
+
+
+def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
+                bias: torch.Tensor | None = None, isa: str = "auto") -> torch.Tensor:
+    """x Wᵀ + b for float32 x [M, K], W[n, k] = code · scale[n, k // group] + offset[n, k // group]; codes int8
+    [N, K], the group size a multiple of 16; scales and offsets float32 [N, groups]."""
+    load()
+    return torch.ops.llmctl_cpu.int8_linear(x.contiguous(), codes, scales, offsets, bias, CODED_ISAS[isa])
+
+
+def int8_dequantize(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [N, K] of int8_linear's operands."""
+    load()
+    return torch.ops.llmctl_cpu.int8_dequantize(codes, scales, offsets)
 
 
 if __name__ == "__main__":

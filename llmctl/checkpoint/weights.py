@@ -52,8 +52,9 @@ class CheckpointTensor:
 
     @property
     def keeps_stored_dtype(self) -> bool:
-        """GPTQ/AWQ scales stay as stored (float16): through bfloat16 they would lose 3 mantissa bits."""
-        return self.name.endswith(".scales")
+        """GPTQ/AWQ scales stay as stored (float16): through bfloat16 they would lose 3 mantissa bits; GGUF
+        groups' float32 scales and offsets likewise."""
+        return self.name.endswith((".scales", ".offsets"))
 
     def read(self, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """The whole tensor, or [start, stop) along `dim`."""

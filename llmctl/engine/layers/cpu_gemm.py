@@ -174,7 +174,7 @@ def pack_linears(model: nn.Module) -> int:
     global _small_batch, _packed_kernel
     linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if type(child) is nn.Linear]
-    heads = [m for m in model.modules() if hasattr(m, "packed_head")]
+    heads = [m for m in model.modules() if hasattr(m, "packed_head") and getattr(m, "coded", None) is None]
     experts = [m for m in model.modules() if hasattr(m, "packed_experts")]  # layers.moe.FusedMoE
     expert_weights = [w for m in experts for w in m.expert_weights()]
     total = sum(w.numel() * w.element_size() for w in [c.weight for _, _, c in linears] + expert_weights) + \

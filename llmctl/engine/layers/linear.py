@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmctl.engine.layers import cpu_gemm
+from llmctl.engine.layers.coded_linear import CODED_KINDS, CodedLinear, CodedWeight, coded_from
 from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.parallel.group import TPGroup
 from llmctl.checkpoint.weights import CheckpointTensor
@@ -59,6 +60,8 @@ class LoadError(ValueError):
 
 
 def _local_linear(in_features: int, out_features: int, bias: bool, quant: QuantizationSpec | None) -> nn.Module:
+    if quant is not None and quant.method == "gguf":
+        return CodedLinear(in_features, out_features, bias)
     if quant is None or quant.method not in ("gptq", "awq"):
         return nn.Linear(in_features, out_features, bias=bias)
     return QuantLinear(in_features, out_features, bias, quant.method, quant.bits or 4, quant.group_size or 128)
@@ -87,16 +90,24 @@ class ColumnParallelLinear(nn.Module):
             _local_linear(in_features, self.out_features, bias, quant)
         self.lora: LoRASlots | None = None  # resident adapters' A/B (--enable-lora)
         self._pending: dict[int, dict[str, torch.Tensor]] = {}
+        self._arrived: dict[int, set[str]] = {}  # a coded layer's kinds per part (weight, or codes/scales/offsets)
 
     def expected(self) -> set[tuple[str, int]]:
+        bias = ("bias",) if self.inner.bias is not None else ()
+        if isinstance(self.inner, CodedLinear):
+            return {(kind, i) for i in range(len(self.parts)) for kind in _coded_kinds(self._arrived.get(i)) + bias}
         kinds = ("weight",) if isinstance(self.inner, nn.Linear) else ("qweight", "qzeros", "scales")
-        kinds += ("bias",) if self.inner.bias is not None else ()
-        return {(kind, i) for kind in kinds for i in range(len(self.parts))}
+        return {(kind, i) for kind in kinds + bias for i in range(len(self.parts))}
 
     def load(self, kind: str, tensor: CheckpointTensor, part: int, offset: int | None = None) -> None:
         """`tensor` holds part `part` (at row `offset` when several parts share one tensor)."""
         p = self.parts[part]
         begin = sum(q.size for q in self.parts[:part])
+        if isinstance(self.inner, CodedLinear) and kind != "bias":
+            start = (offset or 0) + p.start
+            self._pending.setdefault(part, {})[kind] = tensor.read(0, start, start + p.size)
+            self._arrived.setdefault(part, set()).add(kind)
+            return
         if kind in PACKED:
             self._stash(kind, tensor, part, p, offset or 0)
             return
@@ -121,7 +132,7 @@ class ColumnParallelLinear(nn.Module):
         self._pending.setdefault(part, {})[kind] = tensor.read(*where) if where else tensor.read()
 
     def finish_loading(self) -> None:
-        if isinstance(self.inner, QuantLinear):
+        if isinstance(self.inner, (QuantLinear, CodedLinear)):
             self.inner.load_parts([self._pending[i] for i in range(len(self.parts))])
             self._pending = {}
 
@@ -141,9 +152,11 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self.lora: LoRASlots | None = None  # added to this rank's partial sum: Σ (x_r A_rᵀ) B = (x Aᵀ) B
         self._pending: dict[str, torch.Tensor] = {}
+        self._arrived: dict[int, set[str]] = {}
 
     def expected(self) -> set[tuple[str, int]]:
-        kinds = ("weight",) if isinstance(self.inner, nn.Linear) else ("qweight", "qzeros", "scales")
+        kinds = ("weight",) if isinstance(self.inner, nn.Linear) else \
+            _coded_kinds(self._arrived.get(0)) if isinstance(self.inner, CodedLinear) else ("qweight", "qzeros", "scales")
         return {(kind, 0) for kind in kinds + (("bias",) if self.bias is not None else ())}
 
     def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int | None = None) -> None:
@@ -151,6 +164,9 @@ class RowParallelLinear(nn.Module):
         if kind == "bias":
             with torch.no_grad():
                 self.bias.copy_(tensor.read())
+        elif isinstance(self.inner, CodedLinear):
+            self._pending[kind] = self._coded_columns(kind, tensor)
+            self._arrived.setdefault(0, set()).add(kind)
         elif kind in PACKED:
             inner = self.inner
             if p.start % inner.group_size or p.size % inner.group_size:
@@ -166,6 +182,18 @@ class RowParallelLinear(nn.Module):
             with torch.no_grad():
                 self.inner.weight.copy_(tensor.read(1, p.start, p.start + p.size))
 
+    def _coded_columns(self, kind: str, tensor: CheckpointTensor) -> torch.Tensor:
+        """This rank's input columns of a weight, codes (two to a byte when 4-bit), scales or offsets."""
+        p = self.part
+        per_column = tensor.shape[1] / p.total  # 1 for weight and int8 codes, 1/2 for 4-bit, 1/group for scales
+        if p.size == p.total:
+            return tensor.read()
+        start, stop = p.start * per_column, (p.start + p.size) * per_column
+        if start != int(start) or stop != int(stop) or (kind == "codes" and per_column < 1 and p.start % 32):
+            raise LoadError(f"{tensor.name}: input columns {p.start}..{p.start + p.size} of this rank split a "
+                            "quantization block; use a --tp that divides the blocks")
+        return tensor.read(1, int(start), int(stop))
+
     def _local_g_idx(self, name: str, g_idx: torch.Tensor) -> torch.Tensor:
         """This rank's slice of g_idx, counted from its first group; act-order slices name groups all over
         the input, whose scales this rank does not hold."""
@@ -178,7 +206,7 @@ class RowParallelLinear(nn.Module):
         return local
 
     def finish_loading(self) -> None:
-        if isinstance(self.inner, QuantLinear):
+        if isinstance(self.inner, (QuantLinear, CodedLinear)):
             self.inner.load_parts([self._pending])
             self._pending = {}
 
@@ -190,35 +218,76 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+def _coded_kinds(arrived: set[str] | None) -> tuple[str, ...]:
+    """A coded layer's part comes as a float weight or as codes, scales and offsets (codes until one arrives)."""
+    return ("weight",) if arrived and "weight" in arrived else CODED_KINDS
+
+
 class VocabParallelEmbedding(nn.Module):
-    """This rank's rows of the (padded) vocabulary; tokens owned elsewhere give zeros, summed by all-reduce."""
+    """This rank's rows of the (padded) vocabulary; tokens owned elsewhere give zeros, summed by all-reduce.
+    A GGUF table stays coded (`coded`): lookups decode only the rows asked for, and the head runs the
+    coded kernels."""
 
     def __init__(self, vocab_size: int, dim: int, group: TPGroup) -> None:
         super().__init__()
         self.vocab_size, self.group = vocab_size, group
-        rows = padded_vocab_per_rank(vocab_size, group.size)
-        self.start = group.rank * rows
-        self.weight = nn.Parameter(torch.zeros(rows, dim))
+        self.rows = padded_vocab_per_rank(vocab_size, group.size)
+        self.start = group.rank * self.rows
+        self.weight = nn.Parameter(torch.empty(self.rows, dim))  # not touched until loaded: a coded table stays 0 B
         self.packed_head: cpu_gemm.PackedWeight | None = None  # the LM head packed for CPU GEMMs (cpu_gemm)
+        self.coded: CodedWeight | None = None
+        self._pending: dict[str, torch.Tensor] = {}
 
     def expected(self) -> set[tuple[str, int]]:
-        return {("weight", 0)}
+        return {(kind, 0) for kind in CODED_KINDS} if self._pending or self.coded is not None else {("weight", 0)}
 
     def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int | None = None) -> None:
         _check_rows(tensor, 0, self.vocab_size)
-        stop = min(self.start + self.weight.shape[0], self.vocab_size)
+        stop = min(self.start + self.rows, self.vocab_size)
+        if kind in CODED_KINDS:
+            self._pending[kind] = tensor.read(0, self.start, max(stop, self.start))
+            return
         with torch.no_grad():
+            self.weight[max(stop - self.start, 0):].zero_()  # the padding rows
             if stop > self.start:
                 self.weight[:stop - self.start].copy_(tensor.read(0, self.start, stop))
 
+    def finish_loading(self) -> None:
+        if self._pending:
+            self.coded = coded_from(self._pending)
+            self.weight = nn.Parameter(torch.empty(0, self.weight.shape[1]), requires_grad=False)
+            self._pending = {}
+
+    def decode_coded(self) -> None:
+        """Run dequantized: the float32 table (padding rows zero) in place of the codes."""
+        table = torch.zeros(self.rows, self.coded.in_features)
+        table[:self.coded.codes.shape[0]] = self.coded.dequantize()
+        self.weight, self.coded = nn.Parameter(table, requires_grad=False), None
+
+    @property
+    def nbytes(self) -> int:
+        return self.coded.nbytes if self.coded is not None else 0
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """As the LM head (tied or not): every rank gets [T, vocab]."""
-        return self.group.all_gather(cpu_gemm.linear(hidden, self.weight, self.packed_head))[..., :self.vocab_size]
+        if self.coded is not None:
+            flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+            local = self.coded.matmul(flat).view(*hidden.shape[:-1], -1)
+            local = F.pad(local, (0, self.rows - local.shape[-1]))
+        else:
+            local = cpu_gemm.linear(hidden, self.weight, self.packed_head)
+        return self.group.all_gather(local)[..., :self.vocab_size]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.group.size == 1:
-            return F.embedding(ids, self.weight)
+            return self._lookup(ids)
         local = ids - self.start
-        outside = (local < 0) | (local >= self.weight.shape[0])
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        outside = (local < 0) | (local >= self.rows)
+        out = self._lookup(local.masked_fill(outside, 0))
         return self.group.all_reduce(out.masked_fill(outside.unsqueeze(-1), 0))
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.coded is None:
+            return F.embedding(ids, self.weight)
+        flat = ids.reshape(-1).clamp(max=self.coded.codes.shape[0] - 1)
+        return self.coded.rows(flat).view(*ids.shape, -1)

@@ -85,10 +85,11 @@ class Target:
 
 def embedding_targets(name: str, embedding: nn.Module | None, lm_head: nn.Module | None,
                       tied: bool = True) -> list[Target]:
-    """The embedding table loads on the first stage; a tied head on another stage loads its own copy."""
+    """The embedding table (`weight`, or GGUF `codes`, `scales`, `offsets`) loads on the first stage; a tied
+    head on another stage loads its own copy."""
     out = [Target(name)] if embedding is not None else []
     if tied and lm_head is not None and lm_head is not embedding:
-        out.append(Target("lm_head.weight"))
+        out.append(Target("lm_head." + name.rsplit(".", 1)[1]))
     return out
 
 

@@ -21,6 +21,7 @@ from llmctl.kernels import cpu as cpu_kernels
 from llmctl.checkpoint.spec import ModelSpec, QuantizationSpec
 from llmctl.engine.parallel.group import TPGroup
 
+WEIGHT_KINDS = ("weight", "bias", "qweight", "qzeros", "scales", "g_idx", "codes", "offsets")  # GPTQ/AWQ, GGUF
 FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 QWEN1_NAMES = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.c_proj": "self_attn.o_proj",
@@ -188,12 +189,12 @@ class LlamaForCausalLM(nn.Module):
                 kind = name.rsplit(".", 1)[1]  # Qwen 1: q, k and v stacked in one tensor
                 return self.stacked_targets(f"layers.{layer}.self_attn.qkv_proj.{kind}")
             parts = name.split(".")
-            owner = parts[-2] if parts[-1] in ("weight", "bias", "qweight", "qzeros", "scales", "g_idx") else None
+            owner = parts[-2] if parts[-1] in WEIGHT_KINDS else None
             if owner in FUSED:
                 fused, slot = FUSED[owner]
                 return [Target(".".join(parts[:-2] + [fused, parts[-1]]), slot)]
             return [Target(name)]
-        if name == "embed_tokens.weight":
+        if name.startswith("embed_tokens."):
             return embedding_targets(name, self.embed_tokens, self.lm_head, self.spec.tie_word_embeddings)
         return [Target(name)]
 

@@ -23,6 +23,8 @@ from llmctl.engine.layers.attention import AttentionBackend
 from llmctl.engine.layers.cpu_gemm import pack_linears, packed_kernel, small_batch
 from llmctl.engine.gpu_support import check_this_gpu
 from llmctl.engine.worker.memory_reservation import MemoryReservation
+from llmctl.engine.layers.coded_linear import CodedLinear, coded_summary
+from llmctl.engine.layers.linear import VocabParallelEmbedding
 from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.lora.slots import attach_lora_slots
 from llmctl.engine.models.common import Shard, WeightMismatchError
@@ -44,12 +46,13 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 def load_model(config: EngineConfig, placement: Placement | None = None) -> LoadedModel:
     """Everything one process needs: with a placement, only its TP shard of its pipeline stage."""
     started = time.perf_counter()
-    source = resolve_model(config.model, config.revision, weights=True, show_progress=config.show_progress)
+    placement = placement or Placement()
+    device = device_for(config.device, placement.rank)
+    source = resolve_model(config.model, config.revision, weights=True, show_progress=config.show_progress,
+                           gguf_coded=runs_gguf_coded(config, device))
     spec = load_spec(source)
     _check_native(spec, source, config.trust_remote_code)
-    placement = placement or Placement()
     shard, rank = placement.shard(spec), placement.rank
-    device = device_for(config.device, rank)
     if device.type == "cpu":
         keep_freed_memory_in_heap()
     bind_device(device)
@@ -81,6 +84,13 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     return loaded
 
 
+def runs_gguf_coded(config: EngineConfig, device: torch.device) -> bool:
+    """A GGUF keeps its quantized weights on a CPU with the C++ kernels, unless a --dtype asks for floats."""
+    from llmctl.kernels.cpu import unavailable_reason
+
+    return device.type == "cpu" and config.dtype == "auto" and unavailable_reason() is None
+
+
 def _check_native(spec: ModelSpec, source: ModelSource, trust_remote_code: bool) -> None:
     """Remote code is never run; a model whose architecture the engine implements natively needs none."""
     if spec.requires_remote_code and not trust_remote_code and not is_supported(spec):
@@ -109,9 +119,10 @@ def keep_freed_memory_in_heap() -> None:
 
 
 def model_weight_bytes(model: nn.Module) -> int:
-    """Parameters plus packed quantized weights (buffers of QuantLinear layers)."""
+    """Parameters plus packed quantized weights (QuantLinear's buffers, GGUF codes)."""
     dense = sum(p.numel() * p.element_size() for p in model.parameters())
-    return dense + sum(m.nbytes for m in model.modules() if isinstance(m, QuantLinear))
+    quantized = (QuantLinear, CodedLinear, VocabParallelEmbedding)
+    return dense + sum(m.nbytes for m in model.modules() if isinstance(m, quantized))
 
 
 def device_for(name: str, rank: Rank) -> torch.device:
@@ -268,6 +279,12 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
     packed = (f" (+{loaded.packed_bytes / GiB:.2f} GiB packed for {packed_kernel()}, used from {rows} "
               f"row{'' if rows == 1 else 's'} on: measured on this CPU)") if loaded.packed_bytes else ""
     logger.info("weights take %.2f GiB%s%s", loaded.weights_bytes / GiB, packed, where)
+    if loaded.source.gguf_path is not None:
+        coded = coded_summary(loaded.model)
+        logger.info("GGUF %s: %s", loaded.source.gguf_path.name,
+                    f"kept quantized, {coded}" if coded else
+                    f"dequantized to {str(loaded.dtype).removeprefix('torch.')} (the CPU engine keeps GGUF weights "
+                    "quantized unless --dtype is given)")
     if loaded.lora_slots:
         config_slots = next(iter(loaded.lora_slots.values()))
         max_loras, max_rank = config_slots.a.shape[0], config_slots.a.shape[2]

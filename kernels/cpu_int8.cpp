@@ -1,0 +1,186 @@
+// 8-bit linears on CPUs: y = x Wᵀ (+ b) with W kept as signed byte codes, never as a float copy.
+//
+// w[n, k] = code[n, k] · scale[n, g] + offset[n, g] for the group g = k / group_size, a multiple of 16:
+// GGUF's Q8_0 (offset 0), Q5_0/Q5_1/Q5_K (5-bit codes) and Q6_K (6-bit codes, groups of 16) all fit,
+// as do 4-bit codes when one fused layer mixes 4-bit and 8-bit parts. The structure is cpu_int4.cpp's:
+// a thread per range of output rows, a 16-code chunk decoded once (widen, convert, one FMA with scale
+// and offset) for up to four input rows, AVX-512 / AVX2 / plain paths chosen by `isa` (0: the widest
+// built). Reference: the weight dequantized in torch.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t CHUNK = 16;  // codes per decode
+constexpr int MAX_ROWS = 4;
+enum Isa : int64_t { AUTO = 0, PLAIN = 1, AVX2 = 2, AVX512 = 3 };
+
+void check(bool ok, const char* message) { TORCH_CHECK(ok, "llmctl cpu int8_linear: ", message); }
+
+struct Weights {
+  const int8_t* codes;  // [N, K]
+  const float* scales;  // [N, G]
+  const float* offsets;
+  int64_t k, groups, group_size;
+};
+
+template <int R>
+void row_plain(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+  float acc[R] = {};
+  const int8_t* codes = w.codes + n * w.k;
+  for (int64_t g = 0; g < w.groups; ++g) {
+    const float scale = w.scales[n * w.groups + g], offset = w.offsets[n * w.groups + g];
+    for (int64_t j = g * w.group_size; j < (g + 1) * w.group_size; ++j) {
+      const float weight = codes[j] * scale + offset;
+      for (int r = 0; r < R; ++r) acc[r] += weight * x[r * x_stride + j];
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
+#if defined(__AVX512F__)
+template <int R>
+void row_avx512(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int8_t* codes = w.codes + n * w.k;
+  for (int64_t g = 0; g < w.groups; ++g) {
+    const __m512 scale = _mm512_set1_ps(w.scales[n * w.groups + g]);
+    const __m512 offset = _mm512_set1_ps(w.offsets[n * w.groups + g]);
+    for (int64_t j = g * w.group_size; j < (g + 1) * w.group_size; j += CHUNK) {
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + j));
+      const __m512 weight = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), scale, offset);
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(x + r * x_stride + j), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline float sum8(__m256 v) {
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+
+template <int R>
+void row_avx2(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const int8_t* codes = w.codes + n * w.k;
+  for (int64_t g = 0; g < w.groups; ++g) {
+    const __m256 scale = _mm256_set1_ps(w.scales[n * w.groups + g]);
+    const __m256 offset = _mm256_set1_ps(w.offsets[n * w.groups + g]);
+    for (int64_t j = g * w.group_size; j < (g + 1) * w.group_size; j += 8) {
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j));
+      const __m256 weight = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), scale, offset);
+      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(x + r * x_stride + j), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = sum8(acc[r]);
+}
+#endif
+
+bool built(int64_t isa) {
+  switch (isa) {
+    case PLAIN: return true;
+#if defined(__AVX2__) && defined(__FMA__)
+    case AVX2: return true;
+#endif
+#if defined(__AVX512F__)
+    case AVX512: return true;
+#endif
+    default: return false;
+  }
+}
+
+template <int R>
+void rows(int64_t isa, const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+#if defined(__AVX512F__)
+  if (isa == AVX512) return row_avx512<R>(w, n, x, x_stride, out);
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if (isa == AVX2) return row_avx2<R>(w, n, x, x_stride, out);
+#endif
+  row_plain<R>(w, n, x, x_stride, out);
+}
+
+void tile(int64_t isa, const Weights& w, int64_t n, const float* x, int64_t k, int64_t count, float* y,
+          int64_t y_stride) {
+  float out[MAX_ROWS];
+  switch (count) {
+    case 1: rows<1>(isa, w, n, x, k, out); break;
+    case 2: rows<2>(isa, w, n, x, k, out); break;
+    case 3: rows<3>(isa, w, n, x, k, out); break;
+    default: rows<4>(isa, w, n, x, k, out); break;
+  }
+  for (int64_t r = 0; r < count; ++r) y[r * y_stride + n] = out[r];
+}
+
+Weights weights_of(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets) {
+  check(codes.scalar_type() == at::kChar && codes.dim() == 2 && codes.is_contiguous(), "codes are int8 [N, K]");
+  const int64_t n = codes.size(0), k = codes.size(1), groups = scales.size(1);
+  check(groups > 0 && k % groups == 0 && (k / groups) % CHUNK == 0, "the group size is a multiple of 16");
+  check(scales.scalar_type() == at::kFloat && offsets.scalar_type() == at::kFloat && scales.is_contiguous() &&
+            offsets.is_contiguous() && scales.size(0) == n && offsets.sizes() == scales.sizes(),
+        "scales and offsets are float32 [N, G]");
+  return Weights{codes.data_ptr<int8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), k, groups,
+                 k / groups};
+}
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                       const at::Tensor& offsets, const c10::optional<at::Tensor>& bias, int64_t isa) {
+  check(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x is a contiguous float32 [M, K]");
+  const Weights w = weights_of(codes, scales, offsets);
+  check(x.size(1) == w.k, "x has K columns");
+  isa = isa == AUTO ? (built(AVX512) ? AVX512 : built(AVX2) ? AVX2 : PLAIN) : isa;
+  check(built(isa), "that instruction set is not built on this machine");
+  const int64_t m = x.size(0), n = codes.size(0), k = w.k;
+  at::Tensor y = at::empty({m, n}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t row = 0; row < m; row += MAX_ROWS) {
+      const int64_t count = std::min<int64_t>(MAX_ROWS, m - row);
+      for (int64_t out = begin; out < end; ++out) tile(isa, w, out, xp + row * k, k, count, yp + row * n, n);
+    }
+  });
+  if (bias.has_value()) y.add_(*bias);
+  return y;
+}
+
+at::Tensor int8_dequantize(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets) {
+  const Weights w = weights_of(codes, scales, offsets);
+  const int64_t n = codes.size(0);
+  at::Tensor out = at::empty({n, w.k}, scales.options());
+  float* wp = out.data_ptr<float>();
+  at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row)
+      for (int64_t j = 0; j < w.k; ++j) {
+        const int64_t g = row * w.groups + j / w.group_size;
+        wp[row * w.k + j] = w.codes[row * w.k + j] * w.scales[g] + w.offsets[g];
+      }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(llmctl_cpu, m) {
+  m.def("int8_linear(Tensor x, Tensor codes, Tensor scales, Tensor offsets, Tensor? bias, int isa) -> Tensor");
+  m.def("int8_dequantize(Tensor codes, Tensor scales, Tensor offsets) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(llmctl_cpu, CPU, m) {
+  m.impl("int8_linear", &int8_linear);
+  m.impl("int8_dequantize", &int8_dequantize);
+}

@@ -1,0 +1,133 @@
+"""Linears and embeddings whose weights stay as integer codes on a CPU (GGUF blocks, GPTQ/AWQ repacked).
+
+A `CodedWeight` is w[n, k] = code · scale[n, g] + offset[n, g] per group g along k: 4-bit codes packed
+two to a byte in GGUF's Q4 order (the C++ `int4_linear`), or signed bytes (`int8_linear`). For few
+input rows (decoding) the kernels decode the codes as they multiply; for many (prompts) the weight is
+decoded once into float32 for one float GEMM, which is faster there (benchmarks/cpu_int4.py).
+`CodedLinear` holds one, or a float weight where a checkpoint stored one (a GGUF type llmctl does not
+keep coded); the parts of a fused layer (q/k/v, gate/up) that came in different widths are widened to
+the common one, which is exact: 4-bit codes fit a byte and a group splits into smaller ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmctl.kernels import cpu as cpu_kernels
+
+DECODE_ROWS = 128  # input rows from which the weight is decoded once, then one float GEMM
+CODED_KINDS = ("codes", "scales", "offsets")
+
+
+@dataclass
+class CodedWeight:
+    codes: torch.Tensor  # uint8 [N, K / 2] (bits 4) or int8 [N, K] (bits 8)
+    scales: torch.Tensor  # float32 [N, G]
+    offsets: torch.Tensor  # float32 [N, G]
+
+    @property
+    def bits(self) -> int:
+        return 4 if self.codes.dtype == torch.uint8 else 8
+
+    @property
+    def in_features(self) -> int:
+        return self.codes.shape[1] * (2 if self.bits == 4 else 1)
+
+    @property
+    def group_size(self) -> int:
+        return self.in_features // self.scales.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.offsets))
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x Wᵀ + b for float32 x [M, K]."""
+        if x.shape[0] >= DECODE_ROWS:
+            return F.linear(x, self.dequantize(), bias)
+        kernel = cpu_kernels.int4_linear if self.bits == 4 else cpu_kernels.int8_linear
+        return kernel(x, self.codes, self.scales, self.offsets, bias)
+
+    def dequantize(self) -> torch.Tensor:
+        kernel = cpu_kernels.int4_dequantize if self.bits == 4 else cpu_kernels.int8_dequantize
+        return kernel(self.codes, self.scales, self.offsets)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The float32 rows `ids` of the weight (an embedding lookup)."""
+        picked = CodedWeight(self.codes.index_select(0, ids), self.scales.index_select(0, ids),
+                             self.offsets.index_select(0, ids))
+        return picked.dequantize()
+
+    def widened(self, bits: int, group_size: int) -> "CodedWeight":
+        """The same weight with `bits`-wide codes and groups of `group_size` (a divisor of this one's)."""
+        codes = self.codes
+        if bits == 8 and self.bits == 4:
+            chunks = codes.reshape(codes.shape[0], -1, 1, 16)
+            codes = torch.cat([chunks & 0xF, chunks >> 4], dim=2).reshape(codes.shape[0], -1).to(torch.int8)
+        repeat = self.group_size // group_size
+        return CodedWeight(codes.contiguous(), self.scales.repeat_interleave(repeat, dim=1).contiguous(),
+                           self.offsets.repeat_interleave(repeat, dim=1).contiguous())
+
+    @staticmethod
+    def stacked(parts: list["CodedWeight"]) -> "CodedWeight":
+        """Parts concatenated along the outputs, in the widest codes and the smallest groups among them."""
+        bits, group = max(p.bits for p in parts), min(p.group_size for p in parts)
+        if any(p.group_size % group for p in parts):
+            raise ValueError(f"groups of {sorted({p.group_size for p in parts})} weights cannot share one layer")
+        same = [p.widened(bits, group) if (p.bits, p.group_size) != (bits, group) else p for p in parts]
+        if len(same) == 1:
+            return same[0]
+        return CodedWeight(*(torch.cat([getattr(p, name) for p in same]).contiguous()
+                             for name in ("codes", "scales", "offsets")))
+
+
+def coded_from(tensors: dict[str, torch.Tensor]) -> CodedWeight:
+    return CodedWeight(tensors["codes"].contiguous(), tensors["scales"].float().contiguous(),
+                       tensors["offsets"].float().contiguous())
+
+
+class CodedLinear(nn.Module):
+    """A linear whose weight a GGUF checkpoint stored as codes (or, for types not kept coded, as floats)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.coded: CodedWeight | None = None
+        self.weight: nn.Parameter | None = None  # only when a part came as floats
+
+    def load_parts(self, parts: list[dict[str, torch.Tensor]]) -> None:
+        """Each part holds either `weight` or `codes`, `scales` and `offsets` (its rows of the outputs)."""
+        if all("codes" in part for part in parts):
+            self.coded = CodedWeight.stacked([coded_from(part) for part in parts])
+            if self.coded.in_features != self.in_features:
+                raise ValueError(f"codes of {self.coded.in_features} inputs, expected {self.in_features}")
+            return
+        floats = [part["weight"].float() if "weight" in part else coded_from(part).dequantize() for part in parts]
+        self.weight = nn.Parameter(torch.cat(floats), requires_grad=False)
+
+    @property
+    def nbytes(self) -> int:
+        return self.coded.nbytes if self.coded is not None else 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.coded is not None and x.device.type == "cpu" and x.dtype == torch.float32:
+            flat = x.reshape(-1, self.in_features).contiguous()
+            return self.coded.matmul(flat, self.bias).view(*x.shape[:-1], self.out_features)
+        weight = self.weight if self.coded is None else self.coded.dequantize()
+        return F.linear(x, weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+
+
+def coded_summary(model: nn.Module) -> str | None:
+    """"12 4-bit and 3 8-bit coded weights (0.07 GiB), avx512 kernels", or None when there are none."""
+    weights = [m.coded for m in model.modules() if getattr(m, "coded", None) is not None]
+    if not weights:
+        return None
+    by_bits = {bits: sum(1 for w in weights if w.bits == bits) for bits in (4, 8)}
+    counts = " and ".join(f"{n} {bits}-bit" for bits, n in by_bits.items() if n)
+    size = sum(w.nbytes for w in weights) / 2**30
+    return f"{counts} coded weights ({size:.2f} GiB), {cpu_kernels.int4_isas()[0]} kernels"
