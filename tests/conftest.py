@@ -41,11 +41,12 @@ def cpu_paths() -> str:
     problem = cpu.unavailable_reason()
     if problem:
         return f"llmctl CPU paths: C++ kernels NOT built ({problem}); only torch SDPA and oneDNN are tested"
+    coded = f"; int4/int8 coded-weight kernels: {', '.join(cpu.int4_isas())} paths"
     if cpu.built_for_avx512():
         return ("llmctl CPU paths: C++ kernels with AVX-512: the float32 panel GEMM and the register-row "
-                "attention are tested")
+                "attention are tested" + coded)
     return ("llmctl CPU paths: C++ kernels without AVX-512 (this CPU has none): oneDNN float32 linears and the "
-            "plain attention loop are tested; the AVX-512 panel GEMM and register-row attention are NOT")
+            "plain attention loop are tested; the AVX-512 panel GEMM and register-row attention are NOT" + coded)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -1,0 +1,131 @@
+"""GGUF weights kept quantized: the codes read out of every kept block type against gguf-py's own
+dequantizer, the C++ int8 kernel on every instruction-set path built here (the run's summary line names
+them), fused layers of mixed types, and the default model's Q4_1 file served coded against transformers'
+own GGUF loading of the same file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from llmctl.checkpoint.gguf_codes import FORMATS, group_codes
+from llmctl.engine.layers.coded_linear import DECODE_ROWS, CodedWeight
+from llmctl.kernels import cpu
+
+ISAS = cpu.int4_isas() if cpu.unavailable_reason() is None else []
+needs_kernels = pytest.mark.skipif(not ISAS, reason=f"C++ kernels not built: {cpu.unavailable_reason()}")
+QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf-py quantizes these; K-quants it only reads
+
+
+def gguf_tensor(type_name: str, rows: int, columns: int, seed: int) -> np.ndarray:
+    """Raw blocks of a [rows, columns] tensor: quantized by gguf-py, or (K-quants) random blocks whose
+    float16 super-block scales are finite."""
+    rng = np.random.default_rng(seed)
+    qtype = GGMLQuantizationType[type_name]
+    if type_name in QUANTIZABLE:
+        return quantize(rng.standard_normal((rows, columns)).astype(np.float32), qtype)
+    _, block_bytes, per_block, _ = FORMATS[type_name]
+    blocks = rng.integers(0, 256, (rows * columns // per_block, block_bytes), dtype=np.uint8)
+    halves = rng.uniform(1e-3, 2e-2, (blocks.shape[0], 2)).astype(np.float16).view(np.uint8)
+    if type_name == "Q6_K":
+        blocks[:, -2:] = halves[:, :2]  # d at the end
+    else:
+        blocks[:, :4] = halves  # d and dmin first
+    return blocks.reshape(rows, -1)
+
+
+def reference(raw: np.ndarray, type_name: str) -> torch.Tensor:
+    return torch.from_numpy(np.array(dequantize(raw, GGMLQuantizationType[type_name]), dtype=np.float32))
+
+
+def coded_weight(raw: np.ndarray, type_name: str, rows: int, columns: int) -> CodedWeight:
+    codes = group_codes(raw, type_name, rows, columns)
+    return CodedWeight(torch.from_numpy(codes.stored_codes()), torch.from_numpy(codes.scales),
+                       torch.from_numpy(codes.offsets))
+
+
+@pytest.mark.parametrize("type_name", sorted(FORMATS))
+def test_codes_times_scale_plus_offset_is_gguf_py_dequantized_value(type_name):
+    rows, columns = 6, 512
+    raw = gguf_tensor(type_name, rows, columns, seed=len(type_name) + ord(type_name[1]))
+    codes = group_codes(raw, type_name, rows, columns)
+    group = codes.group_size
+    weight = codes.codes.astype(np.float64) * np.repeat(codes.scales, group, 1) + np.repeat(codes.offsets, group, 1)
+    np.testing.assert_allclose(weight, reference(raw, type_name).numpy().reshape(rows, columns), rtol=1e-6,
+                               atol=1e-9)
+    assert codes.bits == FORMATS[type_name][0] and group in (16, 32)
+
+
+def test_types_not_kept_coded_are_left_to_the_caller():
+    assert group_codes(np.zeros((2, 64), np.uint8), "F16", 2, 32) is None
+    assert group_codes(np.zeros((2, 84), np.uint8), "Q2_K", 2, 256) is None
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_K", "Q5_K", "Q6_K", "Q8_0"])
+def test_coded_linear_kernels_on_every_path_equal_the_dequantized_weight(isa, type_name):
+    rows, columns = 40, 512
+    raw = gguf_tensor(type_name, rows, columns, seed=7)
+    weight, expected_weight = coded_weight(raw, type_name, rows, columns), reference(raw, type_name)
+    kernel = cpu.int4_linear if weight.bits == 4 else cpu.int8_linear
+    for batch in (1, 3, 5):
+        x = torch.randn(batch, columns, generator=torch.Generator().manual_seed(batch))
+        out = kernel(x, weight.codes, weight.scales, weight.offsets, None, isa)
+        bound = (x.double().abs() @ expected_weight.double().abs().t()).max().item()  # float32 summation's scale
+        torch.testing.assert_close(out.double(), x.double() @ expected_weight.double().t(), rtol=1e-5,
+                                   atol=1e-6 * bound)
+    torch.testing.assert_close(weight.dequantize(), expected_weight, rtol=1e-6, atol=1e-9)
+
+
+@needs_kernels
+def test_int8_kernel_refuses_a_group_it_cannot_read():
+    codes, scales = torch.zeros(4, 40, dtype=torch.int8), torch.ones(4, 5)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        cpu.int8_linear(torch.zeros(1, 40), codes, scales, scales, None, "plain")
+
+
+@needs_kernels
+def test_a_fused_layer_of_mixed_types_widens_exactly():
+    """q in Q4_K and v in Q6_K (as llama.cpp's Q4_K_M mixes them) share one layer as int8 codes in groups of 16."""
+    parts = [("Q4_K", 32), ("Q6_K", 16), ("Q4_0", 24)]
+    raws = [gguf_tensor(name, rows, 256, seed=rows) for name, rows in parts]
+    stacked = CodedWeight.stacked([coded_weight(raw, name, rows, 256) for raw, (name, rows) in zip(raws, parts)])
+    expected = torch.cat([reference(raw, name) for raw, (name, _) in zip(raws, parts)])
+    assert (stacked.bits, stacked.group_size) == (8, 16)
+    torch.testing.assert_close(stacked.dequantize(), expected, rtol=1e-6, atol=1e-9)
+    x = torch.randn(DECODE_ROWS + 1, 256)  # through the decoded-once float GEMM
+    torch.testing.assert_close(stacked.matmul(x), x @ expected.t(), rtol=1e-4, atol=1e-4)
+
+
+@needs_kernels
+def test_the_default_gguf_served_coded_matches_transformers_reading_the_same_file(default_source):
+    """Greedy tokens of llmctl's engine over the coded Q4_1 weights == transformers' GGUF loading (which
+    dequantizes the same file to float32); the weights held are the file's 4-bit codes, not a float copy."""
+    from transformers import AutoModelForCausalLM
+
+    from llmctl.engine.front.llm import LLM
+    from llmctl.engine.layers.coded_linear import CodedLinear
+    from llmctl.engine.sampling_params import SamplingParams
+
+    gguf_path = default_source.gguf_path
+    llm = LLM(str(gguf_path), max_model_len=256, kv_cache_memory=64 << 20)
+    try:
+        loaded = llm.engine.executor.loaded
+        coded = [m for m in loaded.model.modules() if isinstance(m, CodedLinear)]
+        assert coded and all(m.coded is not None and m.weight is None for m in coded)
+        assert loaded.weights_bytes < 140 << 20  # 135 M weights as float32 would be 540 MB
+        prompts = ["The capital of France is", "def fibonacci(n):"]
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    finally:
+        llm.shutdown()
+    tokenizer = loaded.tokenizer
+    reference_model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                           torch_dtype=torch.float32)
+    for prompt, output in zip(prompts, outputs):
+        ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+        expected = reference_model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1]:]
+        assert list(output.outputs[0].token_ids) == expected.tolist()
