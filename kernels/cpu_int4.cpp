@@ -57,29 +57,52 @@ void row_plain(const Weights& w, int64_t n, const float* x, int64_t x_stride, fl
   for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
+// Independent accumulators: a single chain of dependent FMAs per input row waits out each FMA's latency
+// (4 cycles) where the CPU could start two FMAs per cycle, and with one or two input rows (decoding) that
+// wait, not memory, bounded the kernel. Groups alternate between SETS accumulator sets (low and high
+// nibbles apart, too); the loops over sets and rows have constant bounds and unroll, so every
+// accumulator stays in a register.
 #if defined(__AVX512F__)
 template <int R>
-void row_avx512(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+inline void group_avx512(const Weights& w, int64_t n, int64_t g, const float* x, int64_t x_stride,
+                         __m512 (&low_acc)[R], __m512 (&high_acc)[R]) {
+  const __m512 scale = _mm512_set1_ps(w.scales[n * w.groups + g]);
+  const __m512 offset = _mm512_set1_ps(w.offsets[n * w.groups + g]);
   const __m512i nibble = _mm512_set1_epi32(0xF);
   const uint8_t* codes = w.codes + n * w.k / 2;
   const int64_t per_group = w.group_size / CHUNK;
-  for (int64_t g = 0; g < w.groups; ++g) {
-    const __m512 scale = _mm512_set1_ps(w.scales[n * w.groups + g]);
-    const __m512 offset = _mm512_set1_ps(w.offsets[n * w.groups + g]);
-    for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
-      const __m512i wide = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + c * 16)));
-      const __m512 low = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(wide, nibble)), scale, offset);
-      const __m512 high = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(wide, 4)), scale, offset);
-      for (int r = 0; r < R; ++r) {
-        const float* xr = x + r * x_stride + c * CHUNK;
-        acc[r] = _mm512_fmadd_ps(low, _mm512_loadu_ps(xr), acc[r]);
-        acc[r] = _mm512_fmadd_ps(high, _mm512_loadu_ps(xr + 16), acc[r]);
-      }
+  for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
+    const __m512i wide = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + c * 16)));
+    const __m512 low = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(wide, nibble)), scale, offset);
+    const __m512 high = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(wide, 4)), scale, offset);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const float* xr = x + r * x_stride + c * CHUNK;
+      low_acc[r] = _mm512_fmadd_ps(low, _mm512_loadu_ps(xr), low_acc[r]);
+      high_acc[r] = _mm512_fmadd_ps(high, _mm512_loadu_ps(xr + 16), high_acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+template <int R>
+void row_avx512(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+  constexpr int SETS = R <= 2 ? 2 : 1;
+  __m512 low[SETS][R], high[SETS][R];
+#pragma GCC unroll 2
+  for (int s = 0; s < SETS; ++s)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) low[s][r] = high[s][r] = _mm512_setzero_ps();
+  int64_t g = 0;
+  for (; g + SETS <= w.groups; g += SETS)
+#pragma GCC unroll 2
+    for (int s = 0; s < SETS; ++s) group_avx512<R>(w, n, g + s, x, x_stride, low[s], high[s]);
+  for (; g < w.groups; ++g) group_avx512<R>(w, n, g, x, x_stride, low[0], high[0]);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    __m512 sum = _mm512_add_ps(low[0][r], high[0][r]);
+    if constexpr (SETS == 2) sum = _mm512_add_ps(sum, _mm512_add_ps(low[1][r], high[1][r]));
+    out[r] = _mm512_reduce_add_ps(sum);
+  }
 }
 #endif
 
@@ -91,30 +114,49 @@ inline float sum8(__m256 v) {
 }
 
 template <int R>
-void row_avx2(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+inline void group_avx2(const Weights& w, int64_t n, int64_t g, const float* x, int64_t x_stride,
+                       __m256 (&low_acc)[R], __m256 (&high_acc)[R]) {
+  const __m256 scale = _mm256_set1_ps(w.scales[n * w.groups + g]);
+  const __m256 offset = _mm256_set1_ps(w.offsets[n * w.groups + g]);
   const __m256i nibble = _mm256_set1_epi32(0xF);
   const uint8_t* codes = w.codes + n * w.k / 2;
   const int64_t per_group = w.group_size / CHUNK;
-  for (int64_t g = 0; g < w.groups; ++g) {
-    const __m256 scale = _mm256_set1_ps(w.scales[n * w.groups + g]);
-    const __m256 offset = _mm256_set1_ps(w.offsets[n * w.groups + g]);
-    for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
-      for (int half = 0; half < 2; ++half) {  // bytes 8h..8h+7: codes 8h.. (low) and 16 + 8h.. (high)
-        const __m256i wide = _mm256_cvtepu8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + c * 16 + 8 * half)));
-        const __m256 low = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(wide, nibble)), scale, offset);
-        const __m256 high = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(wide, 4)), scale, offset);
-        for (int r = 0; r < R; ++r) {
-          const float* xr = x + r * x_stride + c * CHUNK + 8 * half;
-          acc[r] = _mm256_fmadd_ps(low, _mm256_loadu_ps(xr), acc[r]);
-          acc[r] = _mm256_fmadd_ps(high, _mm256_loadu_ps(xr + 16), acc[r]);
-        }
+  for (int64_t c = g * per_group; c < (g + 1) * per_group; ++c) {
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; ++half) {  // bytes 8h..8h+7: codes 8h.. (low) and 16 + 8h.. (high)
+      const __m256i wide = _mm256_cvtepu8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + c * 16 + 8 * half)));
+      const __m256 low = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(wide, nibble)), scale, offset);
+      const __m256 high = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(wide, 4)), scale, offset);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const float* xr = x + r * x_stride + c * CHUNK + 8 * half;
+        low_acc[r] = _mm256_fmadd_ps(low, _mm256_loadu_ps(xr), low_acc[r]);
+        high_acc[r] = _mm256_fmadd_ps(high, _mm256_loadu_ps(xr + 16), high_acc[r]);
       }
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = sum8(acc[r]);
+}
+
+template <int R>
+void row_avx2(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+  constexpr int SETS = R <= 2 ? 2 : 1;  // 16 registers: two sets for up to two rows
+  __m256 low[SETS][R], high[SETS][R];
+#pragma GCC unroll 2
+  for (int s = 0; s < SETS; ++s)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) low[s][r] = high[s][r] = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + SETS <= w.groups; g += SETS)
+#pragma GCC unroll 2
+    for (int s = 0; s < SETS; ++s) group_avx2<R>(w, n, g + s, x, x_stride, low[s], high[s]);
+  for (; g < w.groups; ++g) group_avx2<R>(w, n, g, x, x_stride, low[0], high[0]);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    __m256 sum = _mm256_add_ps(low[0][r], high[0][r]);
+    if constexpr (SETS == 2) sum = _mm256_add_ps(sum, _mm256_add_ps(low[1][r], high[1][r]));
+    out[r] = sum8(sum);
+  }
 }
 #endif
 

@@ -46,22 +46,43 @@ void row_plain(const Weights& w, int64_t n, const float* x, int64_t x_stride, fl
   for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
+// Groups alternate between SETS independent accumulator sets, unrolled so they stay in registers
+// (cpu_int4.cpp says why one chain per row is slow).
 #if defined(__AVX512F__)
 template <int R>
-void row_avx512(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+inline void group_avx512(const Weights& w, int64_t n, int64_t g, const float* x, int64_t x_stride,
+                         __m512 (&acc)[R]) {
+  const __m512 scale = _mm512_set1_ps(w.scales[n * w.groups + g]);
+  const __m512 offset = _mm512_set1_ps(w.offsets[n * w.groups + g]);
   const int8_t* codes = w.codes + n * w.k;
-  for (int64_t g = 0; g < w.groups; ++g) {
-    const __m512 scale = _mm512_set1_ps(w.scales[n * w.groups + g]);
-    const __m512 offset = _mm512_set1_ps(w.offsets[n * w.groups + g]);
-    for (int64_t j = g * w.group_size; j < (g + 1) * w.group_size; j += CHUNK) {
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + j));
-      const __m512 weight = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), scale, offset);
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(x + r * x_stride + j), acc[r]);
-    }
+  for (int64_t j = g * w.group_size; j < (g + 1) * w.group_size; j += CHUNK) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + j));
+    const __m512 weight = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), scale, offset);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(x + r * x_stride + j), acc[r]);
   }
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+template <int R>
+void row_avx512(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+  constexpr int SETS = R <= 2 ? 4 : 2;
+  __m512 acc[SETS][R];
+#pragma GCC unroll 4
+  for (int s = 0; s < SETS; ++s)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[s][r] = _mm512_setzero_ps();
+  int64_t g = 0;
+  for (; g + SETS <= w.groups; g += SETS)
+#pragma GCC unroll 4
+    for (int s = 0; s < SETS; ++s) group_avx512<R>(w, n, g + s, x, x_stride, acc[s]);
+  for (; g < w.groups; ++g) group_avx512<R>(w, n, g, x, x_stride, acc[0]);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    __m512 sum = acc[0][r];
+#pragma GCC unroll 4
+    for (int s = 1; s < SETS; ++s) sum = _mm512_add_ps(sum, acc[s][r]);
+    out[r] = _mm512_reduce_add_ps(sum);
+  }
 }
 #endif
 
@@ -73,20 +94,39 @@ inline float sum8(__m256 v) {
 }
 
 template <int R>
-void row_avx2(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+inline void group_avx2(const Weights& w, int64_t n, int64_t g, const float* x, int64_t x_stride,
+                       __m256 (&acc)[R]) {
+  const __m256 scale = _mm256_set1_ps(w.scales[n * w.groups + g]);
+  const __m256 offset = _mm256_set1_ps(w.offsets[n * w.groups + g]);
   const int8_t* codes = w.codes + n * w.k;
-  for (int64_t g = 0; g < w.groups; ++g) {
-    const __m256 scale = _mm256_set1_ps(w.scales[n * w.groups + g]);
-    const __m256 offset = _mm256_set1_ps(w.offsets[n * w.groups + g]);
-    for (int64_t j = g * w.group_size; j < (g + 1) * w.group_size; j += 8) {
-      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j));
-      const __m256 weight = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), scale, offset);
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(x + r * x_stride + j), acc[r]);
-    }
+  for (int64_t j = g * w.group_size; j < (g + 1) * w.group_size; j += 8) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j));
+    const __m256 weight = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), scale, offset);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(x + r * x_stride + j), acc[r]);
   }
-  for (int r = 0; r < R; ++r) out[r] = sum8(acc[r]);
+}
+
+template <int R>
+void row_avx2(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+  constexpr int SETS = R <= 2 ? 4 : 2;
+  __m256 acc[SETS][R];
+#pragma GCC unroll 4
+  for (int s = 0; s < SETS; ++s)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[s][r] = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + SETS <= w.groups; g += SETS)
+#pragma GCC unroll 4
+    for (int s = 0; s < SETS; ++s) group_avx2<R>(w, n, g + s, x, x_stride, acc[s]);
+  for (; g < w.groups; ++g) group_avx2<R>(w, n, g, x, x_stride, acc[0]);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    __m256 sum = acc[0][r];
+#pragma GCC unroll 4
+    for (int s = 1; s < SETS; ++s) sum = _mm256_add_ps(sum, acc[s][r]);
+    out[r] = sum8(sum);
+  }
 }
 #endif
 
