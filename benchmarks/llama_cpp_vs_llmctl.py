@@ -12,8 +12,8 @@ Serving (`--serve`): 16 concurrent streaming requests (`llmctl bench serve`, ran
 `llmctl serve FILE` and `python -m llama_cpp.server` (which runs one sequence at a time), output tok/s
 and TTFT.
 
-    pip install llama-cpp-python   # builds llama.cpp from source for this CPU (several minutes)
-    python benchmarks/llama_cpp_vs_llmctl.py [GGUF] [--threads 2] [--runs 3] [--serve]
+    pip install 'llama-cpp-python[server]'   # builds llama.cpp from source for this CPU (minutes)
+    python benchmarks/llama_cpp_vs_llmctl.py [GGUF] [--threads 2] [--runs 3] [--serve] [--llama-cpp-python PY]
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def llama_cpp_worker(args: argparse.Namespace) -> dict[str, float]:
 
 
 def run_worker(engine: str, args: argparse.Namespace) -> dict[str, float]:
-    command = [sys.executable, __file__, args.gguf, "--worker", engine, "--threads", str(args.threads),
+    python = args.llama_cpp_python if engine == "llama.cpp" else sys.executable
+    command = [python, __file__, args.gguf, "--worker", engine, "--threads", str(args.threads),
                "--prompt-len", str(args.prompt_len), "--decode-len", str(args.decode_len), "--kv-mib",
                str(args.kv_mib), "--llmctl-dtype", args.llmctl_dtype]
     out = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -133,7 +134,7 @@ def serve_once(engine: str, args: argparse.Namespace, port: int) -> dict[str, fl
         command = [sys.executable, "-m", "llmctl", "serve", args.gguf, "--port", str(port), "--cpu-threads",
                    str(args.threads), "--max-model-len", "1024", "--served-model-name", "m"]
     else:
-        command = [sys.executable, "-m", "llama_cpp.server", "--model", args.gguf, "--port", str(port),
+        command = [args.llama_cpp_python, "-m", "llama_cpp.server", "--model", args.gguf, "--port", str(port),
                    "--n_threads", str(args.threads), "--n_ctx", "1024", "--model_alias", "m"]
     server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -170,6 +171,8 @@ def main() -> None:
     parser.add_argument("--decode-len", type=int, default=128)
     parser.add_argument("--kv-mib", type=int, default=64)
     parser.add_argument("--llmctl-dtype", default="auto")
+    parser.add_argument("--llama-cpp-python", default=sys.executable,
+                        help="the Python that has llama-cpp-python (default: this one)")
     parser.add_argument("--serve", action="store_true", help="also the 16-stream serving comparison")
     parser.add_argument("--worker", choices=["llmctl", "llama.cpp"], help=argparse.SUPPRESS)
     args = parser.parse_args()

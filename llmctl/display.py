@@ -170,11 +170,24 @@ def _size_table(report: InspectReport) -> Table:
         table.add_row("quant scales/zeros (apart)", f"{w.quant_metadata_elements:,} elements")
     if w.note:
         table.add_row("note", w.note)
+    if report.gguf_tensor_types:
+        table.add_row("GGUF tensor types", _gguf_types(report.gguf_tensor_types))
     kv = f"{report.kv_bytes_per_token_16bit:,} B at 16-bit"
     if report.spec.dtype_bytes != 2:
         kv += f", {report.kv_bytes_per_token_model_dtype:,} B at {report.spec.torch_dtype}"
     table.add_row("KV cache per token", kv)
     return table
+
+
+def _gguf_types(types: list[Any]) -> str:
+    """"Q4_1 79.0 % (60.1 MiB), Q8_0 …; on CPUs Q4_1, Q8_0 run as they are, F32 as float32"."""
+    total = sum(t.weights for t in types) or 1
+    shares = ", ".join(f"{t.name} {100 * t.weights / total:.1f} % ({human_bytes(t.nbytes)})" for t in types)
+    kept = [t.name for t in types if t.kept_coded]
+    rest = [t.name for t in types if not t.kept_coded]
+    served = [f"{', '.join(kept)} as they are"] if kept else []
+    served += [f"{', '.join(rest)} as float32"] if rest else []
+    return f"{shares}; the CPU engine runs {', '.join(served)}"
 
 
 def _tokenizer_table(report: InspectReport) -> Table:

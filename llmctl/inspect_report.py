@@ -8,6 +8,7 @@ from typing import Any
 from llmctl.errors import LlmctlError
 from llmctl.engine.attention_selector import BackendChoice, choose_attention_backend
 from llmctl.engine.models.registry import implementation
+from llmctl.checkpoint.gguf_convert import GgufTensorType, gguf_tensor_types
 from llmctl.checkpoint.license import LicenseReport, detect_license
 from llmctl.checkpoint.params import ConfigParamCount, TensorCount, count_from_config, count_from_tensors
 from llmctl.checkpoint.safetensors import WeightHeaders, read_weight_headers
@@ -59,6 +60,7 @@ class InspectReport:
     implementation_note: str  # why neither, when None
     text_tokens: list[tuple[int, str]] | None = None
     warnings: list[str] = field(default_factory=list)
+    gguf_tensor_types: list[GgufTensorType] | None = None  # a GGUF file's types, their shares and bytes
 
 
 def build_inspect_report(source: ModelSource, *, text: str | None = None,
@@ -91,6 +93,7 @@ def build_inspect_report(source: ModelSource, *, text: str | None = None,
         license=license_report, backend=choose_attention_backend(spec),
         llmctl_serves=impl is not None, implementation=impl, implementation_note=why,
         text_tokens=text_tokens, warnings=warnings,
+        gguf_tensor_types=gguf_tensor_types(source.gguf_path) if source.gguf_path else None,
     )
 
 

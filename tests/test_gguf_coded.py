@@ -129,3 +129,13 @@ def test_the_default_gguf_served_coded_matches_transformers_reading_the_same_fil
         ids = torch.tensor([tokenizer(prompt)["input_ids"]])
         expected = reference_model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1]:]
         assert list(output.outputs[0].token_ids) == expected.tolist()
+
+
+def test_inspect_shows_each_gguf_tensor_type_and_how_the_cpu_engine_runs_it(default_source):
+    from llmctl.inspect_report import build_inspect_report
+
+    types = {t.name: t for t in build_inspect_report(default_source).gguf_tensor_types}
+    assert set(types) == {"Q4_1", "Q8_0", "F32"}
+    assert sum(t.weights for t in types.values()) == 134_515_008  # SmolLM2-135M's published parameter count
+    assert types["Q8_0"].weights == 49152 * 576 and types["Q8_0"].nbytes == 49152 * 576 // 32 * 34  # token_embd
+    assert types["Q4_1"].kept_coded and types["Q8_0"].kept_coded and not types["F32"].kept_coded

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,33 @@ def _llama_config(meta: dict[str, Any], reader: Any) -> dict[str, Any]:
 def _generation_config(config: dict[str, Any]) -> dict[str, Any]:
     keys = ("bos_token_id", "eos_token_id", "pad_token_id")
     return {k: config[k] for k in keys if config.get(k) is not None}
+
+
+@dataclass(frozen=True)
+class GgufTensorType:
+    """One GGUF tensor type of a file: its weights, their bytes on disk, and whether the CPU engine runs them
+    as they are (coded) or dequantized."""
+
+    name: str
+    weights: int
+    nbytes: int
+    kept_coded: bool
+
+
+def gguf_tensor_types(gguf_path: Path) -> list[GgufTensorType]:
+    """The file's tensor types, largest share first (read from its header; no tensor is loaded)."""
+    import gguf
+
+    from llmctl.checkpoint.gguf_codes import FORMATS
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    totals: dict[str, list[int]] = {}
+    for tensor in reader.tensors:
+        entry = totals.setdefault(tensor.tensor_type.name, [0, 0])
+        entry[0] += int(tensor.n_elements)
+        entry[1] += int(tensor.n_bytes)
+    return sorted((GgufTensorType(name, weights, nbytes, name in FORMATS) for name, (weights, nbytes)
+                   in totals.items()), key=lambda t: -t.weights)
 
 
 def _type_counts(reader: Any) -> dict[str, int]:

