@@ -139,3 +139,34 @@ def test_inspect_shows_each_gguf_tensor_type_and_how_the_cpu_engine_runs_it(defa
     assert sum(t.weights for t in types.values()) == 134_515_008  # SmolLM2-135M's published parameter count
     assert types["Q8_0"].weights == 49152 * 576 and types["Q8_0"].nbytes == 49152 * 576 // 32 * 34  # token_embd
     assert types["Q4_1"].kept_coded and types["Q8_0"].kept_coded and not types["F32"].kept_coded
+
+
+GGUF_ARCHITECTURES = [("llama", "Q4_0"), ("qwen2", "Q8_0"), ("qwen3", "Q4_1"), ("phi3", "Q8_0"), ("gemma2", "Q5_0")]
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch, qtype", GGUF_ARCHITECTURES)
+def test_gguf_of_each_architecture_served_coded_matches_transformers(arch, qtype, default_source, tmp_path):
+    """A random tiny model written as llama.cpp writes `arch` (weights in `qtype`), served by llmctl with the
+    weights coded: greedy tokens == transformers' own GGUF loading of the same file."""
+    from gguf_models import write_tiny_gguf
+    from transformers import AutoModelForCausalLM
+
+    from llmctl.engine.front.llm import LLM
+    from llmctl.engine.sampling_params import SamplingParams
+
+    path = tmp_path / f"tiny-{arch}.{qtype}.gguf"
+    write_tiny_gguf(arch, path, default_source.gguf_path, qtype)
+    prompts = [[1, 450, 7010, 1126, 318], [2000, 17, 30000, 4, 5, 6, 7]]
+    llm = LLM(str(path), max_model_len=128, kv_cache_memory=16 << 20)
+    try:
+        assert llm.engine.executor.loaded.spec.quantization.method == "gguf"
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                               SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    finally:
+        llm.shutdown()
+    reference = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, torch_dtype=torch.float32)
+    for prompt, output in zip(prompts, outputs):
+        expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                                      min_new_tokens=8)[0, len(prompt):]
+        assert list(output.outputs[0].token_ids) == expected.tolist(), arch

