@@ -187,8 +187,25 @@ void rows(int64_t isa, const Weights& w, int64_t n, const float* x, int64_t x_st
 }
 
 // y[m0 .. m0 + count, n] for one output row n: `count` <= MAX_ROWS input rows.
+// Output rows are read one after another from three arrays (codes, scales, offsets); the rows PREFETCH_ROWS
+// ahead are requested now, which the hardware prefetcher alone did not do early enough for one input row.
+constexpr int64_t PREFETCH_ROWS = 4;
+
+void prefetch_row(const Weights& w, int64_t n, int64_t rows) {
+#if defined(__AVX2__) || defined(__AVX512F__)
+  if (n >= rows) return;
+  const char* codes = reinterpret_cast<const char*>(w.codes + n * w.k / 2);
+  for (int64_t byte = 0; byte < w.k / 2; byte += 64) _mm_prefetch(codes + byte, _MM_HINT_T0);
+  for (int64_t g = 0; g < w.groups; g += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(w.scales + n * w.groups + g), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w.offsets + n * w.groups + g), _MM_HINT_T0);
+  }
+#endif
+}
+
 void tile(int64_t isa, const Weights& w, int64_t n, const float* x, int64_t k, int64_t count, float* y,
-          int64_t y_stride) {
+          int64_t y_stride, int64_t rows_end) {
+  prefetch_row(w, n + PREFETCH_ROWS, rows_end);
   float out[MAX_ROWS];
   switch (count) {
     case 1: rows<1>(isa, w, n, x, k, out); break;
@@ -220,7 +237,8 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t row = 0; row < m; row += MAX_ROWS) {  // the rows' x stays in cache over the outputs
       const int64_t count = std::min<int64_t>(MAX_ROWS, m - row);
-      for (int64_t out = begin; out < end; ++out) tile(isa, w, out, xp + row * k, k, count, yp + row * n, n);
+      for (int64_t out = begin; out < end; ++out)
+        tile(isa, w, out, xp + row * k, k, count, yp + row * n, n, end);
     }
   });
   if (bias.has_value()) y.add_(*bias);
