@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
-from llmctl.engine.layers.quant_linear import INT4_DECODE_ROWS, QuantLinear
+from llmctl.engine.layers.coded_linear import DECODE_ROWS
+from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.kernels import cpu
 
 ISAS = cpu.int4_isas() if cpu.unavailable_reason() is None else []
@@ -58,7 +59,7 @@ def test_gptq_and_awq_linears_repacked_equal_their_dequantized_weight(method):
     with torch.no_grad():
         layer.bias.normal_(generator=gen)
     assert layer.pack_for_cpu() > 0 and layer.cpu_int4 is not None
-    for rows in (5, INT4_DECODE_ROWS * 2):  # decoded by the kernel; dequantized once, then a float GEMM
+    for rows in (5, DECODE_ROWS * 2):  # decoded by the kernel; dequantized once, then a float GEMM
         x = torch.randn(2, rows, in_features, generator=gen)
         expected = x.double() @ weight.dequantize().double().t() + layer.bias.double()
         torch.testing.assert_close(layer(x).double(), expected, rtol=1e-5, atol=1e-4)

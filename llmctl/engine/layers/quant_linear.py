@@ -20,9 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmctl.checkpoint.quant_formats import permuted_g_idx, unpack_awq, unpack_gptq
+from llmctl.engine.layers.coded_linear import CodedWeight
 from llmctl.kernels import cpu as cpu_kernels
-
-INT4_DECODE_ROWS = 128  # input rows from which a CPU int4 linear dequantizes once, then one float GEMM
 
 
 class QuantLinear(nn.Module):
@@ -41,7 +40,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("scales", torch.empty(0, dtype=torch.float16))
         self.register_buffer("g_idx", None)  # act-order: [parts, in] int32, one row per fused part
         self.part_outputs: list[int] = [out_features]
-        self.cpu_int4: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # codes, scales, offsets
+        self.cpu_int4: CodedWeight | None = None  # the 4-bit codes repacked for the CPU kernel
 
     def load_parts(self, parts: list[dict[str, torch.Tensor]]) -> None:
         """Packed tensors of one or more linears that this layer runs as one (concatenated outputs)."""
@@ -99,8 +98,9 @@ class QuantLinear(nn.Module):
         weight = unpack_awq(packed, self.group_size) if self.method == "awq" else \
             unpack_gptq(packed, self.bits, self.group_size)
         scales = weight.scales.float().contiguous()
-        self.cpu_int4 = (cpu_kernels.pack_int4(weight.q), scales, (-weight.zeros.float() * scales).contiguous())
-        return sum(t.numel() * t.element_size() for t in self.cpu_int4)
+        offsets = (-weight.zeros.float() * scales).contiguous()
+        self.cpu_int4 = CodedWeight(cpu_kernels.pack_int4(weight.q), scales, offsets)
+        return self.cpu_int4.nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cpu_int4 is not None and x.device.type == "cpu" and x.dtype == torch.float32:
@@ -110,14 +110,9 @@ class QuantLinear(nn.Module):
         return F.linear(x, self.dequantize().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
     def forward_cpu_int4(self, x: torch.Tensor) -> torch.Tensor:
-        """Few rows (decoding): the kernel decodes the codes as it multiplies; many (prompts): the weight
-        decoded once into float32, then one float GEMM (INT4_DECODE_ROWS measured by benchmarks/cpu_int4.py)."""
-        flat = x.reshape(-1, self.in_features)
-        if flat.shape[0] < INT4_DECODE_ROWS:
-            out = cpu_kernels.int4_linear(flat, *self.cpu_int4, self.bias)
-        else:
-            out = F.linear(flat, cpu_kernels.int4_dequantize(*self.cpu_int4), self.bias)
-        return out.view(*x.shape[:-1], self.out_features)
+        """Through CodedWeight.matmul: the kernel for few rows, the weight decoded once for many."""
+        flat = x.reshape(-1, self.in_features).contiguous()
+        return self.cpu_int4.matmul(flat, self.bias).view(*x.shape[:-1], self.out_features)
 
     def forward_w4a16(self, x: torch.Tensor) -> torch.Tensor:
         """Through the Triton kernel (on CPU tensors only under TRITON_INTERPRET=1, which tests use)."""
