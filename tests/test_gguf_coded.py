@@ -170,3 +170,28 @@ def test_gguf_of_each_architecture_served_coded_matches_transformers(arch, qtype
         expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
                                       min_new_tokens=8)[0, len(prompt):]
         assert list(output.outputs[0].token_ids) == expected.tolist(), arch
+
+
+@needs_kernels
+def test_coded_gguf_split_over_two_tensor_parallel_ranks_equals_one_process(default_source, tmp_path):
+    """TP 2 splits coded linears by output rows (q/k/v, gate/up), by input columns on block boundaries
+    (o, down) and the coded vocabulary by rows: the same greedy tokens and logprobs as one process."""
+    from gguf_models import write_tiny_gguf
+
+    from llmctl.engine.front.llm import LLM
+    from llmctl.engine.sampling_params import SamplingParams
+
+    path = tmp_path / "tiny-qwen2.Q4_0.gguf"
+    write_tiny_gguf("qwen2", path, default_source.gguf_path, "Q4_0")
+    results = []
+    for tp in (1, 2):
+        llm = LLM(str(path), tensor_parallel_size=tp, max_model_len=128, kv_cache_memory=16 << 20)
+        try:
+            [output] = llm.generate([{"prompt_token_ids": [1, 450, 7010, 1126, 318]}],
+                                    SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0))
+        finally:
+            llm.shutdown()
+        results.append((output.outputs[0].token_ids, [lp.logprob for lp in output.outputs[0].logprobs]))
+    (tokens, logprobs), (tp_tokens, tp_logprobs) = results
+    assert list(tp_tokens) == list(tokens)
+    assert max(abs(a - b) for a, b in zip(logprobs, tp_logprobs)) <= 1e-4
