@@ -35,6 +35,7 @@ from llmctl.cache import llmctl_cache_dir
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("cpu_attention.cpp", "cpu_layers.cpp", "cpu_gemm.cpp", "cpu_int4.cpp", "cpu_int8.cpp")]
+HEADERS = [Path(__file__).with_name("cpu_coded.h")]  # included by the sources: part of the build key
 LIBRARY = "llmctl_cpu"
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]  # fast-math: vectorized exp (libmvec)
 
@@ -54,7 +55,7 @@ def _cpu_flags() -> str:
 
 
 def build_directory() -> Path:
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + torch.__version__.encode() + " ".join(FLAGS).encode()
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS) + torch.__version__.encode() + " ".join(FLAGS).encode()
                          + _cpu_flags().encode() + platform.machine().encode()).hexdigest()[:16]
     return llmctl_cache_dir() / "cpu_kernels" / key
 

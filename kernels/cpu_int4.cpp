@@ -18,15 +18,20 @@
 
 #include <algorithm>
 #include <cstdint>
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+
+#include "cpu_coded.h"
 
 namespace {
 
+using llmctl_coded::AUTO;
+using llmctl_coded::AVX2;
+using llmctl_coded::AVX512;
+using llmctl_coded::built;
+#if defined(__AVX2__) && defined(__FMA__)
+using llmctl_coded::sum8;
+#endif
+
 constexpr int64_t CHUNK = 32;  // codes per 16 bytes
-constexpr int MAX_ROWS = 4;    // input rows sharing one decode of a chunk
-enum Isa : int64_t { AUTO = 0, PLAIN = 1, AVX2 = 2, AVX512 = 3 };
 
 void check(bool ok, const char* message) { TORCH_CHECK(ok, "llmctl cpu int4_linear: ", message); }
 
@@ -107,12 +112,6 @@ void row_avx512(const Weights& w, int64_t n, const float* x, int64_t x_stride, f
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
-inline float sum8(__m256 v) {
-  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
-  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
-}
-
 template <int R>
 inline void group_avx2(const Weights& w, int64_t n, int64_t g, const float* x, int64_t x_stride,
                        __m256 (&low_acc)[R], __m256 (&high_acc)[R]) {
@@ -160,61 +159,23 @@ void row_avx2(const Weights& w, int64_t n, const float* x, int64_t x_stride, flo
 }
 #endif
 
-bool built(int64_t isa) {
-  switch (isa) {
-    case PLAIN: return true;
-#if defined(__AVX2__) && defined(__FMA__)
-    case AVX2: return true;
-#endif
+struct Kernel {
+  template <int R>
+  static void rows(int64_t isa, const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
 #if defined(__AVX512F__)
-    case AVX512: return true;
-#endif
-    default: return false;
-  }
-}
-
-int64_t widest() { return built(AVX512) ? AVX512 : built(AVX2) ? AVX2 : PLAIN; }
-
-template <int R>
-void rows(int64_t isa, const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
-#if defined(__AVX512F__)
-  if (isa == AVX512) return row_avx512<R>(w, n, x, x_stride, out);
+    if (isa == AVX512) return row_avx512<R>(w, n, x, x_stride, out);
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
-  if (isa == AVX2) return row_avx2<R>(w, n, x, x_stride, out);
+    if (isa == AVX2) return row_avx2<R>(w, n, x, x_stride, out);
 #endif
-  row_plain<R>(w, n, x, x_stride, out);
-}
-
-// y[m0 .. m0 + count, n] for one output row n: `count` <= MAX_ROWS input rows.
-// Output rows are read one after another from three arrays (codes, scales, offsets); the rows PREFETCH_ROWS
-// ahead are requested now, which the hardware prefetcher alone did not do early enough for one input row.
-constexpr int64_t PREFETCH_ROWS = 4;
-
-void prefetch_row(const Weights& w, int64_t n, int64_t rows) {
-#if defined(__AVX2__) || defined(__AVX512F__)
-  if (n >= rows) return;
-  const char* codes = reinterpret_cast<const char*>(w.codes + n * w.k / 2);
-  for (int64_t byte = 0; byte < w.k / 2; byte += 64) _mm_prefetch(codes + byte, _MM_HINT_T0);
-  for (int64_t g = 0; g < w.groups; g += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(w.scales + n * w.groups + g), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w.offsets + n * w.groups + g), _MM_HINT_T0);
+    row_plain<R>(w, n, x, x_stride, out);
   }
-#endif
-}
 
-void tile(int64_t isa, const Weights& w, int64_t n, const float* x, int64_t k, int64_t count, float* y,
-          int64_t y_stride, int64_t rows_end) {
-  prefetch_row(w, n + PREFETCH_ROWS, rows_end);
-  float out[MAX_ROWS];
-  switch (count) {
-    case 1: rows<1>(isa, w, n, x, k, out); break;
-    case 2: rows<2>(isa, w, n, x, k, out); break;
-    case 3: rows<3>(isa, w, n, x, k, out); break;
-    default: rows<4>(isa, w, n, x, k, out); break;
+  static void prefetch(const Weights& w, int64_t n) {
+    llmctl_coded::prefetch_row(w.codes + n * w.k / 2, w.k / 2, w.scales + n * w.groups,
+                               w.offsets + n * w.groups, w.groups);
   }
-  for (int64_t r = 0; r < count; ++r) y[r * y_stride + n] = out[r];
-}
+};
 
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                        const at::Tensor& offsets, const c10::optional<at::Tensor>& bias, int64_t isa) {
@@ -227,20 +188,14 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   check(scales.scalar_type() == at::kFloat && offsets.scalar_type() == at::kFloat && scales.is_contiguous() &&
             offsets.is_contiguous() && scales.size(0) == n && offsets.sizes() == scales.sizes(),
         "scales and offsets are float32 [N, G]");
-  isa = isa == AUTO ? widest() : isa;
+  isa = isa == AUTO ? llmctl_coded::widest() : isa;
   check(built(isa), "that instruction set is not built on this machine");
   const Weights w{codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), k, groups,
                   k / groups};
   at::Tensor y = at::empty({m, n}, x.options());
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t row = 0; row < m; row += MAX_ROWS) {  // the rows' x stays in cache over the outputs
-      const int64_t count = std::min<int64_t>(MAX_ROWS, m - row);
-      for (int64_t out = begin; out < end; ++out)
-        tile(isa, w, out, xp + row * k, k, count, yp + row * n, n, end);
-    }
-  });
+  llmctl_coded::run_rows<Kernel>(isa, w, xp, m, k, n, yp);
   if (bias.has_value()) y.add_(*bias);
   return y;
 }
@@ -276,7 +231,7 @@ at::Tensor int4_dequantize(const at::Tensor& codes, const at::Tensor& scales, co
 
 std::vector<int64_t> int4_isas() {
   std::vector<int64_t> out;
-  for (int64_t isa : {AVX512, AVX2, PLAIN})
+  for (int64_t isa : {AVX512, AVX2, llmctl_coded::PLAIN})
     if (built(isa)) out.push_back(isa);
   return out;
 }
