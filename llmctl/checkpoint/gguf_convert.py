@@ -6,8 +6,8 @@ Done once per GGUF file and form; the folder lives in llmctl's cache and every l
 - coded (what the CPU engine serves by default): linears and embeddings of the block types in
   llmctl.checkpoint.gguf_codes stored as `<name>.codes`, `.scales`, `.offsets` (the CPU kernels'
   layout; `quantization_config.quant_method` "gguf"), the rest as float32.
-Q/K rows are un-permuted back to Hugging Face's rotary layout in both, and the tokenizer is rebuilt by
-transformers' GGUF tokenizer converter.
+In both, llama's Q/K rows are un-permuted back to Hugging Face's rotary layout, Gemma's norms restored
+from 1 + w, and the tokenizer is rebuilt by transformers' GGUF tokenizer converter.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, show_progress: bool = True, 
         transformers_config(gguf_path, has_output, meta.get(f"{arch.name}.attention.key_length"))
     tensors = _converted_tensors(reader, arch, config, show_progress, coded)
     if coded:
-        config["quantization_config"] = {"quant_method": "gguf", "tensor_types": _type_counts(reader)}
+        config["quantization_config"] = {"quant_method": "gguf",
+                                         "tensor_types": {t.name: t.weights for t in _tensor_types(reader)}}
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", _generation_config(config))
     _save_tokenizer(gguf_path, out_dir)
@@ -176,9 +177,12 @@ def gguf_tensor_types(gguf_path: Path) -> list[GgufTensorType]:
     """The file's tensor types, largest share first (read from its header; no tensor is loaded)."""
     import gguf
 
+    return _tensor_types(gguf.GGUFReader(str(gguf_path)))
+
+
+def _tensor_types(reader: Any) -> list[GgufTensorType]:
     from llmctl.checkpoint.gguf_codes import FORMATS
 
-    reader = gguf.GGUFReader(str(gguf_path))
     totals: dict[str, list[int]] = {}
     for tensor in reader.tensors:
         entry = totals.setdefault(tensor.tensor_type.name, [0, 0])
@@ -186,14 +190,6 @@ def gguf_tensor_types(gguf_path: Path) -> list[GgufTensorType]:
         entry[1] += int(tensor.n_bytes)
     return sorted((GgufTensorType(name, weights, nbytes, name in FORMATS) for name, (weights, nbytes)
                    in totals.items()), key=lambda t: -t.weights)
-
-
-def _type_counts(reader: Any) -> dict[str, int]:
-    """Weights per GGUF tensor type, e.g. {"Q4_1": 106_168_320, "F32": 35_136}."""
-    counts: dict[str, int] = {}
-    for tensor in reader.tensors:
-        counts[tensor.tensor_type.name] = counts.get(tensor.tensor_type.name, 0) + int(tensor.n_elements)
-    return counts
 
 
 def _converted_tensors(reader: Any, arch: GgufArchitecture, config: dict[str, Any], show_progress: bool,

@@ -152,11 +152,11 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self.lora: LoRASlots | None = None  # added to this rank's partial sum: Σ (x_r A_rᵀ) B = (x Aᵀ) B
         self._pending: dict[str, torch.Tensor] = {}
-        self._arrived: dict[int, set[str]] = {}
+        self._arrived: set[str] = set()  # a coded layer's kinds (weight, or codes/scales/offsets)
 
     def expected(self) -> set[tuple[str, int]]:
         kinds = ("weight",) if isinstance(self.inner, nn.Linear) else \
-            _coded_kinds(self._arrived.get(0)) if isinstance(self.inner, CodedLinear) else ("qweight", "qzeros", "scales")
+            _coded_kinds(self._arrived) if isinstance(self.inner, CodedLinear) else ("qweight", "qzeros", "scales")
         return {(kind, 0) for kind in kinds + (("bias",) if self.bias is not None else ())}
 
     def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int | None = None) -> None:
@@ -166,7 +166,7 @@ class RowParallelLinear(nn.Module):
                 self.bias.copy_(tensor.read())
         elif isinstance(self.inner, CodedLinear):
             self._pending[kind] = self._coded_columns(kind, tensor)
-            self._arrived.setdefault(0, set()).add(kind)
+            self._arrived.add(kind)
         elif kind in PACKED:
             inner = self.inner
             if p.start % inner.group_size or p.size % inner.group_size:
