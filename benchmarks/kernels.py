@@ -5,7 +5,8 @@
 
 Decode attention reads every sequence's K and V once; its bandwidth is that many bytes over the
 kernel's time, compared with the device's copy bandwidth (a device-to-device copy of 1 GiB).
-The W4A16 GEMM (GPTQ and AWQ layouts) is timed against torch's bf16 matmul of the same shape.
+The W4A16 GEMM (GPTQ and AWQ layouts) is timed against torch's bf16 matmul of the same shape, and the
+fused-MoE grouped GEMM against the torch path that runs each expert's rows in turn (same routing, same weights).
 """
 
 from __future__ import annotations
@@ -92,6 +93,27 @@ def w4a16(device: str, dtype: torch.dtype, rows: int, inner: int, cols: int, rep
     return record
 
 
+def fused_moe(device: str, dtype: torch.dtype, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
+              repeats: int) -> dict:
+    from llmctl.engine.layers.moe import Routing, grouped_experts, route
+    from llmctl.kernels.fused_moe import fused_moe as fused
+
+    gen = torch.Generator(device).manual_seed(tokens)
+    random = lambda *shape: torch.randn(*shape, generator=gen, device=device)  # noqa: E731 (made on the device: GBs)
+    w13, w2 = (random(experts, 2 * inter, hidden) / 64).to(dtype), (random(experts, hidden, inter) / 64).to(dtype)
+    x = random(tokens, hidden).to(dtype)
+    weights, ids = route(random(tokens, experts), Routing(top_k, renormalize=True))
+    reference = grouped_experts(x, weights, ids, w13, w2).float()
+    error = float((fused(x, weights, ids, w13, w2).float() - reference).abs().max() / reference.abs().max())
+    kernel = timed(lambda: fused(x, weights, ids, w13, w2), repeats)
+    per_expert = timed(lambda: grouped_experts(x, weights, ids, w13, w2), repeats)
+    print(f"fused MoE {tokens} tokens, {experts} experts top-{top_k}, {hidden} → {inter}: {kernel * 1e6:8.1f} µs, torch "
+          f"per expert {per_expert * 1e6:8.1f} µs ({per_expert / kernel:.2f}×), relative error {error:.1e}"
+          f"{'  WRONG' if error > 2e-2 else ''}", flush=True)
+    return dict(tokens=tokens, hidden=hidden, inter=inter, experts=experts, top_k=top_k, seconds=kernel,
+                torch_seconds=per_expert, relative_error=error)
+
+
 def setup() -> tuple[argparse.Namespace, str, torch.dtype, str]:
     """The GPU benchmarks' flags (--tiny, --json), and where they run: bf16 on CUDA, else float32 interpreted."""
     parser = argparse.ArgumentParser()
@@ -109,11 +131,12 @@ def main() -> None:
     args, device, dtype, name = setup()
     cuda = device == "cuda"
     peak = copy_bandwidth(device, 1 << 30) if cuda else float("nan")
-    report: dict = dict(device=name, copy_gb_per_s=peak / 1e9, attention=[], w4a16=[])
+    report: dict = dict(device=name, copy_gb_per_s=peak / 1e9, attention=[], w4a16=[], moe=[])
     if args.tiny:
         report["attention"] += decode_attention(device, dtype, batch=2, context=64, heads=4, kv_heads=2, dim=64,
                                                 block_size=16, repeats=2, peak=peak)
         report["w4a16"].append(w4a16(device, dtype, rows=4, inner=256, cols=64, repeats=2))
+        report["moe"].append(fused_moe(device, dtype, tokens=5, hidden=32, inter=48, experts=4, top_k=2, repeats=2))
     else:
         free = torch.cuda.mem_get_info()[0]
         for batch in (1, 16, 64, 256):  # Llama-3-8B's attention: 32 query heads, 8 KV heads of 128
@@ -123,6 +146,10 @@ def main() -> None:
                                                             kv_heads=8, dim=128, block_size=16, repeats=20, peak=peak)
         for rows in (1, 16, 256, 1024):  # Llama-3-8B's MLP up projection; 1024: dequantize, then cuBLAS
             report["w4a16"].append(w4a16(device, dtype, rows=rows, inner=4096, cols=14336, repeats=20))
+        for shapes in (dict(hidden=4096, inter=14336, experts=8, top_k=2), dict(hidden=2048, inter=768, experts=128,
+                                                                              top_k=8)):  # Mixtral-8x7B, Qwen3-30B-A3B
+            for tokens in (1, 16, 256, 1024):
+                report["moe"].append(fused_moe(device, dtype, tokens=tokens, **shapes, repeats=20))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 

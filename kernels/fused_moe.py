@@ -47,22 +47,26 @@ def moe_constexprs(tiles: MoETiles, weighted: bool, dtype: torch.dtype) -> dict:
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ids [T, k] (outside 0..num_experts-1: not on this rank) -> sorted pair ids padded per expert (padding
     = T·k), the expert of each block of `block_m` rows, and the padded total [1]."""
-    flat = ids.flatten()
+    flat = ids.flatten().long()
     flat = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)  # the bucket computed elsewhere
     pairs = flat.numel()
     order = torch.argsort(flat, stable=True)
     experts_sorted = flat[order]
-    counts = torch.bincount(flat, minlength=num_experts + 1)[:num_experts]
+    # scatter_add, not bincount: on CUDA bincount reads the largest id on the host, which a graph cannot capture
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=ids.device).scatter_add_(
+        0, flat, torch.ones_like(flat))[:num_experts]
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
     start = torch.cumsum(counts, 0) - counts
     capacity = pairs + num_experts * (block_m - 1)  # every expert's last block partly empty, at most
     capacity = (capacity + block_m - 1) // block_m * block_m
-    sorted_ids = torch.full((capacity,), pairs, dtype=torch.int32, device=ids.device)
-    here = experts_sorted < num_experts
-    expert_here = experts_sorted[here]
-    rank = torch.arange(pairs, device=ids.device)[here] - start[expert_here]
-    sorted_ids[(padded_end - padded)[expert_here] + rank] = order[here].to(torch.int32)
+    # No boolean masks (their sizes need the host): pairs not here go to one spare slot past the end.
+    expert = experts_sorted.clamp(max=num_experts - 1)
+    slot = (padded_end - padded)[expert] + torch.arange(pairs, device=ids.device) - start[expert]
+    slot = torch.where(experts_sorted < num_experts, slot, capacity)
+    sorted_ids = torch.full((capacity + 1,), pairs, dtype=torch.int32, device=ids.device)
+    sorted_ids[slot] = order.to(torch.int32)
+    sorted_ids = sorted_ids[:capacity]
     block_starts = torch.arange(0, capacity, block_m, device=ids.device)
     block_expert = torch.searchsorted(padded_end, block_starts, right=True).to(torch.int32)
     return sorted_ids, block_expert, padded_end[-1:].to(torch.int32)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one command, on a machine with a CUDA GPU and llmctl installed (docs/kernels.md):
 # the ahead-of-time compile check for this GPU's arch, the kernel benchmarks and the W4A16 tile sweep, an end-to-end `bench offline` with and without CUDA graphs, and the GPU test subset
-# (compiled Triton kernels, CUDA graphs, the measured activation peak). Everything lands in
+# (compiled Triton kernels incl. the fused-MoE GEMM, CUDA graphs, the measured activation peak). Everything lands in
 # ${GPU_CHECK_OUT:-gpu-check} (logs, and gpu-check.json with every figure); the exit status is the tests'.
 #
 #   scripts/gpu-check.sh            # all of it (the end-to-end run builds a 16 GB random Llama-3-8B first)
@@ -27,7 +27,8 @@ if [ -z "${GPU_CHECK_SKIP_E2E:-}" ]; then
     timeout "${GPU_CHECK_E2E_TIMEOUT:-900}" "$PYTHON" benchmarks/gpu_end_to_end.py --json "$OUT_DIR/end_to_end.json" 2>&1 | tee "$OUT_DIR/end_to_end.log"
 fi
 timeout "${GPU_CHECK_TEST_TIMEOUT:-900}" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs \
-    tests/test_kernels.py tests/test_gpu_memory_budget.py tests/test_engine_models.py 2>&1 | tee "$OUT_DIR/tests.log"
+    tests/test_kernels.py tests/test_moe.py::test_fused_moe_kernel_equals_the_grouped_experts \
+    tests/test_gpu_memory_budget.py tests/test_engine_models.py 2>&1 | tee "$OUT_DIR/tests.log"
 tests=${PIPESTATUS[0]}
 "$PYTHON" - "$OUT_DIR" "$tests" <<'PY'
 import json, sys

@@ -109,7 +109,7 @@ def test_grouped_experts_equal_every_token_through_its_own_experts():
 
 @pytest.mark.parametrize("tokens,experts,top_k,first", [(1, 8, 2, 0), (37, 6, 3, 0), (40, 4, 2, 4)])
 def test_fused_moe_kernel_equals_the_grouped_experts(tokens, experts, top_k, first):
-    """The Triton grouped GEMM (interpreted here, compiled for sm_80/89/90 by the compile check) against
+    """The Triton grouped GEMM (interpreted on CPUs, compiled on a GPU and for sm_80/89/90 by the compile check) against
     the torch path; `first` 4: an expert-parallel rank holding experts 4–7 of 8, the others' pairs skipped."""
     from llmctl.kernels.fused_moe import align_pairs, fused_moe
 
@@ -120,7 +120,9 @@ def test_fused_moe_kernel_equals_the_grouped_experts(tokens, experts, top_k, fir
     w2 = torch.randn(experts, hidden, inter, generator=gen) / 5
     weights, ids = route(torch.randn(tokens, total_experts, generator=gen), Routing(top_k, renormalize=False))
     expected = grouped_experts(x, weights, ids, w13, w2, first)
-    torch.testing.assert_close(fused_moe(x, weights, ids, w13, w2, first), expected, atol=1e-4, rtol=1e-4)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on a GPU, interpreted here
+    got = fused_moe(*(t.to(device) for t in (x, weights, ids, w13, w2)), first)
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
     sorted_ids, block_expert, total = align_pairs(ids - first, experts, 16)
     placed = sorted_ids[:int(total)]
     assert sorted(placed[placed < tokens * top_k].tolist()) == \
