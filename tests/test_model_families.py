@@ -152,8 +152,9 @@ def test_each_rank_holds_what_plan_says_and_plan_names_the_engine(models, family
 
 
 def assert_ranks_hold_what_plan_says(folder: Path, memory: list[tuple[int, int]] | None = None,
-                                     expert_parallel: bool = False) -> None:
-    """At TP 2, each rank's weights and KV pool are plan's numbers for that model (`memory`: a TP 2 run's)."""
+                                     expert_ranks: int = 0) -> None:
+    """At TP 2, each rank's weights and KV pool are plan's numbers for that model (`memory`: a TP 2 run's;
+    `expert_ranks`: the experts spread whole over that many ranks)."""
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import resolve_model
     from llmctl.engine.models.registry import is_supported
@@ -165,7 +166,7 @@ def assert_ranks_hold_what_plan_says(folder: Path, memory: list[tuple[int, int]]
     assert is_supported(spec)
     if memory is None:
         _, memory = engine_outputs(folder, tensor_parallel_size=2)
-    [weights] = stage_weights(spec, weight_format(4, None, spec), 2, 1, expert_parallel)
+    [weights] = stage_weights(spec, weight_format(4, None, spec), 2, 1, expert_ranks)
     [layers] = pipeline_stages(spec, 1)
     block_bytes = stage_kv(spec, 2, layers, 4, 16).block_bytes
     blocks = kv_pool(64 * 1024**2, stage_kv(spec, 2, layers, 4, 16)).num_blocks

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from llmctl.units import GiB
 from llmctl.errors import LlmctlError
 from llmctl.kernels.limits import SUPPORTED_BLOCK_SIZES
+
+if TYPE_CHECKING:
+    from llmctl.engine.parallel.expert_exchange import ReplicaGroup
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * GiB  # vLLM's CPU backend reserves VLLM_CPU_KVCACHE_SPACE (4 GiB) the same way
 MODEL_IMPLS = ("auto", "llmctl", "vllm", "transformers")  # "vllm": vLLM's name for the native implementation
@@ -42,7 +46,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1  # replicas behind one server (llmctl.engine.front.data_parallel)
-    enable_expert_parallel: bool = False  # MoE: whole experts spread over each replica's TP ranks (EP = TP)
+    enable_expert_parallel: bool = False  # MoE: whole experts spread over TP × DP ranks (EP = TP × DP, as vLLM)
     cpu_threads: int | None = None  # torch threads per rank; default: the cores shared evenly
     speculative_config: str | dict | None = None  # vLLM's JSON (llmctl.engine.spec_decode.config); None: off
     structured_outputs_config: str | dict | None = None  # vLLM's JSON: {"backend": "auto|xgrammar|guidance"}
@@ -52,6 +56,7 @@ class EngineConfig:
     enable_lora: bool = False  # per-request PEFT adapters (llmctl.engine.lora)
     max_loras: int = 1  # adapters resident at once (and running at once), as vLLM's default
     max_lora_rank: int = 16  # the slots' rank: larger adapters are refused at load
+    replica_group: ReplicaGroup | None = None  # set by the data-parallel front: replicas exchanging MoE tokens
 
     def _validate_policies(self) -> None:
         """The scheduling policy and the reasoning parser are names llmctl knows."""

@@ -179,8 +179,10 @@ def structural_problems(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, tp
     moe = spec.moe
     if spec.intermediate_size and spec.intermediate_size % tp and not (moe and not moe.dense_layers):
         problems.append(f"intermediate size {spec.intermediate_size} is not divisible by TP {tp}")
-    if moe and req.expert_parallel and moe.num_experts % tp:
-        problems.append(f"{moe.num_experts} experts cannot be spread evenly over {tp} expert-parallel ranks")
+    ep = expert_ranks(req, tp, pp)
+    if moe and ep and moe.num_experts % ep:
+        problems.append(f"{moe.num_experts} experts cannot be spread evenly over {ep} expert-parallel ranks"
+                        + (f" (TP {tp} × {ep // tp} replicas)" if ep > tp else ""))
     if moe and not req.expert_parallel and moe.expert_intermediate_size % tp:
         problems.append(f"expert intermediate size {moe.expert_intermediate_size} is not divisible by TP {tp} "
                         "(try --enable-expert-parallel)")
@@ -205,6 +207,11 @@ def _group_alignment_problems(spec: ModelSpec, group: int, tp: int, expert_paral
             for name, size in inputs.items() if size % group]
 
 
+def expert_ranks(req: PlanRequest, tp: int, pp: int) -> int:
+    """With --enable-expert-parallel, experts spread over TP × DP ranks (vLLM's EP size); 0 without it."""
+    return tp * max(1, req.gpus // (tp * pp)) if req.expert_parallel else 0
+
+
 def evaluate_layout(spec: ModelSpec, req: PlanRequest, tp: int, pp: int, *, dtype_bytes: int, fmt: WeightFormat,
                     kv_bytes: int, max_model_len: int, measured: MeasuredMemory | None = None) -> LayoutPlan:
     layout = LayoutPlan(tp=tp, pp=pp, replicas=max(1, req.gpus // (tp * pp)))
@@ -219,7 +226,7 @@ def evaluate_layout(spec: ModelSpec, req: PlanRequest, tp: int, pp: int, *, dtyp
         layout.feasible = False
         return layout
     stages = vllm_pipeline_stages(spec.num_layers, pp, partition)  # the GPUs this plans are vLLM's
-    weights = stage_weights(spec, fmt, tp, pp, req.expert_parallel, stages)
+    weights = stage_weights(spec, fmt, tp, pp, expert_ranks(req, tp, pp), stages)
     for index, layers in enumerate(stages):
         lora = lora_slot_bytes(spec, req.max_loras, req.max_lora_rank, dtype_bytes, tp, len(layers)) \
             if req.max_loras else 0  # resident adapter slots sit beside the weights

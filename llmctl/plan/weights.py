@@ -88,9 +88,11 @@ def padded_vocab_per_rank(vocab: int, tp: int) -> int:
     return math.ceil(padded / tp)
 
 
-def layer_rank_tensors(spec: ModelSpec, layer: int, tp: int, expert_parallel: bool = False) -> RankTensors:
+def layer_rank_tensors(spec: ModelSpec, layer: int, tp: int, expert_ranks: int = 0) -> RankTensors:
+    """One GPU's tensors of one layer; `expert_ranks` > 0: whole experts spread over that many ranks
+    (expert parallelism: TP × DP, as vLLM spreads them), else every expert split by TP."""
     attention = _attention_rank_tensors(spec, tp)
-    mlp = _mlp_rank_tensors(spec, layer, tp, expert_parallel)
+    mlp = _mlp_rank_tensors(spec, layer, tp, expert_ranks)
     norm_size = 2 * spec.hidden_size if spec.layout.norm == "layernorm" else spec.hidden_size
     norms = spec.layout.norms_per_layer * norm_size + spec.attention.qk_norm_params  # replicated on every rank
     return RankTensors(attention.linears + mlp.linears, attention.other_params + mlp.other_params + norms)
@@ -124,13 +126,13 @@ def _dense_mlp(h: int, inter: int, gated: bool, bias: bool, tp: int) -> RankTens
     return RankTensors((up, (part, h)), other)
 
 
-def _mlp_rank_tensors(spec: ModelSpec, layer: int, tp: int, expert_parallel: bool) -> RankTensors:
+def _mlp_rank_tensors(spec: ModelSpec, layer: int, tp: int, expert_ranks: int) -> RankTensors:
     h, lay, moe = spec.hidden_size, spec.layout, spec.moe
     if moe is None or layer not in moe.moe_layers:
         return _dense_mlp(h, spec.intermediate_size, lay.gated_mlp, lay.mlp_bias, tp)
-    if expert_parallel:  # whole experts spread over the TP ranks
+    if expert_ranks:  # whole experts spread over the expert-parallel ranks
         expert = _dense_mlp(h, moe.expert_intermediate_size, lay.gated_mlp, False, 1)
-        copies = math.ceil(moe.num_experts / tp)
+        copies = math.ceil(moe.num_experts / expert_ranks)
     else:  # every expert split by TP
         expert = _dense_mlp(h, moe.expert_intermediate_size, lay.gated_mlp, False, tp)
         copies = moe.num_experts
@@ -215,7 +217,7 @@ def pipeline_stages(spec: ModelSpec, pp: int) -> list[range]:
     return split_layers(spec.num_layers, pp, lm_head_in_layers(spec))
 
 
-def stage_weights(spec: ModelSpec, fmt: WeightFormat, tp: int, pp: int, expert_parallel: bool = False,
+def stage_weights(spec: ModelSpec, fmt: WeightFormat, tp: int, pp: int, expert_ranks: int = 0,
                   stages: list[range] | None = None) -> list[StageWeights]:
     """Each stage's weight bytes per GPU; `stages` default to llmctl's own split."""
     result = []
@@ -223,7 +225,7 @@ def stage_weights(spec: ModelSpec, fmt: WeightFormat, tp: int, pp: int, expert_p
         params = other = 0
         linear_bytes = 0.0
         for layer in layers:
-            tensors = layer_rank_tensors(spec, layer, tp, expert_parallel)
+            tensors = layer_rank_tensors(spec, layer, tp, expert_ranks)
             params += tensors.linear_params + tensors.other_params
             other += tensors.other_params
             linear_bytes += sum(fmt.linear_bytes(rows, cols) for rows, cols in tensors.linears)

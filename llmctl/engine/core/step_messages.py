@@ -43,6 +43,7 @@ class StepBatch:
     # what to write there first; the worker then fills block_tables / group_block_tables from its copy
     table_rows: list[int] = field(default_factory=list)
     table_updates: list[TableUpdate] = field(default_factory=list)
+    exchange_experts: bool = False  # EP across replicas: MoE layers meet the other replicas' tokens (lockstep)
 
     @property
     def num_tokens(self) -> int:

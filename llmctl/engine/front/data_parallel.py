@@ -2,8 +2,10 @@
 
 Each request goes to the replica with the least outstanding work (prompt tokens plus the
 tokens still to generate of the requests it is serving), as vLLM's DP coordinator
-balances by queue length. Replicas share nothing: a replica that dies makes the whole
-server unhealthy, as one engine would.
+balances by queue length. Replicas share nothing — except with --enable-expert-parallel, where
+a MoE model's experts spread over every replica's ranks (EP = TP × DP) and the replicas step
+together (llmctl.engine.front.lockstep). A replica that dies makes the whole server unhealthy,
+as one engine would.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from llmctl.engine.front.engine_client import EngineClient
 from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.front.llm_engine import LLMEngine
+from llmctl.engine.front.lockstep import LockstepExecutor, LockstepRounds
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
@@ -37,7 +40,13 @@ class DataParallelEngine:
     def __init__(self, config: EngineConfig) -> None:
         # every replica's ranks share this machine's cores
         single = dataclasses.replace(config, data_parallel_size=1, cpu_threads=threads_per_rank(config))
-        self.replicas = [AsyncLLMEngine(LLMEngine(single)) for _ in range(config.data_parallel_size)]
+        count = config.data_parallel_size
+        self._rounds: LockstepRounds | None = None
+        if config.enable_expert_parallel:  # the replicas' MoE layers exchange tokens: they step together
+            engines = self._expert_parallel_replicas(config, single)
+        else:
+            engines = [LLMEngine(single) for _ in range(count)]
+        self.replicas = [AsyncLLMEngine(engine) for engine in engines]
         self._outstanding = [0] * len(self.replicas)
         self._serving: dict[str, int] = {}  # request id -> the replica generating it
         self._lock = threading.Lock()
@@ -117,6 +126,26 @@ class DataParallelEngine:
     def engines(self) -> list[LLMEngine]:
         return [replica.engine for replica in self.replicas]
 
+    def _expert_parallel_replicas(self, config: EngineConfig, single: EngineConfig) -> list[LLMEngine]:
+        """Replicas whose experts are spread over all of their ranks, joined by one store, in lockstep."""
+        import torch.distributed as dist
+
+        from llmctl.engine.parallel.expert_exchange import ReplicaGroup
+        from llmctl.engine.parallel.layout import check_expert_replicas
+
+        check_expert_replicas(config)
+        count = config.data_parallel_size
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        engines = [LLMEngine(dataclasses.replace(single, replica_group=ReplicaGroup("127.0.0.1", self._store.port,
+                                                                                    index, count)))
+                   for index in range(count)]  # each warms up on its own tokens: the exchange starts with rounds
+        self._rounds = LockstepRounds(count)
+        for index, engine in enumerate(engines):
+            engine.executor = LockstepExecutor(engine.executor, self._rounds, index)
+        return engines
+
     def shutdown(self, timeout: float = 10.0) -> None:
+        if self._rounds is not None:
+            self._rounds.stop()
         for replica in self.replicas:
             replica.shutdown(timeout)

@@ -22,6 +22,7 @@ from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.layers import cpu_gemm
 from llmctl.engine.layers.linear import LoadError, Part
 from llmctl.kernels import cpu as cpu_kernels
+from llmctl.engine.parallel.expert_exchange import ExpertPlacement
 from llmctl.engine.parallel.group import TPGroup
 
 
@@ -106,14 +107,15 @@ class FusedMoE(nn.Module):
     """The routed experts of one layer: `load` takes transformers' per-expert gate/up/down tensors."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, routing: Routing, group: TPGroup,
-                 expert_parallel: bool = False) -> None:
+                 experts: ExpertPlacement | None = None) -> None:
         super().__init__()
         # expert parallel: whole experts [first, first + local); else a slice of every expert
-        self.part = Part(intermediate, 0, intermediate) if expert_parallel else Part.split(intermediate, group)
-        local = num_experts // group.size if expert_parallel else num_experts
-        self.first_expert = group.rank * local if expert_parallel else 0
+        self.part = Part(intermediate, 0, intermediate) if experts else Part.split(intermediate, group)
+        local = num_experts // experts.size if experts else num_experts
+        self.first_expert = experts.rank * local if experts else 0
         self.local_experts = range(self.first_expert, self.first_expert + local)
-        self.routing, self.group = routing, group
+        self.num_experts, self.routing, self.group = num_experts, routing, group
+        self.exchange = experts.exchange if experts else None  # EP across data-parallel replicas
         self.w13 = nn.Parameter(torch.empty(local, 2 * self.part.size, hidden), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(local, hidden, self.part.size), requires_grad=False)
         self.packed_experts: list[PackedPair] | None = None  # CPU: set by cpu_gemm.pack_linears
@@ -145,10 +147,22 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
                 correction_bias: torch.Tensor | None = None) -> torch.Tensor:
+        run = lambda tokens, logits: self._own_experts(tokens, logits, correction_bias)  # noqa: E731
+        if self.exchange is not None and self.exchange.active:  # every replica's tokens meet every expert
+            return self.exchange.combine(x, router_logits, run)
+        return self.group.all_reduce(run(x, router_logits))
+
+    def lend(self) -> None:
+        """A replica with no batch of its own: its experts still serve the other replicas' tokens."""
+        empty = self.w13.new_empty(0, self.w13.shape[2])
+        self.forward(empty, torch.empty(0, self.num_experts, device=empty.device))
+
+    def _own_experts(self, x: torch.Tensor, router_logits: torch.Tensor,
+                     correction_bias: torch.Tensor | None) -> torch.Tensor:
+        """This rank's experts' share of every token's output (zero for tokens routed elsewhere)."""
         weights, ids = route(router_logits, self.routing, correction_bias)
         if x.is_cuda:  # one grouped GEMM launch per projection (llmctl.kernels.fused_moe)
             from llmctl.kernels.fused_moe import fused_moe
 
-            return self.group.all_reduce(fused_moe(x, weights, ids, self.w13, self.w2, self.first_expert))
-        return self.group.all_reduce(grouped_experts(x, weights, ids, self.w13, self.w2, self.first_expert,
-                                                     self.packed_experts))
+            return fused_moe(x, weights, ids, self.w13, self.w2, self.first_expert)
+        return grouped_experts(x, weights, ids, self.w13, self.w2, self.first_expert, self.packed_experts)

@@ -10,6 +10,7 @@ from torch import nn
 
 from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.layers.linear import LoadError
+from llmctl.engine.parallel.expert_exchange import ExpertPlacement
 from llmctl.engine.parallel.group import TPGroup
 from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.kernels import cpu as cpu_kernels
@@ -33,7 +34,7 @@ class Shard:
     layers: range | None = None  # None: every layer
     is_first: bool = True
     is_last: bool = True
-    expert_parallel: bool = False  # MoE layers: each TP rank holds whole experts, not a slice of every one
+    experts: ExpertPlacement | None = None  # MoE layers: whole experts per rank (expert parallel), not a slice of each
 
     def stage_layers(self, num_layers: int) -> range:
         return range(num_layers) if self.layers is None else self.layers

@@ -30,6 +30,7 @@ from llmctl.engine.layers.positions import RotaryEmbedding
 from llmctl.engine.models.common import RMSNorm, StepContext, Target, layer_index
 from llmctl.engine.models.llama import LlamaMLP
 from llmctl.engine.models.moe import MixtureOfExpertsForCausalLM
+from llmctl.engine.parallel.expert_exchange import ExpertPlacement
 from llmctl.engine.parallel.group import TPGroup
 
 logger = logging.getLogger("llmctl.engine")
@@ -131,12 +132,12 @@ class Router(nn.Module):
 
 
 class DeepseekMoE(nn.Module):
-    def __init__(self, spec: ModelSpec, routing: Routing, group: TPGroup, expert_parallel: bool) -> None:
+    def __init__(self, spec: ModelSpec, routing: Routing, group: TPGroup, experts: ExpertPlacement | None) -> None:
         super().__init__()
         moe = spec.moe
         self.gate = Router(spec.hidden_size, moe.num_experts, moe.router_bias)
         self.experts = FusedMoE(moe.num_experts, spec.hidden_size, moe.expert_intermediate_size, routing, group,
-                                expert_parallel)
+                                experts)
         self.shared_experts = LlamaMLP(spec.hidden_size, moe.shared_expert_intermediate_size, False, group) \
             if moe.num_shared_experts else None
 
@@ -170,7 +171,7 @@ class DeepseekForCausalLM(MixtureOfExpertsForCausalLM):
 
     def make_layer(self, index: int, hf_config: Any, rotary: RotaryEmbedding, eps: float) -> nn.Module:
         group = self.shard.group
-        mlp = DeepseekMoE(self.spec, self.routing, group, self.shard.expert_parallel) \
+        mlp = DeepseekMoE(self.spec, self.routing, group, self.shard.experts) \
             if index in self.spec.moe.moe_layers else None
         attention = MultiHeadLatentAttention(self.spec, hf_config, rotary, group)
         return self.decoder_layer(self.spec, rotary, eps, group, self.multipliers, mlp, attention)

@@ -14,6 +14,7 @@ from llmctl.engine.layers.moe import FusedMoE, Routing
 from llmctl.engine.layers.positions import RotaryEmbedding
 from llmctl.engine.models.common import Target, layer_index
 from llmctl.engine.models.llama import LlamaForCausalLM, LlamaMLP
+from llmctl.engine.parallel.expert_exchange import ExpertPlacement
 from llmctl.engine.parallel.group import TPGroup
 
 # checkpoint name of an expert's projection -> (stacked parameter, part offset within the expert)
@@ -24,12 +25,12 @@ EXPERT_PROJECTIONS = {"w1": ("w13", 0), "w3": ("w13", 1), "w2": ("w2", 0),  # Mi
 class SparseMoeBlock(nn.Module):
     """Router, routed experts, and (Qwen2-MoE) a shared expert every token goes through."""
 
-    def __init__(self, spec: ModelSpec, routing: Routing, group: TPGroup, expert_parallel: bool = False) -> None:
+    def __init__(self, spec: ModelSpec, routing: Routing, group: TPGroup, experts: ExpertPlacement | None = None) -> None:
         super().__init__()
         moe = spec.moe
         self.gate = nn.Linear(spec.hidden_size, moe.num_experts, bias=False)  # the router, on every rank
         self.experts = FusedMoE(moe.num_experts, spec.hidden_size, moe.expert_intermediate_size, routing, group,
-                                expert_parallel)
+                                experts)
         self.shared_expert = LlamaMLP(spec.hidden_size, moe.shared_expert_intermediate_size, False, group,
                                       spec.quantization) if moe.num_shared_experts else None
         self.shared_expert_gate = nn.Linear(spec.hidden_size, 1, bias=False) if moe.shared_expert_gate else None
@@ -58,7 +59,7 @@ class MixtureOfExpertsForCausalLM(LlamaForCausalLM):
 
     def make_layer(self, index: int, hf_config: Any, rotary: RotaryEmbedding, eps: float) -> nn.Module:
         sparse = index in self.spec.moe.moe_layers
-        mlp = SparseMoeBlock(self.spec, self.routing, self.shard.group, self.shard.expert_parallel) if sparse else None
+        mlp = SparseMoeBlock(self.spec, self.routing, self.shard.group, self.shard.experts) if sparse else None
         return self.decoder_layer(self.spec, rotary, eps, self.shard.group, self.multipliers, mlp)
 
     def targets(self, name: str) -> list[Target]:

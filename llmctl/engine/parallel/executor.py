@@ -17,12 +17,14 @@ import torch.distributed as dist
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.worker.cuda_graphs import decode_graphs
 from llmctl.engine.worker.loaded_model import LoadedModel
-from llmctl.engine.worker.loader import load_model
+from llmctl.engine.worker.loaded_model import Placement
+from llmctl.engine.worker.loader import device_for, load_model
 from llmctl.engine.parallel.channel import Groups
+from llmctl.engine.parallel.expert_exchange import expert_placement
 from llmctl.engine.parallel.group import Rank
 from llmctl.engine.parallel.launch import Launch, spawn_workers, torchrun_rank, under_torchrun
 from llmctl.engine.parallel.results import ResultReceiver
-from llmctl.engine.parallel.stage import Stop, build_stage
+from llmctl.engine.parallel.stage import LendExperts, Stop, build_stage
 from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
 from llmctl.engine.worker.model_runner import make_runner
 from llmctl.engine.worker.threads import thread_governor, use_threads
@@ -47,6 +49,8 @@ class Executor(Protocol):
 
     def submit(self, batch: StepBatch) -> None: ...
 
+    def lend_experts(self) -> None: ...  # EP across replicas: a step without a batch of this replica's own
+
     def collect(self) -> StepLogits | SampledTokens: ...
 
     def healthy(self) -> bool: ...
@@ -62,13 +66,16 @@ class LocalExecutor:
 
     def __init__(self, config: EngineConfig) -> None:
         self.threads = use_threads(config)
-        self.loaded = load_model(config)
+        device = device_for(config.device, Rank(0))
+        experts = expert_placement(config.enable_expert_parallel, config.replica_group, 0, 1, device)
+        self.loaded = load_model(config, Placement(experts=experts))
         self.governor = thread_governor(config, self.threads, self.loaded.device)
         if self.loaded.device.type == "cpu":
             logger.info("%d CPU threads%s (--cpu-threads or OMP_NUM_THREADS to fix the count)", self.threads,
                         ", fewer while other processes keep cores busy" if self.governor else "")
         self.runner = make_runner(self.loaded, config.block_size)
-        self.runner.graphs = decode_graphs(self.loaded, config, self.loaded.sliding_window)
+        if self.runner.exchange is None:  # a graph cannot hold an exchange whose sizes change each step
+            self.runner.graphs = decode_graphs(self.loaded, config, self.loaded.sliding_window)
         self.rank_memory = [(self.loaded.weights_bytes, self.loaded.kv_cache_bytes)]
         self._ready: deque[StepLogits] = deque()
 
@@ -76,6 +83,9 @@ class LocalExecutor:
         self._ready.append(self.runner.logits(batch, self.runner.forward(batch)))
         if self.governor is not None:
             self.governor.after_step()
+
+    def lend_experts(self) -> None:
+        self.runner.lend_experts()
 
     def collect(self) -> StepLogits:
         return self._ready.popleft()
@@ -138,6 +148,12 @@ class ParallelExecutor:
             self._ready.append(logits)
         else:
             self._results.expect()
+
+    def lend_experts(self) -> None:
+        try:
+            self.stage.run(LendExperts())
+        except RuntimeError as exc:
+            raise self._lost(exc) from exc
 
     def collect(self) -> StepLogits | SampledTokens:
         if self._ready:

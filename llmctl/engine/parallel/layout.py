@@ -14,10 +14,10 @@ from llmctl.plan.planner import PlanRequest, structural_problems
 from llmctl.plan.weights import weight_format
 
 
-def layout_problems(spec: ModelSpec, tp: int, pp: int, expert_parallel: bool = False) -> list[str]:
+def layout_problems(spec: ModelSpec, tp: int, pp: int, expert_parallel: bool = False, dp: int = 1) -> list[str]:
     quant = spec.quantization.method if spec.quantization else None
     fmt = weight_format(2, quant, spec)
-    request = PlanRequest(gpu=_ANY_GPU, gpus=tp * pp, expert_parallel=expert_parallel)  # one node: TP may use all
+    request = PlanRequest(gpu=_ANY_GPU, gpus=tp * pp * dp, expert_parallel=expert_parallel)  # one node: TP may use all
     return structural_problems(spec, request, fmt, tp, pp)
 
 
@@ -28,12 +28,13 @@ def check_layout(spec: ModelSpec, config: EngineConfig, device: str) -> None:
     if ep and spec.moe is None:
         raise EngineConfigError("--enable-expert-parallel applies to mixture-of-experts models; this model has no "
                                 "experts: leave it out")
-    problems = layout_problems(spec, tp, pp, ep)
+    problems = layout_problems(spec, tp, pp, ep, dp if ep else 1)
     if problems:
-        working_tp = [t for t in range(1, 65) if not layout_problems(spec, t, 1, ep)]
+        working_tp = [t for t in range(1, 65) if not layout_problems(spec, t, 1, ep, dp if ep else 1)]
         working_pp = [p for p in range(1, min(spec.num_layers, 64) + 1) if not layout_problems(spec, 1, p)]
+        shown = f"--tp {tp} --pp {pp}" + (f" --dp {dp} --enable-expert-parallel" if ep and dp > 1 else "")
         raise EngineConfigError(
-            f"--tp {tp} --pp {pp} cannot run this model: {'; '.join(problems)}. "
+            f"{shown} cannot run this model: {'; '.join(problems)}. "
             f"TP sizes that work: {_sizes(working_tp)}; PP sizes: {_sizes(working_pp)}")
     if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
         gpus = torch.cuda.device_count()
@@ -41,6 +42,17 @@ def check_layout(spec: ModelSpec, config: EngineConfig, device: str) -> None:
         if local > gpus:
             raise EngineConfigError(f"--tp {tp} × --pp {pp} × --dp {dp} needs {local} GPUs on this machine and it "
                                     f"has {gpus}: use fewer ranks, or torchrun over several machines")
+
+
+def check_expert_replicas(config: EngineConfig) -> None:
+    """EP across data-parallel replicas: the experts must spread evenly over TP × DP ranks, one stage each."""
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
+
+    if config.pipeline_parallel_size > 1:
+        raise EngineConfigError("--enable-expert-parallel with --dp > 1 spreads experts over the replicas, which "
+                                "llmctl runs with one pipeline stage each: use --pp 1 (or --dp 1)")
+    check_layout(load_spec(resolve_model(config.model, config.revision, weights=False)), config, config.device)
 
 
 def _sizes(values: list[int]) -> str:

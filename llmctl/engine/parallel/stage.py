@@ -20,6 +20,7 @@ from llmctl.engine.core.sampler import sample
 from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
 from llmctl.engine.parallel.channel import (Groups, Outbox, all_gather_ints, all_reduce_min, broadcast_object, connect,
                                             recv_object, send_object)
+from llmctl.engine.parallel.expert_exchange import expert_placement
 from llmctl.engine.parallel.group import Rank
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
 from llmctl.engine.worker.loader import device_for, load_model
@@ -29,6 +30,11 @@ from llmctl.engine.worker.model_runner import ModelRunner, make_runner
 @dataclass
 class Stop:
     """Sent instead of a batch: the worker exits its loop."""
+
+
+@dataclass
+class LendExperts:
+    """Sent instead of a batch (EP across replicas): this replica has no batch, its experts serve the others'."""
 
 
 def step_result(batch: StepBatch, logits: StepLogits) -> StepLogits | SampledTokens | StepFailed:
@@ -61,11 +67,14 @@ class StageRunner:
         self.groups.world_data.recv([hidden], self.rank.peer_in_stage(self.rank.pp_rank - 1), 0).wait()
         return hidden.to(self.loaded.device)
 
-    def run(self, message: StepBatch | Stop) -> StepLogits | None:
+    def run(self, message: StepBatch | Stop | LendExperts) -> StepLogits | None:
         """This rank's part of one step; returns the logits where they end up in this process."""
         rank = self.rank
         if rank.rank == 0 and rank.tp > 1:
             broadcast_object(self.groups.tp_control, message)
+        if isinstance(message, LendExperts):  # pipeline parallelism is refused with EP across replicas
+            self.runner.lend_experts()
+            return None
         if isinstance(message, Stop):
             self._pass_on(message, None)
             return None
@@ -101,8 +110,9 @@ class StageRunner:
 def build_stage(config: EngineConfig, rank: Rank, store: dist.Store) -> StageRunner:
     """Any rank: join the groups, load this rank's shard, agree on the KV pool, report memory."""
     groups = connect(store, rank, device_for(config.device, rank))
-    placement = Placement(rank, groups.tp, lambda blocks: all_reduce_min(groups.world_control, blocks),
-                          config.enable_expert_parallel)
+    experts = expert_placement(config.enable_expert_parallel, config.replica_group, rank.tp_rank, rank.tp,
+                               device_for(config.device, rank))
+    placement = Placement(rank, groups.tp, lambda blocks: all_reduce_min(groups.world_control, blocks), experts)
     loaded = load_model(config, placement)
     stage = StageRunner(loaded, make_runner(loaded, config.block_size), groups)
     stage.rank_memory = [tuple(m) for m in all_gather_ints(

@@ -14,6 +14,7 @@ from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.lora.slots import LoRASlots, LoRAStep
 from llmctl.engine.models.common import Shard
+from llmctl.engine.parallel.expert_exchange import ExpertPlacement
 from llmctl.engine.parallel.group import Rank, TPGroup
 from llmctl.plan.kv import KVGroups, StageKV, kv_groups
 from llmctl.plan.memory import KVPool
@@ -77,8 +78,8 @@ class Placement:
     rank: Rank = Rank(0)
     group: TPGroup = field(default_factory=TPGroup)
     agree_on_blocks: Callable[[int], int] = _same  # the minimum over all ranks
-    expert_parallel: bool = False  # whole experts spread over the TP ranks (--enable-expert-parallel)
+    experts: ExpertPlacement | None = None  # whole experts per rank (--enable-expert-parallel)
 
     def shard(self, spec: ModelSpec) -> Shard:
         layers = pipeline_stages(spec, self.rank.pp)[self.rank.pp_rank] if self.rank.pp > 1 else None
-        return Shard(self.group, layers, self.rank.is_first_stage, self.rank.is_last_stage, self.expert_parallel)
+        return Shard(self.group, layers, self.rank.is_first_stage, self.rank.is_last_stage, self.experts)

@@ -11,9 +11,11 @@ from llmctl.engine.core.batch import is_decode_step
 from llmctl.engine.core.step_messages import StepBatch, StepLogits
 from llmctl.engine.layers.attention import AttentionBackend, AttentionMetadata, KVCache
 from llmctl.engine.layers.grouped_attention import GroupedAttention
+from llmctl.engine.layers.moe import FusedMoE
 from llmctl.engine.layers.triton_attention import TritonAttention
 from llmctl.engine.lora.slots import NO_ADAPTER, LoRAStep
 from llmctl.engine.models.common import StepContext
+from llmctl.engine.parallel.expert_exchange import ReplicaExchange
 from llmctl.engine.worker.block_tables import BlockTableCopy
 from llmctl.kernels.transfer import to_device
 
@@ -38,6 +40,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.graphs: DecodeGraphs | None = None  # captured decode steps (llmctl.engine.worker.cuda_graphs)
+        self.exchange: ReplicaExchange | None = None  # EP across data-parallel replicas
         backends = backend.backends if isinstance(backend, GroupedAttention) else [backend]
         on_device = all(isinstance(b, TritonAttention) for b in backends)  # the others read the host lists
         self.tables = BlockTableCopy(len(backends), device if on_device else None)
@@ -45,6 +48,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: StepBatch, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """This stage's layers on the batch: token ids in (first stage) or the previous stage's hidden states."""
+        if self.exchange is not None:  # only steps the replicas run together exchange (not load-time ones)
+            self.exchange.active = batch.exchange_experts
         self.tables.apply(batch)
         if self.graphs is not None and hidden is None and is_decode_step(batch) \
                 and len(batch.seq_lens) <= self.graphs.largest:
@@ -94,9 +99,20 @@ class ModelRunner:
             tensor[dst] = tensor[src]  # layers of different KV groups share tensors: each copied once
 
 
+    @torch.inference_mode()
+    def lend_experts(self) -> None:
+        """No batch here this step, but the other replicas' tokens still need this rank's experts."""
+        self.exchange.active = True
+        for module in self.model.modules():  # in layer order, as a real step meets them
+            if isinstance(module, FusedMoE):
+                module.lend()
+
+
 def make_runner(loaded: LoadedModel, block_size: int) -> ModelRunner:
-    return ModelRunner(loaded.model, loaded.kv_caches, loaded.backend, block_size, loaded.device,
-                       loaded.sliding_window, loaded.lora_step)
+    runner = ModelRunner(loaded.model, loaded.kv_caches, loaded.backend, block_size, loaded.device,
+                         loaded.sliding_window, loaded.lora_step)
+    runner.exchange = loaded.placement.experts.exchange if loaded.placement.experts else None
+    return runner
 
 
 def sequence_lengths(batch: StepBatch, device: torch.device) -> torch.Tensor:
