@@ -314,3 +314,18 @@ def test_default_model_plan(default_source):
     plan = json.loads(result.stdout)
     assert plan["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * 2
     assert plan["commands"][0].startswith("llmctl serve HuggingFaceTB/SmolLM2-135M-Instruct --tp 1")
+
+
+def test_expert_parallel_spreads_mixtrals_experts_over_tp_times_replicas():
+    """`plan --gpus 8 --enable-expert-parallel`: EP = TP × DP, as vLLM spreads experts. At TP 1 × 8 replicas
+    each GPU holds 1 of the 8 experts of every layer. Oracle: Mixtral-8x7B's published 46,702,792,704
+    parameters, of which the experts are 32 layers × 8 × 3 × 4096 × 14336 (its config's shapes), in bf16."""
+    result = run_cli("plan", "mistralai/Mixtral-8x7B-v0.1", "--gpus", "8", "--gpu", "h100-80gb",
+                     "--enable-expert-parallel", "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    by_layout = {(l["tp"], l["pp"]): l for l in plan["layouts"]}
+    experts = 32 * 8 * 3 * 4096 * 14336
+    assert by_layout[(1, 1)]["replicas"] == 8
+    assert by_layout[(1, 1)]["weights_bytes_per_gpu"] == 2 * (46_702_792_704 - experts + experts // 8)
+    assert any(c.endswith("--enable-expert-parallel --dp 8") for c in plan["commands"])

@@ -28,7 +28,8 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
     "pipeline_parallel_size": Flag(("--pipeline-parallel-size", "--pp", "-pp"), int, "stages the layers are split into"),
     "data_parallel_size": Flag(("--data-parallel-size", "--dp", "-dp"), int, "engine replicas behind one server"),
     "enable_expert_parallel": Flag(("--enable-expert-parallel",), bool, "mixture-of-experts models: whole experts "
-                                   "spread over the TP ranks instead of every expert split (EP = TP)"),
+                                   "spread over the TP × DP ranks instead of every expert split (EP = TP × DP, as "
+                                   "vLLM; with --dp the replicas step together)"),
     "cpu_threads": Flag(("--cpu-threads",), Optional[int], "torch threads per rank, fixed (default: the CPU cores "
                                                            "shared evenly; one rank uses fewer while other "
                                                            "processes keep cores busy)"),

@@ -36,7 +36,7 @@ def plan(
     tp: Annotated[Optional[int], typer.Option("--tensor-parallel-size", "--tp", "-tp", help="evaluate only this TP")] = None,
     pp: Annotated[Optional[int], typer.Option("--pipeline-parallel-size", "--pp", "-pp", help="evaluate only this PP")] = None,
     expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel",
-                                                  help="MoE: whole experts per GPU instead of slices")] = False,
+                                                  help="MoE: whole experts per GPU instead of slices, spread over TP × DP GPUs (as vLLM)")] = False,
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help=ENFORCE_EAGER_HELP)] = False,
     max_loras: Annotated[int, typer.Option(
         "--max-loras", help="count the memory of this many resident LoRA adapter slots (0: none)")] = 0,

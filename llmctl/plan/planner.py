@@ -12,14 +12,8 @@ from llmctl.checkpoint.params import count_from_config
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.gpus import GPU_CATALOG, GpuType
 from llmctl.plan.kv import BLOCK_SIZE, KV_CACHE_DTYPES, StageKV, kv_dtype_bytes, stage_kv
-from llmctl.plan.memory import (
-    ActivationShape,
-    MemoryBudget,
-    activation_peak_bytes,
-    kv_pool,
-    max_concurrency,
-    runtime_overhead_bytes,
-)
+from llmctl.plan.memory import (ActivationShape, MemoryBudget, activation_peak_bytes, kv_pool, max_concurrency,
+                                runtime_overhead_bytes)
 from llmctl.plan.lora import lora_slot_bytes, lora_targets
 from llmctl.plan.weights import (WeightFormat, lm_head_in_layers, pipeline_stages, stage_weights, vllm_pipeline_stages,
                                  weight_format)
@@ -484,6 +478,8 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
         unsupported.insert(0, "--model-impl transformers with TP × PP > 1")
     if req.max_loras and best.tp * best.pp > 1:
         unsupported.append("--enable-lora with TP × PP > 1")
+    if req.expert_parallel and best.pp > 1 and best.replicas > 1:
+        unsupported.append("--enable-expert-parallel over replicas with PP > 1")
     if unsupported:
         plan.notes.append(f"llmctl serve cannot run this layout yet ({', '.join(unsupported)}): the vllm serve "
                           "command below can")

@@ -28,14 +28,12 @@ def check_layout(spec: ModelSpec, config: EngineConfig, device: str) -> None:
     if ep and spec.moe is None:
         raise EngineConfigError("--enable-expert-parallel applies to mixture-of-experts models; this model has no "
                                 "experts: leave it out")
-    problems = layout_problems(spec, tp, pp, ep, dp if ep else 1)
+    replicas = dp if ep else 1  # with expert parallelism the experts spread over the replicas too
+    problems = layout_problems(spec, tp, pp, ep, replicas)
     if problems:
-        working_tp = [t for t in range(1, 65) if not layout_problems(spec, t, 1, ep, dp if ep else 1)]
-        working_pp = [p for p in range(1, min(spec.num_layers, 64) + 1) if not layout_problems(spec, 1, p)]
-        shown = f"--tp {tp} --pp {pp}" + (f" --dp {dp} --enable-expert-parallel" if ep and dp > 1 else "")
-        raise EngineConfigError(
-            f"{shown} cannot run this model: {'; '.join(problems)}. "
-            f"TP sizes that work: {_sizes(working_tp)}; PP sizes: {_sizes(working_pp)}")
+        shown = f"--tp {tp} --pp {pp}" + (f" --dp {dp} --enable-expert-parallel" if replicas > 1 else "")
+        raise EngineConfigError(f"{shown} cannot run this model: {'; '.join(problems)}. "
+                                f"{_what_works(spec, tp, ep, replicas)}")
     if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
         gpus = torch.cuda.device_count()
         local = int(os.environ.get("LOCAL_WORLD_SIZE", tp * pp * dp))
@@ -53,6 +51,15 @@ def check_expert_replicas(config: EngineConfig) -> None:
         raise EngineConfigError("--enable-expert-parallel with --dp > 1 spreads experts over the replicas, which "
                                 "llmctl runs with one pipeline stage each: use --pp 1 (or --dp 1)")
     check_layout(load_spec(resolve_model(config.model, config.revision, weights=False)), config, config.device)
+
+
+def _what_works(spec: ModelSpec, tp: int, ep: bool, replicas: int) -> str:
+    if replicas > 1:
+        working_dp = [d for d in range(1, 65) if not layout_problems(spec, tp, 1, ep, d)]
+        return f"--dp sizes that work with --tp {tp}: {_sizes(working_dp)}"
+    working_tp = [t for t in range(1, 65) if not layout_problems(spec, t, 1, ep)]
+    working_pp = [p for p in range(1, min(spec.num_layers, 64) + 1) if not layout_problems(spec, 1, p)]
+    return f"TP sizes that work: {_sizes(working_tp)}; PP sizes: {_sizes(working_pp)}"
 
 
 def _sizes(values: list[int]) -> str:
