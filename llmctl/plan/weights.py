@@ -20,15 +20,19 @@ VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
 QUANT_METHODS = ("awq", "gptq", "fp8", "int8")
 
 
+WEIGHT_DTYPES = {"bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16": 2, "float32": 4, "float": 4}
+
+
 @dataclass(frozen=True)
 class WeightFormat:
     """How one decoder linear layer of shape (in, out) is stored."""
 
     name: str  # "bfloat16", "awq", ...
     dense_bytes: int  # bytes per parameter of everything that is not a quantized linear
-    bits: int = 16
+    bits: float = 16  # a GGUF's: its blocks' bits per weight, scales included
     group_size: int = 0  # 0: not grouped
-    scale_kind: str = "none"  # "group" (awq/gptq), "channel" (int8), "tensor" / "block" (fp8)
+    scale_kind: str = "none"  # "group" (awq/gptq), "channel" (int8), "tensor" / "block" (fp8), "gguf"
+    table_bits: float = 0  # GGUF: the embedding table and LM head stay quantized too (0: dense_bytes each)
 
     @property
     def quantized(self) -> bool:
@@ -45,6 +49,8 @@ class WeightFormat:
             return weights + 4 * math.ceil(rows_in / 128) * math.ceil(cols_out / 128)
         if self.scale_kind == "tensor":
             return weights + 4
+        if self.scale_kind == "gguf":
+            return weights
         return rows_in * cols_out * self.dense_bytes
 
 
@@ -229,30 +235,34 @@ def stage_weights(spec: ModelSpec, fmt: WeightFormat, tp: int, pp: int, expert_r
             params += tensors.linear_params + tensors.other_params
             other += tensors.other_params
             linear_bytes += sum(fmt.linear_bytes(rows, cols) for rows, cols in tensors.linears)
-        edge = _edge_params(spec, tp, first=index == 0, last=index == pp - 1)
-        params += edge
+        tables, edge = _edge_params(spec, tp, first=index == 0, last=index == pp - 1)
+        params += tables + edge
         other += edge
-        result.append(StageWeights(index, layers, params, int(round(linear_bytes)), other * fmt.dense_bytes))
+        table_bytes = tables * fmt.table_bits / 8 if fmt.table_bits else tables * fmt.dense_bytes
+        result.append(StageWeights(index, layers, params, int(round(linear_bytes)),
+                                   other * fmt.dense_bytes + int(round(table_bytes))))
     return result
 
 
-def _edge_params(spec: ModelSpec, tp: int, *, first: bool, last: bool) -> int:
+def _edge_params(spec: ModelSpec, tp: int, *, first: bool, last: bool) -> tuple[int, int]:
     """Embedding on the first stage; final norm and LM head on the last. A tied head shares
-    the embedding when both sit on one GPU; otherwise the last stage holds its own copy."""
+    the embedding when both sit on one GPU; otherwise the last stage holds its own copy.
+    Returns (the vocabulary tables' parameters, the rest)."""
     lay, h = spec.layout, spec.hidden_size
     norm_size = 2 * h if lay.norm == "layernorm" else h
     embed_dim = lay.word_embed_proj_dim or h
     table = padded_vocab_per_rank(spec.vocab_size, tp) * embed_dim
-    params = 0
+    params = tables = 0
     if first:
-        params += table + spec.positional.learned_positions * h
+        tables += table
+        params += spec.positional.learned_positions * h
         params += norm_size if lay.embedding_norm else 0
         params += embed_dim * h if lay.word_embed_proj_dim else 0  # project_in
     if last:
         params += norm_size if lay.final_norm else 0
         params += embed_dim * h if lay.word_embed_proj_dim else 0  # project_out
         if not (spec.tie_word_embeddings and first):
-            params += table
+            tables += table
         if lay.lm_head_bias:
             params += padded_vocab_per_rank(spec.vocab_size, tp)
-    return params
+    return tables, params
