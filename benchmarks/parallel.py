@@ -7,7 +7,9 @@ run (machines here are noisy).
 SmolLM2's 9 heads split over 1, 3 or 9 ranks, never 2. `--even-heads` runs a random-weight model of
 SmolLM2's shape (30 layers, hidden 576, intermediate 1536, its tokenizer and vocabulary) with 8 query
 heads and 2 K/V heads of 64, built once into a temporary folder, so TP 2 can be measured
-(`--even-heads --layouts tp1 tp2 pp2 dp2`).
+(`--even-heads --layouts tp1 tp2 pp2 dp2`). `--model DIR` runs another model: a mixture of experts from
+benchmarks/moe_models.py with `--layouts tp1 dp2 dp2-ep` compares replicas holding every expert with
+replicas sharing them (EP = TP × DP).
 
 The workload defaults are `llmctl bench offline`'s. Each run is its own `llmctl bench offline`
 process; the layouts alternate, `--repeat` times over, and the summary gives each layout's median
@@ -24,7 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-LAYOUT_FLAGS = {"tp1": [], "pp2": ["--pp", "2"], "tp2": ["--tp", "2"], "tp3": ["--tp", "3"], "dp2": ["--dp", "2"]}
+LAYOUT_FLAGS = {"tp1": [], "pp2": ["--pp", "2"], "tp2": ["--tp", "2"], "tp3": ["--tp", "3"], "dp2": ["--dp", "2"],
+                "dp2-ep": ["--dp", "2", "--enable-expert-parallel"]}  # MoE: experts spread over the replicas
 GiB = 1024**3
 
 
@@ -65,8 +68,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--even-heads", action="store_true",
                         help="a random-weight SmolLM2-shaped model with 8 heads / 2 K/V heads, so TP 2 runs")
+    parser.add_argument("--model", help="a model folder (default: the default model)")
     args = parser.parse_args()
-    args.model = None
     if args.even_heads:
         with tempfile.TemporaryDirectory(prefix="llmctl-parallel-") as folder:
             args.model = str(even_headed_model(Path(folder)))
@@ -83,13 +86,13 @@ def measure(args: argparse.Namespace) -> None:
             speed = report["llmctl"]["output_tokens_per_s"]
             speeds[layout].append(speed)
             ranks = ", ".join(f"{r['weights_bytes'] / GiB:.3f}+{r['kv_cache_bytes'] / GiB:.2f}" for r in report["ranks"])
-            print(f"{layout:>4}: {speed:7.1f} output tok/s, startup {report['startup_s']:5.2f} s, "
+            print(f"{layout:>6}: {speed:7.1f} output tok/s, startup {report['startup_s']:5.2f} s, "
                   f"weights+KV GiB per rank {ranks}", flush=True)
     base = statistics.median(speeds["tp1"]) if speeds.get("tp1") else None
     print("median (min-max) output tok/s" + (", median / TP 1's" if base else ""))
     for layout, values in speeds.items():
         ratio = f"  {statistics.median(values) / base:.2f}x" if base else ""
-        print(f"{layout:>4}: {statistics.median(values):7.1f} ({min(values):.1f}-{max(values):.1f}){ratio}")
+        print(f"{layout:>6}: {statistics.median(values):7.1f} ({min(values):.1f}-{max(values):.1f}){ratio}")
 
 
 if __name__ == "__main__":

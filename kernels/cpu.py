@@ -206,7 +206,7 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
 def int4_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
                 bias: torch.Tensor | None = None, isa: str = "auto") -> torch.Tensor:
     """x Wᵀ + b for float32 x [M, K], W[n, k] = code · scale[n, k // group] + offset[n, k // group], the codes
-    packed by pack_int4; scales and offsets float32 [N, groups]."""
+    packed by pack_int4; scales and offsets [N, groups], both float32 or both float16."""
     load()
     return torch.ops.llmctl_cpu.int4_linear(x.contiguous(), codes, scales, offsets, bias, CODED_ISAS[isa])
 
@@ -220,7 +220,7 @@ def int4_dequantize(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Te
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
                 bias: torch.Tensor | None = None, isa: str = "auto") -> torch.Tensor:
     """x Wᵀ + b for float32 x [M, K], W[n, k] = code · scale[n, k // group] + offset[n, k // group]; codes int8
-    [N, K], the group size a multiple of 16; scales and offsets float32 [N, groups]."""
+    [N, K], the group size a multiple of 16; scales and offsets [N, groups], both float32 or both float16."""
     load()
     return torch.ops.llmctl_cpu.int8_linear(x.contiguous(), codes, scales, offsets, bias, CODED_ISAS[isa])
 

@@ -4,6 +4,7 @@
 
 #pragma once
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -43,13 +44,35 @@ inline float sum8(__m256 v) {
 }
 #endif
 
+// A group's scale and offset: float32, or float16 where that holds them exactly (GGUF stores Q4_0, Q4_1,
+// Q5_0, Q5_1 and Q8_0's so), which halves their share of the bytes a decode reads.
+inline float scalar(float v) { return v; }
+inline float scalar(at::Half v) {
+#if defined(__F16C__)
+  return _cvtsh_ss(v.x);
+#else
+  return static_cast<float>(v);
+#endif
+}
+
+// Calls f(scales, offsets) with the tensors' float or at::Half pointers (both of one dtype, checked).
+template <class F>
+void with_scales(const at::Tensor& scales, const at::Tensor& offsets, F f) {
+  TORCH_CHECK(scales.scalar_type() == offsets.scalar_type() &&
+                  (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf),
+              "llmctl coded weights: scales and offsets are both float32 or both float16");
+  if (scales.scalar_type() == at::kHalf) return f(scales.data_ptr<at::Half>(), offsets.data_ptr<at::Half>());
+  f(scales.data_ptr<float>(), offsets.data_ptr<float>());
+}
+
 // One output row's codes (`code_bytes` bytes) and its `groups` scales and offsets.
-inline void prefetch_row(const void* codes, int64_t code_bytes, const float* scales, const float* offsets,
+template <class S>
+inline void prefetch_row(const void* codes, int64_t code_bytes, const S* scales, const S* offsets,
                          int64_t groups) {
 #if defined(__AVX2__) || defined(__AVX512F__)
   const char* bytes = static_cast<const char*>(codes);
   for (int64_t byte = 0; byte < code_bytes; byte += 64) _mm_prefetch(bytes + byte, _MM_HINT_T0);
-  for (int64_t g = 0; g < groups; g += 16) {
+  for (int64_t g = 0; g < groups; g += 64 / static_cast<int64_t>(sizeof(S))) {
     _mm_prefetch(reinterpret_cast<const char*>(scales + g), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(offsets + g), _MM_HINT_T0);
   }

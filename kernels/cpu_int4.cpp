@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu_coded.h"
 
@@ -27,6 +28,7 @@ using llmctl_coded::AUTO;
 using llmctl_coded::AVX2;
 using llmctl_coded::AVX512;
 using llmctl_coded::built;
+using llmctl_coded::scalar;
 #if defined(__AVX2__) && defined(__FMA__)
 using llmctl_coded::sum8;
 #endif
@@ -35,21 +37,23 @@ constexpr int64_t CHUNK = 32;  // codes per 16 bytes
 
 void check(bool ok, const char* message) { TORCH_CHECK(ok, "llmctl cpu int4_linear: ", message); }
 
+template <class S>  // float, or at::Half where exact
 struct Weights {
   const uint8_t* codes;  // [N, K / 2]
-  const float* scales;   // [N, G]
-  const float* offsets;  // [N, G]
+  const S* scales;   // [N, G]
+  const S* offsets;  // [N, G]
   int64_t k, groups, group_size;
 };
 
 // out[r] = Σ_k x[r, k] · w[n, k] for R rows of x (stride x_stride) and the one output row n.
-template <int R>
-void row_plain(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+template <int R, class W>
+void row_plain(const W& w, int64_t n, const float* x, int64_t x_stride, float* out) {
   float acc[R] = {};
   const uint8_t* codes = w.codes + n * w.k / 2;
   for (int64_t c = 0; c < w.k / CHUNK; ++c) {
     const int64_t g = c * CHUNK / w.group_size;
-    const float scale = w.scales[n * w.groups + g], offset = w.offsets[n * w.groups + g];
+    const float scale = scalar(w.scales[n * w.groups + g]);
+    const float offset = scalar(w.offsets[n * w.groups + g]);
     for (int j = 0; j < 16; ++j) {
       const uint8_t byte = codes[c * 16 + j];
       const float low = (byte & 0xF) * scale + offset, high = (byte >> 4) * scale + offset;
@@ -68,11 +72,11 @@ void row_plain(const Weights& w, int64_t n, const float* x, int64_t x_stride, fl
 // nibbles apart, too); the loops over sets and rows have constant bounds and unroll, so every
 // accumulator stays in a register.
 #if defined(__AVX512F__)
-template <int R>
-inline void group_avx512(const Weights& w, int64_t n, int64_t g, const float* x, int64_t x_stride,
+template <int R, class W>
+inline void group_avx512(const W& w, int64_t n, int64_t g, const float* x, int64_t x_stride,
                          __m512 (&low_acc)[R], __m512 (&high_acc)[R]) {
-  const __m512 scale = _mm512_set1_ps(w.scales[n * w.groups + g]);
-  const __m512 offset = _mm512_set1_ps(w.offsets[n * w.groups + g]);
+  const __m512 scale = _mm512_set1_ps(scalar(w.scales[n * w.groups + g]));
+  const __m512 offset = _mm512_set1_ps(scalar(w.offsets[n * w.groups + g]));
   const __m512i nibble = _mm512_set1_epi32(0xF);
   const uint8_t* codes = w.codes + n * w.k / 2;
   const int64_t per_group = w.group_size / CHUNK;
@@ -89,8 +93,8 @@ inline void group_avx512(const Weights& w, int64_t n, int64_t g, const float* x,
   }
 }
 
-template <int R>
-void row_avx512(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+template <int R, class W>
+void row_avx512(const W& w, int64_t n, const float* x, int64_t x_stride, float* out) {
   constexpr int SETS = R <= 2 ? 2 : 1;
   __m512 low[SETS][R], high[SETS][R];
 #pragma GCC unroll 2
@@ -112,11 +116,11 @@ void row_avx512(const Weights& w, int64_t n, const float* x, int64_t x_stride, f
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
-template <int R>
-inline void group_avx2(const Weights& w, int64_t n, int64_t g, const float* x, int64_t x_stride,
+template <int R, class W>
+inline void group_avx2(const W& w, int64_t n, int64_t g, const float* x, int64_t x_stride,
                        __m256 (&low_acc)[R], __m256 (&high_acc)[R]) {
-  const __m256 scale = _mm256_set1_ps(w.scales[n * w.groups + g]);
-  const __m256 offset = _mm256_set1_ps(w.offsets[n * w.groups + g]);
+  const __m256 scale = _mm256_set1_ps(scalar(w.scales[n * w.groups + g]));
+  const __m256 offset = _mm256_set1_ps(scalar(w.offsets[n * w.groups + g]));
   const __m256i nibble = _mm256_set1_epi32(0xF);
   const uint8_t* codes = w.codes + n * w.k / 2;
   const int64_t per_group = w.group_size / CHUNK;
@@ -137,8 +141,8 @@ inline void group_avx2(const Weights& w, int64_t n, int64_t g, const float* x, i
   }
 }
 
-template <int R>
-void row_avx2(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+template <int R, class W>
+void row_avx2(const W& w, int64_t n, const float* x, int64_t x_stride, float* out) {
   constexpr int SETS = R <= 2 ? 2 : 1;  // 16 registers: two sets for up to two rows
   __m256 low[SETS][R], high[SETS][R];
 #pragma GCC unroll 2
@@ -160,8 +164,8 @@ void row_avx2(const Weights& w, int64_t n, const float* x, int64_t x_stride, flo
 #endif
 
 struct Kernel {
-  template <int R>
-  static void rows(int64_t isa, const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+  template <int R, class W>
+  static void rows(int64_t isa, const W& w, int64_t n, const float* x, int64_t x_stride, float* out) {
 #if defined(__AVX512F__)
     if (isa == AVX512) return row_avx512<R>(w, n, x, x_stride, out);
 #endif
@@ -171,7 +175,8 @@ struct Kernel {
     row_plain<R>(w, n, x, x_stride, out);
   }
 
-  static void prefetch(const Weights& w, int64_t n) {
+  template <class W>
+  static void prefetch(const W& w, int64_t n) {
     llmctl_coded::prefetch_row(w.codes + n * w.k / 2, w.k / 2, w.scales + n * w.groups,
                                w.offsets + n * w.groups, w.groups);
   }
@@ -185,46 +190,45 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
         "codes are uint8 [N, K / 2]");
   check(k % CHUNK == 0 && groups > 0 && k % groups == 0 && (k / groups) % CHUNK == 0,
         "K and the group size are multiples of 32");
-  check(scales.scalar_type() == at::kFloat && offsets.scalar_type() == at::kFloat && scales.is_contiguous() &&
-            offsets.is_contiguous() && scales.size(0) == n && offsets.sizes() == scales.sizes(),
-        "scales and offsets are float32 [N, G]");
+  check(scales.is_contiguous() && offsets.is_contiguous() && scales.size(0) == n && offsets.sizes() == scales.sizes(),
+        "scales and offsets are [N, G]");
   isa = isa == AUTO ? llmctl_coded::widest() : isa;
   check(built(isa), "that instruction set is not built on this machine");
-  const Weights w{codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), k, groups,
-                  k / groups};
   at::Tensor y = at::empty({m, n}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  llmctl_coded::run_rows<Kernel>(isa, w, xp, m, k, n, yp);
+  llmctl_coded::with_scales(scales, offsets, [&](auto sp, auto op) {
+    const Weights<std::remove_const_t<std::remove_pointer_t<decltype(sp)>>> w{codes.data_ptr<uint8_t>(), sp, op, k,
+                                                                              groups, k / groups};
+    llmctl_coded::run_rows<Kernel>(isa, w, x.data_ptr<float>(), m, k, n, y.data_ptr<float>());
+  });
   if (bias.has_value()) y.add_(*bias);
   return y;
 }
 
 // The float32 weight [N, K]: for many input rows a float GEMM over it is faster than decoding per row.
 at::Tensor int4_dequantize(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets) {
-  check(codes.scalar_type() == at::kByte && codes.is_contiguous() && scales.is_contiguous() &&
-            offsets.is_contiguous() && scales.scalar_type() == at::kFloat && offsets.scalar_type() == at::kFloat,
-        "uint8 codes, float32 scales and offsets, contiguous");
+  check(codes.scalar_type() == at::kByte && codes.is_contiguous() && scales.is_contiguous() && offsets.is_contiguous(),
+        "uint8 codes, scales and offsets, contiguous");
   const int64_t n = codes.size(0), k = codes.size(1) * 2, groups = scales.size(1);
   check(k % CHUNK == 0 && groups > 0 && k % groups == 0 && (k / groups) % CHUNK == 0,
         "K and the group size are multiples of 32");
-  at::Tensor out = at::empty({n, k}, scales.options());
+  at::Tensor out = at::empty({n, k}, scales.options().dtype(at::kFloat));
   const uint8_t* cp = codes.data_ptr<uint8_t>();
-  const float *sp = scales.data_ptr<float>(), *op = offsets.data_ptr<float>();
   float* wp = out.data_ptr<float>();
-  at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      for (int64_t c = 0; c < k / CHUNK; ++c) {
-        const int64_t g = c * CHUNK / (k / groups);
-        const float scale = sp[row * groups + g], offset = op[row * groups + g];
-        const uint8_t* bytes = cp + row * k / 2 + c * 16;
-        float* w = wp + row * k + c * CHUNK;
-        for (int j = 0; j < 16; ++j) {
-          w[j] = (bytes[j] & 0xF) * scale + offset;
-          w[16 + j] = (bytes[j] >> 4) * scale + offset;
+  llmctl_coded::with_scales(scales, offsets, [&](auto sp, auto op) {
+    at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        for (int64_t c = 0; c < k / CHUNK; ++c) {
+          const int64_t g = c * CHUNK / (k / groups);
+          const float scale = scalar(sp[row * groups + g]), offset = scalar(op[row * groups + g]);
+          const uint8_t* bytes = cp + row * k / 2 + c * 16;
+          float* w = wp + row * k + c * CHUNK;
+          for (int j = 0; j < 16; ++j) {
+            w[j] = (bytes[j] & 0xF) * scale + offset;
+            w[16 + j] = (bytes[j] >> 4) * scale + offset;
+          }
         }
       }
-    }
+    });
   });
   return out;
 }

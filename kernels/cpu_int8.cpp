@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu_coded.h"
 
@@ -22,6 +23,7 @@ using llmctl_coded::AUTO;
 using llmctl_coded::AVX2;
 using llmctl_coded::AVX512;
 using llmctl_coded::built;
+using llmctl_coded::scalar;
 #if defined(__AVX2__) && defined(__FMA__)
 using llmctl_coded::sum8;
 #endif
@@ -30,19 +32,20 @@ constexpr int64_t CHUNK = 16;  // codes per decode
 
 void check(bool ok, const char* message) { TORCH_CHECK(ok, "llmctl cpu int8_linear: ", message); }
 
+template <class S>  // float, or at::Half where exact
 struct Weights {
   const int8_t* codes;  // [N, K]
-  const float* scales;  // [N, G]
-  const float* offsets;
+  const S* scales;  // [N, G]
+  const S* offsets;
   int64_t k, groups, group_size;
 };
 
-template <int R>
-void row_plain(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+template <int R, class W>
+void row_plain(const W& w, int64_t n, const float* x, int64_t x_stride, float* out) {
   float acc[R] = {};
   const int8_t* codes = w.codes + n * w.k;
   for (int64_t g = 0; g < w.groups; ++g) {
-    const float scale = w.scales[n * w.groups + g], offset = w.offsets[n * w.groups + g];
+    const float scale = scalar(w.scales[n * w.groups + g]), offset = scalar(w.offsets[n * w.groups + g]);
     for (int64_t j = g * w.group_size; j < (g + 1) * w.group_size; ++j) {
       const float weight = codes[j] * scale + offset;
       for (int r = 0; r < R; ++r) acc[r] += weight * x[r * x_stride + j];
@@ -54,11 +57,11 @@ void row_plain(const Weights& w, int64_t n, const float* x, int64_t x_stride, fl
 // Groups alternate between SETS independent accumulator sets, unrolled so they stay in registers
 // (cpu_int4.cpp says why one chain per row is slow).
 #if defined(__AVX512F__)
-template <int R>
-inline void group_avx512(const Weights& w, int64_t n, int64_t g, const float* x, int64_t x_stride,
+template <int R, class W>
+inline void group_avx512(const W& w, int64_t n, int64_t g, const float* x, int64_t x_stride,
                          __m512 (&acc)[R]) {
-  const __m512 scale = _mm512_set1_ps(w.scales[n * w.groups + g]);
-  const __m512 offset = _mm512_set1_ps(w.offsets[n * w.groups + g]);
+  const __m512 scale = _mm512_set1_ps(scalar(w.scales[n * w.groups + g]));
+  const __m512 offset = _mm512_set1_ps(scalar(w.offsets[n * w.groups + g]));
   const int8_t* codes = w.codes + n * w.k;
   for (int64_t j = g * w.group_size; j < (g + 1) * w.group_size; j += CHUNK) {
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + j));
@@ -68,8 +71,8 @@ inline void group_avx512(const Weights& w, int64_t n, int64_t g, const float* x,
   }
 }
 
-template <int R>
-void row_avx512(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+template <int R, class W>
+void row_avx512(const W& w, int64_t n, const float* x, int64_t x_stride, float* out) {
   constexpr int SETS = R <= 2 ? 4 : 2;
   __m512 acc[SETS][R];
 #pragma GCC unroll 4
@@ -92,11 +95,11 @@ void row_avx512(const Weights& w, int64_t n, const float* x, int64_t x_stride, f
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
-template <int R>
-inline void group_avx2(const Weights& w, int64_t n, int64_t g, const float* x, int64_t x_stride,
+template <int R, class W>
+inline void group_avx2(const W& w, int64_t n, int64_t g, const float* x, int64_t x_stride,
                        __m256 (&acc)[R]) {
-  const __m256 scale = _mm256_set1_ps(w.scales[n * w.groups + g]);
-  const __m256 offset = _mm256_set1_ps(w.offsets[n * w.groups + g]);
+  const __m256 scale = _mm256_set1_ps(scalar(w.scales[n * w.groups + g]));
+  const __m256 offset = _mm256_set1_ps(scalar(w.offsets[n * w.groups + g]));
   const int8_t* codes = w.codes + n * w.k;
   for (int64_t j = g * w.group_size; j < (g + 1) * w.group_size; j += 8) {
     const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + j));
@@ -106,8 +109,8 @@ inline void group_avx2(const Weights& w, int64_t n, int64_t g, const float* x, i
   }
 }
 
-template <int R>
-void row_avx2(const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+template <int R, class W>
+void row_avx2(const W& w, int64_t n, const float* x, int64_t x_stride, float* out) {
   constexpr int SETS = R <= 2 ? 4 : 2;
   __m256 acc[SETS][R];
 #pragma GCC unroll 4
@@ -130,8 +133,8 @@ void row_avx2(const Weights& w, int64_t n, const float* x, int64_t x_stride, flo
 #endif
 
 struct Kernel {
-  template <int R>
-  static void rows(int64_t isa, const Weights& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+  template <int R, class W>
+  static void rows(int64_t isa, const W& w, int64_t n, const float* x, int64_t x_stride, float* out) {
 #if defined(__AVX512F__)
     if (isa == AVX512) return row_avx512<R>(w, n, x, x_stride, out);
 #endif
@@ -141,50 +144,59 @@ struct Kernel {
     row_plain<R>(w, n, x, x_stride, out);
   }
 
-  static void prefetch(const Weights& w, int64_t n) {
+  template <class W>
+  static void prefetch(const W& w, int64_t n) {
     llmctl_coded::prefetch_row(w.codes + n * w.k, w.k, w.scales + n * w.groups,
                                w.offsets + n * w.groups, w.groups);
   }
 };
 
-Weights weights_of(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets) {
+void check_codes(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets) {
   check(codes.scalar_type() == at::kChar && codes.dim() == 2 && codes.is_contiguous(), "codes are int8 [N, K]");
   const int64_t n = codes.size(0), k = codes.size(1), groups = scales.size(1);
   check(groups > 0 && k % groups == 0 && (k / groups) % CHUNK == 0, "the group size is a multiple of 16");
-  check(scales.scalar_type() == at::kFloat && offsets.scalar_type() == at::kFloat && scales.is_contiguous() &&
-            offsets.is_contiguous() && scales.size(0) == n && offsets.sizes() == scales.sizes(),
-        "scales and offsets are float32 [N, G]");
-  return Weights{codes.data_ptr<int8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), k, groups,
-                 k / groups};
+  check(scales.is_contiguous() && offsets.is_contiguous() && scales.size(0) == n && offsets.sizes() == scales.sizes(),
+        "scales and offsets are [N, G]");
+}
+
+// f(w) with the Weights of the tensors' scale type.
+template <class F>
+void with_weights(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets, F f) {
+  check_codes(codes, scales, offsets);
+  const int64_t k = codes.size(1), groups = scales.size(1);
+  llmctl_coded::with_scales(scales, offsets, [&](auto sp, auto op) {
+    f(Weights<std::remove_const_t<std::remove_pointer_t<decltype(sp)>>>{codes.data_ptr<int8_t>(), sp, op, k,
+                                                                         groups, k / groups});
+  });
 }
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                        const at::Tensor& offsets, const c10::optional<at::Tensor>& bias, int64_t isa) {
   check(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x is a contiguous float32 [M, K]");
-  const Weights w = weights_of(codes, scales, offsets);
-  check(x.size(1) == w.k, "x has K columns");
+  check(x.size(1) == codes.size(1), "x has K columns");
   isa = isa == AUTO ? llmctl_coded::widest() : isa;
   check(built(isa), "that instruction set is not built on this machine");
-  const int64_t m = x.size(0), n = codes.size(0), k = w.k;
+  const int64_t m = x.size(0), n = codes.size(0), k = codes.size(1);
   at::Tensor y = at::empty({m, n}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  llmctl_coded::run_rows<Kernel>(isa, w, xp, m, k, n, yp);
+  with_weights(codes, scales, offsets, [&](const auto& w) {
+    llmctl_coded::run_rows<Kernel>(isa, w, x.data_ptr<float>(), m, k, n, y.data_ptr<float>());
+  });
   if (bias.has_value()) y.add_(*bias);
   return y;
 }
 
 at::Tensor int8_dequantize(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets) {
-  const Weights w = weights_of(codes, scales, offsets);
-  const int64_t n = codes.size(0);
-  at::Tensor out = at::empty({n, w.k}, scales.options());
+  const int64_t n = codes.size(0), k = codes.size(1);
+  at::Tensor out = at::empty({n, k}, scales.options().dtype(at::kFloat));
   float* wp = out.data_ptr<float>();
-  at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row)
-      for (int64_t j = 0; j < w.k; ++j) {
-        const int64_t g = row * w.groups + j / w.group_size;
-        wp[row * w.k + j] = w.codes[row * w.k + j] * w.scales[g] + w.offsets[g];
-      }
+  with_weights(codes, scales, offsets, [&](const auto& w) {
+    at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row)
+        for (int64_t j = 0; j < w.k; ++j) {
+          const int64_t g = row * w.groups + j / w.group_size;
+          wp[row * w.k + j] = w.codes[row * w.k + j] * scalar(w.scales[g]) + scalar(w.offsets[g]);
+        }
+    });
   });
   return out;
 }

@@ -23,11 +23,13 @@ def dequantized(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 33])
 @pytest.mark.parametrize("k, group", [(64, 32), (256, 128), (512, 64)])
-def test_every_path_equals_the_dequantized_weight(isa, rows, k, group):
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float16])
+def test_every_path_equals_the_dequantized_weight(isa, rows, k, group, scale_dtype):
     gen = torch.Generator().manual_seed(rows * k + group)
     n = 40  # not a multiple of the 16 outputs a thread's range starts at
     codes = torch.randint(0, 16, (n, k), generator=gen)
     scales, offsets = torch.rand(n, k // group, generator=gen) / 8, torch.randn(n, k // group, generator=gen) / 8
+    scales, offsets = scales.to(scale_dtype), offsets.to(scale_dtype)  # float16: as GGUF's Q4_0/Q4_1 store them
     x, bias = torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
     expected = x.double() @ dequantized(codes, scales, offsets).t() + bias.double()
     out = cpu.int4_linear(x, cpu.pack_int4(codes), scales, offsets, bias, isa)

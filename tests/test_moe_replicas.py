@@ -107,3 +107,25 @@ def test_layouts_that_cannot_spread_the_experts_are_refused_before_any_replica_s
     folder = save_random_model(moe_config("qwen2-moe", len(tokenizer)), tmp_path / "qwen2-moe", tokenizer)
     with pytest.raises(EngineConfigError, match=message):
         DataParallelEngine(EngineConfig(model=str(folder), enable_expert_parallel=True, **flags))
+
+
+def test_bench_offline_spreads_the_experts_over_its_replicas(tmp_path, tokenizer):
+    """`llmctl bench offline --dp 2 --enable-expert-parallel` runs the replicas as the server does: each
+    holds half of the experts (plan's bytes for EP = 2), not all of them."""
+    import json
+
+    from conftest import run_cli
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
+    from llmctl.plan.weights import stage_weights, weight_format
+
+    folder = save_random_model(moe_config("qwen2-moe", len(tokenizer)), tmp_path / "qwen2-moe", tokenizer)
+    result = run_cli("bench", "offline", str(folder), "--dp", "2", "--enable-expert-parallel", "--num-prompts", "6",
+                     "--random-input-len", "8", "--random-output-len", "8", "--max-model-len", "64",
+                     "--dtype", "float32", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    spec = load_spec(resolve_model(str(folder)))
+    [weights] = stage_weights(spec, weight_format(4, None, spec), 1, 1, expert_ranks=2)
+    assert [rank["weights_bytes"] for rank in report["ranks"]] == [weights.total_bytes]
+    assert report["llmctl"]["output_tokens"] == 6 * 8

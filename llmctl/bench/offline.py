@@ -9,7 +9,6 @@ until its longest request; only the requested tokens count as output.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
@@ -21,10 +20,10 @@ from llmctl.bench.datasets import DatasetOptions, SampleRequest, sample_requests
 from llmctl.bench.metrics import Distribution, time_per_output_token
 from llmctl.bench.tokens import LocalTokenizer
 from llmctl.engine.config import EngineConfig
+from llmctl.engine.front.data_parallel import in_lockstep, replica_configs
 from llmctl.engine.front.llm import LLM
 from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.sampling_params import SamplingParams
-from llmctl.engine.worker.threads import threads_per_rank
 from llmctl.engine.spec_decode.stats import SpecDecodeStats
 from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.errors import LlmctlError
@@ -117,13 +116,12 @@ def run_engines(engines: list[Any], on_progress: Callable[[int], None]) -> list[
 def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None] | None = None) -> OfflineResult:
     if options.compare not in (None, *COMPARE_WITH):
         raise LlmctlError(f"--compare takes {', '.join(COMPARE_WITH)}")
-    replicas = options.engine.data_parallel_size
-    # every replica's ranks share this machine's cores
-    single = dataclasses.replace(options.engine, data_parallel_size=1, cpu_threads=threads_per_rank(options.engine)) \
-        if replicas > 1 else options.engine
+    configs, store = replica_configs(options.engine) if options.engine.data_parallel_size > 1 else \
+        ([options.engine], None)
     starting = time.perf_counter()
-    llm = LLM.from_config(single)
-    engines = [llm.engine] + [LLMEngine(single) for _ in range(replicas - 1)]
+    llm = LLM.from_config(configs[0])
+    engines = [llm.engine] + [LLMEngine(one) for one in configs[1:]]
+    rounds = in_lockstep(engines) if store is not None else None  # experts spread over the replicas
     startup_seconds = time.perf_counter() - starting
     tokenizer = LocalTokenizer(llm.engine.loaded.source.name, llm.get_tokenizer())
     requests = sample_requests(options.dataset, tokenizer, tokenizer.words())
@@ -149,6 +147,8 @@ def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None]
     started = time.perf_counter()
     finished = run_engines(engines, lambda done: on_progress(done, len(requests)) if on_progress else None)
     seconds = time.perf_counter() - started
+    if rounds is not None:
+        rounds.stop()
     output_tokens = sum(len(o.outputs[0].token_ids) for o in finished)
     ttfts = [o.metrics.ttft for o in finished if o.metrics and o.metrics.ttft is not None]
     tpots = [time_per_output_token(o.metrics.e2e, o.metrics.ttft, len(o.outputs[0].token_ids)) for o in finished

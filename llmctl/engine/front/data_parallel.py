@@ -28,6 +28,32 @@ from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.engine.worker.threads import threads_per_rank
 
+def replica_configs(config: EngineConfig) -> tuple[list[EngineConfig], Any]:
+    """One config per replica, their ranks sharing this machine's cores; with expert parallelism each joins
+    the store (returned, to be kept alive) where the replicas' MoE layers meet."""
+    single = dataclasses.replace(config, data_parallel_size=1, cpu_threads=threads_per_rank(config))
+    count = config.data_parallel_size
+    if not config.enable_expert_parallel:
+        return [single] * count, None
+    import torch.distributed as dist
+
+    from llmctl.engine.parallel.expert_exchange import ReplicaGroup
+    from llmctl.engine.parallel.layout import check_expert_replicas
+
+    check_expert_replicas(config)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    return [dataclasses.replace(single, replica_group=ReplicaGroup("127.0.0.1", store.port, index, count))
+            for index in range(count)], store
+
+
+def in_lockstep(engines: list[LLMEngine]) -> LockstepRounds:
+    """The replicas' forwards from now on in rounds (their loads and warm-ups kept to their own tokens)."""
+    rounds = LockstepRounds(len(engines))
+    for index, engine in enumerate(engines):
+        engine.executor = LockstepExecutor(engine.executor, rounds, index)
+    return rounds
+
+
 def create_engine_client(config: EngineConfig) -> EngineClient:
     if config.data_parallel_size == 1:
         return AsyncLLMEngine(LLMEngine(config))
@@ -38,14 +64,10 @@ class DataParallelEngine:
     """The EngineClient interface over several replicas."""
 
     def __init__(self, config: EngineConfig) -> None:
-        # every replica's ranks share this machine's cores
-        single = dataclasses.replace(config, data_parallel_size=1, cpu_threads=threads_per_rank(config))
-        count = config.data_parallel_size
-        self._rounds: LockstepRounds | None = None
-        if config.enable_expert_parallel:  # the replicas' MoE layers exchange tokens: they step together
-            engines = self._expert_parallel_replicas(config, single)
-        else:
-            engines = [LLMEngine(single) for _ in range(count)]
+        configs, self._store = replica_configs(config)
+        engines = [LLMEngine(one) for one in configs]
+        # with expert parallelism the replicas' MoE layers exchange tokens: they step together
+        self._rounds = in_lockstep(engines) if self._store is not None else None
         self.replicas = [AsyncLLMEngine(engine) for engine in engines]
         self._outstanding = [0] * len(self.replicas)
         self._serving: dict[str, int] = {}  # request id -> the replica generating it
@@ -125,24 +147,6 @@ class DataParallelEngine:
     @property
     def engines(self) -> list[LLMEngine]:
         return [replica.engine for replica in self.replicas]
-
-    def _expert_parallel_replicas(self, config: EngineConfig, single: EngineConfig) -> list[LLMEngine]:
-        """Replicas whose experts are spread over all of their ranks, joined by one store, in lockstep."""
-        import torch.distributed as dist
-
-        from llmctl.engine.parallel.expert_exchange import ReplicaGroup
-        from llmctl.engine.parallel.layout import check_expert_replicas
-
-        check_expert_replicas(config)
-        count = config.data_parallel_size
-        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        engines = [LLMEngine(dataclasses.replace(single, replica_group=ReplicaGroup("127.0.0.1", self._store.port,
-                                                                                    index, count)))
-                   for index in range(count)]  # each warms up on its own tokens: the exchange starts with rounds
-        self._rounds = LockstepRounds(count)
-        for index, engine in enumerate(engines):
-            engine.executor = LockstepExecutor(engine.executor, self._rounds, index)
-        return engines
 
     def shutdown(self, timeout: float = 10.0) -> None:
         if self._rounds is not None:

@@ -25,7 +25,8 @@ class LLM:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
-        return cls(**dataclasses.asdict(config))
+        # fields as they are (asdict would turn a nested ReplicaGroup into a dict)
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
 
     def shutdown(self) -> None:
         """Stop the worker ranks of a tensor/pipeline-parallel engine (they also exit with this process)."""

@@ -99,7 +99,7 @@ class QuantLinear(nn.Module):
             unpack_gptq(packed, self.bits, self.group_size)
         scales = weight.scales.float().contiguous()
         offsets = (-weight.zeros.float() * scales).contiguous()
-        self.cpu_int4 = CodedWeight(cpu_kernels.pack_int4(weight.q), scales, offsets)
+        self.cpu_int4 = CodedWeight.compact(cpu_kernels.pack_int4(weight.q), scales, offsets)
         return self.cpu_int4.nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
