@@ -28,6 +28,7 @@ from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.engine.worker.threads import threads_per_rank
 
+
 def replica_configs(config: EngineConfig) -> tuple[list[EngineConfig], Any]:
     """One config per replica, their ranks sharing this machine's cores; with expert parallelism each joins
     the store (returned, to be kept alive) where the replicas' MoE layers meet."""
