@@ -159,8 +159,11 @@ def test_awq_checkpoint_through_the_engine(tmp_path, default_source):
 
     out = tmp_path / "smollm2-awq"
     result = run_cli("quantize", "--awq", "--group-size", "64", "--calib-file", str(WIKITEXT), "--calib-samples", "4",
-                     "--calib-seq-len", "64", "--output", str(out), "--json")
+                     "--calib-seq-len", "64", "--output", str(out))
     assert result.returncode == 0, result.stderr
+    # stderr is a pipe here, as in a redirected log: a line per layer, which a progress bar cannot leave there
+    lines = [line for line in result.stderr.splitlines() if line.startswith("AWQ 4-bit, layer by layer: ")]
+    assert [line.split(": ")[1].split()[0] for line in lines] == [f"{i}/30" for i in range(1, 31)]
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"] == {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
                                              "version": "gemm", "modules_to_not_convert": None}
