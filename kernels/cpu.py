@@ -34,7 +34,8 @@ import torch
 from llmctl.cache import llmctl_cache_dir
 
 SOURCES = [Path(__file__).with_name(name)
-           for name in ("cpu_attention.cpp", "cpu_layers.cpp", "cpu_gemm.cpp", "cpu_int4.cpp", "cpu_int8.cpp")]
+           for name in ("cpu_attention.cpp", "cpu_layers.cpp", "cpu_gemm.cpp", "cpu_int4.cpp", "cpu_int8.cpp",
+                        "cpu_q8.cpp")]
 HEADERS = [Path(__file__).with_name("cpu_coded.h")]  # included by the sources: part of the build key
 LIBRARY = "llmctl_cpu"
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]  # fast-math: vectorized exp (libmvec)
@@ -229,6 +230,22 @@ def int8_dequantize(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Te
     """The float32 weight [N, K] of int8_linear's operands."""
     load()
     return torch.ops.llmctl_cpu.int8_dequantize(codes, scales, offsets)
+
+
+def q8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
+              bias: torch.Tensor | None = None, isa: str = "auto", offsets_used: bool = True) -> torch.Tensor:
+    """int4_linear / int8_linear (by the codes' dtype) with x quantized to int8 in blocks of 32 as llama.cpp's
+    Q8_0, the dot products taken in integers; groups of 32 (GGUF's blocks). `offsets_used=False` skips
+    the offsets (all zero, as Q8_0's)."""
+    load()
+    return torch.ops.llmctl_cpu.q8_linear(x.contiguous(), codes, scales, offsets, bias, CODED_ISAS[isa],
+                                          offsets_used)
+
+
+def q8_vnni() -> bool:
+    """Whether q8_linear's avx512 path multiplies with AVX-512 VNNI (vpdpbusd) here."""
+    load()
+    return bool(torch.ops.llmctl_cpu.q8_vnni())
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ enum Isa : int64_t { AUTO = 0, PLAIN = 1, AVX2 = 2, AVX512 = 3 };
 constexpr int MAX_ROWS = 4;  // input rows sharing one decode of the codes
 // Output rows are read one after another from three arrays (codes, scales, offsets): the hardware prefetcher
 // alone left single-row decoding waiting on memory, so the rows this far ahead are requested early.
-constexpr int64_t PREFETCH_ROWS = 4;
+constexpr int64_t PREFETCH_ROWS = 16;
 
 inline bool built(int64_t isa) {
   switch (isa) {
@@ -79,22 +79,29 @@ inline void prefetch_row(const void* codes, int64_t code_bytes, const S* scales,
 #endif
 }
 
-// y [M, N] = x [M, K] Wᵀ through Kernel::rows<R>(isa, w, n, x, x_stride, out) (R input rows, output row n)
-// and Kernel::prefetch(w, n).
-template <class Kernel, class Weights>
-void run_rows(int64_t isa, const Weights& w, const float* x, int64_t m, int64_t k, int64_t n, float* y) {
+// Float32 input rows [M, K]: `at(row)` is the view from that row on.
+struct FloatRows {
+  const float* x;
+  int64_t stride;
+  FloatRows at(int64_t row) const { return {x + row * stride, stride}; }
+};
+
+// y [M, N] = x Wᵀ through Kernel::rows<R>(isa, w, n, input.at(row), out) (R input rows from `row`, output row
+// n) and Kernel::prefetch(w, n); `input` is FloatRows or a kernel's own (int8 activations).
+template <class Kernel, class Weights, class Input>
+void run_rows(int64_t isa, const Weights& w, const Input& input, int64_t m, int64_t n, float* y) {
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t row = 0; row < m; row += MAX_ROWS) {  // the rows' x stays in cache over the outputs
       const int64_t count = std::min<int64_t>(MAX_ROWS, m - row);
-      const float* xr = x + row * k;
+      const auto xr = input.at(row);
       for (int64_t out = begin; out < end; ++out) {
         if (out + PREFETCH_ROWS < end) Kernel::prefetch(w, out + PREFETCH_ROWS);
         float result[MAX_ROWS];
         switch (count) {
-          case 1: Kernel::template rows<1>(isa, w, out, xr, k, result); break;
-          case 2: Kernel::template rows<2>(isa, w, out, xr, k, result); break;
-          case 3: Kernel::template rows<3>(isa, w, out, xr, k, result); break;
-          default: Kernel::template rows<4>(isa, w, out, xr, k, result); break;
+          case 1: Kernel::template rows<1>(isa, w, out, xr, result); break;
+          case 2: Kernel::template rows<2>(isa, w, out, xr, result); break;
+          case 3: Kernel::template rows<3>(isa, w, out, xr, result); break;
+          default: Kernel::template rows<4>(isa, w, out, xr, result); break;
         }
         for (int64_t r = 0; r < count; ++r) y[(row + r) * n + out] = result[r];
       }

@@ -165,7 +165,9 @@ void row_avx2(const W& w, int64_t n, const float* x, int64_t x_stride, float* ou
 
 struct Kernel {
   template <int R, class W>
-  static void rows(int64_t isa, const W& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+  static void rows(int64_t isa, const W& w, int64_t n, const llmctl_coded::FloatRows& in, float* out) {
+    const float* x = in.x;
+    const int64_t x_stride = in.stride;
 #if defined(__AVX512F__)
     if (isa == AVX512) return row_avx512<R>(w, n, x, x_stride, out);
 #endif
@@ -198,7 +200,8 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   llmctl_coded::with_scales(scales, offsets, [&](auto sp, auto op) {
     const Weights<std::remove_const_t<std::remove_pointer_t<decltype(sp)>>> w{codes.data_ptr<uint8_t>(), sp, op, k,
                                                                               groups, k / groups};
-    llmctl_coded::run_rows<Kernel>(isa, w, x.data_ptr<float>(), m, k, n, y.data_ptr<float>());
+    llmctl_coded::run_rows<Kernel>(isa, w, llmctl_coded::FloatRows{x.data_ptr<float>(), k}, m, n,
+                                   y.data_ptr<float>());
   });
   if (bias.has_value()) y.add_(*bias);
   return y;

@@ -134,7 +134,9 @@ void row_avx2(const W& w, int64_t n, const float* x, int64_t x_stride, float* ou
 
 struct Kernel {
   template <int R, class W>
-  static void rows(int64_t isa, const W& w, int64_t n, const float* x, int64_t x_stride, float* out) {
+  static void rows(int64_t isa, const W& w, int64_t n, const llmctl_coded::FloatRows& in, float* out) {
+    const float* x = in.x;
+    const int64_t x_stride = in.stride;
 #if defined(__AVX512F__)
     if (isa == AVX512) return row_avx512<R>(w, n, x, x_stride, out);
 #endif
@@ -179,7 +181,8 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   const int64_t m = x.size(0), n = codes.size(0), k = codes.size(1);
   at::Tensor y = at::empty({m, n}, x.options());
   with_weights(codes, scales, offsets, [&](const auto& w) {
-    llmctl_coded::run_rows<Kernel>(isa, w, x.data_ptr<float>(), m, k, n, y.data_ptr<float>());
+    llmctl_coded::run_rows<Kernel>(isa, w, llmctl_coded::FloatRows{x.data_ptr<float>(), k}, m, n,
+                                   y.data_ptr<float>());
   });
   if (bias.has_value()) y.add_(*bias);
   return y;

@@ -41,7 +41,9 @@ def cpu_paths() -> str:
     problem = cpu.unavailable_reason()
     if problem:
         return f"llmctl CPU paths: C++ kernels NOT built ({problem}); only torch SDPA and oneDNN are tested"
-    coded = f"; int4/int8 coded-weight kernels: {', '.join(cpu.int4_isas())} paths"
+    vnni = "with AVX-512 VNNI" if cpu.q8_vnni() else "without VNNI (vpmaddubsw)"
+    coded = (f"; int4/int8 coded-weight kernels (float and int8 activations): {', '.join(cpu.int4_isas())} paths, "
+             f"int8 dot products {vnni}")
     if cpu.built_for_avx512():
         return ("llmctl CPU paths: C++ kernels with AVX-512: the float32 panel GEMM and the register-row "
                 "attention are tested" + coded)

@@ -4,6 +4,9 @@ A `CodedWeight` is w[n, k] = code · scale[n, g] + offset[n, g] per group g alon
 two to a byte in GGUF's Q4 order (the C++ `int4_linear`), or signed bytes (`int8_linear`). For few
 input rows (decoding) the kernels decode the codes as they multiply; for many (prompts) the weight is
 decoded once into float32 for one float GEMM, which is faster there (benchmarks/cpu_int4.py).
+GGUF weights multiply int8 activations when decoding (`int8_activations`, the C++ `q8_linear`): x is
+rounded to llama.cpp's Q8_0 blocks and the dot products are integer, as llama.cpp and vLLM's GGUF kernels
+do; GPTQ/AWQ weights multiply float activations, as vLLM's kernels for them do.
 `CodedLinear` holds one, or a float weight where a checkpoint stored one (a GGUF type llmctl does not
 keep coded); the parts of a fused layer (q/k/v, gate/up) that came in different widths are widened to
 the common one, which is exact: 4-bit codes fit a byte and a group splits into smaller ones.
@@ -28,16 +31,23 @@ class CodedWeight:
     codes: torch.Tensor  # uint8 [N, K / 2] (bits 4) or int8 [N, K] (bits 8)
     scales: torch.Tensor  # float32 [N, G], or float16 where that is exact (`compact`)
     offsets: torch.Tensor  # as scales
+    int8_activations: bool = False  # decode with x rounded to int8 blocks (GGUF's numerics)
+    offsets_used: bool = True  # False when every offset is 0 (Q8_0): the int8 kernel skips them
 
     @staticmethod
-    def compact(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> "CodedWeight":
+    def compact(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
+                int8_activations: bool = False) -> "CodedWeight":
         """Scales and offsets in float16 when that holds every one exactly (GGUF stores Q4_0, Q4_1, Q5_0,
         Q5_1 and Q8_0's in float16): a decode reads 4 bytes per group for them instead of 8."""
         scales, offsets = scales.float().contiguous(), offsets.float().contiguous()
         halves = scales.half(), offsets.half()
         if all(torch.equal(half.float(), full) for half, full in zip(halves, (scales, offsets))):
             scales, offsets = halves
-        return CodedWeight(codes.contiguous(), scales, offsets)
+        return CodedWeight(codes.contiguous(), scales, offsets, int8_activations, bool(offsets.any()))
+
+    def like(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> "CodedWeight":
+        """Other codes, scales and offsets with this weight's activations and offset use."""
+        return CodedWeight(codes, scales, offsets, self.int8_activations, self.offsets_used)
 
     @property
     def bits(self) -> int:
@@ -59,6 +69,9 @@ class CodedWeight:
         """x Wᵀ + b for float32 x [M, K]."""
         if x.shape[0] >= DECODE_ROWS:
             return F.linear(x, self.dequantize(), bias)
+        if self.int8_activations and self.group_size == 32:
+            return cpu_kernels.q8_linear(x, self.codes, self.scales, self.offsets, bias,
+                                         offsets_used=self.offsets_used)
         kernel = cpu_kernels.int4_linear if self.bits == 4 else cpu_kernels.int8_linear
         return kernel(x, self.codes, self.scales, self.offsets, bias)
 
@@ -68,8 +81,8 @@ class CodedWeight:
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The float32 rows `ids` of the weight (an embedding lookup)."""
-        picked = CodedWeight(self.codes.index_select(0, ids), self.scales.index_select(0, ids),
-                             self.offsets.index_select(0, ids))
+        picked = self.like(self.codes.index_select(0, ids), self.scales.index_select(0, ids),
+                           self.offsets.index_select(0, ids))
         return picked.dequantize()
 
     def widened(self, bits: int, group_size: int) -> "CodedWeight":
@@ -79,8 +92,8 @@ class CodedWeight:
             chunks = codes.reshape(codes.shape[0], -1, 1, 16)
             codes = torch.cat([chunks & 0xF, chunks >> 4], dim=2).reshape(codes.shape[0], -1).to(torch.int8)
         repeat = self.group_size // group_size
-        return CodedWeight(codes.contiguous(), self.scales.repeat_interleave(repeat, dim=1).contiguous(),
-                           self.offsets.repeat_interleave(repeat, dim=1).contiguous())
+        return self.like(codes.contiguous(), self.scales.repeat_interleave(repeat, dim=1).contiguous(),
+                         self.offsets.repeat_interleave(repeat, dim=1).contiguous())
 
     @staticmethod
     def stacked(parts: list["CodedWeight"]) -> "CodedWeight":
@@ -91,12 +104,16 @@ class CodedWeight:
         same = [p.widened(bits, group) if (p.bits, p.group_size) != (bits, group) else p for p in parts]
         if len(same) == 1:
             return same[0]
-        return CodedWeight(*(torch.cat([getattr(p, name) for p in same]).contiguous()
-                             for name in ("codes", "scales", "offsets")))
+        joined = CodedWeight(*(torch.cat([getattr(p, name) for p in same]).contiguous()
+                               for name in ("codes", "scales", "offsets")))
+        joined.int8_activations = all(p.int8_activations for p in same)
+        joined.offsets_used = any(p.offsets_used for p in same)
+        return joined
 
 
 def coded_from(tensors: dict[str, torch.Tensor]) -> CodedWeight:
-    return CodedWeight.compact(tensors["codes"], tensors["scales"], tensors["offsets"])
+    """A GGUF tensor's codes: decoded with int8 activations, as llama.cpp does."""
+    return CodedWeight.compact(tensors["codes"], tensors["scales"], tensors["offsets"], int8_activations=True)
 
 
 class CodedLinear(nn.Module):
@@ -132,11 +149,13 @@ class CodedLinear(nn.Module):
 
 
 def coded_summary(model: nn.Module) -> str | None:
-    """"12 4-bit and 3 8-bit coded weights (0.07 GiB), avx512 kernels", or None when there are none."""
+    """"12 4-bit and 3 8-bit coded weights (0.07 GiB), avx512 kernels[ with int8 activations as llama.cpp]",
+    or None when there are none."""
     weights = [m.coded for m in model.modules() if getattr(m, "coded", None) is not None]
     if not weights:
         return None
     by_bits = {bits: sum(1 for w in weights if w.bits == bits) for bits in (4, 8)}
     counts = " and ".join(f"{n} {bits}-bit" for bits, n in by_bits.items() if n)
     size = sum(w.nbytes for w in weights) / 2**30
-    return f"{counts} coded weights ({size:.2f} GiB), {cpu_kernels.int4_isas()[0]} kernels"
+    activations = " with int8 activations as llama.cpp" if any(w.int8_activations for w in weights) else ""
+    return f"{counts} coded weights ({size:.2f} GiB), {cpu_kernels.int4_isas()[0]} kernels{activations}"

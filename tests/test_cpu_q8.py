@@ -1,0 +1,99 @@
+"""GGUF weights times int8 activations (the C++ `q8_linear`), as llama.cpp multiplies them: x rounded to
+llama.cpp's Q8_0 blocks — the reference rounding is gguf-py's `quantize(x, Q8_0)` — then integer dot
+products. Every block type held in 32-wide groups, on every instruction-set path built here (the run's
+summary line names them), against the float64 product of the two dequantized operands."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+from test_gguf_coded import coded_weight, gguf_tensor, reference
+
+from llmctl.engine.layers.coded_linear import CodedWeight, coded_from
+from llmctl.kernels import cpu
+
+ISAS = cpu.int4_isas() if cpu.unavailable_reason() is None else []
+needs_kernels = pytest.mark.skipif(not ISAS, reason=f"C++ kernels not built: {cpu.unavailable_reason()}")
+GROUPS_OF_32 = ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0"]
+
+
+def rounded_as_q8_0(x: torch.Tensor) -> torch.Tensor:
+    """x after gguf-py's Q8_0 round trip: d = max|x| / 127 per 32 (kept in float16), q = round(x / d)."""
+    raw = quantize(x.numpy(), GGMLQuantizationType.Q8_0)
+    return torch.from_numpy(np.array(dequantize(raw, GGMLQuantizationType.Q8_0), dtype=np.float32)).view(x.shape)
+
+
+def check_against_reference(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    rounded = rounded_as_q8_0(x).double()
+    bound = (rounded.abs() @ weight.double().abs().t()).max().item()  # the scale of float32 summation's error
+    torch.testing.assert_close(out.double(), rounded @ weight.double().t(), rtol=1e-5, atol=2e-6 * bound)
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", GROUPS_OF_32)
+def test_int8_activation_kernel_on_every_path_equals_the_rounded_product(isa, type_name):
+    # 11 chunks of 32 (eight, a pair, one), 17 (eight, eight, one) and 10 (eight, a pair); K-quants' 256-wide
+    # super-blocks allow only multiples of eight chunks
+    widths = (768, 1280) if type_name.endswith("_K") else (352, 544, 320)
+    for columns in widths:
+        raw = gguf_tensor(type_name, 40, columns, seed=columns)
+        weight, expected = coded_weight(raw, type_name, 40, columns), reference(raw, type_name).view(40, columns)
+        assert weight.group_size == 32
+        for batch in (1, 2, 3, 5):
+            x = torch.randn(batch, columns, generator=torch.Generator().manual_seed(batch)) * 3
+            out = cpu.q8_linear(x, weight.codes, weight.scales, weight.offsets, None, isa, weight.offsets_used)
+            check_against_reference(out, x, expected)
+
+
+@needs_kernels
+def test_rows_of_zeros_and_a_bias():
+    raw = gguf_tensor("Q4_1", 8, 256, seed=3)
+    weight, expected = coded_weight(raw, "Q4_1", 8, 256), reference(raw, "Q4_1").view(8, 256)
+    x = torch.randn(2, 256)
+    x[0] = 0  # d = 0: every q is 0, no division by zero
+    x[1, :32] = 0
+    bias = torch.randn(8)
+    for isa in ISAS:
+        out = cpu.q8_linear(x, weight.codes, weight.scales, weight.offsets, bias, isa)
+        check_against_reference(out - bias, x, expected)
+
+
+@needs_kernels
+def test_gguf_weights_decode_with_int8_activations_and_others_with_floats():
+    """GGUF codes go through q8_linear (llama.cpp's numerics); GPTQ/AWQ repacks and Q6_K's 16-wide groups keep
+    float activations, exact against the float weight."""
+    raw = gguf_tensor("Q4_1", 16, 256, seed=5)
+    parts = coded_weight(raw, "Q4_1", 16, 256)
+    tensors = {"codes": parts.codes, "scales": parts.scales, "offsets": parts.offsets}
+    gguf, expected = coded_from(tensors), reference(raw, "Q4_1").view(16, 256)
+    x = torch.randn(3, 256)
+    assert gguf.int8_activations and not parts.int8_activations  # compact()'s default: GPTQ/AWQ
+    check_against_reference(gguf.matmul(x), x, expected)
+    torch.testing.assert_close(parts.matmul(x).double(), x.double() @ expected.double().t(), rtol=1e-5, atol=1e-5)
+    six = gguf_tensor("Q6_K", 16, 256, seed=6)
+    q6 = coded_weight(six, "Q6_K", 16, 256)
+    q6 = coded_from({"codes": q6.codes, "scales": q6.scales, "offsets": q6.offsets})
+    assert q6.group_size == 16
+    torch.testing.assert_close(q6.matmul(x).double(), x.double() @ reference(six, "Q6_K").view(16, 256).double().t(),
+                               rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+def test_fused_parts_keep_int8_activations_and_offsets():
+    first, second = (coded_from({"codes": w.codes, "scales": w.scales, "offsets": w.offsets})
+                     for w in (coded_weight(gguf_tensor("Q8_0", 8, 256, seed=1), "Q8_0", 8, 256),
+                               coded_weight(gguf_tensor("Q4_0", 8, 256, seed=2), "Q4_0", 8, 256)))
+    assert not first.offsets_used and second.offsets_used  # Q8_0 has none; Q4_0's are −8 · scale
+    joined = CodedWeight.stacked([first, second])
+    assert joined.int8_activations and joined.offsets_used and joined.bits == 8
+
+
+@needs_kernels
+def test_q8_kernel_refuses_groups_other_than_32():
+    codes, scales = torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, 4)
+    with pytest.raises(RuntimeError, match="32 wide"):
+        cpu.q8_linear(torch.zeros(1, 64), codes, scales, scales)
