@@ -13,6 +13,7 @@ from torch import nn
 
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear, VocabParallelEmbedding
 from llmctl.engine.layers.positions import RotaryEmbedding
+from llmctl.engine.models import coded_decode
 from llmctl.engine.models.common import (
     RMSNorm, Shard, StepContext, Target, embedding_targets, layer_index, load_checkpoint,
 )
@@ -150,6 +151,7 @@ class LlamaForCausalLM(nn.Module):
             tied_here = spec.tie_word_embeddings and self.embed_tokens is not None
             self.lm_head = self.embed_tokens if tied_here else \
                 VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, group)
+        self.coded_layers: dict[int, coded_decode.CodedLayer] | None | bool = False  # False: not decided yet
         self.needs_lengths = rotary.original_max is not None  # LongRoPE switches factors by sequence length
         self.qwen1 = spec.model_type == "qwen"
         if self.qwen1:
@@ -165,9 +167,24 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids) if self.embed_tokens is not None else hidden
         if self.embed_tokens is not None and self.multipliers.embedding != 1.0:
             x = x * self.multipliers.embedding
+        attention = self._coded_step(ctx, x)
         for index in self.stage_layers:
-            x = self.layers[index](x, ctx, index)
+            x = coded_decode.run_layer(self.coded_layers[index], x, ctx, attention, index) if attention else \
+                self.layers[index](x, ctx, index)
         return self.norm(x) if self.norm is not None else x
+
+    def _coded_step(self, ctx: StepContext, x: torch.Tensor) -> list[torch.Tensor] | None:
+        """The step's attention arguments where every layer runs as one C++ call (coded_decode), else None."""
+        if self.coded_layers is False:  # decided once, at the first step: the weights are loaded by then
+            plain = coded_decode.PlainLlama(LlamaDecoderLayer, LlamaAttention, LlamaMLP)
+            self.coded_layers = coded_decode.coded_layers(self.layers, self.stage_layers, plain) \
+                if x.dtype == torch.float32 and cpu_kernels.fused_layers_for(x) else None
+        if not self.coded_layers or not x.is_contiguous() or x.dim() != 2:
+            return None
+        first = self.stage_layers[0]
+        if ctx.kv_caches[first].kv.dtype != torch.float32:
+            return None
+        return coded_decode.step_attention(ctx, self.layers[first].self_attn.rotary, x.dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head.logits(hidden)

@@ -1,0 +1,71 @@
+"""Decode steps of Llama-shaped GGUF layers as one C++ call per layer (llmctl/engine/models/coded_decode.py):
+the same ops as the Python layer in the same order, so the same tokens and the same log-probabilities to the
+bit; which layers qualify. The Python layer itself is checked against transformers in test_gguf_coded.py, and
+tensor parallelism (which never fuses: a rank's partial sums need an all-reduce) against one process there."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmctl.kernels import cpu
+
+needs_kernels = pytest.mark.skipif(cpu.unavailable_reason() is not None,
+                                   reason=f"C++ kernels not built: {cpu.unavailable_reason()}")
+PROMPTS = [[1, 450, 7010, 1126, 318], [2000, 17, 30000, 4, 5, 6, 7], [9, 8, 7]]
+
+
+def both_ways(path, **engine) -> tuple[int | None, list, list]:
+    """(layers run fused, outputs fused, outputs through the Python layers) of one engine."""
+    from llmctl.engine.front.llm import LLM
+    from llmctl.engine.sampling_params import SamplingParams
+
+    llm = LLM(str(path), max_model_len=128, kv_cache_memory=16 << 20, **engine)
+    try:
+        params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=3)
+        prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+        fused = llm.generate(prompts, params)
+        model = llm.engine.executor.loaded.model
+        layers = len(model.coded_layers) if model.coded_layers else None
+        model.coded_layers = None  # from here on every layer runs in Python
+        python = llm.generate(prompts, params)
+    finally:
+        llm.shutdown()
+    return layers, fused, python
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch, qtype", [("llama", "Q4_0"), ("qwen2", "Q8_0"), ("llama", "Q4_1")])
+def test_fused_decode_layers_give_the_python_layers_tokens_and_logprobs_exactly(arch, qtype, default_source,
+                                                                                 tmp_path):
+    from gguf_models import write_tiny_gguf
+
+    path = tmp_path / f"tiny-{arch}.{qtype}.gguf"
+    write_tiny_gguf(arch, path, default_source.gguf_path, qtype)
+    layers, fused, python = both_ways(path)
+    assert layers is not None and layers > 0  # qwen2's QKV bias qualifies too
+    for a, b in zip(fused, python):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert [e.logprob for e in a.outputs[0].logprobs] == [e.logprob for e in b.outputs[0].logprobs]
+        assert [e.top for e in a.outputs[0].logprobs] == [e.top for e in b.outputs[0].logprobs]
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch, engine, why", [
+    ("qwen3", {}, "q/k norms are not in the fused layer"),
+    ("llama", {"dtype": "float32"}, "dequantized weights are not codes"),
+])
+def test_layers_that_do_not_qualify_run_in_python(arch, engine, why, default_source, tmp_path):
+    from gguf_models import write_tiny_gguf
+
+    from llmctl.engine.front.llm import LLM
+    from llmctl.engine.sampling_params import SamplingParams
+
+    path = tmp_path / f"tiny-{arch}.Q4_0.gguf"
+    write_tiny_gguf(arch, path, default_source.gguf_path, "Q4_0")
+    llm = LLM(str(path), max_model_len=128, kv_cache_memory=16 << 20, **engine)
+    try:
+        [out] = llm.generate([{"prompt_token_ids": PROMPTS[0]}], SamplingParams(max_tokens=3, temperature=0))
+        assert len(out.outputs[0].token_ids) == 3
+        assert not llm.engine.executor.loaded.model.coded_layers, why
+    finally:
+        llm.shutdown()
