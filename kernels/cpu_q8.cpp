@@ -137,6 +137,20 @@ inline __m256 load8(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// Chunks c .. c + 7: each one's weight scale · d of each row, and the offsets' terms added to offset_acc.
+template <int R, class W>
+inline void eight_scales(const W& w, int64_t n, int64_t c, const QuantizedRows& x, __m256 (&combined)[R],
+                         __m256 (&offset_acc)[R]) {
+  const __m256 scales = load8(w.scales + n * w.groups + c);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) combined[r] = _mm256_mul_ps(scales, _mm256_loadu_ps(x.d + r * x.blocks + c));
+  if (!w.offsets_used) return;
+  const __m256 offsets = load8(w.offsets + n * w.groups + c);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    offset_acc[r] = _mm256_fmadd_ps(offsets, _mm256_loadu_ps(x.sums + r * x.blocks + c), offset_acc[r]);
+}
+
 // Eight chunks from c: each chunk's scale · d is one lane of a vector made with one multiply, and each
 // chunk takes its lane by a permute, where a scalar multiply and broadcast per chunk cost twice the
 // instructions; the offsets' terms are one FMA for all eight. Chunks alternate between two accumulator
@@ -145,16 +159,8 @@ template <int R, bool Signed, bool Vnni, class W>
 inline void eight_chunks(const W& w, int64_t n, int64_t c, const QuantizedRows& x, __m256 (&acc)[2][R],
                          __m256 (&offset_acc)[R]) {
   const uint8_t* row = w.codes + n * w.row_bytes;
-  const __m256 scales = load8(w.scales + n * w.groups + c);
   __m256 combined[R];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) combined[r] = _mm256_mul_ps(scales, _mm256_loadu_ps(x.d + r * x.blocks + c));
-  if (w.offsets_used) {
-    const __m256 offsets = load8(w.offsets + n * w.groups + c);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
-      offset_acc[r] = _mm256_fmadd_ps(offsets, _mm256_loadu_ps(x.sums + r * x.blocks + c), offset_acc[r]);
-  }
+  eight_scales<R>(w, n, c, x, combined, offset_acc);
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) {
     const __m256i codes = chunk_codes<Signed>(row, c + i);
@@ -236,17 +242,11 @@ template <int R, bool Signed, class W>
 inline void eight_chunks_512(const W& w, int64_t n, int64_t c, const QuantizedRows& x, __m512 (&acc)[2][R],
                              __m256 (&offset_acc)[R]) {
   const uint8_t* row = w.codes + n * w.row_bytes;
-  const __m256 scales = load8(w.scales + n * w.groups + c);
+  __m256 eight[R];
+  eight_scales<R>(w, n, c, x, eight, offset_acc);
   __m512 combined[R];
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-    combined[r] = _mm512_castps256_ps512(_mm256_mul_ps(scales, _mm256_loadu_ps(x.d + r * x.blocks + c)));
-  if (w.offsets_used) {
-    const __m256 offsets = load8(w.offsets + n * w.groups + c);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
-      offset_acc[r] = _mm256_fmadd_ps(offsets, _mm256_loadu_ps(x.sums + r * x.blocks + c), offset_acc[r]);
-  }
+  for (int r = 0; r < R; ++r) combined[r] = _mm512_castps256_ps512(eight[r]);
 #pragma GCC unroll 4
   for (int p = 0; p < 4; ++p) {
     const __m512i codes = pair_codes<Signed>(row, c + 2 * p);

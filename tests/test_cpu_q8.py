@@ -26,10 +26,14 @@ def rounded_as_q8_0(x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.array(dequantize(raw, GGMLQuantizationType.Q8_0), dtype=np.float32)).view(x.shape)
 
 
+def check_close(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """out == x Wᵀ in float64, within float32 summation's error (its scale: Σ |x| |w|)."""
+    bound = (x.double().abs() @ weight.double().abs().t()).max().item()
+    torch.testing.assert_close(out.double(), x.double() @ weight.double().t(), rtol=1e-5, atol=2e-6 * bound)
+
+
 def check_against_reference(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
-    rounded = rounded_as_q8_0(x).double()
-    bound = (rounded.abs() @ weight.double().abs().t()).max().item()  # the scale of float32 summation's error
-    torch.testing.assert_close(out.double(), rounded @ weight.double().t(), rtol=1e-5, atol=2e-6 * bound)
+    check_close(out, rounded_as_q8_0(x), weight)
 
 
 @needs_kernels
@@ -53,7 +57,7 @@ def test_int8_activation_kernel_on_every_path_equals_the_rounded_product(isa, ty
 def test_rows_of_zeros_and_a_bias():
     raw = gguf_tensor("Q4_1", 8, 256, seed=3)
     weight, expected = coded_weight(raw, "Q4_1", 8, 256), reference(raw, "Q4_1").view(8, 256)
-    x = torch.randn(2, 256)
+    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(1))
     x[0] = 0  # d = 0: every q is 0, no division by zero
     x[1, :32] = 0
     bias = torch.randn(8)
@@ -70,16 +74,15 @@ def test_gguf_weights_decode_with_int8_activations_and_others_with_floats():
     parts = coded_weight(raw, "Q4_1", 16, 256)
     tensors = {"codes": parts.codes, "scales": parts.scales, "offsets": parts.offsets}
     gguf, expected = coded_from(tensors), reference(raw, "Q4_1").view(16, 256)
-    x = torch.randn(3, 256)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(0))
     assert gguf.int8_activations and not parts.int8_activations  # compact()'s default: GPTQ/AWQ
     check_against_reference(gguf.matmul(x), x, expected)
-    torch.testing.assert_close(parts.matmul(x).double(), x.double() @ expected.double().t(), rtol=1e-5, atol=1e-5)
+    check_close(parts.matmul(x), x, expected)
     six = gguf_tensor("Q6_K", 16, 256, seed=6)
     q6 = coded_weight(six, "Q6_K", 16, 256)
     q6 = coded_from({"codes": q6.codes, "scales": q6.scales, "offsets": q6.offsets})
     assert q6.group_size == 16
-    torch.testing.assert_close(q6.matmul(x).double(), x.double() @ reference(six, "Q6_K").view(16, 256).double().t(),
-                               rtol=1e-5, atol=1e-5)
+    check_close(q6.matmul(x), x, reference(six, "Q6_K").view(16, 256))
 
 
 @needs_kernels
