@@ -1,6 +1,7 @@
 // One Llama-shaped decoder layer in one call, for a step whose tokens all attend through the paged cache
-// and whose linears are GGUF codes multiplied with int8 activations: the ops the Python layer calls
-// (rms_norm, q8_linear, rotary, store_kv, paged_attention, silu_and_mul), called here one after another.
+// and whose linears are codes (GGUF, multiplied with int8 activations; GPTQ/AWQ 4-bit with float ones): the
+// ops the Python layer calls (rms_norm, q8_linear or int4_linear, rotary, store_kv, paged_attention,
+// silu_and_mul), called here one after another.
 //
 // Why: decoding SmolLM2-135M Q4_1 on two cores, a token's ~420 op calls spent about as long between the
 // ops (Python, and the second thread starting again after each pause) as in them. The ops are the same
@@ -20,12 +21,19 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
 
-// A coded linear: weight = [codes, scales, offsets].
-at::Tensor linear(const at::Tensor& x, at::TensorList weight, bool offsets_used, const OptionalTensor& bias) {
+// How a linear multiplies (llmctl/engine/models/coded_decode.py names the same numbers).
+enum Kernel : int64_t { Q8 = 0, Q8_WITH_OFFSETS = 1, INT4_FLOAT = 2 };
+
+// A coded linear: weight = [codes, scales, offsets], by q8_linear (GGUF) or int4_linear (GPTQ/AWQ).
+at::Tensor linear(const at::Tensor& x, at::TensorList weight, int64_t kernel, const OptionalTensor& bias) {
   static const auto q8 = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                        const OptionalTensor&, int64_t, bool)>("llmctl_cpu::q8_linear");
+  static const auto int4 = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const OptionalTensor&, int64_t)>("llmctl_cpu::int4_linear");
   TORCH_CHECK(weight.size() == 3, "llmctl coded_decoder_layer: a linear is [codes, scales, offsets]");
-  return q8.call(x, weight[0], weight[1], weight[2], bias, 0, offsets_used);
+  if (kernel == INT4_FLOAT) return int4.call(x, weight[0], weight[1], weight[2], bias, 0);
+  TORCH_CHECK(kernel == Q8 || kernel == Q8_WITH_OFFSETS, "llmctl coded_decoder_layer: unknown kernel ", kernel);
+  return q8.call(x, weight[0], weight[1], weight[2], bias, 0, kernel == Q8_WITH_OFFSETS);
 }
 
 void rms_norm(const at::Tensor& out, const at::Tensor& x, const OptionalTensor& residual, const at::Tensor& weight, double eps) {
@@ -36,7 +44,7 @@ void rms_norm(const at::Tensor& out, const at::Tensor& x, const OptionalTensor& 
 
 // Attention of the normed hidden states h [T, hidden]: q/k/v, rotary, the new K/V into the cache, paged
 // attention, o. `attention` holds: kv_cache, slots, block_tables, seq_lens, query_start_loc, cos, sin.
-at::Tensor attend(const at::Tensor& h, at::TensorList qkv, at::TensorList o, at::IntArrayRef offsets_used,
+at::Tensor attend(const at::Tensor& h, at::TensorList qkv, at::TensorList o, at::IntArrayRef kernels,
                   const OptionalTensor& qkv_bias, at::TensorList attention, at::IntArrayRef heads, double scale,
                   int64_t window) {
   static const auto rotary = op<void(at::Tensor, at::Tensor, const at::Tensor&, const at::Tensor&)>(
@@ -50,7 +58,7 @@ at::Tensor attend(const at::Tensor& h, at::TensorList qkv, at::TensorList o, at:
               "llmctl coded_decoder_layer: attention is [kv_cache, slots, block_tables, seq_lens, query_start_loc, "
               "cos, sin] and heads [query heads, KV heads, head size]");
   const int64_t tokens = h.size(0), num_heads = heads[0], kv_heads = heads[1], dim = heads[2];
-  const at::Tensor fused = linear(h, qkv, offsets_used[0] != 0, qkv_bias);
+  const at::Tensor fused = linear(h, qkv, kernels[0], qkv_bias);
   at::Tensor q = fused.narrow(1, 0, num_heads * dim).view({tokens, num_heads, dim});
   at::Tensor k = fused.narrow(1, num_heads * dim, kv_heads * dim).view({tokens, kv_heads, dim});
   const at::Tensor v = fused.narrow(1, (num_heads + kv_heads) * dim, kv_heads * dim).view({tokens, kv_heads, dim});
@@ -59,35 +67,35 @@ at::Tensor attend(const at::Tensor& h, at::TensorList qkv, at::TensorList o, at:
   store.call(cache, attention[1], k, v);
   at::Tensor out = at::empty({tokens, num_heads, dim}, h.options());
   paged.call(out, q, cache, attention[2], attention[3], attention[4], scale, c10::nullopt, window, 0.0);
-  return linear(out.view({tokens, num_heads * dim}), o, offsets_used[1] != 0, c10::nullopt);
+  return linear(out.view({tokens, num_heads * dim}), o, kernels[1], c10::nullopt);
 }
 
 // x [T, hidden] → x + attention + MLP, as LlamaDecoderLayer.forward (x too becomes x + attention, as there).
 // linears: qkv, o, gate_up, down, three tensors each; norms: input, post-attention.
 at::Tensor coded_decoder_layer(const at::Tensor& x, at::TensorList norms, double eps, at::TensorList linears,
-                               at::IntArrayRef offsets_used, const OptionalTensor& qkv_bias,
+                               at::IntArrayRef kernels, const OptionalTensor& qkv_bias,
                                at::TensorList attention, at::IntArrayRef heads, double scale, int64_t window) {
   static const auto silu_and_mul = op<void(at::Tensor, const at::Tensor&)>("llmctl_cpu::silu_and_mul");
-  TORCH_CHECK(norms.size() == 2 && linears.size() == 12 && offsets_used.size() == 4,
+  TORCH_CHECK(norms.size() == 2 && linears.size() == 12 && kernels.size() == 4,
               "llmctl coded_decoder_layer: two norms, four linears of three tensors each");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "llmctl coded_decoder_layer: x is a contiguous float32 [T, hidden]");
   at::Tensor stream = x;  // updated in place after attention, as the Python layer's add_and_norm does
   at::Tensor normed = at::empty_like(x);
   rms_norm(normed, stream, c10::nullopt, norms[0], eps);
-  const at::Tensor attended = attend(normed, linears.slice(0, 3), linears.slice(3, 3), offsets_used, qkv_bias,
+  const at::Tensor attended = attend(normed, linears.slice(0, 3), linears.slice(3, 3), kernels, qkv_bias,
                                      attention, heads, scale, window);
   rms_norm(normed, stream, attended, norms[1], eps);  // stream += attended, then normed
-  const at::Tensor gate_up = linear(normed, linears.slice(6, 3), offsets_used[2] != 0, c10::nullopt);
+  const at::Tensor gate_up = linear(normed, linears.slice(6, 3), kernels[2], c10::nullopt);
   at::Tensor hidden = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
   silu_and_mul.call(hidden, gate_up);
-  return stream + linear(hidden, linears.slice(9, 3), offsets_used[3] != 0, c10::nullopt);
+  return stream + linear(hidden, linears.slice(9, 3), kernels[3], c10::nullopt);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(llmctl_cpu, m) {
-  m.def("coded_decoder_layer(Tensor x, Tensor[] norms, float eps, Tensor[] linears, int[] offsets_used, "
+  m.def("coded_decoder_layer(Tensor x, Tensor[] norms, float eps, Tensor[] linears, int[] kernels, "
         "Tensor? qkv_bias, Tensor[] attention, int[] heads, float scale, int window) -> Tensor");
 }
 

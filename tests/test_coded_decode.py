@@ -69,3 +69,21 @@ def test_layers_that_do_not_qualify_run_in_python(arch, engine, why, default_sou
         assert not llm.engine.executor.loaded.model.coded_layers, why
     finally:
         llm.shutdown()
+
+
+@needs_kernels
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_gptq_and_awq_layers_fused_give_the_python_layers_results_exactly(method, default_source, tmp_path):
+    """4-bit GPTQ/AWQ weights repacked for the CPU (float activations) run fused through int4_linear."""
+    from test_parallel import quantized_model, random_model
+    from transformers import AutoTokenizer, LlamaConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2)
+    folder = quantized_model(random_model(config, tmp_path / "llama", tokenizer), method, tokenizer, tmp_path)
+    layers, fused, python = both_ways(folder)
+    assert layers == 3
+    for a, b in zip(fused, python):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert [e.logprob for e in a.outputs[0].logprobs] == [e.logprob for e in b.outputs[0].logprobs]

@@ -5,8 +5,9 @@ module calls, and the kernels' second thread starting again after each pause. Fo
 attends through the paged cache (decoding), a layer that qualifies runs as one call of the same ops in the
 same order, so its results are the Python layer's bit for bit (tests/test_coded_decode.py). A layer qualifies
 when it is exactly LlamaDecoderLayer's arithmetic: Llama attention (no q/k norms, soft-cap or residual
-multiplier), the SiLU MLP, every linear GGUF codes with int8 activations in 32-wide groups, no LoRA, one
-tensor-parallel rank, float32.
+multiplier), the SiLU MLP, every linear codes — GGUF's with int8 activations in 32-wide groups, or GPTQ/AWQ
+4-bit repacked for the CPU (float activations) — no LoRA, one tensor-parallel rank, float32; and the step
+has fewer than 128 tokens, all of them attending through the paged kernel.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from llmctl.engine.layers.coded_linear import CodedLinear, CodedWeight
+from llmctl.engine.layers.coded_linear import DECODE_ROWS, CodedLinear, CodedWeight
 from llmctl.engine.layers.cpu_attention import CPUAttention
+from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.models.common import RMSNorm, StepContext
 
 
@@ -28,22 +30,30 @@ class CodedLayer:
     norms: list[torch.Tensor]
     eps: float
     linears: list[torch.Tensor]  # codes, scales, offsets of qkv, o, gate_up, down
-    offsets_used: list[int]
+    kernels: list[int]  # Q8, Q8_WITH_OFFSETS or INT4_FLOAT for each
     qkv_bias: torch.Tensor | None
     heads: list[int]  # query heads, KV heads, head size
     scale: float
     window: int | None
 
 
-def _coded(linear: nn.Module, bias_allowed: bool) -> CodedWeight | None:
-    """The layer's coded weight where the fused op can run it: GGUF codes, int8 activations, no LoRA."""
+# The C++ op's kernel numbers (kernels/cpu_decode_layer.cpp): GGUF codes through q8_linear, without or with
+# offsets; GPTQ/AWQ 4-bit codes through int4_linear — what CodedWeight.matmul picks for fewer than 128 rows.
+Q8, Q8_WITH_OFFSETS, INT4_FLOAT = 0, 1, 2
+
+
+def _coded(linear: nn.Module, bias_allowed: bool) -> tuple[CodedWeight, int] | None:
+    """The layer's coded weight and kernel where the fused op can run it (no LoRA, no bias where not allowed)."""
     inner = getattr(linear, "inner", None)
-    if not isinstance(inner, CodedLinear) or getattr(linear, "lora", None) is not None:
+    if getattr(linear, "lora", None) is not None or getattr(linear, "bias", None) is not None \
+            or (getattr(inner, "bias", None) is not None and not bias_allowed):
         return None
-    if getattr(linear, "bias", None) is not None or (inner.bias is not None and not bias_allowed):
-        return None
-    coded = inner.coded
-    return coded if coded is not None and coded.int8_activations and coded.group_size == 32 else None
+    if isinstance(inner, CodedLinear) and inner.coded is not None and inner.coded.int8_activations \
+            and inner.coded.group_size == 32:
+        return inner.coded, Q8_WITH_OFFSETS if inner.coded.offsets_used else Q8
+    if isinstance(inner, QuantLinear) and inner.cpu_int4 is not None and not inner.cpu_int4.int8_activations:
+        return inner.cpu_int4, INT4_FLOAT
+    return None
 
 
 @dataclass(frozen=True)
@@ -65,13 +75,14 @@ def coded_layer(layer: nn.Module, plain: PlainLlama) -> CodedLayer | None:
     if any(type(norm) is not RMSNorm or norm.weight.dtype != torch.float32 for norm in norms) \
             or norms[0].eps != norms[1].eps or mlp.down_proj.group.size != 1:
         return None
-    weights = [_coded(att.qkv_proj, True), _coded(att.o_proj, False), _coded(mlp.gate_up_proj, False),
-               _coded(mlp.down_proj, False)]
-    if any(w is None for w in weights):
+    found = [_coded(att.qkv_proj, True), _coded(att.o_proj, False), _coded(mlp.gate_up_proj, False),
+             _coded(mlp.down_proj, False)]
+    if any(f is None for f in found):
         return None
+    qkv_bias = att.qkv_proj.inner.bias
     return CodedLayer(norms=[n.weight.data for n in norms], eps=norms[0].eps,
-                      linears=[t for w in weights for t in (w.codes, w.scales, w.offsets)],
-                      offsets_used=[int(w.offsets_used) for w in weights], qkv_bias=att.qkv_proj.inner.bias,
+                      linears=[t for w, _ in found for t in (w.codes, w.scales, w.offsets)],
+                      kernels=[kernel for _, kernel in found], qkv_bias=None if qkv_bias is None else qkv_bias.data,
                       heads=[att.num_heads, att.num_kv_heads, att.head_dim], scale=att.scale, window=att.window)
 
 
@@ -85,7 +96,8 @@ def step_attention(ctx: StepContext, rotary: nn.Module, dtype: torch.dtype) -> l
     """The step's part of the op's `attention` argument (the cache is added per layer), or None where the
     step has tokens outside the paged kernel (prompts through torch) or a cache the op does not read."""
     backend = ctx.backend
-    if not isinstance(backend, CPUAttention) or backend.paged is None or backend.paged_rows is not None:
+    if not isinstance(backend, CPUAttention) or backend.paged is None or backend.paged_rows is not None \
+            or ctx.positions.shape[0] >= DECODE_ROWS:  # from 128 rows the Python layers decode weights once
         return None
     cos, sin = rotary._cos_sin(ctx.positions, dtype, ctx.lengths)
     tables, lens, starts = backend.paged
@@ -96,5 +108,5 @@ def run_layer(layer: CodedLayer, x: torch.Tensor, ctx: StepContext, attention: l
               index: int) -> torch.Tensor:
     window = layer.window or ctx.backend.meta.sliding_window or 0
     return torch.ops.llmctl_cpu.coded_decoder_layer(
-        x, layer.norms, layer.eps, layer.linears, layer.offsets_used, layer.qkv_bias,
+        x, layer.norms, layer.eps, layer.linears, layer.kernels, layer.qkv_bias,
         [ctx.kv_caches[index].kv, *attention], layer.heads, layer.scale, window)
