@@ -34,8 +34,8 @@ class QuantizeOptions:
     group_size: int | None = None  # None: 128, or the largest of 64/32 that divides the model's sizes
     act_order: bool = True
     calib_file: Path | None = None
-    calib_samples: int = 128
-    calib_seq_len: int = 512
+    calib_samples: int = 32  # 32 × 256 tokens: as good as AutoAWQ's 128 × 512 here, a fraction of the time
+    calib_seq_len: int = 256
     eval_file: Path | None = None
     eval_tokens: int = 4096
     redistribute: bool = True
