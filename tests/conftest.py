@@ -20,6 +20,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.pop("HF_TOKEN", None)
 # The converted default model is reused across runs when a persistent cache is given.
 os.environ.setdefault("LLMCTL_CACHE", str(_ROOT / "llmctl-cache"))
+# GGUF weights (the default model) multiply float32 activations in this suite, so that tests comparing the
+# default model with transformers' float32 stay exact; the int8-activation path (the engine's default, as
+# llama.cpp) is tested where it is set back: test_cpu_q8, test_coded_decode, test_gguf_coded.
+os.environ["LLMCTL_GGUF_ACTIVATIONS"] = "float32"
 # Triton kernels run on CPU tensors in its interpreter, which must be chosen before triton is
 # imported; with a GPU they run compiled. Subprocess tests (servers, workers) inherit this.
 if "TRITON_INTERPRET" not in os.environ:

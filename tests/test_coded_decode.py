@@ -14,6 +14,12 @@ needs_kernels = pytest.mark.skipif(cpu.unavailable_reason() is not None,
 PROMPTS = [[1, 450, 7010, 1126, 318], [2000, 17, 30000, 4, 5, 6, 7], [9, 8, 7]]
 
 
+@pytest.fixture(autouse=True)
+def int8_activations(monkeypatch):
+    """GGUF weights with int8 activations, the engine's default (conftest sets float32 for other tests)."""
+    monkeypatch.setenv("LLMCTL_GGUF_ACTIVATIONS", "int8")
+
+
 def both_ways(path, **engine) -> tuple[int | None, list, list]:
     """(layers run fused, outputs fused, outputs through the Python layers) of one engine."""
     from llmctl.engine.front.llm import LLM

@@ -20,6 +20,12 @@ needs_kernels = pytest.mark.skipif(not ISAS, reason=f"C++ kernels not built: {cp
 GROUPS_OF_32 = ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0"]
 
 
+@pytest.fixture(autouse=True)
+def int8_activations(monkeypatch):
+    """GGUF weights with int8 activations, the engine's default (conftest sets float32 for other tests)."""
+    monkeypatch.setenv("LLMCTL_GGUF_ACTIVATIONS", "int8")
+
+
 def rounded_as_q8_0(x: torch.Tensor) -> torch.Tensor:
     """x after gguf-py's Q8_0 round trip: d = max|x| / 127 per 32 (kept in float16), q = round(x / d)."""
     raw = quantize(x.numpy(), GGMLQuantizationType.Q8_0)

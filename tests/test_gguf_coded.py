@@ -20,6 +20,12 @@ needs_kernels = pytest.mark.skipif(not ISAS, reason=f"C++ kernels not built: {cp
 QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf-py quantizes these; K-quants it only reads
 
 
+@pytest.fixture(autouse=True)
+def int8_activations(monkeypatch):
+    """GGUF weights with int8 activations, the engine's default (conftest sets float32 for other tests)."""
+    monkeypatch.setenv("LLMCTL_GGUF_ACTIVATIONS", "int8")
+
+
 def gguf_tensor(type_name: str, rows: int, columns: int, seed: int) -> np.ndarray:
     """Raw blocks of a [rows, columns] tensor: quantized by gguf-py, or (K-quants) random blocks whose
     float16 super-block scales are finite."""

@@ -14,6 +14,7 @@ the common one, which is exact: 4-bit codes fit a byte and a group splits into s
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ from torch import nn
 from llmctl.kernels import cpu as cpu_kernels
 
 DECODE_ROWS = 128  # input rows from which the weight is decoded once, then one float GEMM
+GGUF_ACTIVATIONS_ENV = "LLMCTL_GGUF_ACTIVATIONS"
 CODED_KINDS = ("codes", "scales", "offsets")
 
 
@@ -111,9 +113,20 @@ class CodedWeight:
         return joined
 
 
+def gguf_int8_activations() -> bool:
+    """LLMCTL_GGUF_ACTIVATIONS: int8 (the default, llama.cpp's numerics) or float32 (exact against the
+    dequantized model, slower decoding)."""
+    choice = os.environ.get(GGUF_ACTIVATIONS_ENV, "int8")
+    if choice not in ("int8", "float32"):
+        raise ValueError(f"{GGUF_ACTIVATIONS_ENV}={choice!r}: use int8 or float32")
+    return choice == "int8"
+
+
 def coded_from(tensors: dict[str, torch.Tensor]) -> CodedWeight:
-    """A GGUF tensor's codes: decoded with int8 activations, as llama.cpp does."""
-    return CodedWeight.compact(tensors["codes"], tensors["scales"], tensors["offsets"], int8_activations=True)
+    """A GGUF tensor's codes: decoded with int8 activations, as llama.cpp does (unless the environment asks
+    for float32 ones)."""
+    return CodedWeight.compact(tensors["codes"], tensors["scales"], tensors["offsets"],
+                               int8_activations=gguf_int8_activations())
 
 
 class CodedLinear(nn.Module):
