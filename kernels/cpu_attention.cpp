@@ -106,13 +106,24 @@ inline void for_each_slot(const int32_t* table, int64_t block_size, int64_t firs
 }
 
 #if defined(__AVX512F__)
-// float32 rows of DIM (a multiple of 16) in AVX-512 registers, a block's consecutive slots at a
+// Rows of DIM (a multiple of 16) as float32 in AVX-512 registers (any cache dtype), a block's consecutive slots at a
 // time: the query rows stay in registers and each key or value row is loaded once for the G
 // query heads that share its KV head. With items spanning all KV heads this took SmolLM2's
 // decode attention from 37 to 25 ms a step (benchmarks/cpu_attention.py), and loading each row
 // once for its G = 3 query heads instead of once per head from 25 to 24; the same spans through
 // the plain loops were slower than one KV head per item, which is why the plain path keeps that.
 constexpr bool kVectorRows = true;
+
+// 16 cache elements as float32: bfloat16 is float32's upper half (a shift), float16 converts in hardware,
+// so bfloat16 and float16 caches run the same register rows as float32 with half the bytes read.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 
 // The horizontal sums of four vectors as one 4-float vector: fewer shuffles than four reductions.
 inline __m128 reduce4(const __m512 v[4]) {
@@ -129,9 +140,9 @@ inline __m128 reduce4(const __m512 v[4]) {
 }
 
 // scores[g · score_stride + j] = q_g · key_j for G query rows (DIM floats each) and `count`
-// consecutive keys `stride` floats apart.
-template <int DIM, int G>
-inline void block_dots(const float* q, const float* key, int64_t stride, int64_t count, float* scores,
+// consecutive keys `stride` elements apart.
+template <int DIM, int G, typename T>
+inline void block_dots(const float* q, const T* key, int64_t stride, int64_t count, float* scores,
                        int64_t score_stride) {
   constexpr int C = DIM / 16;
   constexpr bool kFourKeys = G * C + 4 * G <= 28;  // the query rows and four keys' sums fit the 32 registers
@@ -143,11 +154,11 @@ inline void block_dots(const float* q, const float* key, int64_t stride, int64_t
     for (; j + 4 <= count; j += 4, key += 4 * stride) {
       __m512 sum[G][4];
       for (int r = 0; r < 4; ++r) {
-        const float* row = key + r * stride;
-        const __m512 k0 = _mm512_loadu_ps(row);
+        const T* row = key + r * stride;
+        const __m512 k0 = load16(row);
         for (int g = 0; g < G; ++g) sum[g][r] = _mm512_mul_ps(qv[g][0], k0);
         for (int c = 1; c < C; ++c) {
-          const __m512 k = _mm512_loadu_ps(row + 16 * c);
+          const __m512 k = load16(row + 16 * c);
           for (int g = 0; g < G; ++g) sum[g][r] = _mm512_fmadd_ps(qv[g][c], k, sum[g][r]);
         }
       }
@@ -156,10 +167,10 @@ inline void block_dots(const float* q, const float* key, int64_t stride, int64_t
   }
   for (; j < count; ++j, key += stride) {
     __m512 sum[G];
-    const __m512 k0 = _mm512_loadu_ps(key);
+    const __m512 k0 = load16(key);
     for (int g = 0; g < G; ++g) sum[g] = _mm512_mul_ps(qv[g][0], k0);
     for (int c = 1; c < C; ++c) {
-      const __m512 k = _mm512_loadu_ps(key + 16 * c);
+      const __m512 k = load16(key + 16 * c);
       for (int g = 0; g < G; ++g) sum[g] = _mm512_fmadd_ps(qv[g][c], k, sum[g]);
     }
     for (int g = 0; g < G; ++g) scores[g * score_stride + j] = _mm512_reduce_add_ps(sum[g]);
@@ -167,9 +178,9 @@ inline void block_dots(const float* q, const float* key, int64_t stride, int64_t
 }
 
 // acc_g += Σ_j p[g · p_stride + j] · value_j for G accumulator rows (DIM floats each) and `count`
-// consecutive values `stride` floats apart.
-template <int DIM, int G>
-inline void block_weighted_sum(const float* p, int64_t p_stride, const float* value, int64_t stride, int64_t count,
+// consecutive values `stride` elements apart.
+template <int DIM, int G, typename T>
+inline void block_weighted_sum(const float* p, int64_t p_stride, const T* value, int64_t stride, int64_t count,
                                float* acc) {
   constexpr int C = DIM / 16;
   __m512 sum[G][C];
@@ -179,7 +190,7 @@ inline void block_weighted_sum(const float* p, int64_t p_stride, const float* va
     __m512 weight[G];
     for (int g = 0; g < G; ++g) weight[g] = _mm512_set1_ps(p[g * p_stride + j]);
     for (int c = 0; c < C; ++c) {
-      const __m512 v = _mm512_loadu_ps(value + 16 * c);
+      const __m512 v = load16(value + 16 * c);
       for (int g = 0; g < G; ++g) sum[g][c] = _mm512_fmadd_ps(weight[g], v, sum[g][c]);
     }
   }
@@ -209,10 +220,10 @@ inline void with_heads_per_row(int64_t group, F&& f) {
 }
 #else
 constexpr bool kVectorRows = false;
-template <int DIM, int G>
-inline void block_dots(const float*, const float*, int64_t, int64_t, float*, int64_t) {}
-template <int DIM, int G>
-inline void block_weighted_sum(const float*, int64_t, const float*, int64_t, int64_t, float*) {}
+template <int DIM, int G, typename T>
+inline void block_dots(const float*, const T*, int64_t, int64_t, float*, int64_t) {}
+template <int DIM, int G, typename T>
+inline void block_weighted_sum(const float*, int64_t, const T*, int64_t, int64_t, float*) {}
 template <int DIM, typename F>
 inline void with_heads_per_row(int64_t, F&& f) { f(std::integral_constant<int, 1>{}); }
 #endif
@@ -260,7 +271,8 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
   const std::vector<Item> items = split_items(starts, seq_lens.size(0));
   // A work item covers `span` KV heads, so that it reads each cached token's K (and V) rows
   // of those heads as one contiguous run.
-  constexpr bool vector_rows = kVectorRows && std::is_same_v<T, float> && DIM > 0 && DIM % 16 == 0;
+  constexpr bool vector_rows = kVectorRows && DIM > 0 && DIM % 16 == 0 &&
+      (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>);
   const int64_t span = vector_rows ? kv_heads_per_item(kv_heads, static_cast<int64_t>(items.size())) : 1;
   const int64_t spans = kv_heads / span;
   const int64_t num_work = static_cast<int64_t>(items.size()) * spans;

@@ -50,7 +50,7 @@ def cpu_paths() -> str:
              f"int8 dot products {vnni}")
     if cpu.built_for_avx512():
         return ("llmctl CPU paths: C++ kernels with AVX-512: the float32 panel GEMM and the register-row "
-                "attention are tested" + coded)
+                "attention (float32, bfloat16, float16 caches) are tested" + coded)
     return ("llmctl CPU paths: C++ kernels without AVX-512 (this CPU has none): oneDNN float32 linears and the "
             "plain attention loop are tested; the AVX-512 panel GEMM and register-row attention are NOT" + coded)
 

@@ -17,7 +17,7 @@ from llmctl.kernels import cpu
 from llmctl.kernels.attention import AttentionOptions, paged_attention_reference
 from paged_steps import paged_step
 
-TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -67,8 +67,13 @@ def test_paged_attention_on_whole_prompts_and_long_chunks(dim):
     check([300, 129, 1], [300, 463, 90], heads=9, kv_heads=3, dim=dim, pool_blocks=64)
 
 
-def test_paged_attention_bfloat16():
-    check([1, 3, 1], [40, 20, 9], heads=6, kv_heads=2, dim=64, dtype=torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dim", [64, 80, 128, 72])  # 72: the plain loop; the others register rows on AVX-512
+def test_paged_attention_half_precision_caches(dtype, dim):
+    check([1, 3, 1], [40, 20, 9], heads=6, kv_heads=2, dim=dim, dtype=dtype)
+    # a whole prompt and a long chunk (the backend sends these on AVX-512), items spanning KV heads
+    check([200, 40, 1] + [1] * 8, [200, 90, 33] + [9 + 20 * i for i in range(8)], heads=9, kv_heads=3, dim=dim,
+          dtype=dtype, pool_blocks=128, softcap=0.5 if dim == 80 else 0.0)
 
 
 def test_paged_attention_alibi_and_window():

@@ -3,10 +3,10 @@
 Decodes and prompt chunks of up to `paged_query_limit` new tokens (llmctl.engine.attention_selector
 holds the limits) go to
 `torch.ops.llmctl_cpu.paged_attention`, which reads the KV pages in place: no gathered
-copy, no padding to the longest context, no mask. Where the kernel keeps float32 rows in
-AVX-512 registers it beats torch's SDPA on whole prompts too, up to a few hundred tokens
-(`benchmarks/cpu_attention.py --prompts`); its plain loop (bfloat16, no AVX-512) beats SDPA
-only on short chunks over cached tokens. Longer prompts attend with SDPA, as the `torch`
+copy, no padding to the longest context, no mask. Where the kernel keeps its rows in
+AVX-512 registers (float32, bfloat16 or float16 caches, head sizes of multiples of 16) it beats
+torch's SDPA on whole prompts too, up to a few hundred tokens (`benchmarks/cpu_attention.py
+--prompts`); its plain loop (no AVX-512) beats SDPA only on short chunks over cached tokens. Longer prompts attend with SDPA, as the `torch`
 backend (llmctl.engine.layers.torch_attention) does: that backend is the reference this
 one is tested against. An fp8 KV cache runs on the `torch` backend
 (llmctl.engine.attention_selector decides).
@@ -21,15 +21,16 @@ from llmctl.engine.layers.torch_attention import TorchAttention
 from llmctl.kernels import cpu as cpu_kernels
 
 # New tokens per sequence up to which the kernel attends, SDPA above (measured by
-# benchmarks/cpu_attention.py --prompts): with float32 rows in AVX-512 registers, fresh prompts
-# included; with its plain loop (bfloat16, no AVX-512), only chunks over cached tokens.
+# benchmarks/cpu_attention.py --prompts): with rows in AVX-512 registers, fresh prompts
+# included; with its plain loop (no AVX-512, odd head sizes), only chunks over cached tokens.
 VECTOR_QUERY_LIMIT = 256
 SHORT_QUERY_LIMIT = 16
+VECTOR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def paged_query_limit(dtype: torch.dtype, head_dim: int) -> int:
     """New tokens per sequence up to which the kernel attends (a fresh prompt only where it vectorizes)."""
-    vector_rows = dtype == torch.float32 and head_dim % 16 == 0 and cpu_kernels.built_for_avx512()
+    vector_rows = dtype in VECTOR_DTYPES and head_dim % 16 == 0 and cpu_kernels.built_for_avx512()
     return VECTOR_QUERY_LIMIT if vector_rows else SHORT_QUERY_LIMIT
 
 
