@@ -163,6 +163,16 @@ def panel_linear_supported() -> bool:
     return built_for_avx512()
 
 
+def bf16_panels_supported() -> bool:
+    """Whether bfloat16 linears can take the panel kernel here (built with AVX512-BF16, which the CPU has)."""
+    return unavailable_reason() is None and _cpu_has_avx512_bf16()
+
+
+@functools.cache
+def _cpu_has_avx512_bf16() -> bool:
+    return bool(torch.ops.llmctl_cpu.bf16_panels_supported())
+
+
 def built_for_avx512() -> bool:
     """Whether the kernels are built and were compiled for AVX-512: the panel GEMM, and the
     attention's float32 rows in registers, exist only then."""
@@ -175,15 +185,24 @@ def _cpu_has_avx512() -> bool:
 
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
-    """A float32 [N, K] weight in panel_linear's layout [2 * ceil(N / 32), K, 16]."""
+    """A float32 [N, K] weight in panel_linear's layout [2 * ceil(N / 32), K, 16] (bfloat16, K even:
+    the same shape, each pair of K's rows interleaved column by column)."""
     load()
     return torch.ops.llmctl_cpu.pack_panels(weight.detach().contiguous())
 
 
 def panel_linear(x: torch.Tensor, panels: torch.Tensor, out_features: int,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x Wᵀ + b for float32 x [M, K], with W packed by pack_panels."""
-    return torch.ops.llmctl_cpu.panel_linear(x.contiguous(), panels, out_features, bias)
+                 bias: torch.Tensor | None = None, use_amx: bool = True) -> torch.Tensor:
+    """x Wᵀ + b for float32 or bfloat16 x [M, K], with W of x's dtype packed by pack_panels. bfloat16
+    runs on AMX tiles where the CPU has them and K is a multiple of 32 (unless use_amx is False),
+    else with AVX512-BF16 dot products."""
+    return torch.ops.llmctl_cpu.panel_linear(x.contiguous(), panels, out_features, bias, use_amx)
+
+
+@functools.cache
+def bf16_amx_supported() -> bool:
+    """Whether bfloat16 panel_linear runs on AMX tiles here (built for it, the CPU has it, Linux grants it)."""
+    return bf16_panels_supported() and bool(torch.ops.llmctl_cpu.bf16_amx_supported())
 
 
 CODED_ISAS = {"auto": 0, "plain": 1, "avx2": 2, "avx512": 3}

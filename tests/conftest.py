@@ -48,9 +48,12 @@ def cpu_paths() -> str:
     vnni = "with AVX-512 VNNI" if cpu.q8_vnni() else "without VNNI (vpmaddubsw)"
     coded = (f"; int4/int8 coded-weight kernels (float and int8 activations): {', '.join(cpu.int4_isas())} paths, "
              f"int8 dot products {vnni}")
+    bf16 = ("; the bfloat16 panel GEMM on AMX tiles and with AVX512-BF16" if cpu.bf16_amx_supported() else
+            "; the bfloat16 panel GEMM with AVX512-BF16 (no AMX: bfloat16 models run oneDNN)"
+            if cpu.bf16_panels_supported() else "; no AVX512-BF16: the bfloat16 panel GEMM is NOT tested")
     if cpu.built_for_avx512():
         return ("llmctl CPU paths: C++ kernels with AVX-512: the float32 panel GEMM and the register-row "
-                "attention (float32, bfloat16, float16 caches) are tested" + coded)
+                "attention (float32, bfloat16, float16 caches) are tested" + bf16 + coded)
     return ("llmctl CPU paths: C++ kernels without AVX-512 (this CPU has none): oneDNN float32 linears and the "
             "plain attention loop are tested; the AVX-512 panel GEMM and register-row attention are NOT" + coded)
 

@@ -167,14 +167,42 @@ def test_panel_linear_equals_f_linear(out_features, in_features, bias):
 
 
 @pytest.mark.skipif(not AVX512, reason="the panel GEMM needs AVX-512; oneDNN packs float32 here")
-def test_float32_packs_into_panels_and_bfloat16_for_onednn():
+def test_float32_packs_into_panels_and_bfloat16_for_amx_or_onednn():
     weight = torch.randn(64, 96)
     assert cpu_gemm.pack_weight(weight).panels
     assert cpu_gemm.kernel_name(cpu_gemm.pack_weight(weight)) == "llmctl's AVX-512 float32 GEMM"
     bf16 = cpu_gemm.pack_weight(weight.bfloat16())
-    assert bf16 is not None and not bf16.panels
+    assert bf16 is not None and bf16.panels == cpu.bf16_amx_supported()
+    assert cpu_gemm.kernel_name(bf16) == ("llmctl's AMX bfloat16 GEMM" if bf16.panels else "oneDNN's CPU GEMMs")
+    assert not cpu_gemm.pack_weight(torch.randn(64, 80).bfloat16()).panels  # K not a multiple of 32: oneDNN
     x = torch.randn(8, 96).bfloat16()
     torch.testing.assert_close(bf16.linear(x, None), nn.functional.linear(x, weight.bfloat16()), atol=5e-2, rtol=2e-2)
+
+
+BF16_PATHS = [pytest.param(True, id="amx", marks=pytest.mark.skipif(
+                  not cpu.bf16_amx_supported(), reason="no AMX here (or Linux refused its tile state)")),
+              pytest.param(False, id="avx512-bf16", marks=pytest.mark.skipif(
+                  not cpu.bf16_panels_supported(), reason="this CPU has no AVX512-BF16"))]
+
+
+@pytest.mark.parametrize("use_amx", BF16_PATHS)
+@pytest.mark.parametrize("out_features,in_features", [(5, 32), (40, 96), (960, 576), (576, 1536), (1000, 64), (48, 34)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bfloat16_panel_linear_equals_the_float_product_rounded(use_amx, out_features, in_features, bias):
+    # (48, 34): K not a multiple of 32, which AMX leaves to the AVX512-BF16 loop
+    torch.manual_seed(out_features + in_features)
+    weight = torch.randn(out_features, in_features).bfloat16()
+    b = torch.randn(out_features).bfloat16() if bias else None
+    panels = cpu.pack_panels(weight)
+    assert panels.shape == (2 * -(-out_features // 32), in_features, 16) and panels.dtype == torch.bfloat16
+    # rows: AMX's 16-row tiles and a tail (1, 5, 16, 17, 40, 300), the AVX512-BF16 loop's tiles of up to 8
+    for rows in (1, 2, 5, 8, 9, 16, 17, 40, 129, 300):
+        x = torch.randn(rows, in_features).bfloat16()
+        expected = nn.functional.linear(x.double(), weight.double(), None if b is None else b.double())
+        got = cpu.panel_linear(x, panels, out_features, b, use_amx=use_amx)
+        assert got.dtype == torch.bfloat16
+        # float32 sums rounded once to bfloat16: within half a bfloat16 step (2^-8 relative) plus the sums' error
+        torch.testing.assert_close(got.double(), expected, rtol=2 ** -8, atol=1e-3 * in_features ** 0.5)
 
 
 @pytest.mark.skipif(not AVX512, reason="the panel GEMM needs AVX-512; oneDNN packs float32 here")
