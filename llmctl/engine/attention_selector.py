@@ -23,7 +23,7 @@ import torch
 
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.layers.attention import AttentionBackend
-from llmctl.engine.layers.cpu_attention import SHORT_QUERY_LIMIT, VECTOR_QUERY_LIMIT
+from llmctl.engine.layers.cpu_attention import HALF_VECTOR_QUERY_LIMIT, SHORT_QUERY_LIMIT, VECTOR_QUERY_LIMIT
 
 BACKENDS = ("cpu", "torch", "triton")
 
@@ -65,7 +65,8 @@ def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, reque
         (" and adding the ALiBi bias itself" if alibi else "")
     cpu_kernel = f"{spec.positional.describe()}: llmctl's C++ paged-attention kernel for decodes and prompt chunks, " \
         "reading the KV pages in place" + (" and adding the ALiBi bias itself" if alibi else "") + "; torch SDPA " \
-        f"for chunks over {VECTOR_QUERY_LIMIT} new tokens (without AVX-512 or with head sizes not a multiple of 16: for fresh prompts, and " \
+        f"for chunks over {VECTOR_QUERY_LIMIT} new tokens ({HALF_VECTOR_QUERY_LIMIT} in bfloat16 and float16; without " \
+        "AVX-512 or with head sizes not a multiple of 16: for fresh prompts, and " \
         f"for chunks over {SHORT_QUERY_LIMIT})"
     if requested == "torch":
         return BackendChoice("torch", f"{torch_sdpa} (--attention-backend torch)")

@@ -22,8 +22,11 @@ from llmctl.kernels import cpu as cpu_kernels
 
 # New tokens per sequence up to which the kernel attends, SDPA above (measured by
 # benchmarks/cpu_attention.py --prompts): with rows in AVX-512 registers, fresh prompts
-# included; with its plain loop (no AVX-512, odd head sizes), only chunks over cached tokens.
+# included (in 16-bit types only up to 64: past that torch's bfloat16 SDPA won on a Sapphire Rapids
+# Xeon, 1.2-1.9x at 96-192 tokens); with its plain loop (no AVX-512, odd head sizes), only chunks
+# over cached tokens.
 VECTOR_QUERY_LIMIT = 256
+HALF_VECTOR_QUERY_LIMIT = 64
 SHORT_QUERY_LIMIT = 16
 VECTOR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -31,7 +34,9 @@ VECTOR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def paged_query_limit(dtype: torch.dtype, head_dim: int) -> int:
     """New tokens per sequence up to which the kernel attends (a fresh prompt only where it vectorizes)."""
     vector_rows = dtype in VECTOR_DTYPES and head_dim % 16 == 0 and cpu_kernels.built_for_avx512()
-    return VECTOR_QUERY_LIMIT if vector_rows else SHORT_QUERY_LIMIT
+    if not vector_rows:
+        return SHORT_QUERY_LIMIT
+    return VECTOR_QUERY_LIMIT if dtype == torch.float32 else HALF_VECTOR_QUERY_LIMIT
 
 
 def _token_rows(x: torch.Tensor) -> torch.Tensor:
