@@ -3,6 +3,7 @@
 row counts.
 
     .venv/bin/python benchmarks/cpu_gemm.py [--threads 2] [--layers 30] [--rows 1 4 8 16 32 64 256 2048]
+    .venv/bin/python benchmarks/cpu_gemm.py --dtype bfloat16   # panels on AMX tiles where the CPU has AMX
 
 Each row count runs every linear of `--layers` decoder layers (qkv, o, gate/up, down; each
 with its own weight, 14 MB a layer) and the LM head once, as a decode step does: the weights
@@ -11,7 +12,7 @@ and GFLOP/s for each path, and the panel kernel's speed-up over oneDNN. "panels"
 weight on its own (torch's allocation: 4 KiB pages where transparent huge pages are in
 `madvise` mode); "panels 2M" packs them into one buffer on 2 MiB pages, as the engine does. The three paths run
 interleaved per row count, so machine noise hits them alike. Without AVX-512 (or without
-the C++ kernels) the panel column is left out.
+the C++ kernels; in bfloat16, without AMX) the panel columns are left out.
 """
 
 from __future__ import annotations
@@ -43,31 +44,36 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64, 256, 2048])
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    weights = [torch.randn(n, k) for _ in range(args.layers) for n, k in LAYER_SHAPES] + [torch.randn(*LM_HEAD)]
+    weights = [torch.randn(n, k, dtype=dtype) for _ in range(args.layers) for n, k in LAYER_SHAPES] + \
+        [torch.randn(*LM_HEAD, dtype=dtype)]
     paths: dict[str, list[Callable[[torch.Tensor], torch.Tensor]]] = {
         "plain": [lambda x, w=w: F.linear(x, w) for w in weights],
         "oneDNN": [lambda x, p=torch.ops.mkldnn._reorder_linear_weight(w, None): torch.ops.mkldnn._linear_pointwise(
             x, p, None, "none", [], "") for w in weights],
     }
-    if cpu.panel_linear_supported():
+    if cpu.panel_linear_supported() if dtype == torch.float32 else cpu.bf16_amx_supported():
         paths["panels"] = [lambda x, p=cpu.pack_panels(w), n=w.shape[0]: cpu.panel_linear(x, p, n) for w in weights]
         arena = PanelArena(weights)  # as the engine packs them: one buffer on 2 MiB pages
         paths["panels 2M"] = [lambda x, p=arena.place(cpu.pack_panels(w)), n=w.shape[0]: cpu.panel_linear(x, p, n)
                               for w in weights]
-    weight_bytes = sum(w.numel() * 4 for w in weights)
-    print(f"{torch.get_num_threads()} threads; {args.layers} layers + LM head, {weight_bytes / 1e6:.0f} MB of float32 weights")
+    weight_bytes = sum(w.numel() * w.element_size() for w in weights)
+    print(f"{torch.get_num_threads()} threads; {args.layers} layers + LM head, {weight_bytes / 1e6:.0f} MB of "
+          f"{args.dtype} weights")
     print(f"{'rows':>5} " + " ".join(f"{name + ' ms':>10} {'GB/s':>5} {'GF/s':>5}" for name in paths)
           + ("  panels 2M/oneDNN" if "panels" in paths else ""))
     for rows in args.rows:
-        inputs = {k: torch.randn(rows, k) for k in {k for _, k in LAYER_SHAPES + [LM_HEAD]}}
+        inputs = {k: torch.randn(rows, k, dtype=dtype) for k in {k for _, k in LAYER_SHAPES + [LM_HEAD]}}
         repeats = max(2, int(3e9 // (rows * weight_bytes)) + 1)
         seconds = {name: _seconds(lambda calls=calls: [call(inputs[w.shape[1]]) for call, w in zip(calls, weights)],
                                   repeats) for name, calls in paths.items()}
-        cells = [f"{s * 1e3:10.1f} {weight_bytes / s / 1e9:5.1f} {rows * weight_bytes / 2 / s / 1e9:5.0f}"
+        flops = 2 * rows * weight_bytes / weights[0].element_size()
+        cells = [f"{s * 1e3:10.1f} {weight_bytes / s / 1e9:5.1f} {flops / s / 1e9:5.0f}"
                  for s in seconds.values()]
         ratio = f"  {seconds['oneDNN'] / seconds['panels 2M']:.2f}x" if "panels" in seconds else ""
         print(f"{rows:5} " + " ".join(cells) + ratio)

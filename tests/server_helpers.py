@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -62,7 +63,8 @@ class Server:
         return code
 
 
-def start_server(*args: str, timeout: float = 120) -> Server:
+def start_server(*args: str, timeout: float = 120, health: Callable[[Server], int] | None = None) -> Server:
+    """health(server) -> the /health status, for servers plain urllib cannot reach (TLS, a Unix socket)."""
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen([sys.executable, "-m", "llmctl", "serve", *args, "--port", str(port)],
@@ -74,7 +76,7 @@ def start_server(*args: str, timeout: float = 120) -> Server:
             server.stop()
             raise RuntimeError(f"server exited with {process.returncode}: {server.log}")
         try:
-            status, _ = server.get("/health")
+            status = health(server) if health else server.get("/health")[0]
             if status == 200:
                 return server
         except (urllib.error.URLError, ConnectionError, OSError):

@@ -30,6 +30,18 @@ def serve(
     revision: RevisionOpt = None,
     host: Annotated[str, typer.Option("--host", help="address to listen on (0.0.0.0: all interfaces)")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="port to listen on")] = 8000,
+    uds: Annotated[Optional[str], typer.Option(
+        "--uds", help="listen on this Unix socket instead of --host/--port")] = None,
+    ssl_keyfile: Annotated[Optional[str], typer.Option("--ssl-keyfile", help="TLS: the server's private key (PEM)")] = None,
+    ssl_certfile: Annotated[Optional[str], typer.Option(
+        "--ssl-certfile", help="TLS: the server's certificate chain (PEM); serves https")] = None,
+    ssl_ca_certs: Annotated[Optional[str], typer.Option(
+        "--ssl-ca-certs", help="TLS: CA certificates that client certificates are checked against")] = None,
+    ssl_cert_reqs: Annotated[int, typer.Option(
+        "--ssl-cert-reqs", help="client certificates: 0 none, 1 optional, 2 required (Python's ssl.CERT_*)")] = 0,
+    root_path: Annotated[str, typer.Option(
+        "--root-path", help="the path prefix a reverse proxy strips before forwarding, e.g. /llm (for /docs and "
+                            "/openapi.json links)")] = "",
     served_model_name: Annotated[Optional[list[str]], typer.Option(
         "--served-model-name", help="name(s) clients use in 'model' (default: the model argument)")] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMCTL_API_KEY",
@@ -63,11 +75,15 @@ def serve(
     """An OpenAI-compatible server on llmctl's engine (completions, chat, streaming, metrics)."""
     from llmctl.checkpoint.source import DEFAULT_MODEL_ID
     from llmctl.engine.parallel.launch import run_torchrun_worker_if_not_driver
+    from llmctl.server.listener import Listener
     from llmctl.server.lora import parse_lora_modules
     from llmctl.server.serve import load_chat_template
     from llmctl.server.serve import serve as run_server
     from llmctl.server.state import ServerSettings
 
+    listener = Listener(host=host, port=port, uds=uds, ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile,
+                        ssl_ca_certs=ssl_ca_certs, ssl_cert_reqs=ssl_cert_reqs, root_path=root_path)
+    listener.validate()
     config = engine_flags.config(model=model, revision=revision, show_progress=True)
     config.validate()
     adapters = parse_lora_modules(lora_modules or [])
@@ -84,7 +100,7 @@ def serve(
         allowed_origins=parse_origins(allowed_origins or []), log_requests=not disable_log_requests,
         stats_interval=None if disable_log_stats else 10.0, lora_modules=adapters,
         allow_runtime_lora_updating=allow_runtime_lora_updating, tool_parser=tool_parser)
-    raise typer.Exit(run_server(settings, host=host, port=port))
+    raise typer.Exit(run_server(settings, listener))
 
 
 def _check_server_flags(max_queue_len: int | None, metrics_auth: bool, api_key: str | None) -> None:

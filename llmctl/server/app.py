@@ -76,6 +76,14 @@ def _routes(state: ServerState) -> list[Route]:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     runtime_lora = settings.allow_runtime_lora_updating
+
+    async def openapi_endpoint(request: Request) -> Response:
+        root = request.scope.get("root_path", "")  # --root-path: links as the client behind the proxy sees them
+        return JSONResponse({**openapi_schema(runtime_lora), **({"servers": [{"url": root}]} if root else {})})
+
+    async def docs_endpoint(request: Request) -> Response:
+        return HTMLResponse(DOCS_PAGE.replace("{root}", request.scope.get("root_path", "")))
+
     return [
         Route("/health", plain(lambda: health(state)), methods=["GET"]),
         Route("/version", plain(lambda: JSONResponse({"version": __version__})), methods=["GET"]),
@@ -89,8 +97,8 @@ def _routes(state: ServerState) -> list[Route]:
         Route("/detokenize", api(detokenize), methods=["POST"]),
         *([Route("/v1/load_lora_adapter", api(load_lora_adapter), methods=["POST"]),
            Route("/v1/unload_lora_adapter", api(unload_lora_adapter), methods=["POST"])] if runtime_lora else []),
-        Route("/openapi.json", plain(lambda: JSONResponse(openapi_schema(runtime_lora))), methods=["GET"]),
-        Route("/docs", plain(lambda: HTMLResponse(DOCS_PAGE)), methods=["GET"]),
+        Route("/openapi.json", openapi_endpoint, methods=["GET"]),
+        Route("/docs", docs_endpoint, methods=["GET"]),
     ]
 
 
@@ -144,5 +152,5 @@ DOCS_PAGE = """<!doctype html><html><head><title>llmctl API</title></head><body>
 <h1>llmctl OpenAI-compatible API</h1>
 <p>Endpoints: <code>GET /v1/models</code>, <code>POST /v1/completions</code>, <code>POST /v1/chat/completions</code>,
 <code>POST /v1/embeddings</code>, <code>POST /tokenize</code>, <code>POST /detokenize</code>, <code>GET /health</code>,
-<code>GET /metrics</code>, <code>GET /version</code>. Schema: <a href="/openapi.json">/openapi.json</a>.</p>
+<code>GET /metrics</code>, <code>GET /version</code>. Schema: <a href="{root}/openapi.json">{root}/openapi.json</a>.</p>
 </body></html>"""

@@ -11,6 +11,7 @@ from typing import Iterator
 from llmctl.engine.parallel.executor import WorkerLostError
 from llmctl.errors import LlmctlError
 from llmctl.server.app import ServerSettings, create_app
+from llmctl.server.listener import Listener
 
 logger = logging.getLogger("llmctl.server")
 GRACEFUL_SHUTDOWN_SECONDS = 30  # SIGTERM: in-flight requests get this long to finish
@@ -51,7 +52,7 @@ def _graceful_server_class():  # uvicorn is imported lazily: `llmctl inspect` ne
     return GracefulServer
 
 
-def serve(settings: ServerSettings, *, host: str, port: int) -> int:
+def serve(settings: ServerSettings, listener: Listener) -> int:
     import uvicorn
 
     from llmctl.logs import configure_logging
@@ -66,9 +67,9 @@ def serve(settings: ServerSettings, *, host: str, port: int) -> int:
             server.should_exit = True
 
     app = create_app(settings, on_load_failure=stop)
-    server = _graceful_server_class()(uvicorn.Config(app, host=host, port=port, log_level="warning",
+    server = _graceful_server_class()(uvicorn.Config(app, log_level="warning", **listener.uvicorn_options(),
                                                      timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS))
-    logger.info("serving %s on http://%s:%d (OpenAI API under /v1)", settings.served_model_names[0], host, port)
+    logger.info("serving %s on %s (OpenAI API under /v1)", settings.served_model_names[0], listener.url())
     server.run()
     if failure:
         raise startup_failure(failure[0])
