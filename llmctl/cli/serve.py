@@ -23,6 +23,36 @@ LoRAModulesOpt = Annotated[Optional[list[str]], typer.Option(
     "--lora-modules", help="adapters served by name: name=path (a folder or hub id) or vLLM's JSON "
                            "{\"name\": …, \"path\": …, \"base_model_name\": …}; several may follow one flag")]
 
+UdsOpt = Annotated[Optional[str], typer.Option("--uds", help="listen on this Unix socket instead of --host/--port")]
+SslKeyfileOpt = Annotated[Optional[str], typer.Option("--ssl-keyfile", help="TLS: the server's private key (PEM)")]
+SslCertfileOpt = Annotated[Optional[str], typer.Option(
+    "--ssl-certfile", help="TLS: the server's certificate chain (PEM); serves https")]
+SslCaCertsOpt = Annotated[Optional[str], typer.Option(
+    "--ssl-ca-certs", help="TLS: CA certificates that client certificates are checked against")]
+SslCertReqsOpt = Annotated[int, typer.Option(
+    "--ssl-cert-reqs", help="client certificates: 0 none, 1 optional, 2 required (Python's ssl.CERT_*)")]
+RootPathOpt = Annotated[str, typer.Option(
+    "--root-path", help="the path prefix a reverse proxy strips before forwarding, e.g. /llm (for /docs and "
+                        "/openapi.json links)")]
+
+MaxQueueLenOpt = Annotated[Optional[int], typer.Option(
+    "--max-queue-len",
+    help="sequences (prompts × n) that may wait beyond max-num-seqs; more get 503 + Retry-After")]
+RuntimeLoRAOpt = Annotated[bool, typer.Option(
+    "--allow-runtime-lora-updating", envvar="VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+    help="enable /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING)")]
+MaxRequestBytesOpt = Annotated[str, typer.Option(
+    "--max-request-bytes", help="largest request body accepted (413 beyond), e.g. 16MiB")]
+MetricsAuthOpt = Annotated[bool, typer.Option(
+    "--metrics-auth", help="with --api-key, /metrics needs the key too")]
+AllowedOriginsOpt = Annotated[Optional[list[str]], typer.Option(
+    "--allowed-origins", help="CORS: origins browsers may call the API from, as vLLM's JSON list "
+                              "'[\"https://a.example\"]' or repeated (none by default, where vLLM allows all)")]
+NoRequestLogOpt = Annotated[bool, typer.Option(
+    "--disable-log-requests", help="no access-log line per request")]
+NoStatsLogOpt = Annotated[bool, typer.Option(
+    "--disable-log-stats", help="no periodic engine stats line")]
+
 
 @with_engine_flags()
 def serve(
@@ -30,42 +60,26 @@ def serve(
     revision: RevisionOpt = None,
     host: Annotated[str, typer.Option("--host", help="address to listen on (0.0.0.0: all interfaces)")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="port to listen on")] = 8000,
-    uds: Annotated[Optional[str], typer.Option(
-        "--uds", help="listen on this Unix socket instead of --host/--port")] = None,
-    ssl_keyfile: Annotated[Optional[str], typer.Option("--ssl-keyfile", help="TLS: the server's private key (PEM)")] = None,
-    ssl_certfile: Annotated[Optional[str], typer.Option(
-        "--ssl-certfile", help="TLS: the server's certificate chain (PEM); serves https")] = None,
-    ssl_ca_certs: Annotated[Optional[str], typer.Option(
-        "--ssl-ca-certs", help="TLS: CA certificates that client certificates are checked against")] = None,
-    ssl_cert_reqs: Annotated[int, typer.Option(
-        "--ssl-cert-reqs", help="client certificates: 0 none, 1 optional, 2 required (Python's ssl.CERT_*)")] = 0,
-    root_path: Annotated[str, typer.Option(
-        "--root-path", help="the path prefix a reverse proxy strips before forwarding, e.g. /llm (for /docs and "
-                            "/openapi.json links)")] = "",
+    uds: UdsOpt = None,
+    ssl_keyfile: SslKeyfileOpt = None,
+    ssl_certfile: SslCertfileOpt = None,
+    ssl_ca_certs: SslCaCertsOpt = None,
+    ssl_cert_reqs: SslCertReqsOpt = 0,
+    root_path: RootPathOpt = "",
     served_model_name: Annotated[Optional[list[str]], typer.Option(
         "--served-model-name", help="name(s) clients use in 'model' (default: the model argument)")] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMCTL_API_KEY",
                                                    help="require 'Authorization: Bearer KEY' on /v1")] = None,
     chat_template: Annotated[Optional[str], typer.Option("--chat-template",
                                                          help="a Jinja file or a built-in name: chatml, bloom")] = None,
-    max_queue_len: Annotated[Optional[int], typer.Option(
-        "--max-queue-len",
-        help="sequences (prompts × n) that may wait beyond max-num-seqs; more get 503 + Retry-After")] = None,
+    max_queue_len: MaxQueueLenOpt = None,
     lora_modules: LoRAModulesOpt = None,
-    allow_runtime_lora_updating: Annotated[bool, typer.Option(
-        "--allow-runtime-lora-updating", envvar="VLLM_ALLOW_RUNTIME_LORA_UPDATING",
-        help="enable /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING)")] = False,
-    max_request_bytes: Annotated[str, typer.Option(
-        "--max-request-bytes", help="largest request body accepted (413 beyond), e.g. 16MiB")] = "16MiB",
-    metrics_auth: Annotated[bool, typer.Option(
-        "--metrics-auth", help="with --api-key, /metrics needs the key too")] = False,
-    allowed_origins: Annotated[Optional[list[str]], typer.Option(
-        "--allowed-origins", help="CORS: origins browsers may call the API from, as vLLM's JSON list "
-                                  "'[\"https://a.example\"]' or repeated (none by default, where vLLM allows all)")] = None,
-    disable_log_requests: Annotated[bool, typer.Option(
-        "--disable-log-requests", help="no access-log line per request")] = False,
-    disable_log_stats: Annotated[bool, typer.Option(
-        "--disable-log-stats", help="no periodic engine stats line")] = False,
+    allow_runtime_lora_updating: RuntimeLoRAOpt = False,
+    max_request_bytes: MaxRequestBytesOpt = "16MiB",
+    metrics_auth: MetricsAuthOpt = False,
+    allowed_origins: AllowedOriginsOpt = None,
+    disable_log_requests: NoRequestLogOpt = False,
+    disable_log_stats: NoStatsLogOpt = False,
     enable_auto_tool_choice: AutoToolChoiceOpt = False,
     tool_call_parser: ToolCallParserOpt = None,
     tool_parser_plugin: ToolParserPluginOpt = None,
