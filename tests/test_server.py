@@ -176,8 +176,13 @@ def test_metrics_parse_and_count(client, server):
         assert name in after, name
     assert after["llmctl:generation_tokens_total"] - before["llmctl:generation_tokens_total"] == 4
     assert after["llmctl:prompt_tokens_total"] > before["llmctl:prompt_tokens_total"]
-    assert after["llmctl:e2e_request_latency_seconds_count"] == before["llmctl:e2e_request_latency_seconds_count"] + 1
-    assert after["llmctl:inter_token_latency_seconds_count"] - before["llmctl:inter_token_latency_seconds_count"] == 3
+    assert after["llmctl:e2e_request_latency_seconds_count"] == before.get("llmctl:e2e_request_latency_seconds_count", 0) + 1
+    assert after["llmctl:inter_token_latency_seconds_count"] - before.get("llmctl:inter_token_latency_seconds_count", 0) == 3
+    assert after["llmctl:request_generation_tokens_sum"] - before.get("llmctl:request_generation_tokens_sum", 0) == 4
+    for phase in ("queue", "prefill", "decode", "inference"):
+        name = f"llmctl:request_{phase}_time_seconds_count"
+        assert after[name] == before.get(name, 0) + 1, name
+    assert "llmctl:gpu_cache_usage_perc" not in after  # vLLM v0's name only under --metrics-prefix vllm
 
 
 def test_version_openapi_docs_detokenize(server):

@@ -50,6 +50,9 @@ AllowedOriginsOpt = Annotated[Optional[list[str]], typer.Option(
                               "'[\"https://a.example\"]' or repeated (none by default, where vLLM allows all)")]
 NoRequestLogOpt = Annotated[bool, typer.Option(
     "--disable-log-requests", help="no access-log line per request")]
+MetricsPrefixOpt = Annotated[str, typer.Option(
+    "--metrics-prefix", help="/metrics names: llmctl (llmctl:…) or vllm (vLLM's vllm:… names, which its Grafana "
+                             "dashboard and autoscalers read)")]
 NoStatsLogOpt = Annotated[bool, typer.Option(
     "--disable-log-stats", help="no periodic engine stats line")]
 
@@ -77,6 +80,7 @@ def serve(
     allow_runtime_lora_updating: RuntimeLoRAOpt = False,
     max_request_bytes: MaxRequestBytesOpt = "16MiB",
     metrics_auth: MetricsAuthOpt = False,
+    metrics_prefix: MetricsPrefixOpt = "llmctl",
     allowed_origins: AllowedOriginsOpt = None,
     disable_log_requests: NoRequestLogOpt = False,
     disable_log_stats: NoStatsLogOpt = False,
@@ -90,7 +94,6 @@ def serve(
     from llmctl.checkpoint.source import DEFAULT_MODEL_ID
     from llmctl.engine.parallel.launch import run_torchrun_worker_if_not_driver
     from llmctl.server.listener import Listener
-    from llmctl.server.lora import parse_lora_modules
     from llmctl.server.serve import load_chat_template
     from llmctl.server.serve import serve as run_server
     from llmctl.server.state import ServerSettings
@@ -100,12 +103,10 @@ def serve(
     listener.validate()
     config = engine_flags.config(model=model, revision=revision, show_progress=True)
     config.validate()
-    adapters = parse_lora_modules(lora_modules or [])
-    if (adapters or allow_runtime_lora_updating) and not config.enable_lora:
-        raise LlmctlError("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
+    adapters = _lora_adapters(lora_modules or [], allow_runtime_lora_updating, config.enable_lora)
     if run_torchrun_worker_if_not_driver(config):  # torchrun rank > 0: a worker, no HTTP server
         return
-    _check_server_flags(max_queue_len, metrics_auth, api_key)
+    _check_server_flags(max_queue_len, metrics_auth, api_key, metrics_prefix)
     tool_parser = auto_tool_parser(enable_auto_tool_choice, tool_call_parser, tool_parser_plugin)
     settings = ServerSettings(
         config, served_model_name or [model or DEFAULT_MODEL_ID], api_key=api_key,
@@ -113,11 +114,24 @@ def serve(
         max_request_bytes=parse_bytes(max_request_bytes, "--max-request-bytes"), metrics_auth=metrics_auth,
         allowed_origins=parse_origins(allowed_origins or []), log_requests=not disable_log_requests,
         stats_interval=None if disable_log_stats else 10.0, lora_modules=adapters,
-        allow_runtime_lora_updating=allow_runtime_lora_updating, tool_parser=tool_parser)
+        allow_runtime_lora_updating=allow_runtime_lora_updating, tool_parser=tool_parser, metrics_prefix=metrics_prefix)
     raise typer.Exit(run_server(settings, listener))
 
 
-def _check_server_flags(max_queue_len: int | None, metrics_auth: bool, api_key: str | None) -> None:
+def _lora_adapters(values: list[str], runtime_updates: bool, enable_lora: bool) -> list:
+    from llmctl.server.lora import parse_lora_modules
+
+    adapters = parse_lora_modules(values)
+    if (adapters or runtime_updates) and not enable_lora:
+        raise LlmctlError("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
+    return adapters
+
+
+def _check_server_flags(max_queue_len: int | None, metrics_auth: bool, api_key: str | None, metrics_prefix: str) -> None:
+    from llmctl.server.metrics import PREFIXES
+
+    if metrics_prefix not in PREFIXES:
+        raise LlmctlError(f"--metrics-prefix {metrics_prefix!r}: choose llmctl or vllm")
     if max_queue_len is not None and max_queue_len < 0:
         raise LlmctlError(f"--max-queue-len must be 0 or more (got {max_queue_len})")
     if metrics_auth and not api_key:

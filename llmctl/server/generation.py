@@ -101,5 +101,4 @@ async def last_output(stream: AsyncIterator[RequestOutput],
 def record_finished(state: ServerState, output: RequestOutput | None, token_times: list[float]) -> None:
     if output is None or output.metrics is None:
         return
-    m = output.metrics
-    state.metrics.observe_finished(m.ttft, token_times, m.e2e, [c.finish_reason or "abort" for c in output.outputs])
+    state.metrics.observe_finished(output, token_times)

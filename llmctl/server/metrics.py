@@ -1,4 +1,5 @@
-"""/metrics: vLLM's serving metrics under the `llmctl:` prefix, in the Prometheus text format.
+"""/metrics: vLLM's serving metrics under the `llmctl:` prefix (`--metrics-prefix vllm`: under vLLM's own,
+with the older names vLLM's Grafana dashboard still reads), in the Prometheus text format.
 
 Gauges and engine counters are read from the engine when scraped; latency histograms are
 observed by the server as requests stream. Names and meanings: docs/serve.md.
@@ -12,10 +13,17 @@ from typing import Any, Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.front.stats import EngineStats
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                    20.0, 40.0, 80.0, 160.0)
+# vLLM's request_latency_buckets, for the phases of a request (queue, prefill, decode, inference)
+PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                 480.0, 960.0, 1920.0, 7680.0)
+# vLLM's 1-2-5 buckets for token counts (it stops them at max_model_len, which may not be known when the port opens)
+TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))
+PREFIXES = ("llmctl", "vllm")
 
 
 StatsFamily = Callable[[type, str, str, Callable[[EngineStats], float]], Any]
@@ -24,9 +32,10 @@ StatsFamily = Callable[[type, str, str, Callable[[EngineStats], float]], Any]
 class EngineCollector:
     """Reads each engine replica's stats snapshot at scrape time."""
 
-    def __init__(self, read_stats: Callable[[], list[EngineStats]], model_name: str) -> None:
+    def __init__(self, read_stats: Callable[[], list[EngineStats]], model_name: str, prefix: str = "llmctl") -> None:
         self.read_stats = read_stats
         self.labels = {"model_name": model_name}
+        self.prefix = prefix
 
     def collect(self) -> Iterator[Any]:
         replicas = self.read_stats()
@@ -38,36 +47,39 @@ class EngineCollector:
         names = list(labelled[0][0])
 
         def family(kind: type, name: str, doc: str, read: Callable[[EngineStats], float]) -> Any:
-            metric = kind(name, doc, labels=names)
+            metric = kind(f"{self.prefix}:{name}", doc, labels=names)
             for labels, stats in labelled:
                 metric.add_metric(list(labels.values()), read(stats))
             return metric
 
         gauge, counter = GaugeMetricFamily, CounterMetricFamily
-        yield family(gauge, "llmctl:num_requests_running", "Sequences in model execution batches.",
+        yield family(gauge, "num_requests_running", "Sequences in model execution batches.",
                      lambda s: s.num_running)
-        yield family(gauge, "llmctl:num_requests_waiting", "Sequences waiting to be scheduled.",
+        yield family(gauge, "num_requests_waiting", "Sequences waiting to be scheduled.",
                      lambda s: s.num_waiting)
-        yield family(gauge, "llmctl:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = 100%).",
+        yield family(gauge, "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = 100%).",
                      lambda s: s.kv_cache_usage)
-        yield family(counter, "llmctl:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+        if self.prefix == "vllm":  # the name vLLM's Grafana dashboard still reads (vLLM v0's)
+            yield family(gauge, "gpu_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = 100%); the "
+                         "older name of kv_cache_usage_perc.", lambda s: s.kv_cache_usage)
+        yield family(counter, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                      lambda s: s.prefix_cache_queries)
-        yield family(counter, "llmctl:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+        yield family(counter, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                      lambda s: s.prefix_cache_hits)
-        yield family(counter, "llmctl:num_preemptions", "Sequences preempted (recomputed later) for lack of KV "
+        yield family(counter, "num_preemptions", "Sequences preempted (recomputed later) for lack of KV "
                      "blocks.", lambda s: s.num_preemptions)
-        yield family(counter, "llmctl:prompt_tokens", "Prefill tokens processed.", lambda s: s.prompt_tokens)
-        yield family(counter, "llmctl:generation_tokens", "Generation tokens processed.",
+        yield family(counter, "prompt_tokens", "Prefill tokens processed.", lambda s: s.prompt_tokens)
+        yield family(counter, "generation_tokens", "Generation tokens processed.",
                      lambda s: s.generation_tokens)
         if all(s.spec_decode is not None for _, s in labelled):
-            yield from _spec_decode_families(family, labelled, names)
+            yield from _spec_decode_families(family, labelled, names, self.prefix)
         if all(s.max_loras for _, s in labelled):
-            yield _lora_info(labelled, names)
+            yield _lora_info(labelled, names, self.prefix)
 
 
-def _lora_info(labelled: list[tuple[dict[str, str], EngineStats]], names: list[str]) -> Any:
+def _lora_info(labelled: list[tuple[dict[str, str], EngineStats]], names: list[str], prefix: str) -> Any:
     """vLLM's `vllm:lora_requests_info`: the adapters running and waiting, as label values."""
-    info = GaugeMetricFamily("llmctl:lora_requests_info", "Running stats on LoRA requests.",
+    info = GaugeMetricFamily(f"{prefix}:lora_requests_info", "Running stats on LoRA requests.",
                              labels=names + ["max_lora", "running_lora_adapters", "waiting_lora_adapters"])
     for labels, stats in labelled:
         info.add_metric(list(labels.values()) + [str(stats.max_loras), ",".join(stats.running_adapters),
@@ -76,16 +88,16 @@ def _lora_info(labelled: list[tuple[dict[str, str], EngineStats]], names: list[s
 
 
 def _spec_decode_families(family: StatsFamily, labelled: list[tuple[dict[str, str], EngineStats]],
-                          names: list[str]) -> Iterator[Any]:
+                          names: list[str], prefix: str) -> Iterator[Any]:
     """Speculative decoding's counters under vLLM's names (`vllm:spec_decode_…`)."""
     counter = CounterMetricFamily
-    yield family(counter, "llmctl:spec_decode_num_drafts", "Verified proposals (one per sequence and step).",
+    yield family(counter, "spec_decode_num_drafts", "Verified proposals (one per sequence and step).",
                  lambda s: s.spec_decode.num_drafts)
-    yield family(counter, "llmctl:spec_decode_num_draft_tokens", "Proposed tokens verified.",
+    yield family(counter, "spec_decode_num_draft_tokens", "Proposed tokens verified.",
                  lambda s: s.spec_decode.num_draft_tokens)
-    yield family(counter, "llmctl:spec_decode_num_accepted_tokens", "Proposed tokens accepted.",
+    yield family(counter, "spec_decode_num_accepted_tokens", "Proposed tokens accepted.",
                  lambda s: s.spec_decode.num_accepted_tokens)
-    per_position = counter("llmctl:spec_decode_num_accepted_tokens_per_pos",
+    per_position = counter(f"{prefix}:spec_decode_num_accepted_tokens_per_pos",
                            "Proposed tokens accepted, by position in the proposal.", labels=names + ["position"])
     for labels, stats in labelled:
         for position, count in enumerate(stats.spec_decode.accepted_per_position):
@@ -94,33 +106,54 @@ def _spec_decode_families(family: StatsFamily, labelled: list[tuple[dict[str, st
 
 
 class ServerMetrics:
-    def __init__(self, read_stats: Callable[[], list[EngineStats]], model_name: str) -> None:
+    def __init__(self, read_stats: Callable[[], list[EngineStats]], model_name: str, prefix: str = "llmctl") -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(EngineCollector(read_stats, model_name))
-        labels = ["model_name"]
-        self.model_name = model_name
-        self.ttft = Histogram("llmctl:time_to_first_token_seconds", "Time to first token.", labels,
-                              buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.itl = Histogram("llmctl:inter_token_latency_seconds", "Time between consecutive output tokens.", labels,
-                             buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.e2e = Histogram("llmctl:e2e_request_latency_seconds", "End-to-end request latency.", labels,
-                             buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.success = Counter("llmctl:request_success", "Finished requests by finish reason.",
-                               labels + ["finished_reason"], registry=self.registry)
-        self.lora_requests = Counter("llmctl:lora_requests", "Requests received for each LoRA adapter.",
-                                     labels + ["lora_name"], registry=self.registry)
+        self.registry.register(EngineCollector(read_stats, model_name, prefix))
+        self.model_name, self.prefix = model_name, prefix
 
-    def observe_finished(self, ttft: float | None, token_times: list[float], e2e: float | None,
-                         reasons: list[str]) -> None:
-        name = self.model_name
-        if ttft is not None:
-            self.ttft.labels(name).observe(ttft)
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(f"{prefix}:{name}", doc, ["model_name"], buckets=buckets, registry=self.registry)
+
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", LATENCY_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between consecutive output tokens.", LATENCY_BUCKETS)
+        # vLLM v0's name for the same observations, which vLLM's Grafana dashboard reads
+        self.tpot = histogram("time_per_output_token_seconds", "Time between consecutive output tokens (the older "
+                              "name of inter_token_latency_seconds).", LATENCY_BUCKETS) if prefix == "vllm" else None
+        self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency.", LATENCY_BUCKETS)
+        self.phases = {phase: histogram(f"request_{phase}_time_seconds", doc, PHASE_BUCKETS) for phase, doc in (
+            ("queue", "Time from arrival to first scheduled."), ("prefill", "Time from first scheduled to first token."),
+            ("decode", "Time from first token to last token."), ("inference", "Time from first scheduled to last token."))}
+        self.token_counts = {name: histogram(f"request_{name}", doc, TOKEN_BUCKETS) for name, doc in (
+            ("prompt_tokens", "Prompt tokens of finished requests."),
+            ("generation_tokens", "Generated tokens of finished requests (all choices)."),
+            ("max_num_generation_tokens", "The longest choice's generated tokens, per finished request."))}
+        self.success = Counter(f"{prefix}:request_success", "Finished requests by finish reason.",
+                               ["model_name", "finished_reason"], registry=self.registry)
+        self.lora_requests = Counter(f"{prefix}:lora_requests", "Requests received for each LoRA adapter.",
+                                     ["model_name", "lora_name"], registry=self.registry)
+
+    def observe_finished(self, output: RequestOutput, token_times: list[float]) -> None:
+        name, m = self.model_name, output.metrics
+        if m.ttft is not None:
+            self.ttft.labels(name).observe(m.ttft)
         for before, after in zip(token_times, token_times[1:]):
-            self.itl.labels(name).observe(after - before)
-        if e2e is not None:
-            self.e2e.labels(name).observe(e2e)
-        for reason in reasons:
-            self.success.labels(name, reason).inc()
+            for histogram in (self.itl, self.tpot):
+                if histogram is not None:
+                    histogram.labels(name).observe(after - before)
+        if m.e2e is not None:
+            self.e2e.labels(name).observe(m.e2e)
+        for phase, (start, end) in (("queue", (m.arrival_time, m.first_scheduled_time)),
+                                    ("prefill", (m.first_scheduled_time, m.first_token_time)),
+                                    ("decode", (m.first_token_time, m.last_token_time)),
+                                    ("inference", (m.first_scheduled_time, m.last_token_time))):
+            if start is not None and end is not None:
+                self.phases[phase].labels(name).observe(max(0.0, end - start))
+        generated = [len(choice.token_ids) for choice in output.outputs]
+        for key, count in (("prompt_tokens", len(output.prompt_token_ids or [])),
+                           ("generation_tokens", sum(generated)), ("max_num_generation_tokens", max(generated, default=0))):
+            self.token_counts[key].labels(name).observe(count)
+        for choice in output.outputs:
+            self.success.labels(name, choice.finish_reason or "abort").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

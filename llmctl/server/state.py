@@ -37,6 +37,7 @@ class ServerSettings:
     lora_modules: list[LoRAModulePath] = field(default_factory=list)  # adapters served from startup (--enable-lora)
     allow_runtime_lora_updating: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter
     tool_parser: type[ToolParser] | None = None  # --enable-auto-tool-choice with --tool-call-parser: tool_choice auto
+    metrics_prefix: str = "llmctl"  # /metrics names: llmctl:… or vLLM's vllm:…
 
 
 @dataclass
@@ -57,7 +58,7 @@ class ServerState:
         settings = self.settings
         self.adapters = ServedAdapters(settings.served_model_names)
         self.in_flight = InFlight(settings.engine_config.max_num_seqs, settings.max_queue_len)
-        self.metrics = ServerMetrics(self.engine_stats, self.model_name)
+        self.metrics = ServerMetrics(self.engine_stats, self.model_name, settings.metrics_prefix)
 
     def engine_stats(self) -> list[EngineStats]:
         return self.engine.stats() if self.engine is not None else []
