@@ -52,20 +52,23 @@ MULTI_VALUE_OPTIONS = {
     "--lora-modules": lambda arg: "=" in arg or arg.startswith("{"),  # name=PATH or a JSON object
     "--goodput": lambda arg: ":" in arg,  # ttft:500
 }
+# serve's --served-model-name takes every word up to the next option, as vLLM's argparse does
+SERVE_MULTI_VALUE_OPTIONS = {"--served-model-name": lambda arg: True}
 
 
 def spread_multi_values(args: list[str]) -> list[str]:
     """`--goodput ttft:500 tpot:50` as click's `--goodput ttft:500 --goodput tpot:50`."""
+    options = MULTI_VALUE_OPTIONS | (SERVE_MULTI_VALUE_OPTIONS if args[:1] == ["serve"] else {})
     out: list[str] = []
     option: str | None = None  # the multi-value option whose values may follow
     for index, arg in enumerate(args):
-        extra = option is not None and not arg.startswith("-") and MULTI_VALUE_OPTIONS[option](arg)
+        extra = option is not None and not arg.startswith("-") and options[option](arg)
         if extra:
             out.append(option)
         out.append(arg)
         previous = args[index - 1] if index > 0 else None
         if not extra:
-            option = previous if previous in MULTI_VALUE_OPTIONS else None
+            option = previous if previous in options else None
     return out
 
 

@@ -70,7 +70,8 @@ def serve(
     ssl_cert_reqs: SslCertReqsOpt = 0,
     root_path: RootPathOpt = "",
     served_model_name: Annotated[Optional[list[str]], typer.Option(
-        "--served-model-name", help="name(s) clients use in 'model' (default: the model argument)")] = None,
+        "--served-model-name", help="name(s) clients use in 'model' (default: the model argument); as vLLM's, the "
+                                 "names run to the next option, so give MODEL before this flag")] = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMCTL_API_KEY",
                                                    help="require 'Authorization: Bearer KEY' on /v1")] = None,
     chat_template: Annotated[Optional[str], typer.Option("--chat-template",

@@ -18,6 +18,7 @@ from typing import Any
 from llmctl.engine.front.engine_client import EngineClient
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.errors import LlmctlError, ModelNotFoundError
+from llmctl.server.protocol import model_permission
 
 logger = logging.getLogger("llmctl.server")
 
@@ -97,4 +98,5 @@ class ServedAdapters:
     def cards(self, created: int) -> list[dict[str, Any]]:
         """/v1/models entries, as vLLM lists adapters: root is the path, parent the base model."""
         return [{"id": r.lora_name, "object": "model", "created": created, "owned_by": "llmctl", "root": r.lora_path,
-                 "parent": r.base_model_name or self.base_model_names[0]} for r in self.by_name.values()]
+                 "parent": r.base_model_name or self.base_model_names[0], "max_model_len": None,
+                 "permission": [model_permission(created)]} for r in self.by_name.values()]

@@ -8,7 +8,7 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from llmctl.server.protocol import APIError, Fields, bad
+from llmctl.server.protocol import APIError, Fields, bad, model_permission
 from llmctl.server.state import ServerState
 from llmctl.server.transport import read_json
 
@@ -26,12 +26,15 @@ def check_model(state: ServerState, fields: Fields) -> str:
 
 
 async def models(state: ServerState, request: Request) -> Response:
-    if state.embedder is not None:
-        root, max_len = str(state.embedder.source.path), state.embedder.max_model_len
-    else:
-        root, max_len = str(state.ready_engine.source.path), state.ready_engine.max_model_len
+    """vLLM's list: one card per served name (root: the model as given to serve, as vLLM's model_path), then
+    the LoRA adapters; each card with vLLM's default `permission`."""
+    from llmctl.checkpoint.source import DEFAULT_MODEL_ID
+
+    max_len = (state.embedder or state.ready_engine).max_model_len
+    root = state.settings.engine_config.model or DEFAULT_MODEL_ID
     data = [{"id": name, "object": "model", "created": state.created, "owned_by": "llmctl", "root": root,
-             "parent": None, "max_model_len": max_len} for name in state.settings.served_model_names]
+             "parent": None, "max_model_len": max_len, "permission": [model_permission(state.created)]}
+            for name in state.settings.served_model_names]
     return JSONResponse({"object": "list", "data": data + state.adapters.cards(state.created)})
 
 

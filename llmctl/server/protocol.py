@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -468,3 +469,11 @@ def _content_text(content: JSON, where: str) -> str:
             texts.append(part["text"])
         return "\n".join(texts)
     raise bad(f"{where}.content must be a string or a list of text parts", "messages")
+
+
+def model_permission(created: int) -> dict[str, Any]:
+    """The `permission` entry vLLM's /v1/models gives every card (its ModelPermission defaults)."""
+    return {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": created,
+            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+            "group": None, "is_blocking": False}
