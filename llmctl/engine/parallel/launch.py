@@ -140,6 +140,13 @@ def report_startup_error(store: dist.Store, rank: int, exc: Exception) -> None:
 def run_torchrun_worker_if_not_driver(config: EngineConfig) -> bool:
     """Under torchrun every process runs `llmctl serve …`: rank 0 goes on as the driver and API
     server; the other ranks become workers here and return True when the driver stops them."""
+    if under_torchrun() and config.data_parallel_size > 1:
+        from llmctl.engine.config import EngineConfigError
+
+        raise EngineConfigError(
+            f"--dp {config.data_parallel_size} under torchrun: torchrun's processes form one TP × PP engine. For "
+            "replicas across machines run one `llmctl serve` per machine (each with its --tp/--pp) behind a load "
+            "balancer, or `llmctl serve --dp D` on one machine; Ray (--data-parallel-backend ray) is not in llmctl yet")
     if not under_torchrun() or int(os.environ.get("RANK", "0")) == 0:
         return False
     rank = torchrun_rank(config.tensor_parallel_size, config.pipeline_parallel_size)
