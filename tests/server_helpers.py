@@ -63,6 +63,19 @@ class Server:
         return code
 
 
+def terminate_all(processes: list[subprocess.Popen], timeout: float = 60) -> None:
+    """SIGTERM to every process (torchrun passes it to its ranks), then wait; kill what outlives the timeout."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def start_server(*args: str, timeout: float = 120, health: Callable[[Server], int] | None = None) -> Server:
     """health(server) -> the /health status, for servers plain urllib cannot reach (TLS, a Unix socket)."""
     port = free_port()

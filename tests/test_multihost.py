@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import time
 import pytest
 
 import netns
-from server_helpers import free_port
+from server_helpers import free_port, terminate_all
 
 PROMPT = "The capital of France is"
 REASON = netns.unavailable()
@@ -85,10 +84,4 @@ def test_torchrun_across_two_hosts_tp_inside_pp_across(tmp_path, tokenizer):
             assert json.loads(done.stdout) == expected
             assert "4 ranks (TP 2 × PP 2), under torchrun" in logs[0].read_text()
         finally:
-            for node in nodes:
-                node.send_signal(signal.SIGTERM)
-            for node in nodes:
-                try:
-                    node.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    node.kill()
+            terminate_all(nodes)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from waiting import wait_until
-from server_helpers import free_port, start_server
+from server_helpers import free_port, start_server, terminate_all
 
 PROMPT = "The capital of France is"
 
@@ -136,13 +136,7 @@ def test_two_torchrun_nodes_give_the_same_tokens(single_tokens, tmp_path):
             time.sleep(0.5)
         assert complete(server.url) == single_tokens
     finally:
-        for node in nodes:
-            node.send_signal(signal.SIGTERM)
-        for node in nodes:
-            try:
-                node.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                node.kill()
+        terminate_all(nodes)
 
 
 def test_dp_under_torchrun_is_refused_with_the_ways_that_work(monkeypatch):
