@@ -32,6 +32,8 @@ class Server:
         self._drain.start()
 
     def _read_output(self) -> None:
+        if self.process.stdout is None:  # a process whose output goes to a file
+            return
         for line in self.process.stdout:
             self.lines.append(line)
 
