@@ -30,9 +30,11 @@ def self_signed(folder: Path, name: str) -> tuple[Path, Path]:
     return cert, key
 
 
-def _status(call) -> int:
+def _status(client: httpx.Client, url: str) -> int:
+    """/health's status, 0 while the server cannot answer: a short timeout, as a probe that connects while the
+    server is still starting would otherwise wait out the client's whole timeout."""
     try:
-        return call().status_code
+        return client.get(url, timeout=2).status_code
     except httpx.HTTPError:
         return 0
 
@@ -46,7 +48,7 @@ def test_tls_with_client_certificates_and_a_root_path(tmp_path):
     with_client = httpx.Client(verify=showing, timeout=60)
     server = start_server("--max-model-len", "512", "--ssl-certfile", str(cert), "--ssl-keyfile", str(key),
                           "--ssl-ca-certs", str(client_cert), "--ssl-cert-reqs", "2", "--root-path", "/llm",
-                          health=lambda s: _status(lambda: with_client.get(f"https://127.0.0.1:{s.port}/health")))
+                          health=lambda s: _status(with_client, f"https://127.0.0.1:{s.port}/health"))
     try:
         base = f"https://127.0.0.1:{server.port}"
         client = openai.OpenAI(base_url=base + "/v1", api_key="none", http_client=with_client)
@@ -61,6 +63,7 @@ def test_tls_with_client_certificates_and_a_root_path(tmp_path):
         with pytest.raises(httpx.HTTPError):  # plain http on the TLS port gets no HTTP answer
             httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=30)
     finally:
+        with_client.close()  # its keep-alive connection would hold the graceful shutdown open
         assert server.stop() == 0
     assert f"on https://127.0.0.1:{server.port}/llm (OpenAI API under /v1)" in server.log
 
@@ -69,7 +72,7 @@ def test_unix_socket(tmp_path):
     socket_path = tmp_path / "llmctl.sock"
     over_socket = httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path)), timeout=60)
     server = start_server("--max-model-len", "512", "--uds", str(socket_path),
-                          health=lambda s: _status(lambda: over_socket.get("http://localhost/health")))
+                          health=lambda s: _status(over_socket, "http://localhost/health"))
     try:
         client = openai.OpenAI(base_url="http://localhost/v1", api_key="none", http_client=over_socket)
         reply = client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=3, temperature=0,
