@@ -127,7 +127,7 @@ class ServerMetrics:
             ("prompt_tokens", "Prompt tokens of finished requests."),
             ("generation_tokens", "Generated tokens of finished requests (all choices)."),
             ("max_num_generation_tokens", "The longest choice's generated tokens, per finished request."))}
-        self.success = Counter(f"{prefix}:request_success", "Finished requests by finish reason.",
+        self.success = Counter(f"{prefix}:request_success", "Finished choices (n per request) by finish reason.",
                                ["model_name", "finished_reason"], registry=self.registry)
         self.lora_requests = Counter(f"{prefix}:lora_requests", "Requests received for each LoRA adapter.",
                                      ["model_name", "lora_name"], registry=self.registry)

@@ -1,12 +1,13 @@
 """The `cpu` attention backend: llmctl's C++ paged-attention kernel for the tokens it suits.
 
-Decodes and prompt chunks of up to `paged_query_limit` new tokens (llmctl.engine.attention_selector
-holds the limits) go to
+Decodes and prompt chunks of up to `paged_query_limit` new tokens (the limits below;
+llmctl.engine.attention_selector words the startup log from them) go to
 `torch.ops.llmctl_cpu.paged_attention`, which reads the KV pages in place: no gathered
 copy, no padding to the longest context, no mask. Where the kernel keeps its rows in
 AVX-512 registers (float32, bfloat16 or float16 caches, head sizes of multiples of 16) it beats
 torch's SDPA on whole prompts too, up to a few hundred tokens (`benchmarks/cpu_attention.py
---prompts`); its plain loop (no AVX-512) beats SDPA only on short chunks over cached tokens. Longer prompts attend with SDPA, as the `torch`
+--prompts`); its plain loop (no AVX-512) beats SDPA only on short chunks over cached tokens.
+Longer prompts attend with SDPA, as the `torch`
 backend (llmctl.engine.layers.torch_attention) does: that backend is the reference this
 one is tested against. An fp8 KV cache runs on the `torch` backend
 (llmctl.engine.attention_selector decides).
