@@ -8,7 +8,7 @@ needs more shared memory than the GPU has.
 The cases come from the code that chooses them at run time: the engine's options
 (`EngineConfig`'s dtypes and block sizes, `--kv-cache-dtype`), the launchers' own constexpr
 builders (`attention.kernel_constexprs`, `kv_store.store_constexprs`, `w4a16.w4a16_constexprs`,
-`fused_moe.moe_constexprs`) and
+`w4a16_gemv.gemv_constexprs`, `fused_moe.moe_constexprs`) and
 their tile choosers. A case the engine refuses on some GPU (`llmctl.kernels.limits`) must fail to
 compile there, and every other case must compile: `tests/test_compile_check.py` holds both.
 
@@ -44,7 +44,7 @@ GROUPS = (1, 3, 8, 16, 32, 71)
 
 @dataclass(frozen=True)
 class KernelCase:
-    kernel: str  # attention | merge | store | w4a16 | dequantize | fused_moe
+    kernel: str  # attention | merge | store | w4a16 | dequantize | gemv_gptq | gemv_awq | fused_moe
     dtype: str  # the activations' (query's) dtype
     kv_dtype: str  # the cache's dtype (fp8e4nv for --kv-cache-dtype fp8); "" where there is none
     constexprs: tuple[tuple[str, object], ...]
@@ -127,6 +127,20 @@ def w4a16_cases() -> list[KernelCase]:
     return list(dict.fromkeys(cases))
 
 
+def gemv_cases() -> list[KernelCase]:
+    """The one-row GEMV, split and not, as `choose_gemv_tiles` picks for an H100's 132 multiprocessors."""
+    from llmctl.kernels.w4a16_gemv import GEMV_MAX_ROWS, choose_gemv_tiles, gemv_applies, gemv_constexprs
+
+    cases = []
+    for dtype, (method, bits), group_size, rows, (inner, cols) in itertools.product(
+            FLOAT_DTYPES, (("gptq", 4), ("awq", 4), ("gptq", 8)), (32, 64, 128), range(1, GEMV_MAX_ROWS + 1),
+            ((4096, 14336), (14336, 4096), (4096, 151936))):  # the last: enough programs not to split
+        if gemv_applies(rows, group_size, act_order=False):
+            tiles = choose_gemv_tiles(rows, inner, cols, group_size, method == "awq", multiprocessors=132)
+            cases.append(_case(f"gemv_{method}", dtype, "", gemv_constexprs(tiles, method, group_size, bits)))
+    return list(dict.fromkeys(cases))
+
+
 def moe_cases() -> list[KernelCase]:
     """The fused-MoE grouped GEMM at decode, mid and prefill pair counts (16/32/64-row blocks), both launches."""
     from llmctl.kernels.fused_moe import choose_moe_tiles, moe_constexprs
@@ -139,12 +153,12 @@ def moe_cases() -> list[KernelCase]:
 
 
 def all_cases(full: bool = False) -> list[KernelCase]:
-    return attention_cases(full) + store_cases() + w4a16_cases() + moe_cases()
+    return attention_cases(full) + store_cases() + w4a16_cases() + gemv_cases() + moe_cases()
 
 
 def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
     """The jit function and the types of its runtime arguments (pointers by what the launcher passes)."""
-    from llmctl.kernels import attention, fused_moe, kv_store, w4a16
+    from llmctl.kernels import attention, fused_moe, kv_store, w4a16, w4a16_gemv
 
     act, kv = f"*{case.dtype}", f"*{case.kv_dtype}" if case.kv_dtype else ""
     if case.kernel == "attention":
@@ -160,6 +174,9 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
         return fused_moe._fused_moe_kernel, dict(a_ptr=act, b_ptr=act, out_ptr=act, routing_ptr="*fp32",
                                                  sorted_ids_ptr="*i32", block_expert_ptr="*i32", total_ptr="*i32")
     packed = dict(qweight_ptr="*i32", qzeros_ptr="*i32", scales_ptr="*fp16", g_idx_ptr="*i32")
+    if case.kernel.startswith("gemv_"):
+        kernel = w4a16_gemv._gemv_awq_kernel if case.kernel == "gemv_awq" else w4a16_gemv._gemv_gptq_kernel
+        return kernel, dict(packed, x_ptr=act, out_ptr="*fp32" if dict(case.constexprs)["SPLIT"] else act)
     if case.kernel == "w4a16":
         return w4a16._w4a16_kernel, dict(packed, x_ptr=act, out_ptr="*fp32" if dict(case.constexprs)["SPLIT"] else act)
     return w4a16._dequantize_kernel, dict(packed, out_ptr=act)

@@ -10,8 +10,9 @@ weight never exists in memory; products accumulate in float32.
 - AWQ GEMM: qweight [K, N/8] packs 8 output columns per int32 in the nibble order
   0, 2, 4, 6, 1, 3, 5, 7; qzeros [groups, N/8] the same way; group = row // group_size.
 
-Each packed word is loaded once and unpacked into its 8 values in registers. Decodes (small M)
-split K across programs; above `DEQUANTIZE_ABOVE_ROWS` rows (prefill) the weight is dequantized
+Each packed word is loaded once and unpacked into its 8 values in registers. Decodes of up to
+`GEMV_MAX_ROWS` rows run the GEMV in `llmctl.kernels.w4a16_gemv` instead; other small steps split K
+across programs; above `DEQUANTIZE_ABOVE_ROWS` rows (prefill) the weight is dequantized
 once into a scratch tensor and multiplied by cuBLAS, as vLLM does for AWQ.
 """
 
@@ -24,6 +25,7 @@ import triton
 import triton.language as tl
 
 from llmctl.kernels.attention import dot_precision
+from llmctl.kernels.w4a16_gemv import gemv_applies, w4a16_gemv
 
 # More rows than this: dequantize once, then one dense GEMM. On an H100 at 4096 -> 14336 the fused kernel
 # took 229 µs for 256 rows, where dequantizing took ~100 µs and cuBLAS 66 µs (scripts/gpu-check.sh).
@@ -87,11 +89,14 @@ def dequantize_constexprs(tiles: Tiles, method: str, group_size: int, bits: int 
 def w4a16_matmul(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                  g_idx: torch.Tensor | None, group_size: int, split_k: int | None = None, bits: int = 4,
                  tiles: Tiles | None = None) -> torch.Tensor:
-    """x [M, K] -> [M, N] in x's dtype; `bits` 4 (GPTQ, AWQ) or 8 (GPTQ). `split_k` or `tiles` override the
-    choice (tests, benchmarks/w4a16_tiles.py)."""
+    """x [M, K] -> [M, N] in x's dtype; `bits` 4 (GPTQ, AWQ) or 8 (GPTQ). Decode-sized steps go to the GEMV
+    (llmctl.kernels.w4a16_gemv) unless `split_k` or `tiles` ask for this kernel's tiles (tests,
+    benchmarks/w4a16_tiles.py)."""
     if bits not in (4, 8) or (bits == 8 and method != "gptq"):
         raise ValueError(f"the W4A16 kernel takes 4-bit GPTQ/AWQ and 8-bit GPTQ weights, not {bits}-bit {method}")
     rows, inner = x.shape
+    if split_k is None and tiles is None and gemv_applies(rows, group_size, g_idx is not None):
+        return w4a16_gemv(x, method, qweight, qzeros, scales, group_size, bits)
     cols = scales.shape[1]
     tiles = tiles or choose_tiles(rows, inner, group_size, g_idx is not None, method == "awq", x.element_size())
     if split_k is not None:

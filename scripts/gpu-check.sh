@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks in one command, on a machine with a CUDA GPU and llmctl installed (docs/kernels.md):
-# the ahead-of-time compile check for this GPU's arch, the kernel benchmarks and the W4A16 tile sweep, an end-to-end `bench offline` with and without CUDA graphs, and the GPU test subset
+# the ahead-of-time compile check for this GPU's arch, the kernel benchmarks, the W4A16 tile sweep and the decode GEMV's, an end-to-end `bench offline` with and without CUDA graphs, and the GPU test subset
 # (compiled Triton kernels incl. the fused-MoE GEMM, CUDA graphs, the measured activation peak). Everything lands in
 # ${GPU_CHECK_OUT:-gpu-check} (logs, and gpu-check.json with every figure); the exit status is the tests'.
 #
@@ -23,6 +23,8 @@ fi
 timeout "${GPU_CHECK_KERNELS_TIMEOUT:-600}" "$PYTHON" benchmarks/kernels.py --json "$OUT_DIR/kernels.json" 2>&1 | tee "$OUT_DIR/kernels.log"
 timeout "${GPU_CHECK_TILES_TIMEOUT:-300}" "$PYTHON" benchmarks/w4a16_tiles.py --json "$OUT_DIR/w4a16_tiles.json" 2>&1 \
     | grep -v "^    " | tee "$OUT_DIR/w4a16_tiles.log"
+timeout "${GPU_CHECK_GEMV_TIMEOUT:-300}" "$PYTHON" benchmarks/w4a16_gemv.py --json "$OUT_DIR/w4a16_gemv.json" 2>&1 \
+    | tee "$OUT_DIR/w4a16_gemv.log"
 if [ -z "${GPU_CHECK_SKIP_E2E:-}" ]; then
     timeout "${GPU_CHECK_E2E_TIMEOUT:-900}" "$PYTHON" benchmarks/gpu_end_to_end.py --json "$OUT_DIR/end_to_end.json" 2>&1 | tee "$OUT_DIR/end_to_end.log"
 fi
@@ -37,7 +39,7 @@ out, tests = Path(sys.argv[1]), int(sys.argv[2])
 read = lambda name: json.loads((out / name).read_text()) if (out / name).exists() else None
 summary = {"gpu": (out / "gpu.txt").read_text().strip(), "tests_exit_status": tests,
            "tests_summary": (out / "tests.log").read_text().strip().splitlines()[-1:],
-           "kernels": read("kernels.json"), "w4a16_tiles": read("w4a16_tiles.json"), "end_to_end": read("end_to_end.json")}
+           "kernels": read("kernels.json"), "w4a16_tiles": read("w4a16_tiles.json"), "w4a16_gemv": read("w4a16_gemv.json"), "end_to_end": read("end_to_end.json")}
 (out / "gpu-check.json").write_text(json.dumps(summary, indent=1))
 print(f"wrote {out / 'gpu-check.json'}")
 PY

@@ -26,7 +26,8 @@ def test_every_kernel_compiles_where_the_engine_runs_it(tmp_path):
     result = compiling_python("-m", "llmctl.kernels.compile_check", "--ci", "--json", str(tmp_path / "out.json"))
     outcomes = json.loads((tmp_path / "out.json").read_text())
     assert {o["arch"] for o in outcomes} == set(ARCHES)
-    assert {o["kernel"] for o in outcomes} == {"attention", "merge", "store", "w4a16", "dequantize", "fused_moe"}
+    assert {o["kernel"] for o in outcomes} == {"attention", "merge", "store", "w4a16", "dequantize", "gemv_gptq",
+                                                 "gemv_awq", "fused_moe"}
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]  # no case the engine gets wrong
     failed = [o for o in outcomes if o["error"]]
     assert failed and all(o["refusal"] for o in failed)
@@ -49,6 +50,9 @@ def test_the_cases_are_what_the_launchers_build():
     assert {c["AWQ"] for c in w4a16} == {True, False} and {c["SPLIT"] for c in w4a16} == {True, False}
     assert {c["UNIFORM_GROUPS"] for c in w4a16} == {True, False}  # act-order GPTQ reads g_idx per row
     assert {(c["AWQ"], c["BITS"]) for c in w4a16} == {(False, 4), (True, 4), (False, 8)}
+    gemv = [(c.kernel, dict(c.constexprs)) for c in cases if c.kernel.startswith("gemv_")]
+    assert {(kernel, c["BITS"]) for kernel, c in gemv} == {("gemv_gptq", 4), ("gemv_awq", 4), ("gemv_gptq", 8)}
+    assert {c["SPLIT"] for _, c in gemv} == {True, False} and {c["GROUP_SIZE"] for _, c in gemv} == {32, 64, 128}
 
 
 CHECK_EIGHT_KEY_TILE = """

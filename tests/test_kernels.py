@@ -164,6 +164,48 @@ def test_w4a16_matches_the_unpacked_weights(method, act_order, bits, rows, split
         torch.testing.assert_close(reference, x.float() @ weight.dequantize().t(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("method,bits", [("gptq", 4), ("awq", 4), ("gptq", 8)])
+@pytest.mark.parametrize("rows,group,tiles", [
+    (1, 32, None), (1, 128, None),  # the engine's choice
+    (1, 128, (32, 128, 1)), (3, 64, (16, 32, 3)), (2, 64, (64, 64, 4)),  # one K share; K shares of odd sizes
+])
+def test_w4a16_gemv_matches_the_unpacked_weights(method, bits, rows, group, tiles):
+    from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
+    from llmctl.kernels.w4a16 import w4a16_matmul
+    from llmctl.kernels.w4a16_gemv import GemvTiles, gemv_applies, w4a16_gemv
+
+    gen = torch.Generator().manual_seed(rows + group)
+    inner, cols, levels = 384, 72, 1 << bits  # N not a multiple of any block; K of 3 tiles of 128
+    weight = QuantizedWeight(q=torch.randint(0, levels, (cols, inner), generator=gen, dtype=torch.int32),
+                             scales=(torch.rand(cols, inner // group, generator=gen) / levels + 0.001).half().float(),
+                             zeros=torch.randint(1, levels, (cols, inner // group), generator=gen, dtype=torch.int32),
+                             bits=bits, group_size=group)
+    packed = pack_gptq(weight) if method == "gptq" else pack_awq(weight)
+    args = [packed[k].to(DEVICE) for k in ("qweight", "qzeros", "scales")]
+    x = torch.randn(rows, inner, generator=gen).to(DTYPE)
+    expected = x.float() @ weight.dequantize().t()  # torch's own dequantization, independent of the packing
+    if tiles is None:
+        assert gemv_applies(rows, group, act_order=False)
+        got = w4a16_matmul(x.to(DEVICE), method, *args, None, group, bits=bits)  # what a decode step calls
+    else:
+        got = w4a16_gemv(x.to(DEVICE), method, *args, group, bits, GemvTiles(*tiles))
+    assert got.dtype == DTYPE and got.shape == (rows, cols)
+    torch.testing.assert_close(got.float().cpu(), expected, atol=TOLERANCE * 10, rtol=TOLERANCE * 10)
+
+
+def test_w4a16_gemv_leaves_act_order_and_larger_steps_to_the_tensor_core_kernel():
+    from llmctl.kernels.w4a16_gemv import GEMV_MAX_ROWS, choose_gemv_tiles, gemv_applies
+
+    assert gemv_applies(GEMV_MAX_ROWS, 128, act_order=False)
+    assert not gemv_applies(GEMV_MAX_ROWS + 1, 128, act_order=False)
+    assert not gemv_applies(1, 128, act_order=True)
+    # split K fills a GPU's multiprocessors (132 on an H100) from the shapes alone, never past 16 shares
+    assert choose_gemv_tiles(1, 14336, 4096, 128, False, 132).split_k == 16
+    assert choose_gemv_tiles(1, 4096, 14336, 128, False, 132).split_k == 8  # 112 column tiles × 8 ≥ 4 × 132
+    assert choose_gemv_tiles(1, 4096, 151936, 128, True, 132).split_k == 1
+    assert choose_gemv_tiles(1, 4096, 14336, 64, False, 1).block_k == 64
+
+
 @pytest.mark.parametrize("method", ["gptq", "awq"])
 def test_quantized_linear_through_the_kernel_equals_torch_dequantization(method):
     """What a CUDA forward runs (fused parts, bias) against the CPU path, on the same layer."""
@@ -186,7 +228,7 @@ def test_quantized_linear_through_the_kernel_equals_torch_dequantization(method)
     torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("script", ["kernels.py", "w4a16_tiles.py"])
+@pytest.mark.parametrize("script", ["kernels.py", "w4a16_tiles.py", "w4a16_gemv.py"])
 def test_the_gpu_benchmarks_run(script, tmp_path):
     """The scripts scripts/gpu-check.sh runs on a lent GPU work before one is lent: tiny shapes, interpreted."""
     import json
