@@ -27,6 +27,9 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
     "tensor_parallel_size": Flag(("--tensor-parallel-size", "--tp", "-tp"), int, "ranks each layer is split over"),
     "pipeline_parallel_size": Flag(("--pipeline-parallel-size", "--pp", "-pp"), int, "stages the layers are split into"),
     "data_parallel_size": Flag(("--data-parallel-size", "--dp", "-dp"), int, "engine replicas behind one server"),
+    "distributed_executor_backend": Flag(("--distributed-executor-backend",), str, "how the TP × PP ranks run: mp "
+                                         "(processes on this machine) or ray (actors on the Ray cluster `ray start` "
+                                         "made, or RAY_ADDRESS's; else a local one)"),
     "enable_expert_parallel": Flag(("--enable-expert-parallel",), bool, "mixture-of-experts models: whole experts "
                                    "spread over the TP × DP ranks instead of every expert split (EP = TP × DP, as "
                                    "vLLM; with --dp the replicas step together)"),

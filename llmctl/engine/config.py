@@ -46,6 +46,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1  # replicas behind one server (llmctl.engine.front.data_parallel)
+    distributed_executor_backend: str = "mp"  # TP × PP ranks as spawned processes (mp) or Ray actors (ray)
     enable_expert_parallel: bool = False  # MoE: whole experts spread over TP × DP ranks (EP = TP × DP, as vLLM)
     cpu_threads: int | None = None  # torch threads per rank; default: the cores shared evenly
     speculative_config: str | dict | None = None  # vLLM's JSON (llmctl.engine.spec_decode.config); None: off
@@ -93,6 +94,9 @@ class EngineConfig:
         for flag in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
             if getattr(self, flag) < 1:
                 bad(flag, f"must be at least 1 (got {getattr(self, flag)})")
+        if self.distributed_executor_backend not in ("mp", "ray"):
+            bad("distributed_executor_backend", f"{self.distributed_executor_backend!r} is not mp (processes "
+                "spawned on this machine) or ray (actors on a Ray cluster)")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
         if self.model_impl not in MODEL_IMPLS:

@@ -102,6 +102,7 @@ class ParallelExecutor:
 
     def __init__(self, config: EngineConfig) -> None:
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+        self.config_backend = config.distributed_executor_backend
         self.rank = torchrun_rank(tp, pp) if under_torchrun() else Rank(0, tp, pp)
         self.threads = use_threads(config)  # the driver is a rank too: it must not take every core
         started = time.perf_counter()
@@ -167,7 +168,7 @@ class ParallelExecutor:
         return result
 
     def _lost(self, exc: Exception) -> WorkerLostError:
-        dead = [p.name for p in self.launch.processes if not p.is_alive()]
+        dead = self.launch.dead()
         what = f"{', '.join(dead)} exited" if dead else "a rank stopped answering"
         return WorkerLostError(f"{what} ({str(exc).splitlines()[0][:200]})")
 
@@ -188,7 +189,8 @@ class ParallelExecutor:
         rank = self.rank
         logger.info("%d ranks (TP %d × PP %d), %s, %d CPU threads per rank; started in %.2f s",
                     rank.world_size, rank.tp, rank.pp,
-                    "under torchrun" if under_torchrun() else "spawned by llmctl", self.threads, seconds)
+                    "under torchrun" if under_torchrun() else "Ray actors" if self.config_backend == "ray" else
+                    "spawned by llmctl", self.threads, seconds)
         for index, (weights, kv) in enumerate(self.rank_memory):
             logger.info("rank %d (stage %d, TP rank %d): weights %.3f GiB, KV cache %.3f GiB", index,
                         index // rank.tp, index % rank.tp, weights / GiB, kv / GiB)

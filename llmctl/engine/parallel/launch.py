@@ -51,6 +51,9 @@ class Launch:
     def alive(self) -> bool:
         return all(p.is_alive() for p in self.processes)
 
+    def dead(self) -> list[str]:
+        return [p.name for p in self.processes if not p.is_alive()]
+
     def stop(self, timeout: float = 10.0) -> None:
         for process in self.processes:
             process.join(timeout)
@@ -74,6 +77,12 @@ def open_store(rank: Rank) -> tuple[dist.Store, str, int]:
 
 
 def spawn_workers(config: EngineConfig, driver: Rank, threads: int) -> Launch:
+    """The other ranks: torchrun's own processes, Ray actors (llmctl.engine.parallel.ray_launch), or
+    processes spawned here (`--distributed-executor-backend mp`, the default)."""
+    if config.distributed_executor_backend == "ray" and not under_torchrun():
+        from llmctl.engine.parallel.ray_launch import spawn_ray_workers
+
+        return spawn_ray_workers(config, driver, threads)  # type: ignore[return-value]  (the same interface)
     store, host, port = open_store(driver)
     launch = Launch(store, host, port)
     if under_torchrun():
@@ -140,6 +149,11 @@ def report_startup_error(store: dist.Store, rank: int, exc: Exception) -> None:
 def run_torchrun_worker_if_not_driver(config: EngineConfig) -> bool:
     """Under torchrun every process runs `llmctl serve …`: rank 0 goes on as the driver and API
     server; the other ranks become workers here and return True when the driver stops them."""
+    if under_torchrun() and config.distributed_executor_backend == "ray":
+        from llmctl.engine.config import EngineConfigError
+
+        raise EngineConfigError("--distributed-executor-backend ray under torchrun: torchrun already started the "
+                                "ranks; drop one of the two (Ray: run `llmctl serve` once, on a node of the cluster)")
     if under_torchrun() and config.data_parallel_size > 1:
         from llmctl.engine.config import EngineConfigError
 

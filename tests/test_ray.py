@@ -1,0 +1,156 @@
+"""TP × PP ranks as Ray actors (`--distributed-executor-backend ray`): on a local Ray cluster that llmctl starts
+itself, and on a real two-node cluster (`ray start --head` in one network namespace, `ray start --address` in
+another) where pipeline stage 1 must land on the second node, a client there gets transformers' greedy tokens,
+losing that node turns /health to 503, and SIGTERM leaves no actor or placement group behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import netns
+from server_helpers import free_port, terminate_all
+from test_multihost import CLIENT, HEALTH, PROMPT, transformers_text
+from test_parallel import random_model
+
+RAY = str(Path(sys.executable).parent / "ray")
+LEFTOVERS = """
+import json, sys, ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+from ray._private import state
+actors = [a for a in state.actors().values() if a["State"] != "DEAD"]
+groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+print(json.dumps([len(actors), len(groups)]))
+"""
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory, tokenizer):
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    folder = random_model(config, tmp_path_factory.mktemp("ray") / "llama", tokenizer)
+    return folder, transformers_text(folder, tokenizer)
+
+
+def test_tp_ranks_as_actors_of_a_local_ray_cluster(llama, caplog):
+    """No cluster running: llmctl starts a local one, and stops it with the engine."""
+    import logging
+
+    import ray
+
+    from llmctl.engine.front.llm import LLM
+    from llmctl.engine.sampling_params import SamplingParams
+
+    folder, expected = llama
+    with caplog.at_level(logging.INFO, logger="llmctl.engine"):
+        llm = LLM(str(folder), tensor_parallel_size=2, distributed_executor_backend="ray", max_model_len=256,
+                  cpu_threads=1, kv_cache_memory=64 << 20)
+        try:
+            out = llm.generate([PROMPT], SamplingParams(max_tokens=8, min_tokens=8, temperature=0))[0]
+            assert out.outputs[0].text == expected
+            assert llm.engine.executor.healthy()
+        finally:
+            llm.shutdown()
+    assert "2 ranks (TP 2 × PP 1), Ray actors" in caplog.text
+    assert not ray.is_initialized()  # the local cluster went with the engine
+
+
+def test_a_wrong_backend_is_one_line():
+    from llmctl.engine.config import EngineConfig, EngineConfigError
+
+    with pytest.raises(EngineConfigError, match="--distributed-executor-backend 'slurm' is not mp"):
+        EngineConfig(distributed_executor_backend="slurm").validate()
+
+
+def ray_node(host: netns.Host, *args: str, log: Path, own_session_dir: bool = False) -> None:
+    """`ray start` on one "host". A second node gets its own /tmp/ray (a tmpfs in its mount namespace), as a
+    second machine would: Ray nodes sharing one session directory mix up their sockets."""
+    env = {"GLOO_SOCKET_IFNAME": host.interface, "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
+    private = ["sh", "-c", 'mkdir -p /tmp/ray && mount -t tmpfs none /tmp/ray && exec "$@"', "sh"] \
+        if own_session_dir else []
+    done = subprocess.run(host.command(*private, RAY, "start", "--node-ip-address", host.address, "--num-cpus", "1",
+                                       "--object-store-memory", str(100 << 20), "--disable-usage-stats", *args,
+                                       env=env), capture_output=True, text=True, timeout=120)
+    log.write_text(done.stdout + done.stderr)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def leftovers(head: netns.Host, address: str) -> list[int]:
+    """[live actors, placement groups] on the cluster, once Ray has cleaned up after the ended job (≤ 30 s)."""
+    deadline = time.time() + 30
+    while True:
+        done = subprocess.run(head.command(sys.executable, "-c", LEFTOVERS, address), capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        counts = json.loads(done.stdout.strip().splitlines()[-1])
+        if counts == [0, 0] or time.time() > deadline:
+            return counts
+        time.sleep(2)
+
+
+def serve(head: netns.Host, folder: Path, address: str, http: int, log: Path) -> tuple[subprocess.Popen, Path]:
+    env = {"RAY_ADDRESS": address, "GLOO_SOCKET_IFNAME": head.interface, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    command = head.command(sys.executable, "-m", "llmctl", "serve", str(folder), "--pp", "2",
+                           "--distributed-executor-backend", "ray", "--max-model-len", "256", "--kv-cache-memory",
+                           "64MiB", "--host", head.address, "--port", str(http), "--disable-log-stats", env=env)
+    return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT), log
+
+
+def wait_healthy(head: netns.Host, url: str, server: subprocess.Popen, log: Path) -> None:
+    deadline = time.time() + 300
+    while health(head, url) != 0:
+        assert server.poll() is None and time.time() < deadline, log.read_text()[-4000:]
+        time.sleep(1)
+
+
+def health(host: netns.Host, url: str) -> int:
+    return subprocess.run(host.command(sys.executable, "-c", HEALTH, url), capture_output=True).returncode
+
+
+@pytest.mark.skipif(netns.unavailable() is not None, reason=f"no network namespaces: {netns.unavailable()}")
+def test_pipeline_stages_on_two_ray_nodes(llama, tmp_path):
+    folder, expected = llama
+    gcs, http = free_port(), free_port()
+    with netns.two_hosts() as hosts:
+        head, other = hosts
+        address, url = f"{head.address}:{gcs}", f"http://{head.address}:{http}"
+        server = None
+        try:
+            ray_node(head, "--head", "--port", str(gcs), "--include-dashboard", "false", log=tmp_path / "head.log")
+            ray_node(other, "--address", address, log=tmp_path / "worker.log", own_session_dir=True)
+            server, log = serve(head, folder, address, http, tmp_path / "serve.log")
+            wait_healthy(head, url, server, log)
+            text = log.read_text()
+            assert "Ray cluster of 2 node(s)" in text and "2 ranks (TP 1 × PP 2), Ray actors" in text
+            assert f"pipeline stage 0 on Ray node {head.address}" in text
+            assert f"pipeline stage 1 on Ray node {other.address}" in text
+            done = subprocess.run(other.command(sys.executable, "-c", CLIENT, url, PROMPT), capture_output=True,
+                                  text=True, timeout=300)  # a client on the other node
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout) == expected
+            terminate_all([server])  # SIGTERM: a graceful stop, and nothing left on the cluster
+            assert server.returncode == 0, log.read_text()[-3000:]
+            assert leftovers(head, address) == [0, 0]  # no actor, no placement group
+
+            server, log = serve(head, folder, address, http, tmp_path / "serve2.log")
+            wait_healthy(head, url, server, log)
+            subprocess.run(other.command(RAY, "stop", "--force"), capture_output=True, timeout=60)  # node 2 is lost
+            deadline = time.time() + 30
+            while health(head, url) == 0 and time.time() < deadline:
+                time.sleep(1)
+            assert health(head, url) != 0, "the server still says healthy 30 s after losing stage 1's node"
+            server.wait(60)  # as with spawned ranks: the server stops, saying why
+            assert "a worker rank was lost" in log.read_text()
+        finally:
+            if server is not None:
+                terminate_all([server])
+            for host in hosts:
+                subprocess.run(host.command(RAY, "stop", "--force"), capture_output=True, timeout=60)
