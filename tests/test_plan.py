@@ -256,6 +256,15 @@ def test_multi_node_keeps_tp_inside_a_node():
     assert "would cross nodes" in by_layout[(16, 1)].problems[0]
     assert (plan.recommended.tp, plan.recommended.pp) == (8, 2)
     assert "--pipeline-parallel-size 2" in plan.commands[-1]
+    # and the Ray form: `ray start` on each node, then the same servers with their ranks as Ray actors
+    ray = plan.commands[plan.commands.index(next(c for c in plan.commands if c.startswith("ray start --head"))):]
+    assert [c.split()[0] for c in ray] == ["ray", "llmctl", "vllm"]
+    assert all(c.endswith("--distributed-executor-backend ray") for c in ray[1:])
+    from llmctl.cli.app import app
+    from typer.main import get_command
+
+    serve = get_command(app).commands["serve"]
+    assert serve.make_context("serve", ray[1].split()[2:]).params["distributed_executor_backend"] == "ray"
 
 
 def test_fp8_kv_doubles_tokens_and_no_fit_gets_suggestions():

@@ -453,7 +453,18 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
         commands.append(f"llmctl serve {target} " + " ".join(llmctl_flags))
     vllm_flags = flags + ([f"--data-parallel-size {best.replicas}"] if best.replicas > 1 else [])
     commands.append(f"vllm serve {target} " + " ".join(vllm_flags))
-    return commands
+    return commands + ray_commands(commands, best.tp * best.pp, best.replicas, req.nodes)
+
+
+def ray_commands(commands: list[str], ranks: int, replicas: int, nodes: int) -> list[str]:
+    """The same servers with their ranks as Ray actors (--distributed-executor-backend ray, both tools' flag),
+    after `ray start` on every node when the layout spans several."""
+    if ranks == 1 or replicas > 1:  # llmctl's data-parallel replicas do not run on Ray
+        return []
+    start = ["ray start --head --port 6379   # first node; on the others: ray start --address FIRST_NODE:6379"] \
+        if nodes > 1 else []
+    return start + [f"{c} --distributed-executor-backend ray" for c in commands if c.startswith(("llmctl serve",
+                                                                                                  "vllm serve"))]
 
 
 def vllm_log_lines(layout: LayoutPlan, max_model_len: int) -> list[str]:
