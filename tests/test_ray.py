@@ -6,7 +6,6 @@ losing that node turns /health to 503, and SIGTERM leaves no actor or placement 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time

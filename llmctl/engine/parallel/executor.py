@@ -106,7 +106,7 @@ class ParallelExecutor:
         self.rank = torchrun_rank(tp, pp) if under_torchrun() else Rank(0, tp, pp)
         self.threads = use_threads(config)  # the driver is a rank too: it must not take every core
         started = time.perf_counter()
-        self.launch: Launch = spawn_workers(config, self.rank, self.threads)
+        self.launch: Launch = start_ranks(config, self.rank, self.threads)
         try:
             self.stage = build_stage(config, self.rank, self.launch.store)
         except LlmctlError:
@@ -194,6 +194,15 @@ class ParallelExecutor:
         for index, (weights, kv) in enumerate(self.rank_memory):
             logger.info("rank %d (stage %d, TP rank %d): weights %.3f GiB, KV cache %.3f GiB", index,
                         index // rank.tp, index % rank.tp, weights / GiB, kv / GiB)
+
+
+def start_ranks(config: EngineConfig, driver: Rank, threads: int) -> Launch:
+    """The other ranks: Ray actors with `--distributed-executor-backend ray`, else torchrun's or spawned ones."""
+    if config.distributed_executor_backend == "ray" and not under_torchrun():
+        from llmctl.engine.parallel.ray_launch import spawn_ray_workers
+
+        return spawn_ray_workers(config, driver, threads)  # type: ignore[return-value]  (the same interface)
+    return spawn_workers(config, driver, threads)
 
 
 def create_executor(config: EngineConfig) -> Executor:

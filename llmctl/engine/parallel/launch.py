@@ -77,12 +77,8 @@ def open_store(rank: Rank) -> tuple[dist.Store, str, int]:
 
 
 def spawn_workers(config: EngineConfig, driver: Rank, threads: int) -> Launch:
-    """The other ranks: torchrun's own processes, Ray actors (llmctl.engine.parallel.ray_launch), or
-    processes spawned here (`--distributed-executor-backend mp`, the default)."""
-    if config.distributed_executor_backend == "ray" and not under_torchrun():
-        from llmctl.engine.parallel.ray_launch import spawn_ray_workers
-
-        return spawn_ray_workers(config, driver, threads)  # type: ignore[return-value]  (the same interface)
+    """The other ranks: torchrun's own processes, or processes spawned here (`--distributed-executor-backend
+    mp`, the default; Ray's actors are llmctl.engine.parallel.ray_launch's)."""
     store, host, port = open_store(driver)
     launch = Launch(store, host, port)
     if under_torchrun():
