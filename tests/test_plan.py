@@ -265,6 +265,11 @@ def test_multi_node_keeps_tp_inside_a_node():
 
     serve = get_command(app).commands["serve"]
     assert serve.make_context("serve", ray[1].split()[2:]).params["distributed_executor_backend"] == "ray"
+    replicas = build_plan(spec, PlanRequest(gpu=lookup_gpu("h100"), gpus=32, nodes=4, max_model_len=32768),
+                          "meta-llama/Llama-3.1-405B")
+    if replicas.recommended.replicas > 1:  # replicas as Ray actors too
+        assert any(c.startswith("llmctl serve") and c.endswith("--data-parallel-backend ray")
+                   for c in replicas.commands)
 
 
 def test_fp8_kv_doubles_tokens_and_no_fit_gets_suggestions():

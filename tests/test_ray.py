@@ -1,14 +1,18 @@
-"""TP × PP ranks as Ray actors (`--distributed-executor-backend ray`): on a local Ray cluster that llmctl starts
-itself, and on a real two-node cluster (`ray start --head` in one network namespace, `ray start --address` in
-another) where pipeline stage 1 must land on the second node, a client there gets transformers' greedy tokens,
-losing that node turns /health to 503, and SIGTERM leaves no actor or placement group behind."""
+"""llmctl on Ray. TP × PP ranks as actors (`--distributed-executor-backend ray`): on a local cluster that llmctl
+starts itself, and on a real two-node cluster (`ray start --head` in one network namespace, `ray start --address`
+in another) where pipeline stage 1 must land on the second node, a client there gets transformers' greedy tokens,
+losing that node turns /health to 503, and SIGTERM leaves no actor or placement group behind. Data-parallel
+replicas as actors (`--data-parallel-backend ray`): one on each node, and the server serves on when one goes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -65,8 +69,14 @@ def test_tp_ranks_as_actors_of_a_local_ray_cluster(llama, caplog):
 def test_a_wrong_backend_is_one_line():
     from llmctl.engine.config import EngineConfig, EngineConfigError
 
+    from llmctl.engine.front.ray_replica import ray_replicas
+
     with pytest.raises(EngineConfigError, match="--distributed-executor-backend 'slurm' is not mp"):
         EngineConfig(distributed_executor_backend="slurm").validate()
+    with pytest.raises(EngineConfigError, match="--data-parallel-backend 'k8s' is not mp"):
+        EngineConfig(data_parallel_backend="k8s").validate()
+    with pytest.raises(EngineConfigError, match="use --data-parallel-backend mp with it"):
+        ray_replicas(EngineConfig(data_parallel_size=2, data_parallel_backend="ray", enable_expert_parallel=True))
 
 
 def ray_node(host: netns.Host, *args: str, log: Path, own_session_dir: bool = False) -> None:
@@ -95,19 +105,66 @@ def leftovers(head: netns.Host, address: str) -> list[int]:
         time.sleep(2)
 
 
-def serve(head: netns.Host, folder: Path, address: str, http: int, log: Path) -> tuple[subprocess.Popen, Path]:
-    env = {"RAY_ADDRESS": address, "GLOO_SOCKET_IFNAME": head.interface, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    command = head.command(sys.executable, "-m", "llmctl", "serve", str(folder), "--pp", "2",
-                           "--distributed-executor-backend", "ray", "--max-model-len", "256", "--kv-cache-memory",
-                           "64MiB", "--host", head.address, "--port", str(http), "--disable-log-stats", env=env)
-    return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT), log
+@dataclass
+class Cluster:
+    head: netns.Host
+    other: netns.Host
+    address: str  # the head's GCS
+    http: int  # the API server's port, on the head
+    servers: list[subprocess.Popen]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.head.address}:{self.http}"
 
 
-def wait_healthy(head: netns.Host, url: str, server: subprocess.Popen, log: Path) -> None:
+@contextlib.contextmanager
+def two_node_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """`ray start --head` in one namespace, `ray start --address` in the other; everything stopped after."""
+    gcs = free_port()
+    with netns.two_hosts() as (head, other):
+        cluster = Cluster(head, other, f"{head.address}:{gcs}", free_port(), [])
+        try:
+            ray_node(head, "--head", "--port", str(gcs), "--include-dashboard", "false", log=tmp_path / "head.log")
+            ray_node(other, "--address", cluster.address, log=tmp_path / "worker.log", own_session_dir=True)
+            yield cluster
+        finally:
+            terminate_all(cluster.servers)
+            for host in (head, other):
+                subprocess.run(host.command(RAY, "stop", "--force"), capture_output=True, timeout=60)
+
+
+def serve(cluster: Cluster, folder: Path, log: Path, *layout: str) -> tuple[subprocess.Popen, Path]:
+    """`llmctl serve` on the head node, healthy (TP 1 × PP 2 with Ray actors unless `layout` says otherwise)."""
+    head = cluster.head
+    env = {"RAY_ADDRESS": cluster.address, "GLOO_SOCKET_IFNAME": head.interface, "PYTHONUNBUFFERED": "1",
+           "OMP_NUM_THREADS": "1"}
+    layout = layout or ("--pp", "2", "--distributed-executor-backend", "ray")
+    command = head.command(sys.executable, "-m", "llmctl", "serve", str(folder), *layout, "--max-model-len", "256",
+                           "--kv-cache-memory", "64MiB", "--host", head.address, "--port", str(cluster.http),
+                           "--disable-log-stats", env=env)
+    server = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    cluster.servers.append(server)
     deadline = time.time() + 300
-    while health(head, url) != 0:
+    while health(head, cluster.url) != 0:
         assert server.poll() is None and time.time() < deadline, log.read_text()[-4000:]
         time.sleep(1)
+    return server, log
+
+
+def complete(client: netns.Host, url: str) -> str:
+    """A greedy completion of PROMPT by the openai client, run on `client`'s node."""
+    done = subprocess.run(client.command(sys.executable, "-c", CLIENT, url, PROMPT), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def lose_node(host: netns.Host) -> None:
+    """The node goes away: every process in its network namespace is killed (`ray stop` would find the other
+    node's processes too: they share this machine's process table)."""
+    pids = subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True, text=True).stdout.split()
+    subprocess.run(["kill", "-9", *pids], capture_output=True)
 
 
 def health(host: netns.Host, url: str) -> int:
@@ -117,39 +174,46 @@ def health(host: netns.Host, url: str) -> int:
 @pytest.mark.skipif(netns.unavailable() is not None, reason=f"no network namespaces: {netns.unavailable()}")
 def test_pipeline_stages_on_two_ray_nodes(llama, tmp_path):
     folder, expected = llama
-    gcs, http = free_port(), free_port()
-    with netns.two_hosts() as hosts:
-        head, other = hosts
-        address, url = f"{head.address}:{gcs}", f"http://{head.address}:{http}"
-        server = None
-        try:
-            ray_node(head, "--head", "--port", str(gcs), "--include-dashboard", "false", log=tmp_path / "head.log")
-            ray_node(other, "--address", address, log=tmp_path / "worker.log", own_session_dir=True)
-            server, log = serve(head, folder, address, http, tmp_path / "serve.log")
-            wait_healthy(head, url, server, log)
-            text = log.read_text()
-            assert "Ray cluster of 2 node(s)" in text and "2 ranks (TP 1 × PP 2), Ray actors" in text
-            assert f"pipeline stage 0 on Ray node {head.address}" in text
-            assert f"pipeline stage 1 on Ray node {other.address}" in text
-            done = subprocess.run(other.command(sys.executable, "-c", CLIENT, url, PROMPT), capture_output=True,
-                                  text=True, timeout=300)  # a client on the other node
-            assert done.returncode == 0, done.stderr
-            assert json.loads(done.stdout) == expected
-            terminate_all([server])  # SIGTERM: a graceful stop, and nothing left on the cluster
-            assert server.returncode == 0, log.read_text()[-3000:]
-            assert leftovers(head, address) == [0, 0]  # no actor, no placement group
+    with two_node_cluster(tmp_path) as cluster:
+        head, other, url = cluster.head, cluster.other, cluster.url
+        server, log = serve(cluster, folder, tmp_path / "serve.log")
+        text = log.read_text()
+        assert "Ray cluster of 2 node(s)" in text and "2 ranks (TP 1 × PP 2), Ray actors" in text
+        assert f"pipeline stage 0 on Ray node {head.address}" in text
+        assert f"pipeline stage 1 on Ray node {other.address}" in text
+        assert complete(other, url) == expected  # a client on the other node
+        terminate_all([server])  # SIGTERM: a graceful stop, and nothing left on the cluster
+        assert server.returncode == 0, log.read_text()[-3000:]
+        assert leftovers(head, cluster.address) == [0, 0]  # no actor, no placement group
 
-            server, log = serve(head, folder, address, http, tmp_path / "serve2.log")
-            wait_healthy(head, url, server, log)
-            subprocess.run(other.command(RAY, "stop", "--force"), capture_output=True, timeout=60)  # node 2 is lost
-            deadline = time.time() + 30
-            while health(head, url) == 0 and time.time() < deadline:
-                time.sleep(1)
-            assert health(head, url) != 0, "the server still says healthy 30 s after losing stage 1's node"
-            server.wait(60)  # as with spawned ranks: the server stops, saying why
-            assert "a worker rank was lost" in log.read_text()
-        finally:
-            if server is not None:
-                terminate_all([server])
-            for host in hosts:
-                subprocess.run(host.command(RAY, "stop", "--force"), capture_output=True, timeout=60)
+        server, log = serve(cluster, folder, tmp_path / "serve2.log")
+        lose_node(other)
+        deadline = time.time() + 30
+        while health(head, url) == 0 and time.time() < deadline:
+            time.sleep(1)
+        assert health(head, url) != 0, "the server still says healthy 30 s after losing stage 1's node"
+        server.wait(60)  # as with spawned ranks: the server stops, saying why
+        assert "a worker rank was lost" in log.read_text()
+
+
+@pytest.mark.skipif(netns.unavailable() is not None, reason=f"no network namespaces: {netns.unavailable()}")
+def test_data_parallel_replicas_on_two_ray_nodes_survive_one(llama, tmp_path):
+    """--dp 2 --data-parallel-backend ray: one replica per node behind one API server; when the second node
+    goes, the server stays healthy and the first replica serves on."""
+    folder, expected = llama
+    with two_node_cluster(tmp_path) as cluster:
+        head, other, url = cluster.head, cluster.other, cluster.url
+        server, log = serve(cluster, folder, tmp_path / "serve.log", "--dp", "2", "--data-parallel-backend", "ray",
+                            "--cpu-threads", "1")
+        text = log.read_text()
+        nodes = {line.rsplit(" ", 1)[-1] for line in text.splitlines() if "data-parallel replica" in line}
+        assert nodes == {head.address, other.address}, text[-3000:]  # one replica on each node
+        for _ in range(2):  # the least-loaded pick alternates between idle replicas: both answer
+            assert complete(other, url) == expected
+        lose_node(other)
+        time.sleep(5)
+        for _ in range(3):  # requests that land on the lost replica are the ones that could fail: none do now
+            assert health(head, url) == 0
+            assert complete(head, url) == expected, log.read_text()[-3000:]
+        terminate_all([server])
+        assert server.returncode == 0, log.read_text()[-3000:]

@@ -47,6 +47,7 @@ class EngineConfig:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1  # replicas behind one server (llmctl.engine.front.data_parallel)
     distributed_executor_backend: str = "mp"  # TP × PP ranks as spawned processes (mp) or Ray actors (ray)
+    data_parallel_backend: str = "mp"  # DP replicas in this process (mp) or as Ray actors (ray)
     enable_expert_parallel: bool = False  # MoE: whole experts spread over TP × DP ranks (EP = TP × DP, as vLLM)
     cpu_threads: int | None = None  # torch threads per rank; default: the cores shared evenly
     speculative_config: str | dict | None = None  # vLLM's JSON (llmctl.engine.spec_decode.config); None: off
@@ -97,6 +98,9 @@ class EngineConfig:
         if self.distributed_executor_backend not in ("mp", "ray"):
             bad("distributed_executor_backend", f"{self.distributed_executor_backend!r} is not mp (processes "
                 "spawned on this machine) or ray (actors on a Ray cluster)")
+        if self.data_parallel_backend not in ("mp", "ray"):
+            bad("data_parallel_backend", f"{self.data_parallel_backend!r} is not mp (replicas in this process) or "
+                "ray (replicas as actors on a Ray cluster)")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
         if self.model_impl not in MODEL_IMPLS:

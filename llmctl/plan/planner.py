@@ -453,18 +453,24 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
         commands.append(f"llmctl serve {target} " + " ".join(llmctl_flags))
     vllm_flags = flags + ([f"--data-parallel-size {best.replicas}"] if best.replicas > 1 else [])
     commands.append(f"vllm serve {target} " + " ".join(vllm_flags))
-    return commands + ray_commands(commands, best.tp * best.pp, best.replicas, req.nodes)
+    # replicas with expert parallelism step together in one process: not on Ray
+    replicas_on_ray = best.replicas if not req.expert_parallel else 1
+    return commands + ray_commands(commands, best.tp * best.pp, replicas_on_ray, req.nodes)
 
 
 def ray_commands(commands: list[str], ranks: int, replicas: int, nodes: int) -> list[str]:
-    """The same servers with their ranks as Ray actors (--distributed-executor-backend ray, both tools' flag),
-    after `ray start` on every node when the layout spans several."""
-    if ranks == 1 or replicas > 1:  # llmctl's data-parallel replicas do not run on Ray
+    """The same servers on a Ray cluster: ranks as actors (--distributed-executor-backend ray), replicas as
+    actors (--data-parallel-backend ray; llmctl's replicas spawn their ranks on their own node, vLLM's take
+    both flags); after `ray start` on every node when the layout spans several."""
+    executor = ["--distributed-executor-backend ray"] if ranks > 1 else []
+    data_parallel = ["--data-parallel-backend ray"] if replicas > 1 else []
+    flags = {"llmctl": data_parallel or executor, "vllm": executor + data_parallel}
+    if not flags["vllm"]:
         return []
     start = ["ray start --head --port 6379   # first node; on the others: ray start --address FIRST_NODE:6379"] \
         if nodes > 1 else []
-    return start + [f"{c} --distributed-executor-backend ray" for c in commands if c.startswith(("llmctl serve",
-                                                                                                  "vllm serve"))]
+    return start + [f"{c} {' '.join(flags[c.split()[0]])}" for c in commands
+                    if c.startswith(("llmctl serve", "vllm serve"))]
 
 
 def vllm_log_lines(layout: LayoutPlan, max_model_len: int) -> list[str]:

@@ -65,10 +65,16 @@ class DataParallelEngine:
     """The EngineClient interface over several replicas."""
 
     def __init__(self, config: EngineConfig) -> None:
-        configs, self._store = replica_configs(config)
-        engines = [LLMEngine(one) for one in configs]
-        # with expert parallelism the replicas' MoE layers exchange tokens: they step together
-        self._rounds = in_lockstep(engines) if self._store is not None else None
+        self.on_ray = config.data_parallel_backend == "ray"  # replicas as Ray actors survive each other's loss
+        if self.on_ray:
+            from llmctl.engine.front.ray_replica import ray_replicas
+
+            engines, self._store, self._rounds = ray_replicas(config), None, None
+        else:
+            configs, self._store = replica_configs(config)
+            engines = [LLMEngine(one) for one in configs]
+            # with expert parallelism the replicas' MoE layers exchange tokens: they step together
+            self._rounds = in_lockstep(engines) if self._store is not None else None
         self.replicas = [AsyncLLMEngine(engine) for engine in engines]
         self._outstanding = [0] * len(self.replicas)
         self._serving: dict[str, int] = {}  # request id -> the replica generating it
@@ -109,19 +115,25 @@ class DataParallelEngine:
             replica.remove_lora(lora_int_id)
 
     def lost_workers(self) -> str | None:
-        return next((lost for lost in (r.lost_workers() for r in self.replicas) if lost is not None), None)
+        lost = [reason for reason in (r.lost_workers() for r in self.replicas) if reason is not None]
+        if self.on_ray and len(lost) < len(self.replicas):
+            return None  # the other replicas go on serving
+        return lost[0] if lost else None
 
     @property
     def is_running(self) -> bool:
-        return all(replica.is_running for replica in self.replicas)
+        running = [replica.is_running for replica in self.replicas]
+        return any(running) if self.on_ray else all(running)
 
     @property
     def dead_error(self) -> BaseException | None:
         return next((r.dead_error for r in self.replicas if r.dead_error is not None), None)
 
     def pick(self) -> int:
+        """The replica with the least outstanding work (on Ray: of those still running)."""
+        candidates = [i for i, r in enumerate(self.replicas) if not self.on_ray or r.is_running] or [0]
         with self._lock:
-            return min(range(len(self.replicas)), key=lambda i: self._outstanding[i])
+            return min(candidates, key=lambda i: self._outstanding[i])
 
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                        lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
