@@ -145,8 +145,11 @@ def test_dp_under_torchrun_is_refused_with_the_ways_that_work(monkeypatch):
 
     for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(name, value)
-    with pytest.raises(EngineConfigError, match="one `llmctl serve` per machine"):
+    with pytest.raises(EngineConfigError, match="one `llmctl serve` per machine") as refused:
         run_torchrun_worker_if_not_driver(EngineConfig(data_parallel_size=2, pipeline_parallel_size=2))
+    assert "--dp 2 --data-parallel-backend ray" in str(refused.value)  # the Ray form, as the way across machines
+    with pytest.raises(EngineConfigError, match="torchrun already started the ranks"):
+        run_torchrun_worker_if_not_driver(EngineConfig(pipeline_parallel_size=2, distributed_executor_backend="ray"))
 
 
 def test_every_serve_command_plan_prints_parses():

@@ -155,8 +155,9 @@ def run_torchrun_worker_if_not_driver(config: EngineConfig) -> bool:
 
         raise EngineConfigError(
             f"--dp {config.data_parallel_size} under torchrun: torchrun's processes form one TP × PP engine. For "
-            "replicas across machines run one `llmctl serve` per machine (each with its --tp/--pp) behind a load "
-            "balancer, or `llmctl serve --dp D` on one machine; Ray (--data-parallel-backend ray) is not in llmctl yet")
+            "replicas across machines use a Ray cluster: `ray start` on each machine, then one `llmctl serve … --dp "
+            f"{config.data_parallel_size} --data-parallel-backend ray` (docs/parallel.md), or run one `llmctl serve` "
+            "per machine behind a load balancer")
     if not under_torchrun() or int(os.environ.get("RANK", "0")) == 0:
         return False
     rank = torchrun_rank(config.tensor_parallel_size, config.pipeline_parallel_size)
