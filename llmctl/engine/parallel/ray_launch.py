@@ -27,8 +27,8 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise EngineConfigError("--distributed-executor-backend ray needs Ray: pip install 'llmctl[ray]' (or "
-                                "ray>=2.52) on every node, or use the default, mp") from None
+        raise EngineConfigError("--distributed-executor-backend ray and --data-parallel-backend ray need Ray: pip "
+                                "install 'llmctl[ray]' (or ray>=2.52) on every node, or use the default, mp") from None
     return ray
 
 
