@@ -137,7 +137,8 @@ def spawn_ray_workers(config: EngineConfig, driver: Rank, threads: int) -> RayLa
     actor_class = ray.remote(RankActor)
     for index in range(1, driver.world_size):
         rank = Rank(index, driver.tp, driver.pp)
-        strategy = PlacementGroupSchedulingStrategy(launch.groups[rank.pp_rank], placement_group_bundle_index=rank.tp_rank)
+        strategy = PlacementGroupSchedulingStrategy(launch.groups[rank.pp_rank],
+                                                    placement_group_bundle_index=rank.tp_rank)
         actor = actor_class.options(num_cpus=resources.get("CPU", 0), num_gpus=resources.get("GPU", 0),
                                     scheduling_strategy=strategy).remote()
         launch.actors.append(actor)
