@@ -4,6 +4,7 @@ row counts.
 
     .venv/bin/python benchmarks/cpu_gemm.py [--threads 2] [--layers 30] [--rows 1 4 8 16 32 64 256 2048]
     .venv/bin/python benchmarks/cpu_gemm.py --dtype bfloat16   # panels on AMX tiles where the CPU has AMX
+    ONEDNN_MAX_CPU_ISA=AVX2 .venv/bin/python benchmarks/cpu_gemm.py --isa avx2   # both sides held to AVX2
 
 Each row count runs every linear of `--layers` decoder layers (qkv, o, gate/up, down; each
 with its own weight, 14 MB a layer) and the LM head once, as a decode step does: the weights
@@ -45,6 +46,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64, 256, 2048])
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--isa", choices=["auto", "avx512", "avx2"], default="auto",
+                        help="the float32 panel path (oneDNN's: the ONEDNN_MAX_CPU_ISA environment variable)")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     if args.threads:
@@ -57,11 +60,13 @@ def main() -> None:
         "oneDNN": [lambda x, p=torch.ops.mkldnn._reorder_linear_weight(w, None): torch.ops.mkldnn._linear_pointwise(
             x, p, None, "none", [], "") for w in weights],
     }
-    if cpu.panel_linear_supported() if dtype == torch.float32 else cpu.bf16_amx_supported():
-        paths["panels"] = [lambda x, p=cpu.pack_panels(w), n=w.shape[0]: cpu.panel_linear(x, p, n) for w in weights]
+    if cpu.panel_isas() if dtype == torch.float32 else cpu.bf16_amx_supported():
+        isa = args.isa if dtype == torch.float32 else "auto"
+        paths["panels"] = [lambda x, p=cpu.pack_panels(w), n=w.shape[0]: cpu.panel_linear(x, p, n, isa=isa)
+                           for w in weights]
         arena = PanelArena(weights)  # as the engine packs them: one buffer on 2 MiB pages
-        paths["panels 2M"] = [lambda x, p=arena.place(cpu.pack_panels(w)), n=w.shape[0]: cpu.panel_linear(x, p, n)
-                              for w in weights]
+        paths["panels 2M"] = [lambda x, p=arena.place(cpu.pack_panels(w)), n=w.shape[0]:
+                              cpu.panel_linear(x, p, n, isa=isa) for w in weights]
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     print(f"{torch.get_num_threads()} threads; {args.layers} layers + LM head, {weight_bytes / 1e6:.0f} MB of "
           f"{args.dtype} weights")

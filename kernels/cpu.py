@@ -192,11 +192,18 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
 
 
 def panel_linear(x: torch.Tensor, panels: torch.Tensor, out_features: int,
-                 bias: torch.Tensor | None = None, use_amx: bool = True) -> torch.Tensor:
+                 bias: torch.Tensor | None = None, use_amx: bool = True, isa: str = "auto") -> torch.Tensor:
     """x Wᵀ + b for float32 or bfloat16 x [M, K], with W of x's dtype packed by pack_panels. bfloat16
     runs on AMX tiles where the CPU has them and K is a multiple of 32 (unless use_amx is False),
-    else with AVX512-BF16 dot products."""
-    return torch.ops.llmctl_cpu.panel_linear(x.contiguous(), panels, out_features, bias, use_amx)
+    else with AVX512-BF16 dot products; float32 on the widest of panel_isas() (or `isa`)."""
+    return torch.ops.llmctl_cpu.panel_linear(x.contiguous(), panels, out_features, bias, use_amx, CODED_ISAS[isa])
+
+
+def panel_isas() -> list[str]:
+    """The float32 panel paths built here, widest first."""
+    load()
+    names = {code: name for name, code in CODED_ISAS.items()}
+    return [names[code] for code in torch.ops.llmctl_cpu.panel_isas()]
 
 
 @functools.cache

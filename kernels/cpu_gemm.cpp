@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -52,6 +53,18 @@ bool panel_linear_supported() {
 #else
   return false;
 #endif
+}
+
+// The float32 panel paths built here, widest first, as llmctl.kernels.cpu.CODED_ISAS codes (3 avx512, 2 avx2).
+std::vector<int64_t> panel_isas() {
+  std::vector<int64_t> isas;
+#if defined(__AVX512F__)
+  isas.push_back(3);
+#endif
+#if defined(__AVX2__) && defined(__FMA__)  // LLMCTL_PANELS_AVX2, defined further down
+  isas.push_back(2);
+#endif
+  return isas;
 }
 
 bool bf16_panels_supported() {
@@ -109,6 +122,43 @@ template <int... Rs>
 inline void tile_of(int64_t rows, std::integer_sequence<int, Rs...>, const float* x, int64_t k, const float* panel0,
                     const float* bias, int64_t cols, float* y, int64_t y_stride) {
   ((rows == Rs + 1 ? tile<Rs + 1>(x, k, panel0, bias, cols, y, y_stride) : void()), ...);
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define LLMCTL_PANELS_AVX2 1
+constexpr int64_t AVX2_ROWS_PER_TILE = 3;  // 3 rows × 4 registers of sums, 4 of weights, 1 broadcast: AVX2's 16
+
+// As `tile`, in AVX2's 8-float registers (a 16-column panel row is two of them), for CPUs without AVX-512.
+template <int R>
+inline void tile_avx2(const float* x, int64_t k, const float* panel0, const float* bias, int64_t cols, float* y,
+                      int64_t y_stride) {
+  const float* panel1 = panel0 + k * PANEL;
+  alignas(32) float start[2 * PANEL] = {};
+  if (bias) std::copy(bias, bias + cols, start);
+  __m256 acc[R][4];
+  for (int c = 0; c < 4; ++c)
+    for (int r = 0; r < R; ++r) acc[r][c] = _mm256_load_ps(start + 8 * c);
+  for (int64_t i = 0; i < k; ++i) {
+    const float* w0 = panel0 + i * PANEL;
+    const float* w1 = panel1 + i * PANEL;
+    const __m256 w[4] = {_mm256_loadu_ps(w0), _mm256_loadu_ps(w0 + 8), _mm256_loadu_ps(w1), _mm256_loadu_ps(w1 + 8)};
+    for (int r = 0; r < R; ++r) {
+      const __m256 a = _mm256_broadcast_ss(x + r * k + i);
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_fmadd_ps(a, w[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float out[2 * PANEL];
+    for (int c = 0; c < 4; ++c) _mm256_store_ps(out + 8 * c, acc[r][c]);
+    std::copy(out, out + cols, y + r * y_stride);
+  }
+}
+
+template <int... Rs>
+inline void tile_avx2_of(int64_t rows, std::integer_sequence<int, Rs...>, const float* x, int64_t k,
+                         const float* panel0, const float* bias, int64_t cols, float* y, int64_t y_stride) {
+  ((rows == Rs + 1 ? tile_avx2<Rs + 1>(x, k, panel0, bias, cols, y, y_stride) : void()), ...);
 }
 #endif
 
@@ -251,14 +301,14 @@ bool bf16_amx_supported() {
 }
 
 // Each thread takes a contiguous range of panel pairs; rows go in chunks (re-read from cache) and
-// even tiles of up to ROWS_PER_TILE: tile_call(x row, panel pair, rows, bias offset, cols, y offset).
+// even tiles of up to max_rows: tile_call(x row, panel pair, rows, bias offset, cols, y offset).
 template <typename TileCall>
-void for_each_tile(int64_t m, int64_t n, TileCall&& tile_call) {
+void for_each_tile(int64_t m, int64_t n, TileCall&& tile_call, int64_t max_rows = ROWS_PER_TILE) {
   const int64_t pairs = (n + 2 * PANEL - 1) / (2 * PANEL);
   at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {
     for (int64_t chunk = 0; chunk < m; chunk += ROWS_PER_CHUNK) {
       const int64_t chunk_rows = std::min(ROWS_PER_CHUNK, m - chunk);
-      const int64_t tiles = (chunk_rows + ROWS_PER_TILE - 1) / ROWS_PER_TILE;
+      const int64_t tiles = (chunk_rows + max_rows - 1) / max_rows;
       const int64_t rows_per_tile = (chunk_rows + tiles - 1) / tiles;  // even tiles: 12 rows are 6 + 6
       for (int64_t pair = begin; pair < end; ++pair) {
         for (int64_t row = chunk; row < chunk + chunk_rows; row += rows_per_tile) {
@@ -270,10 +320,12 @@ void for_each_tile(int64_t m, int64_t n, TileCall&& tile_call) {
 }
 
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                        const c10::optional<at::Tensor>& bias, bool use_amx) {
+                        const c10::optional<at::Tensor>& bias, bool use_amx, int64_t isa) {
   const bool bf16 = x.scalar_type() == at::kBFloat16;
-  check(bf16 ? bf16_panels_supported() : panel_linear_supported(),
-        bf16 ? "this build has no AVX512-BF16" : "this build has no AVX-512");
+  const std::vector<int64_t> isas = panel_isas();
+  const int64_t chosen = isa == 0 && !isas.empty() ? isas.front() : isa;
+  check(bf16 ? bf16_panels_supported() : std::find(isas.begin(), isas.end(), chosen) != isas.end(),
+        bf16 ? "this build has no AVX512-BF16" : "this build has no float32 panel path for that ISA (avx512, avx2)");
   check(x.dim() == 2 && x.is_contiguous() && (x.scalar_type() == at::kFloat || bf16),
         "x is a contiguous float32 or bfloat16 [M, K]");
   check(packed.dim() == 3 && packed.is_contiguous() && packed.size(1) == x.size(1) && packed.size(2) == PANEL &&
@@ -305,15 +357,25 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t o
 #endif
     return y;
   }
-#if defined(__AVX512F__)
   const float* x_ptr = x.data_ptr<float>();
   const float* w_ptr = packed.data_ptr<float>();
   const float* b_ptr = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* y_ptr = y.data_ptr<float>();
+#if defined(__AVX512F__)
+  if (chosen == 3) {
+    for_each_tile(m, n, [&](int64_t row, int64_t pair, int64_t rows, int64_t column) {
+      tile_of(rows, row_counts, x_ptr + row * k, k, w_ptr + 2 * pair * k * PANEL, b_ptr ? b_ptr + column : nullptr,
+              std::min(2 * PANEL, n - column), y_ptr + row * n + column, n);
+    });
+    return y;
+  }
+#endif
+#if defined(LLMCTL_PANELS_AVX2)
+  constexpr auto avx2_row_counts = std::make_integer_sequence<int, AVX2_ROWS_PER_TILE>{};
   for_each_tile(m, n, [&](int64_t row, int64_t pair, int64_t rows, int64_t column) {
-    tile_of(rows, row_counts, x_ptr + row * k, k, w_ptr + 2 * pair * k * PANEL, b_ptr ? b_ptr + column : nullptr,
-            std::min(2 * PANEL, n - column), y_ptr + row * n + column, n);
-  });
+    tile_avx2_of(rows, avx2_row_counts, x_ptr + row * k, k, w_ptr + 2 * pair * k * PANEL,
+                 b_ptr ? b_ptr + column : nullptr, std::min(2 * PANEL, n - column), y_ptr + row * n + column, n);
+  }, AVX2_ROWS_PER_TILE);
 #endif
   return y;
 }
@@ -325,7 +387,8 @@ TORCH_LIBRARY_FRAGMENT(llmctl_cpu, m) {
   m.def("bf16_panels_supported() -> bool", &bf16_panels_supported);
   m.def("pack_panels(Tensor weight) -> Tensor");
   m.def("bf16_amx_supported() -> bool", &bf16_amx_supported);
-  m.def("panel_linear(Tensor x, Tensor packed, int out_features, Tensor? bias, bool use_amx=True) -> Tensor");
+  m.def("panel_isas() -> int[]", &panel_isas);
+  m.def("panel_linear(Tensor x, Tensor packed, int out_features, Tensor? bias, bool use_amx=True, int isa=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(llmctl_cpu, CPU, m) {

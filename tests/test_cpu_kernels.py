@@ -147,10 +147,14 @@ def test_packed_linear_equals_the_plain_one(rows):
 AVX512 = cpu.panel_linear_supported()
 
 
-@pytest.mark.skipif(not AVX512, reason="the panel GEMM needs AVX-512; oneDNN packs float32 here")
+PANEL_ISAS = cpu.panel_isas()
+
+
+@pytest.mark.parametrize("isa", [pytest.param(isa, marks=pytest.mark.skipif(
+    isa not in PANEL_ISAS, reason=f"this CPU has no {isa}")) for isa in ("avx512", "avx2")])
 @pytest.mark.parametrize("out_features,in_features", [(5, 7), (40, 96), (960, 576), (576, 1536), (1000, 64)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_panel_linear_equals_f_linear(out_features, in_features, bias):
+def test_panel_linear_equals_f_linear(isa, out_features, in_features, bias):
     torch.manual_seed(out_features)
     weight = torch.randn(out_features, in_features)
     b = torch.randn(out_features) if bias else None
@@ -159,10 +163,10 @@ def test_panel_linear_equals_f_linear(out_features, in_features, bias):
     # row counts: tiles of 1..8 rows, uneven tiles (9, 13), chunks of 128 and a chunk's tail (129, 300)
     for rows in (1, 2, 3, 5, 8, 9, 13, 32, 128, 129, 300):
         x = torch.randn(rows, in_features)
-        torch.testing.assert_close(cpu.panel_linear(x, panels, out_features, b), nn.functional.linear(x, weight, b),
-                                   atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(cpu.panel_linear(x, panels, out_features, b, isa=isa),
+                                   nn.functional.linear(x, weight, b), atol=1e-4, rtol=1e-4)
     rows_of_a_wider_tensor = torch.randn(4, 2 * in_features)[:, :in_features]  # not contiguous
-    torch.testing.assert_close(cpu.panel_linear(rows_of_a_wider_tensor, panels, out_features, b),
+    torch.testing.assert_close(cpu.panel_linear(rows_of_a_wider_tensor, panels, out_features, b, isa=isa),
                                nn.functional.linear(rows_of_a_wider_tensor, weight, b), atol=1e-4, rtol=1e-4)
 
 
