@@ -40,6 +40,12 @@ def tiny_config(arch: str) -> Any:
         return transformers.Phi3Config(pad_token_id=0, **common)
     if arch == "gemma2":
         return transformers.Gemma2Config(head_dim=16, sliding_window=256, query_pre_attn_scalar=16, **common)
+    if arch == "gemma3":  # head size 256 as Gemma 3 1B-12B; a 4-token window that the prompts overrun; six
+        # layers, since a GGUF has no layer types and readers take Gemma 3's pattern (the sixth is global); the
+        # layers' bases (global 1e6, sliding 1e4) are Gemma 3's defaults, as llama.cpp assumes for the sliding ones
+        gemma3 = {key: value for key, value in common.items() if key != "rope_theta"}
+        return transformers.Gemma3TextConfig(head_dim=256, sliding_window=4, query_pre_attn_scalar=256,
+                                             **{**gemma3, "num_hidden_layers": 6})
     return transformers.LlamaConfig(**common)
 
 
@@ -58,7 +64,7 @@ def write_tiny_gguf(arch: str, path: Path, default_gguf: Path, qtype: str = "Q8_
         if gguf_name is None or (name == "lm_head.weight" and config.tie_word_embeddings):
             continue
         values = tensor.float().numpy()
-        if arch == "gemma2" and name.endswith("norm.weight"):
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
             values = values + 1
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
@@ -84,13 +90,14 @@ def _metadata(writer: GGUFWriter, arch: str, config: Any) -> None:
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"])
+    rope = config.rope_parameters
+    writer.add_rope_freq_base(getattr(config, "rope_theta", None) or rope.get("full_attention", rope)["rope_theta"])
     writer.add_vocab_size(VOCAB)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
-    if arch == "gemma2":
+    if arch.startswith("gemma"):
         writer.add_sliding_window(config.sliding_window)
 
 
@@ -117,7 +124,7 @@ def _gguf_name(arch: str, name: str) -> str | None:
     if parts[:2] != ["model", "layers"]:
         return None
     module, kind = ".".join(parts[3:-1]), parts[-1]
-    names = GEMMA_NAMES if arch == "gemma2" else LAYER_NAMES
+    names = GEMMA_NAMES if arch.startswith("gemma") else LAYER_NAMES
     return f"blk.{parts[2]}.{names[module]}.{kind}" if module in names else None
 
 

@@ -152,7 +152,8 @@ def test_inspect_shows_each_gguf_tensor_type_and_how_the_cpu_engine_runs_it(defa
     assert types["Q4_1"].kept_coded and types["Q8_0"].kept_coded and not types["F32"].kept_coded
 
 
-GGUF_ARCHITECTURES = [("llama", "Q4_0"), ("qwen2", "Q8_0"), ("qwen3", "Q4_1"), ("phi3", "Q8_0"), ("gemma2", "Q5_0")]
+GGUF_ARCHITECTURES = [("llama", "Q4_0"), ("qwen2", "Q8_0"), ("qwen3", "Q4_1"), ("phi3", "Q8_0"), ("gemma2", "Q5_0"),
+                     ("gemma3", "Q4_1")]
 
 
 @needs_kernels

@@ -3,9 +3,10 @@ from, and what llama.cpp's converter (convert_hf_to_gguf.py) changed in the tens
 
 - llama (and Mistral-style models, which llama.cpp writes as llama): Q/K rows interleaved for its rotary
   layout, undone here; config from the llama.* metadata (llmctl.checkpoint.gguf_convert);
-- qwen2 (q/k/v biases), qwen3 (q/k norms), phi3 (fused qkv and gate/up), gemma2 (norms before and after
-  attention and the MLP, stored as 1 + w by llama.cpp): rows as in Hugging Face's layout, config
-  from transformers' own GGUF reader (`AutoConfig.from_pretrained(..., gguf_file=...)`).
+- qwen2 (q/k/v biases), qwen3 (q/k norms), phi3 (fused qkv and gate/up), gemma2 and gemma3 (norms before
+  and after attention and the MLP, stored as 1 + w by llama.cpp): rows as in Hugging Face's layout,
+  config from transformers' own GGUF reader (`AutoConfig.from_pretrained(..., gguf_file=...)`), with
+  what that reader leaves out of Gemma 3 set as llama.cpp runs it.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ ARCHITECTURES = {
     "qwen3": GgufArchitecture("qwen3"),
     "phi3": GgufArchitecture("phi3", dict(_PHI3_NAMES)),
     "gemma2": GgufArchitecture("gemma2", dict(_GEMMA_NAMES), norm_offset=1.0),
+    "gemma3": GgufArchitecture("gemma3", dict(_GEMMA_NAMES), norm_offset=1.0),
 }
 
 
@@ -77,7 +79,7 @@ def gguf_architecture(name: str | None) -> GgufArchitecture:
     return ARCHITECTURES[name]
 
 
-def transformers_config(gguf_path: Path, has_output_tensor: bool, key_length: int | None) -> dict[str, Any]:
+def transformers_config(gguf_path: Path, has_output_tensor: bool, arch: str, meta: dict[str, Any]) -> dict[str, Any]:
     """The Hugging Face config transformers reads from the file's metadata, as a config.json dict; the
     head size from `attention.key_length` where the file has one (transformers reads it for Gemma only)."""
     from transformers import AutoConfig
@@ -88,8 +90,24 @@ def transformers_config(gguf_path: Path, has_output_tensor: bool, key_length: in
     data["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     data["tie_word_embeddings"] = not has_output_tensor
     data["torch_dtype"] = "float32"
+    key_length = meta.get(f"{arch}.attention.key_length")
     if key_length:
         data["head_dim"] = int(key_length)
     for key in ("transformers_version", "_name_or_path", "dtype"):
         data.pop(key, None)
+    if arch == "gemma3":
+        _gemma3_as_llama_cpp(data, meta)
     return data
+
+
+def _gemma3_as_llama_cpp(data: dict[str, Any], meta: dict[str, Any]) -> None:
+    """What transformers' GGUF reader leaves at Gemma 3's defaults, set as llama.cpp runs the file: the
+    linear RoPE scaling that convert_hf_to_gguf.py writes (global layers only; the 4B-27B models' factor
+    8), and the query scale, 1/√head_dim but 1/√(hidden/heads) for the 62-layer 27B (llama.cpp's
+    llm_build_gemma3; transformers' default is 256 for every size)."""
+    factor = meta.get("gemma3.rope.scaling.factor")
+    if factor and meta.get("gemma3.rope.scaling.type", "linear") == "linear" and float(factor) != 1.0:
+        full = data["rope_parameters"]["full_attention"]
+        data["rope_parameters"]["full_attention"] = {**full, "rope_type": "linear", "factor": float(factor)}
+    large = data["num_hidden_layers"] == 62
+    data["query_pre_attn_scalar"] = data["hidden_size"] // data["num_attention_heads"] if large else data["head_dim"]

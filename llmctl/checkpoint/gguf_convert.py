@@ -82,7 +82,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, show_progress: bool = True, 
     arch = gguf_architecture(meta.get("general.architecture"))
     has_output = any(t.name == "output.weight" for t in reader.tensors)
     config = _llama_config(meta, reader) if arch.name == "llama" else \
-        transformers_config(gguf_path, has_output, meta.get(f"{arch.name}.attention.key_length"))
+        transformers_config(gguf_path, has_output, arch.name, meta)
     tensors = _converted_tensors(reader, arch, config, show_progress, coded)
     if coded:
         config["quantization_config"] = {"quant_method": "gguf",
