@@ -1,10 +1,13 @@
-"""CPU linears: torch's plain F.linear, oneDNN's packed linear and llmctl's AVX-512 panel GEMM
+"""CPU linears: torch's plain F.linear, oneDNN's packed linear and llmctl's panel GEMM
 (the paths of llmctl.engine.layers.cpu_gemm), on SmolLM2-135M's shapes at decode and prefill
 row counts.
 
     .venv/bin/python benchmarks/cpu_gemm.py [--threads 2] [--layers 30] [--rows 1 4 8 16 32 64 256 2048]
     .venv/bin/python benchmarks/cpu_gemm.py --dtype bfloat16   # panels on AMX tiles where the CPU has AMX
-    ONEDNN_MAX_CPU_ISA=AVX2 .venv/bin/python benchmarks/cpu_gemm.py --isa avx2   # both sides held to AVX2
+    ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 \
+        .venv/bin/python benchmarks/cpu_gemm.py --isa avx2   # all three held to AVX2
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 .venv/bin/python benchmarks/cpu_gemm.py --dtype bfloat16 --no-amx
+        # as on an AVX512-BF16 CPU without AMX (Zen 4): llmctl's vdpbf16ps panels against oneDNN
 
 Each row count runs every linear of `--layers` decoder layers (qkv, o, gate/up, down; each
 with its own weight, 14 MB a layer) and the LM head once, as a decode step does: the weights
@@ -13,7 +16,7 @@ and GFLOP/s for each path, and the panel kernel's speed-up over oneDNN. "panels"
 weight on its own (torch's allocation: 4 KiB pages where transparent huge pages are in
 `madvise` mode); "panels 2M" packs them into one buffer on 2 MiB pages, as the engine does. The three paths run
 interleaved per row count, so machine noise hits them alike. Without AVX-512 (or without
-the C++ kernels; in bfloat16, without AMX) the panel columns are left out.
+the C++ kernels; in bfloat16, without AVX512-BF16) the panel columns are left out.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--isa", choices=["auto", "avx512", "avx2"], default="auto",
                         help="the float32 panel path (oneDNN's: the ONEDNN_MAX_CPU_ISA environment variable)")
+    parser.add_argument("--no-amx", action="store_true", help="bfloat16 panels with AVX512-BF16 only, not AMX tiles")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     if args.threads:
@@ -60,13 +64,15 @@ def main() -> None:
         "oneDNN": [lambda x, p=torch.ops.mkldnn._reorder_linear_weight(w, None): torch.ops.mkldnn._linear_pointwise(
             x, p, None, "none", [], "") for w in weights],
     }
-    if cpu.panel_isas() if dtype == torch.float32 else cpu.bf16_amx_supported():
+    if cpu.panel_isas() if dtype == torch.float32 else cpu.bf16_panels_supported():
         isa = args.isa if dtype == torch.float32 else "auto"
-        paths["panels"] = [lambda x, p=cpu.pack_panels(w), n=w.shape[0]: cpu.panel_linear(x, p, n, isa=isa)
+        amx = not args.no_amx
+        paths["panels"] = [lambda x, p=cpu.pack_panels(w), n=w.shape[0]: cpu.panel_linear(x, p, n, use_amx=amx,
+                                                                                            isa=isa)
                            for w in weights]
         arena = PanelArena(weights)  # as the engine packs them: one buffer on 2 MiB pages
         paths["panels 2M"] = [lambda x, p=arena.place(cpu.pack_panels(w)), n=w.shape[0]:
-                              cpu.panel_linear(x, p, n, isa=isa) for w in weights]
+                              cpu.panel_linear(x, p, n, use_amx=amx, isa=isa) for w in weights]
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     print(f"{torch.get_num_threads()} threads; {args.layers} layers + LM head, {weight_bytes / 1e6:.0f} MB of "
           f"{args.dtype} weights")

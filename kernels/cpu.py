@@ -39,6 +39,16 @@ SOURCES = [Path(__file__).with_name(name)
 HEADERS = [Path(__file__).with_name("cpu_coded.h")]  # included by the sources: part of the build key
 LIBRARY = "llmctl_cpu"
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]  # fast-math: vectorized exp (libmvec)
+TARGET_ENV = "LLMCTL_CPU_TARGET"  # a gcc -march (haswell: AVX2/FMA only) for a build older CPUs can run too
+
+
+def build_flags() -> list[str]:
+    """FLAGS, for this CPU, or for LLMCTL_CPU_TARGET (its own build directory)."""
+    target = os.environ.get(TARGET_ENV, "native")
+    if target == "native":
+        return FLAGS
+    return [f"-march={target}" if flag == "-march=native" else flag for flag in FLAGS
+            if flag != "-mprefer-vector-width=512"]
 
 
 class CPUKernelsUnavailable(RuntimeError):
@@ -56,7 +66,7 @@ def _cpu_flags() -> str:
 
 
 def build_directory() -> Path:
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS) + torch.__version__.encode() + " ".join(FLAGS).encode()
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS) + torch.__version__.encode() + " ".join(build_flags()).encode()
                          + _cpu_flags().encode() + platform.machine().encode()).hexdigest()[:16]
     return llmctl_cache_dir() / "cpu_kernels" / key
 
@@ -87,7 +97,7 @@ def load() -> None:
     # cpp_extension runs `ninja` from PATH: the one installed in this environment may not be on it.
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     try:
-        cpp_extension.load(LIBRARY, [str(s) for s in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+        cpp_extension.load(LIBRARY, [str(s) for s in SOURCES], extra_cflags=build_flags(), extra_ldflags=["-fopenmp"],
                            build_directory=str(directory), is_python_module=False, verbose=False)
     except (RuntimeError, OSError, ImportError) as exc:
         raise CPUKernelsUnavailable(f"building llmctl's C++ CPU attention kernel failed: {exc}") from exc
@@ -199,8 +209,11 @@ def panel_linear(x: torch.Tensor, panels: torch.Tensor, out_features: int,
     return torch.ops.llmctl_cpu.panel_linear(x.contiguous(), panels, out_features, bias, use_amx, CODED_ISAS[isa])
 
 
+@functools.cache
 def panel_isas() -> list[str]:
-    """The float32 panel paths built here, widest first."""
+    """The float32 panel paths built here (the kernels are built for this CPU), widest first."""
+    if unavailable_reason() is not None:
+        return []
     load()
     names = {code: name for name, code in CODED_ISAS.items()}
     return [names[code] for code in torch.ops.llmctl_cpu.panel_isas()]

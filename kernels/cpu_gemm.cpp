@@ -127,38 +127,47 @@ inline void tile_of(int64_t rows, std::integer_sequence<int, Rs...>, const float
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define LLMCTL_PANELS_AVX2 1
-constexpr int64_t AVX2_ROWS_PER_TILE = 3;  // 3 rows × 4 registers of sums, 4 of weights, 1 broadcast: AVX2's 16
+// 6 rows × 2 registers of sums (one 16-column panel), 2 of weights, 1 broadcast: 15 of AVX2's 16
+// registers, the shape of the Haswell sgemm kernels (BLIS's 6 × 16). A 3-row tile over both panels of a
+// pair (12 sums, 4 weights) read twice the weight bytes per multiply and fell behind MKL from 24 rows.
+constexpr int64_t AVX2_ROWS_PER_TILE = 6;
 
-// As `tile`, in AVX2's 8-float registers (a 16-column panel row is two of them), for CPUs without AVX-512.
+// As `tile`, in AVX2's 8-float registers, one 16-column panel (`cols` ≤ 16 of them) at a time.
 template <int R>
-inline void tile_avx2(const float* x, int64_t k, const float* panel0, const float* bias, int64_t cols, float* y,
+inline void tile_avx2(const float* x, int64_t k, const float* panel, const float* bias, int64_t cols, float* y,
                       int64_t y_stride) {
-  const float* panel1 = panel0 + k * PANEL;
-  alignas(32) float start[2 * PANEL] = {};
+  alignas(32) float start[PANEL] = {};
   if (bias) std::copy(bias, bias + cols, start);
-  __m256 acc[R][4];
-  for (int c = 0; c < 4; ++c)
-    for (int r = 0; r < R; ++r) acc[r][c] = _mm256_load_ps(start + 8 * c);
+  // Two arrays and unrolled row loops: with one acc[R][2] gcc stored every sum to the stack on each
+  // step of the K loop, which halved the speed.
+  __m256 left[R], right[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    left[r] = _mm256_load_ps(start);
+    right[r] = _mm256_load_ps(start + 8);
+  }
   for (int64_t i = 0; i < k; ++i) {
-    const float* w0 = panel0 + i * PANEL;
-    const float* w1 = panel1 + i * PANEL;
-    const __m256 w[4] = {_mm256_loadu_ps(w0), _mm256_loadu_ps(w0 + 8), _mm256_loadu_ps(w1), _mm256_loadu_ps(w1 + 8)};
+    const __m256 w0 = _mm256_loadu_ps(panel + i * PANEL), w1 = _mm256_loadu_ps(panel + i * PANEL + 8);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 a = _mm256_broadcast_ss(x + r * k + i);
-      for (int c = 0; c < 4; ++c) acc[r][c] = _mm256_fmadd_ps(a, w[c], acc[r][c]);
+      left[r] = _mm256_fmadd_ps(a, w0, left[r]);
+      right[r] = _mm256_fmadd_ps(a, w1, right[r]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    alignas(32) float out[2 * PANEL];
-    for (int c = 0; c < 4; ++c) _mm256_store_ps(out + 8 * c, acc[r][c]);
+    alignas(32) float out[PANEL];
+    _mm256_store_ps(out, left[r]);
+    _mm256_store_ps(out + 8, right[r]);
     std::copy(out, out + cols, y + r * y_stride);
   }
 }
 
 template <int... Rs>
 inline void tile_avx2_of(int64_t rows, std::integer_sequence<int, Rs...>, const float* x, int64_t k,
-                         const float* panel0, const float* bias, int64_t cols, float* y, int64_t y_stride) {
-  ((rows == Rs + 1 ? tile_avx2<Rs + 1>(x, k, panel0, bias, cols, y, y_stride) : void()), ...);
+                         const float* panel, const float* bias, int64_t cols, float* y, int64_t y_stride) {
+  ((rows == Rs + 1 ? tile_avx2<Rs + 1>(x, k, panel, bias, cols, y, y_stride) : void()), ...);
 }
 #endif
 
@@ -373,8 +382,11 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t o
 #if defined(LLMCTL_PANELS_AVX2)
   constexpr auto avx2_row_counts = std::make_integer_sequence<int, AVX2_ROWS_PER_TILE>{};
   for_each_tile(m, n, [&](int64_t row, int64_t pair, int64_t rows, int64_t column) {
-    tile_avx2_of(rows, avx2_row_counts, x_ptr + row * k, k, w_ptr + 2 * pair * k * PANEL,
-                 b_ptr ? b_ptr + column : nullptr, std::min(2 * PANEL, n - column), y_ptr + row * n + column, n);
+    for (int64_t half = 0; half < 2 && column + half * PANEL < n; ++half) {  // the pair's two panels
+      const int64_t first = column + half * PANEL;
+      tile_avx2_of(rows, avx2_row_counts, x_ptr + row * k, k, w_ptr + (2 * pair + half) * k * PANEL,
+                   b_ptr ? b_ptr + first : nullptr, std::min(PANEL, n - first), y_ptr + row * n + first, n);
+    }
   }, AVX2_ROWS_PER_TILE);
 #endif
   return y;

@@ -31,6 +31,10 @@ class UnsupportedModelError(LlmctlError):
     pass
 
 
+class SettingError(LlmctlError):
+    """An environment variable llmctl reads holds a value it cannot use."""
+
+
 class InternalError(RuntimeError):
     """A bug of llmctl's, reported from somewhere its traceback cannot travel (a worker rank)."""
 

@@ -51,10 +51,13 @@ def cpu_paths() -> str:
     bf16 = ("; the bfloat16 panel GEMM on AMX tiles and with AVX512-BF16" if cpu.bf16_amx_supported() else
             "; the bfloat16 panel GEMM with AVX512-BF16 (no AMX: bfloat16 models run oneDNN)"
             if cpu.bf16_panels_supported() else "; no AVX512-BF16: the bfloat16 panel GEMM is NOT tested")
+    panels = f"the float32 panel GEMM ({', '.join(cpu.panel_isas())} paths)" if cpu.panel_isas() else \
+        "oneDNN float32 linears (no AVX2/FMA: no float32 panel GEMM)"
     if cpu.built_for_avx512():
-        return ("llmctl CPU paths: C++ kernels with AVX-512: the float32 panel GEMM and the register-row "
+        return ("llmctl CPU paths: C++ kernels with AVX-512: " + panels + " and the register-row "
                 "attention (float32, bfloat16, float16 caches) are tested" + bf16 + coded)
-    return ("llmctl CPU paths: C++ kernels without AVX-512 (this CPU has none): oneDNN float32 linears and the "
+    why = f"{cpu.TARGET_ENV}={os.environ[cpu.TARGET_ENV]}" if os.environ.get(cpu.TARGET_ENV) else "this CPU has none"
+    return (f"llmctl CPU paths: C++ kernels without AVX-512 ({why}): " + panels + " and the "
             "plain attention loop are tested; the AVX-512 panel GEMM and register-row attention are NOT" + coded)
 
 

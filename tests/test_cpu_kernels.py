@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from llmctl.errors import SettingError
 from llmctl.engine.layers import cpu_gemm
 from llmctl.engine.layers.positions import _rotate, alibi_slopes
 from llmctl.engine.models.common import RMSNorm
@@ -168,6 +169,34 @@ def test_panel_linear_equals_f_linear(isa, out_features, in_features, bias):
     rows_of_a_wider_tensor = torch.randn(4, 2 * in_features)[:, :in_features]  # not contiguous
     torch.testing.assert_close(cpu.panel_linear(rows_of_a_wider_tensor, panels, out_features, b, isa=isa),
                                nn.functional.linear(rows_of_a_wider_tensor, weight, b), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif("avx2" not in PANEL_ISAS, reason="this CPU has no AVX2/FMA")
+def test_avx2_panels_take_steps_under_their_row_limit_and_plain_f_linear_the_rest(monkeypatch):
+    monkeypatch.setenv(cpu_gemm.PANEL_ISA_ENV, "avx2")  # as on a CPU without AVX-512
+    torch.manual_seed(1)
+    weight, bias = torch.randn(960, 576), torch.randn(960)
+    packed = cpu_gemm.pack_weight(weight)
+    assert packed.panels and packed.isa == "avx2" and packed.max_rows == cpu_gemm.AVX2_PANEL_ROWS
+    assert cpu_gemm.kernel_name(packed).startswith("llmctl's AVX2 float32 GEMM")
+    monkeypatch.setattr(cpu_gemm, "_small_batch", 1)
+    paths = []
+    panel_linear = cpu.panel_linear
+    monkeypatch.setattr(cpu, "panel_linear", lambda *args, **kwargs: paths.append(kwargs["isa"]) or
+                        panel_linear(*args, **kwargs))
+    for rows in (1, cpu_gemm.AVX2_PANEL_ROWS - 1, cpu_gemm.AVX2_PANEL_ROWS, 300):
+        x = torch.randn(rows, 576)
+        torch.testing.assert_close(cpu_gemm.linear(x, weight, packed, bias), nn.functional.linear(x, weight, bias),
+                                   atol=1e-4, rtol=1e-4)
+    assert paths == ["avx2", "avx2"]  # the two steps of 24 rows and more ran F.linear
+
+
+def test_panel_isa_variable_refuses_a_path_this_machine_lacks(monkeypatch):
+    monkeypatch.setenv(cpu_gemm.PANEL_ISA_ENV, "avx9")
+    with pytest.raises(SettingError, match="LLMCTL_PANEL_ISA=avx9: this machine's float32 panel paths are"):
+        cpu_gemm.pack_weight(torch.randn(64, 96))
+    monkeypatch.setenv(cpu_gemm.PANEL_ISA_ENV, "off")
+    assert not cpu_gemm.pack_weight(torch.randn(64, 96)).panels  # oneDNN's layout instead
 
 
 @pytest.mark.skipif(not AVX512, reason="the panel GEMM needs AVX-512; oneDNN packs float32 here")

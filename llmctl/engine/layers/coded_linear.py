@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmctl.errors import SettingError
 from llmctl.kernels import cpu as cpu_kernels
 
 DECODE_ROWS = 128  # input rows from which the weight is decoded once, then one float GEMM
@@ -118,7 +119,7 @@ def gguf_int8_activations() -> bool:
     dequantized model, slower decoding)."""
     choice = os.environ.get(GGUF_ACTIVATIONS_ENV, "int8")
     if choice not in ("int8", "float32"):
-        raise ValueError(f"{GGUF_ACTIVATIONS_ENV}={choice!r}: use int8 or float32")
+        raise SettingError(f"{GGUF_ACTIVATIONS_ENV}={choice!r}: use int8 or float32")
     return choice == "int8"
 
 

@@ -8,10 +8,14 @@ costs as much as the product. Two packed layouts skip it:
   `benchmarks/cpu_gemm.py` on a Zen 4 EPYC over a whole model's weights (read from memory,
   as in decoding), it was 1.15-1.7x faster than oneDNN's packed linear from 1 to 32 rows
   and even to 1.2x faster at prefill sizes, because it keeps the weight stream busy.
+- float32 on AVX2/FMA CPUs without AVX-512: the same panels in 8-float registers (6-row tiles of
+  one panel), for steps of fewer than AVX2_PANEL_ROWS rows: with every path held to AVX2 on a Xeon
+  it was 1.05-1.8x faster than oneDNN and plain F.linear from 1 to 32 rows, even at 40, and behind
+  from 48 (0.8x at 256), where plain F.linear runs instead.
 - bfloat16 on CPUs with AMX: the same panels, whose bfloat16 form is AMX's tile layout, run on
   AMX tiles (kernels/cpu_gemm.cpp); on a Sapphire Rapids Xeon 1.3-3x faster than oneDNN's
   packed linear from 1 to 32 rows, even at prefill sizes.
-- otherwise (bfloat16 without AMX, CPUs without AVX-512, or no C++ compiler): oneDNN's prepacked layout
+- otherwise (bfloat16 without AMX, CPUs without AVX2/FMA, or no C++ compiler): oneDNN's prepacked layout
   (`torch.ops.mkldnn`), 1.3-2.2x faster than plain for gate/up and the LM head from 4 to 64
   rows, 1.0-1.8x for the smaller ones, about even at prefill sizes.
 
@@ -25,6 +29,7 @@ copy is added, not swapped in, and only when the host has the memory for it.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmctl.errors import SettingError
 from llmctl.kernels.huge_pages import zeros_on_huge_pages
 from llmctl.kernels import cpu as cpu_kernels
 
@@ -41,20 +47,38 @@ logger = logging.getLogger("llmctl")
 
 MAX_SMALL_BATCH = 4  # from 4 rows on, packing won on every CPU measured
 PACKABLE = (torch.float32, torch.bfloat16)
+AVX2_PANEL_ROWS = 40  # steps of this many rows or more run plain F.linear, not the AVX2 panels (see above)
+PANEL_ISA_ENV = "LLMCTL_PANEL_ISA"  # auto (the widest built), avx512, avx2 or off: float32 panels' path
 
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """A [N, K] CPU weight packed once: llmctl's AVX-512 panels (float32) or oneDNN's layout."""
+    """A [N, K] CPU weight packed once: llmctl's panels (float32 on `isa`, or bfloat16) or oneDNN's layout;
+    steps of `max_rows` rows or more run the plain weight (0: no limit)."""
 
     data: torch.Tensor
     out_features: int
     panels: bool
+    isa: str = "auto"
+    max_rows: int = 0
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.panels:
-            return cpu_kernels.panel_linear(x, self.data, self.out_features, bias)
+            return cpu_kernels.panel_linear(x, self.data, self.out_features, bias, isa=self.isa)
         return torch.ops.mkldnn._linear_pointwise(x, self.data, bias, "none", [], "")
+
+
+def float32_panel_isa() -> str | None:
+    """The path float32 panels take here: LLMCTL_PANEL_ISA if set (refused when not built), else the
+    widest built (avx512, then avx2); None where there is none or the variable says off."""
+    built = cpu_kernels.panel_isas()
+    wanted = os.environ.get(PANEL_ISA_ENV, "auto")
+    if wanted == "off":
+        return None
+    if wanted != "auto" and wanted not in built:
+        raise SettingError(f"{PANEL_ISA_ENV}={wanted}: this machine's float32 panel paths are "
+                         f"{', '.join(built) or 'none'} (or use auto, off)")
+    return built[0] if wanted == "auto" and built else (wanted if wanted != "auto" else None)
 
 
 def _takes_panels(weight: torch.Tensor) -> bool:
@@ -62,7 +86,7 @@ def _takes_panels(weight: torch.Tensor) -> bool:
         return False
     if weight.dtype == torch.bfloat16:
         return weight.shape[1] % 32 == 0 and cpu_kernels.bf16_amx_supported()
-    return weight.dtype == torch.float32 and cpu_kernels.panel_linear_supported()
+    return weight.dtype == torch.float32 and float32_panel_isa() is not None
 
 
 def _panel_elements(weight: torch.Tensor) -> int:
@@ -98,7 +122,9 @@ def pack_weight(weight: torch.Tensor, arena: PanelArena | None = None) -> Packed
         return None
     if _takes_panels(weight):
         panels = cpu_kernels.pack_panels(weight)
-        return PackedWeight(arena.place(panels) if arena is not None else panels, weight.shape[0], panels=True)
+        isa = float32_panel_isa() if weight.dtype == torch.float32 else "auto"
+        return PackedWeight(arena.place(panels) if arena is not None else panels, weight.shape[0], panels=True,
+                            isa=isa, max_rows=AVX2_PANEL_ROWS if isa == "avx2" else 0)
     if not torch.backends.mkldnn.is_available():
         return None
     try:
@@ -111,7 +137,11 @@ def kernel_name(packed: PackedWeight) -> str:
     """What runs a packed weight, for the startup log."""
     if not packed.panels:
         return "oneDNN's CPU GEMMs"
-    return "llmctl's AMX bfloat16 GEMM" if packed.data.dtype == torch.bfloat16 else "llmctl's AVX-512 float32 GEMM"
+    if packed.data.dtype == torch.bfloat16:
+        return "llmctl's AMX bfloat16 GEMM"
+    if packed.isa == "avx2":
+        return f"llmctl's AVX2 float32 GEMM (steps under {packed.max_rows} rows; plain F.linear from there)"
+    return "llmctl's AVX-512 float32 GEMM"
 
 
 _small_batch = MAX_SMALL_BATCH  # rows below which the plain weight runs; set by pack_linears
@@ -153,7 +183,8 @@ def measure_small_batch(weight: torch.Tensor, packed: PackedWeight) -> int:
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeight | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """x Wᵀ + b, through the packed weight when there is one and the batch is large enough."""
-    if packed is None or x.dim() != 2 or x.shape[0] < _small_batch or x.dtype != weight.dtype:
+    if packed is None or x.dim() != 2 or x.shape[0] < _small_batch or x.dtype != weight.dtype or \
+            0 < packed.max_rows <= x.shape[0]:
         return F.linear(x, weight, bias)
     return packed.linear(x, bias)
 
