@@ -20,7 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cmath>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #include <immintrin.h>
 #endif
 #include <type_traits>
@@ -113,6 +113,7 @@ inline void for_each_slot(const int32_t* table, int64_t block_size, int64_t firs
 // once for its G = 3 query heads instead of once per head from 25 to 24; the same spans through
 // the plain loops were slower than one KV head per item, which is why the plain path keeps that.
 constexpr bool kVectorRows = true;
+constexpr int kLanes = 16;
 
 // 16 cache elements as float32: bfloat16 is float32's upper half (a shift), float16 converts in hardware,
 // so bfloat16 and float16 caches run the same register rows as float32 with half the bytes read.
@@ -218,8 +219,11 @@ inline void with_heads_per_row(int64_t group, F&& f) {
   }
   f(std::integral_constant<int, 1>{});
 }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "cpu_attention_avx2.h"  // the same rows in AVX2 registers
 #else
 constexpr bool kVectorRows = false;
+constexpr int kLanes = 16;
 template <int DIM, int G, typename T>
 inline void block_dots(const float*, const T*, int64_t, int64_t, float*, int64_t) {}
 template <int DIM, int G, typename T>
@@ -271,7 +275,7 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
   const std::vector<Item> items = split_items(starts, seq_lens.size(0));
   // A work item covers `span` KV heads, so that it reads each cached token's K (and V) rows
   // of those heads as one contiguous run.
-  constexpr bool vector_rows = kVectorRows && DIM > 0 && DIM % 16 == 0 &&
+  constexpr bool vector_rows = kVectorRows && DIM > 0 && DIM % kLanes == 0 &&
       (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>);
   const int64_t span = vector_rows ? kv_heads_per_item(kv_heads, static_cast<int64_t>(items.size())) : 1;
   const int64_t spans = kv_heads / span;

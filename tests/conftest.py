@@ -57,8 +57,9 @@ def cpu_paths() -> str:
         return ("llmctl CPU paths: C++ kernels with AVX-512: " + panels + " and the register-row "
                 "attention (float32, bfloat16, float16 caches) are tested" + bf16 + coded)
     why = f"{cpu.TARGET_ENV}={os.environ[cpu.TARGET_ENV]}" if os.environ.get(cpu.TARGET_ENV) else "this CPU has none"
-    return (f"llmctl CPU paths: C++ kernels without AVX-512 ({why}): " + panels + " and the "
-            "plain attention loop are tested; the AVX-512 panel GEMM and register-row attention are NOT" + coded)
+    rows = "the AVX2 register-row attention" if "avx2" in cpu.panel_isas() else "the plain attention loop"
+    return (f"llmctl CPU paths: C++ kernels without AVX-512 ({why}): {panels} and {rows} are tested; the AVX-512 "
+            "panel GEMM and register-row attention are NOT" + coded)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

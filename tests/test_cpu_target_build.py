@@ -1,5 +1,5 @@
 """The C++ kernels as a CPU without AVX-512 runs them, on this machine: rebuilt with LLMCTL_CPU_TARGET=haswell
-(AVX2/FMA only; no AVX-512 register-row attention, the AVX2 panel GEMM, the plain loops), then the kernel tests
+(AVX2/FMA only: the AVX2 register-row attention and panel GEMM, no AVX-512 code), then the kernel tests
 and the float32 engine on the AVX2 panels against transformers, in a fresh pytest process. On a CPU without
 AVX-512 the suite's own build is already that one."""
 
