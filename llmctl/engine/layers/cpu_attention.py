@@ -6,7 +6,8 @@ llmctl.engine.attention_selector words the startup log from them) go to
 copy, no padding to the longest context, no mask. Where the kernel keeps its rows in
 AVX-512 registers (float32, bfloat16 or float16 caches, head sizes of multiples of 16) it beats
 torch's SDPA on whole prompts too, up to a few hundred tokens (`benchmarks/cpu_attention.py
---prompts`); its plain loop (no AVX-512) beats SDPA only on short chunks over cached tokens.
+--prompts`); its plain loop (no AVX-512) and its AVX2 register rows are used only on short
+chunks over cached tokens (the AVX2 rows were not measured against SDPA on prompts).
 Longer prompts attend with SDPA, as the `torch`
 backend (llmctl.engine.layers.torch_attention) does: that backend is the reference this
 one is tested against. An fp8 KV cache runs on the `torch` backend
