@@ -14,6 +14,10 @@ Serving (`--serve`): 16 concurrent streaming completions (the `openai` client, 6
 
     pip install 'llama-cpp-python[server]'   # builds llama.cpp from source for this CPU (minutes)
     python benchmarks/llama_cpp_vs_llmctl.py [GGUF] [--threads 2] [--runs 3] [--serve] [--llama-cpp-python PY]
+
+`--isa avx2` holds llmctl to AVX2 on a newer CPU (benchmarks/held_isa.py); give it a llama-cpp-python built
+for AVX2 only (CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF …")
+so that both stand in for an AVX2 laptop.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from held_isa import HELD_TO, held_environment
 
 
 def rss_mib() -> float:
@@ -90,7 +96,8 @@ def run_worker(engine: str, args: argparse.Namespace) -> dict[str, float]:
     command = [python, __file__, args.gguf, "--worker", engine, "--threads", str(args.threads),
                "--prompt-len", str(args.prompt_len), "--decode-len", str(args.decode_len), "--kv-mib",
                str(args.kv_mib), "--llmctl-dtype", args.llmctl_dtype]
-    out = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(held_environment(args.isa) if engine == "llmctl" else {})}
+    out = subprocess.run(command, capture_output=True, text=True, env=env)
     if out.returncode:
         sys.exit(f"{engine} worker failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -104,7 +111,7 @@ def single_stream(args: argparse.Namespace) -> None:
     medians = {engine: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
                for engine, runs in results.items()}
     print(f"{Path(args.gguf).name}, {args.threads} threads, median of {args.runs} fresh processes each "
-          f"(llmctl dtype {args.llmctl_dtype})")
+          f"(llmctl dtype {args.llmctl_dtype}, instructions {args.isa})")
     print(f"{'':24}{'llmctl':>12}{'llama.cpp':>12}{'ratio':>8}")
     for key, label in [("prompt_tok_s", f"prompt {args.prompt_len} tok/s"),
                        ("decode_tok_s", f"decode {args.decode_len} tok/s"), ("rss_loaded_mib", "RSS loaded MiB"),
@@ -145,7 +152,8 @@ def serve_once(engine: str, args: argparse.Namespace, port: int) -> dict[str, fl
 
     from openai import OpenAI
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads),
+           **(held_environment(args.isa) if engine == "llmctl" else {})}
     if engine == "llmctl":
         command = [sys.executable, "-m", "llmctl", "serve", args.gguf, "--port", str(port), "--cpu-threads",
                    str(args.threads), "--max-model-len", "1024", "--served-model-name", "m"]
@@ -199,6 +207,8 @@ def main() -> None:
     parser.add_argument("--llama-cpp-python", default=sys.executable,
                         help="the Python that has llama-cpp-python (default: this one)")
     parser.add_argument("--serve", action="store_true", help="also the 16-stream serving comparison")
+    parser.add_argument("--isa", choices=("native", *HELD_TO), default="native",
+                        help="hold llmctl to an older CPU's instructions (see above)")
     parser.add_argument("--worker", choices=["llmctl", "llama.cpp"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.gguf is None:

