@@ -274,8 +274,8 @@ def int8_dequantize(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Te
 def q8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
               bias: torch.Tensor | None = None, isa: str = "auto", offsets_used: bool = True) -> torch.Tensor:
     """int4_linear / int8_linear (by the codes' dtype) with x quantized to int8 in blocks of 32 as llama.cpp's
-    Q8_0, the dot products taken in integers; groups of 32 (GGUF's blocks). `offsets_used=False` skips
-    the offsets (all zero, as Q8_0's)."""
+    Q8_0, the dot products taken in integers; groups of 32 (GGUF's blocks), or of 16 with int8 codes (Q6_K:
+    each half block takes its group's scale). `offsets_used=False` skips the offsets (all zero, as Q8_0's)."""
     load()
     return torch.ops.llmctl_cpu.q8_linear(x.contiguous(), codes, scales, offsets, bias, CODED_ISAS[isa],
                                           offsets_used)

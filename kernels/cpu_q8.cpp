@@ -4,7 +4,8 @@
 // d kept as float16). A 32-weight chunk's dot product with a block is then taken in integers: the chunk's
 // unsigned 4-bit codes (cpu_int4.cpp's packing) or signed 8-bit codes times the signed bytes q, summed to
 // int32 (AVX-512 VNNI vpdpbusd, or AVX2 vpmaddubsw + vpmaddwd), and scaled once per chunk by the weight
-// block's scale · d; the offsets add offset · d · Σ q. Weight groups are 32 wide, as GGUF's blocks. Integer products skip converting every code
+// block's scale · d; the offsets add offset · d · Σ q. Weight groups are 32 wide, as GGUF's blocks, or 16 wide
+// (Q6_K, as llama.cpp's Q8_K dot products take its 16-weight scales): each half block then takes its own scale. Integer products skip converting every code
 // to a float and take 32 multiplies per instruction, which is what bounded float decoding. The results
 // carry the rounding of x that llama.cpp's carry; the reference is the weight and gguf-py's Q8_0 rounding
 // of x, both dequantized, multiplied in float64. Paths: AVX-512 (with VNNI where built), AVX2, plain.
@@ -35,32 +36,41 @@ constexpr int64_t BLOCK = 32;  // activations per scale; weights per chunk
 
 void check(bool ok, const char* message) { TORCH_CHECK(ok, "llmctl cpu q8_linear: ", message); }
 
-// x quantized: q [M, K], d and sums [M, K / 32] (each block's scale and d · Σ q).
+// x quantized: q [M, K], d [M, K / 32] (each block's scale) and sums [M, sum_stride] (d · Σ q of each block,
+// or of each half block where the weight's groups are 16 wide).
 struct QuantizedRows {
   const int8_t* q;
   const float* d;
   const float* sums;
-  int64_t k, blocks;
-  QuantizedRows at(int64_t row) const { return {q + row * k, d + row * blocks, sums + row * blocks, k, blocks}; }
+  int64_t k, blocks, sum_stride;
+  QuantizedRows at(int64_t row) const {
+    return {q + row * k, d + row * blocks, sums + row * sum_stride, k, blocks, sum_stride};
+  }
 };
 
 // gguf-py's (and llama.cpp's reference) Q8_0: d = amax / 127, q = round half away from zero of x · (1 / d).
 // `paired`: the AVX-512 4-bit path's order, in which each pair of chunks (2p, 2p + 1) holds q[2p][0:16],
 // q[2p + 1][0:16], q[2p][16:32], q[2p + 1][16:32], as one 64-byte decode of the pair's codes lays them out.
-void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* sums, bool paired) {
+// `halves`: sums per 16 (two per block), for weights with 16-wide groups.
+void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* sums, bool paired, bool halves) {
   for (int64_t b = 0; b < k / BLOCK; ++b) {
     const float* xb = x + b * BLOCK;
     float amax = 0.0f;
     for (int j = 0; j < BLOCK; ++j) amax = std::max(amax, std::fabs(xb[j]));
     const float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
-    int32_t total = 0;
+    int32_t total[2] = {0, 0};
     for (int j = 0; j < BLOCK; ++j) {
       const int32_t v = static_cast<int32_t>(std::round(xb[j] * inverse));
       q[b * BLOCK + j] = static_cast<int8_t>(v);
-      total += v;
+      total[j / 16] += v;
     }
     d[b] = static_cast<float>(at::Half(scale));
-    sums[b] = d[b] * static_cast<float>(total);
+    if (halves) {
+      sums[2 * b] = d[b] * static_cast<float>(total[0]);
+      sums[2 * b + 1] = d[b] * static_cast<float>(total[1]);
+    } else {
+      sums[b] = d[b] * static_cast<float>(total[0] + total[1]);
+    }
   }
   if (!paired) return;
   int8_t pair[2 * BLOCK];
@@ -107,6 +117,25 @@ template <int R, bool Signed, class W>
 void row_plain(const W& w, int64_t n, const QuantizedRows& x, float* out) {
   float acc[R] = {};
   for (int64_t c = 0; c < w.k / BLOCK; ++c) chunk_plain<R, Signed>(w, n, c, x, acc);
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
+// Weights in 16-wide groups (Q6_K; two per activation block), signed codes: each half block's integer dot
+// product takes its own group's scale · the block's d.
+template <int R, class W>
+void row_plain_halves(const W& w, int64_t n, const QuantizedRows& x, float* out) {
+  const int8_t* row = reinterpret_cast<const int8_t*>(w.codes + n * w.row_bytes);
+  float acc[R] = {};
+  for (int64_t g = 0; g < w.groups; ++g) {
+    const float scale = scalar(w.scales[n * w.groups + g]), offset = scalar(w.offsets[n * w.groups + g]);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = x.q + r * x.k + g * 16;
+      int32_t dot = 0;
+      for (int j = 0; j < 16; ++j) dot += row[g * 16 + j] * q[j];
+      acc[r] += scale * x.d[r * x.blocks + g / 2] * static_cast<float>(dot);
+      if (w.offsets_used) acc[r] += offset * x.sums[r * x.sum_stride + g];
+    }
+  }
   for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
@@ -200,6 +229,34 @@ void row_avx2(const W& w, int64_t n, const QuantizedRows& x, float* out) {
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
     out[r] = sum8(_mm256_add_ps(_mm256_add_ps(acc[0][r], acc[1][r]), offset_acc[r])) + tail[r];
+}
+
+// As row_plain_halves: chunk c's eight int32 partial sums each cover four consecutive bytes (vpmaddubsw +
+// vpmaddwd, or vpdpbusd), so lanes 0-3 take group 2c's scale and lanes 4-7 group 2c + 1's.
+template <int R, bool Vnni, class W>
+void row_avx2_halves(const W& w, int64_t n, const QuantizedRows& x, float* out) {
+  __m256 acc[2][R];
+  float tail[R] = {};
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = _mm256_setzero_ps();
+  const uint8_t* row = w.codes + n * w.row_bytes;
+  const int64_t first = n * w.groups;
+  for (int64_t c = 0; c < w.k / BLOCK; ++c) {
+    const __m256i codes = chunk_codes<true>(row, c);
+    const __m256 two = _mm256_set_m128(_mm_set1_ps(scalar(w.scales[first + 2 * c + 1])),
+                                       _mm_set1_ps(scalar(w.scales[first + 2 * c])));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + r * x.k + c * BLOCK));
+      const __m256 scale = _mm256_mul_ps(two, _mm256_set1_ps(x.d[r * x.blocks + c]));
+      acc[c & 1][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32<true, Vnni>(codes, q)), scale, acc[c & 1][r]);
+      if (w.offsets_used)
+        tail[r] += scalar(w.offsets[first + 2 * c]) * x.sums[r * x.sum_stride + 2 * c] +
+                   scalar(w.offsets[first + 2 * c + 1]) * x.sums[r * x.sum_stride + 2 * c + 1];
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) out[r] = sum8(_mm256_add_ps(acc[0][r], acc[1][r])) + tail[r];
 }
 #endif
 
@@ -304,6 +361,26 @@ void row_avx512(const W& w, int64_t n, const QuantizedRows& x, float* out) {
 constexpr bool PAIRED_BUILT = false;
 #endif
 
+// Weights in 16-wide groups (Q6_K): one 256-bit path for AVX2 and AVX-512 CPUs (VNNI where present).
+struct HalvesKernel {
+  template <int R, class W>
+  static void rows(int64_t isa, const W& w, int64_t n, const QuantizedRows& x, float* out) {
+#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    if (isa == AVX512) return row_avx2_halves<R, true>(w, n, x, out);
+#endif
+    if (isa == AVX2 || isa == AVX512) return row_avx2_halves<R, false>(w, n, x, out);
+#endif
+    row_plain_halves<R>(w, n, x, out);
+  }
+
+  template <class W>
+  static void prefetch(const W& w, int64_t n) {
+    llmctl_coded::prefetch_row(w.codes + n * w.row_bytes, w.row_bytes, w.scales + n * w.groups,
+                               w.offsets + n * w.groups, w.groups);
+  }
+};
+
 template <bool Signed>
 struct Kernel {
   template <int R, class W>
@@ -332,26 +409,31 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
         "codes are uint8 [N, K / 2] (4-bit, packed) or int8 [N, K]");
   const int64_t m = x.size(0), k = x.size(1), n = codes.size(0), groups = scales.size(1);
   check(codes.size(1) * (packed ? 2 : 1) == k, "x has K columns");
-  check(k % BLOCK == 0 && groups * BLOCK == k, "K is a multiple of 32 and the groups are 32 wide (GGUF's blocks)");
+  const bool halves = groups * 16 == k;  // Q6_K's 16-wide groups, two per activation block
+  check(k % BLOCK == 0 && (groups * BLOCK == k || (halves && !packed)),
+        "K is a multiple of 32 and the groups are 32 wide (GGUF's blocks), or 16 wide with 8-bit codes (Q6_K)");
   check(scales.is_contiguous() && offsets.is_contiguous() && scales.size(0) == n && offsets.sizes() == scales.sizes(),
         "scales and offsets are [N, G]");
   isa = isa == AUTO ? llmctl_coded::widest() : isa;
   check(built(isa), "that instruction set is not built on this machine");
 
   const bool paired = packed && isa == AVX512 && PAIRED_BUILT;
+  const int64_t blocks = k / BLOCK, sum_stride = halves ? 2 * blocks : blocks;
   at::Tensor q = at::empty({m, k}, x.options().dtype(at::kChar));
-  at::Tensor d = at::empty({m, groups}, x.options()), sums = at::empty({m, groups}, x.options());
+  at::Tensor d = at::empty({m, blocks}, x.options()), sums = at::empty({m, sum_stride}, x.options());
   for (int64_t row = 0; row < m; ++row)
-    quantize_row(x.data_ptr<float>() + row * k, k, q.data_ptr<int8_t>() + row * k, d.data_ptr<float>() + row * groups,
-                 sums.data_ptr<float>() + row * groups, paired);
-  const QuantizedRows input{q.data_ptr<int8_t>(), d.data_ptr<float>(), sums.data_ptr<float>(), k, groups};
+    quantize_row(x.data_ptr<float>() + row * k, k, q.data_ptr<int8_t>() + row * k, d.data_ptr<float>() + row * blocks,
+                 sums.data_ptr<float>() + row * sum_stride, paired, halves);
+  const QuantizedRows input{q.data_ptr<int8_t>(), d.data_ptr<float>(), sums.data_ptr<float>(), k, blocks, sum_stride};
 
   at::Tensor y = at::empty({m, n}, x.options());
   llmctl_coded::with_scales(scales, offsets, [&](auto sp, auto op) {
     using S = std::remove_const_t<std::remove_pointer_t<decltype(sp)>>;
     const Weights<S> w{static_cast<const uint8_t*>(codes.data_ptr()), sp, op, k, groups, packed ? k / 2 : k,
                        offsets_used};
-    if (packed)
+    if (halves)
+      llmctl_coded::run_rows<HalvesKernel>(isa, w, input, m, n, y.data_ptr<float>());
+    else if (packed)
       llmctl_coded::run_rows<Kernel<false>>(isa, w, input, m, n, y.data_ptr<float>());
     else
       llmctl_coded::run_rows<Kernel<true>>(isa, w, input, m, n, y.data_ptr<float>());

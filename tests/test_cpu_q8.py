@@ -1,7 +1,7 @@
 """GGUF weights times int8 activations (the C++ `q8_linear`), as llama.cpp multiplies them: x rounded to
 llama.cpp's Q8_0 blocks — the reference rounding is gguf-py's `quantize(x, Q8_0)` — then integer dot
-products. Every block type held in 32-wide groups, on every instruction-set path built here (the run's
-summary line names them), against the float64 product of the two dequantized operands."""
+products. Every block type (32-wide groups, and Q6_K's 16-wide ones), on every instruction-set path built here
+(the run's summary line names them), against the float64 product of the two dequantized operands."""
 
 from __future__ import annotations
 
@@ -60,6 +60,25 @@ def test_int8_activation_kernel_on_every_path_equals_the_rounded_product(isa, ty
 
 
 @needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
+def test_16_wide_groups_q6_k_and_a_widened_q4_k_on_every_path(isa):
+    """Q6_K's 16-weight scales (no offsets), and Q4_K widened to 16-wide groups with its offsets, as a fused
+    layer holds it beside a Q6_K part (Q4_K_M's attention)."""
+    for columns in (768, 1280):
+        six = gguf_tensor("Q6_K", 40, columns, seed=columns)
+        q6 = coded_weight(six, "Q6_K", 40, columns)
+        four = gguf_tensor("Q4_K", 24, columns, seed=columns + 1)
+        q4 = coded_weight(four, "Q4_K", 24, columns).widened(8, 16)
+        assert q6.group_size == q4.group_size == 16 and not q6.offsets_used and q4.offsets_used
+        for weight, expected in ((q6, reference(six, "Q6_K").view(40, columns)),
+                                 (q4, reference(four, "Q4_K").view(24, columns))):
+            for batch in (1, 2, 3, 5):
+                x = torch.randn(batch, columns, generator=torch.Generator().manual_seed(batch)) * 3
+                out = cpu.q8_linear(x, weight.codes, weight.scales, weight.offsets, None, isa, weight.offsets_used)
+                check_against_reference(out, x, expected)
+
+
+@needs_kernels
 def test_rows_of_zeros_and_a_bias():
     raw = gguf_tensor("Q4_1", 8, 256, seed=3)
     weight, expected = coded_weight(raw, "Q4_1", 8, 256), reference(raw, "Q4_1").view(8, 256)
@@ -74,8 +93,8 @@ def test_rows_of_zeros_and_a_bias():
 
 @needs_kernels
 def test_gguf_weights_decode_with_int8_activations_and_others_with_floats():
-    """GGUF codes go through q8_linear (llama.cpp's numerics); GPTQ/AWQ repacks and Q6_K's 16-wide groups keep
-    float activations, exact against the float weight."""
+    """GGUF codes go through q8_linear (llama.cpp's numerics), Q6_K's 16-wide groups included; GPTQ/AWQ repacks
+    keep float activations, exact against the float weight."""
     raw = gguf_tensor("Q4_1", 16, 256, seed=5)
     parts = coded_weight(raw, "Q4_1", 16, 256)
     tensors = {"codes": parts.codes, "scales": parts.scales, "offsets": parts.offsets}
@@ -87,8 +106,8 @@ def test_gguf_weights_decode_with_int8_activations_and_others_with_floats():
     six = gguf_tensor("Q6_K", 16, 256, seed=6)
     q6 = coded_weight(six, "Q6_K", 16, 256)
     q6 = coded_from({"codes": q6.codes, "scales": q6.scales, "offsets": q6.offsets})
-    assert q6.group_size == 16
-    check_close(q6.matmul(x), x, reference(six, "Q6_K").view(16, 256))
+    assert q6.group_size == 16 and q6.int8_kernel
+    check_against_reference(q6.matmul(x), x, reference(six, "Q6_K").view(16, 256))
 
 
 @needs_kernels
@@ -102,7 +121,10 @@ def test_fused_parts_keep_int8_activations_and_offsets():
 
 
 @needs_kernels
-def test_q8_kernel_refuses_groups_other_than_32():
-    codes, scales = torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, 4)
+def test_q8_kernel_refuses_groups_other_than_32_and_16():
+    codes, scales = torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, 8)  # groups of 8
     with pytest.raises(RuntimeError, match="32 wide"):
         cpu.q8_linear(torch.zeros(1, 64), codes, scales, scales)
+    packed, four = torch.zeros(4, 32, dtype=torch.uint8), torch.ones(4, 4)  # 4-bit codes in groups of 16
+    with pytest.raises(RuntimeError, match="16 wide with 8-bit codes"):
+        cpu.q8_linear(torch.zeros(1, 64), packed, four, four)

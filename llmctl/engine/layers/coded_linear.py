@@ -65,6 +65,12 @@ class CodedWeight:
         return self.in_features // self.scales.shape[1]
 
     @property
+    def int8_kernel(self) -> bool:
+        """Whether matmul multiplies int8 activations (q8_linear): GGUF codes in 32-wide groups, or 16-wide ones
+        with 8-bit codes (Q6_K, and parts widened to sit beside it in a fused layer)."""
+        return self.int8_activations and (self.group_size == 32 or (self.group_size == 16 and self.bits == 8))
+
+    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.offsets))
 
@@ -72,7 +78,7 @@ class CodedWeight:
         """x Wᵀ + b for float32 x [M, K]."""
         if x.shape[0] >= DECODE_ROWS:
             return F.linear(x, self.dequantize(), bias)
-        if self.int8_activations and self.group_size == 32:
+        if self.int8_kernel:
             return cpu_kernels.q8_linear(x, self.codes, self.scales, self.offsets, bias,
                                          offsets_used=self.offsets_used)
         kernel = cpu_kernels.int4_linear if self.bits == 4 else cpu_kernels.int8_linear

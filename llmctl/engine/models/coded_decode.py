@@ -5,7 +5,7 @@ module calls, and the kernels' second thread starting again after each pause. Fo
 attends through the paged cache (decoding), a layer that qualifies runs as one call of the same ops in the
 same order, so its results are the Python layer's bit for bit (tests/test_coded_decode.py). A layer qualifies
 when it is exactly LlamaDecoderLayer's arithmetic: Llama attention (no q/k norms, soft-cap or residual
-multiplier), the SiLU MLP, every linear codes — GGUF's with int8 activations in 32-wide groups, or GPTQ/AWQ
+multiplier), the SiLU MLP, every linear codes — GGUF's with int8 activations (CodedWeight.int8_kernel), or GPTQ/AWQ
 4-bit repacked for the CPU (float activations) — no LoRA, one tensor-parallel rank, float32; and the step
 has fewer than 128 tokens, all of them attending through the paged kernel.
 """
@@ -48,8 +48,7 @@ def _coded(linear: nn.Module, bias_allowed: bool) -> tuple[CodedWeight, int] | N
     if getattr(linear, "lora", None) is not None or getattr(linear, "bias", None) is not None \
             or (getattr(inner, "bias", None) is not None and not bias_allowed):
         return None
-    if isinstance(inner, CodedLinear) and inner.coded is not None and inner.coded.int8_activations \
-            and inner.coded.group_size == 32:
+    if isinstance(inner, CodedLinear) and inner.coded is not None and inner.coded.int8_kernel:
         return inner.coded, Q8_WITH_OFFSETS if inner.coded.offsets_used else Q8
     if isinstance(inner, QuantLinear) and inner.cpu_int4 is not None and not inner.cpu_int4.int8_activations:
         return inner.cpu_int4, INT4_FLOAT
