@@ -209,11 +209,13 @@ def panel_linear(x: torch.Tensor, panels: torch.Tensor, out_features: int,
     return torch.ops.llmctl_cpu.panel_linear(x.contiguous(), panels, out_features, bias, use_amx, CODED_ISAS[isa])
 
 
-@functools.cache
 def panel_isas() -> list[str]:
     """The float32 panel paths built here (the kernels are built for this CPU), widest first."""
-    if unavailable_reason() is not None:
-        return []
+    return [] if unavailable_reason() is not None else _built_panel_isas()
+
+
+@functools.cache
+def _built_panel_isas() -> list[str]:
     load()
     names = {code: name for name, code in CODED_ISAS.items()}
     return [names[code] for code in torch.ops.llmctl_cpu.panel_isas()]
