@@ -234,29 +234,41 @@ void row_avx2(const W& w, int64_t n, const QuantizedRows& x, float* out) {
 // As row_plain_halves: chunk c's eight int32 partial sums each cover four consecutive bytes (vpmaddubsw +
 // vpmaddwd, or vpdpbusd), so lanes 0-3 take group 2c's scale and lanes 4-7 group 2c + 1's.
 template <int R, bool Vnni, class W>
+inline void half_groups_chunk(const W& w, int64_t n, int64_t c, const QuantizedRows& x, __m256 (&acc)[R],
+                              float (&tail)[R]) {
+  const int64_t first = n * w.groups + 2 * c;
+  const __m256i codes = chunk_codes<true>(w.codes + n * w.row_bytes, c);
+  const __m256i magnitudes = _mm256_sign_epi8(codes, codes);  // once for all rows (dot32 does it per row)
+  const __m256 two = _mm256_set_m128(_mm_set1_ps(scalar(w.scales[first + 1])), _mm_set1_ps(scalar(w.scales[first])));
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + r * x.k + c * BLOCK));
+    const __m256 scale = _mm256_mul_ps(two, _mm256_broadcast_ss(x.d + r * x.blocks + c));
+    const __m256i dot = dot32<false, Vnni>(magnitudes, _mm256_sign_epi8(q, codes));
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
+    if (w.offsets_used)
+      tail[r] += scalar(w.offsets[first]) * x.sums[r * x.sum_stride + 2 * c] +
+                 scalar(w.offsets[first + 1]) * x.sums[r * x.sum_stride + 2 * c + 1];
+  }
+}
+
+// Two chunks a step, into two accumulator sets named at compile time (indexed by a runtime chunk number
+// they were kept in memory: 4 rows ran slower than float activations).
+template <int R, bool Vnni, class W>
 void row_avx2_halves(const W& w, int64_t n, const QuantizedRows& x, float* out) {
-  __m256 acc[2][R];
+  __m256 even[R], odd[R];
   float tail[R] = {};
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = _mm256_setzero_ps();
-  const uint8_t* row = w.codes + n * w.row_bytes;
-  const int64_t first = n * w.groups;
-  for (int64_t c = 0; c < w.k / BLOCK; ++c) {
-    const __m256i codes = chunk_codes<true>(row, c);
-    const __m256 two = _mm256_set_m128(_mm_set1_ps(scalar(w.scales[first + 2 * c + 1])),
-                                       _mm_set1_ps(scalar(w.scales[first + 2 * c])));
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + r * x.k + c * BLOCK));
-      const __m256 scale = _mm256_mul_ps(two, _mm256_set1_ps(x.d[r * x.blocks + c]));
-      acc[c & 1][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32<true, Vnni>(codes, q)), scale, acc[c & 1][r]);
-      if (w.offsets_used)
-        tail[r] += scalar(w.offsets[first + 2 * c]) * x.sums[r * x.sum_stride + 2 * c] +
-                   scalar(w.offsets[first + 2 * c + 1]) * x.sums[r * x.sum_stride + 2 * c + 1];
-    }
+  for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
+  const int64_t chunks = w.k / BLOCK;
+  int64_t c = 0;
+  for (; c + 2 <= chunks; c += 2) {
+    half_groups_chunk<R, Vnni>(w, n, c, x, even, tail);
+    half_groups_chunk<R, Vnni>(w, n, c + 1, x, odd, tail);
   }
+  if (c < chunks) half_groups_chunk<R, Vnni>(w, n, c, x, even, tail);
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) out[r] = sum8(_mm256_add_ps(acc[0][r], acc[1][r])) + tail[r];
+  for (int r = 0; r < R; ++r) out[r] = sum8(_mm256_add_ps(even[r], odd[r])) + tail[r];
 }
 #endif
 
