@@ -10,9 +10,9 @@ caches), 1 to 8 rows, fastest of 10 passes, both paths interleaved.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from cpu_int4 import fastest
 
 from llmctl.kernels import cpu
 
@@ -23,16 +23,6 @@ def q6_k_like(rows: int, columns: int, seed: int) -> tuple[torch.Tensor, torch.T
     codes = torch.randint(-32, 32, (rows, columns), dtype=torch.int8, generator=generator)
     scales = torch.rand(rows, columns // 16, generator=generator) * 1e-3
     return codes, scales, torch.zeros_like(scales)
-
-
-def pass_seconds(call, passes: int = 10) -> float:
-    call()
-    best = float("inf")
-    for _ in range(passes):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main() -> None:
@@ -49,9 +39,9 @@ def main() -> None:
     print(f"{'rows':>5} {'float act. ms':>14} {'int8 act. ms':>13} {'speed-up':>9}")
     for rows in (1, 2, 4, 8):
         inputs = {k: torch.randn(rows, k) for k in {s[1] for s in shapes}}
-        float_path = pass_seconds(lambda: [cpu.int8_linear(inputs[c.shape[1]], c, s, o) for c, s, o in weights])
-        int8_path = pass_seconds(lambda: [cpu.q8_linear(inputs[c.shape[1]], c, s, o, None, offsets_used=False)
-                                          for c, s, o in weights])
+        float_path = fastest(lambda: [cpu.int8_linear(inputs[c.shape[1]], c, s, o) for c, s, o in weights], 10)
+        int8_path = fastest(lambda: [cpu.q8_linear(inputs[c.shape[1]], c, s, o, None, offsets_used=False)
+                                          for c, s, o in weights], 10)
         print(f"{rows:5} {float_path * 1e3:14.1f} {int8_path * 1e3:13.1f} {float_path / int8_path:8.2f}x")
 
 
