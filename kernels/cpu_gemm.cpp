@@ -331,7 +331,7 @@ void for_each_tile(int64_t m, int64_t n, TileCall&& tile_call, int64_t max_rows 
 at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                         const c10::optional<at::Tensor>& bias, bool use_amx, int64_t isa) {
   const bool bf16 = x.scalar_type() == at::kBFloat16;
-  const std::vector<int64_t> isas = panel_isas();
+  static const std::vector<int64_t> isas = panel_isas();  // fixed by the build: not rebuilt per call
   const int64_t chosen = isa == 0 && !isas.empty() ? isas.front() : isa;
   check(bf16 ? bf16_panels_supported() : std::find(isas.begin(), isas.end(), chosen) != isas.end(),
         bf16 ? "this build has no AVX512-BF16" : "this build has no float32 panel path for that ISA (avx512, avx2)");

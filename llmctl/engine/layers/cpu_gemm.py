@@ -2,7 +2,7 @@
 
 torch's plain `F.linear` hands MKL the weight in its checkpoint layout, and MKL reorders it
 for every call; at the batch sizes of decoding (a few to a few dozen rows) that reorder
-costs as much as the product. Two packed layouts skip it:
+costs as much as the product. Packed layouts skip it:
 
 - float32 on AVX-512 CPUs: llmctl's own panel kernel (kernels/cpu_gemm.cpp). Measured with
   `benchmarks/cpu_gemm.py` on a Zen 4 EPYC over a whole model's weights (read from memory,
