@@ -5,7 +5,8 @@ prompt processing (a `--prompt-len`-token prompt, one output token) and decode (
 greedy tokens after it: the time of prompt + N tokens less the time of prompt + 1), resident memory after
 load and after the run. Prefix caching is off on both sides (llama.cpp: a reset before each call), so
 every call computes its prompt. llmctl runs the GGUF's weights as they are (coded, its default on CPUs);
-`--llmctl-dtype float32` runs the float32 conversion instead. KV memory: llmctl gets a pool sized for the
+`--llmctl-dtype float32` runs the float32 conversion instead; `--llmctl-kv-cache-dtype float16` stores
+llmctl's KV cache as llama.cpp does by default (llmctl's default is the model's dtype, float32). KV memory: llmctl gets a pool sized for the
 work (`--kv-mib`), llama.cpp an n_ctx of prompt + decode.
 
 Serving (`--serve`): 16 concurrent streaming completions (the `openai` client, 64 tokens each through
@@ -52,7 +53,8 @@ def llmctl_worker(args: argparse.Namespace) -> dict[str, float]:
 
     started = time.perf_counter()
     llm = LLM(args.gguf, dtype=args.llmctl_dtype, cpu_threads=args.threads, enable_prefix_caching=False,
-              max_model_len=args.prompt_len + args.decode_len + 8, kv_cache_memory=args.kv_mib << 20)
+              max_model_len=args.prompt_len + args.decode_len + 8, kv_cache_memory=args.kv_mib << 20,
+              kv_cache_dtype=args.llmctl_kv_cache_dtype)
     loaded, rss_loaded = time.perf_counter() - started, rss_mib()
     ids = prompt_ids(args.prompt_len)
 
@@ -95,7 +97,7 @@ def run_worker(engine: str, args: argparse.Namespace) -> dict[str, float]:
     python = args.llama_cpp_python if engine == "llama.cpp" else sys.executable
     command = [python, __file__, args.gguf, "--worker", engine, "--threads", str(args.threads),
                "--prompt-len", str(args.prompt_len), "--decode-len", str(args.decode_len), "--kv-mib",
-               str(args.kv_mib), "--llmctl-dtype", args.llmctl_dtype]
+               str(args.kv_mib), "--llmctl-dtype", args.llmctl_dtype, "--llmctl-kv-cache-dtype", args.llmctl_kv_cache_dtype]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(held_environment(args.isa) if engine == "llmctl" else {})}
     out = subprocess.run(command, capture_output=True, text=True, env=env)
     if out.returncode:
@@ -111,7 +113,7 @@ def single_stream(args: argparse.Namespace) -> None:
     medians = {engine: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
                for engine, runs in results.items()}
     print(f"{Path(args.gguf).name}, {args.threads} threads, median of {args.runs} fresh processes each "
-          f"(llmctl dtype {args.llmctl_dtype}, instructions {args.isa})")
+          f"(llmctl dtype {args.llmctl_dtype}, KV cache {args.llmctl_kv_cache_dtype}; instructions {args.isa})")
     print(f"{'':24}{'llmctl':>12}{'llama.cpp':>12}{'ratio':>8}")
     for key, label in [("prompt_tok_s", f"prompt {args.prompt_len} tok/s"),
                        ("decode_tok_s", f"decode {args.decode_len} tok/s"), ("rss_loaded_mib", "RSS loaded MiB"),
@@ -156,7 +158,8 @@ def serve_once(engine: str, args: argparse.Namespace, port: int) -> dict[str, fl
            **(held_environment(args.isa) if engine == "llmctl" else {})}
     if engine == "llmctl":
         command = [sys.executable, "-m", "llmctl", "serve", args.gguf, "--port", str(port), "--cpu-threads",
-                   str(args.threads), "--max-model-len", "1024", "--served-model-name", "m"]
+                   str(args.threads), "--max-model-len", "1024", "--served-model-name", "m",
+                   "--kv-cache-dtype", args.llmctl_kv_cache_dtype]
     else:
         command = [args.llama_cpp_python, "-m", "llama_cpp.server", "--model", args.gguf, "--port", str(port),
                    "--n_threads", str(args.threads), "--n_ctx", "4096", "--model_alias", "m",
@@ -204,6 +207,8 @@ def main() -> None:
     parser.add_argument("--decode-len", type=int, default=128)
     parser.add_argument("--kv-mib", type=int, default=64)
     parser.add_argument("--llmctl-dtype", default="auto")
+    parser.add_argument("--llmctl-kv-cache-dtype", default="auto",
+                        help="llmctl's --kv-cache-dtype (float16: what llama.cpp stores by default)")
     parser.add_argument("--llama-cpp-python", default=sys.executable,
                         help="the Python that has llama-cpp-python (default: this one)")
     parser.add_argument("--serve", action="store_true", help="also the 16-stream serving comparison")

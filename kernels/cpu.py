@@ -36,7 +36,7 @@ from llmctl.cache import llmctl_cache_dir
 SOURCES = [Path(__file__).with_name(name)
            for name in ("cpu_attention.cpp", "cpu_layers.cpp", "cpu_gemm.cpp", "cpu_int4.cpp", "cpu_int8.cpp",
                         "cpu_q8.cpp", "cpu_decode_layer.cpp")]
-HEADERS = [Path(__file__).with_name(name) for name in ("cpu_coded.h", "cpu_attention_avx2.h")]  # included: part of the build key
+HEADERS = [Path(__file__).with_name(name) for name in ("cpu_coded.h", "cpu_attention_avx2.h", "cpu_q8_quantize.h")]  # included: part of the build key
 LIBRARY = "llmctl_cpu"
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]  # fast-math: vectorized exp (libmvec)
 TARGET_ENV = "LLMCTL_CPU_TARGET"  # a gcc -march (haswell: AVX2/FMA only) for a build older CPUs can run too

@@ -253,7 +253,8 @@ int64_t kv_heads_per_item(int64_t kv_heads, int64_t items) {
   return 1;
 }
 
-template <typename T, int DIM>
+// T: the query's and output's dtype; C: the cache's (T, or bfloat16/float16 under float32 queries).
+template <typename T, typename C, int DIM>
 void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
             const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale,
             const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window, double softcap) {
@@ -263,7 +264,7 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
   const int64_t group = heads / kv_heads;
   const int64_t max_blocks = block_tables.size(1);
   const T* q_ptr = query.data_ptr<T>();
-  const T* kv_ptr = kv_cache.data_ptr<T>();
+  const C* kv_ptr = kv_cache.data_ptr<C>();
   T* out_ptr = out.data_ptr<T>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
@@ -276,7 +277,7 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
   // A work item covers `span` KV heads, so that it reads each cached token's K (and V) rows
   // of those heads as one contiguous run.
   constexpr bool vector_rows = kVectorRows && DIM > 0 && DIM % kLanes == 0 &&
-      (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>);
+      (std::is_same_v<C, float> || std::is_same_v<C, c10::BFloat16> || std::is_same_v<C, c10::Half>);
   const int64_t span = vector_rows ? kv_heads_per_item(kv_heads, static_cast<int64_t>(items.size())) : 1;
   const int64_t spans = kv_heads / span;
   const int64_t num_work = static_cast<int64_t>(items.size()) * spans;
@@ -363,13 +364,13 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
 }
 
 // The common head sizes get fully unrolled rows; others take the runtime-size loop.
-template <typename T>
+template <typename T, typename C>
 void attend_any_dim(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                     const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
                     double scale, const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
                     double softcap) {
   auto run = [&](auto dim) {
-    attend<T, decltype(dim)::value>(out, query, kv_cache, block_tables, seq_lens, query_start_loc, scale,
+    attend<T, C, decltype(dim)::value>(out, query, kv_cache, block_tables, seq_lens, query_start_loc, scale,
                                     alibi_slopes, sliding_window, softcap);
   };
   switch (query.size(2)) {
@@ -383,6 +384,18 @@ void attend_any_dim(at::Tensor& out, const at::Tensor& query, const at::Tensor& 
 
 void check(bool ok, const char* message) { TORCH_CHECK(ok, "llmctl cpu paged_attention: ", message); }
 
+// A float32 model over a bfloat16 or float16 cache (--kv-cache-dtype): half the bytes each step reads.
+bool narrower_cache(const at::Tensor& rows, const at::Tensor& kv_cache) {
+  return rows.scalar_type() == at::kFloat &&
+         (kv_cache.scalar_type() == at::kHalf || kv_cache.scalar_type() == at::kBFloat16);
+}
+
+// n float32 values into the cache's dtype (rounded to nearest even).
+template <typename C>
+void narrow_row(const float* src, C* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<C>(src[i]);
+}
+
 void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& kv_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
                      double scale, const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
@@ -390,18 +403,45 @@ void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& 
   check(query.dim() == 3 && out.sizes() == query.sizes(), "query and out are [T, H, D]");
   check(query.stride(2) == 1 && out.stride(2) == 1, "query and out rows must be contiguous");
   check(kv_cache.dim() == 5 && kv_cache.is_contiguous(), "kv_cache is a contiguous [blocks, block_size, 2, KVH, D]");
-  check(kv_cache.scalar_type() == query.scalar_type() && out.scalar_type() == query.scalar_type(),
-        "query, out and kv_cache share one dtype");
+  check(out.scalar_type() == query.scalar_type(), "query and out share one dtype");
+  check(kv_cache.scalar_type() == query.scalar_type() || narrower_cache(query, kv_cache),
+        "kv_cache has the query's dtype, or bfloat16/float16 under float32 queries");
   check(query.size(1) % kv_cache.size(3) == 0 && query.size(2) == kv_cache.size(4), "heads do not match the cache");
   for (const at::Tensor* t : {&block_tables, &seq_lens, &query_start_loc}) {
     check(t->scalar_type() == at::kInt && t->is_contiguous(), "block tables and lengths are contiguous int32");
   }
   check(!alibi_slopes.has_value() || (alibi_slopes->scalar_type() == at::kFloat && alibi_slopes->numel() == query.size(1)),
         "alibi_slopes is float32 [H]");
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
-    attend_any_dim<scalar_t>(out, query, kv_cache, block_tables, seq_lens, query_start_loc, scale, alibi_slopes,
-                             sliding_window, softcap);
-  });
+  auto run = [&](auto query_type, auto cache_type) {
+    attend_any_dim<decltype(query_type), decltype(cache_type)>(out, query, kv_cache, block_tables, seq_lens,
+                                                                query_start_loc, scale, alibi_slopes, sliding_window,
+                                                                softcap);
+  };
+  if (kv_cache.scalar_type() == at::kHalf && query.scalar_type() == at::kFloat) return run(float{}, c10::Half{});
+  if (kv_cache.scalar_type() == at::kBFloat16 && query.scalar_type() == at::kFloat)
+    return run(float{}, c10::BFloat16{});
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention",
+                                  [&] { run(scalar_t{}, scalar_t{}); });
+}
+
+// store_kv's float32 rows into a bfloat16 or float16 cache.
+void store_narrowed(at::Tensor& kv_cache, const at::Tensor& slots, const at::Tensor& key, const at::Tensor& value) {
+  const int64_t row = key.size(1) * key.size(2);
+  const int64_t* slot_ptr = slots.data_ptr<int64_t>();
+  const float* k = key.data_ptr<float>();
+  const float* v = value.data_ptr<float>();
+  const int64_t k_stride = key.stride(0), v_stride = value.stride(0);
+  auto store = [&](auto* cache) {
+    at::parallel_for(0, key.size(0), 64, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        if (slot_ptr[t] < 0) continue;
+        narrow_row(k + t * k_stride, cache + slot_ptr[t] * 2 * row, row);
+        narrow_row(v + t * v_stride, cache + slot_ptr[t] * 2 * row + row, row);
+      }
+    });
+  };
+  if (kv_cache.scalar_type() == at::kHalf) return store(kv_cache.data_ptr<c10::Half>());
+  store(kv_cache.data_ptr<c10::BFloat16>());
 }
 
 // New K/V [T, KVH, D] into their cache slots; slot -1 skips the token. Each token's K (and V)
@@ -413,8 +453,11 @@ void store_kv(at::Tensor kv_cache, const at::Tensor& slots, const at::Tensor& ke
     check(t->dim() == 3 && t->stride(2) == 1 && t->stride(1) == t->size(2), "each token's K and V rows are contiguous");
   }
   check(slots.scalar_type() == at::kLong, "slots are int64");
-  check(key.scalar_type() == kv_cache.scalar_type() && value.scalar_type() == kv_cache.scalar_type(),
-        "key, value and cache share one dtype");
+  check(key.scalar_type() == value.scalar_type(), "key and value share one dtype");
+  if (key.scalar_type() != kv_cache.scalar_type()) {
+    check(narrower_cache(key, kv_cache), "key, value and cache share one dtype, or float32 rows go to a bfloat16/float16 cache");
+    return store_narrowed(kv_cache, slots, key, value);
+  }
   const int64_t row = key.size(1) * key.size(2);  // one token's K (or V)
   const int64_t bytes = row * key.element_size();
   const int64_t k_stride = key.stride(0) * key.element_size(), v_stride = value.stride(0) * value.element_size();

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "cpu_coded.h"
 
@@ -48,40 +49,7 @@ struct QuantizedRows {
   }
 };
 
-// gguf-py's (and llama.cpp's reference) Q8_0: d = amax / 127, q = round half away from zero of x · (1 / d).
-// `paired`: the AVX-512 4-bit path's order, in which each pair of chunks (2p, 2p + 1) holds q[2p][0:16],
-// q[2p + 1][0:16], q[2p][16:32], q[2p + 1][16:32], as one 64-byte decode of the pair's codes lays them out.
-// `halves`: sums per 16 (two per block), for weights with 16-wide groups.
-void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* sums, bool paired, bool halves) {
-  for (int64_t b = 0; b < k / BLOCK; ++b) {
-    const float* xb = x + b * BLOCK;
-    float amax = 0.0f;
-    for (int j = 0; j < BLOCK; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
-    int32_t total[2] = {0, 0};
-    for (int j = 0; j < BLOCK; ++j) {
-      const int32_t v = static_cast<int32_t>(std::round(xb[j] * inverse));
-      q[b * BLOCK + j] = static_cast<int8_t>(v);
-      total[j / 16] += v;
-    }
-    d[b] = static_cast<float>(at::Half(scale));
-    if (halves) {
-      sums[2 * b] = d[b] * static_cast<float>(total[0]);
-      sums[2 * b + 1] = d[b] * static_cast<float>(total[1]);
-    } else {
-      sums[b] = d[b] * static_cast<float>(total[0] + total[1]);
-    }
-  }
-  if (!paired) return;
-  int8_t pair[2 * BLOCK];
-  for (int64_t b = 0; b + 1 < k / BLOCK; b += 2) {
-    int8_t* first = q + b * BLOCK;
-    for (int half = 0; half < 2; ++half)
-      for (int chunk = 0; chunk < 2; ++chunk)
-        std::copy_n(first + chunk * BLOCK + half * 16, 16, pair + half * 32 + chunk * 16);
-    std::copy_n(pair, 2 * BLOCK, first);
-  }
-}
+#include "cpu_q8_quantize.h"
 
 template <class S>  // float, or at::Half where exact
 struct Weights {
@@ -431,12 +399,16 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
 
   const bool paired = packed && isa == AVX512 && PAIRED_BUILT;
   const int64_t blocks = k / BLOCK, sum_stride = halves ? 2 * blocks : blocks;
-  at::Tensor q = at::empty({m, k}, x.options().dtype(at::kChar));
-  at::Tensor d = at::empty({m, blocks}, x.options()), sums = at::empty({m, sum_stride}, x.options());
+  // the quantized rows in buffers kept per calling thread: a decode step makes ~120 of these calls
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> d, sums;
+  q.resize(m * k);
+  d.resize(m * blocks);
+  sums.resize(m * sum_stride);
   for (int64_t row = 0; row < m; ++row)
-    quantize_row(x.data_ptr<float>() + row * k, k, q.data_ptr<int8_t>() + row * k, d.data_ptr<float>() + row * blocks,
-                 sums.data_ptr<float>() + row * sum_stride, paired, halves);
-  const QuantizedRows input{q.data_ptr<int8_t>(), d.data_ptr<float>(), sums.data_ptr<float>(), k, blocks, sum_stride};
+    quantize_row(x.data_ptr<float>() + row * k, k, q.data() + row * k, d.data() + row * blocks,
+                 sums.data() + row * sum_stride, paired, halves);
+  const QuantizedRows input{q.data(), d.data(), sums.data(), k, blocks, sum_stride};
 
   at::Tensor y = at::empty({m, n}, x.options());
   llmctl_coded::with_scales(scales, offsets, [&](auto sp, auto op) {

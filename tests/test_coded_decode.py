@@ -56,6 +56,21 @@ def test_fused_decode_layers_give_the_python_layers_tokens_and_logprobs_exactly(
 
 
 @needs_kernels
+@pytest.mark.parametrize("kv_cache_dtype", ["float16", "bfloat16"])
+def test_fused_decode_layers_over_a_half_precision_kv_cache(kv_cache_dtype, default_source, tmp_path):
+    # --kv-cache-dtype float16 (llama.cpp's default cache type): the fused layers still run, as the Python ones
+    from gguf_models import write_tiny_gguf
+
+    path = tmp_path / "tiny-llama.Q4_1.gguf"
+    write_tiny_gguf("llama", path, default_source.gguf_path, "Q4_1")
+    layers, fused, python = both_ways(path, kv_cache_dtype=kv_cache_dtype)
+    assert layers is not None and layers > 0
+    for a, b in zip(fused, python):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert [e.logprob for e in a.outputs[0].logprobs] == [e.logprob for e in b.outputs[0].logprobs]
+
+
+@needs_kernels
 @pytest.mark.parametrize("arch, engine, why", [
     ("qwen3", {}, "q/k norms are not in the fused layer"),
     ("llama", {"dtype": "float32"}, "dequantized weights are not codes"),

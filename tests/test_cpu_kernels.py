@@ -77,6 +77,31 @@ def test_paged_attention_half_precision_caches(dtype, dim):
           dtype=dtype, pool_blocks=128, softcap=0.5 if dim == 80 else 0.0)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dim", [64, 80, 72])  # 72: the plain loop
+def test_float32_queries_over_a_half_precision_cache(cache_dtype, dim):
+    # --kv-cache-dtype bfloat16/float16 under a float32 model: the cache rows converted as they are read, so the
+    # result is the float32 kernel's over the same rounded values, bit for bit, and the reference's over them
+    query_lens, seq_lens = [1, 3, 1, 40] + [1] * 6, [40, 20, 9, 40] + [9 + 20 * i for i in range(6)]
+    query, cache, tables, lens, starts = paged_step(query_lens, seq_lens, heads=9, kv_heads=3, dim=dim,
+                                                    block_size=16, dtype=torch.float32, pool_blocks=128)
+    narrow, rounded = cache.to(cache_dtype), cache.to(cache_dtype).float()
+    starts = torch.tensor(starts, dtype=torch.int32)
+    got = cpu.paged_attention(torch.empty_like(query), query, narrow, tables, lens, starts, dim ** -0.5)
+    on_rounded = cpu.paged_attention(torch.empty_like(query), query, rounded, tables, lens, starts, dim ** -0.5)
+    assert got.dtype == torch.float32 and torch.equal(got, on_rounded)
+    expected = paged_attention_reference(query, rounded, tables, lens, starts, AttentionOptions(scale=dim ** -0.5))
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_half_precision_query_over_a_float32_cache_is_refused():
+    query, cache, tables, lens, starts = paged_step([1], [5], heads=2, kv_heads=2, dim=64, block_size=16,
+                                                    dtype=torch.float32, pool_blocks=4)
+    with pytest.raises(RuntimeError, match="bfloat16/float16 under float32 queries"):
+        cpu.paged_attention(torch.empty_like(query.half()), query.half(), cache, tables, lens,
+                            torch.tensor(starts, dtype=torch.int32), 0.125)
+
+
 def test_paged_attention_alibi_and_window():
     check([1, 4, 1], [21, 6, 40], heads=6, kv_heads=6, dim=64, alibi_slopes=alibi_slopes(6))
     check([1, 4, 1], [50, 40, 9], heads=4, kv_heads=2, dim=64, sliding_window=8)
@@ -105,6 +130,23 @@ def test_store_kv_writes_slots_and_skips_minus_one(views_of_qkv):
     kept = slots >= 0
     assert torch.equal(flat[slots[kept], 0], key[kept]) and torch.equal(flat[slots[kept], 1], value[kept])
     assert not flat[1:5].any()  # untouched slots stay as they were
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
+def test_store_kv_rounds_float32_rows_into_a_half_precision_cache(cache_dtype):
+    gen = torch.Generator().manual_seed(2)
+    qkv = torch.randn(70, 9 * 64, generator=gen) * 3  # 70 tokens: more than one thread's share
+    key, value = (part.view(70, 3, 64) for part in qkv.split([3 * 64, 3 * 64, 3 * 64], dim=1)[1:])
+    slots = torch.randperm(128, generator=gen)[:70]
+    slots[7] = -1
+    got = torch.zeros(8, 16, 2, 3, 64, dtype=cache_dtype)
+    cpu.store_kv(got, slots, key, value)
+    flat, kept = got.view(-1, 2, 3, 64), slots >= 0
+    # torch's own conversion (round to nearest even) is the reference
+    assert torch.equal(flat[slots[kept], 0], key[kept].to(cache_dtype))
+    assert torch.equal(flat[slots[kept], 1], value[kept].to(cache_dtype))
+    with pytest.raises(RuntimeError, match="share one dtype"):
+        cpu.store_kv(torch.zeros(8, 16, 2, 3, 64), slots, key.half(), value.half())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -44,6 +44,20 @@ def check_against_reference(out: torch.Tensor, x: torch.Tensor, weight: torch.Te
 
 @needs_kernels
 @pytest.mark.parametrize("isa", ISAS)
+def test_activations_are_rounded_as_gguf_q8_0_to_the_bit(isa):
+    # An identity weight of int8 codes (scale 1) returns each activation's d · q: equal to gguf-py's round trip
+    # exactly. Blocks whose max is 127 have d = 1, so x · (1 / d) lands on halves: rounded away from zero.
+    gen = torch.Generator().manual_seed(3)
+    ties = torch.tensor([127.0, 2.5, -2.5, 0.5, -0.5, 126.5, -126.5, 1.5, -1.5, 3.49999976, -64.5] + [0.25] * 21)
+    x = torch.cat([ties, torch.randn(32 * 15, generator=gen) * 5, torch.zeros(32)]).view(1, -1)
+    k = x.shape[1]
+    codes, scales = torch.eye(k, dtype=torch.int8), torch.ones(k, k // 32)
+    out = cpu.q8_linear(x, codes, scales, torch.zeros_like(scales), None, isa, False)
+    assert torch.equal(out, rounded_as_q8_0(x))
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("type_name", GROUPS_OF_32)
 def test_int8_activation_kernel_on_every_path_equals_the_rounded_product(isa, type_name):
     # 11 chunks of 32 (eight, a pair, one), 17 (eight, eight, one) and 10 (eight, a pair); K-quants' 256-wide

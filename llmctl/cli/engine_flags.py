@@ -41,8 +41,9 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                                                            "processes keep cores busy)"),
     "attention_backend": Flag(("--attention-backend",), str, "auto (triton on CUDA; on CPUs llmctl's C++ kernel, "
                                                              "cpu; MLA models: mla), cpu, torch or triton"),
-    "kv_cache_dtype": Flag(("--kv-cache-dtype",), str, "auto (the model's dtype) or fp8 (e4m3, scale 1.0: half of "
-                                                       "bfloat16's KV bytes)"),
+    "kv_cache_dtype": Flag(("--kv-cache-dtype",), str, "auto (the model's dtype), bfloat16 or float16 (half "
+                                                       "of a float32 model's KV bytes), or fp8 (e4m3, scale 1.0: half "
+                                                       "of bfloat16's)"),
     "enforce_eager": Flag(("--enforce-eager",), bool, "no CUDA graphs for decode steps (captured on CUDA with the "
                                                       "triton backend at TP 1, PP 1)"),
     "speculative_config": Flag(("--speculative-config",), Optional[str], "speculative decoding as vLLM's JSON, e.g. "

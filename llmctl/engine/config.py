@@ -34,7 +34,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     kv_cache_memory: int | None = None  # bytes for the KV cache; CPU default 2 GiB
     gpu_memory_utilization: float = 0.9
-    kv_cache_dtype: str = "auto"  # auto (the model's dtype) or fp8 (e4m3): half of bfloat16's KV bytes
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype), bfloat16, float16 or fp8 (e4m3) (vLLM's names)
     attention_backend: str = "auto"  # triton on CUDA, cpu (C++) on CPUs (llmctl.engine.attention_selector)
     seed: int = 0
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps (llmctl.engine.worker.cuda_graphs)
@@ -105,8 +105,8 @@ class EngineConfig:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
         if self.model_impl not in MODEL_IMPLS:
             bad("model_impl", f"{self.model_impl!r} is not one of {', '.join(MODEL_IMPLS)}")
-        if self.kv_cache_dtype not in ("auto", "fp8", "fp8_e4m3"):
-            bad("kv_cache_dtype", f"{self.kv_cache_dtype!r} is not supported; use auto or fp8 (e4m3)")
+        if self.kv_cache_dtype not in ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3"):
+            bad("kv_cache_dtype", f"{self.kv_cache_dtype!r} is not supported; use auto, bfloat16, float16 or fp8 (e4m3)")
         if self.speculative_config is not None:
             from llmctl.engine.spec_decode.config import parse_speculative_config
 

@@ -182,7 +182,7 @@ class LlamaForCausalLM(nn.Module):
         if not self.coded_layers or not x.is_contiguous() or x.dim() != 2:
             return None
         first = self.stage_layers[0]
-        if ctx.kv_caches[first].kv.dtype != torch.float32:
+        if ctx.kv_caches[first].kv.dtype not in (torch.float32, torch.bfloat16, torch.float16):  # fp8: not the C++ kernel
             return None
         return coded_decode.step_attention(ctx, self.layers[first].self_attn.rotary, x.dtype)
 

@@ -30,7 +30,7 @@ from llmctl.engine.lora.slots import attach_lora_slots
 from llmctl.engine.models.common import Shard, WeightMismatchError
 from llmctl.engine.models.registry import create_model, is_supported
 from llmctl.engine.parallel.group import Rank, local_rank
-from llmctl.engine.worker.kv_cache import set_up_kv_cache
+from llmctl.engine.worker.kv_cache import kv_cache_dtype, set_up_kv_cache
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
 from llmctl.errors import CorruptModelError, UnsupportedModelError
 from llmctl.kernels.cpu import CPUKernelsUnavailable
@@ -138,7 +138,6 @@ def _draft_reservation(config: EngineConfig, device: torch.device, dtype: torch.
     if device.type != "cuda":
         return MemoryReservation()
     from llmctl.engine.spec_decode.draft_memory import draft_reservation
-    from llmctl.engine.worker.kv_cache import kv_cache_dtype
 
     return draft_reservation(config, dtype, kv_cache_dtype(config.kv_cache_dtype, dtype))
 
@@ -238,9 +237,15 @@ def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.devi
             raise EngineConfigError(f"--attention-backend {config.attention_backend}: {spec.model_type} uses "
                                     "multi-head latent attention, whose cache holds latents, not K/V pages; leave "
                                     "--attention-backend at auto")
-        if config.kv_cache_dtype.startswith("fp8"):
-            raise EngineConfigError("--kv-cache-dtype fp8: the latent cache of MLA models is kept in the model's "
-                                    "dtype; leave --kv-cache-dtype at auto")
+        if config.kv_cache_dtype != "auto":
+            raise EngineConfigError(f"--kv-cache-dtype {config.kv_cache_dtype}: the latent cache of MLA models is "
+                                    "kept in the model's dtype; leave --kv-cache-dtype at auto")
+    cache_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)
+    other_width = cache_dtype != dtype and cache_dtype.itemsize > 1  # a 16-bit cache beside another model dtype
+    if choice.backend == "triton" and other_width:
+        raise EngineConfigError(f"--kv-cache-dtype {config.kv_cache_dtype}: the Triton kernels read a cache in the "
+                                f"model's dtype ({str(dtype).removeprefix('torch.')}) or fp8; use --kv-cache-dtype "
+                                "auto or fp8, or --dtype to match")
     if choice.backend == "triton":
         problem = triton_usable(cuda)
         if problem:
@@ -259,6 +264,11 @@ def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.devi
     if config.kv_cache_dtype.startswith("fp8"):
         raise EngineConfigError("--attention-backend cpu: the C++ kernel reads caches in the model's dtype; "
                                 "with --kv-cache-dtype fp8 use --attention-backend torch")
+    if other_width and dtype != torch.float32:  # the kernel narrows float32 rows only
+        why = f"the C++ CPU kernel reads a {config.kv_cache_dtype} cache under float32 models only"
+        if config.attention_backend == "cpu":
+            raise EngineConfigError(f"--attention-backend cpu: {why}; use --attention-backend torch")
+        return torch_fallback(spec, why), create_backend("torch")
     try:
         return choice, create_backend("cpu", dtype, spec.attention.head_dim)
     except CPUKernelsUnavailable as exc:
