@@ -93,11 +93,11 @@ def llama_cpp_worker(args: argparse.Namespace) -> dict[str, float]:
             "decode_tok_s": args.decode_len / (full - first), "rss_after_mib": rss_mib()}
 
 
-def run_worker(engine: str, args: argparse.Namespace) -> dict[str, float]:
+def run_worker(engine: str, args: argparse.Namespace, kv_cache_dtype: str = "auto") -> dict[str, float]:
     python = args.llama_cpp_python if engine == "llama.cpp" else sys.executable
     command = [python, __file__, args.gguf, "--worker", engine, "--threads", str(args.threads),
                "--prompt-len", str(args.prompt_len), "--decode-len", str(args.decode_len), "--kv-mib",
-               str(args.kv_mib), "--llmctl-dtype", args.llmctl_dtype, "--llmctl-kv-cache-dtype", args.llmctl_kv_cache_dtype]
+               str(args.kv_mib), "--llmctl-dtype", args.llmctl_dtype, "--llmctl-kv-cache-dtype", kv_cache_dtype]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(held_environment(args.isa) if engine == "llmctl" else {})}
     out = subprocess.run(command, capture_output=True, text=True, env=env)
     if out.returncode:
@@ -106,20 +106,27 @@ def run_worker(engine: str, args: argparse.Namespace) -> dict[str, float]:
 
 
 def single_stream(args: argparse.Namespace) -> None:
-    results: dict[str, list[dict[str, float]]] = {"llmctl": [], "llama.cpp": []}
+    """Each run: every llmctl KV cache type, then llama.cpp. The ratio is the median of each run's own ratio,
+    which a machine whose speed drifts between runs (noisy neighbours) moves less than a ratio of medians."""
+    kinds = args.llmctl_kv_cache_dtype.split(",")
+    results: dict[str, list[dict[str, float]]] = {kind: [] for kind in [*kinds, "llama.cpp"]}
     for _ in range(args.runs):
-        results["llmctl"].append(run_worker("llmctl", args))
+        for kind in kinds:
+            results[kind].append(run_worker("llmctl", args, kind))
         results["llama.cpp"].append(run_worker("llama.cpp", args))
-    medians = {engine: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-               for engine, runs in results.items()}
     print(f"{Path(args.gguf).name}, {args.threads} threads, median of {args.runs} fresh processes each "
-          f"(llmctl dtype {args.llmctl_dtype}, KV cache {args.llmctl_kv_cache_dtype}; instructions {args.isa})")
-    print(f"{'':24}{'llmctl':>12}{'llama.cpp':>12}{'ratio':>8}")
+          f"(llmctl dtype {args.llmctl_dtype}; instructions {args.isa})")
+    print(f"{'':24}" + "".join(f"{'llmctl KV ' + kind:>20}{'ratio':>8}" for kind in kinds) + f"{'llama.cpp':>12}")
     for key, label in [("prompt_tok_s", f"prompt {args.prompt_len} tok/s"),
                        ("decode_tok_s", f"decode {args.decode_len} tok/s"), ("rss_loaded_mib", "RSS loaded MiB"),
                        ("rss_after_mib", "RSS after MiB"), ("load_s", "load s")]:
-        ours, theirs = medians["llmctl"][key], medians["llama.cpp"][key]
-        print(f"{label:24}{ours:12.1f}{theirs:12.1f}{ours / theirs:8.2f}")
+        theirs = [run[key] for run in results["llama.cpp"]]
+        row = ""
+        for kind in kinds:
+            ours = [run[key] for run in results[kind]]
+            ratio = statistics.median(a / b for a, b in zip(ours, theirs))
+            row += f"{statistics.median(ours):20.1f}{ratio:8.2f}"
+        print(f"{label:24}{row}{statistics.median(theirs):12.1f}")
 
 
 def wait_for(url: str, process: subprocess.Popen, timeout: float = 300) -> None:
@@ -159,7 +166,7 @@ def serve_once(engine: str, args: argparse.Namespace, port: int) -> dict[str, fl
     if engine == "llmctl":
         command = [sys.executable, "-m", "llmctl", "serve", args.gguf, "--port", str(port), "--cpu-threads",
                    str(args.threads), "--max-model-len", "1024", "--served-model-name", "m",
-                   "--kv-cache-dtype", args.llmctl_kv_cache_dtype]
+                   "--kv-cache-dtype", args.llmctl_kv_cache_dtype.split(",")[0]]
     else:
         command = [args.llama_cpp_python, "-m", "llama_cpp.server", "--model", args.gguf, "--port", str(port),
                    "--n_threads", str(args.threads), "--n_ctx", "4096", "--model_alias", "m",
@@ -208,7 +215,8 @@ def main() -> None:
     parser.add_argument("--kv-mib", type=int, default=64)
     parser.add_argument("--llmctl-dtype", default="auto")
     parser.add_argument("--llmctl-kv-cache-dtype", default="auto",
-                        help="llmctl's --kv-cache-dtype (float16: what llama.cpp stores by default)")
+                        help="llmctl's --kv-cache-dtype (float16: what llama.cpp stores by default); several, "
+                             "comma-separated, each run in turn (the serving comparison takes the first)")
     parser.add_argument("--llama-cpp-python", default=sys.executable,
                         help="the Python that has llama-cpp-python (default: this one)")
     parser.add_argument("--serve", action="store_true", help="also the 16-stream serving comparison")
