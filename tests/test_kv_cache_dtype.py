@@ -84,3 +84,13 @@ def test_the_cpu_kernel_refuses_a_cache_narrower_than_a_16_bit_model_and_auto_fa
         assert llm.engine.executor.loaded.backend.name == "torch"
     finally:
         llm.shutdown()
+
+
+def test_the_triton_kernels_refuse_a_16_bit_cache_beside_another_model_dtype(default_source):
+    from llmctl.checkpoint.source import resolve_model
+    from llmctl.engine.front.llm import LLM
+
+    folder = str(resolve_model(None, weights=True, show_progress=False).path)
+    with pytest.raises(EngineConfigError, match="the Triton kernels read a cache in the model's dtype .float32. or fp8"):
+        LLM(folder, dtype="float32", kv_cache_dtype="bfloat16", attention_backend="triton", max_model_len=256,
+            kv_cache_memory=16 << 20)
