@@ -33,7 +33,7 @@ def rounding_cache(dtype: torch.dtype):
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
 @pytest.mark.parametrize("kv_cache_dtype", ["float16", "bfloat16"])
 def test_a_half_precision_cache_under_float32_equals_transformers_rounding_its_cache(kv_cache_dtype, backend,
-                                                                                    default_source):
+                                                                                    default_source, caplog):
     from transformers import AutoModelForCausalLM
 
     from llmctl.checkpoint.source import resolve_model
@@ -41,10 +41,12 @@ def test_a_half_precision_cache_under_float32_equals_transformers_rounding_its_c
     from llmctl.engine.sampling_params import SamplingParams
 
     folder = str(resolve_model(None, weights=True, show_progress=False).path)
-    llm = LLM(folder, dtype="float32", max_model_len=256, kv_cache_memory=32 << 20, enable_prefix_caching=False,
-              kv_cache_dtype=kv_cache_dtype, attention_backend=backend)
+    with caplog.at_level("INFO", logger="llmctl"):
+        llm = LLM(folder, dtype="float32", max_model_len=256, kv_cache_memory=32 << 20, enable_prefix_caching=False,
+                  kv_cache_dtype=kv_cache_dtype, attention_backend=backend)
     try:
         assert llm.engine.executor.loaded.kv_caches[0].kv.dtype == getattr(torch, kv_cache_dtype)
+        assert f"blocks of 16 tokens in {kv_cache_dtype};" in caplog.text  # the startup log says which
         ids = [llm.engine.executor.loaded.tokenizer(p)["input_ids"] for p in PROMPTS]
         outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=12, min_tokens=12, temperature=0, logprobs=0))
     finally:

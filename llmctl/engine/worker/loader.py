@@ -300,8 +300,14 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
         max_loras, max_rank = config_slots.a.shape[0], config_slots.a.shape[2]
         logger.info("LoRA: %d adapter slot%s of rank ≤ %d take %.3f GiB (q/k/v/o and gate/up/down of every layer)",
                     max_loras, "" if max_loras == 1 else "s", max_rank, loaded.lora_bytes / GiB)
-    logger.info("KV cache%s: %.2f GiB = %d blocks of %d tokens; %s KV cache size: %s tokens", where,
+    logger.info("KV cache%s: %.2f GiB = %d blocks of %d tokens in %s; %s KV cache size: %s tokens", where,
                 pool.allocated_bytes / GiB, pool.num_blocks, pool.block_size,
+                _cache_dtype_name(loaded),
                 "GPU" if loaded.device.type == "cuda" else "CPU", f"{pool.tokens:,}")
     logger.info("Maximum concurrency for %s tokens per request: %.2fx", f"{loaded.max_model_len:,}", concurrency)
     logger.info("loaded in %.2f s", seconds)
+
+
+def _cache_dtype_name(loaded: LoadedModel) -> str:
+    caches = list(loaded.kv_caches.values())
+    return str(caches[0].kv.dtype).removeprefix("torch.") if caches else "no attention layers"
