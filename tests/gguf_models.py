@@ -1,7 +1,8 @@
 """Tiny GGUF files written in the test, as llama.cpp's convert_hf_to_gguf.py writes them, from a random
 transformers model: the architecture's metadata keys, the tokenizer copied from the default model's GGUF
 (so the vocabulary is SmolLM2's 49,152 tokens), Gemma norms stored as 1 + w, llama's Q/K rows interleaved,
-and every 2-D weight quantized by gguf-py."""
+and every 2-D weight quantized by gguf-py — or, for K-quants (which gguf-py reads but cannot write), random
+blocks with small finite scales, mixed as llama.cpp's Q4_K_M mixes them."""
 
 from __future__ import annotations
 
@@ -25,11 +26,33 @@ GEMMA_NAMES = {**LAYER_NAMES, "pre_feedforward_layernorm": "ffn_norm",
                "post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"}
 
 
-def tiny_config(arch: str) -> Any:
-    """A two-layer random model of `arch` over SmolLM2's vocabulary."""
+# llama.cpp's Q4_K_M: Q4_K, with Q6_K for the embedding, attn_v and ffn_down (llama-quant.cpp's choice for
+# most of those layers)
+K_MIXES = {"Q4_K_M": ("Q4_K", {"token_embd": "Q6_K", "attn_v": "Q6_K", "ffn_down": "Q6_K"}),
+           "Q5_K": ("Q5_K", {}), "Q6_K": ("Q6_K", {})}
+
+
+def random_k_blocks(type_name: str, rows: int, columns: int, rng: np.random.Generator,
+                    scales: tuple[float, float] = (1e-5, 1e-4)) -> np.ndarray:
+    """Raw K-quant blocks of a [rows, columns] tensor: random codes and sub-scales, float16 super-block scales
+    (d, and dmin where the type has one) drawn from `scales`."""
+    from llmctl.checkpoint.gguf_codes import FORMATS
+
+    _, block_bytes, per_block, _ = FORMATS[type_name]
+    blocks = rng.integers(0, 256, (rows * columns // per_block, block_bytes), dtype=np.uint8)
+    halves = rng.uniform(*scales, (blocks.shape[0], 2)).astype(np.float16).view(np.uint8)
+    if type_name == "Q6_K":
+        blocks[:, -2:] = halves[:, :2]  # d at the end
+    else:
+        blocks[:, :4] = halves  # d and dmin first
+    return blocks.reshape(rows, -1)
+
+
+def tiny_config(arch: str, hidden: int = 64) -> Any:
+    """A two-layer random model of `arch` over SmolLM2's vocabulary (`hidden` 256 for K-quants' super-blocks)."""
     import transformers
 
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
                   rope_theta=10000.0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=arch != "phi3")
     if arch == "qwen2":
@@ -54,7 +77,9 @@ def write_tiny_gguf(arch: str, path: Path, default_gguf: Path, qtype: str = "Q8_
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = tiny_config(arch)
+    k_mix = K_MIXES.get(qtype)
+    config = tiny_config(arch, 256 if k_mix else 64)
+    rng = np.random.default_rng(0)
     model = AutoModelForCausalLM.from_config(config).float().eval()
     writer = GGUFWriter(str(path), arch)
     _metadata(writer, arch, config)
@@ -69,7 +94,11 @@ def write_tiny_gguf(arch: str, path: Path, default_gguf: Path, qtype: str = "Q8_
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
             values = _interleave_rotary(values, heads)
-        if values.ndim == 2 and values.shape[1] % 32 == 0:
+        if values.ndim == 2 and k_mix and values.shape[1] % 256 == 0:
+            type_name = k_mix[1].get(gguf_name.split(".")[-2], k_mix[0])  # by role: token_embd, attn_v, …
+            writer.add_tensor(gguf_name, random_k_blocks(type_name, *values.shape, rng),
+                              raw_dtype=GGMLQuantizationType[type_name])
+        elif values.ndim == 2 and values.shape[1] % 32 == 0:
             kind = GGMLQuantizationType[qtype]
             writer.add_tensor(gguf_name, quantize(np.ascontiguousarray(values), kind), raw_dtype=kind)
         else:

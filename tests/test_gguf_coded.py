@@ -29,18 +29,13 @@ def int8_activations(monkeypatch):
 def gguf_tensor(type_name: str, rows: int, columns: int, seed: int) -> np.ndarray:
     """Raw blocks of a [rows, columns] tensor: quantized by gguf-py, or (K-quants) random blocks whose
     float16 super-block scales are finite."""
+    from gguf_models import random_k_blocks
+
     rng = np.random.default_rng(seed)
     qtype = GGMLQuantizationType[type_name]
     if type_name in QUANTIZABLE:
         return quantize(rng.standard_normal((rows, columns)).astype(np.float32), qtype)
-    _, block_bytes, per_block, _ = FORMATS[type_name]
-    blocks = rng.integers(0, 256, (rows * columns // per_block, block_bytes), dtype=np.uint8)
-    halves = rng.uniform(1e-3, 2e-2, (blocks.shape[0], 2)).astype(np.float16).view(np.uint8)
-    if type_name == "Q6_K":
-        blocks[:, -2:] = halves[:, :2]  # d at the end
-    else:
-        blocks[:, :4] = halves  # d and dmin first
-    return blocks.reshape(rows, -1)
+    return random_k_blocks(type_name, rows, columns, rng, scales=(1e-3, 2e-2))
 
 
 def reference(raw: np.ndarray, type_name: str) -> torch.Tensor:
@@ -153,7 +148,7 @@ def test_inspect_shows_each_gguf_tensor_type_and_how_the_cpu_engine_runs_it(defa
 
 
 GGUF_ARCHITECTURES = [("llama", "Q4_0"), ("qwen2", "Q8_0"), ("qwen3", "Q4_1"), ("phi3", "Q8_0"), ("gemma2", "Q5_0"),
-                     ("gemma3", "Q4_1")]
+                     ("gemma3", "Q4_1"), ("llama", "Q4_K_M"), ("qwen2", "Q5_K")]  # K-quants: random blocks
 
 
 @needs_kernels
