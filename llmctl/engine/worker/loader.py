@@ -30,6 +30,7 @@ from llmctl.engine.lora.slots import attach_lora_slots
 from llmctl.engine.models.common import Shard, WeightMismatchError
 from llmctl.engine.models.registry import create_model, is_supported
 from llmctl.engine.parallel.group import Rank, local_rank
+from llmctl.engine.worker.heap import keep_freed_memory_in_heap, release_loading_garbage
 from llmctl.engine.worker.kv_cache import kv_cache_dtype, set_up_kv_cache
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
 from llmctl.errors import CorruptModelError, UnsupportedModelError
@@ -79,6 +80,8 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, kv.geometry, kv.pool,
                          kv.caches, max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes,
                          placement, choice.reason, kv.activation_peak_bytes, packed_bytes, lora_step, lora_slots)
+    if device.type == "cpu":
+        release_loading_garbage()
     if rank.rank == 0:
         _log_startup(loaded, time.perf_counter() - started)
     return loaded
@@ -98,24 +101,6 @@ def _check_native(spec: ModelSpec, source: ModelSource, trust_remote_code: bool)
             f"{source.name} needs the Python code shipped in its repository (auto_map) and llmctl never runs it "
             "without --trust-remote-code; llmctl's engine also has no implementation of "
             f"{', '.join(spec.architectures) or spec.model_type}")
-
-
-def keep_freed_memory_in_heap() -> None:
-    """glibc returns large freed blocks to the OS, so every big step tensor is page-faulted in
-    again; keeping them in the heap makes CPU steps markedly faster (vLLM recommends tcmalloc
-    for the same reason). Best effort: other C libraries are left alone."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name or "libc" not in name:
-        return
-    try:
-        libc = ctypes.CDLL(name)
-        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: serve allocations up to 1 GiB from the heap
-        libc.mallopt(-1, 1 << 31)  # M_TRIM_THRESHOLD: do not hand freed heap back eagerly
-    except (OSError, AttributeError):
-        pass
 
 
 def model_weight_bytes(model: nn.Module) -> int:

@@ -1,0 +1,48 @@
+"""The C library's heap on CPUs: freed step tensors kept for the next step, loading's garbage given back once.
+
+glibc returns large freed blocks to the OS, so every big step tensor is page-faulted in again; keeping them in
+the heap makes CPU steps markedly faster (vLLM recommends tcmalloc for the same reason). Loading frees much more
+than a step ever reuses (parts stacked into fused weights, dtype conversions, the checkpoint's metadata), so that
+is handed back once when loading ends: 30 MiB of the default model's resident memory. Best effort: other C
+libraries are left alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if not name or "libc" not in name:
+        return None
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+def keep_freed_memory_in_heap() -> None:
+    """Serve allocations up to 1 GiB from the heap and do not hand freed heap back eagerly."""
+    libc = _glibc()
+    try:
+        if libc is not None:
+            libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)
+            libc.mallopt(M_TRIM_THRESHOLD, 1 << 31)
+    except AttributeError:
+        pass
+
+
+def release_loading_garbage() -> None:
+    """Return the heap's free memory to the OS once (malloc_trim), after the objects loading left are freed."""
+    gc.collect()
+    libc = _glibc()
+    try:
+        if libc is not None:
+            libc.malloc_trim(0)
+    except AttributeError:
+        pass
