@@ -28,8 +28,7 @@ GEMMA_NAMES = {**LAYER_NAMES, "pre_feedforward_layernorm": "ffn_norm",
 
 # llama.cpp's Q4_K_M: Q4_K, with Q6_K for the embedding, attn_v and ffn_down (llama-quant.cpp's choice for
 # most of those layers)
-K_MIXES = {"Q4_K_M": ("Q4_K", {"token_embd": "Q6_K", "attn_v": "Q6_K", "ffn_down": "Q6_K"}),
-           "Q5_K": ("Q5_K", {}), "Q6_K": ("Q6_K", {})}
+K_MIXES = {"Q4_K_M": ("Q4_K", {"token_embd": "Q6_K", "attn_v": "Q6_K", "ffn_down": "Q6_K"})}
 
 
 def random_k_blocks(type_name: str, rows: int, columns: int, rng: np.random.Generator,

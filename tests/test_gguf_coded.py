@@ -179,7 +179,7 @@ def test_inspect_shows_each_gguf_tensor_type_and_how_the_cpu_engine_runs_it(defa
 
 
 GGUF_ARCHITECTURES = [("llama", "Q4_0"), ("qwen2", "Q8_0"), ("qwen3", "Q4_1"), ("phi3", "Q8_0"), ("gemma2", "Q5_0"),
-                     ("gemma3", "Q4_1"), ("llama", "Q4_K_M"), ("qwen2", "Q5_K")]  # K-quants: random blocks
+                     ("gemma3", "Q4_1"), ("llama", "Q4_K_M")]  # Q4_K_M: random Q4_K and Q6_K blocks
 
 
 @needs_kernels
