@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import gc
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 
@@ -38,8 +37,7 @@ def keep_freed_memory_in_heap() -> None:
 
 
 def release_loading_garbage() -> None:
-    """Return the heap's free memory to the OS once (malloc_trim), after the objects loading left are freed."""
-    gc.collect()
+    """Return the heap's free memory to the OS once (malloc_trim; a few ms)."""
     libc = _glibc()
     try:
         if libc is not None:
