@@ -49,7 +49,7 @@ def cpu_paths() -> str:
     coded = (f"; int4/int8 coded-weight kernels (float and int8 activations): {', '.join(cpu.int4_isas())} paths, "
              f"int8 dot products {vnni}")
     bf16 = ("; the bfloat16 panel GEMM on AMX tiles and with AVX512-BF16" if cpu.bf16_amx_supported() else
-            "; the bfloat16 panel GEMM with AVX512-BF16 (no AMX: bfloat16 models run oneDNN)"
+            "; the bfloat16 panel GEMM with AVX512-BF16 (no AMX here: the AMX tiles are NOT tested)"
             if cpu.bf16_panels_supported() else "; no AVX512-BF16: the bfloat16 panel GEMM is NOT tested")
     panels = f"the float32 panel GEMM ({', '.join(cpu.panel_isas())} paths)" if cpu.panel_isas() else \
         "oneDNN float32 linears (no AVX2/FMA: no float32 panel GEMM)"
