@@ -227,11 +227,13 @@ def all_pairs(arches: tuple[int, ...], full: bool = False) -> list[tuple[KernelC
 
 
 def ci_pairs() -> list[tuple[KernelCase, int]]:
-    """The test suite's share (minutes on two cores, not a quarter of an hour): every bfloat16 and float32
-    case for sm_90; for sm_80 and sm_89, and for float16 on sm_90, the largest tile of each kernel × dtype ×
-    KV dtype (what their shared memory and fp8 support decide; float16 compiles as bfloat16 does)."""
+    """The test suite's share (minutes on two cores, not a quarter of an hour): every bfloat16 case for
+    sm_90, and float32 cases there that take every value of every constexpr at least once; for sm_80 and
+    sm_89, and for float16 on sm_90, the largest tile of each kernel × dtype × KV dtype (what their shared
+    memory and fp8 support decide; float16 compiles as bfloat16 does)."""
     cases = all_cases()
-    pairs = [(case, 90) for case in cases if case.dtype != "fp16"]
+    pairs = [(case, 90) for case in cases if case.dtype == "bf16"]
+    pairs += [(case, 90) for case in _covering([c for c in cases if c.dtype == "fp32"])]
     for arch in ARCHES:
         seen: set[tuple[str, str, str]] = set()
         for case in sorted(cases, key=lambda c: -_tile_bytes(c)):
@@ -240,6 +242,18 @@ def ci_pairs() -> list[tuple[KernelCase, int]]:
                 seen.add(key)
                 pairs.append((case, arch))
     return pairs
+
+
+def _covering(cases: list[KernelCase]) -> list[KernelCase]:
+    """Cases, largest tiles first, each kept only if it brings a kernel's constexpr value not yet taken."""
+    taken: set[tuple[str, str, str, object]] = set()
+    kept = []
+    for case in sorted(cases, key=lambda c: -_tile_bytes(c)):
+        values = {(case.kernel, case.kv_dtype, name, value) for name, value in case.constexprs}
+        if not values <= taken:
+            taken |= values
+            kept.append(case)
+    return kept
 
 
 def _tile_bytes(case: KernelCase) -> int:
