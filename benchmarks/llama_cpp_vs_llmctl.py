@@ -6,8 +6,9 @@ greedy tokens after it: the time of prompt + N tokens less the time of prompt + 
 load and after the run. Prefix caching is off on both sides (llama.cpp: a reset before each call), so
 every call computes its prompt. llmctl runs the GGUF's weights as they are (coded, its default on CPUs);
 `--llmctl-dtype float32` runs the float32 conversion instead; `--llmctl-kv-cache-dtype float16` stores
-llmctl's KV cache as llama.cpp does by default (llmctl's default is the model's dtype, float32). KV memory: llmctl gets a pool sized for the
-work (`--kv-mib`), llama.cpp an n_ctx of prompt + decode.
+llmctl's KV cache as llama.cpp does by default (llmctl's default is the model's dtype, float32). KV memory:
+both hold the same tokens, prompt + decode + 8 (llama.cpp's n_ctx, which it may round up; llmctl's pool in
+whole 16-token blocks), unless `--kv-mib` sizes llmctl's pool.
 
 Serving (`--serve`): 16 concurrent streaming completions (the `openai` client, 64 tokens each through
 `min_tokens`, which both servers honour; llama.cpp's has no `ignore_eos`) against `llmctl serve FILE` and
@@ -47,13 +48,28 @@ def prompt_ids(length: int) -> list[int]:
     return [1000 + (i * 7919) % 20000 for i in range(length)]
 
 
+def one_sequence_kv_bytes(args: argparse.Namespace, length: int) -> int:
+    """A KV pool of `length` tokens, llama.cpp's n_ctx here, in llmctl's cache dtype: llmctl's whole
+    blocks, as plan and the engine count them."""
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
+    from llmctl.plan.kv import kv_dtype_bytes, stage_kv
+
+    spec = load_spec(resolve_model(args.gguf, weights=False, show_progress=False))
+    model_bytes = 2 if args.llmctl_dtype in ("bfloat16", "float16") else 4  # a coded GGUF computes in float32
+    element = kv_dtype_bytes(args.llmctl_kv_cache_dtype, model_bytes)
+    return stage_kv(spec, 1, range(spec.num_layers), element).sequence_bytes(length, length)
+
+
 def llmctl_worker(args: argparse.Namespace) -> dict[str, float]:
     from llmctl.engine.front.llm import LLM
     from llmctl.engine.sampling_params import SamplingParams
 
+    length = args.prompt_len + args.decode_len + 8
+    pool = args.kv_mib << 20 if args.kv_mib else one_sequence_kv_bytes(args, length)
     started = time.perf_counter()
     llm = LLM(args.gguf, dtype=args.llmctl_dtype, cpu_threads=args.threads, enable_prefix_caching=False,
-              max_model_len=args.prompt_len + args.decode_len + 8, kv_cache_memory=args.kv_mib << 20,
+              max_model_len=length, kv_cache_memory=pool,
               kv_cache_dtype=args.llmctl_kv_cache_dtype)
     loaded, rss_loaded = time.perf_counter() - started, rss_mib()
     ids = prompt_ids(args.prompt_len)
@@ -212,7 +228,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--decode-len", type=int, default=128)
-    parser.add_argument("--kv-mib", type=int, default=64)
+    parser.add_argument("--kv-mib", type=int, default=0,
+                        help="llmctl's KV pool (default: the tokens llama.cpp's n_ctx holds, prompt + decode + 8)")
     parser.add_argument("--llmctl-dtype", default="auto")
     parser.add_argument("--llmctl-kv-cache-dtype", default="auto",
                         help="llmctl's --kv-cache-dtype (float16: what llama.cpp stores by default); several, "
