@@ -23,6 +23,7 @@ from llmctl.engine.config import EngineConfig
 from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.front.lockstep import LockstepExecutor, LockstepRounds
 from llmctl.engine.lora.request import LoRARequest
+from llmctl.engine.parallel.executor import WorkerLostError
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
@@ -138,18 +139,28 @@ class DataParallelEngine:
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                        lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         work = (len(prompt) if isinstance(prompt, list) else 1) + (params.max_tokens or 0) * params.n
-        index = self.pick()
-        with self._lock:
-            self._outstanding[index] += work
-            if request_id is not None:
-                self._serving[request_id] = index
-        try:
-            async for output in self.replicas[index].generate(prompt, params, request_id, lora_request):
-                yield output
-        finally:
+        for _ in self.replicas:
+            index = self.pick()
             with self._lock:
-                self._outstanding[index] -= work
-                self._serving.pop(request_id, None)
+                self._outstanding[index] += work
+                if request_id is not None:
+                    self._serving[request_id] = index
+            produced = False
+            try:
+                async for output in self.replicas[index].generate(prompt, params, request_id, lora_request):
+                    produced = True
+                    yield output
+                return
+            except WorkerLostError as error:
+                # a Ray replica found lost at this request, before any output: another running one takes it
+                if produced or not self.on_ray or not any(r.is_running for r in self.replicas):
+                    raise
+                lost = error
+            finally:
+                with self._lock:
+                    self._outstanding[index] -= work
+                    self._serving.pop(request_id, None)
+        raise lost  # every replica was tried
 
     def abort(self, request_id: str) -> None:
         with self._lock:
