@@ -106,23 +106,26 @@ def padded_head_dim(dim: int) -> int:
     return max(MIN_DOT, triton.next_power_of_2(dim))
 
 
-def key_tile(decode_only: bool, padded_dim: int, rows: int, element_bytes: int) -> int:
+def key_tile(decode_only: bool, padded_dim: int, rows: int, element_bytes: int,
+             preferred: int | None = None) -> int:
     """Keys per step of the walk (any size: each key finds its own page): the preferred tile, halved
     until the program's shared memory fits every GPU target (sm_89 has the least)."""
-    tile = DECODE_KEY_TILE if decode_only else PREFILL_KEY_TILE
+    tile = preferred or (DECODE_KEY_TILE if decode_only else PREFILL_KEY_TILE)
     while tile > MIN_KEY_TILE and attention_shared_bytes(padded_dim, rows, tile, element_bytes) > SMALLEST_SHARED_MEMORY:
         tile //= 2
     return tile
 
 
 def kernel_constexprs(*, dim: int, block_size: int, group: int, rows: int, segments: int, decode_only: bool,
-                      dtype: torch.dtype, kv_fp8: bool, window: bool, alibi: bool, softcap: bool) -> dict:
+                      dtype: torch.dtype, kv_fp8: bool, window: bool, alibi: bool, softcap: bool,
+                      preferred_key_tile: int | None = None) -> dict:
     """The attention kernel's compile-time parameters: the launcher and the ahead-of-time compile check
     (`llmctl.kernels.compile_check`) both build them here, so the check covers what runs."""
     padded_dim = padded_head_dim(dim)
     element_bytes = torch.empty(0, dtype=dtype).element_size()
+    tile = key_tile(decode_only, padded_dim, rows, element_bytes, preferred_key_tile)
     return dict(GROUP=group, HEAD_DIM=dim, PADDED_DIM=padded_dim, BLOCK_SIZE=block_size, ROWS=rows,
-                PER_BLOCK=rows // group, KEY_TILE=key_tile(decode_only, padded_dim, rows, element_bytes), WINDOW=window, ALIBI=alibi,
+                PER_BLOCK=rows // group, KEY_TILE=tile, WINDOW=window, ALIBI=alibi,
                 SOFTCAP=softcap, SEGMENTS=segments, KV_FP8=kv_fp8, DOT_PRECISION=dot_precision(dtype))
 
 
@@ -142,17 +145,18 @@ class StepLayout:
     group: int  # query heads per KV head
     num_segments: int
     decode_only: bool
+    preferred_key_tile: int | None = None  # None: the engine's (benchmarks/kernels.py sweeps others)
 
 
 def plan_step(query_start_loc: list[int], heads: int, kv_heads: int, device: torch.device,
-              num_segments: int | None = None) -> StepLayout:
+              num_segments: int | None = None, preferred_key_tile: int | None = None) -> StepLayout:
     group = heads // kv_heads
     decode_only = all(b - a <= 1 for a, b in zip(query_start_loc, query_start_loc[1:]))
     rows = program_rows(group, decode_only)
     seqs, firsts = query_blocks(query_start_loc, rows // group)
     segments = num_segments or choose_segments(decode_only, len(query_start_loc) - 1, kv_heads)
     return StepLayout(*(to_device(values, torch.int32, device) for values in (query_start_loc, seqs, firsts)),
-                      rows, group, segments, decode_only)
+                      rows, group, segments, decode_only, preferred_key_tile)
 
 
 def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
@@ -168,7 +172,8 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
     constexprs = kernel_constexprs(
         dim=dim, block_size=block_size, group=layout.group, rows=layout.rows, segments=segments,
         decode_only=layout.decode_only, dtype=query.dtype, kv_fp8=kv_cache.dtype == torch.float8_e4m3fn,
-        window=bool(options.sliding_window), alibi=options.alibi_slopes is not None, softcap=bool(options.softcap))
+        window=bool(options.sliding_window), alibi=options.alibi_slopes is not None, softcap=bool(options.softcap),
+        preferred_key_tile=layout.preferred_key_tile)
     padded_dim = constexprs["PADDED_DIM"]
     if segments > 1:
         partial = torch.empty(tokens, heads, segments, padded_dim, dtype=torch.float32, device=query.device)

@@ -186,7 +186,10 @@ def _scalar_type(name: str) -> str:
     return "fp32" if name in ("scale", "softcap", "k_scale", "v_scale", "k_inverse", "v_inverse") else "i32"
 
 
-def compile_case(case: KernelCase, arch: int) -> Outcome:
+def compiled_kernel(case: KernelCase, arch: int, aligned: bool = False, **options):
+    """Triton's CompiledKernel for this case and target (its `asm["ptx"]`, `metadata.shared`). `aligned`:
+    as the launcher's JIT specializes it when every pointer and integer is a multiple of 16 (Llama's
+    shapes), which lets loads vectorize; `options`: num_warps, num_stages."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     import triton
@@ -195,10 +198,16 @@ def compile_case(case: KernelCase, arch: int) -> Outcome:
     constexprs = dict(case.constexprs)
     signature = {name: "constexpr" if name in constexprs else pointers.get(name) or _scalar_type(name)
                  for name in inspect.signature(kernel.fn).parameters}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values())
+             if aligned and (kind.startswith("*") or kind == "i32")}
+    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", arch, 32), options=options or None)
+
+
+def compile_case(case: KernelCase, arch: int) -> Outcome:
     started = time.perf_counter()
     try:
-        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", arch, 32))
+        compiled = compiled_kernel(case, arch)
     except Exception as exc:  # Triton's compile errors have no common base class
         return Outcome(case, arch, _first_line(exc), seconds=time.perf_counter() - started)
     shared = compiled.metadata.shared

@@ -111,7 +111,8 @@ def w4a16_matmul(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: to
     k_per_split = triton.cdiv(triton.cdiv(inner, tiles.block_k), tiles.split_k) * tiles.block_k
     grid = (triton.cdiv(rows, tiles.block_m), triton.cdiv(cols, tiles.block_n), tiles.split_k)
     _w4a16_kernel[grid](
-        x, qweight, qzeros, scales, g_idx if g_idx is not None else qzeros, out, rows, cols, inner, k_per_split,
+        x, qweight, qzeros, scales, g_idx if g_idx is not None else qzeros, out, rows, cols, qweight.shape[1], inner,
+        k_per_split,
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0),
         num_warps=tiles.num_warps, **w4a16_constexprs(tiles, method, group_size, x.dtype, bits))
     return out.to(x.dtype) if split else out
@@ -136,18 +137,20 @@ def w4a16_dequantize(method: str, qweight: torch.Tensor, qzeros: torch.Tensor, s
     weight = torch.empty(inner, cols, dtype=dtype, device=qweight.device)
     grid = (triton.cdiv(inner, tiles.block_k), triton.cdiv(cols, tiles.block_n))
     _dequantize_kernel[grid](
-        qweight, qzeros, scales, g_idx if g_idx is not None else qzeros, weight, cols, inner,
+        qweight, qzeros, scales, g_idx if g_idx is not None else qzeros, weight, cols, qweight.shape[1], inner,
         qweight.stride(0), qzeros.stride(0), scales.stride(0), weight.stride(0),
         **dequantize_constexprs(tiles, method, group_size, bits))
     return weight
 
 
 @triton.jit
-def _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N, K,
+def _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N, PACKED_COLS, K,
                  stride_qweight, stride_qzeros, stride_scales,
                  AWQ: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  GROUP_SIZE: tl.constexpr, UNIFORM_GROUPS: tl.constexpr):
-    """Rows [start, start + BLOCK_K) × this program's BLOCK_N columns of the weight, in float32."""
+    """Rows [start, start + BLOCK_K) × this program's BLOCK_N columns of the weight, in float32. PACKED_COLS
+    is qweight's width (AWQ: N / 8 words), passed as such so the launcher's JIT knows when it is a
+    multiple of 16 and AWQ's words load 16 bytes at a time (a bound of cdiv(N, 8) hides that)."""
     inner = start + tl.arange(0, BLOCK_K)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     inner_ok, col_ok = inner < K, cols < N
@@ -157,7 +160,7 @@ def _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N
     if AWQ:  # 4-bit only  # [K, N/8]: word p of a row holds columns 8p..8p+7, column 8p + j at nibble j // 2 + 4 · (j % 2)
         packs = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
         packed = tl.load(qweight_ptr + inner[:, None].to(tl.int64) * stride_qweight + packs[None, :],
-                         mask=inner_ok[:, None] & (packs < tl.cdiv(N, 8))[None, :], other=0)
+                         mask=inner_ok[:, None] & (packs < PACKED_COLS)[None, :], other=0)
         shift = (nibble // 2 + 4 * (nibble % 2)) * 4
         q = tl.reshape((packed[:, :, None] >> shift[None, None, :]) & 0xF, [BLOCK_K, BLOCK_N])
         col_shift = ((cols % 8) // 2 + 4 * (cols % 2)) * 4
@@ -186,7 +189,7 @@ def _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N
 
 
 @triton.jit
-def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K, K_PER_SPLIT,
+def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, PACKED_COLS, K, K_PER_SPLIT,
                   stride_x, stride_qweight, stride_qzeros, stride_scales, stride_out,
                   AWQ: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, GROUP_SIZE: tl.constexpr, UNIFORM_GROUPS: tl.constexpr, SPLIT: tl.constexpr,
@@ -202,7 +205,7 @@ def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr
         inner = start + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + inner[None, :],
                     mask=row_ok[:, None] & (inner < K)[None, :], other=0.0)
-        weight = _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N, K,
+        weight = _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N, PACKED_COLS, K,
                               stride_qweight, stride_qzeros, stride_scales,
                               AWQ, BITS, BLOCK_N, BLOCK_K, GROUP_SIZE, UNIFORM_GROUPS)
         # bf16/fp16 operands on GPUs (tensor cores), fp32 accumulation; fp32 operands in full precision
@@ -215,13 +218,13 @@ def _w4a16_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr
 
 
 @triton.jit
-def _dequantize_kernel(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr, N, K,
+def _dequantize_kernel(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr, N, PACKED_COLS, K,
                        stride_qweight, stride_qzeros, stride_scales, stride_out,
                        AWQ: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        GROUP_SIZE: tl.constexpr, UNIFORM_GROUPS: tl.constexpr):
     pid_k, pid_n = tl.program_id(0), tl.program_id(1)
     start = pid_k * BLOCK_K
-    weight = _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N, K,
+    weight = _weight_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, start, pid_n, N, PACKED_COLS, K,
                           stride_qweight, stride_qzeros, stride_scales, AWQ, BITS, BLOCK_N, BLOCK_K, GROUP_SIZE,
                           UNIFORM_GROUPS)
     inner = start + tl.arange(0, BLOCK_K)

@@ -10,7 +10,10 @@ apply once per column and tile, not per weight:
 Measured on an H200 (benchmarks/w4a16_gemv.py, docs/kernels.md): 1.1–1.3× the tensor-core kernel at
 one row, and slower than it from two rows on, so `GEMV_MAX_ROWS` is 1. It is not bound by arithmetic
 (unpacking without integer conversions changed nothing) but by how few loads each program has in
-flight; the ≥ 2.5× over bf16 that a memory-bound 4-bit GEMV allows is not reached.
+flight; the ≥ 2.5× over bf16 that a memory-bound 4-bit GEMV allows is not reached. `num_stages` > 1
+pipelines the K loop (Triton's `tl.range`: the packed words of the next tiles are copied into shared
+memory asynchronously, `cp.async`, while this one is summed): compiled and checked here, not yet timed on
+a GPU, so the engine keeps 1 (`benchmarks/w4a16_gemv.py` sweeps it).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class GemvTiles:
     block_k: int
     split_k: int
     num_warps: int = 4
+    num_stages: int = 1  # K tiles in flight per program (1: the loads of a tile, then its sums)
 
 
 def gemv_applies(rows: int, group_size: int, act_order: bool) -> bool:
@@ -56,7 +60,7 @@ def choose_gemv_tiles(rows: int, inner: int, cols: int, group_size: int, awq: bo
 def gemv_constexprs(tiles: GemvTiles, method: str, group_size: int, bits: int = 4) -> dict:
     """The kernels' compile-time parameters (shared with `llmctl.kernels.compile_check`)."""
     return dict(BITS=bits, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_SIZE=group_size,
-                SPLIT=tiles.split_k > 1)
+                SPLIT=tiles.split_k > 1, STAGES=tiles.num_stages)
 
 
 def multiprocessor_count(device: torch.device) -> int:
@@ -86,8 +90,8 @@ def w4a16_gemv(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torc
         torch.empty(rows, cols, dtype=x.dtype, device=x.device)
     k_per_split = triton.cdiv(triton.cdiv(inner, tiles.block_k), tiles.split_k) * tiles.block_k
     grid = (rows, triton.cdiv(cols, tiles.block_n), tiles.split_k)
-    kernel = _gemv_awq_kernel if method == "awq" else _gemv_gptq_kernel
-    kernel[grid](x, qweight, qzeros, scales, out, cols, inner, k_per_split,
+    kernel, width = (_gemv_awq_kernel, cols // 8) if method == "awq" else (_gemv_gptq_kernel, cols)
+    kernel[grid](x, qweight, qzeros, scales, out, width, inner, k_per_split,
                  x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0),
                  num_warps=tiles.num_warps, **gemv_constexprs(tiles, method, group_size, bits))
     return out.to(x.dtype) if split else out
@@ -97,7 +101,7 @@ def w4a16_gemv(x: torch.Tensor, method: str, qweight: torch.Tensor, qzeros: torc
 def _gemv_gptq_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, N, K, K_PER_SPLIT,
                       stride_x, stride_qweight, stride_qzeros, stride_scales, stride_out,
                       BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE: tl.constexpr,
-                      SPLIT: tl.constexpr):
+                      SPLIT: tl.constexpr, STAGES: tl.constexpr):
     """GPTQ [K/w, N], w = 32 / BITS input rows per word: a tile is [BLOCK_K / w words, w, BLOCK_N columns]."""
     row, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     PER_WORD: tl.constexpr = 32 // BITS
@@ -109,7 +113,7 @@ def _gemv_gptq_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, N, K,
     zero_shift = (cols % PER_WORD) * BITS
     acc = tl.zeros([WORDS, BLOCK_N], dtype=tl.float32)  # summed over the words once, at the end
     k_lo = pid_k * K_PER_SPLIT
-    for start in range(k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_K):
+    for start in tl.range(k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_K, num_stages=STAGES):
         inner = start + words[:, None] * PER_WORD + nibble[None, :]  # [WORDS, PER_WORD]
         x = tl.load(x_ptr + row * stride_x + inner, mask=inner < K, other=0.0).to(tl.float32)
         packs = start // PER_WORD + words
@@ -135,13 +139,14 @@ def _shifted_values(words, SHIFT: tl.constexpr, MASK: tl.constexpr):
 
 
 @triton.jit
-def _gemv_awq_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, N, K, K_PER_SPLIT,
+def _gemv_awq_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, N_WORDS, K, K_PER_SPLIT,
                      stride_x, stride_qweight, stride_qzeros, stride_scales, stride_out,
                      BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE: tl.constexpr,
-                     SPLIT: tl.constexpr):
+                     SPLIT: tl.constexpr, STAGES: tl.constexpr):
     """AWQ [K, N/8]: word p of a row holds columns 8p..8p+7, column 8p + j at nibble j // 2 + 4 · (j % 2)
     (even j in the low 16 bits). A tile is [BLOCK_K rows, BLOCK_N / 8 words], taken one column phase j at
-    a time; the columns stay in a [words, 8] shape throughout."""
+    a time; the columns stay in a [words, 8] shape throughout. N_WORDS is N / 8 (AWQ packs whole words), so
+    the launcher's JIT knows when it is a multiple of 16 and loads the words 16 bytes at a time."""
     row, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     BLOCK_M: tl.constexpr = 1  # one row per program, kept as a dimension (as measured: docs/kernels.md)
     WORDS: tl.constexpr = BLOCK_N // 8
@@ -149,10 +154,11 @@ def _gemv_awq_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, N, K, 
     packs = pid_n * WORDS + tl.arange(0, WORDS)
     phase = tl.arange(0, 8)
     cols = packs[:, None] * 8 + phase[None, :]  # [WORDS, 8]
-    row_ok, pack_ok, col_ok = rows == row, packs < tl.cdiv(N, 8), cols < N
+    row_ok, pack_ok = rows == row, packs < N_WORDS
+    col_ok = pack_ok[:, None] & (phase < 8)[None, :]
     acc = tl.zeros([BLOCK_M, WORDS, 8], dtype=tl.float32)
     k_lo = pid_k * K_PER_SPLIT
-    for start in range(k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_K):
+    for start in tl.range(k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_K, num_stages=STAGES):
         inner = start + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rows[:, None] * stride_x + inner[None, :], mask=row_ok[:, None] & (inner < K)[None, :],
                     other=0.0).to(tl.float32)  # [BLOCK_M, BLOCK_K]

@@ -84,3 +84,39 @@ def test_the_engine_refusals_in_one_line():
 @pytest.mark.parametrize("arch", [75, 120])
 def test_gpus_outside_the_compiled_targets_get_the_closest_limits(arch):
     assert kernel_refusal(arch, "bf16", "bf16", padded_dim=128, rows=64) is None
+
+
+
+CHECK_W4A16_LOADS = """
+import json, re, torch
+from llmctl.kernels.compile_check import _case, compiled_kernel
+from llmctl.kernels.w4a16 import choose_tiles, w4a16_constexprs
+from llmctl.kernels.w4a16_gemv import GemvTiles, gemv_constexprs
+ptx = lambda case, **options: compiled_kernel(case, 90, aligned=True, **options).asm["ptx"]
+count = lambda pattern, text: len(re.findall(pattern, text))
+found = {}
+for method in ("gptq", "awq"):
+    for stages in (1, 3):
+        gemv = ptx(_case(f"gemv_{method}", "bf16", "", gemv_constexprs(GemvTiles(128, 128, 8, 4, stages), method, 128)))
+        found[f"gemv {method} {stages}"] = dict(copies=count(r"cp[.]async[.]c", gemv),
+                                                 vector_loads=count(r"ld[.]global[.\\w]*[.]v4", gemv))
+tiles = choose_tiles(16, 4096, 128, False, True, 2)
+cores = ptx(_case("w4a16", "bf16", "", w4a16_constexprs(tiles, "awq", 128, torch.bfloat16, 4)), num_warps=tiles.num_warps)
+found["tensor-core awq"] = dict(wide_copies=count(r"cp[.]async[.]cg", cores), narrow_copies=count(r"cp[.]async[.]ca", cores))
+print(json.dumps(found))
+"""
+
+
+def test_w4a16_kernels_load_their_packed_words_as_a_gpu_wants():
+    """Read from the sm_90 code, as the launcher's JIT specializes Llama's shapes (every size a multiple of 16):
+    `GemvTiles.num_stages` > 1 really pipelines the GEMV's K loop (asynchronous copies into shared memory,
+    what the GPU sweep times) and 1 does not (the engine's measured kernel); AWQ's packed words load 16
+    bytes at a time in the GEMV and are copied 16 bytes at a time in the tensor-core kernel (a mask bound of
+    cdiv(N, 8) hid N's alignment: 4-byte loads, and 51 narrow copies against 6 wide ones)."""
+    result = compiling_python("-c", CHECK_W4A16_LOADS, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["gemv gptq 1"]["copies"] == found["gemv awq 1"]["copies"] == 0
+    assert found["gemv gptq 3"]["copies"] > 0 and found["gemv awq 3"]["copies"] > 0
+    assert found["gemv gptq 1"]["vector_loads"] > 0 and found["gemv awq 1"]["vector_loads"] > 0
+    assert found["tensor-core awq"]["wide_copies"] > found["tensor-core awq"]["narrow_copies"]

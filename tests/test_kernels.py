@@ -10,7 +10,7 @@ import triton  # noqa: E402,F401  (a required dependency on Linux: missing, thes
 
 from llmctl.engine.layers.positions import alibi_slopes  # noqa: E402
 from llmctl.kernels.attention import (  # noqa: E402
-    AttentionOptions, paged_attention, paged_attention_reference, plan_step)
+    AttentionOptions, kernel_constexprs, paged_attention, paged_attention_reference, plan_step)
 from paged_steps import paged_step as _paged_step  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -22,12 +22,13 @@ def paged_step(query_lens: list[int], seq_lens: list[int], **shape):
     return _paged_step(query_lens, seq_lens, dtype=DTYPE, device=DEVICE, **shape)
 
 
-def check(query_lens, seq_lens, *, heads, kv_heads, dim, block_size, segments=None, pool_blocks=64, **options):
+def check(query_lens, seq_lens, *, heads, kv_heads, dim, block_size, segments=None, pool_blocks=64, key_tile=None,
+          **options):
     query, cache, tables, lens, starts = paged_step(query_lens, seq_lens, heads=heads, kv_heads=kv_heads, dim=dim,
                                                     block_size=block_size, pool_blocks=pool_blocks)
     opts = AttentionOptions(scale=dim ** -0.5, **options)
     expected = paged_attention_reference(query, cache, tables, lens, torch.tensor(starts), opts)
-    layout = plan_step(starts, heads, kv_heads, query.device, num_segments=segments)
+    layout = plan_step(starts, heads, kv_heads, query.device, num_segments=segments, preferred_key_tile=key_tile)
     if segments is None and set(query_lens) == {1} and len(seq_lens) * kv_heads < 256:
         assert layout.num_segments > 1  # decodes with few programs split by themselves, whatever their length
     got = paged_attention(query, cache, tables, lens, layout, opts)
@@ -61,6 +62,18 @@ def test_short_decodes_split_by_shape_leave_segments_empty():
 @pytest.mark.parametrize("segments", [1, 4, None])
 def test_long_decodes_split_along_the_context(segments):
     check([1, 1], [2000, 37], heads=4, kv_heads=2, dim=64, block_size=16, segments=segments, pool_blocks=160)
+
+
+@pytest.mark.parametrize("key_tile,segments", [(32, 16), (64, 64)])
+def test_the_decode_tilings_the_gpu_sweep_times(key_tile, segments):
+    """benchmarks/kernels.py times decodes in 32- and 64-key tiles and 64 segments besides the engine's
+    choice; they must be right before their times can choose (block size 8: a 64-key tile spans 8 pages)."""
+    check([1, 1, 1], [400, 37, 64], heads=4, kv_heads=2, dim=64, block_size=8, segments=segments,
+          pool_blocks=160, key_tile=key_tile, alibi_slopes=alibi_slopes(4).to(DEVICE), sliding_window=300)
+    constexprs = kernel_constexprs(dim=64, block_size=8, group=2, rows=16, segments=segments, decode_only=True,
+                                   dtype=DTYPE, kv_fp8=False, window=True, alibi=True, softcap=False,
+                                   preferred_key_tile=key_tile)
+    assert constexprs["KEY_TILE"] == key_tile  # the kernel really walked in such tiles
 
 
 def test_a_large_pool():
@@ -168,6 +181,7 @@ def test_w4a16_matches_the_unpacked_weights(method, act_order, bits, rows, split
 @pytest.mark.parametrize("rows,group,tiles", [
     (1, 32, None), (1, 128, None),  # the engine's choice
     (1, 128, (32, 128, 1)), (3, 64, (16, 32, 3)), (2, 64, (64, 64, 4)),  # one K share; K shares of odd sizes
+    (2, 64, (64, 64, 4, 4, 3)),  # the K loop pipelined three tiles deep (on a GPU; the interpreter runs it in turn)
 ])
 def test_w4a16_gemv_matches_the_unpacked_weights(method, bits, rows, group, tiles):
     from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
