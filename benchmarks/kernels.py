@@ -4,7 +4,9 @@
     TRITON_INTERPRET=1 python benchmarks/kernels.py --tiny   # anywhere: tiny shapes, checks the script runs
 
 Decode attention reads every sequence's K and V once; its bandwidth is that many bytes over the
-kernel's time, compared with the device's copy bandwidth (a device-to-device copy of 1 GiB).
+kernel's time, compared with the device's copy bandwidth (a device-to-device copy of 1 GiB). It is timed
+as decode steps run it, captured in a CUDA graph, over enough cache copies that the L2 cache holds none,
+for the split into 1, 16 and 64 segments × key tiles of 16, 32 and 64 keys (* marks the engine's choice).
 The W4A16 GEMM (GPTQ and AWQ layouts) is timed against torch's bf16 matmul of the same shape, and the
 fused-MoE grouped GEMM against the torch path that runs each expert's rows in turn (same routing, same weights).
 """
@@ -12,6 +14,7 @@ fused-MoE grouped GEMM against the torch path that runs each expert's rows in tu
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from pathlib import Path
@@ -67,28 +70,41 @@ def copy_bandwidth(device: str, nbytes: int) -> float:
 
 
 def decode_attention(device: str, dtype: torch.dtype, batch: int, context: int, heads: int, kv_heads: int,
-                     dim: int, block_size: int, repeats: int, peak: float) -> list[dict]:
-    from llmctl.kernels.attention import SEGMENTS, AttentionOptions, choose_segments, paged_attention, plan_step
+                     dim: int, block_size: int, repeats: int, peak: float,
+                     tilings: tuple = tuple(itertools.product((1, 16, 64), (16, 32, 64)))) -> list[dict]:
+    """Each (segments, key tile) of `tilings` timed and checked."""
+    from llmctl.kernels.attention import (DECODE_KEY_TILE, AttentionOptions, choose_segments, paged_attention,
+                                          paged_attention_reference, plan_step)
 
     pages = -(-context // block_size)
-    cache = torch.empty(batch * pages, block_size, 2, kv_heads, dim, device=device, dtype=dtype).normal_()
+    kv_bytes = batch * context * 2 * kv_heads * dim * torch.empty(0, dtype=dtype).element_size()
+    copies = max(1, -(-3 * l2_bytes() // kv_bytes)) if device == "cuda" else 1  # each call reads memory
+    caches = [torch.empty(batch * pages, block_size, 2, kv_heads, dim, device=device, dtype=dtype).normal_()
+              for _ in range(copies)]
     tables = torch.randperm(batch * pages, device=device).view(batch, pages).to(torch.int32)
     lens = torch.full((batch,), context, dtype=torch.int32, device=device)
     query = torch.randn(batch, heads, dim, device=device).to(dtype)
     starts = list(range(batch + 1))
     options = AttentionOptions(scale=dim ** -0.5)
-    kv_bytes = batch * context * 2 * kv_heads * dim * cache.element_size()
+    checked = min(batch, 2)  # each tiling's first sequences against the torch reference
+    expected = paged_attention_reference(query[:checked], caches[0], tables[:checked], lens[:checked],
+                                         torch.tensor(starts[:checked + 1]), options).float()
     records = []
-    chosen = choose_segments(True, batch, kv_heads)  # what the engine runs for this step
-    for segments in (1, SEGMENTS):  # whole contexts, and split into segments merged by a second kernel
-        layout = plan_step(starts, heads, kv_heads, torch.device(device), num_segments=segments)
-        seconds = timed(lambda: paged_attention(query, cache, tables, lens, layout, options), repeats)
-        label = f"{layout.num_segments} segment{'s' if layout.num_segments > 1 else ''}" + ("*" if segments == chosen else "")
-        print(f"decode attention, batch {batch} × context {context}, {heads}/{kv_heads} heads × {dim} ({label}): "
-              f"{seconds * 1e6:8.1f} µs, {kv_bytes / seconds / 1e9:7.1f} GB/s of KV "
-              f"({kv_bytes / seconds / peak:.0%} of copy bandwidth {peak / 1e9:.0f} GB/s)", flush=True)
-        records.append(dict(batch=batch, context=context, segments=layout.num_segments,
-                            engine_runs_this=segments == chosen, seconds=seconds,
+    chosen = (choose_segments(True, batch, kv_heads), DECODE_KEY_TILE)  # what the engine runs for this step
+    for segments, tile in tilings:  # the split is merged by a second kernel
+        layout = plan_step(starts, heads, kv_heads, torch.device(device), num_segments=segments,
+                           preferred_key_tile=tile)
+        got = paged_attention(query, caches[0], tables, lens, layout, options)[:checked].float()
+        error = ((got - expected).abs().max() / expected.abs().max()).item()
+        seconds = graphed_seconds([lambda c=c: paged_attention(query, c, tables, lens, layout, options)
+                                   for c in caches], repeats)
+        mark = "*" if (segments, tile) == chosen else ""
+        print(f"decode attention, batch {batch} × context {context}, {heads}/{kv_heads} heads × {dim}, {segments} "
+              f"segments, {tile}-key tiles{mark}: {seconds * 1e6:8.1f} µs, {kv_bytes / seconds / 1e9:7.1f} GB/s of "
+              f"KV ({kv_bytes / seconds / peak:.0%} of copy bandwidth {peak / 1e9:.0f} GB/s)"
+              f"{'  WRONG' if error > 2e-2 else ''}", flush=True)
+        records.append(dict(batch=batch, context=context, segments=segments, key_tile=tile,
+                            engine_runs_this=bool(mark), seconds=seconds, relative_error=error,
                             kv_gb_per_s=kv_bytes / seconds / 1e9, fraction_of_copy=kv_bytes / seconds / peak))
     return records
 
@@ -155,7 +171,7 @@ def main() -> None:
     report: dict = dict(device=name, copy_gb_per_s=peak / 1e9, attention=[], w4a16=[], moe=[])
     if args.tiny:
         report["attention"] += decode_attention(device, dtype, batch=2, context=64, heads=4, kv_heads=2, dim=64,
-                                                block_size=16, repeats=2, peak=peak)
+                                                block_size=16, repeats=2, peak=peak, tilings=((1, 16), (16, 64)))
         report["w4a16"].append(w4a16(device, dtype, rows=4, inner=256, cols=64, repeats=2))
         report["moe"].append(fused_moe(device, dtype, tokens=5, hidden=32, inter=48, experts=4, top_k=2, repeats=2))
     else:

@@ -23,7 +23,7 @@ fi
 timeout "${GPU_CHECK_KERNELS_TIMEOUT:-600}" "$PYTHON" benchmarks/kernels.py --json "$OUT_DIR/kernels.json" 2>&1 | tee "$OUT_DIR/kernels.log"
 timeout "${GPU_CHECK_TILES_TIMEOUT:-300}" "$PYTHON" benchmarks/w4a16_tiles.py --json "$OUT_DIR/w4a16_tiles.json" 2>&1 \
     | grep -v "^    " | tee "$OUT_DIR/w4a16_tiles.log"
-timeout "${GPU_CHECK_GEMV_TIMEOUT:-300}" "$PYTHON" benchmarks/w4a16_gemv.py --json "$OUT_DIR/w4a16_gemv.json" 2>&1 \
+timeout "${GPU_CHECK_GEMV_TIMEOUT:-420}" "$PYTHON" benchmarks/w4a16_gemv.py --json "$OUT_DIR/w4a16_gemv.json" 2>&1 \
     | tee "$OUT_DIR/w4a16_gemv.log"
 if [ -z "${GPU_CHECK_SKIP_E2E:-}" ]; then
     timeout "${GPU_CHECK_E2E_TIMEOUT:-900}" "$PYTHON" benchmarks/gpu_end_to_end.py --json "$OUT_DIR/end_to_end.json" 2>&1 | tee "$OUT_DIR/end_to_end.log"
