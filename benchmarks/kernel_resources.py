@@ -76,6 +76,9 @@ def main() -> None:
             tiles = GemvTiles(block_n, 128, 8, 4, stages)
             case = _case(f"gemv_{method}", "bf16", "", gemv_constexprs(tiles, method, 128))
             show(f"GEMV {method} {block_n} × 128, {stages} stage{'s' if stages > 1 else ''}", resources(case, 4), 4)
+        tiles = GemvTiles(block_n, 128, 8, split_sum="last")
+        case = _case(f"gemv_{method}", "bf16", "", gemv_constexprs(tiles, method, 128))
+        show(f"GEMV {method} {block_n} × 128, last split sums", resources(case, 4), 4)
 
 
 if __name__ == "__main__":

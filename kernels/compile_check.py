@@ -176,7 +176,9 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
     packed = dict(qweight_ptr="*i32", qzeros_ptr="*i32", scales_ptr="*fp16", g_idx_ptr="*i32")
     if case.kernel.startswith("gemv_"):
         kernel = w4a16_gemv._gemv_awq_kernel if case.kernel == "gemv_awq" else w4a16_gemv._gemv_gptq_kernel
-        return kernel, dict(packed, x_ptr=act, out_ptr="*fp32" if dict(case.constexprs)["SPLIT"] else act)
+        atomic = dict(case.constexprs)["SPLIT"] and not dict(case.constexprs)["LAST_SUMS"]
+        return kernel, dict(packed, x_ptr=act, out_ptr="*fp32" if atomic else act, partial_ptr="*fp32",
+                            count_ptr="*i32")
     if case.kernel == "w4a16":
         return w4a16._w4a16_kernel, dict(packed, x_ptr=act, out_ptr="*fp32" if dict(case.constexprs)["SPLIT"] else act)
     return w4a16._dequantize_kernel, dict(packed, out_ptr=act)

@@ -100,6 +100,10 @@ for method in ("gptq", "awq"):
         gemv = ptx(_case(f"gemv_{method}", "bf16", "", gemv_constexprs(GemvTiles(128, 128, 8, 4, stages), method, 128)))
         found[f"gemv {method} {stages}"] = dict(copies=count(r"cp[.]async[.]c", gemv),
                                                  vector_loads=count(r"ld[.]global[.\\w]*[.]v4", gemv))
+for method in ("gptq", "awq"):
+    last = GemvTiles(128, 128, 8, split_sum="last")
+    summing = ptx(_case(f"gemv_{method}", "bf16", "", gemv_constexprs(last, method, 128)))
+    found[f"gemv {method} last"] = sorted(set(re.findall(r"atom[.][.\\w]*", summing)))
 tiles = choose_tiles(16, 4096, 128, False, True, 2)
 cores = ptx(_case("w4a16", "bf16", "", w4a16_constexprs(tiles, "awq", 128, torch.bfloat16, 4)), num_warps=tiles.num_warps)
 found["tensor-core awq"] = dict(wide_copies=count(r"cp[.]async[.]cg", cores), narrow_copies=count(r"cp[.]async[.]ca", cores))
@@ -110,7 +114,8 @@ print(json.dumps(found))
 def test_w4a16_kernels_load_their_packed_words_as_a_gpu_wants():
     """Read from the sm_90 code, as the launcher's JIT specializes Llama's shapes (every size a multiple of 16):
     `GemvTiles.num_stages` > 1 really pipelines the GEMV's K loop (asynchronous copies into shared memory,
-    what the GPU sweep times) and 1 does not (the engine's measured kernel); AWQ's packed words load 16
+    what the GPU sweep times) and 1 does not (the engine's measured kernel); `split_sum="last"` counts
+    finished splits with a device-wide acquire-release atomic; AWQ's packed words load 16
     bytes at a time in the GEMV and are copied 16 bytes at a time in the tensor-core kernel (a mask bound of
     cdiv(N, 8) hid N's alignment: 4-byte loads, and 51 narrow copies against 6 wide ones)."""
     result = compiling_python("-c", CHECK_W4A16_LOADS, timeout=300)
@@ -120,3 +125,5 @@ def test_w4a16_kernels_load_their_packed_words_as_a_gpu_wants():
     assert found["gemv gptq 3"]["copies"] > 0 and found["gemv awq 3"]["copies"] > 0
     assert found["gemv gptq 1"]["vector_loads"] > 0 and found["gemv awq 1"]["vector_loads"] > 0
     assert found["tensor-core awq"]["wide_copies"] > found["tensor-core awq"]["narrow_copies"]
+    for method in ("gptq", "awq"):  # the last split program's count: device-wide, releasing the partials
+        assert "atom.global.gpu.acq_rel.add.u32" in found[f"gemv {method} last"]

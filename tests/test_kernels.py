@@ -182,6 +182,7 @@ def test_w4a16_matches_the_unpacked_weights(method, act_order, bits, rows, split
     (1, 32, None), (1, 128, None),  # the engine's choice
     (1, 128, (32, 128, 1)), (3, 64, (16, 32, 3)), (2, 64, (64, 64, 4)),  # one K share; K shares of odd sizes
     (2, 64, (64, 64, 4, 4, 3)),  # the K loop pipelined three tiles deep (on a GPU; the interpreter runs it in turn)
+    (1, 64, (32, 64, 4, 4, 1, "last")), (2, 32, (16, 32, 3, 4, 2, "last")),  # the last split program sums them
 ])
 def test_w4a16_gemv_matches_the_unpacked_weights(method, bits, rows, group, tiles):
     from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
@@ -205,6 +206,28 @@ def test_w4a16_gemv_matches_the_unpacked_weights(method, bits, rows, group, tile
         got = w4a16_gemv(x.to(DEVICE), method, *args, group, bits, GemvTiles(*tiles))
     assert got.dtype == DTYPE and got.shape == (rows, cols)
     torch.testing.assert_close(got.float().cpu(), expected, atol=TOLERANCE * 10, rtol=TOLERANCE * 10)
+
+
+def test_the_last_split_program_leaves_its_counts_at_zero_and_sums_alike_every_call():
+    """`split_sum="last"`: the finish counts must be zero again after a call (the next call's last program
+    is found by them), and the partials are added in split order, so every call gives the same bits."""
+    from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_gptq
+    from llmctl.kernels.w4a16_gemv import GemvTiles, split_workspace, w4a16_gemv
+
+    gen = torch.Generator().manual_seed(7)
+    weight = QuantizedWeight(q=torch.randint(0, 16, (64, 256), generator=gen, dtype=torch.int32),
+                             scales=torch.rand(64, 4, generator=gen) / 16 + 0.001, bits=4, group_size=64,
+                             zeros=torch.randint(1, 16, (64, 4), generator=gen, dtype=torch.int32))
+    packed = pack_gptq(weight)
+    args = [packed[k].to(DEVICE) for k in ("qweight", "qzeros", "scales")]
+    x = torch.randn(1, 256, generator=gen).to(DTYPE).to(DEVICE)
+    tiles = GemvTiles(32, 64, 4, split_sum="last")
+    first, *again = [w4a16_gemv(x, "gptq", *args, 64, 4, tiles) for _ in range(3)]
+    counts = split_workspace(x.device, 4, 1, 64, 2)[1]
+    assert counts.shape == (2,) and not counts.any()
+    assert all(torch.equal(first, other) for other in again)
+    torch.testing.assert_close(first.float().cpu(), x.float().cpu() @ weight.dequantize().t(),
+                               atol=TOLERANCE * 10, rtol=TOLERANCE * 10)
 
 
 def test_w4a16_gemv_leaves_act_order_and_larger_steps_to_the_tensor_core_kernel():
