@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
 # Install llmctl on a GPU machine that has torch, triton and transformers but no network (run there, from the
-# repository root). Prepare .gpu/ where pip works:
-#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 -d .gpu/whl \
-#       gguf==0.19.0 starlette==1.10.0 uvicorn==0.54.0 httpx2==2.16.2 httpcore2==2.16.2 truststore zstandard==0.25.0 \
-#       prometheus-client
-# and .gpu/smollm2-zeroed.gguf.zst: the default model's GGUF with every tensor byte zeroed (zstd), since the
-# real one (98 MB) may be too large to carry; the GPU tests take only its tokenizer and shapes.
+# repository root). Prepare .gpu/ where pip works with scripts/gpu-prepare.sh: the wheels installed below, and
+# .gpu/smollm2-zeroed.gguf.zst, the default model's GGUF with every tensor byte zeroed (zstd), since the real
+# one (98 MB) may be too large to carry; the GPU tests take only its tokenizer and shapes.
 # (.gpu/ is git-ignored: name it in the device tool's carry list.)
 # Then: bash scripts/gpu-offline-bootstrap.sh && PYTHONPATH=/tmp/site scripts/gpu-check.sh
 set -e
