@@ -6,6 +6,8 @@
 #
 #   scripts/gpu-check.sh            # all of it (the end-to-end run builds a 16 GB random Llama-3-8B first)
 #   GPU_CHECK_SKIP_E2E=1 scripts/gpu-check.sh
+#   GPU_CHECK_PARTS="gemv kernels" scripts/gpu-check.sh   # some parts, in this order (one device call is 10 minutes)
+# Parts: compile kernels tiles gemv e2e tests (the default: all, in that order; GPU_CHECK_SKIP_* still skip).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -15,30 +17,44 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
 "$PYTHON" -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT_DIR/gpu.txt"
 
-if [ -z "${GPU_CHECK_SKIP_COMPILE:-}" ]; then  # every kernel case compiled for this GPU's arch, as CI does for sm_80/89/90
-    ARCH=$("$PYTHON" -c 'import torch; m, n = torch.cuda.get_device_capability(); print(10 * m + n)')
-    timeout "${GPU_CHECK_COMPILE_TIMEOUT:-300}" "$PYTHON" -m llmctl.kernels.compile_check --arch "$ARCH" --workers 8 2>&1 \
-        | grep -v FP_FUSION | tee "$OUT_DIR/compile_check.log"
-fi
-timeout "${GPU_CHECK_KERNELS_TIMEOUT:-600}" "$PYTHON" benchmarks/kernels.py --json "$OUT_DIR/kernels.json" 2>&1 | tee "$OUT_DIR/kernels.log"
-timeout "${GPU_CHECK_TILES_TIMEOUT:-300}" "$PYTHON" benchmarks/w4a16_tiles.py --json "$OUT_DIR/w4a16_tiles.json" 2>&1 \
-    | grep -v "^    " | tee "$OUT_DIR/w4a16_tiles.log"
-timeout "${GPU_CHECK_GEMV_TIMEOUT:-420}" "$PYTHON" benchmarks/w4a16_gemv.py --json "$OUT_DIR/w4a16_gemv.json" 2>&1 \
-    | tee "$OUT_DIR/w4a16_gemv.log"
-if [ -z "${GPU_CHECK_SKIP_E2E:-}" ]; then
-    timeout "${GPU_CHECK_E2E_TIMEOUT:-900}" "$PYTHON" benchmarks/gpu_end_to_end.py --json "$OUT_DIR/end_to_end.json" 2>&1 | tee "$OUT_DIR/end_to_end.log"
-fi
-timeout "${GPU_CHECK_TEST_TIMEOUT:-900}" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs \
-    tests/test_kernels.py tests/test_moe.py::test_fused_moe_kernel_equals_the_grouped_experts \
-    tests/test_gpu_memory_budget.py tests/test_engine_models.py 2>&1 | tee "$OUT_DIR/tests.log"
-tests=${PIPESTATUS[0]}
+[ -n "${GPU_CHECK_SKIP_COMPILE:-}" ] && export GPU_CHECK_SKIP_compile=1
+[ -n "${GPU_CHECK_SKIP_E2E:-}" ] && export GPU_CHECK_SKIP_e2e=1
+tests=0
+for part in ${GPU_CHECK_PARTS:-compile kernels tiles gemv e2e tests}; do
+    skip="GPU_CHECK_SKIP_$part"
+    [ -n "${!skip:-}" ] && continue
+    case "$part" in
+    compile)  # every kernel case compiled for this GPU's arch, as CI does for sm_80/89/90
+        ARCH=$("$PYTHON" -c 'import torch; m, n = torch.cuda.get_device_capability(); print(10 * m + n)')
+        timeout "${GPU_CHECK_COMPILE_TIMEOUT:-300}" "$PYTHON" -m llmctl.kernels.compile_check --arch "$ARCH" \
+            --workers 8 2>&1 | grep -v FP_FUSION | tee "$OUT_DIR/compile_check.log" ;;
+    kernels)
+        timeout "${GPU_CHECK_KERNELS_TIMEOUT:-600}" "$PYTHON" benchmarks/kernels.py --json "$OUT_DIR/kernels.json" 2>&1 \
+            | tee "$OUT_DIR/kernels.log" ;;
+    tiles)
+        timeout "${GPU_CHECK_TILES_TIMEOUT:-300}" "$PYTHON" benchmarks/w4a16_tiles.py --json "$OUT_DIR/w4a16_tiles.json" \
+            2>&1 | grep -v "^    " | tee "$OUT_DIR/w4a16_tiles.log" ;;
+    gemv)
+        timeout "${GPU_CHECK_GEMV_TIMEOUT:-420}" "$PYTHON" benchmarks/w4a16_gemv.py --json "$OUT_DIR/w4a16_gemv.json" \
+            2>&1 | tee "$OUT_DIR/w4a16_gemv.log" ;;
+    e2e)
+        timeout "${GPU_CHECK_E2E_TIMEOUT:-900}" "$PYTHON" benchmarks/gpu_end_to_end.py --json "$OUT_DIR/end_to_end.json" \
+            2>&1 | tee "$OUT_DIR/end_to_end.log" ;;
+    tests)
+        timeout "${GPU_CHECK_TEST_TIMEOUT:-900}" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs \
+            tests/test_kernels.py tests/test_moe.py::test_fused_moe_kernel_equals_the_grouped_experts \
+            tests/test_gpu_memory_budget.py tests/test_engine_models.py 2>&1 | tee "$OUT_DIR/tests.log"
+        tests=${PIPESTATUS[0]} ;;
+    *) echo "gpu-check: no part named '$part' (parts: compile kernels tiles gemv e2e tests)" >&2; exit 2 ;;
+    esac
+done
 "$PYTHON" - "$OUT_DIR" "$tests" <<'PY'
 import json, sys
 from pathlib import Path
 out, tests = Path(sys.argv[1]), int(sys.argv[2])
 read = lambda name: json.loads((out / name).read_text()) if (out / name).exists() else None
 summary = {"gpu": (out / "gpu.txt").read_text().strip(), "tests_exit_status": tests,
-           "tests_summary": (out / "tests.log").read_text().strip().splitlines()[-1:],
+           "tests_summary": (out / "tests.log").read_text().strip().splitlines()[-1:] if (out / "tests.log").exists() else [],
            "kernels": read("kernels.json"), "w4a16_tiles": read("w4a16_tiles.json"), "w4a16_gemv": read("w4a16_gemv.json"), "end_to_end": read("end_to_end.json")}
 (out / "gpu-check.json").write_text(json.dumps(summary, indent=1))
 print(f"wrote {out / 'gpu-check.json'}")
