@@ -89,8 +89,8 @@ def split_overhead(x: torch.Tensor, cols: int, repeats: int) -> float:
 
 
 def sweep_rounds(engine, grid: dict, run) -> list[dict]:
-    """Round 1: stages × split at the engine's block sizes and warps; round 2: block sizes × warps at round
-    1's best stages and split. Every record says its tiles and either its time and error or its failure."""
+    """Round 1: stages × split × split sum at the engine's block sizes and warps; round 2: block sizes ×
+    warps at round 1's best of those. Every record says its tiles and either its time and error or its failure."""
     first = [dataclasses.replace(engine, num_stages=stages, split_k=split, split_sum=summed)
              for stages, split, summed in itertools.product(grid["num_stages"], grid["split_k"], grid["split_sum"])
              if split > 1 or summed == "atomic"]

@@ -2,8 +2,9 @@
 8-bit), on the CUDA cores instead of `tl.dot`, which needs 16-row tiles (15 of them padding here).
 
 Each program takes one activation row, BLOCK_N columns and a 1/SPLIT share of K (split programs add
-into a float32 output, or with `split_sum="last"` the last of them adds their partials). Each K tile lies in one quantization group, so the group's scale and zero point
-apply once per column and tile, not per weight:
+into a float32 output, or with `split_sum="last"` the last of them adds their partials). Each K tile
+lies in one quantization group, so the group's scale and zero point apply once per column and tile,
+not per weight:
 
     Σ_k x_k · s · (q_k − z) = s · (Σ_k x_k q_k − z · Σ_k x_k)      (GPTQ)
 
@@ -186,7 +187,7 @@ def _gemv_awq_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, out_ptr, partia
     phase = tl.arange(0, 8)
     cols = packs[:, None] * 8 + phase[None, :]  # [WORDS, 8]
     row_ok, pack_ok = rows == row, packs < N_WORDS
-    col_ok = pack_ok[:, None] & (phase < 8)[None, :]
+    col_ok = pack_ok[:, None] & (phase < 8)[None, :]  # a whole word's columns, in the [words, 8] shape
     acc = tl.zeros([BLOCK_M, WORDS, 8], dtype=tl.float32)
     k_lo = pid_k * K_PER_SPLIT
     for start in tl.range(k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_K, num_stages=STAGES):
