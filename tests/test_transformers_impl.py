@@ -81,3 +81,35 @@ def test_an_architecture_neither_path_runs_says_which_were_tried(tmp_path, token
 def test_transformers_impl_is_one_process(models):
     with pytest.raises(UnsupportedModelError, match="runs in one process"):
         LLM(str(models["gpt2"]), tensor_parallel_size=2)
+
+
+def unservable_configs(vocab: int) -> dict:
+    """Families whose layers the fallback cannot reproduce (each generated other tokens than transformers, or
+    crashed, before they were refused): attention sinks, recurrent layers, chunked attention."""
+    from transformers import GptOssConfig, GraniteMoeHybridConfig, Llama4TextConfig
+
+    small = dict(vocab_size=vocab, hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+    return {
+        "gpt_oss": (GptOssConfig(**small, num_hidden_layers=2, head_dim=16, num_local_experts=4,
+                                 num_experts_per_tok=2, sliding_window=8), "s_aux (attention sinks)"),
+        "granitemoehybrid": (GraniteMoeHybridConfig(**small, num_hidden_layers=2, shared_intermediate_size=64,
+                                                    num_local_experts=4, num_experts_per_tok=2,
+                                                    layer_types=["mamba", "attention"], mamba_n_heads=4,
+                                                    mamba_d_head=32, mamba_d_state=16, mamba_n_groups=1),
+                             "layers [0] are"),
+        "llama4_text": (Llama4TextConfig(**small, intermediate_size_mlp=64, num_hidden_layers=2, head_dim=16,
+                                         num_local_experts=2, attention_chunk_size=8),
+                        "chunked_attention"),
+    }
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "granitemoehybrid", "llama4_text"])
+def test_layers_the_fallback_cannot_reproduce_are_refused_by_layer(tmp_path, tokenizer, family):
+    """Decided per layer from what the layers do (config layer_types, a one-token probe of the attention calls),
+    not from a list of names: each of these loaded and answered wrongly (or crashed mid-request) before."""
+    config, what = unservable_configs(len(tokenizer))[family]
+    folder = save_random_model(config, tmp_path / family, tokenizer)
+    with pytest.raises(UnsupportedModelError) as error:
+        LLM(str(folder), max_model_len=64, kv_cache_memory=16 << 20)
+    message = str(error.value)
+    assert "--model-impl transformers:" in message and what in message, message

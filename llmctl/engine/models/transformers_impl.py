@@ -23,6 +23,12 @@ from llmctl.errors import UnsupportedModelError
 
 ATTENTION_NAME = "llmctl_paged"
 _STEP: contextvars.ContextVar[StepContext] = contextvars.ContextVar("llmctl_step")
+_PROBE: contextvars.ContextVar[dict[int, set[str]]] = contextvars.ContextVar("llmctl_probe")
+# config.json's layer_types that are attention over a K/V cache llmctl's paged attention holds
+ATTENTION_LAYER_KINDS = {"full_attention", "sliding_attention", "attention"}
+# what transformers passes to an attention function that llmctl's implements or that changes nothing here
+IMPLEMENTED_ATTENTION_ARGS = {"dropout", "scaling", "sliding_window", "softcap", "position_ids", "cache_position",
+                              "use_cache", "output_attentions", "is_causal", "past_key_values", "past_key_value"}
 
 
 def transformers_class(spec: ModelSpec) -> tuple[type | None, str]:
@@ -48,10 +54,27 @@ def _paged_attention_lacks(spec: ModelSpec) -> str:
     return ""
 
 
+def _layer_kinds_lacking(hf_config: Any) -> str:
+    """The layer kinds in config.json's layer_types that are not attention over a plain K/V cache, or ''."""
+    config = getattr(hf_config, "text_config", None) or hf_config
+    kinds = getattr(config, "layer_types", None) or []
+    other = sorted({str(kind) for kind in kinds} - ATTENTION_LAYER_KINDS)
+    if not other:
+        return ""
+    layers = [i for i, kind in enumerate(kinds) if kind in other]
+    return (f"layers {layers[:8]} are {', '.join(other)}, which llmctl's paged attention does not compute "
+            "(chunked attention needs its own mask; linear attention and Mamba keep a recurrent state)")
+
+
 def paged_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                     **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention call, [1, H, T, D] in and [1, T, H, D] out, on llmctl's paged cache."""
+    probe = _PROBE.get(None)
+    if probe is not None:  # a load-time probe: which layers attend, and with what
+        probe[module.layer_idx] = {name for name, value in kwargs.items() if value is not None}
+        return torch.zeros(*query.shape[:1], query.shape[2], query.shape[1], value.shape[-1], dtype=query.dtype,
+                           device=query.device), None
     ctx = _STEP.get()
     q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
@@ -80,6 +103,8 @@ class TransformersForCausalLM(nn.Module):
         cls, why = transformers_class(spec)
         if cls is None:
             raise UnsupportedModelError(why)
+        if why := _layer_kinds_lacking(hf_config):
+            raise UnsupportedModelError(f"--model-impl transformers: {why}")
         _register()
         # transformers reads the checkpoint itself: its key renamings and tensor conversions apply
         self.hf = cls.from_pretrained(hf_config._name_or_path, config=hf_config, attn_implementation=ATTENTION_NAME,
@@ -87,12 +112,42 @@ class TransformersForCausalLM(nn.Module):
         self.spec, self.shard = spec, shard
         self.stage_layers = range(spec.num_layers)
         self._check_layer_indices()
+        if why := self._probe_attention():
+            raise UnsupportedModelError(f"--model-impl transformers: {why}")
 
     def _check_layer_indices(self) -> None:
         indices = {getattr(m, "layer_idx", None) for m in self.hf.modules() if hasattr(m, "layer_idx")}
         if indices != set(self.stage_layers):
             raise UnsupportedModelError(f"{type(self.hf).__name__}'s attention modules do not carry layer "
                                         "indices llmctl can map to its KV cache")
+
+    def _probe_attention(self) -> str:
+        """Run one token and watch every attention call: a layer that never calls it keeps a state other
+        than K/V (Mamba, linear attention), and an argument llmctl's attention does not implement (gpt-oss's
+        sinks, `s_aux`) would be dropped. Either is a wrong answer, so it is refused here, by layer."""
+        calls: dict[int, set[str]] = {}
+        token = _PROBE.set(calls)
+        name = type(self.hf).__name__
+        ids = torch.zeros(1, 1, dtype=torch.long, device=self.hf.device)
+        try:
+            with torch.no_grad():
+                out = self.hf.base_model(input_ids=ids, position_ids=ids, use_cache=False)
+        except Exception as exc:  # noqa: BLE001 (any failure of transformers' own forward means: not servable)
+            return f"{name}'s forward fails around llmctl's attention ({type(exc).__name__}: {exc})"
+        finally:
+            _PROBE.reset(token)
+        if not hasattr(out, "last_hidden_state"):
+            return f"{name}'s base model returns no hidden states ({type(out).__name__})"
+        silent = sorted(set(self.stage_layers) - set(calls))
+        if silent:
+            return (f"{name}'s layers {silent[:8]} do not attend through transformers' attention interface (a "
+                    "recurrent or convolutional state llmctl's KV cache does not hold)")
+        extra = sorted(set().union(*calls.values()) - IMPLEMENTED_ATTENTION_ARGS)
+        if extra:
+            sinks = " (attention sinks)" if "s_aux" in extra else ""
+            return (f"{name} passes {', '.join(extra)}{sinks} to its attention function, which llmctl's paged "
+                    "attention does not implement")
+        return ""
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, hidden: torch.Tensor | None = None) -> torch.Tensor:
         token = _STEP.set(ctx)
