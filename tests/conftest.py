@@ -19,7 +19,13 @@ os.environ["HF_HUB_CACHE"] = str(_ROOT / "hf-cache")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.pop("HF_TOKEN", None)
 # The converted default model is reused across runs when a persistent cache is given.
-os.environ.setdefault("LLMCTL_CACHE", str(_ROOT / "llmctl-cache"))
+if "LLMCTL_CACHE" not in os.environ:
+    os.environ["LLMCTL_CACHE"] = str(_ROOT / "llmctl-cache")
+    # the C++ kernels setup.sh built (keyed by their sources, flags and CPU): rebuilding them costs a minute
+    _built = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmctl" / "cpu_kernels"
+    if _built.is_dir():
+        (_ROOT / "llmctl-cache").mkdir()
+        (_ROOT / "llmctl-cache" / "cpu_kernels").symlink_to(_built)
 # GGUF weights (the default model) multiply float32 activations in this suite, so that tests comparing the
 # default model with transformers' float32 stay exact; the int8-activation path (the engine's default, as
 # llama.cpp) is tested where it is set back: test_cpu_q8, test_coded_decode, test_gguf_coded.

@@ -67,3 +67,62 @@ def test_a_users_mistake_at_startup_stays_one_line_with_exit_2(tiny) -> None:
     result = run_cli("serve", str(tiny), "--port", str(free_port()), "--tp", "3")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.count("error:") == 1
+
+
+NO_MAIN_GUARD = '''
+from llmctl import LLM
+
+LLM({folder!r}, tensor_parallel_size=2, max_model_len=64, kv_cache_memory=16 << 20)
+print("engine up")
+'''
+
+
+def test_workers_that_die_at_bootstrap_fail_the_driver_at_once_with_advice(tiny, tmp_path) -> None:
+    """A script without `if __name__ == "__main__":` makes every spawned rank fail while it bootstraps; the
+    driver waited in the ranks' rendezvous until killed (> 300 s). It must stop and say what to do."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(NO_MAIN_GUARD.format(folder=str(tiny)))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150)
+    assert result.returncode != 0 and "engine up" not in result.stdout
+    assert 'if __name__ == "__main__":' in result.stderr and "llmctl-rank1 exited" in result.stderr, result.stderr
+
+
+def quantized_copy(tiny: Path, folder: Path, quantization_config: dict) -> Path:
+    """The tiny model with its linear weights in float8 e4m3 and block scales (DeepSeek-V3's and the Qwen3 -FP8
+    layout: `weight_scale_inv` per 128 × 128 block) under the given quantization_config."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tiny, folder)
+    tensors = load_file(folder / "model.safetensors")
+    for name in [n for n in tensors if n.endswith("proj.weight")]:
+        weight = tensors[name]
+        tensors[name] = weight.to(torch.float8_e4m3fn)
+        blocks = (-(-weight.shape[0] // 128), -(-weight.shape[1] // 128))
+        tensors[name.removesuffix("weight") + "weight_scale_inv"] = torch.ones(blocks)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "quantization_config": quantization_config}))
+    return folder
+
+
+@pytest.mark.parametrize("method, quantization_config", [
+    ("fp8", {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}),
+    ("compressed-tensors", {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}}),
+])
+def test_a_quantized_format_not_served_yet_is_named_not_called_corrupt(tiny, tmp_path, method,
+                                                                       quantization_config) -> None:
+    from llmctl import LLM
+    from llmctl.errors import UnsupportedModelError
+
+    folder = quantized_copy(tiny, tmp_path / method, quantization_config)
+    with pytest.raises(UnsupportedModelError) as error:
+        LLM(str(folder), max_model_len=64, kv_cache_memory=16 << 20)
+    assert f"quant_method {method!r} is not supported yet" in str(error.value)
+    assert "do not match" not in str(error.value)

@@ -57,12 +57,13 @@ def plan(
     hardware = resolve_hardware(gpu, gpus, nodes, gpus_per_node)
     source = resolve_model(model, revision, show_progress=not as_json)
     spec = load_spec(source)
+    impl, refusal = implementation(spec)
     request = PlanRequest(
         gpu=hardware.gpu, gpus=hardware.gpus, nodes=nodes, gpu_memory_utilization=gpu_memory_utilization,
         dtype=dtype, kv_cache_dtype=kv_cache_dtype, quantization=quantization, max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, tp=tp, pp=pp,
         expert_parallel=expert_parallel, enforce_eager=enforce_eager, min_concurrency=min_concurrency,
-        max_loras=max_loras, max_lora_rank=max_lora_rank, llmctl_impl=implementation(spec)[0],
+        max_loras=max_loras, max_lora_rank=max_lora_rank, llmctl_impl=impl, llmctl_refusal=refusal,
         pp_layer_partition=os.environ.get("VLLM_PP_LAYER_PARTITION"),  # as vLLM reads it
         gguf=gguf_sizes(source.gguf_path) if model and source.gguf_path else None,  # the default model: its hub bf16
     )

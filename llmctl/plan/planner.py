@@ -47,6 +47,7 @@ class PlanRequest:
     max_lora_rank: int = 16
     pp_layer_partition: str | None = None  # VLLM_PP_LAYER_PARTITION: layers per stage, e.g. "24,40"
     llmctl_impl: str | None = "llmctl"  # what llmctl serve runs it with: llmctl, transformers or None (the CLI asks)
+    llmctl_refusal: str = ""  # why llmctl serve cannot run it, when llmctl_impl is None
 
     @property
     def gpus_per_node(self) -> int:
@@ -437,7 +438,8 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
         flags.append(f"--enable-lora --max-loras {req.max_loras} --max-lora-rank {req.max_lora_rank}")
     unsupported = [f for f in flags if f.split()[0] in LLMCTL_SERVE_LACKS]
     if req.llmctl_impl is None:
-        unsupported.insert(0, f"its architecture {', '.join(plan.spec.architectures) or plan.spec.model_type}")
+        unsupported.insert(0, req.llmctl_refusal or
+                           f"its architecture {', '.join(plan.spec.architectures) or plan.spec.model_type}")
     elif req.llmctl_impl == "transformers" and best.tp * best.pp > 1:
         unsupported.insert(0, "--model-impl transformers with TP × PP > 1")
     if req.max_loras and best.tp * best.pp > 1:

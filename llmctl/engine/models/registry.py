@@ -33,12 +33,26 @@ SUPPORTED = {
 }
 
 
+# quantization_config.quant_method values whose weights the engine reads (llmctl.engine.layers.quant_linear, GGUF)
+SERVED_QUANT_METHODS = ("gptq", "awq", "gguf")
+
+
+def quantization_problem(spec: ModelSpec) -> str | None:
+    """Why neither implementation serves the checkpoint's quantization format yet, or None."""
+    if spec.quantization is None or spec.quantization.method in SERVED_QUANT_METHODS:
+        return None
+    return (f"quantization_config.quant_method {spec.quantization.method!r} is not supported yet (llmctl serves "
+            "GPTQ, AWQ and GGUF checkpoints): use the unquantized model, or `llmctl quantize MODEL --gptq|--awq`")
+
+
 def is_supported(spec: ModelSpec) -> bool:
     return any(arch in SUPPORTED for arch in spec.architectures)
 
 
 def implementation(spec: ModelSpec, requested: str = "auto") -> tuple[str | None, str]:
     """Which implementation `serve --model-impl requested` uses: "llmctl", "transformers" or None, and why not."""
+    if problem := quantization_problem(spec):  # the fallback reads no other format either
+        return None, problem
     problem = native_problem(spec)
     if requested in ("llmctl", "vllm"):
         return ("llmctl", "") if problem is None else (None, problem)

@@ -107,6 +107,7 @@ class ParallelExecutor:
         self.threads = use_threads(config)  # the driver is a rank too: it must not take every core
         started = time.perf_counter()
         self.launch: Launch = start_ranks(config, self.rank, self.threads)
+        self.launch.wait_until_started()
         try:
             self.stage = build_stage(config, self.rank, self.launch.store)
         except LlmctlError:

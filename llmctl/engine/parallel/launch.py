@@ -9,6 +9,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -22,6 +23,9 @@ from llmctl.errors import LlmctlError, debug_enabled
 
 logger = logging.getLogger("llmctl.engine")
 STARTUP_TIMEOUT = 600.0  # loading a big checkpoint shard can take minutes
+BOOTSTRAP_TIMEOUT = 120.0  # a spawned process imports torch and llmctl, then marks the store
+MAIN_GUARD_ADVICE = ("a process spawned for TP/PP re-runs your script's top level: put the code that builds the "
+                     "LLM under `if __name__ == \"__main__\":` (as with vLLM and any spawned multiprocessing)")
 
 
 def under_torchrun() -> bool:
@@ -53,6 +57,26 @@ class Launch:
 
     def dead(self) -> list[str]:
         return [p.name for p in self.processes if not p.is_alive()]
+
+    def wait_until_started(self, timeout: float = BOOTSTRAP_TIMEOUT) -> None:
+        """Every spawned worker marks the store once it runs llmctl's code; one that exits before failed to
+        start (most often a script without a main guard), and the driver, which would otherwise wait for it
+        in the ranks' rendezvous for STARTUP_TIMEOUT, says so at once."""
+        deadline = time.monotonic() + timeout
+        waiting = dict(enumerate(self.processes, start=1))
+        while waiting:
+            for index, process in list(waiting.items()):
+                if self.store.check([f"started/{index}"]):
+                    del waiting[index]
+                elif not process.is_alive():
+                    self.stop(timeout=1)
+                    raise LlmctlError(f"{process.name} exited (code {process.exitcode}) before it started: "
+                                      f"{MAIN_GUARD_ADVICE}; its own error is printed above")
+            if waiting and time.monotonic() > deadline:
+                self.stop(timeout=1)
+                raise LlmctlError(f"{', '.join(p.name for p in waiting.values())} did not start within "
+                                  f"{timeout:.0f} s")
+            time.sleep(0.05)
 
     def stop(self, timeout: float = 10.0) -> None:
         for process in self.processes:
@@ -97,7 +121,6 @@ def die_with_parent() -> None:
     not prctl(PR_SET_PDEATHSIG): that fires when the parent *thread* ends, and the server
     starts its engine on a loader thread that ends once the model is up."""
     import threading
-    import time
 
     parent = os.getppid()
 
@@ -115,6 +138,7 @@ def worker_main(config: EngineConfig, rank: Rank, host: str, port: int, threads:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the driver, which stops us in order
     torch.set_num_threads(threads)
     store = dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT))
+    store.set(f"started/{rank.rank}", "1")
     run_worker(config, rank, store)
 
 

@@ -76,6 +76,9 @@ class RayLaunch:
     def alive(self) -> bool:
         return not self.dead()
 
+    def wait_until_started(self) -> None:
+        """Ray reports an actor that fails to start when it is created (ray_launch.spawn_ray_workers)."""
+
     def stop(self, timeout: float = 10.0) -> None:
         """Wait for the loops to end (after Stop), kill what is left, and disconnect: the placement groups and
         actors belong to this job, so Ray removes them when it ends (removing a group one by one blocks
