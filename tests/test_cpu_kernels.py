@@ -187,6 +187,16 @@ def test_packed_linear_equals_the_plain_one(rows):
     torch.testing.assert_close(packed(x), nn.functional.linear(x, plain.weight, plain.bias), atol=1e-5, rtol=1e-5)
 
 
+def test_the_packed_kernel_named_is_this_models_not_the_last_ones():
+    """The name is a module global: a model with nothing to pack (float16 here; bfloat16 on a CPU without
+    AVX512-BF16 whose oneDNN refuses it) reported the previous model's kernel (an AVX2 CI run said "llmctl's
+    AVX2 float32 GEMM" for a bfloat16 model)."""
+    cpu_gemm.pack_linears(nn.Sequential(nn.Linear(96, 40)))
+    assert cpu_gemm.packed_kernel() != cpu_gemm.NOTHING_PACKED
+    assert cpu_gemm.pack_linears(nn.Sequential(nn.Linear(96, 40).half())) == 0
+    assert cpu_gemm.packed_kernel() == cpu_gemm.NOTHING_PACKED
+
+
 AVX512 = cpu.panel_linear_supported()
 
 

@@ -156,7 +156,8 @@ def kernel_name(packed: PackedWeight) -> str:
 
 
 _small_batch = MAX_SMALL_BATCH  # rows below which the plain weight runs; set by pack_linears
-_packed_kernel = ""  # kernel_name of the packed weights; set by pack_linears
+NOTHING_PACKED = "torch's own linears (no packed copies)"
+_packed_kernel = NOTHING_PACKED  # kernel_name of the packed weights; set by pack_linears
 
 
 def _fastest_seconds(call: Callable[[], object], calls: int = 7) -> float:
@@ -227,6 +228,7 @@ def pack_linears(model: nn.Module) -> int:
     and repack 4-bit GPTQ/AWQ linears for the int4 kernel (logged apart); returns the bytes of the float copies.
     Skipped, with a log line, when the copies would take more than half the free memory."""
     global _small_batch, _packed_kernel
+    _small_batch, _packed_kernel = MAX_SMALL_BATCH, NOTHING_PACKED  # this model's, not the last one's
     linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if type(child) is nn.Linear]
     heads = [m for m in model.modules() if hasattr(m, "packed_head") and getattr(m, "coded", None) is None]
