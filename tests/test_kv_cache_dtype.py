@@ -68,7 +68,7 @@ def test_a_half_precision_cache_under_float32_equals_transformers_rounding_its_c
 
 
 def test_an_unknown_kv_cache_dtype_is_refused_naming_the_choices():
-    with pytest.raises(EngineConfigError, match="use auto, bfloat16, float16 or fp8"):
+    with pytest.raises(EngineConfigError, match="use auto, bfloat16, float16, fp8, fp8_e4m3"):
         EngineConfig(model="m", kv_cache_dtype="int4").validate()
 
 

@@ -8,13 +8,12 @@ import shlex
 from pathlib import Path
 
 import pytest
-import typer
 
 from llmctl.bench.endpoint import resolve_endpoint
-from llmctl.cli import app
 from llmctl.cli.app import spread_multi_values
 from llmctl.cli.common import parse_bytes
 from llmctl.cli.serve import parse_origins
+from command_line import parse
 
 LINES = Path(__file__).resolve().parent / "fixtures" / "vllm_docs" / "command_lines.txt"
 NOT_TAKEN = {  # vLLM flags in those lines that llmctl does not take, and why
@@ -25,18 +24,6 @@ NOT_TAKEN = {  # vLLM flags in those lines that llmctl does not take, and why
 def vllm_lines() -> list[list[str]]:
     lines = [line for line in LINES.read_text().splitlines() if line.startswith("vllm ")]
     return [shlex.split(line)[1:] for line in lines]
-
-
-def parse(args: list[str]) -> dict:
-    """The parameters the command line gives the command, without running it (typer ships its own click,
-    so its classes, not the click package's, are the ones to use)."""
-    command = typer.main.get_command(app)
-    ctx, name, rest = None, "llmctl", list(args)
-    while hasattr(command, "get_command"):  # a group: llmctl's groups take no options of their own
-        ctx = command.context_class(command, info_name=name, parent=ctx)
-        name, rest = rest[0], rest[1:]
-        command = command.get_command(ctx, name)
-    return command.make_context(name, rest, parent=ctx).params
 
 
 def without_not_taken(args: list[str]) -> list[str]:

@@ -11,13 +11,14 @@ from typing import Any, Callable, Optional
 from llmctl.cli.common import parse_bytes
 from llmctl.cli.flags import F, Flag, FlagGroup, with_flags
 from llmctl.engine.config import EngineConfig
+from llmctl.settings import DTYPES, kv_cache_help
 
 
 ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help order
     "max_model_len": Flag(("--max-model-len",), Optional[int], "context per sequence"),
     "max_num_seqs": Flag(("--max-num-seqs",), int, "sequences per step"),
     "max_num_batched_tokens": Flag(("--max-num-batched-tokens",), Optional[int], "tokens per step"),
-    "dtype": Flag(("--dtype",), str, "auto, float32, bfloat16, float16"),
+    "dtype": Flag(("--dtype",), str, f"{', '.join(DTYPES)} (auto: float32 on CPUs, bfloat16 on GPUs)"),
     "gpu_memory_utilization": Flag(("--gpu-memory-utilization",), float),
     "kv_cache_memory": Flag(("--kv-cache-memory-bytes", "--kv-cache-memory"), Optional[str],
                             "KV cache size per rank, e.g. 4GiB or vLLM's 4G (CPU default 2GiB)",
@@ -41,9 +42,7 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                                                            "processes keep cores busy)"),
     "attention_backend": Flag(("--attention-backend",), str, "auto (triton on CUDA; on CPUs llmctl's C++ kernel, "
                                                              "cpu; MLA models: mla), cpu, torch or triton"),
-    "kv_cache_dtype": Flag(("--kv-cache-dtype",), str, "auto (the model's dtype), bfloat16 or float16 (half "
-                                                       "of a float32 model's KV bytes), or fp8 (e4m3, scale 1.0: half "
-                                                       "of bfloat16's)"),
+    "kv_cache_dtype": Flag(("--kv-cache-dtype",), str, kv_cache_help()),
     "enforce_eager": Flag(("--enforce-eager",), bool, "no CUDA graphs for decode steps (captured on CUDA with the "
                                                       "triton backend at TP 1, PP 1)"),
     "speculative_config": Flag(("--speculative-config",), Optional[str], "speculative decoding as vLLM's JSON, e.g. "

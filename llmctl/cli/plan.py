@@ -8,6 +8,10 @@ from typing import Annotated, Optional
 import typer
 
 from llmctl.cli.common import JsonOpt, ModelArg, RevisionOpt
+from llmctl.settings import DEFAULT_MAX_NUM_SEQS, KV_CACHE_FORMATS, VLLM_ONLY_KV_CACHE_FORMATS
+
+KV_HELP = (f"{', '.join(KV_CACHE_FORMATS)} (as llmctl serve takes them), or vLLM's "
+           f"{', '.join(VLLM_ONLY_KV_CACHE_FORMATS)} (a vllm serve line only)")
 
 ENFORCE_EAGER_HELP = ("pass --enforce-eager on to the vllm serve lines (vLLM captures CUDA graphs outside the "
                       "--gpu-memory-utilization budget, so the KV pool is the same)")
@@ -25,12 +29,12 @@ def plan(
     gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization",
                                                           help="fraction of each GPU's memory to use")] = 0.9,
     dtype: Annotated[str, typer.Option("--dtype", help="auto, bfloat16, float16, float32")] = "auto",
-    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="auto or fp8")] = "auto",
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help=KV_HELP)] = "auto",
     quantization: Annotated[Optional[str], typer.Option("--quantization", "-q",
                                                         help="awq, gptq, fp8 or int8 weights")] = None,
     max_model_len: Annotated[Optional[int], typer.Option("--max-model-len",
                                                          help="context per sequence (default: the model's)")] = None,
-    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", help="sequences per step")] = 256,
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", help="sequences per step")] = DEFAULT_MAX_NUM_SEQS,
     max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens",
                                                         help="tokens per step (sizes activations)")] = 8192,
     tp: Annotated[Optional[int], typer.Option("--tensor-parallel-size", "--tp", "-tp", help="evaluate only this TP")] = None,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.settings import kv_cache_format
 from llmctl.engine.layers.attention import AttentionBackend
 from llmctl.engine.layers.cpu_attention import HALF_VECTOR_QUERY_LIMIT, SHORT_QUERY_LIMIT, VECTOR_QUERY_LIMIT
 
@@ -79,7 +80,7 @@ def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, reque
         return BackendChoice("triton", f"{kernel} (the default on CUDA)")
     if cuda:
         return BackendChoice("torch", f"{torch_sdpa} (triton is not installed)")
-    if kv_cache_dtype.startswith("fp8"):
+    if kv_cache_format(kv_cache_dtype).fp8:
         return torch_fallback(spec, "the C++ CPU kernel reads caches in the model's dtype, not fp8")
     problem = _cpu_kernel_problem()
     if problem:

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 from llmctl.units import GiB
 from llmctl.errors import LlmctlError
 from llmctl.kernels.limits import SUPPORTED_BLOCK_SIZES
+from llmctl.settings import (ATTENTION_BACKENDS, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_SEQS, MODEL_IMPLS, SettingError, kv_cache_format,
+                             model_dtype)
 
 if TYPE_CHECKING:
     from llmctl.engine.parallel.expert_exchange import ReplicaGroup
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * GiB  # vLLM's CPU backend reserves VLLM_CPU_KVCACHE_SPACE (4 GiB) the same way
-MODEL_IMPLS = ("auto", "llmctl", "vllm", "transformers")  # "vllm": vLLM's name for the native implementation
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 class EngineConfigError(LlmctlError):
@@ -28,9 +28,9 @@ class EngineConfig:
     tokenizer: str | None = None  # defaults to the model's
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
     max_model_len: int | None = None  # default: the model's context
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int | None = None  # default: 2048 on CPU, 8192 on GPU
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     enable_prefix_caching: bool = True
     kv_cache_memory: int | None = None  # bytes for the KV cache; CPU default 2 GiB
     gpu_memory_utilization: float = 0.9
@@ -78,12 +78,15 @@ class EngineConfig:
         def bad(flag: str, message: str) -> None:
             raise EngineConfigError(f"--{flag.replace('_', '-')} {message}")
 
-        if self.dtype not in DTYPES:
-            bad("dtype", f"{self.dtype!r} is not one of {', '.join(DTYPES)}")
+        try:
+            self.dtype = model_dtype(self.dtype).name  # vLLM's aliases (half, float) become the names
+            kv_cache_format(self.kv_cache_dtype)
+        except SettingError as exc:
+            raise EngineConfigError(str(exc)) from None
         if self.block_size not in SUPPORTED_BLOCK_SIZES:
             bad("block_size", f"{self.block_size} is not supported; use one of {SUPPORTED_BLOCK_SIZES}")
         if self.max_num_seqs < 1:
-            bad("max_num_seqs", f"must be at least 1 (got {self.max_num_seqs}); 256 is the default")
+            bad("max_num_seqs", f"must be at least 1 (got {self.max_num_seqs}); {DEFAULT_MAX_NUM_SEQS} is the default")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             bad("max_num_batched_tokens", f"must be at least 1 (got {self.max_num_batched_tokens}); try 2048")
         if self.max_model_len is not None and self.max_model_len < 1:
@@ -105,8 +108,6 @@ class EngineConfig:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
         if self.model_impl not in MODEL_IMPLS:
             bad("model_impl", f"{self.model_impl!r} is not one of {', '.join(MODEL_IMPLS)}")
-        if self.kv_cache_dtype not in ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3"):
-            bad("kv_cache_dtype", f"{self.kv_cache_dtype!r} is not supported; use auto, bfloat16, float16 or fp8 (e4m3)")
         if self.speculative_config is not None:
             from llmctl.engine.spec_decode.config import parse_speculative_config
 
@@ -131,5 +132,5 @@ class EngineConfig:
             if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
                 bad("enable_lora", "runs with --tensor-parallel-size 1 and --pipeline-parallel-size 1 for now; use "
                     "--data-parallel-size to scale out")
-        if self.attention_backend not in ("auto", "cpu", "torch", "triton"):
-            bad("attention_backend", f"{self.attention_backend!r} is not a backend; use auto, cpu, torch or triton")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            bad("attention_backend", f"{self.attention_backend!r} is not a backend; use {', '.join(ATTENTION_BACKENDS)}")

@@ -12,23 +12,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llmctl.errors import LlmctlError
+from llmctl.settings import DEFAULT_BLOCK_SIZE, VLLM_ONLY_KV_CACHE_FORMATS, KVCacheFormat, SettingError, kv_cache_format
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.weights import kv_heads_per_rank
 
-BLOCK_SIZE = 16
+BLOCK_SIZE = DEFAULT_BLOCK_SIZE  # the block size plan sizes with: serve's default
 UNBOUNDED = 2**62  # a max length that no context reaches
-KV_CACHE_DTYPES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "bfloat16": 2, "float16": 2, "half": 2, "float32": 4}
+def planned_kv_format(kv_cache_dtype: str) -> KVCacheFormat:
+    """`plan --kv-cache-dtype`: what llmctl serves (llmctl.settings), and the formats only vLLM serves."""
+    if kv_cache_dtype in VLLM_ONLY_KV_CACHE_FORMATS:
+        return VLLM_ONLY_KV_CACHE_FORMATS[kv_cache_dtype]
+    try:
+        return kv_cache_format(kv_cache_dtype)
+    except SettingError as exc:
+        raise SettingError(f"{exc} (or vLLM's {', '.join(VLLM_ONLY_KV_CACHE_FORMATS)})") from None
 
 
 def kv_dtype_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
     """`--kv-cache-dtype auto` stores K/V in the model's dtype."""
-    name = kv_cache_dtype.lower()
-    if name == "auto":
-        return model_dtype_bytes
-    if name not in KV_CACHE_DTYPES:
-        raise LlmctlError(f"unknown --kv-cache-dtype {kv_cache_dtype!r}; choose auto or fp8")
-    return KV_CACHE_DTYPES[name]
+    return planned_kv_format(kv_cache_dtype).element_bytes(model_dtype_bytes)
 
 
 def kv_bytes_per_token_per_layer(spec: ModelSpec, tp: int, dtype_bytes: int) -> int:

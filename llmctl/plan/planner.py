@@ -12,7 +12,8 @@ from llmctl.checkpoint.params import count_from_config
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.gguf_sizes import GgufSizes
 from llmctl.plan.gpus import GPU_CATALOG, GpuType
-from llmctl.plan.kv import BLOCK_SIZE, KV_CACHE_DTYPES, StageKV, kv_dtype_bytes, stage_kv
+from llmctl.settings import DEFAULT_MAX_NUM_SEQS, VLLM_ONLY_KV_CACHE_FORMATS
+from llmctl.plan.kv import BLOCK_SIZE, StageKV, kv_dtype_bytes, planned_kv_format, stage_kv
 from llmctl.plan.memory import (ActivationShape, MemoryBudget, activation_peak_bytes, kv_pool, max_concurrency,
                                 runtime_overhead_bytes)
 from llmctl.plan.lora import lora_slot_bytes, lora_targets
@@ -20,7 +21,6 @@ from llmctl.plan.notes import plan_notes
 from llmctl.plan.weights import (WEIGHT_DTYPES, WeightFormat, stage_weights, vllm_pipeline_stages,
                                  weight_format)
 
-DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's chunked-prefill budget for serving on data-center GPUs
 
 
@@ -355,8 +355,7 @@ def _validate(spec: ModelSpec, req: PlanRequest) -> None:
         lora_targets(spec)  # an error for layers LoRA slots are not counted for (MoE, MLA)
     if req.max_num_seqs < 1 or req.max_num_batched_tokens < 1:
         raise LlmctlError("--max-num-seqs and --max-num-batched-tokens must be at least 1")
-    if req.kv_cache_dtype.lower() not in ("auto", *KV_CACHE_DTYPES):
-        raise LlmctlError(f"unknown --kv-cache-dtype {req.kv_cache_dtype!r}; choose auto or fp8")
+    planned_kv_format(req.kv_cache_dtype)  # an error for a format neither llmctl nor vLLM serves
 
 
 def _suggestions(spec: ModelSpec, req: PlanRequest, model: str, plan: Plan) -> list[str]:
@@ -437,6 +436,8 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
     if req.max_loras:
         flags.append(f"--enable-lora --max-loras {req.max_loras} --max-lora-rank {req.max_lora_rank}")
     unsupported = [f for f in flags if f.split()[0] in LLMCTL_SERVE_LACKS]
+    if req.kv_cache_dtype in VLLM_ONLY_KV_CACHE_FORMATS:
+        unsupported.append(f"--kv-cache-dtype {req.kv_cache_dtype}")
     if req.llmctl_impl is None:
         unsupported.insert(0, req.llmctl_refusal or
                            f"its architecture {', '.join(plan.spec.architectures) or plan.spec.model_type}")

@@ -9,6 +9,8 @@ import logging
 from dataclasses import dataclass
 
 import torch
+
+from llmctl.settings import kv_cache_format
 from torch import nn
 
 from llmctl.checkpoint.spec import ModelSpec
@@ -70,16 +72,12 @@ def set_up_kv_cache(config: EngineConfig, spec: ModelSpec, model: nn.Module, bac
     return KVCacheSetup(geometry, pool, make_caches(pool.num_blocks), activation)
 
 
-HALF_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     """auto: the model's dtype; bfloat16/float16: K and V rounded to that as they are stored (half the
     bytes of a float32 model's cache, which a decode step reads whole); fp8: e4m3 with a scale of 1.0,
     as vLLM uses when a checkpoint carries no KV scales (values beyond ±448 are clamped)."""
-    if name == "auto":
-        return model_dtype
-    return HALF_CACHE_DTYPES.get(name, torch.float8_e4m3fn)
+    stored = kv_cache_format(name).torch_name
+    return model_dtype if stored is None else getattr(torch, stored)
 
 
 @dataclass(frozen=True)

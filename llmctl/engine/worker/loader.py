@@ -31,6 +31,7 @@ from llmctl.engine.models.common import Shard, WeightMismatchError
 from llmctl.engine.models.registry import create_model, is_supported
 from llmctl.engine.parallel.group import Rank, local_rank
 from llmctl.engine.worker.heap import keep_freed_memory_in_heap, release_loading_garbage
+from llmctl.settings import kv_cache_format, model_dtype
 from llmctl.engine.worker.kv_cache import kv_cache_dtype, set_up_kv_cache
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
 from llmctl.errors import CorruptModelError, UnsupportedModelError
@@ -41,7 +42,6 @@ from llmctl.plan.memory import max_concurrency
 from llmctl.units import GiB
 
 logger = logging.getLogger("llmctl.engine")
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def load_model(config: EngineConfig, placement: Placement | None = None) -> LoadedModel:
@@ -137,7 +137,7 @@ def bind_device(device: torch.device) -> None:
 def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":  # bfloat16 matmuls are ~200x slower than float32 on CPUs without AMX
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return TORCH_DTYPES[name]
+    return getattr(torch, model_dtype(name).torch_name)
 
 
 def _hf_config(source: ModelSource, spec: ModelSpec, trust_remote_code: bool) -> Any:
@@ -246,7 +246,7 @@ def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.devi
     if cuda:
         raise EngineConfigError("--attention-backend cpu: the C++ kernel runs on CPU tensors; on a GPU use triton "
                                 "(the default) or torch")
-    if config.kv_cache_dtype.startswith("fp8"):
+    if kv_cache_format(config.kv_cache_dtype).fp8:
         raise EngineConfigError("--attention-backend cpu: the C++ kernel reads caches in the model's dtype; "
                                 "with --kv-cache-dtype fp8 use --attention-backend torch")
     if other_width and dtype != torch.float32:  # the kernel narrows float32 rows only
