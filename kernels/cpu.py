@@ -25,11 +25,12 @@ import functools
 import hashlib
 import os
 import platform
-import shutil
 import sys
 from pathlib import Path
 
 import torch
+
+from llmctl.kernels.build_tools import missing_tools
 
 from llmctl.cache import llmctl_cache_dir
 
@@ -69,15 +70,6 @@ def build_directory() -> Path:
     key = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS) + torch.__version__.encode() + " ".join(build_flags()).encode()
                          + _cpu_flags().encode() + platform.machine().encode()).hexdigest()[:16]
     return llmctl_cache_dir() / "cpu_kernels" / key
-
-
-def missing_tools() -> str | None:
-    """What a build would lack (a compiler, ninja), or None; cheap: nothing is built."""
-    if shutil.which("c++") is None and shutil.which("g++") is None:
-        return "no C++ compiler (install g++, e.g. apt install g++)"
-    if shutil.which("ninja") is None and not (Path(sys.executable).parent / "ninja").exists():
-        return "ninja is not installed (pip install ninja)"
-    return None
 
 
 @functools.cache

@@ -16,6 +16,14 @@ OLDER_GPU_SHARED_MEMORY = 65_536  # sm_75 (Turing); newer unknown GPUs are taken
 FP8_FROM_ARCH = 89  # tl.float8e4nv (e4m3) exists from Ada (sm_89) on
 MIN_KEY_TILE = 16
 
+# The C++ CPU attention kernel: new tokens per sequence up to which it attends, SDPA above (measured by
+# benchmarks/cpu_attention.py --prompts): with rows in AVX-512 registers, fresh prompts included (in 16-bit
+# types only up to 64: past that torch's bfloat16 SDPA won on a Sapphire Rapids Xeon, 1.2-1.9x at 96-192
+# tokens); with its plain loop (no AVX-512, odd head sizes), only chunks over cached tokens.
+VECTOR_QUERY_LIMIT = 256
+HALF_VECTOR_QUERY_LIMIT = 64
+SHORT_QUERY_LIMIT = 16
+
 
 def attention_shared_bytes(padded_dim: int, rows: int, key_tile: int, element_bytes: int) -> int:
     """An upper bound on one attention program's shared memory under Triton 3.9: the query tile, a key

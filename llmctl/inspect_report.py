@@ -69,7 +69,8 @@ def build_inspect_report(source: ModelSource, *, text: str | None = None,
     config_count = count_from_config(spec)
     headers = read_weight_headers(source)
     weights = summarize_weights(spec, config_count, headers)
-    loaded, why_not = try_load_tokenizer(source, trust_remote_code=trust_remote_code)
+    # transformers' tokenizer (and torch with it) only to tokenize --text: the facts need tokenizer.json alone
+    loaded, why_not = try_load_tokenizer(source, trust_remote_code=trust_remote_code, light=text is None)
     tokenizer = describe_tokenizer(source, spec.model_type, spec.vocab_size, loaded, why_not)
     text_tokens = None
     if text is not None:

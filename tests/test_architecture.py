@@ -18,7 +18,7 @@ MAX_FUNCTION_LINES = 60
 MAX_LOOSE_SERVER_PARAMETERS = 5
 
 # Lowest first: a package imports only packages before it (docs/architecture.md, "Layers").
-LAYERS = ("errors", "units", "cache", "logs", "version", "progress", "jsonl",  # leaves
+LAYERS = ("errors", "settings", "units", "cache", "logs", "version", "progress", "jsonl",  # leaves
           "checkpoint", "plan", "kernels", "engine",
           "quant", "inspect_report", "server", "bench", "display", "cli", "__main__", "<root>")
 # Inside the engine: the driver's core runs no model, workers know no front, layers and models no step.

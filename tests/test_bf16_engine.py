@@ -31,7 +31,7 @@ def test_bfloat16_engine_agrees_with_transformers_bfloat16(amx, default_source, 
     from llmctl.checkpoint.source import resolve_model
     from llmctl.engine.front.llm import LLM
     from llmctl.engine.layers import cpu_gemm
-    from llmctl.engine.layers.cpu_attention import HALF_VECTOR_QUERY_LIMIT
+    from llmctl.kernels.limits import HALF_VECTOR_QUERY_LIMIT
     from llmctl.engine.sampling_params import SamplingParams
 
     if not amx:

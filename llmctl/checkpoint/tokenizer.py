@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from llmctl.errors import LlmctlError
@@ -13,6 +15,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "qwen.tikt
 SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
 # llmctl's own templates for architectures whose checkpoints ship none.
 BUILTIN_TEMPLATE_FOR_MODEL_TYPE = {"bloom": "bloom"}
+logger = logging.getLogger("llmctl")
 
 
 @dataclass(frozen=True)
@@ -40,12 +43,39 @@ def tokenizer_facts(source: ModelSource, model_type: str, config_vocab: int, *, 
     return describe_tokenizer(source, model_type, config_vocab, tokenizer, note)
 
 
-def try_load_tokenizer(source: ModelSource, *, trust_remote_code: bool = False) -> tuple[Any | None, str | None]:
-    """The tokenizer when it can be loaded, else None and the reason why not."""
+class TokenizerFile:
+    """A checkpoint's tokenizer.json read with the `tokenizers` library (the backend of transformers' fast
+    tokenizers) for the facts `inspect` prints: transformers itself imports torch, which a light command must
+    not. Special tokens come from the tokenizer's config files, as transformers reads them."""
+
+    class_name = "TokenizersBackend"  # what transformers' AutoTokenizer builds from a bare tokenizer.json
+
+    def __init__(self, path: Path, special_tokens: dict[str, str | None]) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(path))
+        for key, text in special_tokens.items():
+            setattr(self, key, text)
+            setattr(self, f"{key}_id", self._tokenizer.token_to_id(text) if text else None)
+
+    def __len__(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+
+def try_load_tokenizer(source: ModelSource, *, trust_remote_code: bool = False,
+                       light: bool = False) -> tuple[Any | None, str | None]:
+    """The tokenizer when it can be loaded, else None and the reason why not; `light`: a TokenizerFile where
+    the checkpoint has a tokenizer.json (no transformers, no torch)."""
     if not any(source.file(name) for name in TOKENIZER_FILES):
         return None, "no tokenizer files in the checkpoint: facts from tokenizer_config.json"
-    if _needs_remote_code(_tokenizer_config(source)) and not trust_remote_code:
+    tok_config = _tokenizer_config(source)
+    if _needs_remote_code(tok_config) and not trust_remote_code:
         return None, "the tokenizer is remote code: not loaded (pass --trust-remote-code to run it)"
+    if light and (path := source.file("tokenizer.json")) and not _needs_remote_code(tok_config):
+        try:
+            return TokenizerFile(path, _special_tokens(source, tok_config)), None
+        except Exception as exc:  # noqa: BLE001 (a file tokenizers cannot read: transformers may)
+            logger.debug("tokenizer.json not read by tokenizers (%s): loading it with transformers", exc)
     try:
         return load_tokenizer(source, trust_remote_code=trust_remote_code), None
     except LlmctlError as exc:
@@ -71,7 +101,7 @@ def describe_tokenizer(source: ModelSource, model_type: str, config_vocab: int, 
     facts.loaded = True
     facts.vocab_size = len(tokenizer)
     facts.vocab_source = "tokenizer (including added tokens)"
-    facts.tokenizer_class = facts.tokenizer_class or type(tokenizer).__name__
+    facts.tokenizer_class = facts.tokenizer_class or getattr(tokenizer, "class_name", type(tokenizer).__name__)
     for key in SPECIAL_TOKENS:
         text = getattr(tokenizer, key, None)
         facts.special_tokens[key] = str(text) if text is not None else None

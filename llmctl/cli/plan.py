@@ -50,18 +50,17 @@ def plan(
     as_json: JsonOpt = False,
 ) -> None:
     """Does it fit, on how many GPUs, with which TP/PP, and how many sequences will the KV cache hold?"""
-    from llmctl.display import print_json, plan_to_dict, render_plan
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import DEFAULT_MODEL_ID, resolve_model
-    from llmctl.plan.hardware import resolve_hardware
+    from llmctl.display import print_json, plan_to_dict, render_plan
     from llmctl.engine.models.registry import implementation
     from llmctl.plan.gguf_sizes import gguf_sizes
+    from llmctl.plan.hardware import resolve_hardware
     from llmctl.plan.planner import PlanRequest, build_plan
 
     hardware = resolve_hardware(gpu, gpus, nodes, gpus_per_node)
     source = resolve_model(model, revision, show_progress=not as_json)
-    spec = load_spec(source)
-    impl, refusal = implementation(spec)
+    impl, refusal = implementation(spec := load_spec(source))
     request = PlanRequest(
         gpu=hardware.gpu, gpus=hardware.gpus, nodes=nodes, gpu_memory_utilization=gpu_memory_utilization,
         dtype=dtype, kv_cache_dtype=kv_cache_dtype, quantization=quantization, max_model_len=max_model_len,

@@ -1,5 +1,6 @@
 """Which attention backend `llmctl serve` runs for a model: one answer for `inspect`, the
-startup log and the engine, so they cannot disagree.
+startup log and the engine, so they cannot disagree; and every combination of backend, device,
+dtype and KV-cache format the engine refuses (`engine_backend`). Torch-free: `inspect` imports it.
 
 - `triton`: llmctl's Triton paged-attention kernel (`llmctl.kernels.attention`), reading the
   paged KV cache in place. The default on CUDA GPUs.
@@ -18,13 +19,17 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.config import EngineConfig, EngineConfigError
+from llmctl.kernels.limits import HALF_VECTOR_QUERY_LIMIT, SHORT_QUERY_LIMIT, VECTOR_QUERY_LIMIT
 from llmctl.settings import kv_cache_format
-from llmctl.engine.layers.attention import AttentionBackend
-from llmctl.engine.layers.cpu_attention import HALF_VECTOR_QUERY_LIMIT, SHORT_QUERY_LIMIT, VECTOR_QUERY_LIMIT
+
+if TYPE_CHECKING:
+    import torch
+
+    from llmctl.engine.layers.attention import AttentionBackend
 
 BACKENDS = ("cpu", "torch", "triton")
 
@@ -36,11 +41,10 @@ class BackendChoice:
 
 
 def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+    """torch is imported only where a GPU's device files exist (llmctl.plan.gpus)."""
+    from llmctl.plan.gpus import detect_local_gpus
+
+    return detect_local_gpus() is not None
 
 
 def _triton_installed() -> bool:
@@ -49,9 +53,9 @@ def _triton_installed() -> bool:
 
 def _cpu_kernel_problem() -> str | None:
     """Why the C++ CPU kernel cannot be built here, without building it (inspect must stay fast)."""
-    from llmctl.kernels import cpu
+    from llmctl.kernels.build_tools import missing_tools
 
-    return cpu.missing_tools()
+    return missing_tools()
 
 
 def choose_attention_backend(spec: ModelSpec, *, cuda: bool | None = None, requested: str = "auto",
@@ -112,7 +116,48 @@ def triton_usable(cuda: bool) -> str | None:
     return None
 
 
-def create_backend(name: str, dtype: torch.dtype = torch.float32, head_dim: int = 64) -> AttentionBackend:
+def engine_backend(config: EngineConfig, spec: ModelSpec, cuda: bool, dtype: str) -> BackendChoice:
+    """The backend the engine runs for `dtype` (the model's, resolved), refusing in one line each combination
+    of backend, device, dtype and KV-cache format that cannot work."""
+    choice = choose_attention_backend(spec, cuda=cuda, requested=config.attention_backend,
+                                      kv_cache_dtype=config.kv_cache_dtype)
+    kv = kv_cache_format(config.kv_cache_dtype)
+    if choice.backend == "mla":
+        _check_latent_cache(config, spec)
+    other_width = kv.torch_name not in (None, dtype) and not kv.fp8  # a 16-bit cache beside another model dtype
+    if choice.backend == "triton":
+        if other_width:
+            raise EngineConfigError(f"--kv-cache-dtype {kv.name}: the Triton kernels read a cache in the model's "
+                                    f"dtype ({dtype}) or fp8; use --kv-cache-dtype auto or fp8, or --dtype to match")
+        if problem := triton_usable(cuda):
+            raise EngineConfigError(f"--attention-backend triton: {problem}")
+    if choice.backend != "cpu":
+        return choice
+    if cuda:
+        raise EngineConfigError("--attention-backend cpu: the C++ kernel runs on CPU tensors; on a GPU use triton "
+                                "(the default) or torch")
+    if kv.fp8:
+        raise EngineConfigError("--attention-backend cpu: the C++ kernel reads caches in the model's dtype; "
+                                "with --kv-cache-dtype fp8 use --attention-backend torch")
+    if other_width and dtype != "float32":  # the kernel narrows float32 rows only
+        why = f"the C++ CPU kernel reads a {kv.name} cache under float32 models only"
+        if config.attention_backend == "cpu":
+            raise EngineConfigError(f"--attention-backend cpu: {why}; use --attention-backend torch")
+        return torch_fallback(spec, why)
+    return choice
+
+
+def _check_latent_cache(config: EngineConfig, spec: ModelSpec) -> None:
+    if config.attention_backend != "auto":
+        raise EngineConfigError(f"--attention-backend {config.attention_backend}: {spec.model_type} uses "
+                                "multi-head latent attention, whose cache holds latents, not K/V pages; leave "
+                                "--attention-backend at auto")
+    if config.kv_cache_dtype != "auto":
+        raise EngineConfigError(f"--kv-cache-dtype {config.kv_cache_dtype}: the latent cache of MLA models is "
+                                "kept in the model's dtype; leave --kv-cache-dtype at auto")
+
+
+def create_backend(name: str, dtype: torch.dtype | None = None, head_dim: int = 64) -> AttentionBackend:
     """The backend `name`; the cpu backend picks which prompts its kernel takes by dtype and head size."""
     if name == "triton":
         from llmctl.engine.layers.triton_attention import TritonAttention
@@ -129,5 +174,7 @@ def create_backend(name: str, dtype: torch.dtype = torch.float32, head_dim: int 
     if name == "cpu":
         from llmctl.engine.layers.cpu_attention import CPUAttention
 
-        return CPUAttention(dtype, head_dim)
+        import torch
+
+        return CPUAttention(dtype or torch.float32, head_dim)
     raise ValueError(f"unknown attention backend {name!r}; available: cpu, torch, triton")

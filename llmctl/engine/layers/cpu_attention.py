@@ -21,15 +21,8 @@ import torch
 from llmctl.engine.layers.attention import AttentionMetadata, KVCache
 from llmctl.engine.layers.torch_attention import TorchAttention
 from llmctl.kernels import cpu as cpu_kernels
+from llmctl.kernels.limits import HALF_VECTOR_QUERY_LIMIT, SHORT_QUERY_LIMIT, VECTOR_QUERY_LIMIT
 
-# New tokens per sequence up to which the kernel attends, SDPA above (measured by
-# benchmarks/cpu_attention.py --prompts): with rows in AVX-512 registers, fresh prompts
-# included (in 16-bit types only up to 64: past that torch's bfloat16 SDPA won on a Sapphire Rapids
-# Xeon, 1.2-1.9x at 96-192 tokens); with its plain loop (no AVX-512, odd head sizes), only chunks
-# over cached tokens.
-VECTOR_QUERY_LIMIT = 256
-HALF_VECTOR_QUERY_LIMIT = 64
-SHORT_QUERY_LIMIT = 16
 VECTOR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 

@@ -1,15 +1,17 @@
-"""Architecture dispatch from config.json's `architectures`."""
+"""Architecture dispatch from config.json's `architectures` (the model classes are imported only when built)."""
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-
-from llmctl.engine.models.common import Shard
-from llmctl.errors import UnsupportedModelError
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.errors import UnsupportedModelError
+
+if TYPE_CHECKING:  # torch-free at import: inspect and plan ask which implementation serves a model
+    from torch import nn
+
+    from llmctl.engine.models.common import Shard
 
 SUPPORTED = {
     "LlamaForCausalLM": "llama",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmctl.errors import LlmctlError
-from llmctl.engine.layers.cpu_attention import SHORT_QUERY_LIMIT
+from llmctl.kernels.limits import SHORT_QUERY_LIMIT
 
 METHODS = ("ngram", "draft_model")
 KNOWN_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",

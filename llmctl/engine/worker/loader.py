@@ -16,8 +16,7 @@ from llmctl.checkpoint.source import ModelSource, resolve_model
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.checkpoint.tokenizer import generation_defaults, load_tokenizer
 from llmctl.checkpoint.weights import iterate_tensors
-from llmctl.engine.attention_selector import (BackendChoice, choose_attention_backend, create_backend, torch_fallback,
-                                              triton_usable)
+from llmctl.engine.attention_selector import BackendChoice, create_backend, engine_backend, torch_fallback
 from llmctl.engine.config import EngineConfig, EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend
 from llmctl.engine.layers.cpu_gemm import pack_linears, packed_kernel, small_batch
@@ -31,7 +30,7 @@ from llmctl.engine.models.common import Shard, WeightMismatchError
 from llmctl.engine.models.registry import create_model, is_supported
 from llmctl.engine.parallel.group import Rank, local_rank
 from llmctl.engine.worker.heap import keep_freed_memory_in_heap, release_loading_garbage
-from llmctl.settings import kv_cache_format, model_dtype
+from llmctl.settings import model_dtype
 from llmctl.engine.worker.kv_cache import kv_cache_dtype, set_up_kv_cache
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
 from llmctl.errors import CorruptModelError, UnsupportedModelError
@@ -214,46 +213,17 @@ def _eos_ids(defaults: dict[str, Any], tokenizer: Any) -> list[int]:
 
 def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.device, dtype: torch.dtype
                        ) -> tuple[BackendChoice, AttentionBackend]:
+    """The backend llmctl.engine.attention_selector decides on, built; the C++ kernel's build can still fail."""
     cuda = device.type == "cuda"
-    choice = choose_attention_backend(spec, cuda=cuda, requested=config.attention_backend,
-                                      kv_cache_dtype=config.kv_cache_dtype)
-    if choice.backend == "mla":
-        if config.attention_backend != "auto":
-            raise EngineConfigError(f"--attention-backend {config.attention_backend}: {spec.model_type} uses "
-                                    "multi-head latent attention, whose cache holds latents, not K/V pages; leave "
-                                    "--attention-backend at auto")
-        if config.kv_cache_dtype != "auto":
-            raise EngineConfigError(f"--kv-cache-dtype {config.kv_cache_dtype}: the latent cache of MLA models is "
-                                    "kept in the model's dtype; leave --kv-cache-dtype at auto")
-    cache_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)
-    other_width = cache_dtype != dtype and cache_dtype.itemsize > 1  # a 16-bit cache beside another model dtype
-    if choice.backend == "triton" and other_width:
-        raise EngineConfigError(f"--kv-cache-dtype {config.kv_cache_dtype}: the Triton kernels read a cache in the "
-                                f"model's dtype ({str(dtype).removeprefix('torch.')}) or fp8; use --kv-cache-dtype "
-                                "auto or fp8, or --dtype to match")
-    if choice.backend == "triton":
-        problem = triton_usable(cuda)
-        if problem:
-            raise EngineConfigError(f"--attention-backend triton: {problem}")
-        if cuda:
-            from llmctl.kernels.attention import padded_head_dim, program_rows
+    choice = engine_backend(config, spec, cuda, str(dtype).removeprefix("torch."))
+    if choice.backend == "triton" and cuda:
+        from llmctl.kernels.attention import padded_head_dim, program_rows
 
-            group = spec.attention.num_heads // spec.attention.num_kv_heads
-            check_this_gpu(device, dtype, config.kv_cache_dtype, padded_head_dim(spec.attention.head_dim),
-                           program_rows(group, decode_only=False))
+        group = spec.attention.num_heads // spec.attention.num_kv_heads
+        check_this_gpu(device, dtype, config.kv_cache_dtype, padded_head_dim(spec.attention.head_dim),
+                       program_rows(group, decode_only=False))
     if choice.backend != "cpu":
         return choice, create_backend(choice.backend)
-    if cuda:
-        raise EngineConfigError("--attention-backend cpu: the C++ kernel runs on CPU tensors; on a GPU use triton "
-                                "(the default) or torch")
-    if kv_cache_format(config.kv_cache_dtype).fp8:
-        raise EngineConfigError("--attention-backend cpu: the C++ kernel reads caches in the model's dtype; "
-                                "with --kv-cache-dtype fp8 use --attention-backend torch")
-    if other_width and dtype != torch.float32:  # the kernel narrows float32 rows only
-        why = f"the C++ CPU kernel reads a {config.kv_cache_dtype} cache under float32 models only"
-        if config.attention_backend == "cpu":
-            raise EngineConfigError(f"--attention-backend cpu: {why}; use --attention-backend torch")
-        return torch_fallback(spec, why), create_backend("torch")
     try:
         return choice, create_backend("cpu", dtype, spec.attention.head_dim)
     except CPUKernelsUnavailable as exc:
