@@ -28,8 +28,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from llmctl.kernels.huge_pages import zeros_on_huge_pages
 from llmctl.kernels import cpu
+from llmctl.kernels.huge_pages import zeros_on_huge_pages
 
 
 def _seconds(call, repeats: int = 5) -> float:

@@ -17,8 +17,8 @@ import argparse
 import itertools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -73,8 +73,14 @@ def decode_attention(device: str, dtype: torch.dtype, batch: int, context: int, 
                      dim: int, block_size: int, repeats: int, peak: float,
                      tilings: tuple = tuple(itertools.product((1, 16, 64), (16, 32, 64)))) -> list[dict]:
     """Each (segments, key tile) of `tilings` timed and checked."""
-    from llmctl.kernels.attention import (DECODE_KEY_TILE, AttentionOptions, choose_segments, paged_attention,
-                                          paged_attention_reference, plan_step)
+    from llmctl.kernels.attention import (
+        DECODE_KEY_TILE,
+        AttentionOptions,
+        choose_segments,
+        paged_attention,
+        paged_attention_reference,
+        plan_step,
+    )
 
     pages = -(-context // block_size)
     kv_bytes = batch * context * 2 * kv_heads * dim * torch.empty(0, dtype=dtype).element_size()
@@ -110,8 +116,8 @@ def decode_attention(device: str, dtype: torch.dtype, batch: int, context: int, 
 
 
 def w4a16(device: str, dtype: torch.dtype, rows: int, inner: int, cols: int, repeats: int) -> dict:
-    from llmctl.kernels.w4a16 import w4a16_matmul
     from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
+    from llmctl.kernels.w4a16 import w4a16_matmul
 
     weight = QuantizedWeight(q=torch.randint(0, 16, (cols, inner), dtype=torch.int32),
                              scales=torch.rand(cols, inner // 128) / 100, bits=4, group_size=128,

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 from llmctl.bench.datasets import DatasetOptions
-from llmctl.engine.config import EngineConfig
 from llmctl.bench.offline import OfflineOptions, OfflineResult, run_offline
+from llmctl.engine.config import EngineConfig
 
 
 def write_adapter(folder: Path, rank: int) -> Path:

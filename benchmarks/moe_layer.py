@@ -7,13 +7,12 @@ timed before and after packed (two cores are noisy), and the largest difference 
 """
 
 import torch
+from cpu_int4 import fastest  # benchmarks/ is this script's folder
 from torch import nn
 
 from llmctl.engine.layers import cpu_gemm
 from llmctl.engine.layers.moe import FusedMoE, Routing
 from llmctl.engine.parallel.group import TPGroup
-
-from cpu_int4 import fastest  # benchmarks/ is this script's folder
 
 
 def main() -> None:

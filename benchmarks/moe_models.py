@@ -21,8 +21,14 @@ from pathlib import Path
 
 
 def main(folder: Path) -> None:
-    from transformers import (AutoTokenizer, DeepseekV2ForCausalLM, LlamaConfig, LlamaForCausalLM,
-                              MixtralConfig, MixtralForCausalLM)
+    from transformers import (
+        AutoTokenizer,
+        DeepseekV2ForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+    )
 
     from llmctl.checkpoint.source import resolve_model
 

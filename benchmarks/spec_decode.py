@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 
 from llmctl.bench.datasets import DatasetOptions
-from llmctl.engine.config import EngineConfig
 from llmctl.bench.offline import OfflineOptions, OfflineResult, run_offline
+from llmctl.engine.config import EngineConfig
 
 WIKITEXT = Path(__file__).parents[1] / "tests/fixtures/data/wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}

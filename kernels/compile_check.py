@@ -192,9 +192,9 @@ def compiled_kernel(case: KernelCase, arch: int, aligned: bool = False, **option
     """Triton's CompiledKernel for this case and target (its `asm["ptx"]`, `metadata.shared`). `aligned`:
     as the launcher's JIT specializes it when every pointer and integer is a multiple of 16 (Llama's
     shapes), which lets loads vectorize; `options`: num_warps, num_stages."""
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    import triton
 
     kernel, pointers = _kernel_and_types(case)
     constexprs = dict(case.constexprs)

@@ -30,9 +30,8 @@ from pathlib import Path
 
 import torch
 
-from llmctl.kernels.build_tools import missing_tools
-
 from llmctl.cache import llmctl_cache_dir
+from llmctl.kernels.build_tools import missing_tools
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("cpu_attention.cpp", "cpu_layers.cpp", "cpu_gemm.cpp", "cpu_int4.cpp", "cpu_int8.cpp",

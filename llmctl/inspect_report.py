@@ -5,14 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmctl.errors import LlmctlError
-from llmctl.engine.attention_selector import BackendChoice, choose_attention_backend
-from llmctl.engine.models.registry import implementation
+from llmctl.checkpoint.config_file import load_spec
 from llmctl.checkpoint.gguf_convert import GgufTensorType, gguf_tensor_types
 from llmctl.checkpoint.license import LicenseReport, detect_license
 from llmctl.checkpoint.params import ConfigParamCount, TensorCount, count_from_config, count_from_tensors
 from llmctl.checkpoint.safetensors import WeightHeaders, read_weight_headers
-from llmctl.checkpoint.config_file import load_spec
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.checkpoint.tokenizer import (
@@ -22,6 +19,9 @@ from llmctl.checkpoint.tokenizer import (
     tokenize_text,
     try_load_tokenizer,
 )
+from llmctl.engine.attention_selector import BackendChoice, choose_attention_backend
+from llmctl.engine.models.registry import implementation
+from llmctl.errors import LlmctlError
 
 
 @dataclass

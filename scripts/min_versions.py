@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 NOT_BELOW = {"torch": "2.13.0"}
 

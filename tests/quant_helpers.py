@@ -3,8 +3,8 @@ independent of the engine's QuantLinear), for transformers to run as the referen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 

@@ -10,17 +10,16 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from server_helpers import start_server
-from timed_server import TimedServer, Timing
-
 from llmctl.bench.client import RequestOutcome
 from llmctl.bench.datasets import DatasetOptions, sample_requests
 from llmctl.bench.load import LoadPoint, arrival_offsets
 from llmctl.bench.metrics import calculate_metrics, parse_goodput, peak_concurrency
 from llmctl.bench.server_metrics import parse_metrics
 from llmctl.bench.tokens import load_local_tokenizer
-from llmctl.errors import LlmctlError
 from llmctl.checkpoint.source import DEFAULT_MODEL_ID
+from llmctl.errors import LlmctlError
+from server_helpers import start_server
+from timed_server import TimedServer, Timing
 
 FIRST, GAP, TOKENS = 0.2, 0.05, 6
 CLOCK_GRAIN_S = 0.005  # a sleep of d seconds is never measured shorter than d, up to the clock's granularity

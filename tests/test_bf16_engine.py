@@ -25,14 +25,14 @@ def onednn_packs_bfloat16() -> bool:
     not cpu.bf16_amx_supported(), reason="no AMX here: the first case ran the AVX512-BF16 panels"))],
     ids=["amx-where-present", "avx512-bf16"])
 def test_bfloat16_engine_agrees_with_transformers_bfloat16(amx, default_source, capsys, monkeypatch):
-    from greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
     from transformers import AutoModelForCausalLM
 
+    from greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
     from llmctl.checkpoint.source import resolve_model
     from llmctl.engine.front.llm import LLM
     from llmctl.engine.layers import cpu_gemm
-    from llmctl.kernels.limits import HALF_VECTOR_QUERY_LIMIT
     from llmctl.engine.sampling_params import SamplingParams
+    from llmctl.kernels.limits import HALF_VECTOR_QUERY_LIMIT
 
     if not amx:
         monkeypatch.setenv(cpu_gemm.AMX_ENV, "0")  # as on a Zen 4: AVX512-BF16 without AMX

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from llmctl.engine.core.block_manager import BlockManager, chain_hash
-from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.core.scheduler import Scheduler
 from llmctl.engine.core.sequence import Sequence, SequenceStatus
+from llmctl.engine.sampling_params import SamplingParams
 
 BS = 4
 

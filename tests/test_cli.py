@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from conftest import run_cli
 from hubcache import fixture_repos
 
@@ -92,9 +93,9 @@ def test_usage_errors_and_version() -> None:
 
 
 def test_the_backend_inspect_names_is_the_one_serve_runs() -> None:
-    from llmctl.engine.attention_selector import choose_attention_backend
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import resolve_model
+    from llmctl.engine.attention_selector import choose_attention_backend
 
     bloom = load_spec(resolve_model("bigscience/bloom", weights=False))
     on_gpu = choose_attention_backend(bloom, cuda=True)

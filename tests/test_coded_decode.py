@@ -77,7 +77,6 @@ def test_fused_decode_layers_over_a_half_precision_kv_cache(kv_cache_dtype, defa
 ])
 def test_layers_that_do_not_qualify_run_in_python(arch, engine, why, default_source, tmp_path):
     from gguf_models import write_tiny_gguf
-
     from llmctl.engine.front.llm import LLM
     from llmctl.engine.sampling_params import SamplingParams
 
@@ -96,8 +95,9 @@ def test_layers_that_do_not_qualify_run_in_python(arch, engine, why, default_sou
 @pytest.mark.parametrize("method", ["awq", "gptq"])
 def test_gptq_and_awq_layers_fused_give_the_python_layers_results_exactly(method, default_source, tmp_path):
     """4-bit GPTQ/AWQ weights repacked for the CPU (float activations) run fused through int4_linear."""
-    from test_parallel import quantized_model, random_model
     from transformers import AutoTokenizer, LlamaConfig
+
+    from test_parallel import quantized_model, random_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,

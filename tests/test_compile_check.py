@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from llmctl.kernels.limits import SUPPORTED_BLOCK_SIZES, kernel_refusal
 from llmctl.kernels.compile_check import ARCHES, all_cases
+from llmctl.kernels.limits import SUPPORTED_BLOCK_SIZES, kernel_refusal
 
 
 def compiling_python(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:

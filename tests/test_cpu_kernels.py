@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from llmctl.errors import SettingError
 from llmctl.engine.layers import cpu_gemm
 from llmctl.engine.layers.positions import _rotate, alibi_slopes
 from llmctl.engine.models.common import RMSNorm
+from llmctl.errors import SettingError
 from llmctl.kernels import cpu
 from llmctl.kernels.attention import AttentionOptions, paged_attention_reference
 from paged_steps import paged_step

@@ -165,10 +165,10 @@ def test_pickled_weights_only_when_allowed(tmp_path, tokenizer):
     import shutil
 
     from safetensors.torch import load_file
+    from transformers import LlamaConfig
 
     from conftest import run_cli
     from llmctl.errors import CorruptModelError
-    from transformers import LlamaConfig
 
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)

@@ -7,10 +7,10 @@ import torch
 
 from llmctl import LLM, SamplingParams
 from llmctl.engine.config import EngineConfigError
-from llmctl.engine.front.detokenizer import IncrementalDetokenizer
 from llmctl.engine.core.sampler import CDF_CHUNK, SampleInput, inverse_cdf, sample
-from llmctl.engine.sampling_params import InvalidRequestError
 from llmctl.engine.core.sequence import Sequence
+from llmctl.engine.front.detokenizer import IncrementalDetokenizer
+from llmctl.engine.sampling_params import InvalidRequestError
 
 PROMPT = "The capital of France is"  # greedy: " Paris.\n\nThe answer is: ..."
 

@@ -11,8 +11,15 @@ import pytest
 import torch
 
 from test_engine_models import save_random_model
-from test_model_families import (PROMPTS, assert_close, assert_peft_adapter_matches, assert_ranks_hold_what_plan_says,
-                                  assert_served_like_transformers, engine_outputs, transformers_reference)
+from test_model_families import (
+    PROMPTS,
+    assert_close,
+    assert_peft_adapter_matches,
+    assert_ranks_hold_what_plan_says,
+    assert_served_like_transformers,
+    engine_outputs,
+    transformers_reference,
+)
 
 WINDOW = 8  # the prompts are 6–40 tokens: sliding layers drop keys that full layers still see
 

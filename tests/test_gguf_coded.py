@@ -112,9 +112,9 @@ def test_the_default_gguf_served_coded_matches_transformers_reading_the_same_fil
     """llmctl's engine over the coded Q4_1 weights (int8 activations, as llama.cpp) against transformers' GGUF
     loading (which dequantizes the same file to float32), by vLLM's rule for quantized models (greedy_close);
     the weights held are the file's 4-bit codes, not a float copy."""
-    from greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
     from transformers import AutoModelForCausalLM
 
+    from greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
     from llmctl.engine.front.llm import LLM
     from llmctl.engine.layers.coded_linear import CodedLinear
     from llmctl.engine.sampling_params import SamplingParams
@@ -188,10 +188,10 @@ def test_gguf_of_each_architecture_served_coded_matches_transformers(arch, qtype
     """A random tiny model written as llama.cpp writes `arch` (weights in `qtype`) against transformers' own
     GGUF loading of the same file: served dequantized (--dtype float32) the greedy tokens are identical;
     served coded (int8 activations, as llama.cpp) they agree by vLLM's rule for quantized models."""
-    from gguf_models import write_tiny_gguf
-    from greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
     from transformers import AutoModelForCausalLM
 
+    from gguf_models import write_tiny_gguf
+    from greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
     from llmctl.engine.front.llm import LLM
     from llmctl.engine.sampling_params import SamplingParams
 
@@ -220,7 +220,6 @@ def test_coded_gguf_split_over_two_tensor_parallel_ranks_equals_one_process(defa
     """TP 2 splits coded linears by output rows (q/k/v, gate/up), by input columns on block boundaries
     (o, down) and the coded vocabulary by rows: the same greedy tokens and logprobs as one process."""
     from gguf_models import write_tiny_gguf
-
     from llmctl.engine.front.llm import LLM
     from llmctl.engine.sampling_params import SamplingParams
 

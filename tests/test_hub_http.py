@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save
+
 from conftest import run_cli
 from fake_hub import FakeHub, FakeRepo
-from safetensors.torch import save
 
 WEIGHTS = {
     "model.embed_tokens.weight": torch.zeros(1000, 256),

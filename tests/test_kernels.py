@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 import triton  # noqa: E402,F401  (a required dependency on Linux: missing, these tests fail, not skip)
 
 from llmctl.engine.layers.positions import alibi_slopes  # noqa: E402
 from llmctl.kernels.attention import (  # noqa: E402
-    AttentionOptions, kernel_constexprs, paged_attention, paged_attention_reference, plan_step)
+    AttentionOptions,
+    kernel_constexprs,
+    paged_attention,
+    paged_attention_reference,
+    plan_step,
+)
 from paged_steps import paged_step as _paged_step  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -151,8 +155,8 @@ def test_attention_over_an_fp8_cache():
                                                    ("gptq", False, 8), ("gptq", True, 8)])
 @pytest.mark.parametrize("rows,split_k", [(1, None), (1, 2), (5, 3), (33, None), (300, None)])  # 300: dequantize, GEMM
 def test_w4a16_matches_the_unpacked_weights(method, act_order, bits, rows, split_k):
-    from llmctl.kernels.w4a16 import w4a16_matmul, w4a16_reference
     from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
+    from llmctl.kernels.w4a16 import w4a16_matmul, w4a16_reference
 
     gen = torch.Generator().manual_seed(2)
     inner, cols, group = 96, 80, 32  # K not a multiple of BLOCK_K · 2, N not of BLOCK_N
@@ -246,8 +250,8 @@ def test_w4a16_gemv_leaves_act_order_and_larger_steps_to_the_tensor_core_kernel(
 @pytest.mark.parametrize("method", ["gptq", "awq"])
 def test_quantized_linear_through_the_kernel_equals_torch_dequantization(method):
     """What a CUDA forward runs (fused parts, bias) against the CPU path, on the same layer."""
-    from llmctl.engine.layers.quant_linear import QuantLinear
     from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
+    from llmctl.engine.layers.quant_linear import QuantLinear
 
     gen = torch.Generator().manual_seed(3)
     parts = []

@@ -421,9 +421,9 @@ def test_inspect_describes_an_adapter_and_whether_it_fits(tiny, tokenizer, tmp_p
 def test_plan_counts_lora_slots_and_prints_commands_serve_accepts(default_source):
     import typer
 
-    from llmctl.cli import app
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import resolve_model
+    from llmctl.cli import app
     from llmctl.plan.gpus import lookup_gpu
     from llmctl.plan.lora import lora_slot_bytes
     from llmctl.plan.planner import PlanRequest, build_plan

@@ -290,8 +290,9 @@ QWEN3_TEMPLATE = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.conten
 
 
 def test_qwen3_served_with_the_openai_client_and_enable_thinking(models, tokenizer, tmp_path):
-    import openai
     import urllib.request
+
+    import openai
 
     from server_helpers import start_server
 
@@ -368,7 +369,8 @@ def test_a_peft_adapter_matches_transformers_with_peft(models, tokenizer, family
 def assert_peft_adapter_matches(folder: Path, tokenizer, tmp_path: Path, targets: list[str] = PROJECTIONS) -> None:
     """A random PEFT adapter on every projection: the engine's tokens are transformers + peft's."""
     from llmctl import LoRARequest
-    from lora_helpers import PROMPTS as LORA_PROMPTS, assert_matches, make_adapter, reference
+    from lora_helpers import PROMPTS as LORA_PROMPTS
+    from lora_helpers import assert_matches, make_adapter, reference
 
     adapter = make_adapter(folder, tmp_path / "adapter", rank=4, seed=3, targets=targets)
     llm = LLM(str(folder), enable_lora=True, max_lora_rank=8, max_model_len=256)

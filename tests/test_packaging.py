@@ -4,8 +4,9 @@ setup.sh installs in editable mode, where a package missing from pyproject's exp
 imports; a regular `pip install .` (a wheel) would leave it out and break at import time.
 """
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -284,9 +284,9 @@ def test_messages_between_ranks_carry_tensors_in_one_buffer():
 
 def test_a_step_that_fails_to_sample_on_the_last_stage_comes_back_as_its_error():
     """The rank goes on; the driver fails that step's requests (RemoteStepError → StepFailedError)."""
-    from llmctl.engine.parallel.stage import step_result
-    from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
     from llmctl.engine.core.sampler import SampleInput
+    from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
+    from llmctl.engine.parallel.stage import step_result
 
     batch = StepBatch([5], [0], [0], [0, 1], [1], [[0]], [0],
                       sampling=[SampleInput(SamplingParams(temperature=0), 0.0, [])])

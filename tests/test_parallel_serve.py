@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from waiting import wait_until
 from server_helpers import free_port, start_server, terminate_all
+from waiting import wait_until
 
 PROMPT = "The capital of France is"
 
@@ -156,9 +156,9 @@ def test_every_serve_command_plan_prints_parses():
     """plan's llmctl commands for the models the seeds profile go through serve's own argument parser."""
     import typer
 
-    from llmctl.cli import app
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import resolve_model
+    from llmctl.cli import app
     from llmctl.plan.gpus import lookup_gpu
     from llmctl.plan.planner import PlanRequest, build_plan
 

@@ -8,14 +8,20 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from llmctl.errors import LlmctlError
 from llmctl.checkpoint.params import count_from_config
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.errors import LlmctlError
 from llmctl.plan.gpus import lookup_gpu
 from llmctl.plan.kv import stage_kv
 from llmctl.plan.planner import MeasuredMemory, PlanRequest, build_plan
-from llmctl.plan.weights import (lm_head_in_layers, pipeline_stages, split_layers, stage_weights, vllm_pipeline_stages,
-                                 weight_format)
+from llmctl.plan.weights import (
+    lm_head_in_layers,
+    pipeline_stages,
+    split_layers,
+    stage_weights,
+    vllm_pipeline_stages,
+    weight_format,
+)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hub"
 GiB = 1024**3
@@ -260,8 +266,9 @@ def test_multi_node_keeps_tp_inside_a_node():
     ray = plan.commands[plan.commands.index(next(c for c in plan.commands if c.startswith("ray start --head"))):]
     assert [c.split()[0] for c in ray] == ["ray", "llmctl", "vllm"]
     assert all(c.endswith("--distributed-executor-backend ray") for c in ray[1:])
-    from llmctl.cli.app import app
     from typer.main import get_command
+
+    from llmctl.cli.app import app
 
     serve = get_command(app).commands["serve"]
     assert serve.make_context("serve", ray[1].split()[2:]).params["distributed_executor_backend"] == "ray"

@@ -13,8 +13,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from waiting import wait_until
 from server_helpers import start_server
+from waiting import wait_until
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 

@@ -6,11 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
-from hubcache import HUB_FIXTURES, add_repo, commit_for
 
+from hubcache import HUB_FIXTURES, add_repo, commit_for
+from llmctl.checkpoint.source import DEFAULT_MODEL_ID, SourceKind, resolve_model
 from llmctl.errors import CorruptModelError, ModelNotFoundError, OfflineError
 from llmctl.inspect_report import build_inspect_report
-from llmctl.checkpoint.source import DEFAULT_MODEL_ID, SourceKind, resolve_model
 
 
 def test_default_model_converts_gguf_once_and_reuses_it(default_source) -> None:

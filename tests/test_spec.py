@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from hubcache import HUB_FIXTURES
 
+from hubcache import HUB_FIXTURES
 from llmctl.checkpoint.params import count_from_config
 from llmctl.checkpoint.spec import ModelSpec
 

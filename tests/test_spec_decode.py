@@ -256,6 +256,7 @@ def test_draft_model_sampling_is_reproducible_and_samples(default_source, tmp_pa
 
 def _random_llama(folder, default_source):
     from transformers import AutoTokenizer, LlamaConfig
+
     from test_engine_models import save_random_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
@@ -266,6 +267,7 @@ def _random_llama(folder, default_source):
 
 def test_drafts_that_cannot_work_and_sharded_targets_are_refused(default_source, tmp_path):
     from transformers import AutoTokenizer, LlamaConfig
+
     from test_engine_models import save_random_model
 
     def tiny(folder: str, tokenizer, **config) -> str:
@@ -290,7 +292,6 @@ def test_served_streams_with_speculation_equal_the_plain_engine_and_count_accept
     import openai
 
     from conftest import run_cli
-
     from server_helpers import start_server
     from test_server import metrics
 

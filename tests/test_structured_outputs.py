@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from enum import Enum
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 import jsonschema
 import pytest
@@ -52,7 +52,7 @@ class Paint(BaseModel):
 
 class Optional_(BaseModel):
     title: str = Field(max_length=12)
-    subtitle: Optional[str] = Field(default=None, max_length=12)
+    subtitle: str | None = Field(default=None, max_length=12)
 
 
 class Bounded(BaseModel):

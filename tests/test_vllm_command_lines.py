@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from command_line import parse
 from llmctl.bench.endpoint import resolve_endpoint
 from llmctl.cli.app import spread_multi_values
 from llmctl.cli.common import parse_bytes
 from llmctl.cli.serve import parse_origins
-from command_line import parse
 
 LINES = Path(__file__).resolve().parent / "fixtures" / "vllm_docs" / "command_lines.txt"
 NOT_TAKEN = {  # vLLM flags in those lines that llmctl does not take, and why

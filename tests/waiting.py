@@ -4,7 +4,7 @@ when a generous bound passes (the bound is for a hung process, not a speed test)
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 BOUND_S = 60.0
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import httpx2
 

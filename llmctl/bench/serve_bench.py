@@ -7,14 +7,14 @@ import dataclasses
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import httpx2
 
 from llmctl.bench.client import RequestOutcome, RequestSettings
-from llmctl.bench.endpoint import Endpoint, resolve_endpoint
 from llmctl.bench.datasets import DatasetOptions, SampleRequest, sample_requests
+from llmctl.bench.endpoint import Endpoint, resolve_endpoint
 from llmctl.bench.load import LoadPoint, LoadResult, run_load
 from llmctl.bench.metrics import LATENCY_METRICS, BenchmarkMetrics, calculate_metrics
 from llmctl.bench.tokens import LocalTokenizer, ServerTokenizer, TokenCounter, load_local_tokenizer

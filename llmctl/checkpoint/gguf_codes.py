@@ -10,8 +10,8 @@ Other types (F16, BF16, Q2_K, Q3_K, the IQ formats) return None: the caller dequ
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

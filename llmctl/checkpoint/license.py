@@ -8,9 +8,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from llmctl.errors import LlmctlError
 from llmctl.checkpoint.license_db import NO, YES, LicenseInfo, Term, lookup, match_text
 from llmctl.checkpoint.source import ModelSource
+from llmctl.errors import LlmctlError
 
 LICENSE_FILE_NAMES = ("LICENSE", "LICENSE.txt", "LICENSE.md", "LICENSE-MODEL", "LICENSE_MODEL", "LICENCE",
                       "LICENSE.rst")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmctl.errors import CorruptModelError
 from llmctl.checkpoint.source import ModelSource, SourceKind, hub_is_offline, read_json
+from llmctl.errors import CorruptModelError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -8,7 +8,13 @@ from typing import Any
 
 # The parts are re-exported: a ModelSpec's fields are typed by them.
 from llmctl.checkpoint.architecture import AttentionSpec, LayerLayout, MoESpec, PositionalEncoding, QuantizationSpec
-from llmctl.checkpoint.config_readers import FAMILY_READERS, ConfigReader, read_attention, read_llama_like, read_positional
+from llmctl.checkpoint.config_readers import (
+    FAMILY_READERS,
+    ConfigReader,
+    read_attention,
+    read_llama_like,
+    read_positional,
+)
 
 # Where each family deviates from the Llama naming, see FAMILY_READERS below.
 CONTEXT_KEYS = (

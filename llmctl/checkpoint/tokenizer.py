@@ -8,8 +8,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from llmctl.errors import LlmctlError
 from llmctl.checkpoint.source import ModelSource, read_json
+from llmctl.errors import LlmctlError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "qwen.tiktoken", "tiktoken.model")
 SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from llmctl.bench.datasets import DatasetOptions
-from llmctl.cli.common import JsonOpt, ModelArg
 from llmctl.cli.bench_flags import REQUEST_GROUP, TARGET_GROUP, RequestFlags, Target, sampling_fields
+from llmctl.cli.common import JsonOpt, ModelArg
 from llmctl.cli.engine_flags import EngineFlags, with_engine_flags
 from llmctl.cli.flags import Flag, FlagGroup, with_flags
 from llmctl.errors import LlmctlError

@@ -5,14 +5,14 @@ defaults are EngineConfig's own, so the flags and the library cannot disagree.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from llmctl.cli.common import parse_bytes
 from llmctl.cli.flags import F, Flag, FlagGroup, with_flags
 from llmctl.engine.config import EngineConfig
 from llmctl.settings import DTYPES, kv_cache_help
-
 
 ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help order
     "max_model_len": Flag(("--max-model-len",), Optional[int], "context per sequence"),

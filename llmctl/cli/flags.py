@@ -8,8 +8,9 @@ import dataclasses
 import functools
 import inspect
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 

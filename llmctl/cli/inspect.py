@@ -20,9 +20,9 @@ def inspect(
 ) -> None:
     """Architecture, parameters, KV cache size, tokenizer, chat template, license and backend of a model
     (of a PEFT LoRA adapter: its base model, rank, alpha, targets, parameters, and whether it fits)."""
+    from llmctl.checkpoint.source import resolve_model
     from llmctl.display import print_json, render_inspect
     from llmctl.inspect_report import build_inspect_report
-    from llmctl.checkpoint.source import resolve_model
 
     source = resolve_model(model, revision, show_progress=not as_json)
     if source.file("adapter_config.json") and not source.file("config.json"):  # a LoRA adapter, not a model
@@ -52,9 +52,9 @@ def license_(
     as_json: JsonOpt = False,
 ) -> None:
     """What the model's license permits, with the clause for each answer."""
-    from llmctl.display import console, print_json, render_license
     from llmctl.checkpoint.license import check_requirements, detect_license, write_license_files
     from llmctl.checkpoint.source import resolve_model
+    from llmctl.display import console, print_json, render_license
 
     source = resolve_model(model, revision, show_progress=not as_json)
     report = detect_license(source)

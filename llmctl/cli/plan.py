@@ -52,7 +52,7 @@ def plan(
     """Does it fit, on how many GPUs, with which TP/PP, and how many sequences will the KV cache hold?"""
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import DEFAULT_MODEL_ID, resolve_model
-    from llmctl.display import print_json, plan_to_dict, render_plan
+    from llmctl.display import plan_to_dict, print_json, render_plan
     from llmctl.engine.models.registry import implementation
     from llmctl.plan.gguf_sizes import gguf_sizes
     from llmctl.plan.hardware import resolve_hardware

@@ -10,7 +10,6 @@ from llmctl.cli.common import ModelArg, RevisionOpt, parse_bytes
 from llmctl.cli.engine_flags import EngineFlags, with_engine_flags
 from llmctl.errors import LlmctlError
 
-
 AutoToolChoiceOpt = Annotated[bool, typer.Option(
     "--enable-auto-tool-choice", help="tool_choice \"auto\": find tool calls in the model's text with --tool-call-parser")]
 ToolCallParserOpt = Annotated[Optional[str], typer.Option(

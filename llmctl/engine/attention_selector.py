@@ -172,9 +172,9 @@ def create_backend(name: str, dtype: torch.dtype | None = None, head_dim: int = 
 
         return LatentAttention()
     if name == "cpu":
-        from llmctl.engine.layers.cpu_attention import CPUAttention
-
         import torch
+
+        from llmctl.engine.layers.cpu_attention import CPUAttention
 
         return CPUAttention(dtype or torch.float32, head_dim)
     raise ValueError(f"unknown attention backend {name!r}; available: cpu, torch, triton")

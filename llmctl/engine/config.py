@@ -5,11 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from llmctl.units import GiB
 from llmctl.errors import LlmctlError
 from llmctl.kernels.limits import SUPPORTED_BLOCK_SIZES
-from llmctl.settings import (ATTENTION_BACKENDS, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_SEQS, MODEL_IMPLS, SettingError, kv_cache_format,
-                             model_dtype)
+from llmctl.settings import (
+    ATTENTION_BACKENDS,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_NUM_SEQS,
+    MODEL_IMPLS,
+    SettingError,
+    kv_cache_format,
+    model_dtype,
+)
+from llmctl.units import GiB
 
 if TYPE_CHECKING:
     from llmctl.engine.parallel.expert_exchange import ReplicaGroup

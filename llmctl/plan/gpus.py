@@ -13,9 +13,8 @@ import re
 import shutil
 from dataclasses import dataclass
 
-from llmctl.units import GiB
 from llmctl.errors import LlmctlError
-
+from llmctl.units import GiB
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llmctl.settings import DEFAULT_BLOCK_SIZE, VLLM_ONLY_KV_CACHE_FORMATS, KVCacheFormat, SettingError, kv_cache_format
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.weights import kv_heads_per_rank
+from llmctl.settings import DEFAULT_BLOCK_SIZE, VLLM_ONLY_KV_CACHE_FORMATS, KVCacheFormat, SettingError, kv_cache_format
 
 BLOCK_SIZE = DEFAULT_BLOCK_SIZE  # the block size plan sizes with: serve's default
 UNBOUNDED = 2**62  # a max length that no context reaches

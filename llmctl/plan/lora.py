@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmctl.errors import LlmctlError
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.errors import LlmctlError
 from llmctl.plan.weights import kv_heads_per_rank
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmctl.units import GiB
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.kv import StageKV
+from llmctl.units import GiB
 
 # Memory vLLM subtracts beside weights and activations: what its profiler sees allocated
 # outside PyTorch while profiling (cuBLAS workspaces; NCCL buffers once ranks talk). Its

@@ -6,20 +6,25 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from llmctl.units import GiB
-from llmctl.errors import LlmctlError
 from llmctl.checkpoint.params import count_from_config
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.errors import LlmctlError
 from llmctl.plan.gguf_sizes import GgufSizes
 from llmctl.plan.gpus import GPU_CATALOG, GpuType
-from llmctl.settings import DEFAULT_MAX_NUM_SEQS, VLLM_ONLY_KV_CACHE_FORMATS
 from llmctl.plan.kv import BLOCK_SIZE, StageKV, kv_dtype_bytes, planned_kv_format, stage_kv
-from llmctl.plan.memory import (ActivationShape, MemoryBudget, activation_peak_bytes, kv_pool, max_concurrency,
-                                runtime_overhead_bytes)
 from llmctl.plan.lora import lora_slot_bytes, lora_targets
+from llmctl.plan.memory import (
+    ActivationShape,
+    MemoryBudget,
+    activation_peak_bytes,
+    kv_pool,
+    max_concurrency,
+    runtime_overhead_bytes,
+)
 from llmctl.plan.notes import plan_notes
-from llmctl.plan.weights import (WEIGHT_DTYPES, WeightFormat, stage_weights, vllm_pipeline_stages,
-                                 weight_format)
+from llmctl.plan.weights import WEIGHT_DTYPES, WeightFormat, stage_weights, vllm_pipeline_stages, weight_format
+from llmctl.settings import DEFAULT_MAX_NUM_SEQS, VLLM_ONLY_KV_CACHE_FORMATS
+from llmctl.units import GiB
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's chunked-prefill budget for serving on data-center GPUs
 

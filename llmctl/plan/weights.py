@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llmctl.errors import LlmctlError
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.errors import LlmctlError
 
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
 QUANT_METHODS = ("awq", "gptq", "fp8", "int8")

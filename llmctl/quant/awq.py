@@ -10,8 +10,8 @@ the range that minimizes its output error, and rounded asymmetrically.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn

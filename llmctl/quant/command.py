@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from llmctl.errors import LlmctlError
 from llmctl.checkpoint.license import check_requirements, detect_license
 from llmctl.checkpoint.source import ModelSource, hub_is_offline, read_json, resolve_model
 from llmctl.checkpoint.tokenizer import load_tokenizer
+from llmctl.errors import LlmctlError
 from llmctl.progress import progress_bar
 from llmctl.quant.calibration import calibration_samples, read_texts, token_stream
 from llmctl.quant.pipeline import check_supported, quantize_model, working_group_sizes

@@ -10,8 +10,9 @@ table per kind of layer; Gemma's embeddings are scaled by √hidden and its norm
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import nn

@@ -8,18 +8,29 @@ quantized, so errors do not compound unseen.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
+from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
 from llmctl.errors import LlmctlError
 from llmctl.quant.awq import ScaleGroup, apply_scales, clip_weights, search_scales
-from llmctl.quant.families import (DENSE_TOWERS, NO_AWQ, SUPPORTED_TYPES, LayerInputs, attention_implementation,
-                                   embedding_scale, is_gemma, language_model_prefix, mlp_norm, quantized_linears)
-from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_awq, pack_gptq
+from llmctl.quant.families import (
+    DENSE_TOWERS,
+    NO_AWQ,
+    SUPPORTED_TYPES,
+    LayerInputs,
+    attention_implementation,
+    embedding_scale,
+    is_gemma,
+    language_model_prefix,
+    mlp_norm,
+    quantized_linears,
+)
 from llmctl.quant.gptq import HessianAccumulator, gptq_quantize
 from llmctl.quant.rtn import QuantConfig, rtn_quantize
 

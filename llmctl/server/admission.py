@@ -3,8 +3,8 @@ when its response ends, however it ends (finished, failed, or the client went aw
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -19,13 +19,13 @@ from starlette.routing import Route
 
 from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.server.chat import chat_completions
-from llmctl.server.responses_api.endpoint import create_response
 from llmctl.server.completions import completions
 from llmctl.server.embeddings import embeddings
 from llmctl.server.models import load_lora_adapter, models, unload_lora_adapter
 from llmctl.server.openapi import openapi_schema
 from llmctl.server.operability import RequestLog, StatsLogger, request_id_of
 from llmctl.server.protocol import APIError, bad
+from llmctl.server.responses_api.endpoint import create_response
 from llmctl.server.startup import OnFailure, exit_when_ranks_are_lost, load_engine
 from llmctl.server.state import ServerSettings, ServerState
 from llmctl.server.tokenize import detokenize, tokenize

@@ -16,8 +16,16 @@ from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.server.chat_message import StreamedMessage, ToolCalling, finish_reason
 from llmctl.server.generation import Endpoint, respond
 from llmctl.server.models import check_model
-from llmctl.server.protocol import (CHAT_FIELDS, Fields, SamplingRequest, bad, chat_messages, chat_template_kwargs,
-                                    sampling_request, warn_ignored)
+from llmctl.server.protocol import (
+    CHAT_FIELDS,
+    Fields,
+    SamplingRequest,
+    bad,
+    chat_messages,
+    chat_template_kwargs,
+    sampling_request,
+    warn_ignored,
+)
 from llmctl.server.responses import Delta, Prompt, ResponseContext, chat_chunk, chat_response
 from llmctl.server.state import ServerState
 from llmctl.server.structured import structured_outputs

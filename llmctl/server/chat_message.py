@@ -7,8 +7,9 @@ then its argument fragments."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from llmctl.engine.reasoning import ReasoningParser, ReasoningSplit
 from llmctl.server.tool_parsers import ParsedText, ToolCallDraft, ToolParser

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -22,7 +22,6 @@ from llmctl.server.responses import Prompt, ResponseContext
 from llmctl.server.sse import RecordFinished, StreamFormat, stream_events
 from llmctl.server.state import ServerState
 from llmctl.server.transport import until_disconnect
-
 
 EventStream = Callable[[ResponseContext, list[AsyncIterator[RequestOutput]], RecordFinished], AsyncIterator[str]]
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmctl.server.responses_api.request import RESPONSES_FIELDS
-from llmctl.version import __version__
 from llmctl.server.protocol import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -16,6 +14,8 @@ from llmctl.server.protocol import (
     TOKENIZE_FIELDS,
     FieldSpec,
 )
+from llmctl.server.responses_api.request import RESPONSES_FIELDS
+from llmctl.version import __version__
 
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"], "properties": {

@@ -8,8 +8,8 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 

@@ -17,7 +17,7 @@ from llmctl.engine.sampling_params import RANGES, InvalidRequestError, SamplingP
 logger = logging.getLogger("llmctl.server")
 
 
-JSON = Union[dict[str, "JSON"], list["JSON"], str, int, float, bool, None]  # a value of a request body
+JSON = Union[dict[str, "JSON"], list["JSON"], str, int, float, bool, None]  # noqa: UP007 (a recursive alias: strings)
 
 
 class APIError(Exception):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from llmctl.engine.parallel.executor import WorkerLostError
 from llmctl.errors import LlmctlError

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import AsyncIterator, Callable, Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 from llmctl.engine.front.outputs import CompletionOutput, RequestOutput
 from llmctl.server.responses import Delta, ResponseContext, usage

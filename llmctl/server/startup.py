@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from llmctl.engine.front.async_engine import AsyncLLMEngine
 from llmctl.engine.front.data_parallel import create_engine_client

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.front.embedding import EmbeddingModel

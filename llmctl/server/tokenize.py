@@ -5,11 +5,11 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from llmctl.server.models import check_model
 from llmctl.server.chat import render_chat
-from llmctl.server.tools import template_tools
+from llmctl.server.models import check_model
 from llmctl.server.protocol import bad
 from llmctl.server.state import ServerState
+from llmctl.server.tools import template_tools
 from llmctl.server.transport import read_json
 
 

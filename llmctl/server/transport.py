@@ -7,7 +7,8 @@ import asyncio
 import hmac
 import json
 import logging
-from typing import Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse

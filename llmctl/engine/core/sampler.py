@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from llmctl.kernels.transfer import to_device
-
-from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.core.sequence import Sequence, TokenLogprob
+from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.bitmask import apply_token_bitmask
+from llmctl.kernels.transfer import to_device
 
 
 @dataclass

@@ -12,16 +12,17 @@ import itertools
 import logging
 import queue
 import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.front.llm_engine import LLMEngine, StepFailedError
-from llmctl.engine.front.stats import EngineStats
-from llmctl.engine.parallel.executor import WorkerLostError
-from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.front.outputs import RequestOutput
+from llmctl.engine.front.stats import EngineStats
+from llmctl.engine.lora.request import LoRARequest
+from llmctl.engine.parallel.executor import WorkerLostError
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
 

@@ -7,8 +7,9 @@ EngineClient (the server), `LLM.beam_search` on the offline engine."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 from llmctl.engine.front.outputs import CompletionOutput, RequestOutput
 from llmctl.engine.sampling_params import MAX_LOGPROBS, InvalidRequestError, SamplingParams

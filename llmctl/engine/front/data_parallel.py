@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.config import EngineConfig
 from llmctl.engine.front.async_engine import AsyncLLMEngine
 from llmctl.engine.front.engine_client import EngineClient
-from llmctl.engine.front.stats import EngineStats
-from llmctl.engine.config import EngineConfig
 from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.front.lockstep import LockstepExecutor, LockstepRounds
+from llmctl.engine.front.outputs import RequestOutput
+from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.parallel.executor import WorkerLostError
-from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.engine.worker.threads import threads_per_rank

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from llmctl.errors import LlmctlError
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.errors import LlmctlError
 
 ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "deberta-v2")
 

@@ -4,7 +4,8 @@ nothing else of the engine (as vLLM's serving layer talks to its EngineClient)."
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Protocol
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec

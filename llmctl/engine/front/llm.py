@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.front.llm_engine import LLMEngine
-from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.front.beam_search import BeamSearch, BeamSearchParams, alternatives_of
+from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.front.outputs import RequestOutput
+from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]  # vLLM's TextPrompt {"prompt": …} and TokensPrompt {"prompt_token_ids": …}

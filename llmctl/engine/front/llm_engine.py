@@ -16,11 +16,11 @@ import torch
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.core.batch import build_batch
-from llmctl.engine.core.table_updates import TableRows
 from llmctl.engine.core.block_manager import BlockManager
 from llmctl.engine.core.scheduler import Scheduler, SchedulerOutput
 from llmctl.engine.core.sequence import Sequence, SequenceStatus
 from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepLogits
+from llmctl.engine.core.table_updates import TableRows
 from llmctl.engine.front.input_processor import InputProcessor
 from llmctl.engine.front.output_processor import OutputProcessor
 from llmctl.engine.front.outputs import RequestOutput
@@ -30,10 +30,10 @@ from llmctl.engine.lora.adapter import LoRAAdapter
 from llmctl.engine.lora.manager import LoRAManager
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.parallel.executor import Executor, WorkerLostError, create_executor
+from llmctl.engine.reasoning import ReasoningParserManager
 from llmctl.engine.sampling_params import InvalidRequestError, SamplingParams
 from llmctl.engine.spec_decode.speculator import Speculator
 from llmctl.engine.structured.config import parse_structured_outputs_config
-from llmctl.engine.reasoning import ReasoningParserManager
 from llmctl.engine.structured.manager import StructuredOutputManager
 from llmctl.engine.worker.loaded_model import LoadedModel
 from llmctl.logs import configure_logging

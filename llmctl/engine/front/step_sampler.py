@@ -4,16 +4,16 @@ recorded and the siblings of an n > 1 request are forked at its first token."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
 
 import torch
 
 from llmctl.engine.core.sampler import SampleInput, prompt_logprob_entries, sample
-from llmctl.engine.front.bad_words import blocked_by_bad_words
 from llmctl.engine.core.scheduler import SampledSeq, SchedulerOutput
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.core.step_messages import SampledTokens, StepLogits
+from llmctl.engine.front.bad_words import blocked_by_bad_words
 from llmctl.engine.spec_decode.proposal import Draft
 from llmctl.engine.spec_decode.rejection import VerifyInput, verify
 from llmctl.engine.spec_decode.speculator import Speculator

@@ -39,7 +39,7 @@ class CodedWeight:
 
     @staticmethod
     def compact(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
-                int8_activations: bool = False) -> "CodedWeight":
+                int8_activations: bool = False) -> CodedWeight:
         """Scales and offsets in float16 when that holds every one exactly (GGUF stores Q4_0, Q4_1, Q5_0,
         Q5_1 and Q8_0's in float16): a decode reads 4 bytes per group for them instead of 8."""
         # copies, not views of the checkpoint's memory map: the map (every page of it read while loading) is
@@ -51,7 +51,7 @@ class CodedWeight:
         return CodedWeight(codes.clone(memory_format=torch.contiguous_format), scales, offsets, int8_activations,
                            bool(offsets.any()))
 
-    def like(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> "CodedWeight":
+    def like(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> CodedWeight:
         """Other codes, scales and offsets with this weight's activations and offset use."""
         return CodedWeight(codes, scales, offsets, self.int8_activations, self.offsets_used)
 
@@ -97,7 +97,7 @@ class CodedWeight:
                            self.offsets.index_select(0, ids))
         return picked.dequantize()
 
-    def widened(self, bits: int, group_size: int) -> "CodedWeight":
+    def widened(self, bits: int, group_size: int) -> CodedWeight:
         """The same weight with `bits`-wide codes and groups of `group_size` (a divisor of this one's)."""
         codes = self.codes
         if bits == 8 and self.bits == 4:
@@ -108,7 +108,7 @@ class CodedWeight:
                          self.offsets.repeat_interleave(repeat, dim=1).contiguous())
 
     @staticmethod
-    def stacked(parts: list["CodedWeight"]) -> "CodedWeight":
+    def stacked(parts: list[CodedWeight]) -> CodedWeight:
         """Parts concatenated along the outputs, in the widest codes and the smallest groups among them."""
         bits, group = max(p.bits for p in parts), min(p.group_size for p in parts)
         if any(p.group_size % group for p in parts):

@@ -17,14 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmctl.checkpoint.quant_formats import packed_shard_range
+from llmctl.checkpoint.spec import QuantizationSpec
+from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.layers import cpu_gemm
 from llmctl.engine.layers.coded_linear import CODED_KINDS, CodedLinear, CodedWeight, coded_from
 from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.parallel.group import TPGroup
-from llmctl.checkpoint.weights import CheckpointTensor
-from llmctl.checkpoint.spec import QuantizationSpec
 from llmctl.plan.weights import padded_vocab_per_rank
-from llmctl.checkpoint.quant_formats import packed_shard_range
 
 if TYPE_CHECKING:
     from llmctl.engine.lora.slots import LoRASlots
@@ -41,12 +41,12 @@ class Part:
     size: int
 
     @staticmethod
-    def split(total: int, group: TPGroup) -> "Part":
+    def split(total: int, group: TPGroup) -> Part:
         size = total // group.size
         return Part(total, group.rank * size, size)
 
     @staticmethod
-    def kv_heads(num_kv_heads: int, head_dim: int, group: TPGroup) -> "Part":
+    def kv_heads(num_kv_heads: int, head_dim: int, group: TPGroup) -> Part:
         """K or V: split by head when TP divides the KV heads, else one replicated head per rank."""
         total = num_kv_heads * head_dim
         if num_kv_heads >= group.size:

@@ -21,10 +21,9 @@ from torch import nn
 from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.layers import cpu_gemm
 from llmctl.engine.layers.linear import LoadError, Part
-from llmctl.kernels import cpu as cpu_kernels
 from llmctl.engine.parallel.expert_exchange import ExpertPlacement
 from llmctl.engine.parallel.group import TPGroup
-
+from llmctl.kernels import cpu as cpu_kernels
 
 PackedPair = tuple["cpu_gemm.PackedWeight | None", "cpu_gemm.PackedWeight | None"]  # an expert's w13, w2
 

@@ -41,7 +41,7 @@ class RotaryEmbedding(torch.nn.Module):
         self.original_max: int | None = None
         if rope_type == "longrope":
             self.original_max = int(params.get("original_max_position_embeddings")
-                                    or getattr(hf_config, "original_max_position_embeddings"))
+                                    or hf_config.original_max_position_embeddings)
             long_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](hf_config, seq_len=self.original_max + 1)
             self.register_buffer("long_inv_freq", long_freq.float(), persistent=False)
         self._cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, cos, sin

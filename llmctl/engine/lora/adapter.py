@@ -13,12 +13,13 @@ import itertools
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
-from llmctl.errors import LlmctlError
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.errors import LlmctlError
 from llmctl.plan.lora import LoRATarget, lora_targets
 
 if TYPE_CHECKING:  # torch is imported where tensors are read: `llmctl inspect ADAPTER` never pays for it

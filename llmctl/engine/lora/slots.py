@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.lora.adapter import SliceWeights
 from llmctl.errors import UnsupportedModelError
-from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.lora import LoRATarget, lora_targets
 
 NO_ADAPTER = -1  # a sequence of the base model

@@ -7,13 +7,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear, VocabParallelEmbedding
 from llmctl.engine.layers.positions import alibi_slopes
 from llmctl.engine.models.common import (
-    Shard, StepContext, Target, embedding_targets, layer_index, load_checkpoint,
+    Shard,
+    StepContext,
+    Target,
+    embedding_targets,
+    layer_index,
+    load_checkpoint,
 )
 from llmctl.engine.parallel.group import TPGroup
-from llmctl.checkpoint.spec import ModelSpec
 
 
 def bloom_gelu(x: torch.Tensor) -> torch.Tensor:

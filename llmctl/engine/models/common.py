@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import torch
 from torch import nn
 
+from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.layers.linear import LoadError
 from llmctl.engine.parallel.expert_exchange import ExpertPlacement
 from llmctl.engine.parallel.group import TPGroup
-from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.kernels import cpu as cpu_kernels
 
 

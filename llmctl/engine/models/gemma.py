@@ -78,7 +78,7 @@ def _fusable(x: torch.Tensor) -> bool:
 
 
 class GemmaDecoderLayer(nn.Module):
-    def __init__(self, model: "GemmaForCausalLM", hf_config: Any, rotary: RotaryEmbedding, eps: float,
+    def __init__(self, model: GemmaForCausalLM, hf_config: Any, rotary: RotaryEmbedding, eps: float,
                  window: int | None) -> None:
         super().__init__()
         spec, group = model.spec, model.shard.group

@@ -11,16 +11,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmctl.checkpoint.spec import ModelSpec, QuantizationSpec
+from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear, VocabParallelEmbedding
 from llmctl.engine.layers.positions import RotaryEmbedding
 from llmctl.engine.models import coded_decode
 from llmctl.engine.models.common import (
-    RMSNorm, Shard, StepContext, Target, embedding_targets, layer_index, load_checkpoint,
+    RMSNorm,
+    Shard,
+    StepContext,
+    Target,
+    embedding_targets,
+    layer_index,
+    load_checkpoint,
 )
-from llmctl.checkpoint.weights import CheckpointTensor
-from llmctl.kernels import cpu as cpu_kernels
-from llmctl.checkpoint.spec import ModelSpec, QuantizationSpec
 from llmctl.engine.parallel.group import TPGroup
+from llmctl.kernels import cpu as cpu_kernels
 
 WEIGHT_KINDS = ("weight", "bias", "qweight", "qzeros", "scales", "g_idx", "codes", "offsets")  # GPTQ/AWQ, GGUF
 FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -39,7 +45,7 @@ class Multipliers:
     logits: float = 1.0  # logits ÷ this
 
     @staticmethod
-    def from_config(hf_config: Any) -> "Multipliers":
+    def from_config(hf_config: Any) -> Multipliers:
         return Multipliers(float(getattr(hf_config, "embedding_multiplier", 1.0)),
                            float(getattr(hf_config, "residual_multiplier", 1.0)),
                            getattr(hf_config, "attention_multiplier", None),

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.layers.linear import Part
 from llmctl.engine.layers.positions import RotaryEmbedding
 from llmctl.engine.models.common import RMSNorm, StepContext
 from llmctl.engine.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, Multipliers
-from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.parallel.group import TPGroup
 
 

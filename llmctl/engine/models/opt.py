@@ -8,12 +8,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear, VocabParallelEmbedding
 from llmctl.engine.models.common import (
-    Shard, StepContext, Target, embedding_targets, layer_index, load_checkpoint,
+    Shard,
+    StepContext,
+    Target,
+    embedding_targets,
+    layer_index,
+    load_checkpoint,
 )
 from llmctl.engine.parallel.group import TPGroup
-from llmctl.checkpoint.spec import ModelSpec
 
 POSITION_OFFSET = 2  # OPT's position table starts two rows in (fairseq's padding convention)
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}

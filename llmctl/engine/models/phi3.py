@@ -8,7 +8,6 @@ from __future__ import annotations
 from llmctl.engine.models.common import Target, layer_index
 from llmctl.engine.models.llama import LlamaForCausalLM
 
-
 FUSED_TENSORS = ("self_attn.qkv_proj", "mlp.gate_up_proj")  # stored fused in Phi-3 checkpoints
 
 

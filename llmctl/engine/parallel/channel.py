@@ -13,8 +13,8 @@ import math
 import os
 import pickle
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist

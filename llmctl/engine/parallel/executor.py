@@ -15,17 +15,16 @@ from typing import Protocol
 import torch.distributed as dist
 
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.worker.cuda_graphs import decode_graphs
-from llmctl.engine.worker.loaded_model import LoadedModel
-from llmctl.engine.worker.loaded_model import Placement
-from llmctl.engine.worker.loader import device_for, load_model
+from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
 from llmctl.engine.parallel.channel import Groups
 from llmctl.engine.parallel.expert_exchange import expert_placement
 from llmctl.engine.parallel.group import Rank
 from llmctl.engine.parallel.launch import Launch, spawn_workers, torchrun_rank, under_torchrun
 from llmctl.engine.parallel.results import ResultReceiver
 from llmctl.engine.parallel.stage import LendExperts, Stop, build_stage
-from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
+from llmctl.engine.worker.cuda_graphs import decode_graphs
+from llmctl.engine.worker.loaded_model import LoadedModel, Placement
+from llmctl.engine.worker.loader import device_for, load_model
 from llmctl.engine.worker.model_runner import make_runner
 from llmctl.engine.worker.threads import thread_governor, use_threads
 from llmctl.errors import InternalError, LlmctlError
@@ -209,9 +208,9 @@ def start_ranks(config: EngineConfig, driver: Rank, threads: int) -> Launch:
 def create_executor(config: EngineConfig) -> Executor:
     if config.tensor_parallel_size * config.pipeline_parallel_size == 1 and not under_torchrun():
         return LocalExecutor(config)
-    from llmctl.engine.parallel.layout import check_layout
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import resolve_model
+    from llmctl.engine.parallel.layout import check_layout
 
     spec = load_spec(resolve_model(config.model, config.revision, weights=False))
     check_layout(spec, config, config.device)

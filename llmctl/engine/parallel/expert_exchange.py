@@ -10,8 +10,8 @@ takes part in each layer with no tokens of its own (`FusedMoE.lend`), so the col
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist

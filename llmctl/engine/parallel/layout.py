@@ -7,8 +7,8 @@ import os
 
 import torch
 
-from llmctl.engine.config import EngineConfig, EngineConfigError
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.config import EngineConfig, EngineConfigError
 from llmctl.plan.gpus import GpuType
 from llmctl.plan.planner import PlanRequest, structural_problems
 from llmctl.plan.weights import weight_format

@@ -12,14 +12,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 import torch.distributed as dist
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.core.sampler import sample
 from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
-from llmctl.engine.parallel.channel import (Groups, Outbox, all_gather_ints, all_reduce_min, broadcast_object, connect,
-                                            recv_object, send_object)
+from llmctl.engine.parallel.channel import (
+    Groups,
+    Outbox,
+    all_gather_ints,
+    all_reduce_min,
+    broadcast_object,
+    connect,
+    recv_object,
+    send_object,
+)
 from llmctl.engine.parallel.expert_exchange import expert_placement
 from llmctl.engine.parallel.group import Rank
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement

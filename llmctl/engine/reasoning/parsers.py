@@ -11,8 +11,9 @@ marker is held back — so a stream sends each piece once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from llmctl.errors import LlmctlError
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from llmctl.checkpoint.source import resolve_model
 from llmctl.checkpoint.config_file import load_spec
+from llmctl.checkpoint.source import resolve_model
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.spec_decode.config import parse_speculative_config
 from llmctl.engine.worker.memory_reservation import MemoryReservation

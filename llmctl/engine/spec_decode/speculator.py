@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import torch
 
-from llmctl.engine.core.block_manager import BlockManager
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.worker.loaded_model import LoadedModel
-from llmctl.engine.core.step_messages import StepBatch
+from llmctl.engine.core.block_manager import BlockManager
 from llmctl.engine.core.sequence import Sequence
+from llmctl.engine.core.step_messages import StepBatch
 from llmctl.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from llmctl.engine.spec_decode.draft_model import DraftModelProposer
 from llmctl.engine.spec_decode.ngram import propose_ngram
 from llmctl.engine.spec_decode.proposal import Draft
 from llmctl.engine.spec_decode.stats import SpecDecodeStats
+from llmctl.engine.worker.loaded_model import LoadedModel
 
 
 class Speculator:
@@ -28,7 +28,7 @@ class Speculator:
             if spec_config.method == "draft_model" else None
 
     @staticmethod
-    def create(config: EngineConfig, target: LoadedModel, generator: torch.Generator) -> "Speculator | None":
+    def create(config: EngineConfig, target: LoadedModel, generator: torch.Generator) -> Speculator | None:
         spec_config = parse_speculative_config(config.speculative_config)
         if spec_config is None:
             return None

@@ -21,6 +21,7 @@ from llmctl.engine.structured.matcher import GrammarMatcher
 from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.engine.structured.reasoning_gate import ReasoningGate
 from llmctl.engine.structured.xgrammar_backend import XgrammarBackend
+
 BACKEND_CLASSES = {"xgrammar": XgrammarBackend, "guidance": LLGuidanceBackend}
 
 

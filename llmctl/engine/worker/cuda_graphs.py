@@ -25,13 +25,13 @@ import torch
 from torch import nn
 
 from llmctl.engine.config import EngineConfig
+from llmctl.engine.core.step_messages import StepBatch
 from llmctl.engine.layers.attention import KVCache
 from llmctl.engine.layers.grouped_attention import GroupedAttention
 from llmctl.engine.layers.triton_attention import StepTensors, TritonAttention
 from llmctl.engine.models.common import StepContext
 from llmctl.engine.worker.block_tables import BlockTableCopy
 from llmctl.engine.worker.loaded_model import LoadedModel
-from llmctl.engine.core.step_messages import StepBatch
 from llmctl.plan.weights import kv_heads_per_rank
 
 logger = logging.getLogger("llmctl.engine")

@@ -9,8 +9,6 @@ import logging
 from dataclasses import dataclass
 
 import torch
-
-from llmctl.settings import kv_cache_format
 from torch import nn
 
 from llmctl.checkpoint.spec import ModelSpec
@@ -23,6 +21,7 @@ from llmctl.kernels.huge_pages import zeros_on_huge_pages
 from llmctl.plan.kv import StageKV, kv_groups, stage_kv
 from llmctl.plan.memory import KVPool, MemoryBudget, kv_pool
 from llmctl.plan.weights import kv_heads_per_rank
+from llmctl.settings import kv_cache_format
 from llmctl.units import GiB
 
 logger = logging.getLogger("llmctl.engine")
@@ -90,7 +89,7 @@ class DeviceMemory:
     allocated: int  # in live tensors of this process (every engine in it)
 
     @staticmethod
-    def read(device: torch.device) -> "DeviceMemory":
+    def read(device: torch.device) -> DeviceMemory:
         free, total = torch.cuda.mem_get_info(device)
         return DeviceMemory(free, total, torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device))
 

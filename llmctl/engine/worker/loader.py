@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,11 +19,11 @@ from llmctl.checkpoint.tokenizer import generation_defaults, load_tokenizer
 from llmctl.checkpoint.weights import iterate_tensors
 from llmctl.engine.attention_selector import BackendChoice, create_backend, engine_backend, torch_fallback
 from llmctl.engine.config import EngineConfig, EngineConfigError
-from llmctl.engine.layers.attention import AttentionBackend
-from llmctl.engine.layers.cpu_gemm import pack_linears, packed_kernel, small_batch
 from llmctl.engine.gpu_support import check_this_gpu
-from llmctl.engine.worker.memory_reservation import MemoryReservation
+from llmctl.engine.layers.attention import AttentionBackend
 from llmctl.engine.layers.coded_linear import CodedLinear, coded_summary
+from llmctl.engine.layers.cpu_gemm import pack_linears, packed_kernel, small_batch
+from llmctl.engine.layers.grouped_attention import GroupedAttention
 from llmctl.engine.layers.linear import VocabParallelEmbedding
 from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.lora.slots import attach_lora_slots
@@ -30,14 +31,14 @@ from llmctl.engine.models.common import Shard, WeightMismatchError
 from llmctl.engine.models.registry import create_model, is_supported
 from llmctl.engine.parallel.group import Rank, local_rank
 from llmctl.engine.worker.heap import keep_freed_memory_in_heap, release_loading_garbage
-from llmctl.settings import model_dtype
 from llmctl.engine.worker.kv_cache import kv_cache_dtype, set_up_kv_cache
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
+from llmctl.engine.worker.memory_reservation import MemoryReservation
 from llmctl.errors import CorruptModelError, UnsupportedModelError
 from llmctl.kernels.cpu import CPUKernelsUnavailable
-from llmctl.engine.layers.grouped_attention import GroupedAttention
 from llmctl.plan.kv import kv_groups
 from llmctl.plan.memory import max_concurrency
+from llmctl.settings import model_dtype
 from llmctl.units import GiB
 
 logger = logging.getLogger("llmctl.engine")

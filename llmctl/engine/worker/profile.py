@@ -10,13 +10,13 @@ free: KV = utilization × total − weights − activation peak − other proces
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.core.step_messages import StepBatch
+from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.worker.model_runner import ModelRunner
 
 

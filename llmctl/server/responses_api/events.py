@@ -6,14 +6,21 @@ event carries a sequence_number and its SSE event name."""
 from __future__ import annotations
 
 import json
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.server.chat_message import StreamedMessage
 from llmctl.server.protocol import JSON
 from llmctl.server.responses import ResponseContext
-from llmctl.server.responses_api.items import (ResponseShell, function_call_item, message_item, new_id,
-                                              reasoning_item, text_part, usage)
+from llmctl.server.responses_api.items import (
+    ResponseShell,
+    function_call_item,
+    message_item,
+    new_id,
+    reasoning_item,
+    text_part,
+    usage,
+)
 from llmctl.server.sse import OutputMerger, RecordFinished
 from llmctl.server.transport import as_api_error
 

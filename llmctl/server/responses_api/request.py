@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmctl.server.protocol import CHAT_FIELDS, JSON, FieldSpec, Fields, bad
+from llmctl.server.protocol import CHAT_FIELDS, JSON, Fields, FieldSpec, bad
 
 PASSED_ON = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "top_k", "min_p", "seed",
              "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",

@@ -11,9 +11,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from llmctl.engine.reasoning.parsers import held_back
 from llmctl.errors import LlmctlError

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from llmctl.server.protocol import JSON
-
 from llmctl.server.tool_parsers.base import ParsedText, ToolCallDraft, ToolParser
 from llmctl.server.tool_parsers.drafts import calls_in_array
 from llmctl.server.tool_parsers.json_scan import skip_whitespace
