@@ -16,6 +16,8 @@ def parse(args: list[str]) -> dict:
     command = typer.main.get_command(app)
     ctx, name, rest = None, "llmctl", list(args)
     while hasattr(command, "get_command"):  # a group: llmctl's groups take no options of their own
+        if not rest:  # the group itself (`llmctl bench`): its name resolved
+            return {}
         ctx = command.context_class(command, info_name=name, parent=ctx)
         name, rest = rest[0], rest[1:]
         command = command.get_command(ctx, name)
