@@ -21,6 +21,8 @@ from llmctl.errors import LlmctlError
 from server_helpers import start_server
 from timed_server import TimedServer, Timing
 
+pytestmark = pytest.mark.subprocess
+
 FIRST, GAP, TOKENS = 0.2, 0.05, 6
 CLOCK_GRAIN_S = 0.005  # a sleep of d seconds is never measured shorter than d, up to the clock's granularity
 

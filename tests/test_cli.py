@@ -10,6 +10,8 @@ import pytest
 from conftest import run_cli
 from hubcache import fixture_repos
 
+pytestmark = pytest.mark.subprocess
+
 INSPECTABLE = [r for r in fixture_repos() if r != "Qwen/Qwen2.5-7B-Instruct"]  # that one is a card only
 
 

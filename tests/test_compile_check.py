@@ -16,6 +16,8 @@ import pytest
 from llmctl.kernels.compile_check import ARCHES, all_cases
 from llmctl.kernels.limits import SUPPORTED_BLOCK_SIZES, kernel_refusal
 
+pytestmark = pytest.mark.subprocess
+
 
 def compiling_python(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

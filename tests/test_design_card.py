@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import run_cli
 from server_helpers import start_server
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_the_design_cards_five_commands_as_typed(tmp_path):

@@ -19,6 +19,8 @@ import yaml
 from server_helpers import start_server
 from test_vllm_command_lines import parse
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"
 IMAGES = ["Dockerfile.cpu", "Dockerfile.cuda"]

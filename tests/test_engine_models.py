@@ -403,6 +403,7 @@ def test_decode_steps_through_the_cuda_graph_buffers_match_transformers(tmp_path
                             max_tokens=GRAPH_FAMILIES[family])
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 @pytest.mark.parametrize("family", list(GRAPH_FAMILIES))
 def test_captured_cuda_graphs_replay_what_transformers_generates(tmp_path, tokenizer, family):
@@ -410,6 +411,7 @@ def test_captured_cuda_graphs_replay_what_transformers_generates(tmp_path, token
                             max_tokens=GRAPH_FAMILIES[family])
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the activation peak is measured with CUDA's allocator")
 def test_gpu_kv_pool_leaves_the_measured_activation_peak(caplog):
     import logging

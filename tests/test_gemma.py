@@ -21,6 +21,8 @@ from test_model_families import (
     transformers_reference,
 )
 
+pytestmark = pytest.mark.subprocess
+
 WINDOW = 8  # the prompts are 6–40 tokens: sliding layers drop keys that full layers still see
 
 

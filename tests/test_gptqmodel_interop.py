@@ -23,6 +23,8 @@ import torch
 
 from conftest import run_cli
 
+pytestmark = pytest.mark.subprocess
+
 DATA = Path(__file__).resolve().parent / "fixtures" / "data"
 WIKITEXT = DATA / "wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
 REFERENCE = Path(__file__).resolve().parent / "gptqmodel_reference.py"

@@ -13,6 +13,8 @@ from safetensors.torch import save
 from conftest import run_cli
 from fake_hub import FakeHub, FakeRepo
 
+pytestmark = pytest.mark.subprocess
+
 WEIGHTS = {
     "model.embed_tokens.weight": torch.zeros(1000, 256),
     "model.layers.0.self_attn.q_proj.weight": torch.zeros(256, 256),

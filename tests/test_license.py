@@ -13,6 +13,8 @@ from llmctl.checkpoint.license import check_requirements, detect_license
 from llmctl.checkpoint.license_db import LICENSES, lookup, match_text
 from llmctl.checkpoint.source import resolve_model
 
+pytestmark = pytest.mark.subprocess
+
 EXPECTED = {
     "bigscience/bloom": "bigscience-bloom-rail-1.0",  # card: license
     "Qwen/Qwen-72B": "tongyi-qianwen",  # no card license: LICENSE.md text

@@ -16,6 +16,8 @@ PROBE = """
 import json, sys
 sys.argv = ["llmctl", *json.loads(sys.argv[1])]
 from llmctl.cli.app import main
+
+pytestmark = pytest.mark.subprocess
 try:
     main()
 except SystemExit as exit:

@@ -19,6 +19,8 @@ import pytest
 from conftest import run_cli
 from server_helpers import start_server
 
+pytestmark = pytest.mark.subprocess
+
 
 def self_signed(folder: Path, name: str) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 and its key, made by the openssl command line."""

@@ -17,6 +17,8 @@ from llmctl.errors import ModelNotFoundError
 from lora_helpers import PROMPTS, assert_matches, make_adapter, reference
 from test_engine_models import save_random_model
 
+pytestmark = pytest.mark.subprocess
+
 MAX_TOKENS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

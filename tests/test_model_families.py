@@ -13,6 +13,8 @@ import torch
 from llmctl import LLM, SamplingParams
 from test_engine_models import save_random_model
 
+pytestmark = pytest.mark.subprocess
+
 PROMPTS = ["The capital of France is", "Hello, my name is", "1, 2, 3, 4,", "def fibonacci(n):",
            "Once upon a time, in a land far away, there lived a king who had three daughters, and the youngest "
            "of them was the cleverest of all. One day",

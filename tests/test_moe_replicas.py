@@ -13,6 +13,8 @@ from test_engine_models import save_random_model
 from test_model_families import PROMPTS, TOKENS, assert_close, transformers_reference
 from test_moe import moe_config
 
+pytestmark = pytest.mark.subprocess
+
 
 def generate_on_replicas(engine, prompts: list[str]) -> list:
     """Every prompt at once (both replicas busy, finishing at different steps), then the first alone

@@ -19,7 +19,7 @@ from server_helpers import free_port, terminate_all
 
 PROMPT = "The capital of France is"
 REASON = netns.unavailable()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}"), pytest.mark.subprocess, pytest.mark.network_namespace]
 
 CLIENT = """
 import json, sys

@@ -14,6 +14,8 @@ import pytest
 from server_helpers import free_port, start_server, terminate_all
 from waiting import wait_until
 
+pytestmark = pytest.mark.subprocess
+
 PROMPT = "The capital of France is"
 
 

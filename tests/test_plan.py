@@ -23,6 +23,8 @@ from llmctl.plan.weights import (
     weight_format,
 )
 
+pytestmark = pytest.mark.subprocess
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hub"
 GiB = 1024**3
 

@@ -11,6 +11,8 @@ import yaml
 
 from conftest import run_cli
 
+pytestmark = pytest.mark.subprocess
+
 WIKITEXT = Path(__file__).resolve().parent / "fixtures" / "data" / \
     "wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
 

@@ -27,6 +27,8 @@ LEFTOVERS = """
 import json, sys, ray
 ray.init(address=sys.argv[1], log_to_driver=False)
 from ray._private import state
+
+pytestmark = pytest.mark.subprocess
 actors = [a for a in state.actors().values() if a["State"] != "DEAD"]
 groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
 print(json.dumps([len(actors), len(groups)]))
@@ -170,6 +172,7 @@ def health(host: netns.Host, url: str) -> int:
     return subprocess.run(host.command(sys.executable, "-c", HEALTH, url), capture_output=True).returncode
 
 
+@pytest.mark.network_namespace
 @pytest.mark.skipif(netns.unavailable() is not None, reason=f"no network namespaces: {netns.unavailable()}")
 def test_pipeline_stages_on_two_ray_nodes(llama, tmp_path):
     folder, expected = llama
@@ -195,6 +198,7 @@ def test_pipeline_stages_on_two_ray_nodes(llama, tmp_path):
         assert "a worker rank was lost" in log.read_text()
 
 
+@pytest.mark.network_namespace
 @pytest.mark.skipif(netns.unavailable() is not None, reason=f"no network namespaces: {netns.unavailable()}")
 def test_data_parallel_replicas_on_two_ray_nodes_survive_one(llama, tmp_path):
     """--dp 2 --data-parallel-backend ray: one replica per node behind one API server; when the second node

@@ -17,6 +17,8 @@ import torch
 from test_engine_models import save_random_model
 from test_server import post
 
+pytestmark = pytest.mark.subprocess
+
 TEMPLATE = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
             "{%- if add_generation_prompt %}<|im_start|>assistant\n"
             "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"

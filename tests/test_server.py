@@ -16,6 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from server_helpers import start_server
 from waiting import wait_until
 
+pytestmark = pytest.mark.subprocess
+
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 

@@ -16,6 +16,8 @@ from llmctl.engine.sampling_params import RANGES
 from llmctl.server.protocol import CHAT_FIELDS, COMPLETION_FIELDS, FieldSpec
 from server_helpers import start_server
 
+pytestmark = pytest.mark.subprocess
+
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TIMEOUT = 60  # seconds: a request that takes longer counts as hung
 

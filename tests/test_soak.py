@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.subprocess
+
 SOAK = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
 
 

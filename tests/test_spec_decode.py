@@ -15,6 +15,8 @@ from llmctl.engine.spec_decode.ngram import propose_ngram
 from llmctl.engine.spec_decode.proposal import Draft
 from llmctl.engine.spec_decode.rejection import VerifyInput, accept_or_recover, verify
 
+pytestmark = pytest.mark.subprocess
+
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 REPEATING = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The quick"

@@ -17,6 +17,8 @@ INJECTED = '''
 import multiprocessing
 import os
 
+pytestmark = pytest.mark.subprocess
+
 where = os.environ.get("LLMCTL_TEST_BUG_IN")  # "every" process, or only "workers"
 if where:
     import llmctl.engine.worker.loader as loader

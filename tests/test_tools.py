@@ -37,6 +37,8 @@ HERMES_TEXT = ('Checking.<tool_call>\n{"name": "get_weather", "arguments": {"cit
 PLUGIN = '''
 from llmctl.server.tool_parsers import ParsedText, ToolCallDraft, ToolParser, ToolParserManager
 
+pytestmark = pytest.mark.subprocess
+
 
 @ToolParserManager.register_module("call_line")
 class CallLineParser(ToolParser):

@@ -13,6 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import run_cli
 from server_helpers import start_server
 
+pytestmark = pytest.mark.subprocess
+
 MODEL, ALIAS = "smollm2", "small"
 # vLLM's ModelCard and ModelPermission fields (vllm/entrypoints/serve/engine/protocol.py, vllm 0.32)
 CARD_FIELDS = {"id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission"}
