@@ -83,6 +83,8 @@ def test_speculative_tails_trimmed(tmp_path, tokenizer, monkeypatch):
     watch_every_step(llm, monkeypatch)
     llm.generate(["1 2 3 1 2 3 1 2 3 1 2 3 1 2", "a b a b a b a b a"],
                  SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
+    stats = llm.engine.speculator.stats  # the steps above checked tables only if proposals came, some rejected
+    assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens < stats.num_draft_tokens, stats
 
 
 def test_appends_rewrites_and_a_freed_row_reused():

@@ -24,7 +24,21 @@ def test_the_counters_of_the_allowed_cpus_are_summed(tmp_path):
     stat.write_text(STAT)
     sample = read_sample({0, 1}, stat)
     assert (sample.busy, sample.total) == (200 + 600, 650 + 720)  # idle and iowait are not busy
-    assert sample.ours >= 0
+
+
+def test_ours_counts_this_process_cpu_time(tmp_path):
+    """`ours` follows this process's own CPU time (as time.process_time measures it, in clock ticks)."""
+    import os
+    import time
+
+    stat = tmp_path / "stat"
+    stat.write_text(STAT)
+    before, started = read_sample({0, 1}, stat), time.process_time()
+    while time.process_time() - started < 0.3:  # spin: CPU time, not wall time, is what advances here
+        sum(range(1000))
+    spent = (time.process_time() - started) * os.sysconf("SC_CLK_TCK")
+    after = read_sample({0, 1}, stat)
+    assert spent * 0.8 <= after.ours - before.ours <= spent * 1.2 + 2
     assert read_sample({0}, tmp_path / "missing") is None
 
 

@@ -11,13 +11,14 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.subprocess
+
 HEAVY = ("torch", "triton", "transformers.modeling_utils", "transformers.configuration_utils")
 PROBE = """
 import json, sys
 sys.argv = ["llmctl", *json.loads(sys.argv[1])]
 from llmctl.cli.app import main
 
-pytestmark = pytest.mark.subprocess
 try:
     main()
 except SystemExit as exit:

@@ -175,6 +175,31 @@ def assert_ranks_hold_what_plan_says(folder: Path, memory: list[tuple[int, int]]
     for weights_bytes, kv_bytes in memory:
         assert weights_bytes == weights.total_bytes
         assert kv_bytes == blocks * block_bytes
+    # the pool the engine allocated, against the KV formula from config.json alone (the planner above sizes the
+    # engine's pool too, so it alone would agree with itself)
+    per_token = config_kv_bytes_per_token(folder, tp=2)
+    if per_token is not None:
+        for _, kv_bytes in memory:
+            assert kv_bytes == (64 * 1024**2 // (16 * per_token)) * 16 * per_token
+
+
+def config_kv_bytes_per_token(folder: Path, tp: int, dtype_bytes: int = 4) -> int | None:
+    """DESIGN.md's formula on config.json's own fields: 2 · layers · KV heads per rank · head_dim · bytes, or for
+    MLA layers · (kv_lora_rank + qk_rope_head_dim) · bytes, replicated; None for sliding-window models, whose
+    layers share pages by vLLM's hybrid grouping."""
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    if (config.get("sliding_window") and config.get("use_sliding_window", True)) or \
+            set(config.get("layer_types") or ["full_attention"]) != {"full_attention"}:
+        return None
+    layers = config["num_hidden_layers"]
+    if config.get("kv_lora_rank"):
+        return layers * (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * dtype_bytes
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return 2 * layers * max(1, kv_heads // tp) * head_dim * dtype_bytes
 
 
 def test_olmo2_norms_the_whole_projection_when_tp_replicates_a_kv_head(models):

@@ -22,13 +22,18 @@ from server_helpers import free_port, terminate_all
 from test_multihost import CLIENT, HEALTH, PROMPT, transformers_text
 from test_parallel import random_model
 
+pytestmark = pytest.mark.subprocess
+
 RAY = str(Path(sys.executable).parent / "ray")
+METRICS = """
+import sys, urllib.request
+print(urllib.request.urlopen(sys.argv[1] + "/metrics", timeout=30).read().decode())
+"""
 LEFTOVERS = """
 import json, sys, ray
 ray.init(address=sys.argv[1], log_to_driver=False)
 from ray._private import state
 
-pytestmark = pytest.mark.subprocess
 actors = [a for a in state.actors().values() if a["State"] != "DEAD"]
 groups = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
 print(json.dumps([len(actors), len(groups)]))
@@ -168,6 +173,18 @@ def lose_node(host: netns.Host) -> None:
     subprocess.run(["kill", "-9", *pids], capture_output=True)
 
 
+def generated_by_replica(host: netns.Host, url: str) -> dict[str, int]:
+    """`llmctl:generation_tokens_total` of each replica (vLLM's engine="i" label), read from /metrics on `host`."""
+    done = subprocess.run(host.command(sys.executable, "-c", METRICS, url), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    counts = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("llmctl:generation_tokens_total{") and 'engine="' in line:
+            counts[line.split('engine="')[1].split('"')[0]] = int(float(line.rsplit(" ", 1)[-1]))
+    return counts
+
+
 def health(host: netns.Host, url: str) -> int:
     return subprocess.run(host.command(sys.executable, "-c", HEALTH, url), capture_output=True).returncode
 
@@ -213,8 +230,9 @@ def test_data_parallel_replicas_on_two_ray_nodes_survive_one(llama, tmp_path):
         assert nodes == {head.address, other.address}, text[-3000:]  # one replica on each node
         for _ in range(2):  # the least-loaded pick alternates between idle replicas: both answer
             assert complete(other, url) == expected
+        by_replica = generated_by_replica(head, url)
+        assert sorted(by_replica) == ["0", "1"] and min(by_replica.values()) > 0, by_replica  # each answered one
         lose_node(other)
-        time.sleep(5)
         for _ in range(3):  # requests that land on the lost replica are the ones that could fail: none do now
             assert health(head, url) == 0
             assert complete(head, url) == expected, log.read_text()[-3000:]

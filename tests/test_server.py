@@ -268,12 +268,14 @@ def test_sigterm_under_load_loses_no_accepted_request(default_source):
 
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(streamed) for _ in range(3)] + [pool.submit(whole) for _ in range(3)]
-        deadline = time.time() + 60
+        deadline, in_flight = time.time() + 60, 0.0
         while time.time() < deadline:  # all six accepted: two running, four queued behind max-num-seqs
             values = metrics(server)
-            if values.get("llmctl:num_requests_running", 0) + values.get("llmctl:num_requests_waiting", 0) == 6:
+            in_flight = values.get("llmctl:num_requests_running", 0) + values.get("llmctl:num_requests_waiting", 0)
+            if in_flight == 6:
                 break
             time.sleep(0.05)
+        assert in_flight == 6, f"only {in_flight} of 6 requests were in flight: SIGTERM would test less than it says"
         server.process.send_signal(signal.SIGTERM)
         reasons = [f.result(timeout=120) for f in futures]
     assert reasons == ["length"] * 6

@@ -13,11 +13,12 @@ import pytest
 from conftest import run_cli
 from server_helpers import free_port
 
+pytestmark = pytest.mark.subprocess
+
 INJECTED = '''
 import multiprocessing
 import os
 
-pytestmark = pytest.mark.subprocess
 
 where = os.environ.get("LLMCTL_TEST_BUG_IN")  # "every" process, or only "workers"
 if where:

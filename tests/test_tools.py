@@ -17,6 +17,8 @@ from pydantic import BaseModel, Field
 
 from test_server import post
 
+pytestmark = pytest.mark.subprocess
+
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                             "parameters": {"type": "object", "properties": {
@@ -37,7 +39,6 @@ HERMES_TEXT = ('Checking.<tool_call>\n{"name": "get_weather", "arguments": {"cit
 PLUGIN = '''
 from llmctl.server.tool_parsers import ParsedText, ToolCallDraft, ToolParser, ToolParserManager
 
-pytestmark = pytest.mark.subprocess
 
 
 @ToolParserManager.register_module("call_line")
