@@ -91,11 +91,27 @@ def generate(folder: Path, tp: int = 1, pp: int = 1):
     return [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs]) for o in outputs], memory
 
 
-def assert_same(expected, got) -> None:
+def assert_same(expected, got, tolerance: float = 1e-4) -> None:
     for (tokens, logprobs), (their_tokens, their_logprobs) in zip(expected, got):
         assert their_tokens == tokens
         assert len(their_logprobs) == len(logprobs)
-        assert max((abs(a - b) for a, b in zip(logprobs, their_logprobs)), default=0.0) <= 1e-4
+        assert max((abs(a - b) for a, b in zip(logprobs, their_logprobs)), default=0.0) <= tolerance
+
+
+def transformers_greedy(folder: Path, tokenizer) -> list[tuple[list[int], list[float]]]:
+    """PROMPTS greedily continued by transformers itself, with each chosen token's log-probability."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    out = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]])
+        with torch.no_grad():
+            ref = hf.generate(ids, do_sample=False, max_new_tokens=PARAMS.max_tokens, min_new_tokens=PARAMS.max_tokens,
+                              output_logits=True, return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+        tokens = ref.sequences[0, ids.shape[1]:].tolist()
+        out.append((tokens, [step.log_softmax(-1)[0, t].item() for step, t in zip(ref.logits, tokens)]))
+    return out
 
 
 LAYOUTS = {"llama-1kv": [(2, 1), (1, 2), (2, 2), (4, 1)],  # TP 4: the one KV head on every rank
@@ -229,9 +245,11 @@ def test_qwen1_runs_natively_as_qwen2_does(tmp_path, tokenizer):
         "max_position_embeddings": 256, "rotary_emb_base": config.get("rope_theta", 10000.0),
         "layer_norm_epsilon": config["rms_norm_eps"], "no_bias": True, "torch_dtype": "float32"}))
     tokenizer.save_pretrained(qwen)
-    expected, _ = generate(source)
-    assert_same(expected, generate(qwen)[0])
-    assert_same(expected, generate(qwen, 2)[0])
+    # the reference is transformers' Qwen2 on the source weights (Qwen (1)'s own code is remote, not on this
+    # machine): a Qwen (1) block is Qwen2's with fused c_attn, no KV sharing and no biases but c_attn's
+    expected = transformers_greedy(source, tokenizer)
+    assert_same(expected, generate(qwen)[0], tolerance=1e-3)
+    assert_same(expected, generate(qwen, 2)[0], tolerance=1e-3)
     # past seq_length Qwen (1) would need logn attention and dynamic NTK: refused, not computed wrongly
     with pytest.raises(EngineConfigError, match=r"longer than the model's context \(128, from seq_length\)"):
         LLM(str(qwen), max_model_len=256)
