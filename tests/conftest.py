@@ -28,7 +28,8 @@ if "LLMCTL_CACHE" not in os.environ:
         (_ROOT / "llmctl-cache" / "cpu_kernels").symlink_to(_built)
 # GGUF weights (the default model) multiply float32 activations in this suite, so that tests comparing the
 # default model with transformers' float32 stay exact; the int8-activation path (the engine's default, as
-# llama.cpp) is tested where it is set back: test_cpu_q8, test_coded_decode, test_gguf_coded.
+# llama.cpp) is tested where it is set back: test_cpu_q8, test_coded_decode, test_gguf_coded (through a real
+# `llmctl serve` there, which is started without this variable).
 os.environ["LLMCTL_GGUF_ACTIVATIONS"] = "float32"
 # Triton kernels run on CPU tensors in its interpreter, which must be chosen before triton is
 # imported; with a GPU they run compiled. Subprocess tests (servers, workers) inherit this.

@@ -78,10 +78,12 @@ def terminate_all(processes: list[subprocess.Popen], timeout: float = 60) -> Non
             process.wait()
 
 
-def start_server(*args: str, timeout: float = 120, health: Callable[[Server], int] | None = None) -> Server:
-    """health(server) -> the /health status, for servers plain urllib cannot reach (TLS, a Unix socket)."""
+def start_server(*args: str, timeout: float = 120, health: Callable[[Server], int] | None = None,
+                 unset: tuple[str, ...] = ()) -> Server:
+    """health(server) -> the /health status, for servers plain urllib cannot reach (TLS, a Unix socket);
+    `unset`: environment variables of the test run the server must not see."""
     port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {name: value for name, value in os.environ.items() if name not in unset} | {"PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen([sys.executable, "-m", "llmctl", "serve", *args, "--port", str(port)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     server = Server(process, port)

@@ -5,6 +5,7 @@ own GGUF loading of the same file."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -108,34 +109,44 @@ def test_a_fused_layer_of_mixed_types_widens_exactly():
 
 
 @needs_kernels
+@pytest.mark.subprocess
 def test_the_default_gguf_served_coded_matches_transformers_reading_the_same_file(default_source):
-    """llmctl's engine over the coded Q4_1 weights (int8 activations, as llama.cpp) against transformers' GGUF
-    loading (which dequantizes the same file to float32), by vLLM's rule for quantized models (greedy_close);
-    the weights held are the file's 4-bit codes, not a float copy."""
-    from transformers import AutoModelForCausalLM
+    """`llmctl serve` of the default GGUF as a user runs it (int8 activations, as llama.cpp: the suite sets float32
+    for its other tests, so this server drops that setting), through the openai client, against transformers' GGUF
+    loading (which dequantizes the same file to float32), by vLLM's rule for quantized models (greedy_close); the
+    startup log says the weights held are the file's codes, not a float copy."""
+    import openai
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
-    from llmctl.engine.front.llm import LLM
-    from llmctl.engine.layers.coded_linear import CodedLinear
-    from llmctl.engine.sampling_params import SamplingParams
+    from greedy_close import assert_greedy_close, transformers_greedy
+    from llmctl.engine.layers.coded_linear import GGUF_ACTIVATIONS_ENV
+    from server_helpers import start_server
 
     gguf_path = default_source.gguf_path
-    llm = LLM(str(gguf_path), max_model_len=256, kv_cache_memory=64 << 20)
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    server = start_server(str(gguf_path), "--max-model-len", "256", "--kv-cache-memory", "64MiB",
+                          unset=(GGUF_ACTIVATIONS_ENV,))
     try:
-        loaded = llm.engine.executor.loaded
-        coded = [m for m in loaded.model.modules() if isinstance(m, CodedLinear)]
-        assert coded and all(m.coded is not None and m.weight is None and m.coded.int8_activations for m in coded)
-        assert loaded.weights_bytes < 140 << 20  # 135 M weights as float32 would be 540 MB
-        prompts = ["The capital of France is", "def fibonacci(n):"]
-        outputs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=5))
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+        model = client.models.list().data[0].id
+        choices = [client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0, logprobs=5,
+                                             extra_body={"ignore_eos": True}).choices[0] for prompt in prompts]
     finally:
-        llm.shutdown()
-    tokenizer = loaded.tokenizer
+        server.stop()
+    assert re.search(r"coded weights \(0\.0\d GiB\), \w+ kernels with int8 activations as llama.cpp", server.log), \
+        server.log[-3000:]
+    ours = [[(token, set(top)) for token, top in zip(choice.logprobs.tokens, choice.logprobs.top_logprobs)]
+            for choice in choices]  # as the API gives them: each token's text and its top-5 texts
+    tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
     reference_model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
                                                            torch_dtype=torch.float32)
-    agreed = [assert_greedy_close(llmctl_greedy(output.outputs[0]),
-                                  transformers_greedy(reference_model, tokenizer(prompt)["input_ids"], 12, 5), prompt)
-              for prompt, output in zip(prompts, outputs)]
+
+    def as_text(steps: list[tuple[int, set[int]]]) -> list[tuple[str, set[str]]]:
+        return [(tokenizer.decode([token]), {tokenizer.decode([t]) for t in top}) for token, top in steps]
+
+    agreed = [assert_greedy_close(tokens, as_text(transformers_greedy(reference_model, tokenizer(prompt)["input_ids"],
+                                                                      12, 5)), prompt)
+              for prompt, tokens in zip(prompts, ours)]
     assert min(agreed) >= 4, agreed  # a trained model's first tokens are not near-ties
 
 
