@@ -40,7 +40,7 @@ if "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hubcache import build_hub_cache  # noqa: E402
+from helpers.hubcache import build_hub_cache  # noqa: E402
 
 build_hub_cache(Path(os.environ["HF_HUB_CACHE"]))
 
@@ -119,7 +119,7 @@ def default_source():
 def server(default_source):
     """`llmctl serve` of the default model, one per test module that asks (modules with other flags define
     their own)."""
-    from server_helpers import start_server
+    from helpers.server_helpers import start_server
 
     server = start_server("--max-model-len", "1024")
     yield server

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from import_graph import Module, cycles, read_modules
+from helpers.import_graph import Module, cycles, read_modules
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = {"llmctl": "llmctl", "kernels": "llmctl.kernels"}
@@ -160,3 +160,21 @@ def test_long_functions_and_loose_parameters_are_found(tmp_path):
                     "    pass\n")
     assert long_functions(path, MAX_FUNCTION_LINES) == ["m.py:4 long (62 lines)"]
     assert loose_parameters(path) == ["m.py:131 loose(a: Any)", "m.py:131 loose(b: dict[str, object])"]
+
+
+def test_no_test_module_imports_another_and_conftest_fixtures_are_not_redefined():
+    """Shared code lives in tests/helpers/; a fixture conftest provides is not defined again in a module (but
+    `server` and `client`, which a module with other serve flags defines for itself, as conftest says)."""
+    tests = ROOT / "tests"
+    conftest_fixtures = {node.name for node in ast.parse((tests / "conftest.py").read_text()).body
+                         if isinstance(node, ast.FunctionDef) and any("fixture" in ast.unparse(d)
+                                                                      for d in node.decorator_list)}
+    found = []
+    for path in sorted(tests.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1].startswith("test_"):
+                found.append(f"{path.name} imports {node.module}")
+            if isinstance(node, ast.FunctionDef) and node.name in conftest_fixtures - {"server", "client"} and \
+                    any("fixture" in ast.unparse(d) for d in node.decorator_list):
+                found.append(f"{path.name} redefines conftest's fixture {node.name}")
+    assert conftest_fixtures and found == []

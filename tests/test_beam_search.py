@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.server_helpers import post
 from llmctl import LLM
 from llmctl.engine.front.beam_search import Beam, BeamSearch, BeamSearchParams
-from test_server import post
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,"]
 

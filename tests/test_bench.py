@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
+from helpers.server_helpers import start_server
+from helpers.timed_server import TimedServer, Timing
 from llmctl.bench.client import RequestOutcome
 from llmctl.bench.datasets import DatasetOptions, sample_requests
 from llmctl.bench.load import LoadPoint, arrival_offsets
@@ -18,8 +20,6 @@ from llmctl.bench.server_metrics import parse_metrics
 from llmctl.bench.tokens import load_local_tokenizer
 from llmctl.checkpoint.source import DEFAULT_MODEL_ID
 from llmctl.errors import LlmctlError
-from server_helpers import start_server
-from timed_server import TimedServer, Timing
 
 pytestmark = pytest.mark.subprocess
 

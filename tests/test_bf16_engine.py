@@ -27,7 +27,7 @@ def onednn_packs_bfloat16() -> bool:
 def test_bfloat16_engine_agrees_with_transformers_bfloat16(amx, default_source, capsys, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
+    from helpers.greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
     from llmctl.checkpoint.source import resolve_model
     from llmctl.engine.front.llm import LLM
     from llmctl.engine.layers import cpu_gemm

@@ -8,13 +8,13 @@ from __future__ import annotations
 import torch
 
 import llmctl.engine.front.llm_engine as front
+from helpers.families import gemma3_text_config
+from helpers.models import save_random_model, small_config
 from llmctl import LLM, SamplingParams
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.core.table_updates import TableRows
 from llmctl.engine.sampling_params import SamplingParams as Params
 from llmctl.engine.worker.block_tables import BlockTableCopy
-from test_engine_models import save_random_model, small_config
-from test_gemma import gemma3_text_config
 
 PROMPTS = ["The capital of France is", "Hello, my name is", "1, 2, 3, 4,", "The capital of France is a city"]
 

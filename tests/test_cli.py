@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from hubcache import fixture_repos
+from helpers.hubcache import fixture_repos
 
 pytestmark = pytest.mark.subprocess
 

@@ -43,7 +43,7 @@ def both_ways(path, **engine) -> tuple[int | None, list, list]:
 @pytest.mark.parametrize("arch, qtype", [("llama", "Q4_0"), ("qwen2", "Q8_0"), ("llama", "Q4_1")])
 def test_fused_decode_layers_give_the_python_layers_tokens_and_logprobs_exactly(arch, qtype, default_source,
                                                                                  tmp_path):
-    from gguf_models import write_tiny_gguf
+    from helpers.gguf_models import write_tiny_gguf
 
     path = tmp_path / f"tiny-{arch}.{qtype}.gguf"
     write_tiny_gguf(arch, path, default_source.gguf_path, qtype)
@@ -59,7 +59,7 @@ def test_fused_decode_layers_give_the_python_layers_tokens_and_logprobs_exactly(
 @pytest.mark.parametrize("kv_cache_dtype", ["bfloat16"])  # float16: test_kv_cache_dtype.py
 def test_fused_decode_layers_over_a_half_precision_kv_cache(kv_cache_dtype, default_source, tmp_path):
     # --kv-cache-dtype float16 (llama.cpp's default cache type): the fused layers still run, as the Python ones
-    from gguf_models import write_tiny_gguf
+    from helpers.gguf_models import write_tiny_gguf
 
     path = tmp_path / "tiny-llama.Q4_1.gguf"
     write_tiny_gguf("llama", path, default_source.gguf_path, "Q4_1")
@@ -76,7 +76,7 @@ def test_fused_decode_layers_over_a_half_precision_kv_cache(kv_cache_dtype, defa
     ("llama", {"dtype": "float32"}, "dequantized weights are not codes"),
 ])
 def test_layers_that_do_not_qualify_run_in_python(arch, engine, why, default_source, tmp_path):
-    from gguf_models import write_tiny_gguf
+    from helpers.gguf_models import write_tiny_gguf
     from llmctl.engine.front.llm import LLM
     from llmctl.engine.sampling_params import SamplingParams
 
@@ -97,7 +97,7 @@ def test_gptq_and_awq_layers_fused_give_the_python_layers_results_exactly(method
     """4-bit GPTQ/AWQ weights repacked for the CPU (float activations) run fused through int4_linear."""
     from transformers import AutoTokenizer, LlamaConfig
 
-    from test_parallel import quantized_model, random_model
+    from helpers.models import quantized_model, random_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,

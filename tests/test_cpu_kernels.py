@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch import nn
 
+from helpers.paged_steps import paged_step
 from llmctl.engine.layers import cpu_gemm
 from llmctl.engine.layers.positions import _rotate, alibi_slopes
 from llmctl.engine.models.common import RMSNorm
 from llmctl.errors import SettingError
 from llmctl.kernels import cpu
 from llmctl.kernels.attention import AttentionOptions, paged_attention_reference
-from paged_steps import paged_step
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 

@@ -11,9 +11,9 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
+from helpers.gguf_models import coded_weight, gguf_tensor, reference
 from llmctl.engine.layers.coded_linear import CodedWeight, coded_from
 from llmctl.kernels import cpu
-from test_gguf_coded import coded_weight, gguf_tensor, reference
 
 ISAS = cpu.int4_isas() if cpu.unavailable_reason() is None else []
 needs_kernels = pytest.mark.skipif(not ISAS, reason=f"C++ kernels not built: {cpu.unavailable_reason()}")

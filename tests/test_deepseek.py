@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmctl.engine.layers.moe import Routing, route
-from test_model_families import (
+from helpers.families import (
     assert_close,
     assert_ranks_hold_what_plan_says,
     assert_served_like_transformers,
     engine_outputs,
     transformers_reference,
 )
+from llmctl.engine.layers.moe import Routing, route
 
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
         "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from conftest import run_cli
-from server_helpers import start_server
+from helpers.server_helpers import start_server
 
 pytestmark = pytest.mark.subprocess
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from server_helpers import start_server
-from test_vllm_command_lines import parse
+from helpers.command_line import parse
+from helpers.server_helpers import start_server
 
 pytestmark = pytest.mark.subprocess
 

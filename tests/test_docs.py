@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import pytest
 
-from command_line import parse_line
+from helpers.command_line import parse_line
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

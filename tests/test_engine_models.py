@@ -9,30 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.models import save_random_model, small_config
 from llmctl import LLM, SamplingParams
 from llmctl.errors import UnsupportedModelError
 
 PROMPTS = ["The capital of France is", "Hello, my name is", "1, 2, 3, 4,"]
-
-
-def save_random_model(model_config, folder: Path, tokenizer, max_shard_size: str = "5GB") -> Path:
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(model_config).to(torch.float32).eval()
-    with torch.no_grad():  # random weights large enough that outputs depend on every part
-        for param in model.parameters():
-            param.normal_(0, 0.2)
-    model.save_pretrained(folder, safe_serialization=True, max_shard_size=max_shard_size)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_source):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(default_source.path))
 
 
 def compare_with_transformers(folder: Path, tokenizer, max_tokens: int = 12, **engine_args) -> None:
@@ -258,19 +239,6 @@ def test_cpu_backend_falls_back_to_torch_when_the_kernel_cannot_be_built(tmp_pat
     monkeypatch.undo()
     with pytest.raises(EngineConfigError, match="--attention-backend cpu: .*fp8.*--attention-backend torch"):
         LLM(str(folder), attention_backend="cpu", kv_cache_dtype="fp8", device="cpu")
-
-
-def small_config(family: str, tokenizer):
-    from transformers import BloomConfig, LlamaConfig, MistralConfig
-
-    return {
-        "llama-gqa": LlamaConfig(vocab_size=len(tokenizer), hidden_size=96, intermediate_size=128, num_hidden_layers=2,
-                                 num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256),
-        "bloom-alibi": BloomConfig(vocab_size=len(tokenizer), hidden_size=72, n_layer=2, n_head=6),
-        "mistral-window": MistralConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                        max_position_embeddings=256, sliding_window=5),
-    }[family]
 
 
 # The Triton backend: compiled on a GPU, under Triton's interpreter on this CPU (conftest sets

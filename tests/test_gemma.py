@@ -10,20 +10,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_engine_models import save_random_model
-from test_model_families import (
+from helpers.families import (
     PROMPTS,
+    WINDOW,
     assert_close,
     assert_peft_adapter_matches,
     assert_ranks_hold_what_plan_says,
     assert_served_like_transformers,
     engine_outputs,
+    gemma3_text_config,
     transformers_reference,
 )
+from helpers.models import save_random_model
 
 pytestmark = pytest.mark.subprocess
-
-WINDOW = 8  # the prompts are 6–40 tokens: sliding layers drop keys that full layers still see
 
 
 def gemma2_config(vocab: int):
@@ -35,21 +35,6 @@ def gemma2_config(vocab: int):
                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
                         sliding_window=WINDOW, attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
                         max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-
-
-def gemma3_text_config(vocab: int):
-    from transformers import Gemma3TextConfig
-
-    # two sliding layers then a full one (the real pattern is 5:1); RoPE bases 10k locally and 1M ×8 linear
-    # globally, as in Gemma 3 4B and larger
-    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}}
-    return Gemma3TextConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
-                            sliding_window=WINDOW, layer_types=["sliding_attention", "sliding_attention",
-                                                                "full_attention"],
-                            rope_parameters=rope, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
-                            eos_token_id=2)
 
 
 FAMILIES = {"gemma2": gemma2_config, "gemma3": gemma3_text_config}
@@ -132,9 +117,9 @@ def test_llmctl_quantize_takes_the_language_model_of_a_multimodal_gemma3(multimo
     from safetensors.torch import save_file
     from transformers import Gemma3ForConditionalGeneration
 
+    from helpers.families import quantize
+    from helpers.quant_helpers import assert_engine_matches_dense
     from llmctl.checkpoint.quant_formats import unpack_gptq
-    from test_model_families import quantize
-    from test_quantize_cli import assert_engine_matches_dense
 
     out = quantize(multimodal, "gptq", tmp_path / "gemma3-mm-gptq")
     config = json.loads((out / "config.json").read_text())
@@ -182,8 +167,8 @@ def test_llmctl_quantize_writes_a_checkpoint_the_engine_serves(models, family, m
     """AWQ folds its scales into Gemma's (1 + weight) norms; the calibration forward masks each sliding
     layer's window and soft-caps as the model does."""
     from conftest import run_cli
+    from helpers.quant_helpers import WIKITEXT, assert_engine_matches_dense
     from llmctl.checkpoint.quant_formats import unpack_awq, unpack_gptq
-    from test_quantize_cli import WIKITEXT, assert_engine_matches_dense
 
     out = tmp_path / f"{family}-{method}"
     result = run_cli("quantize", str(models[family]), f"--{method}", "--group-size", "32", "--calib-file",

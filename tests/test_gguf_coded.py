@@ -11,44 +11,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize, quantize
 
+from helpers.gguf_models import coded_weight, gguf_tensor, reference
 from llmctl.checkpoint.gguf_codes import FORMATS, group_codes
 from llmctl.engine.layers.coded_linear import DECODE_ROWS, CodedWeight
 from llmctl.kernels import cpu
 
 ISAS = cpu.int4_isas() if cpu.unavailable_reason() is None else []
 needs_kernels = pytest.mark.skipif(not ISAS, reason=f"C++ kernels not built: {cpu.unavailable_reason()}")
-QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf-py quantizes these; K-quants it only reads
 
 
 @pytest.fixture(autouse=True)
 def int8_activations(monkeypatch):
     """GGUF weights with int8 activations, the engine's default (conftest sets float32 for other tests)."""
     monkeypatch.setenv("LLMCTL_GGUF_ACTIVATIONS", "int8")
-
-
-def gguf_tensor(type_name: str, rows: int, columns: int, seed: int) -> np.ndarray:
-    """Raw blocks of a [rows, columns] tensor: quantized by gguf-py, or (K-quants) random blocks whose
-    float16 super-block scales are finite."""
-    from gguf_models import random_k_blocks
-
-    rng = np.random.default_rng(seed)
-    qtype = GGMLQuantizationType[type_name]
-    if type_name in QUANTIZABLE:
-        return quantize(rng.standard_normal((rows, columns)).astype(np.float32), qtype)
-    return random_k_blocks(type_name, rows, columns, rng, scales=(1e-3, 2e-2))
-
-
-def reference(raw: np.ndarray, type_name: str) -> torch.Tensor:
-    return torch.from_numpy(np.array(dequantize(raw, GGMLQuantizationType[type_name]), dtype=np.float32))
-
-
-def coded_weight(raw: np.ndarray, type_name: str, rows: int, columns: int) -> CodedWeight:
-    codes = group_codes(raw, type_name, rows, columns)
-    return CodedWeight.compact(torch.from_numpy(codes.stored_codes()), torch.from_numpy(codes.scales),
-                               torch.from_numpy(codes.offsets))
 
 
 @pytest.mark.parametrize("type_name", sorted(FORMATS))
@@ -118,9 +94,9 @@ def test_the_default_gguf_served_coded_matches_transformers_reading_the_same_fil
     import openai
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from greedy_close import assert_greedy_close, transformers_greedy
+    from helpers.greedy_close import assert_greedy_close, transformers_greedy
+    from helpers.server_helpers import start_server
     from llmctl.engine.layers.coded_linear import GGUF_ACTIVATIONS_ENV
-    from server_helpers import start_server
 
     gguf_path = default_source.gguf_path
     prompts = ["The capital of France is", "def fibonacci(n):"]
@@ -201,8 +177,8 @@ def test_gguf_of_each_architecture_served_coded_matches_transformers(arch, qtype
     served coded (int8 activations, as llama.cpp) they agree by vLLM's rule for quantized models."""
     from transformers import AutoModelForCausalLM
 
-    from gguf_models import write_tiny_gguf
-    from greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
+    from helpers.gguf_models import write_tiny_gguf
+    from helpers.greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
     from llmctl.engine.front.llm import LLM
     from llmctl.engine.sampling_params import SamplingParams
 
@@ -230,7 +206,7 @@ def test_gguf_of_each_architecture_served_coded_matches_transformers(arch, qtype
 def test_coded_gguf_split_over_two_tensor_parallel_ranks_equals_one_process(default_source, tmp_path):
     """TP 2 splits coded linears by output rows (q/k/v, gate/up), by input columns on block boundaries
     (o, down) and the coded vocabulary by rows: the same greedy tokens and logprobs as one process."""
-    from gguf_models import write_tiny_gguf
+    from helpers.gguf_models import write_tiny_gguf
     from llmctl.engine.front.llm import LLM
     from llmctl.engine.sampling_params import SamplingParams
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save
 
 from conftest import run_cli
-from fake_hub import FakeHub, FakeRepo
+from helpers.fake_hub import FakeHub, FakeRepo
 
 pytestmark = pytest.mark.subprocess
 
@@ -125,7 +125,7 @@ def test_the_hub_behind_a_proxy_is_reached_through_it(hub, tmp_path: Path, defau
 
 
 def test_an_unreachable_hub_means_calibrating_on_the_models_own_samples(tmp_path: Path, default_source) -> None:
-    from server_helpers import free_port
+    from helpers.server_helpers import free_port
 
     env = {"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "HF_HUB_OFFLINE": "0",  # nothing listens there
            "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_DISABLE_XET": "1"}

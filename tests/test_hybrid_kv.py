@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import torch
 
+from helpers.families import WINDOW, gemma3_text_config
+from helpers.models import save_random_model
 from llmctl import LLM, SamplingParams
 from llmctl.engine.core.block_manager import SLID_OUT, BlockManager
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.sampling_params import SamplingParams as Params
 from llmctl.plan.kv import kv_groups
-from test_engine_models import save_random_model
-from test_gemma import WINDOW, gemma3_text_config
 
 BS = 16
 

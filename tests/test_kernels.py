@@ -7,6 +7,7 @@ import pytest
 import torch
 import triton  # noqa: E402,F401  (a required dependency on Linux: missing, these tests fail, not skip)
 
+from helpers.paged_steps import paged_step as _paged_step  # noqa: E402
 from llmctl.engine.layers.positions import alibi_slopes  # noqa: E402
 from llmctl.kernels.attention import (  # noqa: E402
     AttentionOptions,
@@ -15,7 +16,6 @@ from llmctl.kernels.attention import (  # noqa: E402
     paged_attention_reference,
     plan_step,
 )
-from paged_steps import paged_step as _paged_step  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.float32 if DEVICE == "cpu" else torch.bfloat16

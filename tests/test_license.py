@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from hubcache import FIXTURES, fixture_repos
+from helpers.hubcache import FIXTURES, fixture_repos
 from llmctl.checkpoint.license import check_requirements, detect_license
 from llmctl.checkpoint.license_db import LICENSES, lookup, match_text
 from llmctl.checkpoint.source import resolve_model

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from conftest import run_cli
-from server_helpers import start_server
+from helpers.server_helpers import start_server
 
 pytestmark = pytest.mark.subprocess
 

@@ -10,25 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from helpers.lora_helpers import PROMPTS, assert_matches, make_adapter, reference
+from helpers.models import save_random_model
 from llmctl import LLM, LoRARequest, SamplingParams
 from llmctl.engine.lora.adapter import AdapterError
 from llmctl.engine.sampling_params import InvalidRequestError
 from llmctl.errors import ModelNotFoundError
-from lora_helpers import PROMPTS, assert_matches, make_adapter, reference
-from test_engine_models import save_random_model
 
 pytestmark = pytest.mark.subprocess
 
 MAX_TOKENS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_source):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(default_source.path))
 
 
 def tiny_config(kind: str, vocab: int, layers: int = 2, hidden: int = 64):
@@ -132,8 +125,8 @@ def test_adapter_on_smollm2_equals_peft_next_to_base_requests(default_source, to
 @pytest.mark.parametrize("method", ["gptq", "awq"])
 def test_adapter_on_a_4bit_base_equals_peft_on_its_dequantized_weights(tiny, tokenizer, tmp_path, method):
     from conftest import run_cli
+    from helpers.quant_helpers import dequantized_state
     from llmctl.checkpoint.quant_formats import unpack_awq, unpack_gptq
-    from quant_helpers import dequantized_state
 
     unpack = (lambda parts: unpack_gptq(parts, 4, 32)) if method == "gptq" else (lambda parts: unpack_awq(parts, 32))
     models = tiny["llama"]
@@ -193,7 +186,7 @@ def test_speculation_and_data_parallel_replicas_run_adapters_unchanged(tiny):
 
 
 def test_an_adapter_by_hub_id_comes_from_the_hub_cache_like_a_model(tiny, hf_cache):
-    from hubcache import add_repo
+    from helpers.hubcache import add_repo
 
     models = tiny["llama"]
     add_repo(hf_cache, "tester/tiny-lora", {name: (models["a1"] / name).read_bytes()
@@ -323,7 +316,7 @@ def test_served_adapters_run_concurrently_and_load_and_unload_at_runtime(tiny, t
 
     import openai
 
-    from server_helpers import start_server
+    from helpers.server_helpers import start_server
 
     models = tiny["llama"]
     offline = LLM(str(models["base"]), enable_lora=True, max_loras=2, max_lora_rank=8, max_model_len=256)

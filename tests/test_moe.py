@@ -6,27 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.families import (
+    assert_close,
+    assert_ranks_hold_what_plan_says,
+    engine_outputs,
+    moe_config,
+    transformers_reference,
+)
+from helpers.models import save_random_model
 from llmctl.engine.layers.cpu_gemm import pack_weight
 from llmctl.engine.layers.moe import Routing, grouped_experts, route
-from test_engine_models import save_random_model
-from test_model_families import assert_close, assert_ranks_hold_what_plan_says, engine_outputs, transformers_reference
-
-
-def moe_config(family: str, vocab: int):
-    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
-
-    common = dict(vocab_size=vocab, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=256)
-    return {
-        "mixtral": MixtralConfig(intermediate_size=48, num_hidden_layers=2, num_local_experts=8,
-                                 num_experts_per_tok=2, **common),
-        # a shared expert behind its gate; layer 0 dense (mlp_only_layers), top-4 of 16 without renormalising
-        "qwen2-moe": Qwen2MoeConfig(intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48,
-                                    num_hidden_layers=3, num_experts=16, num_experts_per_tok=4, norm_topk_prob=False,
-                                    mlp_only_layers=[0], **common),
-        "qwen3-moe": Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2, num_experts=8,
-                                    num_experts_per_tok=2, head_dim=16, **common),
-    }[family]
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2-moe", "qwen3-moe"])
@@ -58,7 +47,7 @@ def test_expert_parallel_tp2_equals_tp1(tmp_path, tokenizer):
 def test_served_with_expert_parallelism_through_the_openai_client(tmp_path, tokenizer):
     import openai
 
-    from server_helpers import start_server
+    from helpers.server_helpers import start_server
 
     folder = save_random_model(moe_config("mixtral", len(tokenizer)), tmp_path / "mixtral", tokenizer)
     prompt = "The capital of France is"

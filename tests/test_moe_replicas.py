@@ -9,9 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from test_engine_models import save_random_model
-from test_model_families import PROMPTS, TOKENS, assert_close, transformers_reference
-from test_moe import moe_config
+from helpers.families import PROMPTS, TOKENS, assert_close, moe_config, transformers_reference
+from helpers.models import save_random_model
 
 pytestmark = pytest.mark.subprocess
 
@@ -73,7 +72,7 @@ def test_served_over_replicas_through_the_openai_client(tmp_path, tokenizer):
     transformers generates."""
     import openai
 
-    from server_helpers import start_server
+    from helpers.server_helpers import start_server
 
     folder = save_random_model(moe_config("mixtral", len(tokenizer)), tmp_path / "mixtral", tokenizer)
     prompts = PROMPTS[:4]

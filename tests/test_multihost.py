@@ -14,33 +14,12 @@ import time
 
 import pytest
 
-import netns
-from server_helpers import free_port, terminate_all
+from helpers import netns
+from helpers.multihost import CLIENT, HEALTH, PROMPT, transformers_text
+from helpers.server_helpers import free_port, terminate_all
 
-PROMPT = "The capital of France is"
 REASON = netns.unavailable()
 pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}"), pytest.mark.subprocess, pytest.mark.network_namespace]
-
-CLIENT = """
-import json, sys
-from openai import OpenAI
-client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="x", max_retries=0, timeout=300)
-reply = client.completions.create(model=client.models.list().data[0].id, prompt=sys.argv[2], max_tokens=8,
-                                  temperature=0, logprobs=1)
-print(json.dumps(reply.choices[0].text))
-"""
-HEALTH = "import sys, urllib.request; sys.exit(urllib.request.urlopen(sys.argv[1] + '/health', timeout=5).status != 200)"
-
-
-def transformers_text(folder, tokenizer) -> str:
-    """transformers' own greedy continuation of PROMPT (8 tokens), the reference."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
-    ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
-    out = model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)
-    return tokenizer.decode(out[0, ids.shape[1]:])
 
 
 def wait_healthy(host: netns.Host, url: str, nodes: list[subprocess.Popen], logs: list, timeout: float) -> None:
@@ -56,7 +35,7 @@ def wait_healthy(host: netns.Host, url: str, nodes: list[subprocess.Popen], logs
 def test_torchrun_across_two_hosts_tp_inside_pp_across(tmp_path, tokenizer):
     from transformers import LlamaConfig
 
-    from test_parallel import random_model
+    from helpers.models import random_model
 
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)

@@ -9,49 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.models import quantized_model, random_model
 from llmctl import LLM, SamplingParams
 from llmctl.engine.config import EngineConfigError
 
 PROMPTS = ["The capital of France is", "Hello, my name is", [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]]
 PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=0)
-
-
-def random_model(config, folder: Path, tokenizer) -> Path:
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0, 0.2)
-    model.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def quantized_model(folder: Path, method: str, tokenizer, tmp: Path) -> Path:
-    from llmctl.quant.pipeline import quantize_model
-    from llmctl.quant.rtn import QuantConfig
-    from llmctl.quant.writer import quantization_config, write_checkpoint
-
-    config = QuantConfig(bits=4, group_size=32, symmetric=method == "gptq")
-    torch.manual_seed(1)
-    result = quantize_model(folder, method, config, torch.randint(0, 400, (4, 32)))
-    out = tmp / f"{folder.name}-{method}"
-    out.mkdir()
-    write_checkpoint(out, result.tensors)
-    model_config = json.loads((folder / "config.json").read_text())
-    model_config["quantization_config"] = quantization_config(method, config)
-    (out / "config.json").write_text(json.dumps(model_config))
-    tokenizer.save_pretrained(out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_source):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(default_source.path))
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from server_helpers import free_port, start_server, terminate_all
-from waiting import wait_until
+from helpers.server_helpers import free_port, start_server, terminate_all
+from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.subprocess
 
@@ -124,7 +124,7 @@ def test_two_torchrun_nodes_give_the_same_tokens(single_tokens, tmp_path):
     nodes = [subprocess.Popen(torchrun + ["--node-rank", str(i)] + serve, env=env, stdout=log.open("w"),
                               stderr=subprocess.STDOUT, text=True) for i, log in enumerate(logs)]
     try:
-        from server_helpers import Server
+        from helpers.server_helpers import Server
 
         server = Server(nodes[0], http)
         deadline = time.time() + 240

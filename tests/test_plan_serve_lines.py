@@ -10,7 +10,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from command_line import engine_config, parse_line
+from helpers.command_line import engine_config, parse_line
 from llmctl.cli import app
 from llmctl.errors import LlmctlError
 from llmctl.settings import KV_CACHE_FORMATS, VLLM_ONLY_KV_CACHE_FORMATS

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from conftest import run_cli
+from helpers.quant_helpers import WIKITEXT, assert_engine_matches_dense
 
 pytestmark = pytest.mark.subprocess
-
-WIKITEXT = Path(__file__).resolve().parent / "fixtures" / "data" / \
-    "wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
 
 
 @pytest.fixture(scope="module")
@@ -58,49 +54,6 @@ def test_engine_serves_it_like_transformers_on_the_dequantized_weights(gptq_fold
     packed = sum(m.nbytes for m in llm.engine.loaded.model.modules() if isinstance(m, QuantLinear))
     [stage] = stage_weights(spec, weight_format(2, "gptq", spec), 1, 1)
     assert packed == stage.linear_bytes
-
-
-def assert_engine_matches_dense(out: Path, unpack, prompt: str, dense_model=None):
-    """The engine's greedy tokens and logprobs on the packed checkpoint == transformers on weights unpacked
-    by the formats module (an independent path from the engine's QuantLinear). dense_model(folder, state)
-    builds the reference from the unquantized config in `folder`; by default from_config + the state."""
-    from llmctl import LLM, SamplingParams
-    from quant_helpers import dequantized_state
-
-    state = dequantized_state(out, unpack)
-    config = json.loads((out / "config.json").read_text())
-    config.pop("quantization_config")
-    dense = out.parent / f"{out.name}-dense"
-    dense.mkdir()
-    (dense / "config.json").write_text(json.dumps(config))
-    model = (dense_model or _dense_model)(dense, state)
-    llm = LLM(str(out), max_model_len=256)
-    ours = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0))[0]
-    ids = llm.get_tokenizer()(prompt, return_tensors="pt").input_ids
-    tokens = ours.outputs[0].token_ids
-    # Teacher-forced on the engine's tokens (one transformers forward over prompt + output), every
-    # greedy choice is transformers' argmax (exactly, or within float noise where two tokens tie)
-    # and every log-probability matches. (transformers' own generate() is not the reference here:
-    # with the dense weights it has been seen to pick a token 0.8 nats below its own argmax.)
-    with torch.no_grad():
-        logits = model(torch.tensor([ids[0].tolist() + tokens])).logits[0, ids.shape[1] - 1:-1].float()
-    logprobs = torch.log_softmax(logits, dim=-1)
-    chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens)]
-    assert (logprobs.max(dim=-1).values - chosen).max() < 1e-3
-    assert torch.allclose(chosen, torch.tensor([t.logprob for t in ours.outputs[0].logprobs]), atol=1e-3)
-    return llm
-
-
-def _dense_model(folder: Path, state: dict) -> torch.nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from quant_helpers import load_dense_state
-
-    # eager attention: it is exact for every family, and the only one with Gemma 2's soft-cap
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(folder)), dtype=torch.float32,
-                                             attn_implementation="eager").eval()
-    load_dense_state(model, state)
-    return model
 
 
 def test_license_refusal_names_the_clause(tmp_path, default_source):

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-import netns
-from server_helpers import free_port, terminate_all
-from test_multihost import CLIENT, HEALTH, PROMPT, transformers_text
-from test_parallel import random_model
+from helpers import netns
+from helpers.models import random_model
+from helpers.multihost import CLIENT, HEALTH, PROMPT, transformers_text
+from helpers.server_helpers import free_port, terminate_all
 
 pytestmark = pytest.mark.subprocess
 

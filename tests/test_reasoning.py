@@ -14,8 +14,8 @@ import openai
 import pytest
 import torch
 
-from test_engine_models import save_random_model
-from test_server import post
+from helpers.models import save_random_model
+from helpers.server_helpers import post
 
 pytestmark = pytest.mark.subprocess
 
@@ -74,7 +74,7 @@ def test_the_grammar_waits_for_the_end_of_the_reasoning(default_source):
 
 
 def serve(folder, *flags):
-    from server_helpers import start_server
+    from helpers.server_helpers import start_server
 
     server = start_server(str(folder), "--max-model-len", "512", "--dtype", "float32", *flags)
     return server, openai.OpenAI(base_url=server.url + "/v1", api_key="unused")

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from test_server import post
+from helpers.server_helpers import post
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",

@@ -11,34 +11,13 @@ import urllib.request
 
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from server_helpers import start_server
-from waiting import wait_until
+from helpers.server_helpers import metrics, post, start_server
+from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.subprocess
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-def post(server, path: str, body: bytes | str | dict, headers: dict | None = None) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else (body if isinstance(body, str) else json.dumps(body)).encode()
-    request = urllib.request.Request(server.url + path, data=data, method="POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def metrics(server) -> dict[str, float]:
-    _, text = server.get("/metrics")
-    values = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            values[sample.name] = values.get(sample.name, 0.0) + sample.value
-    return values
 
 
 def test_models_and_greedy_completion(client, server):
@@ -329,9 +308,9 @@ def test_health_is_503_while_loading_then_200(default_source, monkeypatch):
     import threading
 
     import llmctl.server.startup as startup
+    from helpers.server_helpers import ThreadedUvicorn
     from llmctl.engine.config import EngineConfig
     from llmctl.server.app import ServerSettings, create_app
-    from server_helpers import ThreadedUvicorn
 
     release, real = threading.Event(), startup.create_engine_client
     monkeypatch.setattr(startup, "create_engine_client", lambda config: release.wait(120) and real(config))

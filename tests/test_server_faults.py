@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx2 as httpx
 import pytest
 
-from inprocess_server import InProcessServer
+from helpers.inprocess_server import InProcessServer
+from helpers.waiting import wait_until
 from llmctl.engine.core.sequence import SequenceStatus
 from llmctl.engine.front.llm_engine import LLMEngine
-from waiting import wait_until
 
 FAULT_TOKEN = 4242  # a prompt starting with this token id makes the model step fail
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers.server_helpers import start_server
 from llmctl.engine.sampling_params import RANGES
 from llmctl.server.protocol import CHAT_FIELDS, COMPLETION_FIELDS, FieldSpec
-from server_helpers import start_server
 
 pytestmark = pytest.mark.subprocess
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hubcache import HUB_FIXTURES, add_repo, commit_for
+from helpers.hubcache import HUB_FIXTURES, add_repo, commit_for
 from llmctl.checkpoint.source import DEFAULT_MODEL_ID, SourceKind, resolve_model
 from llmctl.errors import CorruptModelError, ModelNotFoundError, OfflineError
 from llmctl.inspect_report import build_inspect_report

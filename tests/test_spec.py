@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hubcache import HUB_FIXTURES
+from helpers.hubcache import HUB_FIXTURES
 from llmctl.checkpoint.params import count_from_config
 from llmctl.checkpoint.spec import ModelSpec
 

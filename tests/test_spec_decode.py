@@ -259,7 +259,7 @@ def test_draft_model_sampling_is_reproducible_and_samples(default_source, tmp_pa
 def _random_llama(folder, default_source):
     from transformers import AutoTokenizer, LlamaConfig
 
-    from test_engine_models import save_random_model
+    from helpers.models import save_random_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -270,7 +270,7 @@ def _random_llama(folder, default_source):
 def test_drafts_that_cannot_work_and_sharded_targets_are_refused(default_source, tmp_path):
     from transformers import AutoTokenizer, LlamaConfig
 
-    from test_engine_models import save_random_model
+    from helpers.models import save_random_model
 
     def tiny(folder: str, tokenizer, **config) -> str:
         return str(save_random_model(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
@@ -294,8 +294,7 @@ def test_served_streams_with_speculation_equal_the_plain_engine_and_count_accept
     import openai
 
     from conftest import run_cli
-    from server_helpers import start_server
-    from test_server import metrics
+    from helpers.server_helpers import metrics, start_server
 
     server = start_server("--max-model-len", "256", "--speculative-config", json.dumps(NGRAM))
     try:

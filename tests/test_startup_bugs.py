@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from server_helpers import free_port
+from helpers.server_helpers import free_port
 
 pytestmark = pytest.mark.subprocess
 

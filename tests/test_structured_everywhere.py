@@ -12,10 +12,10 @@ import json
 import jsonschema
 import pytest
 
+from helpers.lora_helpers import make_adapter
+from helpers.models import save_random_model
 from llmctl import LLM, SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
-from lora_helpers import make_adapter
-from test_engine_models import save_random_model
 
 SCHEMA = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
                                            "n": {"type": "integer", "minimum": 0, "maximum": 9}},

@@ -15,7 +15,7 @@ import pytest
 import torch
 from pydantic import BaseModel, Field
 
-from test_server import post
+from helpers.server_helpers import post
 
 PROMPT = [{"role": "user", "content": "Describe a person, a city and a few numbers as JSON."}]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.server_helpers import post
 from llmctl import LLM, SamplingParams
 from llmctl.engine.sampling_params import InvalidRequestError
-from test_server import post
 
 PROMPTS = ["The capital of France is", "My favourite fruit is the", "Once upon a time"]
 TOKENS = 24

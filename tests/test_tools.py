@@ -15,7 +15,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from test_server import post
+from helpers.server_helpers import post
 
 pytestmark = pytest.mark.subprocess
 
@@ -55,7 +55,7 @@ class CallLineParser(ToolParser):
 
 @pytest.fixture(scope="module")
 def tool_client(default_source):
-    from server_helpers import start_server
+    from helpers.server_helpers import start_server
 
     server = start_server("--max-model-len", "1024", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
     yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused"), server
@@ -187,7 +187,7 @@ def test_tool_choices_that_cannot_be_answered_are_400s(tool_client, body, words)
 
 
 def test_a_tool_parser_plugin(default_source, tmp_path):
-    from server_helpers import start_server
+    from helpers.server_helpers import start_server
 
     plugin = tmp_path / "call_line.py"
     plugin.write_text(PLUGIN)

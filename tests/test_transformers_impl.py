@@ -5,17 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.families import assert_close, engine_outputs, granite_config, transformers_reference
+from helpers.models import save_random_model
 from llmctl import LLM
 from llmctl.errors import UnsupportedModelError
-from test_engine_models import save_random_model
-from test_model_families import assert_close, engine_outputs, granite_config, transformers_reference
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_source):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(default_source.path))
 
 
 def configs(vocab: int) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from command_line import parse
+from helpers.command_line import parse
 from llmctl.bench.endpoint import resolve_endpoint
 from llmctl.cli.app import spread_multi_values
 from llmctl.cli.common import parse_bytes

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import run_cli
-from server_helpers import start_server
+from helpers.server_helpers import start_server
 
 pytestmark = pytest.mark.subprocess
 

@@ -38,7 +38,7 @@ def reference(base: Path, adapter: Path | None, tokenizer, prompts: list[str], m
     # eager attention: exact for every family, and the only one that soft-caps (Gemma 2)
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32, attn_implementation="eager")
     if state is not None:
-        from quant_helpers import load_dense_state
+        from helpers.quant_helpers import load_dense_state
 
         load_dense_state(model, state)
     if adapter is not None:

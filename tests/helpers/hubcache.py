@@ -7,7 +7,8 @@ import os
 import shutil
 from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+from helpers.paths import FIXTURES
+
 HUB_FIXTURES = FIXTURES / "hub"
 
 

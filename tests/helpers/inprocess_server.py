@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
+from helpers.server_helpers import ThreadedUvicorn
 from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.server.app import ServerSettings, create_app
-from server_helpers import ThreadedUvicorn
 
 
 class InProcessServer(ThreadedUvicorn):

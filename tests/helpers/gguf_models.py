@@ -12,7 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
-from gguf.quants import quantize
+from gguf.quants import dequantize, quantize
+
+from llmctl.checkpoint.gguf_codes import FORMATS, group_codes
+from llmctl.engine.layers.coded_linear import CodedWeight
 
 VOCAB = 49152
 LAYER_NAMES = {  # Hugging Face module → GGUF name, per layer
@@ -35,7 +38,6 @@ def random_k_blocks(type_name: str, rows: int, columns: int, rng: np.random.Gene
                     scales: tuple[float, float] = (1e-5, 1e-4)) -> np.ndarray:
     """Raw K-quant blocks of a [rows, columns] tensor: random codes and sub-scales, float16 super-block scales
     (d, and dmin where the type has one) drawn from `scales`."""
-    from llmctl.checkpoint.gguf_codes import FORMATS
 
     _, block_bytes, per_block, _ = FORMATS[type_name]
     blocks = rng.integers(0, 256, (rows * columns // per_block, block_bytes), dtype=np.uint8)
@@ -160,3 +162,28 @@ def _interleave_rotary(weights: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's LlamaModel.permute: each head's rotary halves interleaved."""
     return (weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
             .swapaxes(1, 2).reshape(weights.shape))
+
+
+QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf-py quantizes these; K-quants it only reads
+
+
+def gguf_tensor(type_name: str, rows: int, columns: int, seed: int) -> np.ndarray:
+    """Raw blocks of a [rows, columns] tensor: quantized by gguf-py, or (K-quants) random blocks whose
+    float16 super-block scales are finite."""
+    from helpers.gguf_models import random_k_blocks
+
+    rng = np.random.default_rng(seed)
+    qtype = GGMLQuantizationType[type_name]
+    if type_name in QUANTIZABLE:
+        return quantize(rng.standard_normal((rows, columns)).astype(np.float32), qtype)
+    return random_k_blocks(type_name, rows, columns, rng, scales=(1e-3, 2e-2))
+
+
+def reference(raw: np.ndarray, type_name: str) -> torch.Tensor:
+    return torch.from_numpy(np.array(dequantize(raw, GGMLQuantizationType[type_name]), dtype=np.float32))
+
+
+def coded_weight(raw: np.ndarray, type_name: str, rows: int, columns: int) -> CodedWeight:
+    codes = group_codes(raw, type_name, rows, columns)
+    return CodedWeight.compact(torch.from_numpy(codes.stored_codes()), torch.from_numpy(codes.scales),
+                               torch.from_numpy(codes.offsets))

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from server_helpers import ThreadedUvicorn
+from helpers.server_helpers import ThreadedUvicorn
 
 
 @dataclass
