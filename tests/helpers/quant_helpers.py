@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from helpers.paths import FIXTURES
+
 METADATA = (".qzeros", ".scales", ".g_idx")
 
 
@@ -39,8 +41,7 @@ def load_dense_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
     model.tie_weights()
 
 
-WIKITEXT = Path(__file__).resolve().parent / "fixtures" / "data" / \
-    "wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
+WIKITEXT = FIXTURES / "data" / "wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
 
 
 def assert_engine_matches_dense(out: Path, unpack, prompt: str, dense_model=None):
