@@ -115,10 +115,10 @@ def default_source():
     return resolve_model(None, show_progress=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(default_source):
-    """`llmctl serve` of the default model, one per test module that asks (modules with other flags define
-    their own)."""
+    """`llmctl serve` of the default model, one for the whole run: the modules that ask only read from it
+    (modules with other flags define their own)."""
     from helpers.server_helpers import start_server
 
     server = start_server("--max-model-len", "1024")
@@ -126,7 +126,7 @@ def server(default_source):
     server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def client(server):
     """The official openai client on that server."""
     import openai
