@@ -53,7 +53,7 @@ def one_sequence_kv_bytes(args: argparse.Namespace, length: int) -> int:
     blocks, as plan and the engine count them."""
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import resolve_model
-    from llmctl.plan.kv import kv_dtype_bytes, stage_kv
+    from llmctl.sizing.kv import kv_dtype_bytes, stage_kv
 
     spec = load_spec(resolve_model(args.gguf, weights=False, show_progress=False))
     model_bytes = 2 if args.llmctl_dtype in ("bfloat16", "float16") else 4  # a coded GGUF computes in float32

@@ -30,7 +30,7 @@ def write_adapter(folder: Path, rank: int) -> Path:
 
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import DEFAULT_MODEL_ID, resolve_model
-    from llmctl.plan.lora import lora_targets
+    from llmctl.sizing.lora import lora_targets
 
     spec = load_spec(resolve_model(None, show_progress=False))
     generator = torch.Generator().manual_seed(0)

@@ -10,9 +10,9 @@ import torch
 from cpu_int4 import fastest  # benchmarks/ is this script's folder
 from torch import nn
 
+from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import cpu_gemm
 from llmctl.engine.layers.moe import FusedMoE, Routing
-from llmctl.engine.parallel.group import TPGroup
 
 
 def main() -> None:

@@ -1,3 +1,5 @@
+"""`python -m llmctl`: the CLI."""
+
 from llmctl.cli import main
 
 main()

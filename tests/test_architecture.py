@@ -19,14 +19,17 @@ MAX_LOOSE_SERVER_PARAMETERS = 5
 
 # Lowest first: a package imports only packages before it (docs/architecture.md, "Layers").
 LAYERS = ("errors", "settings", "units", "cache", "logs", "version", "progress", "jsonl",  # leaves
-          "checkpoint", "plan", "kernels", "engine",
+          "checkpoint", "sizing", "plan", "kernels", "engine",
           "quant", "inspect_report", "server", "bench", "display", "cli", "__main__", "<root>")
 # Inside the engine: the driver's core runs no model, workers know no front, layers and models no step.
+# Sampling runs torch on logits (driver or last stage), beside the core; the collectives know no executor.
 ENGINE_FORBIDDEN = {
-    "core": {"worker", "front", "parallel", "layers", "models"},
-    "worker": {"front"},
-    "layers": {"core", "worker", "front"},
-    "models": {"core", "worker", "front"},
+    "core": {"worker", "front", "executor", "distributed", "sample", "layers", "models"},
+    "sample": {"worker", "front", "executor", "layers", "models"},
+    "distributed": {"worker", "front", "executor", "core", "sample"},
+    "worker": {"front", "executor"},
+    "layers": {"core", "worker", "front", "executor", "sample"},
+    "models": {"core", "worker", "front", "executor", "sample"},
 }
 
 
@@ -109,6 +112,24 @@ def test_no_import_circles(modules):
 
 def test_no_upward_imports(modules):
     assert upward_imports(modules) == []
+
+
+# What the server may import of the engine: the client protocol and the public types it speaks in (vLLM's
+# serving layer holds an EngineClient and nothing else of the engine).
+SERVER_SEES_OF_THE_ENGINE = ("llmctl.engine.config", "llmctl.engine.errors", "llmctl.engine.sampling_params",
+                             "llmctl.engine.front.engine_client", "llmctl.engine.front.client_factory",
+                             "llmctl.engine.front.outputs",
+                             "llmctl.engine.front.stats", "llmctl.engine.front.embedding",
+                             "llmctl.engine.front.beam_search", "llmctl.engine.lora.request",
+                             "llmctl.engine.structured.params", "llmctl.engine.structured.config",
+                             "llmctl.engine.reasoning")
+
+
+def test_the_server_reaches_the_engine_only_through_its_client_and_public_types(modules):
+    reached = sorted(f"{m.name} imports {target}" for m in modules.values() if m.name.startswith("llmctl.server.")
+                     for target in m.imports if target.startswith("llmctl.engine.")
+                     and not target.startswith(SERVER_SEES_OF_THE_ENGINE))
+    assert reached == []
 
 
 def test_server_parameters_are_typed():

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from llmctl import LLM, SamplingParams
+from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.front.async_engine import AsyncLLMEngine
-from llmctl.engine.sampling_params import InvalidRequestError
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from torch import nn
 
 from helpers.paged_steps import paged_step
 from llmctl.engine.layers import cpu_gemm
+from llmctl.engine.layers.norms import RMSNorm
 from llmctl.engine.layers.positions import _rotate, alibi_slopes
-from llmctl.engine.models.common import RMSNorm
 from llmctl.errors import SettingError
 from llmctl.kernels import cpu
 from llmctl.kernels.attention import AttentionOptions, paged_attention_reference
@@ -336,7 +336,7 @@ def test_the_measured_crossover_decides_the_path(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_and_mul_of_the_fused_gate_up_output(dtype):
-    from llmctl.engine.models.llama import silu_and_mul
+    from llmctl.engine.layers.activations import silu_and_mul_reference as silu_and_mul
 
     fused = torch.randn(9, 2 * 1536).to(dtype) * 4
     torch.testing.assert_close(cpu.silu_and_mul(fused), silu_and_mul(fused, 1536), atol=TOLERANCE[dtype],

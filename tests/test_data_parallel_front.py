@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
+from llmctl.engine.errors import WorkerLostError
 from llmctl.engine.front.data_parallel import DataParallelEngine
-from llmctl.engine.parallel.executor import WorkerLostError
 from llmctl.engine.sampling_params import SamplingParams
 
 

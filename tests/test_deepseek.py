@@ -146,7 +146,7 @@ def test_served_through_the_openai_client(models, tokenizer):
 ])
 def test_what_the_latent_cache_cannot_do_is_refused(models, flag, value, message):
     from llmctl import LLM
-    from llmctl.engine.config import EngineConfigError
+    from llmctl.engine.errors import EngineConfigError
 
     with pytest.raises(EngineConfigError, match=message):
         LLM(str(models["deepseek-v2-lite"]), max_model_len=256, **{flag: value})

@@ -15,7 +15,8 @@ from helpers.command_line import parse_line
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-PATH = re.compile(r"(?<![\w/.-])((?:tests|benchmarks|scripts|docs|kernels|llmctl|docker|templates)/[\w./-]*\w)")
+PATH = re.compile(r"(?<![\w/.-])((?:tests|benchmarks|scripts|docs|kernels|llmctl|docker|templates)/[\w./-]*\w)"
+                  r"(?![\w./*-])")  # a glob (kernels/cpu_*.cpp) is not a path
 LINK = re.compile(r"\]\(([^)#:]+)(?:#[^)]*)?\)")
 SHELL_BLOCK = re.compile(r"```(?:bash|sh|shell|console)\n(.*?)```", re.S)
 INLINE = re.compile(r"`(llmctl [^`]+)`")
@@ -61,3 +62,12 @@ def test_no_readme_table_cell_over_300_characters() -> None:
     cells = [cell.strip() for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("|")
              for cell in line.strip("|").split(" | ")]
     assert cells and max(len(cell) for cell in cells) <= 300, max(cells, key=len)
+
+
+def test_architecture_names_every_module_in_its_room() -> None:
+    """docs/architecture.md's module list is scripts/architecture_rooms.py's output for today's tree."""
+    import runpy
+
+    rooms = runpy.run_path(str(ROOT / "scripts" / "architecture_rooms.py"))
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert rooms["page_block"](page) == rooms["rooms"](), "run: python scripts/architecture_rooms.py --write"

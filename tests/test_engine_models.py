@@ -221,7 +221,7 @@ def test_torch_reference_backend_matches_transformers(tmp_path, tokenizer, famil
 
 
 def test_cpu_backend_falls_back_to_torch_when_the_kernel_cannot_be_built(tmp_path, tokenizer, monkeypatch, caplog):
-    from llmctl.engine.config import EngineConfigError
+    from llmctl.engine.errors import EngineConfigError
     from llmctl.kernels import cpu
 
     def cannot_build():
@@ -252,7 +252,7 @@ def test_triton_attention_backend_matches_transformers(tmp_path, tokenizer, fami
 def test_triton_backend_on_cpu_without_the_interpreter_is_one_clear_line(tmp_path, tokenizer, monkeypatch):
     from transformers import LlamaConfig
 
-    from llmctl.engine.config import EngineConfigError
+    from llmctl.engine.errors import EngineConfigError
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     folder = save_random_model(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
@@ -268,7 +268,7 @@ def test_fp8_kv_cache(tmp_path, tokenizer):
     the same stored bytes, and outputs stay near full precision."""
     from transformers import LlamaConfig
 
-    from llmctl.plan.kv import stage_kv
+    from llmctl.sizing.kv import stage_kv
 
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)

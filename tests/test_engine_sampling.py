@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from llmctl import LLM, SamplingParams
-from llmctl.engine.config import EngineConfigError
-from llmctl.engine.core.sampler import CDF_CHUNK, SampleInput, inverse_cdf, sample
 from llmctl.engine.core.sequence import Sequence
+from llmctl.engine.core.step_messages import SampleInput
+from llmctl.engine.errors import EngineConfigError, InvalidRequestError
 from llmctl.engine.front.detokenizer import IncrementalDetokenizer
-from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.engine.sample.sampler import CDF_CHUNK, inverse_cdf, sample
 
 PROMPT = "The capital of France is"  # greedy: " Paris.\n\nThe answer is: ..."
 

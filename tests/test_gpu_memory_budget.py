@@ -39,7 +39,7 @@ def test_memory_cached_by_torchs_allocator_counts_as_free():
 def test_each_rank_makes_its_own_gpu_current(monkeypatch):
     """Triton launches on the current CUDA device: rank 1 of a TP group on cuda:1 must make cuda:1 current,
     or its kernels run on GPU 0 with GPU 1's pointers. Checked at the call CUDA would receive."""
-    from llmctl.engine.parallel.group import Rank
+    from llmctl.engine.distributed.group import Rank
     from llmctl.engine.worker.loader import bind_device, device_for
 
     made_current = []

@@ -14,7 +14,7 @@ from llmctl import LLM, SamplingParams
 from llmctl.engine.core.block_manager import SLID_OUT, BlockManager
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.sampling_params import SamplingParams as Params
-from llmctl.plan.kv import kv_groups
+from llmctl.sizing.kv import kv_groups
 
 BS = 16
 

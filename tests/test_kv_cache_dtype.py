@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmctl.engine.config import EngineConfig, EngineConfigError
+from llmctl.engine.config import EngineConfig
+from llmctl.engine.errors import EngineConfigError
 from llmctl.kernels import cpu
 
 needs_kernels = pytest.mark.skipif(cpu.unavailable_reason() is not None,

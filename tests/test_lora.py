@@ -13,8 +13,7 @@ import pytest
 from helpers.lora_helpers import PROMPTS, assert_matches, make_adapter, reference
 from helpers.models import save_random_model
 from llmctl import LLM, LoRARequest, SamplingParams
-from llmctl.engine.lora.adapter import AdapterError
-from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.engine.errors import AdapterError, InvalidRequestError
 from llmctl.errors import ModelNotFoundError
 
 pytestmark = pytest.mark.subprocess
@@ -258,7 +257,8 @@ def test_adapters_that_do_not_fit_are_refused_with_the_reason(llama_engine, tiny
 
 
 def test_lora_requests_need_enable_lora_and_valid_settings(tiny):
-    from llmctl.engine.config import EngineConfig, EngineConfigError
+    from llmctl.engine.config import EngineConfig
+    from llmctl.engine.errors import EngineConfigError
 
     llm = LLM(str(tiny["llama"]["base"]), max_model_len=256)
     with pytest.raises(InvalidRequestError, match="started without LoRA: pass enable_lora=True"):
@@ -270,7 +270,7 @@ def test_lora_requests_need_enable_lora_and_valid_settings(tiny):
 
 
 def test_slots_take_what_plan_counts(llama_engine):
-    from llmctl.plan.lora import lora_slot_bytes
+    from llmctl.sizing.lora import lora_slot_bytes
 
     loaded = llama_engine.engine.loaded
     assert loaded.lora_bytes == lora_slot_bytes(loaded.spec, 2, 8, 4) > 0
@@ -420,8 +420,8 @@ def test_plan_counts_lora_slots_and_prints_commands_serve_accepts(default_source
     from llmctl.checkpoint.source import resolve_model
     from llmctl.cli import app
     from llmctl.plan.gpus import lookup_gpu
-    from llmctl.plan.lora import lora_slot_bytes
     from llmctl.plan.planner import PlanRequest, build_plan
+    from llmctl.sizing.lora import lora_slot_bytes
 
     spec = load_spec(default_source)
     plain = build_plan(spec, PlanRequest(gpu=lookup_gpu("l4")), "smol")

@@ -65,7 +65,7 @@ def test_served_with_expert_parallelism_through_the_openai_client(tmp_path, toke
 
 def test_experts_that_do_not_spread_evenly_are_refused_before_any_rank_starts(tmp_path, tokenizer):
     from llmctl import LLM
-    from llmctl.engine.config import EngineConfigError
+    from llmctl.engine.errors import EngineConfigError
 
     config = moe_config("mixtral", len(tokenizer))
     config.num_local_experts = 6

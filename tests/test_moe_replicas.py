@@ -44,7 +44,7 @@ def test_experts_spread_over_replicas_give_transformers_tokens(tmp_path, tokeniz
     from llmctl.engine.config import EngineConfig
     from llmctl.engine.front.data_parallel import DataParallelEngine
     from llmctl.engine.layers.moe import FusedMoE
-    from llmctl.plan.weights import stage_weights, weight_format
+    from llmctl.sizing.weights import stage_weights, weight_format
 
     folder = save_random_model(moe_config("qwen2-moe", len(tokenizer)), tmp_path / "qwen2-moe", tokenizer)
     engine = DataParallelEngine(EngineConfig(model=str(folder), data_parallel_size=2, tensor_parallel_size=tp,
@@ -102,7 +102,8 @@ def test_served_over_replicas_through_the_openai_client(tmp_path, tokenizer):
 ])
 def test_layouts_that_cannot_spread_the_experts_are_refused_before_any_replica_starts(tmp_path, tokenizer,
                                                                                     flags, message):
-    from llmctl.engine.config import EngineConfig, EngineConfigError
+    from llmctl.engine.config import EngineConfig
+    from llmctl.engine.errors import EngineConfigError
     from llmctl.engine.front.data_parallel import DataParallelEngine
 
     folder = save_random_model(moe_config("qwen2-moe", len(tokenizer)), tmp_path / "qwen2-moe", tokenizer)
@@ -118,7 +119,7 @@ def test_bench_offline_spreads_the_experts_over_its_replicas(tmp_path, tokenizer
     from conftest import run_cli
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import resolve_model
-    from llmctl.plan.weights import stage_weights, weight_format
+    from llmctl.sizing.weights import stage_weights, weight_format
 
     folder = save_random_model(moe_config("qwen2-moe", len(tokenizer)), tmp_path / "qwen2-moe", tokenizer)
     result = run_cli("bench", "offline", str(folder), "--dp", "2", "--enable-expert-parallel", "--num-prompts", "6",

@@ -11,7 +11,7 @@ import torch
 
 from helpers.models import quantized_model, random_model
 from llmctl import LLM, SamplingParams
-from llmctl.engine.config import EngineConfigError
+from llmctl.engine.errors import EngineConfigError
 
 PROMPTS = ["The capital of France is", "Hello, my name is", [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]]
 PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=0)
@@ -146,9 +146,9 @@ def test_the_last_stage_samples_as_the_driver_does(models):
 def test_each_rank_holds_what_the_plan_says(models):
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import resolve_model
-    from llmctl.plan.kv import stage_kv
-    from llmctl.plan.memory import kv_pool
-    from llmctl.plan.weights import pipeline_stages, stage_weights, weight_format
+    from llmctl.sizing.kv import stage_kv
+    from llmctl.sizing.memory import kv_pool
+    from llmctl.sizing.weights import pipeline_stages, stage_weights, weight_format
 
     folder = models["llama-1kv"]
     spec = load_spec(resolve_model(str(folder)))
@@ -242,7 +242,7 @@ def test_each_rank_takes_its_share_of_the_cores(monkeypatch):
 def test_messages_between_ranks_carry_tensors_in_one_buffer():
     """A step's batch goes as one gloo message (one round trip); bigger ones (logits) as two,
     and every tensor comes back equal, dtype and shape included, as a view of the buffer."""
-    from llmctl.engine.parallel.channel import FIRST_PART, _decode, encode
+    from llmctl.engine.distributed.channel import FIRST_PART, _decode, encode
 
     small = {"ids": torch.arange(7, dtype=torch.int32), "empty": torch.zeros(0, 4), "scalar": torch.tensor(2.5),
              "flags": torch.tensor([True, False]), "half": torch.randn(3, 5).to(torch.bfloat16), "note": "x"}
@@ -265,9 +265,8 @@ def test_messages_between_ranks_carry_tensors_in_one_buffer():
 
 def test_a_step_that_fails_to_sample_on_the_last_stage_comes_back_as_its_error():
     """The rank goes on; the driver fails that step's requests (RemoteStepError → StepFailedError)."""
-    from llmctl.engine.core.sampler import SampleInput
-    from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
-    from llmctl.engine.parallel.stage import step_result
+    from llmctl.engine.core.step_messages import SampledTokens, SampleInput, StepBatch, StepFailed, StepLogits
+    from llmctl.engine.executor.stage import step_result
 
     batch = StepBatch([5], [0], [0], [0, 1], [1], [[0]], [0],
                       sampling=[SampleInput(SamplingParams(temperature=0), 0.0, [])])

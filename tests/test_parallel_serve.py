@@ -142,8 +142,9 @@ def test_two_torchrun_nodes_give_the_same_tokens(single_tokens, tmp_path):
 
 
 def test_dp_under_torchrun_is_refused_with_the_ways_that_work(monkeypatch):
-    from llmctl.engine.config import EngineConfig, EngineConfigError
-    from llmctl.engine.parallel.launch import run_torchrun_worker_if_not_driver
+    from llmctl.engine.config import EngineConfig
+    from llmctl.engine.errors import EngineConfigError
+    from llmctl.engine.executor.launch import run_torchrun_worker_if_not_driver
 
     for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(name, value)

@@ -12,9 +12,9 @@ from llmctl.checkpoint.params import count_from_config
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.errors import LlmctlError
 from llmctl.plan.gpus import lookup_gpu
-from llmctl.plan.kv import stage_kv
 from llmctl.plan.planner import MeasuredMemory, PlanRequest, build_plan
-from llmctl.plan.weights import (
+from llmctl.sizing.kv import stage_kv
+from llmctl.sizing.weights import (
     lm_head_in_layers,
     pipeline_stages,
     split_layers,

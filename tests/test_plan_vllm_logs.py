@@ -14,8 +14,8 @@ import pytest
 
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.plan.gpus import GpuType
-from llmctl.plan.memory import ActivationShape, activation_peak_bytes
 from llmctl.plan.planner import PlanRequest, build_plan
+from llmctl.sizing.memory import ActivationShape, activation_peak_bytes
 from llmctl.units import GiB
 
 PROFILES = json.loads((Path(__file__).parent / "fixtures" / "vllm_logs" / "memory_profiles.json").read_text())

@@ -45,7 +45,7 @@ def test_output_folder_is_a_complete_model(gptq_folder):
 def test_engine_serves_it_like_transformers_on_the_dequantized_weights(gptq_folder):
     from llmctl.checkpoint.quant_formats import unpack_gptq
     from llmctl.engine.layers.quant_linear import QuantLinear
-    from llmctl.plan.weights import stage_weights, weight_format
+    from llmctl.sizing.weights import stage_weights, weight_format
 
     out, _ = gptq_folder
     llm = assert_engine_matches_dense(out, lambda parts: unpack_gptq(parts, 4, 64), "The capital of France is")

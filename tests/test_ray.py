@@ -74,7 +74,8 @@ def test_tp_ranks_as_actors_of_a_local_ray_cluster(llama, caplog):
 
 
 def test_a_wrong_backend_is_one_line():
-    from llmctl.engine.config import EngineConfig, EngineConfigError
+    from llmctl.engine.config import EngineConfig
+    from llmctl.engine.errors import EngineConfigError
     from llmctl.engine.front.ray_replica import ray_replicas
 
     with pytest.raises(EngineConfigError, match="--distributed-executor-backend 'slurm' is not mp"):

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from llmctl import LLM, SamplingParams
-from llmctl.engine.config import EngineConfigError
-from llmctl.engine.spec_decode.config import SpeculativeConfig, SpeculativeConfigError, parse_speculative_config
+from llmctl.engine.errors import EngineConfigError, SpeculativeConfigError
+from llmctl.engine.sample.rejection import VerifyInput, accept_or_recover, verify
+from llmctl.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from llmctl.engine.spec_decode.ngram import propose_ngram
 from llmctl.engine.spec_decode.proposal import Draft
-from llmctl.engine.spec_decode.rejection import VerifyInput, accept_or_recover, verify
 
 pytestmark = pytest.mark.subprocess
 

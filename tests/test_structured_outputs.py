@@ -231,7 +231,8 @@ def test_the_guidance_backend_agrees_with_xgrammar(default_source):
     (None, "lm-format-enforcer", "'lm-format-enforcer' is not one of"),
 ])
 def test_server_backend_flags_are_checked_before_startup(value, backend, words):
-    from llmctl.engine.config import EngineConfig, EngineConfigError
+    from llmctl.engine.config import EngineConfig
+    from llmctl.engine.errors import EngineConfigError
 
     with pytest.raises(EngineConfigError, match=re.escape(words)):
         EngineConfig(structured_outputs_config=value, guided_decoding_backend=backend).validate()

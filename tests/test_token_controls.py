@@ -10,7 +10,7 @@ import torch
 
 from helpers.server_helpers import post
 from llmctl import LLM, SamplingParams
-from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.engine.errors import InvalidRequestError
 
 PROMPTS = ["The capital of France is", "My favourite fruit is the", "Once upon a time"]
 TOKENS = 24

@@ -1,3 +1,5 @@
+"""`python -m llmctl.cli`: the CLI."""
+
 from llmctl.cli.app import main
 
 main()

@@ -92,7 +92,7 @@ def serve(
 ) -> None:
     """An OpenAI-compatible server on llmctl's engine (completions, chat, streaming, metrics)."""
     from llmctl.checkpoint.source import DEFAULT_MODEL_ID
-    from llmctl.engine.parallel.launch import run_torchrun_worker_if_not_driver
+    from llmctl.engine.executor.launch import run_torchrun_worker_if_not_driver
     from llmctl.server.listener import Listener
     from llmctl.server.serve import load_chat_template
     from llmctl.server.serve import serve as run_server

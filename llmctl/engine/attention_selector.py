@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from llmctl.checkpoint.spec import ModelSpec
-from llmctl.engine.config import EngineConfig, EngineConfigError
+from llmctl.engine.config import EngineConfig
+from llmctl.engine.errors import EngineConfigError
 from llmctl.kernels.limits import HALF_VECTOR_QUERY_LIMIT, SHORT_QUERY_LIMIT, VECTOR_QUERY_LIMIT
 from llmctl.settings import kv_cache_format
 

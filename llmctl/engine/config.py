@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from llmctl.engine.errors import EngineConfigError
 from llmctl.errors import LlmctlError
 from llmctl.kernels.limits import SUPPORTED_BLOCK_SIZES
 from llmctl.settings import (
@@ -19,13 +20,9 @@ from llmctl.settings import (
 from llmctl.units import GiB
 
 if TYPE_CHECKING:
-    from llmctl.engine.parallel.expert_exchange import ReplicaGroup
+    from llmctl.engine.distributed.expert_exchange import ReplicaGroup
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * GiB  # vLLM's CPU backend reserves VLLM_CPU_KVCACHE_SPACE (4 GiB) the same way
-
-
-class EngineConfigError(LlmctlError):
-    """A setting that cannot work; the message names the flag and a value that does."""
 
 
 @dataclass
@@ -70,7 +67,6 @@ class EngineConfig:
     def _validate_policies(self) -> None:
         """The scheduling policy and the reasoning parser are names llmctl knows."""
         from llmctl.engine.reasoning import ReasoningParserManager
-        from llmctl.errors import LlmctlError
 
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise EngineConfigError(f"--scheduling-policy {self.scheduling_policy!r} is not fcfs (first come, first "

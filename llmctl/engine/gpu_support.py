@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from llmctl.engine.config import EngineConfigError
+from llmctl.engine.errors import EngineConfigError
 from llmctl.kernels.limits import kernel_refusal
 from llmctl.settings import kv_cache_format
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from llmctl.errors import LlmctlError
+from llmctl.engine.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     from llmctl.engine.structured.params import StructuredOutputsParams
@@ -58,14 +58,6 @@ RANGES: dict[str, Range] = {
     "prompt_logprobs": Range(0, MAX_LOGPROBS),
     "seed": Range(-(2**63), 2**64 - 1),
 }
-
-
-class InvalidRequestError(LlmctlError):
-    """A request setting is out of range; the message names the parameter."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass

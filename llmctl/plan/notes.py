@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmctl.checkpoint.spec import ModelSpec
-from llmctl.plan.lora import lora_slot_bytes
-from llmctl.plan.weights import WEIGHT_DTYPES, WeightFormat, lm_head_in_layers, pipeline_stages, vllm_pipeline_stages
+from llmctl.sizing.lora import lora_slot_bytes
+from llmctl.sizing.weights import WEIGHT_DTYPES, WeightFormat, lm_head_in_layers, pipeline_stages, vllm_pipeline_stages
 from llmctl.units import GiB
 
 if TYPE_CHECKING:

@@ -11,9 +11,12 @@ from llmctl.checkpoint.spec import ModelSpec
 from llmctl.errors import LlmctlError
 from llmctl.plan.gguf_sizes import GgufSizes
 from llmctl.plan.gpus import GPU_CATALOG, GpuType
-from llmctl.plan.kv import BLOCK_SIZE, StageKV, kv_dtype_bytes, planned_kv_format, stage_kv
-from llmctl.plan.lora import lora_slot_bytes, lora_targets
-from llmctl.plan.memory import (
+from llmctl.plan.notes import plan_notes
+from llmctl.settings import DEFAULT_MAX_NUM_SEQS, VLLM_ONLY_KV_CACHE_FORMATS
+from llmctl.sizing.kv import BLOCK_SIZE, StageKV, kv_dtype_bytes, planned_kv_format, stage_kv
+from llmctl.sizing.layout import structural_problems
+from llmctl.sizing.lora import lora_slot_bytes, lora_targets
+from llmctl.sizing.memory import (
     ActivationShape,
     MemoryBudget,
     activation_peak_bytes,
@@ -21,9 +24,7 @@ from llmctl.plan.memory import (
     max_concurrency,
     runtime_overhead_bytes,
 )
-from llmctl.plan.notes import plan_notes
-from llmctl.plan.weights import WEIGHT_DTYPES, WeightFormat, stage_weights, vllm_pipeline_stages, weight_format
-from llmctl.settings import DEFAULT_MAX_NUM_SEQS, VLLM_ONLY_KV_CACHE_FORMATS
+from llmctl.sizing.weights import WEIGHT_DTYPES, WeightFormat, stage_weights, vllm_pipeline_stages, weight_format
 from llmctl.units import GiB
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's chunked-prefill budget for serving on data-center GPUs
@@ -165,50 +166,6 @@ def candidate_layouts(gpus: int) -> list[tuple[int, int]]:
             if gpus % (tp * pp) == 0]
 
 
-def structural_problems(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, tp: int, pp: int) -> list[str]:
-    """Why vLLM would refuse this layout before looking at memory."""
-    att, problems = spec.attention, []
-    if att.num_heads % tp:
-        problems.append(f"{att.num_heads} attention heads are not divisible by TP {tp}")
-    kv = att.num_kv_heads
-    if att.kind != "MLA" and kv and (tp % kv if tp > kv else kv % tp):
-        problems.append(f"{kv} KV heads cannot be split or replicated evenly over TP {tp}")
-    if pp > spec.num_layers:
-        problems.append(f"PP {pp} exceeds the {spec.num_layers} layers")
-    if tp > req.gpus_per_node:
-        problems.append(f"TP {tp} would cross nodes ({req.gpus_per_node} GPUs per node): keep TP inside a node "
-                        "and use PP across nodes")
-    moe = spec.moe
-    if spec.intermediate_size and spec.intermediate_size % tp and not (moe and not moe.dense_layers):
-        problems.append(f"intermediate size {spec.intermediate_size} is not divisible by TP {tp}")
-    ep = expert_ranks(req, tp, pp)
-    if moe and ep and moe.num_experts % ep:
-        problems.append(f"{moe.num_experts} experts cannot be spread evenly over {ep} expert-parallel ranks"
-                        + (f" (TP {tp} × {ep // tp} replicas)" if ep > tp else ""))
-    if moe and not req.expert_parallel and moe.expert_intermediate_size % tp:
-        problems.append(f"expert intermediate size {moe.expert_intermediate_size} is not divisible by TP {tp} "
-                        "(try --enable-expert-parallel)")
-    if fmt.scale_kind == "group" and fmt.group_size > 0:
-        problems += _group_alignment_problems(spec, fmt.group_size, tp, req.expert_parallel)
-    return problems
-
-
-def _group_alignment_problems(spec: ModelSpec, group: int, tp: int, expert_parallel: bool) -> list[str]:
-    inputs = {"hidden size": spec.hidden_size}
-    att = spec.attention
-    if att.kind != "MLA" and tp > 1:  # o_proj's input columns are split by TP
-        q_size = att.num_heads * att.head_dim
-        inputs[f"attention output / TP ({q_size} / {tp})"] = q_size // tp
-    moe = spec.moe
-    if not moe or moe.dense_layers:
-        inputs[f"intermediate size / TP ({spec.intermediate_size} / {tp})"] = spec.intermediate_size // tp
-    if moe:
-        part = moe.expert_intermediate_size // (1 if expert_parallel else tp)
-        inputs[f"expert intermediate size / TP ({moe.expert_intermediate_size} / {tp})"] = part
-    return [f"{name} {size} is not a multiple of the quantization group size {group}"
-            for name, size in inputs.items() if size % group]
-
-
 def expert_ranks(req: PlanRequest, tp: int, pp: int) -> int:
     """With --enable-expert-parallel, experts spread over TP × DP ranks (vLLM's EP size); 0 without it."""
     return tp * max(1, req.gpus // (tp * pp)) if req.expert_parallel else 0
@@ -217,7 +174,8 @@ def expert_ranks(req: PlanRequest, tp: int, pp: int) -> int:
 def evaluate_layout(spec: ModelSpec, req: PlanRequest, tp: int, pp: int, *, dtype_bytes: int, fmt: WeightFormat,
                     kv_bytes: int, max_model_len: int, measured: MeasuredMemory | None = None) -> LayoutPlan:
     layout = LayoutPlan(tp=tp, pp=pp, replicas=max(1, req.gpus // (tp * pp)))
-    layout.problems = structural_problems(spec, req, fmt, tp, pp)
+    layout.problems = structural_problems(spec, fmt, tp, pp, req.gpus_per_node, expert_ranks(req, tp, pp),
+                                          req.expert_parallel)
     if layout.problems:
         layout.feasible = False
         return layout

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from llmctl.engine.front.llm_engine import LLMEngine
+from llmctl.engine.front.client_factory import InProcessEngine
 from llmctl.server.chat import chat_completions
 from llmctl.server.completions import completions
 from llmctl.server.embeddings import embeddings
@@ -37,7 +37,7 @@ logger = logging.getLogger("llmctl.server")
 Handler = Callable[[ServerState, Request], Awaitable[Response]]
 
 
-def create_app(settings: ServerSettings, engine: LLMEngine | None = None,
+def create_app(settings: ServerSettings, engine: InProcessEngine | None = None,
                on_load_failure: OnFailure | None = None) -> Starlette:
     """The app; the engine loads on a background thread (or is given), /health says when it is ready."""
     state = ServerState(settings)
@@ -102,7 +102,7 @@ def _routes(state: ServerState) -> list[Route]:
     ]
 
 
-def _lifespan(state: ServerState, engine: LLMEngine | None, on_load_failure: OnFailure | None
+def _lifespan(state: ServerState, engine: InProcessEngine | None, on_load_failure: OnFailure | None
               ) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
     settings = state.settings
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.front.beam_search import BeamSearchParams, run_beam_search
 from llmctl.engine.front.outputs import RequestOutput
-from llmctl.engine.sampling_params import InvalidRequestError
 from llmctl.server.admission import AdmittedStream
 from llmctl.server.operability import request_id_of
 from llmctl.server.protocol import SamplingRequest, bad

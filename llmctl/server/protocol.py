@@ -12,7 +12,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Union
 
-from llmctl.engine.sampling_params import RANGES, InvalidRequestError, SamplingParams
+from llmctl.engine.errors import InvalidRequestError
+from llmctl.engine.sampling_params import RANGES, SamplingParams
 
 logger = logging.getLogger("llmctl.server")
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from llmctl.engine.core.sequence import TokenLogprob
-from llmctl.engine.front.outputs import CompletionOutput, RequestOutput
+from llmctl.engine.front.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from llmctl.engine.reasoning import ReasoningParser
 from llmctl.server.chat_message import ToolCalling, full_message
 from llmctl.server.protocol import JSON, SamplingRequest

@@ -8,7 +8,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-from llmctl.engine.parallel.executor import WorkerLostError
+from llmctl.engine.errors import WorkerLostError
 from llmctl.errors import LlmctlError
 from llmctl.server.app import ServerSettings, create_app
 from llmctl.server.listener import Listener

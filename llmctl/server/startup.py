@@ -7,10 +7,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from llmctl.engine.front.async_engine import AsyncLLMEngine
-from llmctl.engine.front.data_parallel import create_engine_client
-from llmctl.engine.front.llm_engine import LLMEngine
-from llmctl.engine.parallel.executor import WorkerLostError
+from llmctl.engine.errors import WorkerLostError
+from llmctl.engine.front.client_factory import InProcessEngine, open_engine_client
 from llmctl.errors import LlmctlError, debug_enabled
 from llmctl.server.chat import chat_template
 from llmctl.server.embeddings import load_embedder
@@ -21,13 +19,12 @@ logger = logging.getLogger("llmctl.server")
 OnFailure = Callable[[BaseException], None]
 
 
-def load_engine(state: ServerState, engine: LLMEngine | None, on_load_failure: OnFailure | None) -> None:
+def load_engine(state: ServerState, engine: InProcessEngine | None, on_load_failure: OnFailure | None) -> None:
     """On the loading thread: the embedder or the engine, the --lora-modules, the chat template."""
     try:
         if engine is None and load_embedder(state):
             return
-        state.engine = AsyncLLMEngine(engine) if engine is not None else \
-            create_engine_client(state.settings.engine_config)
+        state.engine = open_engine_client(state.settings.engine_config, engine)
         load_static_adapters(state)
         state.template = chat_template(state.settings.chat_template, state.engine)
         if state.template is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.structured.params import KINDS, StructuredOutputsParams
 from llmctl.server.protocol import Fields, bad
 

@@ -13,9 +13,7 @@ from typing import TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from llmctl.engine.front.async_engine import EngineDeadError
-from llmctl.engine.front.llm_engine import StepFailedError
-from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.engine.errors import EngineDeadError, InvalidRequestError, StepFailedError
 from llmctl.errors import LlmctlError
 from llmctl.server.lora import AdapterLoadError
 from llmctl.server.protocol import APIError, Fields, bad

@@ -85,9 +85,9 @@ def assert_ranks_hold_what_plan_says(folder: Path, memory: list[tuple[int, int]]
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import resolve_model
     from llmctl.engine.models.registry import is_supported
-    from llmctl.plan.kv import stage_kv
-    from llmctl.plan.memory import kv_pool
-    from llmctl.plan.weights import pipeline_stages, stage_weights, weight_format
+    from llmctl.sizing.kv import stage_kv
+    from llmctl.sizing.memory import kv_pool
+    from llmctl.sizing.weights import pipeline_stages, stage_weights, weight_format
 
     spec = load_spec(resolve_model(str(folder)))
     assert is_supported(spec)

@@ -1,6 +1,6 @@
 """KV block pool: block tables, reference counts, prefix caching, copy-on-write.
 
-A sequence holds one block table per KV group (llmctl.plan.kv.KVGroups: one group for most
+A sequence holds one block table per KV group (llmctl.sizing.kv.KVGroups: one group for most
 models; a full-attention group and sliding-window groups for models that mix them, as vLLM's
 hybrid KV cache manager does), all drawing on one pool. Sliding groups give back the blocks
 that every later query has slid past, so they hold about the window's worth of blocks however

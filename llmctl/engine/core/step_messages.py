@@ -7,8 +7,29 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llmctl.engine.core.sampler import SampleInput
-from llmctl.engine.core.sequence import TokenLogprob
+from llmctl.engine.core.sequence import Sequence, TokenLogprob
+from llmctl.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SampleInput:
+    """What sampling one row needs; small and picklable."""
+
+    params: SamplingParams
+    uniform: float  # drawn from the request's generator (0.0 for a greedy row, which draws nothing)
+    blocked_token_ids: list[int]  # EOS and stop ids while min_tokens is not reached
+    seen_token_ids: list[int] = field(default_factory=list)  # distinct prompt + output ids: repetition penalty
+    output_token_ids: list[int] = field(default_factory=list)  # the output so far: presence/frequency penalties
+    token_bitmask: torch.Tensor | None = None  # structured outputs: int32 words, the tokens the grammar allows
+
+    @classmethod
+    def for_sequence(cls, seq: Sequence, params: SamplingParams, generator: torch.Generator,
+                     blocked_token_ids: list[int], token_bitmask: torch.Tensor | None = None) -> SampleInput:
+        """Draws the row's uniform now: the draws of a request stay in its token order wherever it samples."""
+        uniform = 0.0 if params.greedy else torch.rand(1, generator=generator).item()
+        seen = sorted(set(seq.all_token_ids)) if (params.repetition_penalty or 1.0) != 1.0 else []
+        output = list(seq.output_token_ids) if params.presence_penalty or params.frequency_penalty else []
+        return cls(params, uniform, blocked_token_ids, seen, output, token_bitmask)
 
 
 @dataclass
@@ -36,7 +57,7 @@ class StepBatch:
     lora_slots: list[int] = field(default_factory=list)  # [B] each sequence's adapter slot; empty: no adapters
     sampling: list[SampleInput] | None = None  # one per sample row: the last pipeline stage samples them
     total_lens: list[int] = field(default_factory=list)  # [B] each sequence's known tokens (LongRoPE); may be empty
-    # hybrid KV cache (llmctl.plan.kv.KVGroups): slot_mapping and block_tables are the first group's, these the rest's
+    # hybrid KV cache (llmctl.sizing.kv.KVGroups): slot_mapping and block_tables are the first group's, these the rest's
     group_slot_mappings: list[list[int]] = field(default_factory=list)
     group_block_tables: list[list[list[int]]] = field(default_factory=list)
     # tables sent as changes (llmctl.engine.core.table_updates): each sequence's row in the workers' copy, and

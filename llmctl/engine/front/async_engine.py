@@ -18,19 +18,15 @@ from typing import Any
 
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
-from llmctl.engine.front.llm_engine import LLMEngine, StepFailedError
+from llmctl.engine.errors import EngineDeadError, StepFailedError, WorkerLostError
+from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.lora.request import LoRARequest
-from llmctl.engine.parallel.executor import WorkerLostError
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
 
 logger = logging.getLogger("llmctl.engine")
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop stopped after an unexpected error; no request can be served."""
 
 
 @dataclass

@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.front.outputs import CompletionOutput, RequestOutput
-from llmctl.engine.sampling_params import MAX_LOGPROBS, InvalidRequestError, SamplingParams
+from llmctl.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 
 @dataclass(frozen=True)

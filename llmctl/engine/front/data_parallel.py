@@ -18,6 +18,7 @@ from typing import Any
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.config import EngineConfig
+from llmctl.engine.errors import WorkerLostError
 from llmctl.engine.front.async_engine import AsyncLLMEngine
 from llmctl.engine.front.engine_client import EngineClient
 from llmctl.engine.front.llm_engine import LLMEngine
@@ -25,7 +26,6 @@ from llmctl.engine.front.lockstep import LockstepExecutor, LockstepRounds
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.lora.request import LoRARequest
-from llmctl.engine.parallel.executor import WorkerLostError
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.engine.worker.threads import threads_per_rank
@@ -40,8 +40,8 @@ def replica_configs(config: EngineConfig) -> tuple[list[EngineConfig], Any]:
         return [single] * count, None
     import torch.distributed as dist
 
-    from llmctl.engine.parallel.expert_exchange import ReplicaGroup
-    from llmctl.engine.parallel.layout import check_expert_replicas
+    from llmctl.engine.distributed.expert_exchange import ReplicaGroup
+    from llmctl.engine.executor.layout import check_expert_replicas
 
     check_expert_replicas(config)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)

@@ -50,3 +50,4 @@ class EngineClient(Protocol):
     def lost_workers(self) -> str | None: ...  # why worker ranks are gone for good, or None
 
     def shutdown(self, timeout: float = 10.0) -> None: ...
+

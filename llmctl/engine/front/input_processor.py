@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmctl.engine.front.bad_words import bad_words_token_ids
+from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.front.output_processor import Request
 from llmctl.engine.lora.adapter import LoRAAdapter
-from llmctl.engine.sampling_params import InvalidRequestError, SamplingParams
+from llmctl.engine.sample.bad_words import bad_words_token_ids
+from llmctl.engine.sampling_params import SamplingParams
 
 
 class InputProcessor:

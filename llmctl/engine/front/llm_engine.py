@@ -21,17 +21,18 @@ from llmctl.engine.core.scheduler import Scheduler, SchedulerOutput
 from llmctl.engine.core.sequence import Sequence, SequenceStatus
 from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepLogits
 from llmctl.engine.core.table_updates import TableRows
+from llmctl.engine.errors import DeviceFailedError, InvalidRequestError, StepFailedError, WorkerLostError
+from llmctl.engine.executor.executor import Executor, create_executor
 from llmctl.engine.front.input_processor import InputProcessor
 from llmctl.engine.front.output_processor import OutputProcessor
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.front.stats import EngineStats, snapshot
-from llmctl.engine.front.step_sampler import StepSampler
 from llmctl.engine.lora.adapter import LoRAAdapter
 from llmctl.engine.lora.manager import LoRAManager
 from llmctl.engine.lora.request import LoRARequest
-from llmctl.engine.parallel.executor import Executor, WorkerLostError, create_executor
 from llmctl.engine.reasoning import ReasoningParserManager
-from llmctl.engine.sampling_params import InvalidRequestError, SamplingParams
+from llmctl.engine.sample.step_sampler import StepSampler
+from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.spec_decode.speculator import Speculator
 from llmctl.engine.structured.config import parse_structured_outputs_config
 from llmctl.engine.structured.manager import StructuredOutputManager
@@ -39,19 +40,6 @@ from llmctl.engine.worker.loaded_model import LoadedModel
 from llmctl.logs import configure_logging
 
 logger = logging.getLogger("llmctl.engine")
-
-
-class StepFailedError(RuntimeError):
-    """A model step raised: its requests were aborted (blocks freed); other requests are unaffected."""
-
-    def __init__(self, request_ids: list[str], cause: Exception) -> None:
-        super().__init__(f"the model step failed: {type(cause).__name__}: {cause}")
-        self.request_ids = request_ids
-
-
-class DeviceFailedError(RuntimeError):
-    """A CUDA error in a model step. CUDA errors are sticky (the context is unusable afterwards), so
-    the engine stops: /health turns 503 and every request in flight gets the error."""
 
 
 def is_sticky_device_error(exc: BaseException) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmctl.engine.core.sequence import TokenLogprob
+from llmctl.engine.core.sequence import TokenLogprob  # public: the logprobs of an output
 
 
 @dataclass

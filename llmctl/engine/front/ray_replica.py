@@ -15,9 +15,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from llmctl.engine.config import EngineConfig
+from llmctl.engine.errors import WorkerLostError
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.lora.request import LoRARequest
-from llmctl.engine.parallel.executor import WorkerLostError
 from llmctl.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("llmctl.engine")
@@ -126,8 +126,8 @@ class RayReplicaEngine:
 
 def ray_replicas(config: EngineConfig) -> list[RayReplicaEngine]:
     """--dp D replicas as actors on the Ray cluster, each reserving its TP × PP ranks' GPUs (or CPUs)."""
-    from llmctl.engine.config import EngineConfigError
-    from llmctl.engine.parallel.ray_launch import bundle, connect, import_ray
+    from llmctl.engine.errors import EngineConfigError
+    from llmctl.engine.executor.ray_launch import bundle, connect, import_ray
 
     if config.enable_expert_parallel:
         raise EngineConfigError("--enable-expert-parallel across replicas steps them together in one process: use "

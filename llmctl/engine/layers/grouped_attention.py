@@ -1,7 +1,7 @@
 """Attention for models whose layers read different block tables: one backend per KV group.
 
 Models that mix sliding-window and full-attention layers (Gemma 2 and 3) keep one block table
-per KV group (llmctl.plan.kv.KVGroups, vLLM's hybrid KV cache layout): the sliding groups give
+per KV group (llmctl.sizing.kv.KVGroups, vLLM's hybrid KV cache layout): the sliding groups give
 back the blocks their window has passed. Each group gets a backend of its own, prepared with its
 group's slots and tables; a layer's call goes to the backend of the group its cache belongs to.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from llmctl.engine.layers.attention import AttentionBackend, AttentionMetadata, KVCache
-from llmctl.plan.kv import KVGroups
+from llmctl.sizing.kv import KVGroups
 
 
 class GroupedAttention:

@@ -20,11 +20,11 @@ from torch import nn
 from llmctl.checkpoint.quant_formats import packed_shard_range
 from llmctl.checkpoint.spec import QuantizationSpec
 from llmctl.checkpoint.weights import CheckpointTensor
+from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import cpu_gemm
 from llmctl.engine.layers.coded_linear import CODED_KINDS, CodedLinear, CodedWeight, coded_from
 from llmctl.engine.layers.quant_linear import QuantLinear
-from llmctl.engine.parallel.group import TPGroup
-from llmctl.plan.weights import padded_vocab_per_rank
+from llmctl.sizing.weights import padded_vocab_per_rank
 
 if TYPE_CHECKING:
     from llmctl.engine.lora.slots import LoRASlots

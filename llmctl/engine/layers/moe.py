@@ -15,15 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from llmctl.checkpoint.weights import CheckpointTensor
+from llmctl.engine.distributed.expert_exchange import ExpertPlacement
+from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import cpu_gemm
+from llmctl.engine.layers.activations import silu_and_mul
 from llmctl.engine.layers.linear import LoadError, Part
-from llmctl.engine.parallel.expert_exchange import ExpertPlacement
-from llmctl.engine.parallel.group import TPGroup
-from llmctl.kernels import cpu as cpu_kernels
 
 PackedPair = tuple["cpu_gemm.PackedWeight | None", "cpu_gemm.PackedWeight | None"]  # an expert's w13, w2
 
@@ -88,18 +87,11 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w
             continue
         chunk = gathered[start:start + count]
         pair = packed[expert] if packed else (None, None)
-        y = cpu_gemm.linear(_silu_and_mul(cpu_gemm.linear(chunk, w13[expert], pair[0]), intermediate),
+        y = cpu_gemm.linear(silu_and_mul(cpu_gemm.linear(chunk, w13[expert], pair[0]), intermediate),
                             w2[expert], pair[1])
         out.index_add_(0, rows[start:start + count], y.float() * scale[start:start + count, None])
         start += count
     return out.to(x.dtype)
-
-
-def _silu_and_mul(fused: torch.Tensor, intermediate: int) -> torch.Tensor:
-    if cpu_kernels.fused_layers_for(fused) and fused.is_contiguous():
-        return cpu_kernels.silu_and_mul(fused)  # one C++ pass on CPUs, as the dense MLP
-    gate, up = fused.split(intermediate, dim=-1)
-    return F.silu(gate) * up
 
 
 class FusedMoE(nn.Module):

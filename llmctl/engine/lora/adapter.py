@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.errors import AdapterError
 from llmctl.errors import LlmctlError
-from llmctl.plan.lora import LoRATarget, lora_targets
+from llmctl.sizing.lora import LoRATarget, lora_targets
 
 if TYPE_CHECKING:  # torch is imported where tensors are read: `llmctl inspect ADAPTER` never pays for it
     import torch
@@ -35,10 +36,6 @@ UNSUPPORTED_OPTIONS = {"use_dora": "DoRA", "fan_in_fan_out": "fan_in_fan_out (Co
                        "trainable_token_indices": "trainable_token_indices", "layer_replication": "layer_replication",
                        "target_parameters": "target_parameters", "lora_bias": "lora_bias"}
 _cache_salts = itertools.count(1)
-
-
-class AdapterError(LlmctlError):
-    """An adapter that cannot run on this base model; the message names the problem."""
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,10 @@ import torch
 
 from llmctl.checkpoint.source import resolve_adapter
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.lora.adapter import LoRAAdapter, load_adapter
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.lora.slots import NO_ADAPTER, LoRASlots
-from llmctl.engine.sampling_params import InvalidRequestError
 
 if TYPE_CHECKING:
     from llmctl.engine.core.sequence import Sequence

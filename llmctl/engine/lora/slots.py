@@ -1,6 +1,6 @@
 """Resident LoRA weights on the model's device, and the batched delta each linear adds.
 
-Every adapted linear holds the slots of up to --max-loras adapters (llmctl.plan.lora counts
+Every adapted linear holds the slots of up to --max-loras adapters (llmctl.sizing.lora counts
 them). A step's tokens are grouped by slot (LoRAStep), and each group adds (x Aᵀ) B for its
 adapter: two small GEMMs per linear and adapter in the step (plus a gather and a scatter when
 the step mixes adapters), on whatever device the model runs.
@@ -17,7 +17,7 @@ from torch import nn
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.lora.adapter import SliceWeights
 from llmctl.errors import UnsupportedModelError
-from llmctl.plan.lora import LoRATarget, lora_targets
+from llmctl.sizing.lora import LoRATarget, lora_targets
 
 NO_ADAPTER = -1  # a sequence of the base model
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear, VocabParallelEmbedding
 from llmctl.engine.layers.positions import alibi_slopes
 from llmctl.engine.models.common import (
@@ -18,7 +19,6 @@ from llmctl.engine.models.common import (
     layer_index,
     load_checkpoint,
 )
-from llmctl.engine.parallel.group import TPGroup
 
 
 def bloom_gelu(x: torch.Tensor) -> torch.Tensor:

@@ -19,8 +19,9 @@ from torch import nn
 
 from llmctl.engine.layers.coded_linear import DECODE_ROWS, CodedLinear, CodedWeight
 from llmctl.engine.layers.cpu_attention import CPUAttention
+from llmctl.engine.layers.norms import RMSNorm
 from llmctl.engine.layers.quant_linear import QuantLinear
-from llmctl.engine.models.common import RMSNorm, StepContext
+from llmctl.engine.models.common import StepContext
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Pieces shared by the model families: step context, RMSNorm, the stage a rank runs, weight loading."""
+"""Pieces shared by the model families: step context, the stage a rank runs, weight loading."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import torch
 from torch import nn
 
 from llmctl.checkpoint.weights import CheckpointTensor
+from llmctl.engine.distributed.expert_exchange import ExpertPlacement
+from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.layers.linear import LoadError
-from llmctl.engine.parallel.expert_exchange import ExpertPlacement
-from llmctl.engine.parallel.group import TPGroup
-from llmctl.kernels import cpu as cpu_kernels
 
 
 @dataclass
@@ -38,37 +37,6 @@ class Shard:
 
     def stage_layers(self, num_layers: int) -> range:
         return range(num_layers) if self.layers is None else self.layers
-
-
-class RMSNorm(nn.Module):
-    """Llama's RMSNorm, computed in float32 as transformers does; on CPUs one fused C++ op."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _fused(x, self.weight):
-            return cpu_kernels.rms_norm(x, self.weight, self.eps)
-        return self.reference(x)
-
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual): the residual add fused in on CPUs."""
-        if _fused(x, self.weight) and _fused(residual, self.weight):
-            return cpu_kernels.rms_norm(residual, self.weight, self.eps, residual=x), residual
-        total = x + residual
-        return self.reference(total), total
-
-    def reference(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.to(torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-def _fused(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return x.dim() == 2 and x.is_contiguous() and x.dtype == weight.dtype and cpu_kernels.fused_layers_for(x)
 
 
 class WeightMismatchError(ValueError):

@@ -24,14 +24,15 @@ from torch import nn
 
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.checkpoint.weights import CheckpointTensor
+from llmctl.engine.distributed.expert_exchange import ExpertPlacement
+from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers.linear import ColumnParallelLinear, LoadError, Part, RowParallelLinear
 from llmctl.engine.layers.moe import FusedMoE, Routing
+from llmctl.engine.layers.norms import RMSNorm
 from llmctl.engine.layers.positions import RotaryEmbedding
-from llmctl.engine.models.common import RMSNorm, StepContext, Target, layer_index
+from llmctl.engine.models.common import StepContext, Target, layer_index
 from llmctl.engine.models.llama import LlamaMLP
 from llmctl.engine.models.moe import MixtureOfExpertsForCausalLM
-from llmctl.engine.parallel.expert_exchange import ExpertPlacement
-from llmctl.engine.parallel.group import TPGroup
 
 logger = logging.getLogger("llmctl.engine")
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm: DeepSeek's default, not rms_norm_eps

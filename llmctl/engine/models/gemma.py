@@ -13,15 +13,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from llmctl.engine.distributed.group import TPGroup
+from llmctl.engine.layers.activations import gelu_tanh_and_mul
 from llmctl.engine.layers.attention import soft_cap
 from llmctl.engine.layers.linear import Part
+from llmctl.engine.layers.norms import RMSNorm
 from llmctl.engine.layers.positions import RotaryEmbedding
-from llmctl.engine.models.common import RMSNorm, StepContext, Target
+from llmctl.engine.models.common import StepContext, Target
 from llmctl.engine.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
-from llmctl.engine.parallel.group import TPGroup
 from llmctl.errors import UnsupportedModelError
 from llmctl.kernels import cpu as cpu_kernels
 
@@ -66,11 +67,7 @@ class GemmaAttention(LlamaAttention):
 
 class GemmaMLP(LlamaMLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = self.gate_up_proj(x)
-        if fused.dim() == 2 and fused.stride(1) == 1 and cpu_kernels.fused_layers_for(fused):
-            return self.down_proj(cpu_kernels.gelu_tanh_and_mul(fused))
-        gate, up = fused.split(self.intermediate, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        return self.down_proj(gelu_tanh_and_mul(self.gate_up_proj(x), self.intermediate))
 
 
 def _fusable(x: torch.Tensor) -> bool:

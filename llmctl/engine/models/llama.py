@@ -8,24 +8,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from llmctl.checkpoint.spec import ModelSpec, QuantizationSpec
 from llmctl.checkpoint.weights import CheckpointTensor
+from llmctl.engine.distributed.group import TPGroup
+from llmctl.engine.layers.activations import silu_and_mul
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear, VocabParallelEmbedding
+from llmctl.engine.layers.norms import RMSNorm
 from llmctl.engine.layers.positions import RotaryEmbedding
 from llmctl.engine.models import coded_decode
-from llmctl.engine.models.common import (
-    RMSNorm,
-    Shard,
-    StepContext,
-    Target,
-    embedding_targets,
-    layer_index,
-    load_checkpoint,
-)
-from llmctl.engine.parallel.group import TPGroup
+from llmctl.engine.models.common import Shard, StepContext, Target, embedding_targets, layer_index, load_checkpoint
 from llmctl.kernels import cpu as cpu_kernels
 
 WEIGHT_KINDS = ("weight", "bias", "qweight", "qzeros", "scales", "g_idx", "codes", "offsets")  # GPTQ/AWQ, GGUF
@@ -100,16 +93,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(part, hidden, bias, group, quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = self.gate_up_proj(x)
-        if fused.dim() == 2 and fused.stride(1) == 1 and cpu_kernels.fused_layers_for(fused):
-            return self.down_proj(cpu_kernels.silu_and_mul(fused))
-        return self.down_proj(silu_and_mul(fused, self.intermediate))
-
-
-def silu_and_mul(fused: torch.Tensor, intermediate: int) -> torch.Tensor:
-    """The reference of the fused C++ op: silu(gate) * up of the [gate | up] projection."""
-    gate, up = fused.split(intermediate, dim=-1)
-    return F.silu(gate) * up
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.intermediate))
 
 
 class LlamaDecoderLayer(nn.Module):

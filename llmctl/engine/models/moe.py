@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.distributed.expert_exchange import ExpertPlacement
+from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers.moe import FusedMoE, Routing
 from llmctl.engine.layers.positions import RotaryEmbedding
 from llmctl.engine.models.common import Target, layer_index
 from llmctl.engine.models.llama import LlamaForCausalLM, LlamaMLP
-from llmctl.engine.parallel.expert_exchange import ExpertPlacement
-from llmctl.engine.parallel.group import TPGroup
 
 # checkpoint name of an expert's projection -> (stacked parameter, part offset within the expert)
 EXPERT_PROJECTIONS = {"w1": ("w13", 0), "w3": ("w13", 1), "w2": ("w2", 0),  # Mixtral

@@ -7,11 +7,12 @@ import torch
 from torch import nn
 
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers.linear import Part
+from llmctl.engine.layers.norms import RMSNorm
 from llmctl.engine.layers.positions import RotaryEmbedding
-from llmctl.engine.models.common import RMSNorm, StepContext
+from llmctl.engine.models.common import StepContext
 from llmctl.engine.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, Multipliers
-from llmctl.engine.parallel.group import TPGroup
 
 
 class ProjectionRMSNorm(nn.Module):

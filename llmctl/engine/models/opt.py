@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear, VocabParallelEmbedding
 from llmctl.engine.models.common import (
     Shard,
@@ -18,7 +19,6 @@ from llmctl.engine.models.common import (
     layer_index,
     load_checkpoint,
 )
-from llmctl.engine.parallel.group import TPGroup
 
 POSITION_OFFSET = 2  # OPT's position table starts two rows in (fairseq's padding convention)
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh")}

@@ -6,17 +6,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from llmctl.errors import LlmctlError
+from llmctl.engine.errors import SpeculativeConfigError
 from llmctl.kernels.limits import SHORT_QUERY_LIMIT
 
 METHODS = ("ngram", "draft_model")
 KNOWN_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",
               "disable_by_batch_size"}
 MAX_SPECULATIVE_TOKENS = SHORT_QUERY_LIMIT  # verification chunks stay on the C++ CPU attention kernel everywhere
-
-
-class SpeculativeConfigError(LlmctlError):
-    """A --speculative-config that cannot work; the message names the key and what to use."""
 
 
 @dataclass(frozen=True)

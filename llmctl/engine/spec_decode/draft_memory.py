@@ -14,8 +14,8 @@ from llmctl.checkpoint.source import resolve_model
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.spec_decode.config import parse_speculative_config
 from llmctl.engine.worker.memory_reservation import MemoryReservation
-from llmctl.plan.kv import stage_kv
-from llmctl.plan.weights import stage_weights, weight_format
+from llmctl.sizing.kv import stage_kv
+from llmctl.sizing.weights import stage_weights, weight_format
 
 
 def draft_reservation(config: EngineConfig, dtype: torch.dtype, kv_dtype: torch.dtype) -> MemoryReservation:

@@ -20,15 +20,16 @@ from llmctl.checkpoint.config_file import load_spec
 from llmctl.checkpoint.source import resolve_model
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.core.block_manager import BlockManager
-from llmctl.engine.core.sampler import inverse_cdf, probabilities
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.core.step_messages import StepBatch
-from llmctl.engine.spec_decode.config import SpeculativeConfig, SpeculativeConfigError
+from llmctl.engine.errors import SpeculativeConfigError
+from llmctl.engine.sample.sampler import inverse_cdf, probabilities
+from llmctl.engine.spec_decode.config import SpeculativeConfig
 from llmctl.engine.spec_decode.proposal import Draft
 from llmctl.engine.worker.loaded_model import LoadedModel
 from llmctl.engine.worker.loader import load_model
 from llmctl.engine.worker.model_runner import make_runner
-from llmctl.plan.kv import stage_kv
+from llmctl.sizing.kv import stage_kv
 from llmctl.units import GiB
 
 logger = logging.getLogger("llmctl.engine")

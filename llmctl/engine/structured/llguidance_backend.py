@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.structured.params import StructuredOutputsParams
 
 

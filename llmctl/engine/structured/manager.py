@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.structured.bitmask import words_for
 from llmctl.engine.structured.config import StructuredOutputsConfig
 from llmctl.engine.structured.llguidance_backend import LLGuidanceBackend

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.engine.errors import InvalidRequestError
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from llmctl.engine.sampling_params import InvalidRequestError
+from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.structured.params import StructuredOutputsParams
 
 _LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # "[07:43:59] /project/cpp/regex_converter.cc:83: "

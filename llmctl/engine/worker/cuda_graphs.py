@@ -6,7 +6,7 @@ max_num_seqs) gets one graph of the model's forward over static input buffers; a
 sequences copies its ids, positions, slots and block tables into the buffers of the next
 size up (padding rows store nothing: slot -1) and replays that graph.
 
-Models with a hybrid KV cache (sliding-window and full-attention layers, llmctl.plan.kv.KVGroups)
+Models with a hybrid KV cache (sliding-window and full-attention layers, llmctl.sizing.kv.KVGroups)
 get one slot mapping and one block-table buffer per KV group, each read by its group's backend.
 
 Only the `triton` attention backend can be captured (the `torch` backend groups sequences
@@ -32,7 +32,7 @@ from llmctl.engine.layers.triton_attention import StepTensors, TritonAttention
 from llmctl.engine.models.common import StepContext
 from llmctl.engine.worker.block_tables import BlockTableCopy
 from llmctl.engine.worker.loaded_model import LoadedModel
-from llmctl.plan.weights import kv_heads_per_rank
+from llmctl.sizing.weights import kv_heads_per_rank
 
 logger = logging.getLogger("llmctl.engine")
 

@@ -12,16 +12,17 @@ import torch
 from torch import nn
 
 from llmctl.checkpoint.spec import ModelSpec
-from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig, EngineConfigError
+from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig
+from llmctl.engine.errors import EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.worker.loaded_model import Placement
 from llmctl.engine.worker.memory_reservation import MemoryReservation
 from llmctl.engine.worker.profile import dummy_prefill, measure_activation_peak, run_dummy_step
 from llmctl.kernels.huge_pages import zeros_on_huge_pages
-from llmctl.plan.kv import StageKV, kv_groups, stage_kv
-from llmctl.plan.memory import KVPool, MemoryBudget, kv_pool
-from llmctl.plan.weights import kv_heads_per_rank
 from llmctl.settings import kv_cache_format
+from llmctl.sizing.kv import StageKV, kv_groups, stage_kv
+from llmctl.sizing.memory import KVPool, MemoryBudget, kv_pool
+from llmctl.sizing.weights import kv_heads_per_rank
 from llmctl.units import GiB
 
 logger = logging.getLogger("llmctl.engine")
@@ -151,7 +152,7 @@ def token_shape(spec: ModelSpec, kv_heads: int) -> tuple[int, int, int]:
 
 def allocate(spec: ModelSpec, num_blocks: int, block_size: int, layers: range, kv_heads: int, dtype: torch.dtype,
               device: torch.device) -> dict[int, KVCache]:
-    """One tensor per slot of the KV groups (llmctl.plan.kv.KVGroups): per layer where layers are of one kind;
+    """One tensor per slot of the KV groups (llmctl.sizing.kv.KVGroups): per layer where layers are of one kind;
     shared by the j-th layers of every group where sliding and full layers mix."""
     groups = kv_groups(spec)
     slots = sorted({groups.slot(layer) for layer in layers})

@@ -12,14 +12,14 @@ from torch import nn
 
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.distributed.expert_exchange import ExpertPlacement
+from llmctl.engine.distributed.group import Rank, TPGroup
 from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.lora.slots import LoRASlots, LoRAStep
 from llmctl.engine.models.common import Shard
-from llmctl.engine.parallel.expert_exchange import ExpertPlacement
-from llmctl.engine.parallel.group import Rank, TPGroup
-from llmctl.plan.kv import KVGroups, StageKV, kv_groups
-from llmctl.plan.memory import KVPool
-from llmctl.plan.weights import pipeline_stages
+from llmctl.sizing.kv import KVGroups, StageKV, kv_groups
+from llmctl.sizing.memory import KVPool
+from llmctl.sizing.weights import pipeline_stages
 
 
 @dataclass

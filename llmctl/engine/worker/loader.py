@@ -18,7 +18,9 @@ from llmctl.checkpoint.spec import ModelSpec
 from llmctl.checkpoint.tokenizer import generation_defaults, load_tokenizer
 from llmctl.checkpoint.weights import iterate_tensors
 from llmctl.engine.attention_selector import BackendChoice, create_backend, engine_backend, torch_fallback
-from llmctl.engine.config import EngineConfig, EngineConfigError
+from llmctl.engine.config import EngineConfig
+from llmctl.engine.distributed.group import Rank, local_rank
+from llmctl.engine.errors import EngineConfigError
 from llmctl.engine.gpu_support import check_this_gpu
 from llmctl.engine.layers.attention import AttentionBackend
 from llmctl.engine.layers.coded_linear import CodedLinear, coded_summary
@@ -29,16 +31,15 @@ from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.lora.slots import attach_lora_slots
 from llmctl.engine.models.common import Shard, WeightMismatchError
 from llmctl.engine.models.registry import create_model, is_supported
-from llmctl.engine.parallel.group import Rank, local_rank
 from llmctl.engine.worker.heap import keep_freed_memory_in_heap, release_loading_garbage
 from llmctl.engine.worker.kv_cache import kv_cache_dtype, set_up_kv_cache
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
 from llmctl.engine.worker.memory_reservation import MemoryReservation
 from llmctl.errors import CorruptModelError, UnsupportedModelError
 from llmctl.kernels.cpu import CPUKernelsUnavailable
-from llmctl.plan.kv import kv_groups
-from llmctl.plan.memory import max_concurrency
 from llmctl.settings import model_dtype
+from llmctl.sizing.kv import kv_groups
+from llmctl.sizing.memory import max_concurrency
 from llmctl.units import GiB
 
 logger = logging.getLogger("llmctl.engine")

@@ -9,13 +9,13 @@ from torch import nn
 
 from llmctl.engine.core.batch import is_decode_step
 from llmctl.engine.core.step_messages import StepBatch, StepLogits
+from llmctl.engine.distributed.expert_exchange import ReplicaExchange
 from llmctl.engine.layers.attention import AttentionBackend, AttentionMetadata, KVCache
 from llmctl.engine.layers.grouped_attention import GroupedAttention
 from llmctl.engine.layers.moe import FusedMoE
 from llmctl.engine.layers.triton_attention import TritonAttention
 from llmctl.engine.lora.slots import NO_ADAPTER, LoRAStep
 from llmctl.engine.models.common import StepContext
-from llmctl.engine.parallel.expert_exchange import ReplicaExchange
 from llmctl.engine.worker.block_tables import BlockTableCopy
 from llmctl.kernels.transfer import to_device
 

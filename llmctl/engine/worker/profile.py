@@ -60,7 +60,7 @@ def run_dummy_step(model: nn.Module, caches: dict[int, KVCache], backend: Attent
 
 def run_dummy_sampler(logits: torch.Tensor) -> None:
     """Top-k, top-p and the draw over every row: what a full batch of sampled requests allocates."""
-    from llmctl.engine.core.sampler import inverse_cdf, probabilities
+    from llmctl.engine.sample.sampler import inverse_cdf, probabilities
     from llmctl.engine.sampling_params import SamplingParams
 
     params = [SamplingParams(temperature=0.8, top_k=50, top_p=0.9)] * logits.shape[0]

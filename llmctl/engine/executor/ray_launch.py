@@ -16,8 +16,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from llmctl.engine.config import EngineConfig, EngineConfigError
-from llmctl.engine.parallel.group import Rank
+from llmctl.engine.config import EngineConfig
+from llmctl.engine.distributed.group import Rank
+from llmctl.engine.errors import EngineConfigError
 
 logger = logging.getLogger("llmctl.engine")
 PLACEMENT_TIMEOUT = 60.0  # seconds to wait for the cluster to hold every bundle
@@ -152,7 +153,7 @@ def spawn_ray_workers(config: EngineConfig, driver: Rank, threads: int) -> RayLa
 def _startup_timeout() -> Any:
     import datetime
 
-    from llmctl.engine.parallel.launch import STARTUP_TIMEOUT
+    from llmctl.engine.executor.launch import STARTUP_TIMEOUT
 
     return datetime.timedelta(seconds=STARTUP_TIMEOUT)
 
@@ -163,7 +164,7 @@ class RankActor:
     def serve(self, config: EngineConfig, rank: Rank, host: str, port: int, threads: int) -> None:
         import torch
 
-        from llmctl.engine.parallel.launch import run_worker
+        from llmctl.engine.executor.launch import run_worker
 
         torch.set_num_threads(threads)
         store = dist.TCPStore(host, port, None, False, timeout=_startup_timeout())

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmctl.checkpoint.spec import ModelSpec
-from llmctl.plan.kv import StageKV
+from llmctl.sizing.kv import StageKV
 from llmctl.units import GiB
 
 # Memory vLLM subtracts beside weights and activations: what its profiler sees allocated

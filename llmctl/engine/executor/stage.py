@@ -15,9 +15,8 @@ import torch
 import torch.distributed as dist
 
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.core.sampler import sample
 from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
-from llmctl.engine.parallel.channel import (
+from llmctl.engine.distributed.channel import (
     Groups,
     Outbox,
     all_gather_ints,
@@ -27,8 +26,9 @@ from llmctl.engine.parallel.channel import (
     recv_object,
     send_object,
 )
-from llmctl.engine.parallel.expert_exchange import expert_placement
-from llmctl.engine.parallel.group import Rank
+from llmctl.engine.distributed.expert_exchange import expert_placement
+from llmctl.engine.distributed.group import Rank
+from llmctl.engine.sample.sampler import sample
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
 from llmctl.engine.worker.loader import device_for, load_model
 from llmctl.engine.worker.model_runner import ModelRunner, make_runner

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from llmctl.engine.parallel.group import new_group
+from llmctl.engine.distributed.group import new_group
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.errors import LlmctlError
-from llmctl.plan.weights import kv_heads_per_rank
+from llmctl.sizing.weights import kv_heads_per_rank
 
 
 @dataclass(frozen=True)

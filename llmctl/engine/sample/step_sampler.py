@@ -9,13 +9,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from llmctl.engine.core.sampler import SampleInput, prompt_logprob_entries, sample
 from llmctl.engine.core.scheduler import SampledSeq, SchedulerOutput
 from llmctl.engine.core.sequence import Sequence
-from llmctl.engine.core.step_messages import SampledTokens, StepLogits
-from llmctl.engine.front.bad_words import blocked_by_bad_words
+from llmctl.engine.core.step_messages import SampledTokens, SampleInput, StepLogits
+from llmctl.engine.sample.bad_words import blocked_by_bad_words
+from llmctl.engine.sample.rejection import VerifyInput, verify
+from llmctl.engine.sample.sampler import prompt_logprob_entries, sample
 from llmctl.engine.spec_decode.proposal import Draft
-from llmctl.engine.spec_decode.rejection import VerifyInput, verify
 from llmctl.engine.spec_decode.speculator import Speculator
 from llmctl.engine.structured.manager import StructuredOutputManager
 

@@ -8,42 +8,20 @@ does by default. Each row draws one uniform number from its request's generator 
 requests have their own), so a seeded output does not depend on the batch; the draw is an
 inverse-CDF lookup.
 
-A SampleInput holds plain values only (the uniform already drawn, the token ids penalties
+A SampleInput (llmctl.engine.core.step_messages) holds plain values only (the uniform already drawn, the token ids penalties
 need), so a pipeline's last stage can sample from it where the logits are.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 
-from llmctl.engine.core.sequence import Sequence, TokenLogprob
+from llmctl.engine.core.sequence import TokenLogprob
+from llmctl.engine.core.step_messages import SampleInput
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.bitmask import apply_token_bitmask
 from llmctl.kernels.transfer import to_device
-
-
-@dataclass
-class SampleInput:
-    """What sampling one row needs; small and picklable."""
-
-    params: SamplingParams
-    uniform: float  # drawn from the request's generator (0.0 for a greedy row, which draws nothing)
-    blocked_token_ids: list[int]  # EOS and stop ids while min_tokens is not reached
-    seen_token_ids: list[int] = field(default_factory=list)  # distinct prompt + output ids: repetition penalty
-    output_token_ids: list[int] = field(default_factory=list)  # the output so far: presence/frequency penalties
-    token_bitmask: torch.Tensor | None = None  # structured outputs: int32 words, the tokens the grammar allows
-
-    @classmethod
-    def for_sequence(cls, seq: Sequence, params: SamplingParams, generator: torch.Generator,
-                     blocked_token_ids: list[int], token_bitmask: torch.Tensor | None = None) -> SampleInput:
-        """Draws the row's uniform now: the draws of a request stay in its token order wherever it samples."""
-        uniform = 0.0 if params.greedy else torch.rand(1, generator=generator).item()
-        seen = sorted(set(seq.all_token_ids)) if (params.repetition_penalty or 1.0) != 1.0 else []
-        output = list(seq.output_token_ids) if params.presence_penalty or params.frequency_penalty else []
-        return cls(params, uniform, blocked_token_ids, seen, output, token_bitmask)
 
 
 def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, TokenLogprob | None]]:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from llmctl.engine.core.sampler import inverse_cdf, probabilities, token_logprobs
 from llmctl.engine.core.sequence import TokenLogprob
+from llmctl.engine.sample.sampler import inverse_cdf, probabilities, token_logprobs
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.spec_decode.proposal import Draft
 from llmctl.engine.structured.bitmask import apply_token_bitmask

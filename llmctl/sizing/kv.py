@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 
 from llmctl.checkpoint.spec import ModelSpec
-from llmctl.plan.weights import kv_heads_per_rank
 from llmctl.settings import DEFAULT_BLOCK_SIZE, VLLM_ONLY_KV_CACHE_FORMATS, KVCacheFormat, SettingError, kv_cache_format
+from llmctl.sizing.weights import kv_heads_per_rank
 
 BLOCK_SIZE = DEFAULT_BLOCK_SIZE  # the block size plan sizes with: serve's default
 UNBOUNDED = 2**62  # a max length that no context reaches
@@ -96,7 +96,7 @@ def kv_groups(spec: ModelSpec) -> KVGroups:
 @dataclass(frozen=True)
 class StageKV:
     """KV geometry of one GPU of one pipeline stage: `slots` tensors of `block_size`-token pages, a block
-    id being one page in each; a sequence holds blocks in every KV group (llmctl.plan.kv.KVGroups)."""
+    id being one page in each; a sequence holds blocks in every KV group (llmctl.sizing.kv.KVGroups)."""
 
     full_layers: int  # of this stage's layers, those with full attention
     sliding_layers: int

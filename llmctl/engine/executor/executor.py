@@ -16,12 +16,13 @@ import torch.distributed as dist
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepFailed, StepLogits
-from llmctl.engine.parallel.channel import Groups
-from llmctl.engine.parallel.expert_exchange import expert_placement
-from llmctl.engine.parallel.group import Rank
-from llmctl.engine.parallel.launch import Launch, spawn_workers, torchrun_rank, under_torchrun
-from llmctl.engine.parallel.results import ResultReceiver
-from llmctl.engine.parallel.stage import LendExperts, Stop, build_stage
+from llmctl.engine.distributed.channel import Groups
+from llmctl.engine.distributed.expert_exchange import expert_placement
+from llmctl.engine.distributed.group import Rank
+from llmctl.engine.errors import RemoteStepError, WorkerLostError
+from llmctl.engine.executor.launch import Launch, spawn_workers, torchrun_rank, under_torchrun
+from llmctl.engine.executor.results import ResultReceiver
+from llmctl.engine.executor.stage import LendExperts, Stop, build_stage
 from llmctl.engine.worker.cuda_graphs import decode_graphs
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
 from llmctl.engine.worker.loader import device_for, load_model
@@ -31,14 +32,6 @@ from llmctl.errors import InternalError, LlmctlError
 from llmctl.units import GiB
 
 logger = logging.getLogger("llmctl.engine")
-
-
-class WorkerLostError(RuntimeError):
-    """A rank died or stopped answering: the engine cannot go on."""
-
-
-class RemoteStepError(Exception):
-    """A step failed on another rank for its requests' sake (the ranks go on)."""
 
 
 class Executor(Protocol):
@@ -199,7 +192,7 @@ class ParallelExecutor:
 def start_ranks(config: EngineConfig, driver: Rank, threads: int) -> Launch:
     """The other ranks: Ray actors with `--distributed-executor-backend ray`, else torchrun's or spawned ones."""
     if config.distributed_executor_backend == "ray" and not under_torchrun():
-        from llmctl.engine.parallel.ray_launch import spawn_ray_workers
+        from llmctl.engine.executor.ray_launch import spawn_ray_workers
 
         return spawn_ray_workers(config, driver, threads)  # type: ignore[return-value]  (the same interface)
     return spawn_workers(config, driver, threads)
@@ -210,7 +203,7 @@ def create_executor(config: EngineConfig) -> Executor:
         return LocalExecutor(config)
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import resolve_model
-    from llmctl.engine.parallel.layout import check_layout
+    from llmctl.engine.executor.layout import check_layout
 
     spec = load_spec(resolve_model(config.model, config.revision, weights=False))
     check_layout(spec, config, config.device)

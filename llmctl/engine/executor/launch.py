@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.parallel.group import Rank
+from llmctl.engine.distributed.group import Rank
 from llmctl.engine.worker.threads import use_threads
 from llmctl.errors import LlmctlError, debug_enabled
 
@@ -36,7 +36,7 @@ def under_torchrun() -> bool:
 def torchrun_rank(tp: int, pp: int) -> Rank:
     world = int(os.environ["WORLD_SIZE"])
     if world != tp * pp:
-        from llmctl.engine.config import EngineConfigError
+        from llmctl.engine.errors import EngineConfigError
 
         raise EngineConfigError(f"torchrun started {world} processes; --tp {tp} × --pp {pp} needs {tp * pp}: "
                                 f"use --nnodes × --nproc-per-node = {tp * pp}")
@@ -102,7 +102,7 @@ def open_store(rank: Rank) -> tuple[dist.Store, str, int]:
 
 def spawn_workers(config: EngineConfig, driver: Rank, threads: int) -> Launch:
     """The other ranks: torchrun's own processes, or processes spawned here (`--distributed-executor-backend
-    mp`, the default; Ray's actors are llmctl.engine.parallel.ray_launch's)."""
+    mp`, the default; Ray's actors are llmctl.engine.executor.ray_launch's)."""
     store, host, port = open_store(driver)
     launch = Launch(store, host, port)
     if under_torchrun():
@@ -143,7 +143,7 @@ def worker_main(config: EngineConfig, rank: Rank, host: str, port: int, threads:
 
 
 def run_worker(config: EngineConfig, rank: Rank, store: dist.Store) -> None:
-    from llmctl.engine.parallel.stage import build_stage
+    from llmctl.engine.executor.stage import build_stage
 
     try:
         stage = build_stage(config, rank, store)
@@ -170,12 +170,12 @@ def run_torchrun_worker_if_not_driver(config: EngineConfig) -> bool:
     """Under torchrun every process runs `llmctl serve …`: rank 0 goes on as the driver and API
     server; the other ranks become workers here and return True when the driver stops them."""
     if under_torchrun() and config.distributed_executor_backend == "ray":
-        from llmctl.engine.config import EngineConfigError
+        from llmctl.engine.errors import EngineConfigError
 
         raise EngineConfigError("--distributed-executor-backend ray under torchrun: torchrun already started the "
                                 "ranks; drop one of the two (Ray: run `llmctl serve` once, on a node of the cluster)")
     if under_torchrun() and config.data_parallel_size > 1:
-        from llmctl.engine.config import EngineConfigError
+        from llmctl.engine.errors import EngineConfigError
 
         raise EngineConfigError(
             f"--dp {config.data_parallel_size} under torchrun: torchrun's processes form one TP × PP engine. For "

@@ -1,5 +1,5 @@
 """Is a TP × PP layout possible for this model? Asked before any process starts, with
-`llmctl plan`'s own rules (llmctl.plan.planner.structural_problems), so both agree."""
+`llmctl plan`'s own rules (llmctl.sizing.layout.structural_problems), so both agree."""
 
 from __future__ import annotations
 
@@ -8,17 +8,18 @@ import os
 import torch
 
 from llmctl.checkpoint.spec import ModelSpec
-from llmctl.engine.config import EngineConfig, EngineConfigError
-from llmctl.plan.gpus import GpuType
-from llmctl.plan.planner import PlanRequest, structural_problems
-from llmctl.plan.weights import weight_format
+from llmctl.engine.config import EngineConfig
+from llmctl.engine.errors import EngineConfigError
+from llmctl.sizing.layout import structural_problems
+from llmctl.sizing.weights import weight_format
 
 
 def layout_problems(spec: ModelSpec, tp: int, pp: int, expert_parallel: bool = False, dp: int = 1) -> list[str]:
     quant = spec.quantization.method if spec.quantization else None
     fmt = weight_format(2, quant, spec)
-    request = PlanRequest(gpu=_ANY_GPU, gpus=tp * pp * dp, expert_parallel=expert_parallel)  # one node: TP may use all
-    return structural_problems(spec, request, fmt, tp, pp)
+    ranks = tp * pp * dp  # on one node as far as layout goes: TP may use every rank
+    return structural_problems(spec, fmt, tp, pp, gpus_per_node=ranks, expert_ranks=tp * dp if expert_parallel else 0,
+                               expert_parallel=expert_parallel)
 
 
 def check_layout(spec: ModelSpec, config: EngineConfig, device: str) -> None:
@@ -65,5 +66,3 @@ def _what_works(spec: ModelSpec, tp: int, ep: bool, replicas: int) -> str:
 def _sizes(values: list[int]) -> str:
     return ", ".join(str(v) for v in values[:12]) + (" …" if len(values) > 12 else "")
 
-
-_ANY_GPU = GpuType(key="any", name="any", memory_bytes=80 * 1024**3, interconnect="any", fp8=False)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from llmctl.engine.parallel.group import Rank, TPGroup, new_group
+from llmctl.engine.distributed.group import Rank, TPGroup, new_group
 
 IDLE_TIMEOUT = 7 * 24 * 3600.0  # a worker waits this long for the next step
 STEP_TIMEOUT = float(os.environ.get("LLMCTL_STEP_TIMEOUT", "30"))  # seconds inside one step

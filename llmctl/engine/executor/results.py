@@ -13,7 +13,7 @@ import threading
 
 import torch.distributed as dist
 
-from llmctl.engine.parallel.channel import recv_object
+from llmctl.engine.distributed.channel import recv_object
 
 
 class ResultReceiver:

@@ -1,0 +1,1 @@
+"""The collectives ranks use: process groups, object and tensor channels, the MoE expert exchange."""

@@ -1,0 +1,40 @@
+"""RMSNorm as the model families use it: float32 math as transformers does, one fused C++ op on CPUs (with the
+residual add folded in)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from llmctl.kernels import cpu as cpu_kernels
+
+
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm, computed in float32 as transformers does; on CPUs one fused C++ op."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fused(x, self.weight):
+            return cpu_kernels.rms_norm(x, self.weight, self.eps)
+        return self.reference(x)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): the residual add fused in on CPUs."""
+        if _fused(x, self.weight) and _fused(residual, self.weight):
+            return cpu_kernels.rms_norm(residual, self.weight, self.eps, residual=x), residual
+        total = x + residual
+        return self.reference(total), total
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _fused(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return x.dim() == 2 and x.is_contiguous() and x.dtype == weight.dtype and cpu_kernels.fused_layers_for(x)

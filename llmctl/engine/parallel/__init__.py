@@ -1,1 +1,0 @@
-"""Tensor, pipeline and data parallelism: ranks and groups, worker processes, the step messages."""
