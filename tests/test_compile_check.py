@@ -16,7 +16,7 @@ import pytest
 from llmctl.kernels.compile_check import ARCHES, all_cases
 from llmctl.kernels.limits import SUPPORTED_BLOCK_SIZES, kernel_refusal
 
-pytestmark = pytest.mark.subprocess
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 
 def compiling_python(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:

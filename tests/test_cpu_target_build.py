@@ -16,7 +16,7 @@ from llmctl.kernels import cpu
 
 pytestmark = [pytest.mark.skipif(not cpu.built_for_avx512(),
                                  reason="this CPU has no AVX-512: the suite's own kernels are the AVX2 build"),
-              pytest.mark.subprocess]
+              pytest.mark.subprocess, pytest.mark.slow]
 
 
 def test_kernels_built_for_haswell_pass_the_kernel_and_avx2_engine_tests(capsys):

@@ -23,7 +23,7 @@ import torch
 
 from conftest import run_cli
 
-pytestmark = pytest.mark.subprocess
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 DATA = Path(__file__).resolve().parent / "fixtures" / "data"
 WIKITEXT = DATA / "wikitext-2-raw-test.hfdatasets-derived.crlf.txt"

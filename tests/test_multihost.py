@@ -19,7 +19,7 @@ from helpers.multihost import CLIENT, HEALTH, PROMPT, transformers_text
 from helpers.server_helpers import free_port, terminate_all
 
 REASON = netns.unavailable()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}"), pytest.mark.subprocess, pytest.mark.network_namespace]
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}"), pytest.mark.subprocess, pytest.mark.network_namespace, pytest.mark.slow]
 
 
 def wait_healthy(host: netns.Host, url: str, nodes: list[subprocess.Popen], logs: list, timeout: float) -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 WIKITEXT = Path(__file__).resolve().parent / "fixtures" / "data" / \
     "wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
 EVAL_TOKENS = 4096

@@ -10,7 +10,7 @@ import yaml
 from conftest import run_cli
 from helpers.quant_helpers import WIKITEXT, assert_engine_matches_dense
 
-pytestmark = pytest.mark.subprocess
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

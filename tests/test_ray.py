@@ -22,7 +22,7 @@ from helpers.models import random_model
 from helpers.multihost import CLIENT, HEALTH, PROMPT, transformers_text
 from helpers.server_helpers import free_port, terminate_all
 
-pytestmark = pytest.mark.subprocess
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 RAY = str(Path(sys.executable).parent / "ray")
 METRICS = """

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.subprocess
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 SOAK = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
 
