@@ -119,7 +119,7 @@ def sharegpt_requests(options: DatasetOptions, counter: TokenCounter, rng: rando
             if isinstance(prompt, str) and isinstance(reply, str):
                 pairs.append((prompt, reply))
     rng.shuffle(pairs)
-    requests = []
+    requests: list[SampleRequest] = []
     for prompt, reply in pairs:
         if len(requests) == options.num_prompts:
             break

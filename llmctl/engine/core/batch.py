@@ -20,7 +20,8 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
     slots: list[list[int]] = [[] for _ in range(groups)]  # per KV group
     tables: list[list[list[int]]] = [[] for _ in range(groups)]
     starts, lens, total_lens = [0], [], []
-    sample_rows, sample_seqs = [], []
+    sample_rows: list[int] = []
+    sample_seqs: list[Sequence] = []
     prompt_rows: dict[int, list[int]] = {}
     rows: list[int] = []
     updates: list[TableUpdate] = []

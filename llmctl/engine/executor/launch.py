@@ -50,7 +50,7 @@ class Launch:
     store: dist.Store
     host: str
     port: int
-    processes: list[multiprocessing.Process] = field(default_factory=list)
+    processes: list[multiprocessing.process.BaseProcess] = field(default_factory=list)
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self.processes)
