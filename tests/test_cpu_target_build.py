@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.skipif(not cpu.built_for_avx512(),
 def test_kernels_built_for_haswell_pass_the_kernel_and_avx2_engine_tests(capsys):
     tests = Path(__file__).parent
     env = {**os.environ, cpu.TARGET_ENV: "haswell"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                            str(tests / "test_cpu_kernels.py"), str(tests / "test_avx2_panels_engine.py")],
                           capture_output=True, text=True, env=env, timeout=1200, cwd=tests.parent)
     summary = done.stdout.strip().splitlines()[-2:]
