@@ -312,8 +312,9 @@ def test_health_is_503_while_loading_then_200(default_source, monkeypatch):
     from llmctl.engine.config import EngineConfig
     from llmctl.server.app import ServerSettings, create_app
 
-    release, real = threading.Event(), startup.create_engine_client
-    monkeypatch.setattr(startup, "create_engine_client", lambda config: release.wait(120) and real(config))
+    release, real = threading.Event(), startup.open_engine_client
+    monkeypatch.setattr(startup, "open_engine_client",
+                        lambda config, engine=None: release.wait(120) and real(config, engine))
     app = create_app(ServerSettings(EngineConfig(model=str(default_source.path), max_model_len=256), [MODEL]))
     http = ThreadedUvicorn(app)
     http.start()
