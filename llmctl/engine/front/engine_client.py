@@ -50,4 +50,3 @@ class EngineClient(Protocol):
     def lost_workers(self) -> str | None: ...  # why worker ranks are gone for good, or None
 
     def shutdown(self, timeout: float = 10.0) -> None: ...
-
