@@ -10,7 +10,7 @@ The cases come from the code that chooses them at run time: the engine's options
 builders (`attention.kernel_constexprs`, `kv_store.store_constexprs`, `w4a16.w4a16_constexprs`,
 `w4a16_gemv.gemv_constexprs`, `fused_moe.moe_constexprs`) and
 their tile choosers. A case the engine refuses on some GPU (`llmctl.kernels.limits`) must fail to
-compile there, and every other case must compile: `tests/test_compile_check.py` holds both.
+compile there, and every other case must compile: `tests/kernels/test_compile_check.py` holds both.
 
     python -m llmctl.kernels.compile_check --arch 80,89,90          # the table
     python -m llmctl.kernels.compile_check --arch 90 --full         # every head dim × group, not a cover

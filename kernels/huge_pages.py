@@ -24,7 +24,7 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, populate: bo
     starting on a 2 MiB boundary. Up to 2 MiB of address space more than torch.zeros.
 
     populate: fault every page in now, so that a server's memory stays flat while it serves
-    (tests/test_soak.py); leave it False for a buffer that is written whole right away."""
+    (tests/server/test_soak.py); leave it False for a buffer that is written whole right away."""
     nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
     if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):  # small, or not Linux
         return torch.zeros(shape, dtype=dtype)

@@ -42,8 +42,8 @@ for part in ${GPU_CHECK_PARTS:-compile kernels tiles gemv e2e tests}; do
             2>&1 | tee "$OUT_DIR/end_to_end.log" ;;
     tests)
         timeout "${GPU_CHECK_TEST_TIMEOUT:-900}" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs \
-            tests/test_kernels.py tests/test_moe.py::test_fused_moe_kernel_equals_the_grouped_experts \
-            tests/test_gpu_memory_budget.py tests/test_engine_models.py 2>&1 | tee "$OUT_DIR/tests.log"
+            tests/kernels/test_kernels.py tests/engine/models/test_moe.py::test_fused_moe_kernel_equals_the_grouped_experts \
+            tests/engine/worker/test_gpu_memory_budget.py tests/engine/models/test_engine_models.py 2>&1 | tee "$OUT_DIR/tests.log"
         tests=${PIPESTATUS[0]} ;;
     *) echo "gpu-check: no part named '$part' (parts: compile kernels tiles gemv e2e tests)" >&2; exit 2 ;;
     esac

@@ -8,7 +8,7 @@ PYTHON="${PYTHON:-python3}"
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e '.[test]' -c scripts/constraints.txt
-# GPTQModel, the independent GPTQ/AWQ reference of tests/test_gptqmodel_interop.py, in a venv of its own
+# GPTQModel, the independent GPTQ/AWQ reference of tests/quant/test_gptqmodel_interop.py, in a venv of its own
 # layered over .venv: installed beside peft it makes peft demand optimum, and it pins numpy. 7.6 is the
 # newest that runs with torch 2.13 (7.7 needs 2.14).
 [ -x .venv-gptqmodel/bin/python ] || .venv/bin/python -m venv .venv-gptqmodel

@@ -7,7 +7,6 @@ set here, before any test module imports it. Subprocess tests inherit the same e
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -140,11 +139,3 @@ def tokenizer(default_source):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(default_source.path))
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run the real `llmctl` entry point in a subprocess."""
-    full_env = {**os.environ, **(env or {}), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "llmctl", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=cwd)

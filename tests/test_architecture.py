@@ -193,9 +193,28 @@ def test_no_test_module_imports_another_and_conftest_fixtures_are_not_redefined(
     found = []
     for path in sorted(tests.rglob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1].startswith("test_"):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1].startswith(("test_", "conftest")):
                 found.append(f"{path.name} imports {node.module}")
             if isinstance(node, ast.FunctionDef) and node.name in conftest_fixtures - {"server", "client"} and \
                     any("fixture" in ast.unparse(d) for d in node.decorator_list):
                 found.append(f"{path.name} redefines conftest's fixture {node.name}")
     assert conftest_fixtures and found == []
+
+
+# Modules about the tree as a whole (layers, docs, packaging, containers) stay at tests/'s root.
+WHOLE_TREE_TESTS = {"test_architecture.py", "test_docs.py", "test_packaging.py", "test_docker.py"}
+
+
+def test_tests_mirror_the_package():
+    """A test module sits in the folder of the package it tests: tests/engine/core/ for llmctl/engine/core/."""
+    tests = ROOT / "tests"
+
+    def package_folder(folder: Path) -> Path:  # llmctl.kernels installs from the top-level kernels/ (pyproject)
+        parts = folder.relative_to(tests).parts
+        return ROOT.joinpath(*parts) if parts[:1] == ("kernels",) else ROOT.joinpath("llmctl", *parts)
+
+    misplaced = [str(path.relative_to(tests)) for path in sorted(tests.rglob("test_*.py"))
+                 if "fixtures" not in path.parts and not (
+                     path.parent == tests and path.name in WHOLE_TREE_TESTS
+                     or path.parent != tests and (package_folder(path.parent) / "__init__.py").is_file())]
+    assert misplaced == []

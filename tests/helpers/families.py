@@ -127,7 +127,7 @@ def config_kv_bytes_per_token(folder: Path, tp: int, dtype_bytes: int = 4) -> in
 
 
 def quantize(folder: Path, method: str, out: Path) -> Path:
-    from conftest import run_cli
+    from helpers.cli_process import run_cli
     from helpers.quant_helpers import WIKITEXT
 
     result = run_cli("quantize", str(folder), f"--{method}", "--group-size", "32", "--calib-file", str(WIKITEXT),

@@ -3,7 +3,7 @@
 Decoding a small GGUF model on a CPU, the ops of a token took about as long as the time between them: Python's
 module calls, and the kernels' second thread starting again after each pause. For a step whose every token
 attends through the paged cache (decoding), a layer that qualifies runs as one call of the same ops in the
-same order, so its results are the Python layer's bit for bit (tests/test_coded_decode.py). A layer qualifies
+same order, so its results are the Python layer's bit for bit (tests/engine/models/test_coded_decode.py). A layer qualifies
 when it is exactly LlamaDecoderLayer's arithmetic: Llama attention (no q/k norms, soft-cap or residual
 multiplier), the SiLU MLP, every linear codes — GGUF's with int8 activations (CodedWeight.int8_kernel), or GPTQ/AWQ
 4-bit repacked for the CPU (float activations) — no LoRA, one tensor-parallel rank, float32; and the step

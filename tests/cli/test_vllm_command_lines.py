@@ -1,0 +1,85 @@
+"""`vllm serve` and `vllm bench serve` command lines copied from vLLM's own docs and source parse as
+`llmctl serve` / `llmctl bench serve`, with the values vLLM gives them; the few vLLM flags llmctl does
+not take are named here, and refused by name."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from helpers.command_line import parse
+from helpers.paths import FIXTURES
+from llmctl.bench.endpoint import resolve_endpoint
+from llmctl.cli.app import spread_multi_values
+from llmctl.cli.common import parse_bytes
+from llmctl.cli.serve import parse_origins
+
+LINES = FIXTURES / "vllm_docs" / "command_lines.txt"
+NOT_TAKEN = {  # vLLM flags in those lines that llmctl does not take, and why
+    "--custom-skip-chat-template": "llmctl's custom dataset never applies a chat template, so there is nothing to skip",
+}
+
+
+def vllm_lines() -> list[list[str]]:
+    lines = [line for line in LINES.read_text().splitlines() if line.startswith("vllm ")]
+    return [shlex.split(line)[1:] for line in lines]
+
+
+def without_not_taken(args: list[str]) -> list[str]:
+    return [a for a in args if a.split("=")[0] not in NOT_TAKEN]
+
+
+@pytest.mark.parametrize("args", vllm_lines(), ids=lambda args: " ".join(args)[:60])
+def test_vllm_docs_command_lines_parse(args: list[str]) -> None:
+    params = parse(spread_multi_values(without_not_taken(args)))
+    if args[0] == "bench":
+        endpoint = resolve_endpoint(params["endpoint"], params["backend"])
+        assert (endpoint.kind, endpoint.path) == ("completions", "/v1/completions")
+        assert params["base_url"] is None and params["host"] == "127.0.0.1"  # vLLM's defaults
+
+
+def test_the_values_are_vllms() -> None:
+    [bench] = [a for a in vllm_lines() if "--goodput" in a]
+    assert list(parse(spread_multi_values(bench))["goodput"]) == ["ttft:500", "tpot:50", "e2el:2000"]
+    [serve] = [a for a in vllm_lines() if "--kv-cache-memory-bytes" in a]
+    params = parse(serve)
+    assert params["tensor_parallel_size"] == 2
+    assert parse_bytes(params["kv_cache_memory"], "--kv-cache-memory-bytes") == 4 * 1024**3  # vLLM: G = 2^30
+    assert parse_bytes("4g", "--kv-cache-memory-bytes") == 4 * 10**9  # and g = 10^9
+    assert parse_origins(params["allowed_origins"]) == ["https://a.example", "https://b.example"]
+    [custom] = [a for a in vllm_lines() if "custom" in a]
+    params = parse(without_not_taken(custom))
+    assert (params["port"], params["top_p"], params["temperature"]) == (9001, 0.75, 0.3)
+
+
+@pytest.mark.parametrize("flag", sorted(NOT_TAKEN))
+def test_a_vllm_flag_llmctl_does_not_take_is_refused_by_name(flag: str) -> None:
+    with pytest.raises(Exception, match=f"No such option.*{flag}") as refused:
+        parse(["bench", "serve", flag])
+    assert type(refused.value).__name__ == "NoSuchOption"
+
+
+def test_backends_and_endpoints_resolve_as_vllm_pairs_them() -> None:
+    assert resolve_endpoint("/v1/chat/completions", "openai-chat").path == "/v1/chat/completions"
+    assert resolve_endpoint(None, "openai-chat").kind == "chat"
+    assert resolve_endpoint("/api/v1/completions", "openai").path == "/api/v1/completions"
+    assert resolve_endpoint("chat", None).path == "/v1/chat/completions"  # llmctl's short name stays
+    with pytest.raises(Exception, match="--backend openai-chat calls the chat API"):
+        resolve_endpoint("/v1/completions", "openai-chat")
+    with pytest.raises(Exception, match="--backend tgi: llmctl benchmarks OpenAI-compatible APIs"):
+        resolve_endpoint(None, "tgi")
+    with pytest.raises(Exception, match="must end in /completions or /chat/completions"):
+        resolve_endpoint("/v1/embeddings", None)
+
+
+def test_served_model_names_run_to_the_next_option_as_vllms_nargs() -> None:
+    args = ["serve", "org/model", "--served-model-name", "a", "b", "--ssl-certfile", "c.pem", "--ssl-keyfile", "k.pem",
+            "--ssl-cert-reqs", "2", "--root-path", "/llm", "--uds", "/tmp/llm.sock", "--metrics-prefix", "vllm"]
+    params = parse(spread_multi_values(args))
+    assert params["model"] == "org/model" and list(params["served_model_name"]) == ["a", "b"]  # a tuple in click 8.1
+    assert (params["ssl_certfile"], params["ssl_keyfile"], params["ssl_cert_reqs"]) == ("c.pem", "k.pem", 2)
+    assert (params["root_path"], params["uds"], params["metrics_prefix"]) == ("/llm", "/tmp/llm.sock", "vllm")
+    # bench serve's --served-model-name is one name, as in vLLM's bench
+    bench = ["bench", "serve", "--served-model-name", "a", "b"]
+    assert spread_multi_values(bench) == bench

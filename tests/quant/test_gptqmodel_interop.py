@@ -1,0 +1,125 @@
+"""GPTQ and AWQ folders cross-checked with gptqmodel (ModelCloud's maintained successor of auto-gptq and
+autoawq), a reader and writer nobody here wrote:
+
+- what `llmctl quantize` writes, gptqmodel loads unchanged (its torch CPU kernels through transformers),
+  and its greedy tokens, log-probabilities and perplexity agree with llmctl's engine on the same folder;
+- what gptqmodel writes — GPTQ with act-order (desc_act, g_idx permuted on disk) and AWQ GEMM — llmctl's
+  engine loads and runs with gptqmodel's own tokens and log-probabilities.
+
+gptqmodel runs in a subprocess (tests/helpers/gptqmodel_reference.py) in its own venv (.venv-gptqmodel, made by
+scripts/setup.sh, layered over .venv: beside peft it would make peft demand optimum); it loads only as float16 on a CPU and is
+then widened to float32, the engine's dtype, so the two agree to about 1e-3 in log-probability."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.cli_process import run_cli
+from helpers.paths import FIXTURES, ROOT, TESTS
+
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
+
+DATA = FIXTURES / "data"
+WIKITEXT = DATA / "wikitext-2-raw-test.hfdatasets-derived.crlf.txt"
+REFERENCE = TESTS / "helpers" / "gptqmodel_reference.py"
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory, default_source) -> Path:
+    """A 2-layer Llama with the default model's real tokenizer; larger-than-default random weights so the
+    next-token distributions are peaked enough for greedy choices to mean something."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("interop") / "tiny"
+    tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         initializer_range=0.08, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+GPTQMODEL_PYTHON = ROOT / ".venv-gptqmodel" / "bin" / "python"  # scripts/setup.sh
+
+
+def gptqmodel(*args: str, request: dict | list) -> dict | list:
+    assert GPTQMODEL_PYTHON.exists(), "run ./scripts/setup.sh: it makes .venv-gptqmodel, GPTQModel's own venv"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([str(GPTQMODEL_PYTHON), str(REFERENCE), *args], input=json.dumps(request),
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def eval_text() -> str:
+    lines = [line for line in WIKITEXT.read_text(encoding="utf-8").splitlines() if len(line) > 300]
+    return lines[5][:600]
+
+
+def assert_engine_agrees_with_gptqmodel(folder: Path) -> str:
+    """llmctl's greedy continuation and prompt perplexity vs gptqmodel's forward on the same folder;
+    returns the gptqmodel kernel that ran."""
+    from llmctl import LLM, SamplingParams
+
+    llm = LLM(str(folder), max_model_len=512)
+    tokenizer = llm.get_tokenizer()
+    prompt_ids = tokenizer(PROMPT).input_ids
+    ours = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=0))[0]
+    tokens = list(ours.outputs[0].token_ids)
+    text_ids = tokenizer(eval_text()).input_ids
+    scored = llm.generate({"prompt_token_ids": text_ids},
+                          SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0))[0]
+    theirs, their_text = gptqmodel("score", str(folder), request=[
+        {"ids": prompt_ids + tokens, "start": len(prompt_ids)}, {"ids": text_ids, "start": 1}])
+
+    for token, mine, their_lp, their_best, margin in zip(tokens, ours.outputs[0].logprobs, theirs["logprobs"],
+                                                         theirs["argmax"], theirs["margin"]):
+        assert abs(mine.logprob - their_lp) < 0.03, (mine.logprob, their_lp)
+        if margin > 0.03:  # float noise cannot flip a choice with this much room
+            assert token == their_best
+    assert sum(t == b for t, b in zip(tokens, theirs["argmax"])) >= len(tokens) - 1
+
+    our_nll = -sum(lp.logprob for lp in scored.prompt_logprobs[1:]) / (len(text_ids) - 1)
+    their_nll = -sum(their_text["logprobs"]) / (len(text_ids) - 1)
+    assert math.exp(our_nll) == pytest.approx(math.exp(their_nll), rel=0.01)
+    return theirs["kernel"]
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_gptqmodel_loads_what_llmctl_quantize_writes(tiny_model: Path, tmp_path: Path, method: str) -> None:
+    out = tmp_path / f"tiny-{method}"
+    result = run_cli("quantize", str(tiny_model), f"--{method}", "--group-size", "32", "--calib-file",
+                     str(WIKITEXT), "--calib-samples", "8", "--calib-seq-len", "64", "--no-redistribute",
+                     "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    kernel = assert_engine_agrees_with_gptqmodel(out)
+    assert kernel == {"gptq": "TorchLinear", "awq": "AwqTorchLinear"}[method]  # gptqmodel's own unpacking
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_llmctl_serves_what_gptqmodel_writes(tiny_model: Path, tmp_path: Path, method: str) -> None:
+    from safetensors import safe_open
+
+    out = tmp_path / f"gptqmodel-{method}"
+    texts = [line for line in WIKITEXT.read_text(encoding="utf-8").splitlines() if len(line) > 300][:16]
+    gptqmodel("quantize", str(tiny_model), str(out), method, request={"texts": texts})
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert config["quant_method"] == method
+    if method == "gptq":
+        assert config["desc_act"] is True
+        with safe_open(out / "model.safetensors", "pt") as f:
+            g_idx = f.get_tensor("model.layers.0.mlp.down_proj.g_idx")
+        assert (g_idx.diff() < 0).any()  # really permuted: the act-order path, not the trivial one
+    assert_engine_agrees_with_gptqmodel(out)

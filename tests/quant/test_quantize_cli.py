@@ -1,0 +1,126 @@
+"""`llmctl quantize` end to end on the default model: output folder, engine loading, license refusal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from helpers.cli_process import run_cli
+from helpers.quant_helpers import WIKITEXT, assert_engine_matches_dense
+
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def gptq_folder(tmp_path_factory, default_source):
+    out = tmp_path_factory.mktemp("q") / "smollm2-gptq"
+    result = run_cli("quantize", "--gptq", "--group-size", "64", "--calib-file", str(WIKITEXT),
+                     "--calib-samples", "8", "--calib-seq-len", "128", "--output", str(out), "--json",
+                     "--eval", str(WIKITEXT), "--eval-tokens", "512")
+    assert result.returncode == 0, result.stderr
+    return out, json.loads(result.stdout)
+
+
+def test_output_folder_is_a_complete_model(gptq_folder):
+    out, summary = gptq_folder
+    assert summary["layers"] == 30 and summary["size_after"] < summary["size_before"] / 4
+    ppl = summary["perplexity"]
+    assert set(ppl) == {"original", "rtn", "gptq"} and ppl["original"] < ppl["rtn"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"] == {
+        "quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False, "sym": True, "damp_percent": 0.01,
+        "true_sequential": False, "static_groups": True, "checkpoint_format": "gptq"}
+    assert json.loads((out / "quantize_config.json").read_text())["group_size"] == 64
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                 "README.md", "LICENSE", "NOTICE"):
+        assert (out / name).exists(), name
+    front = yaml.safe_load((out / "README.md").read_text().split("---")[1])
+    assert front["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert front["base_model_relation"] == "quantized" and front["license"] == "apache-2.0"
+    assert "quantized to 4-bit GPTQ" in (out / "NOTICE").read_text()
+
+
+def test_engine_serves_it_like_transformers_on_the_dequantized_weights(gptq_folder):
+    from llmctl.checkpoint.quant_formats import unpack_gptq
+    from llmctl.engine.layers.quant_linear import QuantLinear
+    from llmctl.sizing.weights import stage_weights, weight_format
+
+    out, _ = gptq_folder
+    llm = assert_engine_matches_dense(out, lambda parts: unpack_gptq(parts, 4, 64), "The capital of France is")
+    # the packed weights stay packed: bytes as `llmctl plan --quantization gptq` counts them
+    spec = llm.engine.loaded.spec
+    packed = sum(m.nbytes for m in llm.engine.loaded.model.modules() if isinstance(m, QuantLinear))
+    [stage] = stage_weights(spec, weight_format(2, "gptq", spec), 1, 1)
+    assert packed == stage.linear_bytes
+
+
+def test_license_refusal_names_the_clause(tmp_path, default_source):
+    import shutil
+
+    folder = tmp_path / "nd-model"
+    shutil.copytree(default_source.path, folder)
+    (folder / "README.md").write_text("---\nlicense: cc-by-nd-4.0\n---\n# a no-derivatives model\n")
+    result = run_cli("quantize", str(folder), "--gptq", "--group-size", "64", "--calib-file", str(WIKITEXT),
+                     "--output", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "refusing to make a redistributable quantized copy" in result.stderr
+    assert "§2(a)(1)(B) NoDerivatives" in result.stderr and "--no-redistribute" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_existing_output_is_replaced_only_with_force_and_only_if_it_is_a_model(tmp_path, default_source):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path / "tiny"
+    tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
+    tokenizer.save_pretrained(folder)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                 num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)).save_pretrained(
+        folder)
+    out = tmp_path / "out"
+    common = ["quantize", str(folder), "--gptq", "--no-redistribute", "--calib-file", str(WIKITEXT),
+              "--calib-samples", "2", "--calib-seq-len", "32", "--output", str(out)]
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "stale.bin").write_text("from an earlier run")
+    result = run_cli(*common)
+    assert result.returncode == 2 and "exists and is not empty: pass --force" in result.stderr
+    not_a_model = tmp_path / "notes"
+    not_a_model.mkdir()
+    (not_a_model / "mine.txt").write_text("keep me")
+    result = run_cli(*common[:-1], str(not_a_model), "--force")
+    assert result.returncode == 2 and "is not a model folder" in result.stderr
+    assert (not_a_model / "mine.txt").exists()
+    result = run_cli(*common, "--force")
+    assert result.returncode == 0, result.stderr
+    assert not (out / "stale.bin").exists() and (out / "model.safetensors").exists()
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["group_size"] == 64
+
+
+def test_group_size_128_on_smollm2_names_sizes_that_work(tmp_path, default_source):
+    result = run_cli("quantize", "--awq", "--group-size", "128", "--calib-file", str(WIKITEXT), "--output",
+                     str(tmp_path / "z"))
+    assert result.returncode == 2
+    assert "group size 128 does not divide the hidden size 576" in result.stderr
+    assert "use --group-size 32 or 64" in result.stderr
+
+
+def test_awq_checkpoint_through_the_engine(tmp_path, default_source):
+    from safetensors.torch import load_file
+
+    from llmctl.checkpoint.quant_formats import unpack_awq
+
+    out = tmp_path / "smollm2-awq"
+    result = run_cli("quantize", "--awq", "--group-size", "64", "--calib-file", str(WIKITEXT), "--calib-samples", "4",
+                     "--calib-seq-len", "64", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    # stderr is a pipe here, as in a redirected log: a line per layer, which a progress bar cannot leave there
+    lines = [line for line in result.stderr.splitlines() if line.startswith("AWQ 4-bit, layer by layer: ")]
+    assert [line.split(": ")[1].split()[0] for line in lines] == [f"{i}/30" for i in range(1, 31)]
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"] == {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
+                                             "version": "gemm", "modules_to_not_convert": None}
+    assert load_file(str(out / "model.safetensors"))["model.layers.0.self_attn.q_proj.qweight"].shape == (576, 72)
+    assert_engine_matches_dense(out, lambda parts: unpack_awq(parts, 64), "Once upon a time")
