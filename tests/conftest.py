@@ -72,8 +72,26 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [cpu_paths()]
 
 
+# What the tests that pick a CPU path saw ran (record_property("ran", …)): reports reach the controlling process
+# under pytest-xdist, where a worker's own output is not shown.
+_RAN: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        _RAN.extend(str(value) for key, value in report.user_properties if key == "ran")
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(cpu_paths())  # also under -q, where the header is not printed
+    for line in sorted(set(_RAN)):
+        terminalreporter.write_line(line)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    from helpers.scheduling import costliest_modules_first
+
+    costliest_modules_first(items)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

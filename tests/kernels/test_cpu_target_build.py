@@ -20,15 +20,14 @@ pytestmark = [pytest.mark.skipif(not cpu.built_for_avx512(),
               pytest.mark.subprocess, pytest.mark.slow]
 
 
-def test_kernels_built_for_haswell_pass_the_kernel_and_avx2_engine_tests(capsys):
+def test_kernels_built_for_haswell_pass_the_kernel_and_avx2_engine_tests(record_property):
     tests = Path(__file__).parent
     env = {**os.environ, cpu.TARGET_ENV: "haswell"}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                            str(tests / "test_cpu_kernels.py"), str(TESTS / "engine" / "models" / "test_avx2_panels_engine.py")],
                           capture_output=True, text=True, env=env, timeout=1200, cwd=ROOT)
     summary = done.stdout.strip().splitlines()[-2:]
-    with capsys.disabled():
-        print("\nhaswell build: " + " | ".join(summary))
+    record_property("ran", "haswell build: " + " | ".join(summary))
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert "C++ kernels without AVX-512 (LLMCTL_CPU_TARGET=haswell): the float32 panel GEMM (avx2 paths)" \
         in done.stdout

@@ -13,7 +13,7 @@ from llmctl.kernels import cpu
 pytestmark = pytest.mark.skipif("avx2" not in cpu.panel_isas(), reason="this CPU has no AVX2/FMA")
 
 
-def test_float32_engine_on_avx2_panels_equals_transformers(default_source, monkeypatch, capsys):
+def test_float32_engine_on_avx2_panels_equals_transformers(default_source, monkeypatch, record_property):
     from transformers import AutoModelForCausalLM
 
     from llmctl.checkpoint.source import resolve_model
@@ -33,8 +33,7 @@ def test_float32_engine_on_avx2_panels_equals_transformers(default_source, monke
         outputs = llm.generate(prompts, SamplingParams(max_tokens=10, min_tokens=10, temperature=0, logprobs=0))
     finally:
         llm.shutdown()
-    with capsys.disabled():
-        print(f"\nfloat32 engine ran: {cpu_gemm.packed_kernel()}")
+    record_property("ran", f"float32 engine ran: {cpu_gemm.packed_kernel()}")
     reference = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
     for prompt, output in zip(ids, outputs):
         with torch.no_grad():

@@ -24,7 +24,7 @@ def onednn_packs_bfloat16() -> bool:
 @pytest.mark.parametrize("amx", [True, pytest.param(False, marks=pytest.mark.skipif(
     not cpu.bf16_amx_supported(), reason="no AMX here: the first case ran the AVX512-BF16 panels"))],
     ids=["amx-where-present", "avx512-bf16"])
-def test_bfloat16_engine_agrees_with_transformers_bfloat16(amx, default_source, capsys, monkeypatch):
+def test_bfloat16_engine_agrees_with_transformers_bfloat16(amx, default_source, record_property, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     from helpers.greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
@@ -53,8 +53,7 @@ def test_bfloat16_engine_agrees_with_transformers_bfloat16(amx, default_source, 
         outputs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=5))
     finally:
         llm.shutdown()
-    with capsys.disabled():
-        print(f"\nbfloat16 engine ran: {expected_kernel}")
+    record_property("ran", f"bfloat16 engine ran: {expected_kernel}")
     reference = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16).eval()
     agreed = [assert_greedy_close(llmctl_greedy(output.outputs[0]), transformers_greedy(reference, prompt, 12, 5),
                                   str(prompt[:8]))
