@@ -43,8 +43,9 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, config: QuantConf
     if config.act_order:
         # Static groups: parameters fixed up front from the weights as they are (the visiting
         # order below would otherwise split groups and need a permuted g_idx).
-        for g, weights in enumerate(w.reshape(out_features, groups, group).unbind(1)):
-            scales[:, g], zeros[:, g] = search_group_params(weights, config)
+        # every group at once: the search is per row, and a group of a row is a row here
+        scale, zero = search_group_params(w.reshape(out_features * groups, group), config)
+        scales, zeros = scale.reshape(out_features, groups), zero.reshape(out_features, groups)
         order = torch.argsort(torch.diag(h), descending=True)
     else:
         order = torch.arange(in_features)
@@ -68,7 +69,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, config: QuantConf
             values = quantize_values(block[:, i:i + 1], scale, zero, config.maxq).squeeze(1)
             q[:, start + i] = values
             error = (block[:, i] - (values - zero) * scale) / h_block[i, i]
-            block[:, i:] -= error.unsqueeze(1) @ h_block[i, i:].unsqueeze(0)
+            block[:, i:].addr_(error, h_block[i, i:], alpha=-1)  # the error pushed onto the columns after i
             errors[:, i] = error
         w[:, end:] -= errors @ h_inv[start:end, end:]
     q = q[:, torch.argsort(order)]

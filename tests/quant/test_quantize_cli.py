@@ -1,4 +1,11 @@
-"""`llmctl quantize` end to end on the default model: output folder, engine loading, license refusal."""
+"""`llmctl quantize` end to end on the default model (SmolLM2-135M, 4-bit, group 64): output folder, engine
+loading, license refusal, and quality — GPTQ and AWQ each recover at least half of round-to-nearest's perplexity
+loss on held-out WikiText (the file's last 4,096 tokens, which `--eval` on the calibration file keeps out of the
+calibration).
+
+Each method is quantized once per run (the module's fixtures), with quantize's default budget of 32 × 256
+calibration tokens: that is what users get, and the smallest budget that separates the methods from rounding —
+at 8 × 128, GPTQ recovered 13 % of the loss (AWQ 54 %), noise beside round-to-nearest (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -13,14 +20,37 @@ from helpers.quant_helpers import WIKITEXT, assert_engine_matches_dense
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 
+def quantize(out, method: str) -> tuple[dict, str]:
+    """`llmctl quantize --METHOD` at its default calibration budget, evaluated; the --json summary and stderr."""
+    result = run_cli("quantize", f"--{method}", "--group-size", "64", "--calib-file", str(WIKITEXT),
+                     "--output", str(out), "--json", "--eval", str(WIKITEXT), timeout=900)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout), result.stderr
+
+
 @pytest.fixture(scope="module")
 def gptq_folder(tmp_path_factory, default_source):
     out = tmp_path_factory.mktemp("q") / "smollm2-gptq"
-    result = run_cli("quantize", "--gptq", "--group-size", "64", "--calib-file", str(WIKITEXT),
-                     "--calib-samples", "8", "--calib-seq-len", "128", "--output", str(out), "--json",
-                     "--eval", str(WIKITEXT), "--eval-tokens", "512")
-    assert result.returncode == 0, result.stderr
-    return out, json.loads(result.stdout)
+    summary, _ = quantize(out, "gptq")
+    return out, summary
+
+
+@pytest.fixture(scope="module")
+def awq_folder(tmp_path_factory, default_source):
+    out = tmp_path_factory.mktemp("q") / "smollm2-awq"
+    summary, stderr = quantize(out, "awq")
+    return out, summary, stderr
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_recovers_half_of_round_to_nearest_loss(request, method):
+    summary = request.getfixturevalue(f"{method}_folder")[1]
+    ppl = summary["perplexity"]
+    original, rtn, quantized = ppl["original"], ppl["rtn"], ppl[method]
+    assert rtn > original * 1.1  # 4-bit rounding costs SmolLM2 something measurable, or the test means nothing
+    recovered = (rtn - quantized) / (rtn - original)
+    print(f"{method}: fp32 {original:.2f}, RTN {rtn:.2f}, {method} {quantized:.2f}: {recovered:.0%} of the loss recovered")
+    assert recovered >= 0.5
 
 
 def test_output_folder_is_a_complete_model(gptq_folder):
@@ -107,17 +137,14 @@ def test_group_size_128_on_smollm2_names_sizes_that_work(tmp_path, default_sourc
     assert "use --group-size 32 or 64" in result.stderr
 
 
-def test_awq_checkpoint_through_the_engine(tmp_path, default_source):
+def test_awq_checkpoint_through_the_engine(awq_folder):
     from safetensors.torch import load_file
 
     from llmctl.checkpoint.quant_formats import unpack_awq
 
-    out = tmp_path / "smollm2-awq"
-    result = run_cli("quantize", "--awq", "--group-size", "64", "--calib-file", str(WIKITEXT), "--calib-samples", "4",
-                     "--calib-seq-len", "64", "--output", str(out))
-    assert result.returncode == 0, result.stderr
+    out, _, stderr = awq_folder
     # stderr is a pipe here, as in a redirected log: a line per layer, which a progress bar cannot leave there
-    lines = [line for line in result.stderr.splitlines() if line.startswith("AWQ 4-bit, layer by layer: ")]
+    lines = [line for line in stderr.splitlines() if line.startswith("AWQ 4-bit, layer by layer: ")]
     assert [line.split(": ")[1].split()[0] for line in lines] == [f"{i}/30" for i in range(1, 31)]
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"] == {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
