@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from llmctl.engine.errors import EngineConfigError
+from llmctl.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
+from llmctl.engine.structured.config import StructuredOutputsConfig, parse_structured_outputs_config
 from llmctl.errors import LlmctlError
 from llmctl.kernels.limits import SUPPORTED_BLOCK_SIZES
 from llmctl.settings import (
@@ -54,15 +56,26 @@ class EngineConfig:
     data_parallel_backend: str = "mp"  # DP replicas in this process (mp) or as Ray actors (ray)
     enable_expert_parallel: bool = False  # MoE: whole experts spread over TP × DP ranks (EP = TP × DP, as vLLM)
     cpu_threads: int | None = None  # torch threads per rank; default: the cores shared evenly
-    speculative_config: str | dict | None = None  # vLLM's JSON (llmctl.engine.spec_decode.config); None: off
-    structured_outputs_config: str | dict | None = None  # vLLM's JSON: {"backend": "auto|xgrammar|guidance"}
-    guided_decoding_backend: str | None = None  # vLLM's older flag for the backend
+    # vLLM's JSON flags, as given; validate() parses each once into its dataclass (read through the properties)
+    speculative_config: str | dict | SpeculativeConfig | None = None  # None: off
+    structured_outputs_config: str | dict | StructuredOutputsConfig | None = None  # {"backend": "auto|xgrammar|…"}
+    guided_decoding_backend: str | None = None  # vLLM's older flag for the backend (folded in by validate())
     reasoning_parser: str | None = None  # deepseek_r1 | qwen3: structured outputs start after the reasoning
     scheduling_policy: str = "fcfs"  # or "priority": requests' priority (lower first), then arrival
     enable_lora: bool = False  # per-request PEFT adapters (llmctl.engine.lora)
     max_loras: int = 1  # adapters resident at once (and running at once), as vLLM's default
     max_lora_rank: int = 16  # the slots' rank: larger adapters are refused at load
     replica_group: ReplicaGroup | None = None  # set by the data-parallel front: replicas exchanging MoE tokens
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """--speculative-config as validate() parsed it (None: off); parsed here if validate() has not run."""
+        return parse_speculative_config(self.speculative_config)
+
+    @property
+    def structured_outputs(self) -> StructuredOutputsConfig:
+        """--structured-outputs-config (and --guided-decoding-backend) as validate() parsed them."""
+        return parse_structured_outputs_config(self.structured_outputs_config, self.guided_decoding_backend)
 
     def _validate_policies(self) -> None:
         """The scheduling policy and the reasoning parser are names llmctl knows."""
@@ -111,21 +124,15 @@ class EngineConfig:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
         if self.model_impl not in MODEL_IMPLS:
             bad("model_impl", f"{self.model_impl!r} is not one of {', '.join(MODEL_IMPLS)}")
-        if self.speculative_config is not None:
-            from llmctl.engine.spec_decode.config import parse_speculative_config
-
-            if parse_speculative_config(self.speculative_config) and \
-                    self.tensor_parallel_size * self.pipeline_parallel_size > 1:  # fails before any rank starts
-                bad("speculative_config", "runs with --tensor-parallel-size 1 and --pipeline-parallel-size 1 for "
-                    "now; use --data-parallel-size to scale out")
-        if self.structured_outputs_config is not None or self.guided_decoding_backend is not None:
-            from llmctl.engine.structured.config import parse_structured_outputs_config
-            from llmctl.errors import LlmctlError
-
-            try:
-                parse_structured_outputs_config(self.structured_outputs_config, self.guided_decoding_backend)
-            except LlmctlError as exc:
-                raise EngineConfigError(str(exc)) from None
+        self.speculative_config = parse_speculative_config(self.speculative_config)
+        if self.speculative_config and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            bad("speculative_config", "runs with --tensor-parallel-size 1 and --pipeline-parallel-size 1 for "
+                "now; use --data-parallel-size to scale out")  # fails before any rank starts
+        try:
+            self.structured_outputs_config = parse_structured_outputs_config(self.structured_outputs_config,
+                                                                             self.guided_decoding_backend)
+        except LlmctlError as exc:
+            raise EngineConfigError(str(exc)) from None
         self._validate_policies()
         if self.enable_lora:
             if self.max_loras < 1:

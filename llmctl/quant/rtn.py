@@ -87,5 +87,9 @@ def rtn_quantize(weight: torch.Tensor, config: QuantConfig) -> QuantizedWeight:
 
 
 def fake_quantize(weight: torch.Tensor, config: QuantConfig) -> torch.Tensor:
-    """Quantize and dequantize in one go (AWQ's search evaluates candidates this way)."""
-    return rtn_quantize(weight, config).dequantize().to(weight.dtype)
+    """Quantize and dequantize in one go (AWQ's search evaluates candidates this way): the values of
+    `rtn_quantize(weight, config).dequantize()`, computed group-wise without the integer tensors."""
+    grouped = weight.float().reshape(-1, config.group_for(weight.shape[1]))
+    scale, zero = group_params(grouped, config)
+    q = quantize_values(grouped, scale, zero, config.maxq)
+    return ((q - zero.unsqueeze(1)) * scale.unsqueeze(1)).reshape(weight.shape).to(weight.dtype)

@@ -13,7 +13,6 @@ from llmctl.engine.front.embedding import EmbeddingModel
 from llmctl.engine.front.engine_client import EngineClient
 from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.reasoning import ReasoningParser, ReasoningParserManager
-from llmctl.engine.structured.config import parse_structured_outputs_config
 from llmctl.server.admission import InFlight
 from llmctl.server.lora import LoRAModulePath, ServedAdapters
 from llmctl.server.metrics import ServerMetrics
@@ -72,7 +71,7 @@ class ServerState:
     def structured_backend(self) -> str:
         """The structured-output backend the engine was started with (auto, xgrammar or guidance)."""
         config = self.settings.engine_config
-        return parse_structured_outputs_config(config.structured_outputs_config, config.guided_decoding_backend).backend
+        return config.structured_outputs.backend
 
     @property
     def reasoning_parser(self) -> type[ReasoningParser] | None:

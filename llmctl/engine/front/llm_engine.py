@@ -34,7 +34,6 @@ from llmctl.engine.reasoning import ReasoningParserManager
 from llmctl.engine.sample.step_sampler import StepSampler
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.spec_decode.speculator import Speculator
-from llmctl.engine.structured.config import parse_structured_outputs_config
 from llmctl.engine.structured.manager import StructuredOutputManager
 from llmctl.engine.worker.loaded_model import LoadedModel
 from llmctl.logs import configure_logging
@@ -84,7 +83,7 @@ class LLMEngine:
         self.speculator = Speculator.create(config, self.loaded, generator)
         self.structured = StructuredOutputManager(
             self.tokenizer, self.loaded.spec.vocab_size, self.loaded.eos_token_ids,
-            parse_structured_outputs_config(config.structured_outputs_config, config.guided_decoding_backend),
+            config.structured_outputs,
             reasoning_end_ids(config.reasoning_parser, self.tokenizer))
         self.sampler = StepSampler(self.loaded.eos_token_ids, generator, self.output_processor.new_sibling,
                                    self.speculator, self.structured)

@@ -12,14 +12,13 @@ import torch
 from llmctl.checkpoint.config_file import load_spec
 from llmctl.checkpoint.source import resolve_model
 from llmctl.engine.config import EngineConfig
-from llmctl.engine.spec_decode.config import parse_speculative_config
 from llmctl.engine.worker.memory_reservation import MemoryReservation
 from llmctl.sizing.kv import stage_kv
 from llmctl.sizing.weights import stage_weights, weight_format
 
 
 def draft_reservation(config: EngineConfig, dtype: torch.dtype, kv_dtype: torch.dtype) -> MemoryReservation:
-    spec_config = parse_speculative_config(config.speculative_config)
+    spec_config = config.speculative
     if spec_config is None or spec_config.method != "draft_model":
         return MemoryReservation()
     spec = load_spec(resolve_model(spec_config.model, weights=False))

@@ -10,7 +10,7 @@ from llmctl.engine.config import EngineConfig
 from llmctl.engine.core.block_manager import BlockManager
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.core.step_messages import StepBatch
-from llmctl.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
+from llmctl.engine.spec_decode.config import SpeculativeConfig
 from llmctl.engine.spec_decode.draft_model import DraftModelProposer
 from llmctl.engine.spec_decode.ngram import propose_ngram
 from llmctl.engine.spec_decode.proposal import Draft
@@ -29,7 +29,7 @@ class Speculator:
 
     @staticmethod
     def create(config: EngineConfig, target: LoadedModel, generator: torch.Generator) -> Speculator | None:
-        spec_config = parse_speculative_config(config.speculative_config)
+        spec_config = config.speculative
         if spec_config is None:
             return None
         return Speculator(spec_config, config, target, generator)

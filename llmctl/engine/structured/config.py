@@ -20,8 +20,11 @@ class StructuredOutputsConfig:
     enable_in_reasoning: bool = False
 
 
-def parse_structured_outputs_config(value: str | dict | None, guided_decoding_backend: str | None = None
-                                    ) -> StructuredOutputsConfig:
+def parse_structured_outputs_config(value: str | dict | StructuredOutputsConfig | None,
+                                    guided_decoding_backend: str | None = None) -> StructuredOutputsConfig:
+    """vLLM's JSON (or a dict) → StructuredOutputsConfig; an already parsed one is returned as it is."""
+    if isinstance(value, StructuredOutputsConfig):
+        return value
     try:
         fields = json.loads(value) if isinstance(value, str) else dict(value or {})
     except json.JSONDecodeError as exc:

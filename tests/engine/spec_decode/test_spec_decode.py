@@ -367,7 +367,9 @@ def test_the_target_sets_aside_what_its_draft_will_take(default_source, tmp_path
 
     draft = _random_llama(tmp_path / "draft", default_source)
     spec_config = {"model": str(draft), "num_speculative_tokens": 2}
-    reserved = draft_reservation(EngineConfig(speculative_config=spec_config), torch.float32, torch.float32)
+    config = EngineConfig(speculative_config=spec_config)
+    config.validate()
+    reserved = draft_reservation(config, torch.float32, torch.float32)
     llm = LLM(str(default_source.path), max_model_len=256, speculative_config=spec_config)
     loaded = llm.engine.speculator.draft_model.loaded
     assert reserved.fixed_bytes == loaded.weights_bytes
@@ -375,5 +377,6 @@ def test_the_target_sets_aside_what_its_draft_will_take(default_source, tmp_path
     # 100 target blocks of 1,000 bytes and 250 draft bytes each, beside 5,000 bytes of draft weights
     assert MemoryReservation("draft", 5_000, 250).kv_bytes_beside(130_000, 1_000) == 100_000
     assert MemoryReservation().kv_bytes_beside(130_000, 1_000) == 130_000
-    assert draft_reservation(EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
-                             torch.float32, torch.float32) == MemoryReservation()
+    ngram = EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    ngram.validate()
+    assert draft_reservation(ngram, torch.float32, torch.float32) == MemoryReservation()
