@@ -28,9 +28,9 @@ class ConfigReader:
         return default if value is None else bool(value)
 
 
-def _core(reader: ConfigReader, *, layers=("num_hidden_layers", "n_layer", "num_layers"),
-          hidden=("hidden_size", "n_embd", "n_embed", "d_model"),
-          heads=("num_attention_heads", "n_head", "num_heads")) -> dict[str, Any]:
+def _core(reader: ConfigReader, *, layers: tuple[str, ...] = ("num_hidden_layers", "n_layer", "num_layers"),
+          hidden: tuple[str, ...] = ("hidden_size", "n_embd", "n_embed", "d_model"),
+          heads: tuple[str, ...] = ("num_attention_heads", "n_head", "num_heads")) -> dict[str, Any]:
     num_layers = int(reader.get("num_layers", layers, 0))
     hidden_size = int(reader.get("hidden_size", hidden, 0))
     num_heads = int(reader.get("num_attention_heads", heads, 0))
@@ -51,7 +51,7 @@ def read_llama_like(reader: ConfigReader, model_type: str) -> dict[str, Any]:
     facts["head_dim"] = _head_dim(reader, facts)
     facts["intermediate"] = int(reader.get("intermediate_size", ("intermediate_size", "ffn_hidden_size", "n_inner"), 0))
     bias = bool(cfg.get("attention_bias", False))
-    layout = dict(qkv_bias=bias, o_bias=bias, mlp_bias=bool(cfg.get("mlp_bias", False)))
+    layout: dict[str, Any] = dict(qkv_bias=bias, o_bias=bias, mlp_bias=bool(cfg.get("mlp_bias", False)))
     facts["tied_default"] = model_type.startswith("gemma")
     if model_type in ("qwen2", "qwen2_moe"):
         layout.update(qkv_bias=True, o_bias=False)
@@ -277,7 +277,7 @@ def read_positional(reader: ConfigReader, model_type: str, facts: dict[str, Any]
 
 
 def _rope(cfg: dict[str, Any]) -> RopeSpec:
-    params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    params: dict[str, Any] = cfg["rope_parameters"] if isinstance(cfg.get("rope_parameters"), dict) else {}
     sliding_theta = cfg.get("rope_local_base_freq")  # Gemma 3 as published: its sliding layers' base
     if isinstance(params.get("full_attention"), dict):  # Gemma 3 as transformers 5 writes it: a set per kind
         sliding_theta = (params.get("sliding_attention") or {}).get("rope_theta")

@@ -86,7 +86,7 @@ def transformers_config(gguf_path: Path, has_output_tensor: bool, arch: str, met
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    data = config.to_dict()
+    data: dict[str, Any] = config.to_dict()
     data["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     data["tie_word_embeddings"] = not has_output_tensor
     data["torch_dtype"] = "float32"

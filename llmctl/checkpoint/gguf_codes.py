@@ -29,7 +29,7 @@ class GroupCodes:
 
     @property
     def group_size(self) -> int:
-        return self.codes.shape[1] // self.scales.shape[1]
+        return int(self.codes.shape[1] // self.scales.shape[1])
 
     def stored_codes(self) -> np.ndarray:
         """As the CPU kernels read them: int8 [rows, K]; 4-bit packed to [rows, K / 2] uint8 with, in each

@@ -254,7 +254,7 @@ def _save_tokenizer(gguf_path: Path, out_dir: Path) -> None:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     logging.getLogger("transformers").setLevel(logging.ERROR)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     tokenizer.save_pretrained(str(out_dir))

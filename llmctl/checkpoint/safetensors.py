@@ -75,6 +75,7 @@ def _read_remote_headers(source: ModelSource) -> tuple[WeightHeaders | None, str
     """The headers by HTTP range requests, or None and what really went wrong."""
     from huggingface_hub import get_safetensors_metadata
 
+    assert source.repo_id is not None, "remote headers are read for hub models"
     try:
         metadata = get_safetensors_metadata(source.repo_id, revision=source.commit or source.revision)
     except Exception as exc:
@@ -84,7 +85,7 @@ def _read_remote_headers(source: ModelSource) -> tuple[WeightHeaders | None, str
                 f"a safetensors header in {source.repo_id} is corrupt ({_short(exc)})"
             ) from None
         return None, _remote_failure(exc)
-    tensors = {
+    tensors: dict[str, tuple[str, tuple[int, ...]]] = {
         name: (info.dtype, tuple(info.shape))
         for file_meta in metadata.files_metadata.values()
         for name, info in file_meta.tensors.items()

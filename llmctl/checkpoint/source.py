@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from llmctl.errors import (
     CorruptModelError,
@@ -130,7 +131,7 @@ def resolve_hub_model(repo_id: str, revision: str | None, *, weights: bool = Fal
     """Fetch a hub repo's metadata files (and weights when asked), or the files `patterns` names,
     through huggingface_hub."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.utils import validate_repo_id
+    from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined, unused-ignore]  # public, not re-exported
 
     try:
         validate_repo_id(repo_id)
@@ -241,7 +242,7 @@ def _looks_like_path(text: str) -> bool:
     )
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict[str, Any]:
     """Read a JSON model file, turning a parse failure into a one-line error."""
     import json
 

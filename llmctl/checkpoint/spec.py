@@ -200,7 +200,9 @@ def _quantization(config: dict[str, Any]) -> QuantizationSpec | None:
 
 def _transformers_knows(model_type: str) -> bool:
     try:
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+        from transformers.models.auto.configuration_auto import (  # type: ignore[attr-defined, unused-ignore]  # not re-exported
+            CONFIG_MAPPING_NAMES,
+        )
     except Exception:
         return False
     return model_type in CONFIG_MAPPING_NAMES

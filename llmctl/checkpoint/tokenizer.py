@@ -116,7 +116,7 @@ def load_tokenizer(source: ModelSource, *, trust_remote_code: bool = False) -> A
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     logging.getLogger("transformers").setLevel(logging.ERROR)
     try:
         return AutoTokenizer.from_pretrained(str(source.path), trust_remote_code=trust_remote_code)

@@ -26,7 +26,7 @@ SLID_OUT = -1  # a block-table entry whose block was given back (outside the sli
 class Block:
     block_id: int
     ref_count: int = 0
-    hash: int | None = None
+    hash: tuple[int, int] | None = None  # (KV group, chain hash) once registered in the prefix cache
     token_ids: tuple[int, ...] = ()
 
 
@@ -46,7 +46,7 @@ class BlockManager:
     block_size: int
     enable_prefix_caching: bool = True
     sliding_window: int | None = None  # every layer attends to at most this many tokens back (one group)
-    group_windows: tuple[int | None, ...] | None = None  # per KV group (hybrid models); overrides sliding_window
+    group_windows: tuple[int | None, ...] = ()  # per KV group (hybrid models); overrides sliding_window
     blocks: list[Block] = field(init=False)
     free_ids: list[int] = field(init=False)  # never hashed, or hash dropped
     evictable: OrderedDict[int, None] = field(init=False)  # free but still cached, LRU order
@@ -108,9 +108,10 @@ class BlockManager:
             chunk = tuple(tokens[index * self.block_size:(index + 1) * self.block_size])
             digest = chain_hash(parent, chunk)
             found = [self.cached.get((group, digest)) for group in range(self.num_groups)]
-            if any(block_id is None or self.blocks[block_id].token_ids != chunk for block_id in found):
+            hits = [block_id for block_id in found if block_id is not None and self.blocks[block_id].token_ids == chunk]
+            if len(hits) < self.num_groups:
                 break  # a hit needs the block of every group
-            for table, block_id in zip(tables, found):
+            for table, block_id in zip(tables, hits):
                 self._take(block_id)
                 table.append(block_id)
             seq.block_hashes.append(digest)
