@@ -30,6 +30,13 @@ if "LLMCTL_CACHE" not in os.environ:
 # llama.cpp) is tested where it is set back: test_cpu_q8, test_coded_decode, test_gguf_coded (through a real
 # `llmctl serve` there, which is started without this variable).
 os.environ["LLMCTL_GGUF_ACTIVATIONS"] = "float32"
+# Two pytest-xdist workers share the machine's cores: each worker, and every process it starts, runs torch on one
+# thread. Two threads beside a busy neighbour wait on each other at every parallel op (an AWQ layer took 13 s so,
+# 8 s on one thread, 4.5 s on two of a quiet machine). The kernel tests set two threads back (tests/kernels/conftest.py).
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:  # imported already (by a plugin)
+        sys.modules["torch"].set_num_threads(1)
 # Triton kernels run on CPU tensors in its interpreter, which must be chosen before triton is
 # imported; with a GPU they run compiled. Subprocess tests (servers, workers) inherit this.
 if "TRITON_INTERPRET" not in os.environ:
