@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -78,7 +79,7 @@ def _constraint(fields: Fields, state: ServerState, tools: ToolRequest) -> Struc
 
 
 def render_chat(state: ServerState, fields: Fields, add_generation_prompt: bool = True,
-                continue_final_message: bool = False, tools: list[dict] | None = None) -> tuple[str, list[int]]:
+                continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
     """The request's messages through the chat template (with its chat_template_kwargs), and their ids;
     continue_final_message leaves the last (assistant) message open for the model to go on."""
     messages = chat_messages(fields)
@@ -115,13 +116,13 @@ class ChatStream:
         self.calling, self.reasoning = calling, reasoning
         self.messages: dict[int, StreamedMessage] = {}
 
-    def opening(self, ctx: ResponseContext, num_choices: int) -> list[dict]:
+    def opening(self, ctx: ResponseContext, num_choices: int) -> list[dict[str, Any]]:
         return [chat_chunk(ctx, choice, {"role": "assistant", "content": ""}) for choice in range(num_choices)]
 
-    def before_output(self, ctx: ResponseContext, prompt_index: int, output: RequestOutput) -> list[dict]:
+    def before_output(self, ctx: ResponseContext, prompt_index: int, output: RequestOutput) -> list[dict[str, Any]]:
         return []
 
-    def chunk(self, ctx: ResponseContext, prompt_index: int, delta: Delta) -> dict | None:
+    def chunk(self, ctx: ResponseContext, prompt_index: int, delta: Delta) -> dict[str, Any] | None:
         if self.calling is None and self.reasoning is None:
             return chat_chunk(ctx, delta.choice, {"content": delta.text} if delta.text else {}, delta)
         if delta.choice not in self.messages:

@@ -105,6 +105,7 @@ class StreamedMessage:
         if index == len(self.calls):  # not announced yet: once its name is whole
             if call.name is None:
                 return None
+            assert self.parser is not None  # calls come from the parser
             self.calls.append(_SentCall(self.parser.new_call_id(), len(call.arguments)))
             return {"index": index, **tool_call(self.calls[index].call_id, call)}
         if index > len(self.calls):

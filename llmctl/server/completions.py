@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -36,10 +37,10 @@ class CompletionStream:
     def __init__(self) -> None:
         self.echoed: dict[int, int] = {}  # prompt index -> length of its echoed text
 
-    def opening(self, ctx: ResponseContext, num_choices: int) -> list[dict]:
+    def opening(self, ctx: ResponseContext, num_choices: int) -> list[dict[str, Any]]:
         return []
 
-    def before_output(self, ctx: ResponseContext, prompt_index: int, output: RequestOutput) -> list[dict]:
+    def before_output(self, ctx: ResponseContext, prompt_index: int, output: RequestOutput) -> list[dict[str, Any]]:
         if not ctx.sampling.echo or prompt_index in self.echoed:
             return []
         text = ctx.prompt_text(prompt_index, output)
@@ -53,7 +54,7 @@ class CompletionStream:
         self.echoed[prompt_index] = len(text)
         return chunks
 
-    def chunk(self, ctx: ResponseContext, prompt_index: int, delta: Delta) -> dict:
+    def chunk(self, ctx: ResponseContext, prompt_index: int, delta: Delta) -> dict[str, Any]:
         offset = self.echoed.get(prompt_index, 0) + delta.offset  # text_offset counts the echoed prompt too
         return completion_chunk(ctx, delta.choice, delta.text, dataclasses.replace(delta, offset=offset))
 

@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -29,7 +30,7 @@ EventStream = Callable[[ResponseContext, list[AsyncIterator[RequestOutput]], Rec
 @dataclass(frozen=True)
 class Endpoint:
     id_prefix: str  # "cmpl-" or "chatcmpl-", as OpenAI's ids start
-    full_response: Callable[[ResponseContext, list[RequestOutput]], dict]
+    full_response: Callable[[ResponseContext, list[RequestOutput]], dict[str, Any]]
     stream_format: Callable[[], StreamFormat] | None = None  # chunks per choice (completions, chat)
     event_stream: EventStream | None = None  # or a whole stream of its own (/v1/responses)
 
@@ -60,8 +61,11 @@ async def respond(state: ServerState, request: Request, endpoint: Endpoint, mode
         record_finished(state, output, token_times)
 
     if sampling.stream:
-        events = endpoint.event_stream(ctx, streams, record) if endpoint.event_stream is not None else \
-            stream_events(ctx, streams, record, endpoint.stream_format())
+        if endpoint.event_stream is not None:
+            events = endpoint.event_stream(ctx, streams, record)
+        else:
+            assert endpoint.stream_format is not None  # an endpoint streams one way or the other
+            events = stream_events(ctx, streams, record, endpoint.stream_format())
         return AdmittedStream(admission, events)
     try:
         finals = await until_disconnect(request, asyncio.gather(*(last_output(s, record) for s in streams)))
@@ -94,6 +98,7 @@ async def last_output(stream: AsyncIterator[RequestOutput],
         final = output
         token_times.append(time.perf_counter())
     record(final, token_times)
+    assert final is not None, "the engine's stream ends with the request's final output"
     return final
 
 

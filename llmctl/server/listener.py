@@ -65,6 +65,7 @@ class Listener:
             if path is not None and not Path(path).is_file():
                 raise LlmctlError(f"{flag} {path}: no such file")
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        assert self.ssl_certfile is not None  # a context is made only for a certificate
         try:
             context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
             if self.ssl_ca_certs:

@@ -32,7 +32,7 @@ def request_schema(fields: dict[str, FieldSpec], required: list[str]) -> dict[st
 
 
 def _post(summary: str, fields: dict[str, FieldSpec], required: list[str], response: str) -> dict[str, Any]:
-    responses = {"200": {"description": response}}
+    responses: dict[str, Any] = {"200": {"description": response}}
     responses.update({code: {"description": text, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
                       for code, text in ERRORS.items()})
     return {"post": {"summary": summary, "requestBody": {"required": True, "content": {

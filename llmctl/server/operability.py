@@ -8,8 +8,9 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -20,8 +21,8 @@ REQUEST_ID_HEADER = "x-request-id"
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-def request_id_of(scope: dict) -> str:
-    return scope.get("state", {}).get("request_id", "-")
+def request_id_of(scope: Mapping[str, Any]) -> str:
+    return str(scope.get("state", {}).get("request_id", "-"))
 
 
 class RequestLog:

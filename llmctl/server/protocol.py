@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -99,7 +100,7 @@ class Fields:
         return self.body.get(name, default)
 
 
-def warn_ignored(fields: Fields, known: dict[str, FieldSpec]) -> None:
+def warn_ignored(fields: Fields, known: Collection[str]) -> None:
     """Fields llmctl does not know are accepted and named in the log, as vLLM does."""
     ignored = sorted(set(fields.body) - set(known) - IGNORED - set(UNSUPPORTED) - READ_BESIDE)
     if ignored:

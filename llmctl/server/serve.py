@@ -7,11 +7,15 @@ import logging
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmctl.engine.errors import WorkerLostError
 from llmctl.errors import LlmctlError
 from llmctl.server.app import ServerSettings, create_app
 from llmctl.server.listener import Listener
+
+if TYPE_CHECKING:
+    import uvicorn
 
 logger = logging.getLogger("llmctl.server")
 GRACEFUL_SHUTDOWN_SECONDS = 30  # SIGTERM: in-flight requests get this long to finish
@@ -33,7 +37,7 @@ def load_chat_template(value: str | None) -> str | None:
             from None
 
 
-def _graceful_server_class():  # uvicorn is imported lazily: `llmctl inspect` never pays for it
+def _graceful_server_class() -> type[uvicorn.Server]:  # uvicorn is imported lazily: `llmctl inspect` never pays for it
     import uvicorn
 
     class GracefulServer(uvicorn.Server):

@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from llmctl.engine.front.outputs import CompletionOutput, RequestOutput
 from llmctl.server.responses import Delta, ResponseContext, usage
@@ -20,11 +20,11 @@ RecordFinished = Callable[[RequestOutput | None, list[float]], None]  # final ou
 class StreamFormat(Protocol):
     object_name: str  # of the usage chunk
 
-    def opening(self, ctx: ResponseContext, num_choices: int) -> list[dict]: ...  # with the first output
+    def opening(self, ctx: ResponseContext, num_choices: int) -> list[dict[str, Any]]: ...  # with the first output
 
-    def before_output(self, ctx: ResponseContext, prompt_index: int, output: RequestOutput) -> list[dict]: ...
+    def before_output(self, ctx: ResponseContext, prompt_index: int, output: RequestOutput) -> list[dict[str, Any]]: ...
 
-    def chunk(self, ctx: ResponseContext, prompt_index: int, delta: Delta) -> dict | None: ...  # None: nothing new
+    def chunk(self, ctx: ResponseContext, prompt_index: int, delta: Delta) -> dict[str, Any] | None: ...  # None: nothing new
 
 
 class DeltaTracker:
@@ -109,9 +109,9 @@ async def stream_events(ctx: ResponseContext, streams: list[AsyncIterator[Reques
                 finished[index] = item
             for completion in item.outputs:
                 delta = tracker.delta(index * n + completion.index, completion)
-                chunk = fmt.chunk(ctx, index, delta) if delta is not None else None
-                if chunk is not None:
-                    yield sse(chunk)
+                text_chunk = fmt.chunk(ctx, index, delta) if delta is not None else None
+                if text_chunk is not None:
+                    yield sse(text_chunk)
         if ctx.sampling.include_usage and finished:
             yield sse({"id": ctx.request_id, "object": fmt.object_name, "created": ctx.created, "model": ctx.model,
                        "choices": [], "usage": usage(list(finished.values()))})
@@ -126,5 +126,5 @@ _LINE_BREAKS_FOR_SOME = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0
 _ESCAPE_LINE_BREAKS = str.maketrans(_LINE_BREAKS_FOR_SOME)
 
 
-def sse(payload: dict) -> str:
+def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False).translate(_ESCAPE_LINE_BREAKS)}\n\n"

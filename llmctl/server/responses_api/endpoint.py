@@ -3,6 +3,8 @@ answered as a Response object or as Responses streaming events."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -25,7 +27,7 @@ from llmctl.server.transport import read_json
 async def create_response(state: ServerState, request: Request) -> Response:
     fields = await read_json(request)
     model = check_model(state, fields)
-    warn_ignored(fields, dict.fromkeys(ACCEPTED))
+    warn_ignored(fields, ACCEPTED)
     if fields.raw("n") not in (None, 1):
         raise bad("the Responses API makes one output: use /v1/chat/completions for n > 1", "n")
     chat = prepare_chat(state, Fields(chat_body(fields)))
@@ -36,7 +38,7 @@ async def create_response(state: ServerState, request: Request) -> Response:
 
 def responses_endpoint(shell: ResponseShell, calling: ToolCalling | None,
                        reasoning: type[ReasoningParser] | None) -> Endpoint:
-    def full(ctx: ResponseContext, outputs: list[RequestOutput]) -> dict:
+    def full(ctx: ResponseContext, outputs: list[RequestOutput]) -> dict[str, Any]:
         [output] = outputs
         completion = output.outputs[0]
         message, _ = full_message(completion.text, completion.finish_reason, calling,

@@ -109,6 +109,8 @@ class ToolParserManager:
         if not file.is_file():
             raise LlmctlError(f"--tool-parser-plugin {path}: no such file")
         spec = importlib.util.spec_from_file_location(f"llmctl_tool_parser_plugin_{file.stem}", file)
+        if spec is None or spec.loader is None:
+            raise LlmctlError(f"--tool-parser-plugin {path}: not a Python file")
         module = importlib.util.module_from_spec(spec)
         try:
             spec.loader.exec_module(module)

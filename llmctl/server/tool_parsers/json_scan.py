@@ -103,6 +103,6 @@ def _decode_key(quoted: str) -> str:
     import json
 
     try:
-        return json.loads(quoted)
+        return str(json.loads(quoted))
     except ValueError:
         return quoted[1:-1]

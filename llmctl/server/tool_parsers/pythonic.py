@@ -37,6 +37,7 @@ def _calls(body: str) -> list[ToolCallDraft] | None:
         return None
     calls = []
     for call in tree.elts:
+        assert isinstance(call, ast.Call)  # checked above, for the type checker
         try:
             arguments = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
         except ValueError:
