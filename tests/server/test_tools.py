@@ -207,9 +207,13 @@ def test_a_tool_parser_plugin(default_source, tmp_path):
 def test_flags_that_do_not_fit_are_one_line(tmp_path):
     from helpers.cli_process import run_cli
 
+    notes = tmp_path / "parser.txt"
+    notes.write_text("not code")
+
     for flags, words in ((["--enable-auto-tool-choice"], "needs --tool-call-parser"),
                          (["--enable-auto-tool-choice", "--tool-call-parser", "nope"], "hermes, llama3_json"),
-                         (["--tool-parser-plugin", str(tmp_path / "missing.py")], "no such file")):
+                         (["--tool-parser-plugin", str(tmp_path / "missing.py")], "no such file"),
+                         (["--tool-parser-plugin", str(notes)], "not a Python file")):
         result = run_cli("serve", "--port", "0", *flags)
         assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
 
