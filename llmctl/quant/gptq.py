@@ -28,6 +28,28 @@ class HessianAccumulator:
         return (2.0 / max(self.count, 1)) * self.h
 
 
+class LayerHessians:
+    """One Hessian per distinct input of a layer's linears: q/k/v read one tensor and gate/up another, so
+    their Hessians are one and the same, accumulated once. Linears called one after the other with the
+    same tensor object share."""
+
+    def __init__(self) -> None:
+        self.accumulators: dict[str, HessianAccumulator] = {}
+        self.owner: dict[str, str] = {}  # linear -> the linear whose accumulator it reads
+        self._last: tuple[str | None, torch.Tensor | None] = (None, None)
+
+    def add(self, name: str, inputs: torch.Tensor) -> None:
+        last_name, last_inputs = self._last
+        if name not in self.owner:
+            self.owner[name] = self.owner[last_name] if last_name is not None and last_inputs is inputs else name
+        self._last = (name, inputs)
+        if self.owner[name] == name:
+            self.accumulators.setdefault(name, HessianAccumulator(inputs.shape[-1])).add(inputs)
+
+    def hessian(self, name: str) -> torch.Tensor:
+        return self.accumulators[self.owner[name]].hessian()
+
+
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, config: QuantConfig) -> QuantizedWeight:
     """weight [out, in]; returns the integers and group parameters in the original column order."""
     w = weight.detach().to(torch.float64).clone()

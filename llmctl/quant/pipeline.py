@@ -31,7 +31,7 @@ from llmctl.quant.families import (
     mlp_norm,
     quantized_linears,
 )
-from llmctl.quant.gptq import HessianAccumulator, gptq_quantize
+from llmctl.quant.gptq import LayerHessians, gptq_quantize
 from llmctl.quant.rtn import QuantConfig, rtn_quantize
 
 BATCH = 8  # calibration sequences per forward
@@ -196,10 +196,9 @@ def _quantize_layer(layer: nn.Module, hidden: torch.Tensor, run: Callable, metho
                     linears: tuple[str, ...], position_embeddings: tuple,
                     mask: torch.Tensor | None) -> dict[str, QuantizedWeight]:
     if method == "gptq":
-        accumulators = {name: HessianAccumulator(_module(layer, name).in_features) for name in linears}
-        _capture_inputs(layer, hidden, run, linears, lambda name, x: accumulators[name].add(x))
-        return {name: gptq_quantize(_module(layer, name).weight, accumulators[name].hessian(), config)
-                for name in linears}
+        hessians = LayerHessians()
+        _capture_inputs(layer, hidden, run, linears, hessians.add)
+        return {name: gptq_quantize(_module(layer, name).weight, hessians.hessian(name), config) for name in linears}
     if method == "awq":
         _awq_transform(layer, hidden, run, config, position_embeddings, mask)
     return {name: rtn_quantize(_module(layer, name).weight, config) for name in linears}

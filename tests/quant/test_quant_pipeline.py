@@ -67,3 +67,17 @@ def test_group_size_that_does_not_divide_names_sizes_that_work():
     with pytest.raises(LlmctlError, match="group size 128 does not divide the hidden size 576.*use --group-size "
                                           "32 or 64"):
         check_supported(smol, QuantConfig(group_size=128))
+
+
+def test_linears_reading_one_input_share_one_hessian():
+    """q/k/v (and gate/up) read one tensor: their Hessian is accumulated once, and equals each one's own."""
+    from llmctl.quant.gptq import HessianAccumulator, LayerHessians
+
+    hessians, alone = LayerHessians(), HessianAccumulator(8)
+    for _ in range(2):  # two calibration batches
+        x, y = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+        for name, inputs in (("q", x), ("k", x), ("v", x), ("o", y)):
+            hessians.add(name, inputs)
+        alone.add(x)
+    assert hessians.owner == {"q": "q", "k": "q", "v": "q", "o": "o"} and set(hessians.accumulators) == {"q", "o"}
+    assert torch.equal(hessians.hessian("v"), alone.hessian())
