@@ -33,6 +33,9 @@ def test_the_design_cards_five_commands_as_typed(tmp_path):
     assert quantize.returncode == 0, quantize.stderr
     out = tmp_path / "SmolLM2-135M-Instruct-AWQ-4bit"
     assert "calibration: 2 × 32 tokens from the model's own samples (data-free)" in quantize.stderr
+    # stderr is a pipe here, as in a redirected log: a line per layer, which a progress bar cannot leave there
+    lines = [line for line in quantize.stderr.splitlines() if line.startswith("AWQ 4-bit, layer by layer: ")]
+    assert [line.split(": ")[1].split()[0] for line in lines] == [f"{i}/30" for i in range(1, 31)]
     assert "serve it: llmctl serve SmolLM2-135M-Instruct-AWQ-4bit" in quantize.stdout
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == "awq"

@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 
 def quantize(out, method: str) -> tuple[dict, str]:
-    """`llmctl quantize --METHOD` at its default calibration budget, evaluated; the --json summary and stderr."""
+    """`llmctl quantize --METHOD` at its default calibration budget, evaluated; the --json summary and stderr
+    (--json turns the progress lines off: tests/cli/test_design_card.py reads them)."""
     result = run_cli("quantize", f"--{method}", "--group-size", "64", "--calib-file", str(WIKITEXT),
                      "--output", str(out), "--json", "--eval", str(WIKITEXT), timeout=900)
     assert result.returncode == 0, result.stderr
@@ -38,8 +39,8 @@ def gptq_folder(tmp_path_factory, default_source):
 @pytest.fixture(scope="module")
 def awq_folder(tmp_path_factory, default_source):
     out = tmp_path_factory.mktemp("q") / "smollm2-awq"
-    summary, stderr = quantize(out, "awq")
-    return out, summary, stderr
+    summary, _ = quantize(out, "awq")
+    return out, summary
 
 
 @pytest.mark.parametrize("method", ["gptq", "awq"])
@@ -142,10 +143,7 @@ def test_awq_checkpoint_through_the_engine(awq_folder):
 
     from llmctl.checkpoint.quant_formats import unpack_awq
 
-    out, _, stderr = awq_folder
-    # stderr is a pipe here, as in a redirected log: a line per layer, which a progress bar cannot leave there
-    lines = [line for line in stderr.splitlines() if line.startswith("AWQ 4-bit, layer by layer: ")]
-    assert [line.split(": ")[1].split()[0] for line in lines] == [f"{i}/30" for i in range(1, 31)]
+    out, _ = awq_folder
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"] == {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
                                              "version": "gemm", "modules_to_not_convert": None}
