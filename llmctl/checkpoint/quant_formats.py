@@ -33,6 +33,12 @@ class QuantizedWeight:
         groups = input_groups(self.g_idx, self.q.shape[1], self.group_size, self.q.device)
         return (self.q - self.zeros[:, groups]).float() * self.scales[:, groups]
 
+    def split_rows(self, sizes: list[int]) -> list[QuantizedWeight]:
+        """The weights of linears quantized stacked (their rows one after the other), apart again."""
+        parts = zip(self.q.split(sizes), self.scales.split(sizes), self.zeros.split(sizes))
+        return [QuantizedWeight(q.contiguous(), scales.contiguous(), zeros.contiguous(), self.bits, self.group_size,
+                                self.g_idx) for q, scales, zeros in parts]
+
 
 def input_groups(g_idx: torch.Tensor | None, in_features: int, group_size: int,
                  device: torch.device | None = None) -> torch.Tensor:

@@ -98,7 +98,10 @@ def clip_weights(linear: nn.Linear, inputs: torch.Tensor, config: QuantConfig) -
     groups = in_features // size
     x = inputs.reshape(-1, in_features)
     x = x[torch.linspace(0, x.shape[0] - 1, min(CLIP_TOKENS, x.shape[0])).long()].float()
-    x = x.view(-1, groups, size)  # [T, groups, size]
+    x = x.view(-1, groups, size).transpose(0, 1)  # [groups, T, size]
+    # the mean over tokens of (x·d)² is dᵀ G d with G = xᵀx / T per group: one small Gram matrix per group
+    # rather than every token's product with every candidate
+    gram = x.transpose(1, 2) @ x / x.shape[1]  # [groups, size, size]
     w = weight.float().view(out_features, groups, size)
     original_max = w.abs().amax(dim=-1, keepdim=True)  # [out, groups, 1]
     best_max = original_max.clone()
@@ -107,8 +110,8 @@ def clip_weights(linear: nn.Linear, inputs: torch.Tensor, config: QuantConfig) -
         max_val = original_max * (1 - step / CLIP_GRID)
         clipped = torch.clamp(w, -max_val, max_val)
         quantized = fake_quantize(clipped.view(out_features, in_features), config).view(out_features, groups, size)
-        diff = w - quantized
-        error = torch.einsum("tgk,ogk->tog", x, diff).pow(2).mean(0)  # [out, groups]
+        diff = (w - quantized).transpose(0, 1)  # [groups, out, size]
+        error = ((diff @ gram) * diff).sum(-1).transpose(0, 1)  # [out, groups]
         better = error < best_error
         best_error = torch.where(better, error, best_error)
         best_max = torch.where(better.unsqueeze(-1), max_val, best_max)

@@ -20,8 +20,8 @@ class HessianAccumulator:
         self.count = 0
 
     def add(self, inputs: torch.Tensor) -> None:
-        x = inputs.reshape(-1, inputs.shape[-1]).to(torch.float64)
-        self.h += x.t() @ x
+        x = inputs.reshape(-1, inputs.shape[-1]).float()
+        self.h += (x.t() @ x).double()  # one batch's products in float32 (as GPTQ's reference), the sum in float64
         self.count += x.shape[0]
 
     def hessian(self) -> torch.Tensor:
@@ -31,7 +31,7 @@ class HessianAccumulator:
 class LayerHessians:
     """One Hessian per distinct input of a layer's linears: q/k/v read one tensor and gate/up another, so
     their Hessians are one and the same, accumulated once. Linears called one after the other with the
-    same tensor object share."""
+    same tensor share (the same memory: a forward hook's `args[0].detach()` is a new object each call)."""
 
     def __init__(self) -> None:
         self.accumulators: dict[str, HessianAccumulator] = {}
@@ -41,13 +41,19 @@ class LayerHessians:
     def add(self, name: str, inputs: torch.Tensor) -> None:
         last_name, last_inputs = self._last
         if name not in self.owner:
-            self.owner[name] = self.owner[last_name] if last_name is not None and last_inputs is inputs else name
+            shared = last_name is not None and last_inputs is not None and _same_tensor(last_inputs, inputs)
+            self.owner[name] = self.owner[last_name] if shared else name
         self._last = (name, inputs)
         if self.owner[name] == name:
             self.accumulators.setdefault(name, HessianAccumulator(inputs.shape[-1])).add(inputs)
 
     def hessian(self, name: str) -> torch.Tensor:
         return self.accumulators[self.owner[name]].hessian()
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Views of one memory (`_last` keeps `a` alive, so its address cannot be reused by another tensor)."""
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
 
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, config: QuantConfig) -> QuantizedWeight:

@@ -198,10 +198,23 @@ def _quantize_layer(layer: nn.Module, hidden: torch.Tensor, run: Callable, metho
     if method == "gptq":
         hessians = LayerHessians()
         _capture_inputs(layer, hidden, run, linears, hessians.add)
-        return {name: gptq_quantize(_module(layer, name).weight, hessians.hessian(name), config) for name in linears}
+        return _gptq_by_shared_input(layer, hessians, config, linears)
     if method == "awq":
         _awq_transform(layer, hidden, run, config, position_embeddings, mask)
     return {name: rtn_quantize(_module(layer, name).weight, config) for name in linears}
+
+
+def _gptq_by_shared_input(layer: nn.Module, hessians: LayerHessians, config: QuantConfig,
+                          linears: tuple[str, ...]) -> dict[str, QuantizedWeight]:
+    """GPTQ treats each output row apart under one Hessian, so the linears that read one input (q/k/v,
+    gate/up) are quantized as one stacked matrix: the same values in fewer, wider column steps."""
+    quantized: dict[str, QuantizedWeight] = {}
+    for owner in dict.fromkeys(hessians.owner[name] for name in linears):
+        names = [name for name in linears if hessians.owner[name] == owner]
+        weights = [_module(layer, name).weight for name in names]
+        stacked = gptq_quantize(torch.cat(weights), hessians.hessian(owner), config)
+        quantized.update(zip(names, stacked.split_rows([w.shape[0] for w in weights])))
+    return {name: quantized[name] for name in linears}
 
 
 def _awq_transform(layer: nn.Module, hidden: torch.Tensor, run: Callable, config: QuantConfig,

@@ -70,14 +70,26 @@ def test_group_size_that_does_not_divide_names_sizes_that_work():
 
 
 def test_linears_reading_one_input_share_one_hessian():
-    """q/k/v (and gate/up) read one tensor: their Hessian is accumulated once, and equals each one's own."""
-    from llmctl.quant.gptq import HessianAccumulator, LayerHessians
+    """q/k/v (and gate/up) read one tensor: through the forward hooks quantize registers on a transformers Llama
+    layer, their Hessian is accumulated once, and equals the one accumulated from that input alone."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-    hessians, alone = LayerHessians(), HessianAccumulator(8)
-    for _ in range(2):  # two calibration batches
-        x, y = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
-        for name, inputs in (("q", x), ("k", x), ("v", x), ("o", y)):
-            hessians.add(name, inputs)
-        alone.add(x)
-    assert hessians.owner == {"q": "q", "k": "q", "v": "q", "o": "o"} and set(hessians.accumulators) == {"q", "o"}
-    assert torch.equal(hessians.hessian("v"), alone.hessian())
+    from llmctl.quant.gptq import HessianAccumulator, LayerHessians
+    from llmctl.quant.pipeline import _capture_inputs, _layer_runner
+
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+    layer, positions = LlamaDecoderLayer(config, 0).eval(), torch.arange(6).unsqueeze(0)
+    run = _layer_runner(layer, LlamaRotaryEmbedding(config)(torch.zeros(1), positions), positions, None)
+    names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj")
+    hessians, alone = LayerHessians(), HessianAccumulator(32)
+    hidden = torch.randn(16, 6, 32)  # two calibration batches of 8
+    _capture_inputs(layer, hidden, run, names, hessians.add)
+    _capture_inputs(layer, hidden, run, ("self_attn.k_proj",), lambda _, inputs: alone.add(inputs))
+    assert hessians.owner == {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.q_proj",
+                              "self_attn.v_proj": "self_attn.q_proj", "self_attn.o_proj": "self_attn.o_proj",
+                              "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.gate_proj",
+                              "mlp.down_proj": "mlp.down_proj"}
+    assert set(hessians.accumulators) == {"self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"}
+    assert torch.equal(hessians.hessian("self_attn.v_proj"), alone.hessian())
