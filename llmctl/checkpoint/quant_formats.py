@@ -35,7 +35,7 @@ class QuantizedWeight:
 
     def split_rows(self, sizes: list[int]) -> list[QuantizedWeight]:
         """The weights of linears quantized stacked (their rows one after the other), apart again."""
-        parts = zip(self.q.split(sizes), self.scales.split(sizes), self.zeros.split(sizes))
+        parts = zip(torch.split(self.q, sizes), torch.split(self.scales, sizes), torch.split(self.zeros, sizes))
         return [QuantizedWeight(q.contiguous(), scales.contiguous(), zeros.contiguous(), self.bits, self.group_size,
                                 self.g_idx) for q, scales, zeros in parts]
 

@@ -41,8 +41,9 @@ class LayerHessians:
     def add(self, name: str, inputs: torch.Tensor) -> None:
         last_name, last_inputs = self._last
         if name not in self.owner:
-            shared = last_name is not None and last_inputs is not None and _same_tensor(last_inputs, inputs)
-            self.owner[name] = self.owner[last_name] if shared else name
+            self.owner[name] = name
+            if last_name is not None and last_inputs is not None and _same_tensor(last_inputs, inputs):
+                self.owner[name] = self.owner[last_name]
         self._last = (name, inputs)
         if self.owner[name] == name:
             self.accumulators.setdefault(name, HessianAccumulator(inputs.shape[-1])).add(inputs)
