@@ -1,11 +1,13 @@
 """Tiny GGUF files written in the test, as llama.cpp's convert_hf_to_gguf.py writes them, from a random
-transformers model: the architecture's metadata keys, the tokenizer copied from the default model's GGUF
-(so the vocabulary is SmolLM2's 49,152 tokens), Gemma norms stored as 1 + w, llama's Q/K rows interleaved,
+transformers model: the architecture's metadata keys, a tokenizer cut from the default model's GGUF (SmolLM2's
+first 1,024 tokens and the merges that make them: gguf-py reads a 49,152-token vocabulary in seconds, and each
+file is read several times by llmctl and transformers), Gemma norms stored as 1 + w, llama's Q/K rows interleaved,
 and every 2-D weight quantized by gguf-py — or, for K-quants (which gguf-py reads but cannot write), random
 blocks with small finite scales, mixed as llama.cpp's Q4_K_M mixes them."""
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from gguf.quants import dequantize, quantize
 from llmctl.checkpoint.gguf_codes import FORMATS, group_codes
 from llmctl.engine.layers.coded_linear import CodedWeight
 
-VOCAB = 49152
+VOCAB = 1024  # SmolLM2's 17 special tokens, its 256 byte tokens, and the tokens of its first merges
 LAYER_NAMES = {  # Hugging Face module → GGUF name, per layer
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
     "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
@@ -50,7 +52,8 @@ def random_k_blocks(type_name: str, rows: int, columns: int, rng: np.random.Gene
 
 
 def tiny_config(arch: str, hidden: int = 64) -> Any:
-    """A two-layer random model of `arch` over SmolLM2's vocabulary (`hidden` 256 for K-quants' super-blocks)."""
+    """A two-layer random model of `arch` over the start of SmolLM2's vocabulary (`hidden` 256 for K-quants'
+    super-blocks)."""
     import transformers
 
     common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
@@ -132,15 +135,27 @@ def _metadata(writer: GGUFWriter, arch: str, config: Any) -> None:
 
 
 def _copy_tokenizer(writer: GGUFWriter, default_gguf: Path) -> None:
+    for key, value, vtype, sub_type in _tokenizer_fields(default_gguf):
+        writer.add_key_value(key, value, vtype, sub_type=sub_type)
+
+
+@cache
+def _tokenizer_fields(default_gguf: Path) -> list[tuple[str, Any, GGUFValueType, GGUFValueType | None]]:
+    """The default GGUF's tokenizer keys, its vocabulary cut to VOCAB tokens and the merges among them (BPE
+    numbers a merge's token after the tokens it joins, so the cut is a tokenizer of its own)."""
     reader = GGUFReader(str(default_gguf))
+    kept = set(reader.fields["tokenizer.ggml.tokens"].contents()[:VOCAB])
+    fields = []
     for key, field in reader.fields.items():
         if not key.startswith("tokenizer."):
             continue
-        vtype = field.types[0]
-        if vtype == GGUFValueType.ARRAY:
-            writer.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
-        else:
-            writer.add_key_value(key, field.contents(), vtype)
+        value, vtype = field.contents(), field.types[0]
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
+            value = value[:VOCAB]
+        elif key == "tokenizer.ggml.merges":
+            value = [merge for merge in value if set(merge.split(" ")) | {merge.replace(" ", "")} <= kept]
+        fields.append((key, value, vtype, field.types[-1] if vtype == GGUFValueType.ARRAY else None))
+    return fields
 
 
 def _gguf_name(arch: str, name: str) -> str | None:

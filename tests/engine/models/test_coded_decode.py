@@ -11,7 +11,7 @@ from llmctl.kernels import cpu
 
 needs_kernels = pytest.mark.skipif(cpu.unavailable_reason() is not None,
                                    reason=f"C++ kernels not built: {cpu.unavailable_reason()}")
-PROMPTS = [[1, 450, 7010, 1126, 318], [2000, 17, 30000, 4, 5, 6, 7], [9, 8, 7]]
+PROMPTS = [[1, 450, 701, 112, 318], [200, 17, 1000, 4, 5, 6, 7], [9, 8, 7]]
 
 
 @pytest.fixture(autouse=True)

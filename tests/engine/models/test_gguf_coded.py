@@ -184,7 +184,7 @@ def test_gguf_of_each_architecture_served_coded_matches_transformers(arch, qtype
 
     path = tmp_path / f"tiny-{arch}.{qtype}.gguf"
     write_tiny_gguf(arch, path, default_source.gguf_path, qtype)
-    prompts = [[1, 450, 7010, 1126, 318], [2000, 17, 30000, 4, 5, 6, 7]]
+    prompts = [[1, 450, 701, 112, 318], [200, 17, 1000, 4, 5, 6, 7]]
     runs = {}
     for dtype in ("auto", "float32"):
         llm = LLM(str(path), dtype=dtype, max_model_len=128, kv_cache_memory=16 << 20)
@@ -216,7 +216,7 @@ def test_coded_gguf_split_over_two_tensor_parallel_ranks_equals_one_process(defa
     for tp in (1, 2):
         llm = LLM(str(path), tensor_parallel_size=tp, max_model_len=128, kv_cache_memory=16 << 20)
         try:
-            [output] = llm.generate([{"prompt_token_ids": [1, 450, 7010, 1126, 318]}],
+            [output] = llm.generate([{"prompt_token_ids": [1, 450, 701, 112, 318]}],
                                     SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0))
         finally:
             llm.shutdown()
