@@ -223,14 +223,16 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tab
     q = tl.load(q_ptr + token[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :],
                 mask=valid[:, None] & dim_ok[None, :], other=0.0)
 
-    # the keys any row of this block may see, in whole key tiles, then this segment's share of them
-    last_key = tl.max(tl.where(valid, position, 0), 0)
+    # the keys any row of this block may see, in whole key tiles, then this segment's share of them; the
+    # block's tokens are consecutive from `first` (always a real token), so its first and last positions are
+    # scalars (no reductions: under Triton's interpreter each one costs milliseconds per program)
+    last_key = seq_len - seq_stop + tl.minimum(first + PER_BLOCK, seq_stop) - 1
     first_key = 0
     if WINDOW:
-        first_key = tl.maximum(tl.min(tl.where(valid, position, last_key), 0) - window + 1, 0)
+        first_key = tl.maximum(seq_len - seq_stop + first - window + 1, 0)
     first_tile = first_key // KEY_TILE
     tiles = last_key // KEY_TILE + 1 - first_tile
-    per_segment = tl.cdiv(tiles, SEGMENTS)
+    per_segment = (tiles + SEGMENTS - 1) // SEGMENTS
     tile_lo = first_tile + segment * per_segment
     tile_hi = tl.minimum(tile_lo + per_segment, first_tile + tiles)
 
