@@ -30,6 +30,10 @@ if "LLMCTL_CACHE" not in os.environ:
 # llama.cpp) is tested where it is set back: test_cpu_q8, test_coded_decode, test_gguf_coded (through a real
 # `llmctl serve` there, which is started without this variable).
 os.environ["LLMCTL_GGUF_ACTIVATIONS"] = "float32"
+# Engines started without --kv-cache-memory take vLLM's VLLM_CPU_KVCACHE_SPACE, else 2 GiB, faulted in on 2 MiB
+# pages at startup: 0.4-8 s each here, as the kernel compacts memory for them. Half a GiB holds 11,000 tokens
+# of the default model, more than any test asks (tests/engine/test_config.py checks the default and the variable).
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "0.5")
 # Two pytest-xdist workers share the machine's cores: each worker, and every process it starts, runs torch on one
 # thread. Two threads beside a busy neighbour wait on each other at every parallel op (an AWQ layer took 13 s so,
 # 8 s on one thread, 4.5 s on two of a quiet machine). The kernel tests set two threads back (tests/kernels/conftest.py).

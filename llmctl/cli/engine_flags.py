@@ -21,7 +21,7 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
     "dtype": Flag(("--dtype",), str, f"{', '.join(DTYPES)} (auto: float32 on CPUs, bfloat16 on GPUs)"),
     "gpu_memory_utilization": Flag(("--gpu-memory-utilization",), float),
     "kv_cache_memory": Flag(("--kv-cache-memory-bytes", "--kv-cache-memory"), Optional[str],
-                            "KV cache size per rank, e.g. 4GiB or vLLM's 4G (CPU default 2GiB)",
+                            "KV cache size per rank, e.g. 4GiB or vLLM's 4G (CPU default: VLLM_CPU_KVCACHE_SPACE GiB, else 2GiB)",
                             parse=lambda value: parse_bytes(value, "--kv-cache-memory")),
     "enable_prefix_caching": Flag(("--enable-prefix-caching/--no-enable-prefix-caching",), bool),
     "seed": Flag(("--seed",), int),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,6 +27,21 @@ if TYPE_CHECKING:
     from llmctl.engine.distributed.expert_exchange import ReplicaGroup
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * GiB  # vLLM's CPU backend reserves VLLM_CPU_KVCACHE_SPACE (4 GiB) the same way
+CPU_KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # vLLM's variable: the CPU KV cache in GiB
+
+
+def cpu_kv_cache_default() -> int:
+    """The CPU KV cache's bytes when --kv-cache-memory is not given: VLLM_CPU_KVCACHE_SPACE GiB where it is
+    set (vLLM's variable; fractions taken too; unset or 0 means the default, as in vLLM), else 2 GiB."""
+    value = os.environ.get(CPU_KV_CACHE_SPACE_ENV, "").strip()
+    try:
+        gib = float(value or 0)
+    except ValueError:
+        gib = math.nan
+    if not (math.isfinite(gib) and gib >= 0):
+        raise EngineConfigError(f"{CPU_KV_CACHE_SPACE_ENV}={value!r} is not a size in GiB (e.g. 4 or 0.5); unset it "
+                                f"for the {DEFAULT_CPU_KV_CACHE_MEMORY // GiB} GiB default, or pass --kv-cache-memory")
+    return int(gib * GiB) if gib > 0 else DEFAULT_CPU_KV_CACHE_MEMORY
 
 
 @dataclass
@@ -38,7 +55,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None  # default: 2048 on CPU, 8192 on GPU
     block_size: int = DEFAULT_BLOCK_SIZE
     enable_prefix_caching: bool = True
-    kv_cache_memory: int | None = None  # bytes for the KV cache; CPU default 2 GiB
+    kv_cache_memory: int | None = None  # bytes for the KV cache; CPU default 2 GiB (or VLLM_CPU_KVCACHE_SPACE)
     gpu_memory_utilization: float = 0.9
     kv_cache_dtype: str = "auto"  # auto (the model's dtype), bfloat16, float16 or fp8 (e4m3) (vLLM's names)
     attention_backend: str = "auto"  # triton on CUDA, cpu (C++) on CPUs (llmctl.engine.attention_selector)
@@ -109,6 +126,8 @@ class EngineConfig:
             bad("max_model_len", f"must be at least 1 (got {self.max_model_len})")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             bad("kv_cache_memory", f"must be a positive number of bytes (got {self.kv_cache_memory})")
+        if self.kv_cache_memory is None:
+            cpu_kv_cache_default()  # a bad VLLM_CPU_KVCACHE_SPACE is one line at startup, before any loading
         if not 0 < self.gpu_memory_utilization <= 1:
             bad("gpu_memory_utilization", f"must be in (0, 1] (got {self.gpu_memory_utilization}); 0.9 is the default")
         for flag in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):

@@ -38,3 +38,18 @@ def test_defaults_parse_to_off_and_auto():
 def test_bad_json_flags_are_refused_at_validate(flags, message):
     with pytest.raises(LlmctlError, match=message.replace("(", r"\(")):
         EngineConfig(model="m", **flags).validate()
+
+
+def test_vllm_cpu_kvcache_space_sizes_the_cpu_kv_cache_when_no_flag_does(monkeypatch):
+    from llmctl.engine.config import cpu_kv_cache_default
+
+    for value, expected in (("", 2 << 30), ("0", 2 << 30), ("4", 4 << 30), ("0.25", 1 << 28)):  # 0: vLLM's default
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", value)
+        assert cpu_kv_cache_default() == expected, value
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    assert cpu_kv_cache_default() == 2 << 30
+    for bad in ("4GB", "-1", "nan"):
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", bad)
+        with pytest.raises(LlmctlError, match=f"VLLM_CPU_KVCACHE_SPACE='{bad}' is not a size in GiB"):
+            EngineConfig(model="m").validate()
+        EngineConfig(model="m", kv_cache_memory=1 << 20).validate()  # the flag wins: the variable is not read

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from llmctl.checkpoint.spec import ModelSpec
-from llmctl.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, EngineConfig
+from llmctl.engine.config import EngineConfig, cpu_kv_cache_default
 from llmctl.engine.errors import EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.worker.loaded_model import Placement
@@ -123,7 +123,7 @@ def _kv_memory(config: EngineConfig, device: torch.device, resident_bytes: int, 
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory
     if device.type != "cuda":
-        return DEFAULT_CPU_KV_CACHE_MEMORY
+        return cpu_kv_cache_default()
     return gpu_kv_bytes(DeviceMemory.read(device), config.gpu_memory_utilization, resident_bytes, activation_bytes,
                         step_tokens)
 

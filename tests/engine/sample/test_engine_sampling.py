@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -226,7 +228,9 @@ def test_kv_bytes_equal_the_plan(llm):
     from llmctl.plan.planner import MeasuredMemory, PlanRequest, build_plan
 
     loaded = llm.engine.loaded
-    budget = 2 * 1024**3  # the engine's CPU default, planned as a "GPU" whose memory is all KV
+    # the CPU pool's size: vLLM's VLLM_CPU_KVCACHE_SPACE, which the suite sets (conftest), planned as a "GPU"
+    # whose memory is all KV
+    budget = int(float(os.environ["VLLM_CPU_KVCACHE_SPACE"]) * 1024**3)
     cpu = GpuType("cpu", "CPU", budget, "none", fp8=False)
     plan = build_plan(loaded.spec, PlanRequest(gpu=cpu, gpus=1, dtype="float32", gpu_memory_utilization=1.0,
                                                max_model_len=512), "m",
