@@ -114,9 +114,17 @@ def run_engines(engines: list[Any], on_progress: Callable[[int], None]) -> list[
     return finished
 
 
-def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None] | None = None) -> OfflineResult:
+def check_options(options: OfflineOptions) -> None:
+    """What the flags alone can refuse, before seconds of loading."""
     if options.compare not in (None, *COMPARE_WITH):
         raise LlmctlError(f"--compare takes {', '.join(COMPARE_WITH)}")
+    if options.engine.enable_lora != (options.lora_path is not None):
+        raise LlmctlError("--enable-lora and --lora-path go together: the requests run adapters read from "
+                          "--lora-path")
+
+
+def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None] | None = None) -> OfflineResult:
+    check_options(options)
     configs, store = replica_configs(options.engine) if options.engine.data_parallel_size > 1 else \
         ([options.engine], None)
     starting = time.perf_counter()
@@ -174,11 +182,7 @@ def lora_requests(options: OfflineOptions, count: int) -> list[Any]:
     all read from --lora-path; without LoRA, None for every request."""
     from llmctl.engine.lora.request import LoRARequest
 
-    enabled = options.engine.enable_lora
-    if enabled != (options.lora_path is not None):
-        raise LlmctlError("--enable-lora and --lora-path go together: the requests run adapters read from "
-                          "--lora-path")
-    if not enabled:
+    if not options.engine.enable_lora:
         return [None] * count
     pick = random.Random(options.dataset.seed)
     ids = [pick.randint(1, options.engine.max_loras or 1) for _ in range(count)]

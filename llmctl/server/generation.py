@@ -105,4 +105,4 @@ async def last_output(stream: AsyncIterator[RequestOutput],
 def record_finished(state: ServerState, output: RequestOutput | None, token_times: list[float]) -> None:
     if output is None or output.metrics is None:
         return
-    state.metrics.observe_finished(output, token_times)
+    state.metrics.observe_finished(output, output.metrics, token_times)

@@ -14,8 +14,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from llmctl.engine.front.outputs import RequestOutput
-from llmctl.engine.front.stats import EngineStats
+from llmctl.engine.front.outputs import RequestMetrics, RequestOutput
+from llmctl.engine.front.stats import EngineStats, SpecDecodeCounts
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                    20.0, 40.0, 80.0, 160.0)
@@ -90,20 +90,25 @@ def _lora_info(labelled: list[tuple[dict[str, str], EngineStats]], names: list[s
 
 def _spec_decode_families(family: StatsFamily, labelled: list[tuple[dict[str, str], EngineStats]],
                           names: list[str], prefix: str) -> Iterator[Any]:
-    """Speculative decoding's counters under vLLM's names (`vllm:spec_decode_…`)."""
+    """Speculative decoding's counters under vLLM's names (`vllm:spec_decode_…`); every replica speculates."""
     counter = CounterMetricFamily
     yield family(counter, "spec_decode_num_drafts", "Verified proposals (one per sequence and step).",
-                 lambda s: s.spec_decode.num_drafts)
+                 lambda s: _spec_counts(s).num_drafts)
     yield family(counter, "spec_decode_num_draft_tokens", "Proposed tokens verified.",
-                 lambda s: s.spec_decode.num_draft_tokens)
+                 lambda s: _spec_counts(s).num_draft_tokens)
     yield family(counter, "spec_decode_num_accepted_tokens", "Proposed tokens accepted.",
-                 lambda s: s.spec_decode.num_accepted_tokens)
+                 lambda s: _spec_counts(s).num_accepted_tokens)
     per_position = counter(f"{prefix}:spec_decode_num_accepted_tokens_per_pos",
                            "Proposed tokens accepted, by position in the proposal.", labels=names + ["position"])
     for labels, stats in labelled:
-        for position, count in enumerate(stats.spec_decode.accepted_per_position):
+        for position, count in enumerate(_spec_counts(stats).accepted_per_position):
             per_position.add_metric(list(labels.values()) + [str(position)], count)
     yield per_position
+
+
+def _spec_counts(stats: EngineStats) -> SpecDecodeCounts:
+    assert stats.spec_decode is not None, "the collector yields these families only when every replica speculates"
+    return stats.spec_decode
 
 
 class ServerMetrics:
@@ -133,8 +138,9 @@ class ServerMetrics:
         self.lora_requests = Counter(f"{prefix}:lora_requests", "Requests received for each LoRA adapter.",
                                      ["model_name", "lora_name"], registry=self.registry)
 
-    def observe_finished(self, output: RequestOutput, token_times: list[float]) -> None:
-        name, m = self.model_name, output.metrics
+    def observe_finished(self, output: RequestOutput, m: RequestMetrics, token_times: list[float]) -> None:
+        """A finished request's latencies (`m`: its metrics) and token counts."""
+        name = self.model_name
         if m.ttft is not None:
             self.ttft.labels(name).observe(m.ttft)
         for before, after in zip(token_times, token_times[1:]):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.sampling_params import RANGES, SamplingParams
@@ -19,7 +19,9 @@ from llmctl.engine.sampling_params import RANGES, SamplingParams
 logger = logging.getLogger("llmctl.server")
 
 
-JSON = Union[dict[str, "JSON"], list["JSON"], str, int, float, bool, None]  # noqa: UP007 (a recursive alias: strings)
+# A value parsed from a request's JSON: dynamically typed until Fields and the readers below check it at run time
+# (a recursive union would make every handler re-prove what those checks already did).
+JSON = Any
 
 
 class APIError(Exception):
@@ -73,31 +75,31 @@ class Fields:
             raise bad(f"{name} must be {kind}, got {type(value).__name__}", name)
         return value
 
+    def raw(self, name: str, default: JSON = None) -> JSON:
+        return self.body.get(name, default)
+
+    def typed(self, name: str, spec: FieldSpec) -> Any:
+        """The field read as its FieldSpec declares it."""
+        readers: dict[str, Callable[[str, Any], Any]] = {"integer": self.int, "number": self.float,
+                                                         "boolean": self.bool, "string": self.str}
+        return readers[spec.kind](name, spec.default)
+
     def int(self, name: str, default: int | None = None) -> int | None:
         value = self._get(name, (int, float), "an integer", default)
-        if isinstance(value, float):
-            if not value.is_integer():
-                raise bad(f"{name} must be an integer, got {value}", name)
-            value = int(value)
-        return value
+        if isinstance(value, float) and not value.is_integer():
+            raise bad(f"{name} must be an integer, got {value}", name)
+        return None if value is None else int(value)
 
     def float(self, name: str, default: float | None = None) -> float | None:
         value = self._get(name, (int, float), "a number", default)
         return None if value is None else float(value)
 
     def bool(self, name: str, default: bool = False) -> bool:
-        return self._get(name, (bool,), "true or false", default)
+        return bool(self._get(name, (bool,), "true or false", default))
 
-    def str(self, name: str, default: str | None = None) -> str | None:
-        return self._get(name, (str,), "a string", default)
-
-    def typed(self, name: str, spec: FieldSpec) -> Any:
-        """The field read as its FieldSpec declares it."""
-        read = {"integer": self.int, "number": self.float, "boolean": self.bool, "string": self.str}[spec.kind]
-        return read(name, spec.default)
-
-    def raw(self, name: str, default: JSON = None) -> JSON:
-        return self.body.get(name, default)
+    def str(self, name: str, default: str | None = None) -> str | None:  # last: it shadows the type str below
+        value = self._get(name, (str,), "a string", default)
+        return None if value is None else str(value)
 
 
 def warn_ignored(fields: Fields, known: Collection[str]) -> None:
@@ -174,7 +176,7 @@ class FieldSpec:
     schema: dict[str, Any] | None = None  # for custom fields
 
     def json_schema(self, name: str) -> dict[str, Any]:
-        schema = dict(self.schema) if self.schema else {"type": self.kind}
+        schema: dict[str, Any] = dict(self.schema) if self.schema else {"type": self.kind}
         if name in RANGES and self.kind in ("integer", "number"):
             schema.update(RANGES[name].json_schema())
         if self.default is not None:
@@ -332,9 +334,10 @@ def sampling_request(fields: Fields, *, chat: bool) -> SamplingRequest:
     except InvalidRequestError as exc:
         raise bad(str(exc), exc.param) from None
     include_usage = bool(options and options.get("include_usage"))
+    length_penalty = fields.float("length_penalty")
     return SamplingRequest(params, stream, include_usage, echo=fields.bool("echo"),
                            use_beam_search=fields.bool("use_beam_search"),
-                           length_penalty=fields.float("length_penalty", 1.0))
+                           length_penalty=1.0 if length_penalty is None else length_penalty)
 
 
 def completion_sampling_request(fields: Fields) -> SamplingRequest:

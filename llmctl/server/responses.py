@@ -3,8 +3,9 @@ Every body of one response shares a ResponseContext."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from llmctl.engine.front.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from llmctl.engine.reasoning import ReasoningParser
@@ -28,7 +29,7 @@ class ResponseContext:
 
     def prompt_text(self, index: int, output: RequestOutput) -> str:
         text = self.prompts[index][0]
-        return text if text is not None else self.tokenizer.decode(output.prompt_token_ids)
+        return text if text is not None else cast(str, self.tokenizer.decode(output.prompt_token_ids))  # one sequence
 
 
 @dataclass(frozen=True)
@@ -49,14 +50,17 @@ def usage(outputs: list[RequestOutput]) -> dict[str, int]:
 
 
 def _piece(tokenizer: Tokenizer, token: int) -> str:
-    return tokenizer.decode([token])
+    return cast(str, tokenizer.decode([token]))  # one sequence decodes to one string
 
 
-def completion_logprobs(entries: list[TokenLogprob | None], tokenizer: Tokenizer, offset: int = 0,
-                        token_ids: list[int] | None = None) -> dict[str, list]:
+def completion_logprobs(entries: Sequence[TokenLogprob | None], tokenizer: Tokenizer, offset: int = 0,
+                        token_ids: Sequence[int] = ()) -> dict[str, list[Any]]:
     """OpenAI's completion logprobs. An entry may be None (the first prompt token has no context,
     so no logprob): then its token comes from `token_ids` and its logprob is null, as vLLM answers."""
-    tokens, logprobs, tops, offsets = [], [], [], []
+    tokens: list[str] = []
+    logprobs: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
     for position, entry in enumerate(entries):
         token_id = entry.token_id if entry is not None else token_ids[position]
         piece = _piece(tokenizer, token_id)
@@ -69,14 +73,14 @@ def completion_logprobs(entries: list[TokenLogprob | None], tokenizer: Tokenizer
 
 
 def echo_logprobs(output: RequestOutput, completion_entries: list[TokenLogprob], tokenizer: Tokenizer
-                  ) -> dict[str, list]:
+                  ) -> dict[str, list[Any]]:
     """Every prompt token (the first with a null logprob), then the generated ones."""
     prompt_entries = list(output.prompt_logprobs or [None] * len(output.prompt_token_ids))
     ids = list(output.prompt_token_ids) + [e.token_id for e in completion_entries]
     return completion_logprobs(prompt_entries + list(completion_entries), tokenizer, token_ids=ids)
 
 
-def chat_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer) -> dict[str, list]:
+def chat_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer) -> dict[str, list[Any]]:
     def item(token: int, logprob: float) -> dict[str, Any]:
         piece = _piece(tokenizer, token)
         return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
@@ -118,10 +122,10 @@ def chat_response(ctx: ResponseContext, outputs: list[RequestOutput], calling: T
 def completion_chunk(ctx: ResponseContext, index: int, text: str, delta: Delta | None = None) -> dict[str, Any]:
     """One choice's text; with a delta, its finish and log-probabilities too."""
     end = delta.completion if delta is not None else None
-    logprobs = delta.logprobs if delta is not None else None
+    logprobs = completion_logprobs(delta.logprobs, ctx.tokenizer, delta.offset) \
+        if delta is not None and delta.logprobs else None
     choice = {"index": index, "text": text, "finish_reason": end.finish_reason if end else None,
-              "stop_reason": end.stop_reason if end else None,
-              "logprobs": completion_logprobs(logprobs, ctx.tokenizer, delta.offset) if logprobs else None}
+              "stop_reason": end.stop_reason if end else None, "logprobs": logprobs}
     return {"id": ctx.request_id, "object": "text_completion", "created": ctx.created, "model": ctx.model,
             "choices": [choice]}
 

@@ -73,7 +73,8 @@ def _named_function(choice: JSON) -> str:
             or choice.get("type", "function") != "function":
         raise bad('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": '
                   '...}}', "tool_choice")
-    return function["name"]
+    name: str = function["name"]
+    return name
 
 
 def _is_function_tool(tool: JSON) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.server.chat_message import StreamedMessage
@@ -56,11 +57,12 @@ class ItemWriter:
                 item["content"].append(text_part(""))
                 events.append(self.event("response.content_part.added", item_id=item["id"],
                                          output_index=len(self.items) - 1, content_index=0, part=text_part("")))
-        part = self.open["content"][0]
-        part["text"] += delta
+        current = self.open
+        assert current is not None, "an item of this kind is open now"
+        current["content"][0]["text"] += delta
         name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-        extra = {} if kind == "reasoning" else {"logprobs": []}
-        return events + [self.event(name, item_id=self.open["id"], output_index=len(self.items) - 1,
+        extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
+        return events + [self.event(name, item_id=current["id"], output_index=len(self.items) - 1,
                                     content_index=0, delta=delta, **extra)]
 
     def call(self, fragment: dict[str, JSON]) -> list[str]:
