@@ -31,8 +31,8 @@ class QuantConfig:
 def group_params(w: torch.Tensor, config: QuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and integer zero per row of `w` [rows, group]: min/max (asymmetric) or ±max (symmetric)."""
     maxq = config.maxq
-    wmin = w.min(dim=1).values.clamp(max=0)
-    wmax = w.max(dim=1).values.clamp(min=0)
+    wmin, wmax = torch.aminmax(w, dim=1)
+    wmin, wmax = wmin.clamp(max=0), wmax.clamp(min=0)
     if config.symmetric:
         wmax = torch.maximum(wmin.abs(), wmax)
         wmin = -wmax
@@ -66,12 +66,12 @@ def search_group_params(w: torch.Tensor, config: QuantConfig, steps: int = 20,
 
 def _rounding_error(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, maxq: int) -> torch.Tensor:
     q = quantize_values(w, scale, zero, maxq)
-    return ((q - zero.unsqueeze(1)) * scale.unsqueeze(1) - w).pow(2).sum(dim=1)
+    return q.sub_(zero.unsqueeze(1)).mul_(scale.unsqueeze(1)).sub_(w).pow_(2).sum(dim=1)
 
 
 def quantize_values(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, maxq: int) -> torch.Tensor:
-    """Integers for `w` [rows, n] with per-row scale/zero."""
-    return torch.clamp(torch.round(w / scale.unsqueeze(1)) + zero.unsqueeze(1), 0, maxq)
+    """Integers for `w` [rows, n] with per-row scale/zero (in place on one new tensor: these run per candidate)."""
+    return (w / scale.unsqueeze(1)).round_().add_(zero.unsqueeze(1)).clamp_(0, maxq)
 
 
 def rtn_quantize(weight: torch.Tensor, config: QuantConfig) -> QuantizedWeight:
@@ -92,4 +92,4 @@ def fake_quantize(weight: torch.Tensor, config: QuantConfig) -> torch.Tensor:
     grouped = weight.float().reshape(-1, config.group_for(weight.shape[1]))
     scale, zero = group_params(grouped, config)
     q = quantize_values(grouped, scale, zero, config.maxq)
-    return ((q - zero.unsqueeze(1)) * scale.unsqueeze(1)).reshape(weight.shape).to(weight.dtype)
+    return q.sub_(zero.unsqueeze(1)).mul_(scale.unsqueeze(1)).reshape(weight.shape).to(weight.dtype)
