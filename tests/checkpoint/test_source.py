@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -122,3 +123,33 @@ def test_hub_offline_falls_back_to_default_gguf_only_for_the_default() -> None:
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     with pytest.raises(OfflineError):
         resolve_model(DEFAULT_MODEL_ID)  # an explicit id never silently swaps in the GGUF
+
+
+def test_a_gguf_converts_once_when_processes_start_together_and_the_forms_share_the_tokenizer(
+        default_source, tmp_path: Path, monkeypatch) -> None:
+    """Two starts at once on one file (threads here: the lock is per open file, as between processes) convert
+    it once; the second form copies the first one's tokenizer, which transformers converted, byte for byte."""
+    import threading
+
+    from helpers.gguf_models import write_tiny_gguf
+    from llmctl.checkpoint import gguf_convert
+
+    path = tmp_path / "tiny-llama.Q8_0.gguf"
+    write_tiny_gguf("llama", path, default_source.gguf_path)
+    monkeypatch.setenv("LLMCTL_CACHE", str(tmp_path / "cache"))
+    conversions: list[bool] = []
+    convert = gguf_convert.convert_gguf
+    monkeypatch.setattr(gguf_convert, "convert_gguf", lambda *a, **k: conversions.append(k["coded"]) or convert(*a, **k))
+    folders: list[Path] = []
+    threads = [threading.Thread(target=lambda: folders.append(gguf_convert.converted_gguf_dir(
+        path, show_progress=False))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    coded = gguf_convert.converted_gguf_dir(path, show_progress=False, coded=True)
+    assert conversions == [False, True] and len(set(folders)) == 1
+    record = json.loads((coded / "llmctl_conversion.json").read_text())
+    assert "tokenizer.json" in record["tokenizer_files"]
+    for name in record["tokenizer_files"]:
+        assert (coded / name).read_bytes() == (folders[0] / name).read_bytes(), name
