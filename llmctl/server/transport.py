@@ -13,7 +13,7 @@ from typing import TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from llmctl.engine.errors import EngineDeadError, InvalidRequestError, StepFailedError
+from llmctl.engine.errors import EngineDeadError, InvalidRequestError, StepFailedError, WorkerLostError
 from llmctl.errors import LlmctlError
 from llmctl.server.lora import AdapterLoadError
 from llmctl.server.protocol import APIError, Fields, bad
@@ -36,7 +36,8 @@ def as_api_error(exc: Exception, where: str) -> APIError:
         return APIError(str(exc), exc.status)
     if isinstance(exc, LlmctlError):  # e.g. an adapter that does not fit: what the user must change
         return bad(str(exc))
-    if isinstance(exc, (EngineDeadError, StepFailedError)):  # 500 as vLLM answers; the engine logged the traceback
+    # 500 as vLLM answers; the engine logged the traceback
+    if isinstance(exc, (EngineDeadError, StepFailedError, WorkerLostError)):
         return APIError(str(exc), 500, error_type="internal_server_error")
     logger.error("internal error on %s", where, exc_info=exc)  # a bug of ours: the log has the traceback
     return APIError(f"internal error: {type(exc).__name__}: {exc}", 500, error_type="internal_server_error")

@@ -99,11 +99,13 @@ class AsyncLLMEngine:
                        lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         """Stream outputs of one request; leaving the loop early (or being cancelled) aborts it."""
         if self.dead_error is not None:
-            raise EngineDeadError(f"the engine stopped: {self.dead_error}")
+            raise self._death()
         request_id = request_id or f"req-{next(self._ids)}"
         stream: asyncio.Queue = asyncio.Queue()
         self._commands.put(_Add(request_id, prompt, params, stream, asyncio.get_running_loop(), lora_request))
         self._wake.set()
+        if self.dead_error is not None:  # the loop died while this was queued: nobody else will answer it
+            self._fail_queued()
         finished = False
         try:
             while True:
@@ -154,7 +156,29 @@ class AsyncLLMEngine:
             logger.exception("engine loop failed")
             self.dead_error = exc
             for request_id in list(self._streams):
-                self._deliver(request_id, EngineDeadError(f"the engine stopped: {exc}"), done=True)
+                self._deliver(request_id, self._death(), done=True)
+            self._fail_queued()
+
+    def _death(self) -> BaseException:
+        """The error a request of a dead engine gets: a lost worker as itself (a data-parallel front retries
+        those on another replica), anything else as EngineDeadError."""
+        if isinstance(self.dead_error, WorkerLostError):
+            return WorkerLostError(str(self.dead_error))
+        return EngineDeadError(f"the engine stopped: {self.dead_error}")
+
+    def _fail_queued(self) -> None:
+        """Requests still queued for a loop that is gone get its error (called by the dying loop, and by a
+        request queued just after it died)."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Add):
+                try:
+                    command.loop.call_soon_threadsafe(command.stream.put_nowait, self._death())
+                except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+                    pass
 
     def _drain_commands(self) -> None:
         while True:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
 from llmctl import LLM, SamplingParams
-from llmctl.engine.errors import InvalidRequestError
+from llmctl.engine.errors import InvalidRequestError, WorkerLostError
 from llmctl.engine.front.async_engine import AsyncLLMEngine
 
 
@@ -74,3 +75,40 @@ def test_invalid_request_raises_in_the_caller(llm):
             asyncio.run(main())
     finally:
         engine.shutdown()
+
+
+def test_a_request_queued_as_the_loop_dies_gets_the_loops_error(llm):
+    """A Ray replica's node goes while a request waits in its engine's queue: the request gets WorkerLostError
+    (which the data-parallel front retries on another replica) instead of waiting for a loop that is gone."""
+    release = threading.Event()
+
+    class LosingEngine:  # the engine, whose next look for work finds its worker gone once `release` is set
+        def __init__(self, engine) -> None:
+            self._engine = engine
+
+        def __getattr__(self, name: str):
+            return getattr(self._engine, name)
+
+        @property
+        def has_unfinished_requests(self) -> bool:
+            release.wait(60)
+            raise WorkerLostError("the Ray replica's actor was lost")
+
+    engine = AsyncLLMEngine(LosingEngine(llm.engine))
+
+    async def main():
+        async def consume():
+            async for _ in engine.generate("Hello", SamplingParams(max_tokens=2)):
+                pass
+
+        task = asyncio.ensure_future(consume())
+        deadline = asyncio.get_running_loop().time() + 60  # a bound for a hang, not a speed test
+        while engine._commands.empty():  # queued while the loop is held
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.wait_for(task, 60)
+
+    with pytest.raises(WorkerLostError, match="actor was lost"):
+        asyncio.run(main())
+    assert not engine.is_running
