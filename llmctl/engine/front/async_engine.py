@@ -12,7 +12,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,23 +169,23 @@ class AsyncLLMEngine:
     def _fail_queued(self) -> None:
         """Requests still queued for a loop that is gone get its error (called by the dying loop, and by a
         request queued just after it died)."""
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        for command in self._queued():
             if isinstance(command, _Add):
                 try:
                     command.loop.call_soon_threadsafe(command.stream.put_nowait, self._death())
                 except RuntimeError:  # the caller's loop is closed: nobody is listening any more
                     pass
 
-    def _drain_commands(self) -> None:
+    def _queued(self) -> Iterator[_Add | _Abort]:
+        """The commands waiting now, taken off the queue one by one."""
         while True:
             try:
-                command = self._commands.get_nowait()
+                yield self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _drain_commands(self) -> None:
+        for command in self._queued():
             if isinstance(command, _Add):
                 self._streams[command.request_id] = (command.stream, command.loop)
                 try:
