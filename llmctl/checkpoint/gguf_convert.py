@@ -7,7 +7,8 @@ Done once per GGUF file and form; the folder lives in llmctl's cache and every l
   llmctl.checkpoint.gguf_codes stored as `<name>.codes`, `.scales`, `.offsets` (the CPU kernels'
   layout; `quantization_config.quant_method` "gguf"), the rest as float32.
 In both, llama's Q/K rows are un-permuted back to Hugging Face's rotary layout, Gemma's norms restored
-from 1 + w, and the tokenizer is rebuilt by transformers' GGUF tokenizer converter.
+from 1 + w, and the tokenizer is rebuilt by transformers' GGUF tokenizer converter (or copied from the file's
+other form when that was converted first).
 """
 
 from __future__ import annotations
