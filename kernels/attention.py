@@ -179,11 +179,12 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
         partial = torch.empty(tokens, heads, segments, padded_dim, dtype=torch.float32, device=query.device)
         maxes = torch.empty(tokens, heads, segments, dtype=torch.float32, device=query.device)
         sums = torch.empty_like(maxes)
+        used = torch.empty(tokens, heads, dtype=torch.int32, device=query.device)
     else:
-        partial = maxes = sums = out  # unused
+        partial = maxes = sums = used = out  # unused
     slopes = options.alibi_slopes if options.alibi_slopes is not None else out
     _attention_kernel[(programs, kv_heads, segments)](
-        out, partial, maxes, sums, query, kv_cache, block_tables, seq_lens, layout.query_start_loc,
+        out, partial, maxes, sums, used, query, kv_cache, block_tables, seq_lens, layout.query_start_loc,
         layout.block_seq, layout.block_first, slopes,
         options.scale, options.softcap or 0.0, options.k_scale, options.v_scale, options.sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
@@ -191,13 +192,13 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
         **constexprs)
     if segments > 1:
         _merge_kernel[(tokens, heads)](
-            out, partial, maxes, sums, out.stride(0), out.stride(1),
+            out, partial, maxes, sums, used, out.stride(0), out.stride(1),
             HEAD_DIM=dim, PADDED_DIM=padded_dim, SEGMENTS=segments)
     return out
 
 
 @triton.jit
-def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tables_ptr, lens_ptr, starts_ptr,
+def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, q_ptr, kv_ptr, tables_ptr, lens_ptr, starts_ptr,
               block_seq_ptr, block_first_ptr, slopes_ptr,
               scale, softcap, k_scale, v_scale, window,
               stride_qt, stride_qh, stride_ot, stride_oh,
@@ -212,16 +213,6 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tab
     seq_start = tl.load(starts_ptr + seq)
     seq_stop = tl.load(starts_ptr + seq + 1)
     seq_len = tl.load(lens_ptr + seq)
-    row = tl.arange(0, ROWS)
-    token = first + row // GROUP
-    head = kv_head * GROUP + row % GROUP
-    valid = (row // GROUP < PER_BLOCK) & (token < seq_stop)
-    position = seq_len - (seq_stop - seq_start) + (token - seq_start)  # of each query in the sequence
-    dims = tl.arange(0, PADDED_DIM)
-    dim_ok = dims < HEAD_DIM
-    # operands stay in the model's dtype (bf16 on GPUs: tensor cores), products accumulate in float32
-    q = tl.load(q_ptr + token[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :],
-                mask=valid[:, None] & dim_ok[None, :], other=0.0)
 
     # the keys any row of this block may see, in whole key tiles, then this segment's share of them; the
     # block's tokens are consecutive from `first` (always a real token), so its first and last positions are
@@ -235,6 +226,20 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tab
     per_segment = (tiles + SEGMENTS - 1) // SEGMENTS
     tile_lo = first_tile + segment * per_segment
     tile_hi = tl.minimum(tile_lo + per_segment, first_tile + tiles)
+    if SEGMENTS > 1:
+        if tile_lo >= tile_hi:  # a segment past a short context writes nothing: segment 0 says how many hold keys
+            return
+
+    row = tl.arange(0, ROWS)
+    token = first + row // GROUP
+    head = kv_head * GROUP + row % GROUP
+    valid = (row // GROUP < PER_BLOCK) & (token < seq_stop)
+    position = seq_len - (seq_stop - seq_start) + (token - seq_start)  # of each query in the sequence
+    dims = tl.arange(0, PADDED_DIM)
+    dim_ok = dims < HEAD_DIM
+    # operands stay in the model's dtype (bf16 on GPUs: tensor cores), products accumulate in float32
+    q = tl.load(q_ptr + token[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh + dims[None, :],
+                mask=valid[:, None] & dim_ok[None, :], other=0.0)
 
     if ALIBI:
         slope = tl.load(slopes_ptr + head, mask=valid, other=0.0).to(tl.float32)
@@ -276,23 +281,30 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, q_ptr, kv_ptr, tab
         tl.store(out_ptr + token[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + dims[None, :],
                  result.to(out_ptr.dtype.element_ty), mask=valid[:, None] & dim_ok[None, :])
     else:
-        at = (token.to(tl.int64) * (GROUP * tl.num_programs(1)) + head) * SEGMENTS + segment
+        token_head = token.to(tl.int64) * (GROUP * tl.num_programs(1)) + head
+        if segment == 0:
+            tl.store(used_ptr + token_head, tl.zeros([ROWS], tl.int32) + (tiles + per_segment - 1) // per_segment,
+                     mask=valid)
+        at = token_head * SEGMENTS + segment
         tl.store(max_ptr + at, best, mask=valid)
         tl.store(sum_ptr + at, total, mask=valid)
         tl.store(partial_ptr + at[:, None] * PADDED_DIM + dims[None, :], acc, mask=valid[:, None])
 
 @triton.jit
-def _merge_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, stride_ot, stride_oh,
+def _merge_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, stride_ot, stride_oh,
           HEAD_DIM: tl.constexpr, PADDED_DIM: tl.constexpr, SEGMENTS: tl.constexpr):
     token, head = tl.program_id(0), tl.program_id(1)
-    base = (token.to(tl.int64) * tl.num_programs(1) + head) * SEGMENTS
+    token_head = token.to(tl.int64) * tl.num_programs(1) + head
+    base = token_head * SEGMENTS
     segment = tl.arange(0, SEGMENTS)
-    maxes = tl.load(max_ptr + base + segment)
+    used = segment < tl.load(used_ptr + token_head)  # the segments past the context wrote nothing
+    maxes = tl.load(max_ptr + base + segment, mask=used, other=float("-inf"))
     best = tl.max(maxes, 0)
-    weight = tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - best))  # empty segments weigh nothing
-    total = tl.sum(tl.load(sum_ptr + base + segment) * weight, 0)
+    weight = tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - best))  # segments that saw no key weigh nothing
+    total = tl.sum(tl.load(sum_ptr + base + segment, mask=used, other=0.0) * weight, 0)
     dims = tl.arange(0, PADDED_DIM)
-    parts = tl.load(partial_ptr + (base + segment)[:, None] * PADDED_DIM + dims[None, :])
+    parts = tl.load(partial_ptr + (base + segment)[:, None] * PADDED_DIM + dims[None, :], mask=used[:, None],
+                    other=0.0)
     result = tl.sum(parts * weight[:, None], 0) / total
     tl.store(out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + dims,
              result.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)

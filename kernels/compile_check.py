@@ -163,11 +163,11 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
     act, kv = f"*{case.dtype}", f"*{case.kv_dtype}" if case.kv_dtype else ""
     if case.kernel == "attention":
         return attention._attention_kernel, dict(
-            out_ptr=act, partial_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", q_ptr=act, kv_ptr=kv,
+            out_ptr=act, partial_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", used_ptr="*i32", q_ptr=act, kv_ptr=kv,
             tables_ptr="*i32", lens_ptr="*i32", starts_ptr="*i32", block_seq_ptr="*i32", block_first_ptr="*i32",
             slopes_ptr="*fp32")
     if case.kernel == "merge":
-        return attention._merge_kernel, dict(out_ptr=act, partial_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32")
+        return attention._merge_kernel, dict(out_ptr=act, partial_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", used_ptr="*i32")
     if case.kernel == "store":
         return kv_store._store_kernel, dict(key_ptr=act, value_ptr=act, cache_ptr=kv, slot_ptr="*i64")
     if case.kernel == "fused_moe":
