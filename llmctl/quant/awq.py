@@ -22,7 +22,7 @@ GRID = 20
 CLIP_GRID = 20
 CLIP_MAX_SHRINK = 0.5
 CLIP_TOKENS = 512
-SEARCH_TOKENS = 2048  # calibration tokens the α grid is scored on: the block runs 21 times per group
+SEARCH_TOKENS = 512  # calibration tokens the α grid is scored on (the block runs 21 times per group): docs/quantize.md
 
 
 @dataclass
