@@ -8,7 +8,7 @@ needs more shared memory than the GPU has.
 The cases come from the code that chooses them at run time: the engine's options
 (`EngineConfig`'s dtypes and block sizes, `--kv-cache-dtype`), the launchers' own constexpr
 builders (`attention.kernel_constexprs`, `kv_store.store_constexprs`, `w4a16.w4a16_constexprs`,
-`w4a16_gemv.gemv_constexprs`, `fused_moe.moe_constexprs`) and
+`w4a16_gemv.gemv_constexprs`, `fused_moe.moe_constexprs`, `fused_layers.norm_constexprs`) and
 their tile choosers. A case the engine refuses on some GPU (`llmctl.kernels.limits`) must fail to
 compile there, and every other case must compile: `tests/kernels/test_compile_check.py` holds both.
 
@@ -44,7 +44,8 @@ GROUPS = (1, 3, 8, 16, 32, 71)
 
 @dataclass(frozen=True)
 class KernelCase:
-    kernel: str  # attention | merge | store | w4a16 | dequantize | gemv_gptq | gemv_awq | fused_moe
+    # attention | merge | store | w4a16 | dequantize | gemv_gptq | gemv_awq | fused_moe | rms_norm | gated_activation
+    kernel: str
     dtype: str  # the activations' (query's) dtype
     kv_dtype: str  # the cache's dtype (fp8e4nv for --kv-cache-dtype fp8); "" where there is none
     constexprs: tuple[tuple[str, object], ...]
@@ -152,13 +153,24 @@ def moe_cases() -> list[KernelCase]:
     return list(dict.fromkeys(cases))
 
 
+def fused_layer_cases() -> list[KernelCase]:
+    """RMSNorm as the layers call it (hidden size with the residual, Llama's and Gemma's forms; a head's QK-norm)
+    and the gated activations at an 8B model's intermediate size."""
+    from llmctl.kernels.fused_layers import activation_constexprs, norm_constexprs
+
+    norms = [norm_constexprs(4096, False, True), norm_constexprs(4096, True, True), norm_constexprs(128, False, False)]
+    activations = [activation_constexprs(14336, False), activation_constexprs(14336, True)]
+    return [_case(kernel, dtype, "", constexprs) for dtype in FLOAT_DTYPES
+            for kernel, cases in (("rms_norm", norms), ("gated_activation", activations)) for constexprs in cases]
+
+
 def all_cases(full: bool = False) -> list[KernelCase]:
-    return attention_cases(full) + store_cases() + w4a16_cases() + gemv_cases() + moe_cases()
+    return attention_cases(full) + store_cases() + w4a16_cases() + gemv_cases() + moe_cases() + fused_layer_cases()
 
 
 def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
     """The jit function and the types of its runtime arguments (pointers by what the launcher passes)."""
-    from llmctl.kernels import attention, fused_moe, kv_store, w4a16, w4a16_gemv
+    from llmctl.kernels import attention, fused_layers, fused_moe, kv_store, w4a16, w4a16_gemv
 
     act, kv = f"*{case.dtype}", f"*{case.kv_dtype}" if case.kv_dtype else ""
     if case.kernel == "attention":
@@ -168,6 +180,10 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
             slopes_ptr="*fp32")
     if case.kernel == "merge":
         return attention._merge_kernel, dict(out_ptr=act, partial_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", used_ptr="*i32")
+    if case.kernel == "rms_norm":
+        return fused_layers._rms_norm_kernel, dict(out_ptr=act, x_ptr=act, residual_ptr=act, weight_ptr=act)
+    if case.kernel == "gated_activation":
+        return fused_layers._gated_activation_kernel, dict(out_ptr=act, fused_ptr=act)
     if case.kernel == "store":
         return kv_store._store_kernel, dict(key_ptr=act, value_ptr=act, cache_ptr=kv, slot_ptr="*i64")
     if case.kernel == "fused_moe":
@@ -185,7 +201,7 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
 
 
 def _scalar_type(name: str) -> str:
-    return "fp32" if name in ("scale", "softcap", "k_scale", "v_scale", "k_inverse", "v_inverse") else "i32"
+    return "fp32" if name in ("scale", "softcap", "k_scale", "v_scale", "k_inverse", "v_inverse", "eps") else "i32"
 
 
 def compiled_kernel(case: KernelCase, arch: int, aligned: bool = False, **options):

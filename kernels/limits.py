@@ -15,6 +15,8 @@ SMALLEST_SHARED_MEMORY = min(SHARED_MEMORY_BYTES.values())  # tiles are chosen t
 OLDER_GPU_SHARED_MEMORY = 65_536  # sm_75 (Turing); newer unknown GPUs are taken as sm_89's
 FP8_FROM_ARCH = 89  # tl.float8e4nv (e4m3) exists from Ada (sm_89) on
 MIN_KEY_TILE = 16
+# The fused norm holds a row in one program (64 floats a thread at 4 warps): wider rows keep the torch form.
+MAX_FUSED_WIDTH = 8192
 
 # The C++ CPU attention kernel: new tokens per sequence up to which it attends, SDPA above (measured by
 # benchmarks/cpu_attention.py --prompts): with rows in AVX-512 registers, fresh prompts included (in 16-bit

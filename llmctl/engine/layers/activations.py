@@ -1,12 +1,13 @@
 """The gated activations of the MLPs (silu(gate) * up, gelu_tanh(gate) * up over a fused [gate | up]
-projection): one C++ pass on CPUs, torch elsewhere; the torch forms are the references the kernels are
-tested against."""
+projection): one C++ pass on CPUs, one Triton launch on GPUs (`fused_ops`), torch elsewhere; the torch forms
+are the references the kernels are tested against."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from llmctl.engine.layers import fused_ops
 from llmctl.kernels import cpu as cpu_kernels
 
 
@@ -16,6 +17,8 @@ def _fusable(fused: torch.Tensor) -> bool:
 
 def silu_and_mul(fused: torch.Tensor, intermediate: int) -> torch.Tensor:
     """silu(gate) * up of the [gate | up] projection."""
+    if fused_ops.applies(fused) and fused.dim() == 2:
+        return fused_ops.gated_activation(fused, intermediate, False)
     if _fusable(fused):
         return cpu_kernels.silu_and_mul(fused)
     return silu_and_mul_reference(fused, intermediate)
@@ -28,6 +31,8 @@ def silu_and_mul_reference(fused: torch.Tensor, intermediate: int) -> torch.Tens
 
 def gelu_tanh_and_mul(fused: torch.Tensor, intermediate: int) -> torch.Tensor:
     """gelu(gate, tanh approximation) * up (Gemma's GeGLU)."""
+    if fused_ops.applies(fused) and fused.dim() == 2:
+        return fused_ops.gated_activation(fused, intermediate, True)
     if _fusable(fused):
         return cpu_kernels.gelu_tanh_and_mul(fused)
     gate, up = fused.split(intermediate, dim=-1)

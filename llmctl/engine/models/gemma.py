@@ -35,12 +35,14 @@ class GemmaRMSNorm(RMSNorm):
     """x / rms(x) · (1 + weight), in float32 before the cast back (transformers' Gemma order). A float32
     model on a CPU runs llmctl's fused RMSNorm with the weight 1 + w (the same products in float32)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    unit_offset = True
+
+    def cpu_forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and _fusable(x):
             return cpu_kernels.rms_norm(x, self.unit_offset_weight(), self.eps)
         return self.reference(x)
 
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def cpu_add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if x.dtype == torch.float32 and _fusable(x) and _fusable(residual):
             return cpu_kernels.rms_norm(residual, self.unit_offset_weight(), self.eps, residual=x), residual
         total = x + residual

@@ -68,7 +68,8 @@ class LlamaAttention(nn.Module):
         return RMSNorm(self.head_dim, eps), RMSNorm(self.head_dim, eps)
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.q_norm(q.reshape(-1, self.head_dim)), self.k_norm(k.reshape(-1, self.head_dim))
+        """Each head's row normed; q and k go in as views of the projection ([tokens, heads, head_dim])."""
+        return self.q_norm(q.unflatten(-1, (-1, self.head_dim))), self.k_norm(k.unflatten(-1, (-1, self.head_dim)))
 
     def forward(self, x: torch.Tensor, ctx: StepContext, layer: int) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)

@@ -1,0 +1,48 @@
+"""The GPU path's fused element-wise layers as torch ops: `llmctl::rms_norm` (with the residual add fused in)
+and `llmctl::gated_activation` (silu or tanh-GELU of gate, times up).
+
+On CUDA tensors they run the Triton kernels of `kernels/fused_layers.py` (one launch each where torch runs
+five to seven). As registered ops they also have fake implementations, so a trace over fake CUDA tensors
+counts each as one launch on a machine without a GPU (tests/engine/layers/test_launch_count.py). CPU tensors
+keep the C++ kernels and torch forms of `norms.py` and `activations.py`; these ops run on CPU tensors only
+under Triton's interpreter (the kernel tests)."""
+
+from __future__ import annotations
+
+import torch
+
+from llmctl.kernels.limits import MAX_FUSED_WIDTH
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
+    """A CUDA tensor the kernels take: [tokens, (heads,) width], its last dimension contiguous and one
+    program wide, in the weight's dtype (a float32 weight times bfloat16 rows would promote in torch)."""
+    return (x.is_cuda and x.dim() in (2, 3) and x.stride(-1) == 1 and x.shape[-1] <= MAX_FUSED_WIDTH
+            and (weight is None or weight.dtype == x.dtype))
+
+
+@torch.library.custom_op("llmctl::rms_norm", mutates_args=("residual",))
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+             unit_offset: bool) -> torch.Tensor:
+    """norm(x), or norm(x + residual) with the sum written into `residual`; (1 + weight) with `unit_offset`."""
+    from llmctl.kernels import fused_layers  # imports triton: only where a GPU path runs
+
+    return fused_layers.rms_norm(x, weight, eps, residual, unit_offset)
+
+
+@rms_norm.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+      unit_offset: bool) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.custom_op("llmctl::gated_activation", mutates_args=())
+def gated_activation(fused: torch.Tensor, intermediate: int, gelu: bool) -> torch.Tensor:
+    from llmctl.kernels import fused_layers
+
+    return fused_layers.gated_activation(fused, intermediate, gelu)
+
+
+@gated_activation.register_fake
+def _(fused: torch.Tensor, intermediate: int, gelu: bool) -> torch.Tensor:
+    return fused.new_empty(fused.shape[0], intermediate)
