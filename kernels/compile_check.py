@@ -44,7 +44,8 @@ GROUPS = (1, 3, 8, 16, 32, 71)
 
 @dataclass(frozen=True)
 class KernelCase:
-    # attention | merge | store | w4a16 | dequantize | gemv_gptq | gemv_awq | fused_moe | rms_norm | gated_activation
+    # attention | merge | store | rotary_store | w4a16 | dequantize | gemv_gptq | gemv_awq | fused_moe | rms_norm |
+    # gated_activation
     kernel: str
     dtype: str  # the activations' (query's) dtype
     kv_dtype: str  # the cache's dtype (fp8e4nv for --kv-cache-dtype fp8); "" where there is none
@@ -164,13 +165,23 @@ def fused_layer_cases() -> list[KernelCase]:
             for kernel, cases in (("rms_norm", norms), ("gated_activation", activations)) for constexprs in cases]
 
 
+def rotary_store_cases() -> list[KernelCase]:
+    """RoPE + KV store at an 8B model's heads (and fp8 caches), a partial rotary, odd head counts."""
+    from llmctl.kernels.rotary_store import rotary_constexprs
+
+    shapes = ((32, 8, 128, 128), (14, 2, 64, 64), (32, 32, 96, 32))  # heads, KV heads, head dim, rotary
+    return [_case("rotary_store", dtype, kv, rotary_constexprs(*shape, kv == "fp8e4nv"))
+            for dtype in FLOAT_DTYPES for kv in (dtype, "fp8e4nv") for shape in shapes]
+
+
 def all_cases(full: bool = False) -> list[KernelCase]:
-    return attention_cases(full) + store_cases() + w4a16_cases() + gemv_cases() + moe_cases() + fused_layer_cases()
+    return (attention_cases(full) + store_cases() + w4a16_cases() + gemv_cases() + moe_cases() + fused_layer_cases()
+            + rotary_store_cases())
 
 
 def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
     """The jit function and the types of its runtime arguments (pointers by what the launcher passes)."""
-    from llmctl.kernels import attention, fused_layers, fused_moe, kv_store, w4a16, w4a16_gemv
+    from llmctl.kernels import attention, fused_layers, fused_moe, kv_store, rotary_store, w4a16, w4a16_gemv
 
     act, kv = f"*{case.dtype}", f"*{case.kv_dtype}" if case.kv_dtype else ""
     if case.kernel == "attention":
@@ -184,6 +195,9 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
         return fused_layers._rms_norm_kernel, dict(out_ptr=act, x_ptr=act, residual_ptr=act, weight_ptr=act)
     if case.kernel == "gated_activation":
         return fused_layers._gated_activation_kernel, dict(out_ptr=act, fused_ptr=act)
+    if case.kernel == "rotary_store":
+        return rotary_store._rotary_store_kernel, dict(out_ptr=act, q_ptr=act, k_ptr=act, v_ptr=act, cos_ptr=act,
+                                                       sin_ptr=act, cache_ptr=kv, slot_ptr="*i64")
     if case.kernel == "store":
         return kv_store._store_kernel, dict(key_ptr=act, value_ptr=act, cache_ptr=kv, slot_ptr="*i64")
     if case.kernel == "fused_moe":

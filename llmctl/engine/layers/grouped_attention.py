@@ -38,3 +38,14 @@ class GroupedAttention:
         backend = self.backends[self._group_of_cache[id(cache)]]
         return backend.forward(query, key, value, cache, scale=scale, alibi_slopes=alibi_slopes, window=window,
                                softcap=softcap)
+
+    @property
+    def rotates_on_store(self) -> bool:
+        return all(getattr(backend, "rotates_on_store", False) for backend in self.backends)
+
+    def forward_rotated(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor,
+                        sin: torch.Tensor, cache: KVCache, *, scale: float, window: int | None = None,
+                        softcap: float | None = None) -> torch.Tensor:
+        backend = self.backends[self._group_of_cache[id(cache)]]
+        return backend.forward_rotated(query, key, value, cos, sin, cache, scale=scale, window=window,  # type: ignore[attr-defined]
+                                       softcap=softcap)

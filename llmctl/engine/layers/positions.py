@@ -51,15 +51,16 @@ class RotaryEmbedding(torch.nn.Module):
         """positions [T]; query [T, H, D], key [T, KVH, D]; lengths [T]: each token's sequence length after
         this step (LongRoPE's switch; None: position + 1, a decode step's). On CPUs rotated in place by one
         C++ op."""
-        cos, sin = self._cos_sin(positions, query.dtype, lengths)
+        cos, sin = self.cos_sin(positions, query.dtype, lengths)
         if cpu_kernels.fused_layers_for(query) and query.stride(-1) == 1 and key.stride(-1) == 1:
             cpu_kernels.rotary(query, key, cos.squeeze(1), sin.squeeze(1))
             return query, key
         return _rotate(query, cos, sin), _rotate(key, cos, sin)
 
-    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype,
-                 lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        # Every layer of a step rotates by the same positions: compute once per step.
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype,
+                lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, 1, rotary] cos and sin in `dtype` (scaled by the attention scaling; LongRoPE's factors by length).
+        Every layer of a step rotates by the same positions: computed once per step."""
         if self._cached is not None and self._cached[0] is positions and self._cached[1].dtype == dtype:
             return self._cached[1], self._cached[2]
         freqs = positions.float().unsqueeze(-1) * self.inv_freq.unsqueeze(0)

@@ -32,11 +32,13 @@ class StepTensors:
 
 class TritonAttention:
     name = "triton"
+    rotates_on_store = True  # forward_rotated: RoPE inside the KV store's launch
 
     def __init__(self) -> None:
-        from llmctl.kernels import attention, kv_store  # imports triton: only when this backend is chosen
+        # imports triton: only when this backend is chosen
+        from llmctl.kernels import attention, kv_store, rotary_store
 
-        self._attention, self._kv_store = attention, kv_store
+        self._attention, self._kv_store, self._rotary_store = attention, kv_store, rotary_store
         self.step: StepTensors | None = None
 
     def prepare(self, meta: AttentionMetadata, device: torch.device) -> None:
@@ -64,11 +66,29 @@ class TritonAttention:
         step = self.step
         assert step is not None, "prepare() or use_static() runs before forward()"
         self._kv_store.store_kv(key.contiguous(), value.contiguous(), cache.kv, step.slot_mapping)
+        return self._attend(query.contiguous(), key.shape[1], cache, scale=scale, alibi_slopes=alibi_slopes,
+                            window=window, softcap=softcap)
+
+    def forward_rotated(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor,
+                        sin: torch.Tensor, cache: KVCache, *, scale: float, window: int | None = None,
+                        softcap: float | None = None) -> torch.Tensor:
+        """forward() for q and k not yet rotated: one launch rotates q, rotates k into the cache and stores v
+        (`kernels.rotary_store`), reading all three through their strides (views of the qkv projection)."""
+        step = self.step
+        assert step is not None, "prepare() or use_static() runs before forward()"
+        query = self._rotary_store.rotary_store(query, key, value, cos, sin, cache.kv, step.slot_mapping)
+        return self._attend(query, key.shape[1], cache, scale=scale, window=window, softcap=softcap)
+
+    def _attend(self, query: torch.Tensor, kv_heads: int, cache: KVCache, *, scale: float,
+                alibi_slopes: torch.Tensor | None = None, window: int | None = None,
+                softcap: float | None = None) -> torch.Tensor:
+        """The paged attention of the stored step (query contiguous)."""
+        step = self.step
+        assert step is not None
         if step.layout is None:  # the first layer of the step plans it for all
-            step.layout = self._attention.plan_step(step.query_start_loc, query.shape[1],
-                                                    key.shape[1], query.device)
+            step.layout = self._attention.plan_step(step.query_start_loc, query.shape[1], kv_heads, query.device)
         options = self._attention.AttentionOptions(
             scale=scale, alibi_slopes=None if alibi_slopes is None else alibi_slopes.float().contiguous(),
             sliding_window=window or step.sliding_window, softcap=softcap)
-        return self._attention.paged_attention(query.contiguous(), cache.kv, step.block_tables, step.seq_lens,
-                                               step.layout, options)
+        return self._attention.paged_attention(query, cache.kv, step.block_tables, step.seq_lens, step.layout,
+                                               options)

@@ -78,9 +78,14 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(ctx.positions, q, k, ctx.lengths)
-        out = ctx.backend.forward(q, k, v, ctx.kv_caches[layer], scale=self.scale, window=self.window,
-                                  softcap=self.softcap)
+        if getattr(ctx.backend, "rotates_on_store", False):  # Triton: RoPE inside the KV store's launch
+            cos, sin = self.rotary.cos_sin(ctx.positions, q.dtype, ctx.lengths)
+            out = ctx.backend.forward_rotated(q, k, v, cos, sin, ctx.kv_caches[layer],  # type: ignore[attr-defined]
+                                              scale=self.scale, window=self.window, softcap=self.softcap)
+        else:
+            q, k = self.rotary(ctx.positions, q, k, ctx.lengths)
+            out = ctx.backend.forward(q, k, v, ctx.kv_caches[layer], scale=self.scale, window=self.window,
+                                      softcap=self.softcap)
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
