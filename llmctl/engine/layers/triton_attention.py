@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from llmctl.engine.layers import attention_ops
 from llmctl.engine.layers.attention import AttentionMetadata, KVCache
 from llmctl.kernels.transfer import to_device
 
@@ -35,10 +36,9 @@ class TritonAttention:
     rotates_on_store = True  # forward_rotated: RoPE inside the KV store's launch
 
     def __init__(self) -> None:
-        # imports triton: only when this backend is chosen
-        from llmctl.kernels import attention, kv_store, rotary_store
+        from llmctl.kernels import attention, kv_store  # imports triton: only when this backend is chosen
 
-        self._attention, self._kv_store, self._rotary_store = attention, kv_store, rotary_store
+        self._attention, self._kv_store = attention, kv_store
         self.step: StepTensors | None = None
 
     def prepare(self, meta: AttentionMetadata, device: torch.device) -> None:
@@ -76,7 +76,7 @@ class TritonAttention:
         (`kernels.rotary_store`), reading all three through their strides (views of the qkv projection)."""
         step = self.step
         assert step is not None, "prepare() or use_static() runs before forward()"
-        query = self._rotary_store.rotary_store(query, key, value, cos, sin, cache.kv, step.slot_mapping)
+        query = attention_ops.rotary_store(query, key, value, cos, sin, cache.kv, step.slot_mapping)
         return self._attend(query, key.shape[1], cache, scale=scale, window=window, softcap=softcap)
 
     def _attend(self, query: torch.Tensor, kv_heads: int, cache: KVCache, *, scale: float,
@@ -90,5 +90,4 @@ class TritonAttention:
         options = self._attention.AttentionOptions(
             scale=scale, alibi_slopes=None if alibi_slopes is None else alibi_slopes.float().contiguous(),
             sliding_window=window or step.sliding_window, softcap=softcap)
-        return self._attention.paged_attention(query, cache.kv, step.block_tables, step.seq_lens, step.layout,
-                                               options)
+        return attention_ops.paged_attention(query, cache.kv, step.block_tables, step.seq_lens, step.layout, options)

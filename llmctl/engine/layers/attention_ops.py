@@ -1,0 +1,76 @@
+"""The Triton attention backend's launches as torch ops: `llmctl::rotary_store` (RoPE + KV store) and
+`llmctl::paged_attention` (the paged attention of a step, with its merge launch when the context is split).
+
+Registered ops rather than plain calls for the same reason as `fused_ops`: their fake implementations let a
+trace over fake CUDA tensors run a whole decoder layer on a machine without a GPU and count its launches
+(tests/engine/layers/test_launch_count.py). The kernels are imported on first call (triton only where used)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from llmctl.kernels.attention import AttentionOptions, StepLayout
+
+_LIBRARY = torch.library.Library("llmctl", "FRAGMENT")
+_LIBRARY.define("rotary_store(Tensor query, Tensor key, Tensor value, Tensor cos, Tensor sin, Tensor(a!) kv_cache, "
+                "Tensor slots) -> Tensor")
+_LIBRARY.define("paged_attention(Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, "
+                "Tensor query_start_loc, Tensor block_seq, Tensor block_first, int rows, int group, int segments, "
+                "bool decode_only, int? key_tile, float scale, Tensor? alibi_slopes, int window, float softcap) "
+                "-> Tensor")
+
+
+def _rotary_store(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    from llmctl.kernels import rotary_store
+
+    return rotary_store.rotary_store(query, key, value, cos, sin, kv_cache, slots)
+
+
+def _paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, block_seq: torch.Tensor,
+                     block_first: torch.Tensor, rows: int, group: int, segments: int, decode_only: bool,
+                     key_tile: int | None, scale: float, alibi_slopes: torch.Tensor | None, window: int,
+                     softcap: float) -> torch.Tensor:
+    from llmctl.kernels import attention
+
+    layout = attention.StepLayout(query_start_loc, block_seq, block_first, rows, group, segments, decode_only,
+                                  key_tile)
+    options = attention.AttentionOptions(scale=scale, alibi_slopes=alibi_slopes, sliding_window=window or None,
+                                         softcap=softcap or None)
+    return attention.paged_attention(query, kv_cache, block_tables, seq_lens, layout, options)
+
+
+for _device in ("CUDA", "CPU"):  # CPU: the engine's Triton backend under Triton's interpreter (tests)
+    _LIBRARY.impl("rotary_store", _rotary_store, _device)
+    _LIBRARY.impl("paged_attention", _paged_attention, _device)
+
+
+@torch.library.register_fake("llmctl::rotary_store")
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+      kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    return torch.empty(query.shape, dtype=query.dtype, device=query.device)
+
+
+@torch.library.register_fake("llmctl::paged_attention")
+def _(query: torch.Tensor, *args: object) -> torch.Tensor:
+    return torch.empty_like(query)
+
+
+def rotary_store(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """q rotated (returned, contiguous); k rotated into its cache slots and v stored beside it."""
+    return torch.ops.llmctl.rotary_store.default(query, key, value, cos.reshape(cos.shape[0], -1),
+                                                 sin.reshape(sin.shape[0], -1), kv_cache, slots)
+
+
+def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                    layout: StepLayout, options: AttentionOptions) -> torch.Tensor:
+    """`kernels.attention.paged_attention` through the registered op (k_scale and v_scale stay 1)."""
+    return torch.ops.llmctl.paged_attention.default(
+        query, kv_cache, block_tables, seq_lens, layout.query_start_loc, layout.block_seq, layout.block_first,
+        layout.rows, layout.group, layout.num_segments, layout.decode_only, layout.preferred_key_tile,
+        options.scale, options.alibi_slopes, options.sliding_window or 0, options.softcap or 0.0)
