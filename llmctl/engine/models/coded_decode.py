@@ -20,6 +20,7 @@ from torch import nn
 from llmctl.engine.layers.coded_linear import DECODE_ROWS, CodedLinear, CodedWeight
 from llmctl.engine.layers.cpu_attention import CPUAttention
 from llmctl.engine.layers.norms import RMSNorm
+from llmctl.engine.layers.positions import RotaryEmbedding
 from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.models.common import StepContext
 
@@ -92,14 +93,14 @@ def coded_layers(layers: nn.ModuleList, indices: range, plain: PlainLlama) -> di
     return None if not found or any(v is None for v in found.values()) else found
 
 
-def step_attention(ctx: StepContext, rotary: nn.Module, dtype: torch.dtype) -> list[torch.Tensor] | None:
+def step_attention(ctx: StepContext, rotary: RotaryEmbedding, dtype: torch.dtype) -> list[torch.Tensor] | None:
     """The step's part of the op's `attention` argument (the cache is added per layer), or None where the
     step has tokens outside the paged kernel (prompts through torch) or a cache the op does not read."""
     backend = ctx.backend
     if not isinstance(backend, CPUAttention) or backend.paged is None or backend.paged_rows is not None \
             or ctx.positions.shape[0] >= DECODE_ROWS:  # from 128 rows the Python layers decode weights once
         return None
-    cos, sin = rotary._cos_sin(ctx.positions, dtype, ctx.lengths)
+    cos, sin = rotary.cos_sin(ctx.positions, dtype, ctx.lengths)
     tables, lens, starts = backend.paged
     return [backend.meta.slot_mapping, tables, lens, starts, cos.squeeze(1), sin.squeeze(1)]
 
