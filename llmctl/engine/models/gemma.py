@@ -90,8 +90,9 @@ class GemmaDecoderLayer(nn.Module):
             setattr(self, name, GemmaRMSNorm(spec.hidden_size, eps))
 
     def forward(self, x: torch.Tensor, ctx: StepContext, layer: int) -> torch.Tensor:
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), ctx, layer))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        attended = self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), ctx, layer))
+        normed, x = self.pre_feedforward_layernorm.add_and_norm(attended, x)  # the residual add fused in
+        return x + self.post_feedforward_layernorm(self.mlp(normed))
 
 
 def text_config(hf_config: Any) -> Any:

@@ -103,11 +103,13 @@ def gemma3():
                             layer_types=["sliding_attention", "full_attention"], architectures=["Gemma3ForCausalLM"])
 
 
-@pytest.mark.parametrize("family,limit", [("llama", 12), ("qwen3", 16), ("gemma3", 16)])
+@pytest.mark.parametrize("family,limit", [("llama", 12), ("qwen3", 16), ("gemma3", 15)])
 def test_a_decode_layer_launches_at_most(family, limit):
-    """The issue's bar: ≤ 12 launches for a Llama layer, ≤ 16 with QK-norm (Qwen3) or Gemma 3's four norms."""
+    """The issue's bar: ≤ 12 launches for a Llama layer, ≤ 16 with QK-norm (Qwen3) or Gemma 3's four norms (whose
+    pre-MLP norm takes the residual add: 15)."""
     for ops in traced_layers({"llama": llama, "qwen3": qwen3, "gemma3": gemma3}[family]()):
         print(f"{family}: {len(ops)} launches: {', '.join(ops)}")
         assert len(ops) <= limit, ops
         assert sum(op.startswith("llmctl.rms_norm") for op in ops) == {"llama": 2, "qwen3": 4, "gemma3": 6}[family]
+        assert ops.count("aten.add.Tensor") == 1  # the other residual add is fused into a norm
         assert "llmctl.rotary_store.default" in ops and "aten.clone.default" not in ops  # no .contiguous() copy
