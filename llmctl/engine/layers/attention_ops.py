@@ -11,16 +11,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from llmctl.engine.layers.fused_ops import define
+
 if TYPE_CHECKING:
     from llmctl.kernels.attention import AttentionOptions, StepLayout
-
-_LIBRARY = torch.library.Library("llmctl", "FRAGMENT")
-_LIBRARY.define("rotary_store(Tensor query, Tensor key, Tensor value, Tensor cos, Tensor sin, Tensor(a!) kv_cache, "
-                "Tensor slots) -> Tensor")
-_LIBRARY.define("paged_attention(Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, "
-                "Tensor query_start_loc, Tensor block_seq, Tensor block_first, int rows, int group, int segments, "
-                "bool decode_only, int? key_tile, float scale, Tensor? alibi_slopes, int window, float softcap) "
-                "-> Tensor")
 
 
 def _rotary_store(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor,
@@ -28,6 +22,11 @@ def _rotary_store(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, c
     from llmctl.kernels import rotary_store
 
     return rotary_store.rotary_store(query, key, value, cos, sin, kv_cache, slots)
+
+
+def _rotary_store_fake(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    return torch.empty(query.shape, dtype=query.dtype, device=query.device)
 
 
 def _paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -44,27 +43,22 @@ def _paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: 
     return attention.paged_attention(query, kv_cache, block_tables, seq_lens, layout, options)
 
 
-for _device in ("CUDA", "CPU"):  # CPU: the engine's Triton backend under Triton's interpreter (tests)
-    _LIBRARY.impl("rotary_store", _rotary_store, _device)
-    _LIBRARY.impl("paged_attention", _paged_attention, _device)
-
-
-@torch.library.register_fake("llmctl::rotary_store")
-def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-      kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    return torch.empty(query.shape, dtype=query.dtype, device=query.device)
-
-
-@torch.library.register_fake("llmctl::paged_attention")
-def _(query: torch.Tensor, *args: object) -> torch.Tensor:
+def _paged_attention_fake(query: torch.Tensor, *args: object) -> torch.Tensor:
     return torch.empty_like(query)
+
+
+define("rotary_store(Tensor query, Tensor key, Tensor value, Tensor cos, Tensor sin, Tensor(a!) kv_cache, "
+       "Tensor slots) -> Tensor", _rotary_store, _rotary_store_fake)
+define("paged_attention(Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, "
+       "Tensor query_start_loc, Tensor block_seq, Tensor block_first, int rows, int group, int segments, "
+       "bool decode_only, int? key_tile, float scale, Tensor? alibi_slopes, int window, float softcap) -> Tensor",
+       _paged_attention, _paged_attention_fake)
 
 
 def rotary_store(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """q rotated (returned, contiguous); k rotated into its cache slots and v stored beside it."""
-    return torch.ops.llmctl.rotary_store.default(query, key, value, cos.reshape(cos.shape[0], -1),
-                                                 sin.reshape(sin.shape[0], -1), kv_cache, slots)
+    return torch.ops.llmctl.rotary_store.default(query, key, value, cos, sin, kv_cache, slots)
 
 
 def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,

@@ -9,6 +9,9 @@ under Triton's interpreter (the kernel tests)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from llmctl.kernels.limits import MAX_FUSED_WIDTH
@@ -24,8 +27,16 @@ def applies(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
 # Declared with torch.library.Library (about 4 µs a call here) rather than torch.library.custom_op, whose
 # autograd wrapper cost 14-18 µs a call on this CPU: a 32-layer model makes ~100 such calls a step.
 _LIBRARY = torch.library.Library("llmctl", "FRAGMENT")
-_LIBRARY.define("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!)? residual, bool unit_offset) -> Tensor")
-_LIBRARY.define("gated_activation(Tensor fused, int intermediate, bool gelu) -> Tensor")
+
+
+def define(schema: str, implementation: Callable[..., Any], fake: Callable[..., Any]) -> None:
+    """One `llmctl::` op: its schema, its implementation on CUDA tensors (and CPU ones, which Triton's
+    interpreter runs in the tests), and its fake implementation for traces."""
+    name = schema.split("(", 1)[0]
+    _LIBRARY.define(schema)
+    for device in ("CUDA", "CPU"):
+        _LIBRARY.impl(name, implementation, device)
+    torch.library.register_fake(f"llmctl::{name}")(fake)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
@@ -35,26 +46,25 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch
     return fused_layers.rms_norm(x, weight, eps, residual, unit_offset)
 
 
+def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+                   unit_offset: bool) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
 def _gated_activation(fused: torch.Tensor, intermediate: int, gelu: bool) -> torch.Tensor:
     from llmctl.kernels import fused_layers
 
     return fused_layers.gated_activation(fused, intermediate, gelu)
 
 
-for _device in ("CUDA", "CPU"):  # CPU: the kernel tests, under Triton's interpreter
-    _LIBRARY.impl("rms_norm", _rms_norm, _device)
-    _LIBRARY.impl("gated_activation", _gated_activation, _device)
-
-
-@torch.library.register_fake("llmctl::rms_norm")
-def _(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
-      unit_offset: bool) -> torch.Tensor:
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
-@torch.library.register_fake("llmctl::gated_activation")
-def _(fused: torch.Tensor, intermediate: int, gelu: bool) -> torch.Tensor:
+def _gated_activation_fake(fused: torch.Tensor, intermediate: int, gelu: bool) -> torch.Tensor:
     return fused.new_empty(fused.shape[0], intermediate)
+
+
+define("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!)? residual, bool unit_offset) -> Tensor", _rms_norm,
+       _rms_norm_fake)
+define("gated_activation(Tensor fused, int intermediate, bool gelu) -> Tensor", _gated_activation,
+       _gated_activation_fake)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,

@@ -25,7 +25,7 @@ class RMSNorm(nn.Module):
         if fused_ops.applies(x, self.weight):
             return fused_ops.rms_norm(x, self.weight, self.eps, None, self.unit_offset)
         if x.dim() == 3:  # per head, on a CPU: the C++ kernel takes rows
-            return self.forward(x.reshape(-1, x.shape[-1])).view(x.shape)
+            return self.cpu_forward(x.reshape(-1, x.shape[-1])).view(x.shape)
         return self.cpu_forward(x)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
