@@ -9,6 +9,8 @@ import torch
 
 from llmctl.kernels import cpu as cpu_kernels
 
+TABLE_MIN_POSITIONS = 1024  # the CPU table's first length; it doubles past the largest position seen
+
 
 class RotaryEmbedding(torch.nn.Module):
     """RoPE in the rotate-half layout transformers uses for Llama-family checkpoints.
@@ -45,6 +47,7 @@ class RotaryEmbedding(torch.nn.Module):
             long_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](hf_config, seq_len=self.original_max + 1)
             self.register_buffer("long_inv_freq", long_freq.float(), persistent=False)
         self._cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, cos, sin
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # CPU: cos, sin [positions, 1, rotary]
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                 lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,6 +66,28 @@ class RotaryEmbedding(torch.nn.Module):
         Every layer of a step rotates by the same positions: computed once per step."""
         if self._cached is not None and self._cached[0] is positions and self._cached[1].dtype == dtype:
             return self._cached[1], self._cached[2]
+        if positions.device.type == "cpu" and self.original_max is None:
+            cos, sin = self._looked_up(positions, dtype)
+        else:
+            cos, sin = self._computed(positions, dtype, lengths)
+        self._cached = (positions, cos, sin)
+        return cos, sin
+
+    def _looked_up(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """On CPUs from a table of every position so far (vLLM's cos_sin_cache; the same float32 products, so
+        the same values): two lookups instead of ten small ops, a host cost each decode step pays."""
+        if self._table is not None and self._table[0].dtype == dtype:
+            try:
+                return self._table[0][positions], self._table[1][positions]
+            except IndexError:  # a position past the table: it grows below
+                pass
+        end = int(positions.max()) + 1 if positions.numel() else 0
+        length = max(TABLE_MIN_POSITIONS, 1 << max(end - 1, 0).bit_length())
+        self._table = self._computed(torch.arange(length), dtype, None)
+        return self._table[0][positions], self._table[1][positions]
+
+    def _computed(self, positions: torch.Tensor, dtype: torch.dtype,
+                  lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float().unsqueeze(-1) * self.inv_freq.unsqueeze(0)
         if self.original_max is not None:
             # as transformers: long factors for every token of a forward whose sequence passes the length
@@ -73,7 +98,6 @@ class RotaryEmbedding(torch.nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.attention_scaling).to(dtype).unsqueeze(1)
         sin = (emb.sin() * self.attention_scaling).to(dtype).unsqueeze(1)
-        self._cached = (positions, cos, sin)
         return cos, sin
 
 

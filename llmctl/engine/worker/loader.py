@@ -24,7 +24,7 @@ from llmctl.engine.errors import EngineConfigError
 from llmctl.engine.gpu_support import check_this_gpu
 from llmctl.engine.layers.attention import AttentionBackend
 from llmctl.engine.layers.coded_linear import CodedLinear, coded_summary
-from llmctl.engine.layers.cpu_gemm import pack_linears, packed_kernel, small_batch
+from llmctl.engine.layers.cpu_gemm import head_small_batch, pack_linears, packed_kernel, small_batch
 from llmctl.engine.layers.grouped_attention import GroupedAttention
 from llmctl.engine.layers.linear import VocabParallelEmbedding
 from llmctl.engine.layers.quant_linear import QuantLinear
@@ -235,6 +235,10 @@ def _attention_backend(config: EngineConfig, spec: ModelSpec, device: torch.devi
         return torch_fallback(spec, str(exc)), create_backend("torch")
 
 
+def _rows(count: int) -> str:
+    return f"{count} row{'' if count == 1 else 's'}"
+
+
 def _log_startup(loaded: LoadedModel, seconds: float) -> None:
     pool, geometry = loaded.kv_pool, loaded.kv_geometry
     concurrency = max_concurrency(pool, geometry, loaded.max_model_len, loaded.max_num_batched_tokens)
@@ -242,9 +246,10 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
                 str(loaded.dtype).removeprefix("torch."), loaded.device)
     logger.info("attention backend %s: %s", loaded.backend.name, loaded.attention_reason)
     where = " on rank 0 (every rank is listed below)" if loaded.placement.rank.world_size > 1 else ""
-    rows = small_batch()
-    packed = (f" (+{loaded.packed_bytes / GiB:.2f} GiB packed for {packed_kernel()}, used from {rows} "
-              f"row{'' if rows == 1 else 's'} on: measured on this CPU)") if loaded.packed_bytes else ""
+    rows, head_rows = small_batch(), head_small_batch()
+    head = f", the LM head from {_rows(head_rows)}" if head_rows and head_rows != rows else ""
+    packed = (f" (+{loaded.packed_bytes / GiB:.2f} GiB packed for {packed_kernel()}, used from {_rows(rows)} "
+              f"on{head}: measured on this CPU)") if loaded.packed_bytes else ""
     logger.info("weights take %.2f GiB%s%s", loaded.weights_bytes / GiB, packed, where)
     if loaded.source.gguf_path is not None:
         coded = coded_summary(loaded.model)

@@ -63,8 +63,7 @@ class ModelRunner:
             self.backend.prepare(self._metadata(batch, 0, self.sliding_window), device)
         if self.lora_step is not None:
             self.lora_step.set(batch.lora_slots or [NO_ADAPTER] * len(batch.seq_lens), batch.query_start_loc, device)
-        positions = to_device(batch.positions, torch.long, device)
-        input_ids = to_device(batch.input_ids, torch.long, device)
+        input_ids, positions = to_device([batch.input_ids, batch.positions], torch.long, device)  # one copy
         lengths = sequence_lengths(batch, device) if getattr(self.model, "needs_lengths", False) else None
         return self.model(input_ids, StepContext(positions, self.kv_caches, self.backend, lengths), hidden)
 
