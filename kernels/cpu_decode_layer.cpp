@@ -1,7 +1,7 @@
 // One Llama-shaped decoder layer in one call, for a step whose tokens all attend through the paged cache
-// and whose linears are codes (GGUF, multiplied with int8 activations; GPTQ/AWQ 4-bit with float ones): the
-// ops the Python layer calls (rms_norm, q8_linear or int4_linear, rotary, store_kv, paged_attention,
-// silu_and_mul), called here one after another.
+// and whose linears are codes (GGUF, multiplied with int8 activations; GPTQ/AWQ 4-bit with float ones) or
+// float32 weights (llmctl's panels or torch's linear): the ops the Python layer calls (rms_norm, q8_linear,
+// int4_linear, panel_linear or linear, rotary, store_kv, paged_attention, silu_and_mul), one after another.
 //
 // Why: decoding SmolLM2-135M Q4_1 on two cores, a token's ~420 op calls spent about as long between the
 // ops (Python, and the second thread starting again after each pause) as in them. The ops are the same
@@ -22,15 +22,31 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
 }
 
 // How a linear multiplies (llmctl/engine/models/coded_decode.py names the same numbers).
-enum Kernel : int64_t { Q8 = 0, Q8_WITH_OFFSETS = 1, INT4_FLOAT = 2 };
+enum Kernel : int64_t { Q8 = 0, Q8_WITH_OFFSETS = 1, INT4_FLOAT = 2, FLOAT_PLAIN = 3, FLOAT_PANELS = 4 };
 
-// A coded linear: weight = [codes, scales, offsets], by q8_linear (GGUF) or int4_linear (GPTQ/AWQ).
+// A float32 linear as cpu_gemm.linear runs it: weight = [panels, plain weight, settings], the panels (or
+// the plain weight again) with settings int64 [isa, use_amx]; the bias added after, as the Python layer adds it.
+at::Tensor float_linear(const at::Tensor& x, at::TensorList weight, int64_t kernel, const OptionalTensor& bias) {
+  static const auto panels = op<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, const OptionalTensor&,
+                                           bool, int64_t)>("llmctl_cpu::panel_linear");
+  at::Tensor y;
+  if (kernel == FLOAT_PANELS) {
+    const int64_t* settings = weight[2].data_ptr<int64_t>();
+    y = panels.call(x, weight[0], weight[1].size(0), c10::nullopt, settings[1] != 0, settings[0]);
+  } else {
+    y = at::linear(x, weight[1]);
+  }
+  return bias.has_value() ? y + *bias : y;
+}
+
+// A linear: weight = [codes, scales, offsets], by q8_linear (GGUF) or int4_linear (GPTQ/AWQ); or a float one.
 at::Tensor linear(const at::Tensor& x, at::TensorList weight, int64_t kernel, const OptionalTensor& bias) {
   static const auto q8 = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                        const OptionalTensor&, int64_t, bool)>("llmctl_cpu::q8_linear");
   static const auto int4 = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                          const OptionalTensor&, int64_t)>("llmctl_cpu::int4_linear");
-  TORCH_CHECK(weight.size() == 3, "llmctl coded_decoder_layer: a linear is [codes, scales, offsets]");
+  TORCH_CHECK(weight.size() == 3, "llmctl coded_decoder_layer: a linear is three tensors");
+  if (kernel == FLOAT_PLAIN || kernel == FLOAT_PANELS) return float_linear(x, weight, kernel, bias);
   if (kernel == INT4_FLOAT) return int4.call(x, weight[0], weight[1], weight[2], bias, 0);
   TORCH_CHECK(kernel == Q8 || kernel == Q8_WITH_OFFSETS, "llmctl coded_decoder_layer: unknown kernel ", kernel);
   return q8.call(x, weight[0], weight[1], weight[2], bias, 0, kernel == Q8_WITH_OFFSETS);

@@ -1,4 +1,4 @@
-"""Decode steps of Llama-shaped layers over GGUF codes: one C++ call per layer (kernels/cpu_decode_layer.cpp).
+"""Decode steps of Llama-shaped layers on CPUs: one C++ call per layer (kernels/cpu_decode_layer.cpp).
 
 Decoding a small GGUF model on a CPU, the ops of a token took about as long as the time between them: Python's
 module calls, and the kernels' second thread starting again after each pause. For a step whose every token
@@ -6,23 +6,27 @@ attends through the paged cache (decoding), a layer that qualifies runs as one c
 same order, so its results are the Python layer's bit for bit (tests/engine/models/test_coded_decode.py). A layer qualifies
 when it is exactly LlamaDecoderLayer's arithmetic: Llama attention (no q/k norms, soft-cap or residual
 multiplier), the SiLU MLP, every linear codes — GGUF's with int8 activations (CodedWeight.int8_kernel), or GPTQ/AWQ
-4-bit repacked for the CPU (float activations) — no LoRA, one tensor-parallel rank, float32; and the step
-has fewer than 128 tokens, all of them attending through the paged kernel.
+4-bit repacked for the CPU (float activations) — or float32 weights (llmctl's panels from the rows cpu_gemm.linear
+takes them, torch's linear below), no LoRA, no linear bias, one tensor-parallel rank, float32; and the step has
+fewer than 128 tokens, all of them attending through the paged kernel. For a float32 model this is what a decode
+step's host time is made of (benchmarks/engine_overhead.py: a 64-wide layer took ~150 µs of Python).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from llmctl.engine.layers.coded_linear import DECODE_ROWS, CodedLinear, CodedWeight
+from llmctl.engine.layers import cpu_gemm
+from llmctl.engine.layers.coded_linear import DECODE_ROWS, CodedLinear
 from llmctl.engine.layers.cpu_attention import CPUAttention
 from llmctl.engine.layers.norms import RMSNorm
 from llmctl.engine.layers.positions import RotaryEmbedding
 from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.models.common import StepContext
+from llmctl.kernels import cpu as cpu_kernels
 
 
 @dataclass
@@ -31,30 +35,69 @@ class CodedLayer:
 
     norms: list[torch.Tensor]
     eps: float
-    linears: list[torch.Tensor]  # codes, scales, offsets of qkv, o, gate_up, down
-    kernels: list[int]  # Q8, Q8_WITH_OFFSETS or INT4_FLOAT for each
+    linears: list[torch.Tensor]  # codes, scales, offsets of qkv, o, gate_up, down (float: panels, weight, settings)
+    kernels: list[int]  # Q8, Q8_WITH_OFFSETS, INT4_FLOAT or FLOAT_PANELS for each
     qkv_bias: torch.Tensor | None
     heads: list[int]  # query heads, KV heads, head size
     scale: float
     window: int | None
+    panel_rows: list[tuple[int, int]] = field(default_factory=list)  # FLOAT_PANELS linears: (min_rows, max_rows)
+
+    def kernels_for(self, rows: int) -> list[int]:
+        """The kernels of a step of `rows` tokens: float32 panels only from the rows cpu_gemm.linear takes them."""
+        if not self.panel_rows:
+            return self.kernels
+        return [FLOAT_PLAIN if kernel == FLOAT_PANELS and not _in_panel_rows(rows, limits) else kernel
+                for kernel, limits in zip(self.kernels, self.panel_rows)]
+
+
+def _in_panel_rows(rows: int, limits: tuple[int, int]) -> bool:
+    low, high = limits
+    return rows >= (low or cpu_gemm.small_batch()) and (high == 0 or rows < high)
 
 
 # The C++ op's kernel numbers (kernels/cpu_decode_layer.cpp): GGUF codes through q8_linear, without or with
-# offsets; GPTQ/AWQ 4-bit codes through int4_linear — what CodedWeight.matmul picks for fewer than 128 rows.
-Q8, Q8_WITH_OFFSETS, INT4_FLOAT = 0, 1, 2
+# offsets; GPTQ/AWQ 4-bit codes through int4_linear — what CodedWeight.matmul picks for fewer than 128 rows;
+# float32 weights through torch's linear or llmctl's panels — what cpu_gemm.linear picks.
+Q8, Q8_WITH_OFFSETS, INT4_FLOAT, FLOAT_PLAIN, FLOAT_PANELS = 0, 1, 2, 3, 4
+NO_SETTINGS = torch.zeros(2, dtype=torch.int64)
 
 
-def _coded(linear: nn.Module, bias_allowed: bool) -> tuple[CodedWeight, int] | None:
-    """The layer's coded weight and kernel where the fused op can run it (no LoRA, no bias where not allowed)."""
+@dataclass(frozen=True)
+class OpWeight:
+    """A linear as the op takes it: three tensors and a kernel (and, for panels, the rows they run from)."""
+
+    tensors: list[torch.Tensor]
+    kernel: int
+    panel_rows: tuple[int, int] = (0, 0)
+
+
+def _coded(linear: nn.Module, bias_allowed: bool) -> OpWeight | None:
+    """The layer's weight where the fused op can run it (no LoRA, no bias where not allowed)."""
     inner = getattr(linear, "inner", None)
     if getattr(linear, "lora", None) is not None or getattr(linear, "bias", None) is not None \
             or (getattr(inner, "bias", None) is not None and not bias_allowed):
         return None
     if isinstance(inner, CodedLinear) and inner.coded is not None and inner.coded.int8_kernel:
-        return inner.coded, Q8_WITH_OFFSETS if inner.coded.offsets_used else Q8
+        coded = inner.coded
+        return OpWeight([coded.codes, coded.scales, coded.offsets], Q8_WITH_OFFSETS if coded.offsets_used else Q8)
     if isinstance(inner, QuantLinear) and inner.cpu_int4 is not None and not inner.cpu_int4.int8_activations:
-        return inner.cpu_int4, INT4_FLOAT
-    return None
+        coded = inner.cpu_int4
+        return OpWeight([coded.codes, coded.scales, coded.offsets], INT4_FLOAT)
+    return _float(inner)
+
+
+def _float(inner: nn.Module | None) -> OpWeight | None:
+    """A float32 weight: plain, or with llmctl's float32 panels (oneDNN's packed layout stays in Python)."""
+    if type(inner) is nn.Linear and inner.weight.dtype == torch.float32 and inner.bias is None:
+        return OpWeight([inner.weight, inner.weight, NO_SETTINGS], FLOAT_PLAIN)
+    if not isinstance(inner, cpu_gemm.PackedLinear) or inner.weight.dtype != torch.float32 or inner.bias is not None:
+        return None
+    packed = inner.packed
+    if not packed.panels:
+        return None
+    settings = torch.tensor([cpu_kernels.CODED_ISAS[packed.isa], int(packed.amx)], dtype=torch.int64)
+    return OpWeight([packed.data, inner.weight, settings], FLOAT_PANELS, (packed.min_rows, packed.max_rows))
 
 
 @dataclass(frozen=True)
@@ -82,9 +125,11 @@ def coded_layer(layer: nn.Module, plain: PlainLlama) -> CodedLayer | None:
         return None
     qkv_bias = att.qkv_proj.inner.bias
     return CodedLayer(norms=[n.weight.data for n in norms], eps=norms[0].eps,
-                      linears=[t for w, _ in found for t in (w.codes, w.scales, w.offsets)],
-                      kernels=[kernel for _, kernel in found], qkv_bias=None if qkv_bias is None else qkv_bias.data,
-                      heads=[att.num_heads, att.num_kv_heads, att.head_dim], scale=att.scale, window=att.window)
+                      linears=[t for w in found for t in w.tensors],  # type: ignore[union-attr]
+                      kernels=[w.kernel for w in found],  # type: ignore[union-attr]
+                      qkv_bias=None if qkv_bias is None else qkv_bias.data,
+                      heads=[att.num_heads, att.num_kv_heads, att.head_dim], scale=att.scale, window=att.window,
+                      panel_rows=[w.panel_rows for w in found])  # type: ignore[union-attr]
 
 
 def coded_layers(layers: nn.ModuleList, indices: range, plain: PlainLlama) -> dict[int, CodedLayer] | None:
@@ -109,5 +154,5 @@ def run_layer(layer: CodedLayer, x: torch.Tensor, ctx: StepContext, attention: l
               index: int) -> torch.Tensor:
     window = layer.window or ctx.backend.meta.sliding_window or 0
     return torch.ops.llmctl_cpu.coded_decoder_layer(
-        x, layer.norms, layer.eps, layer.linears, layer.kernels, layer.qkv_bias,
+        x, layer.norms, layer.eps, layer.linears, layer.kernels_for(x.shape[0]), layer.qkv_bias,
         [ctx.kv_caches[index].kv, *attention], layer.heads, layer.scale, window)

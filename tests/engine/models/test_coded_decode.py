@@ -1,4 +1,4 @@
-"""Decode steps of Llama-shaped GGUF layers as one C++ call per layer (llmctl/engine/models/coded_decode.py):
+"""Decode steps of Llama-shaped GGUF, GPTQ/AWQ and float32 layers as one C++ call per layer (llmctl/engine/models/coded_decode.py):
 the same ops as the Python layer in the same order, so the same tokens and the same log-probabilities to the
 bit; which layers qualify. The Python layer itself is checked against transformers in test_gguf_coded.py, and
 tensor parallelism (which never fuses: a rank's partial sums need an all-reduce) against one process there."""
@@ -73,7 +73,7 @@ def test_fused_decode_layers_over_a_half_precision_kv_cache(kv_cache_dtype, defa
 @needs_kernels
 @pytest.mark.parametrize("arch, engine, why", [
     ("qwen3", {}, "q/k norms are not in the fused layer"),
-    ("llama", {"dtype": "float32"}, "dequantized weights are not codes"),
+    ("llama", {"dtype": "bfloat16"}, "the fused layer is float32's"),
 ])
 def test_layers_that_do_not_qualify_run_in_python(arch, engine, why, default_source, tmp_path):
     from helpers.gguf_models import write_tiny_gguf
@@ -104,6 +104,28 @@ def test_gptq_and_awq_layers_fused_give_the_python_layers_results_exactly(method
                          num_attention_heads=4, num_key_value_heads=2)
     folder = quantized_model(random_model(config, tmp_path / "llama", tokenizer), method, tokenizer, tmp_path)
     layers, fused, python = both_ways(folder)
+    assert layers == 3
+    for a, b in zip(fused, python):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert [e.logprob for e in a.outputs[0].logprobs] == [e.logprob for e in b.outputs[0].logprobs]
+
+
+@needs_kernels
+@pytest.mark.parametrize("panels_from", [1, 4])  # 1: every step through llmctl's panels; 4: torch's linear below
+def test_float32_layers_fused_give_the_python_layers_results_exactly(panels_from, default_source, tmp_path,
+                                                                      monkeypatch):
+    """A float32 checkpoint's layers fused: panel_linear or torch's linear, as cpu_gemm.linear picks per step."""
+    from transformers import AutoTokenizer, LlamaConfig
+
+    from helpers.models import random_model
+    from llmctl.engine.layers import cpu_gemm
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2)
+    folder = random_model(config, tmp_path / "llama", tokenizer)
+    monkeypatch.setattr(cpu_gemm, "measure_small_batch", lambda weight, packed: panels_from)
+    layers, fused, python = both_ways(folder, dtype="float32")
     assert layers == 3
     for a, b in zip(fused, python):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
