@@ -45,6 +45,10 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
     "kv_cache_dtype": Flag(("--kv-cache-dtype",), str, kv_cache_help()),
     "enforce_eager": Flag(("--enforce-eager",), bool, "no CUDA graphs for decode steps (captured on CUDA with the "
                                                       "triton backend at TP 1, PP 1)"),
+    "async_scheduling": Flag(("--async-scheduling",), bool, "model steps on a thread of their own: the next step "
+                             "is scheduled, and the last one's outputs made, while one runs (vLLM's flag; steps "
+                             "with grammars, penalties, bad words or speculative decoding still wait for their "
+                             "tokens; not with --pp > 1)"),
     "speculative_config": Flag(("--speculative-config",), Optional[str], "speculative decoding as vLLM's JSON, e.g. "
                                '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\' or '
                                '\'{"model": DRAFT, "num_speculative_tokens": 3}\''),

@@ -61,6 +61,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # triton on CUDA, cpu (C++) on CPUs (llmctl.engine.attention_selector)
     seed: int = 0
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps (llmctl.engine.worker.cuda_graphs)
+    async_scheduling: bool = False  # vLLM's: the next step scheduled while one runs (llmctl.engine.executor.overlap)
     device: str = "auto"
     trust_remote_code: bool = False
     model_impl: str = "auto"  # vLLM's --model-impl: auto (native, else transformers), llmctl, transformers
@@ -139,6 +140,9 @@ class EngineConfig:
         if self.data_parallel_backend not in ("mp", "ray"):
             bad("data_parallel_backend", f"{self.data_parallel_backend!r} is not mp (replicas in this process) or "
                 "ray (replicas as actors on a Ray cluster)")
+        if self.async_scheduling and self.pipeline_parallel_size > 1:
+            bad("async_scheduling", "is for --pipeline-parallel-size 1: with more stages their batches in flight "
+                "already keep every stage busy; drop one of the two flags")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
         if self.model_impl not in MODEL_IMPLS:

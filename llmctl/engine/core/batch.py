@@ -11,9 +11,11 @@ from llmctl.engine.core.table_updates import TableRows
 
 
 def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] | None = None,
-                table_rows: TableRows | None = None) -> tuple[StepBatch, list[Sequence]]:
+                table_rows: TableRows | None = None,
+                pending_rows: dict[int, int] | None = None) -> tuple[StepBatch, list[Sequence]]:
     """The step's batch and the sequences its sample rows belong to (in row order). With `table_rows`
-    the block tables go as changes to the workers' copy, not whole."""
+    the block tables go as changes to the workers' copy, not whole. `pending_rows` (async scheduling): the
+    sample row, in the step still running, of each sequence whose next input that step is sampling."""
     ids: list[int] = []
     positions: list[int] = []
     groups = len(sched.scheduled[0].seq.block_tables) if sched.scheduled else 1
@@ -25,12 +27,19 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
     prompt_rows: dict[int, list[int]] = {}
     rows: list[int] = []
     updates: list[TableUpdate] = []
+    placeholders: list[tuple[int, int]] = []
     for item in sched.scheduled:
         seq, start = item.seq, item.seq.num_computed_tokens
         row0 = len(ids)
         proposed = item.draft.token_ids if item.draft is not None else []
         for pos in range(start, start + item.num_new_tokens):
-            ids.append(seq.token_at(pos) if pos < seq.num_tokens else proposed[pos - seq.num_tokens])
+            if pos < seq.num_tokens:
+                ids.append(seq.token_at(pos))
+            elif item.draft is not None:
+                ids.append(proposed[pos - seq.num_tokens])
+            else:  # sampled by the step in flight: filled in by the step thread
+                placeholders.append((len(ids), (pending_rows or {})[seq.seq_id]))
+                ids.append(0)
             positions.append(pos)
         for group, table in enumerate(seq.block_tables):
             slots[group] += [table[pos // block_size] * block_size + pos % block_size
@@ -53,7 +62,7 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
     batch = StepBatch(ids, positions, slots[0], starts, lens, tables[0], sample_rows, prompt_rows,
                       list(sched.block_copies), lora_slots or [], total_lens=total_lens,
                       group_slot_mappings=slots[1:], group_block_tables=tables[1:], table_rows=rows,
-                      table_updates=updates)
+                      table_updates=updates, placeholders=placeholders)
     return batch, sample_seqs
 
 

@@ -40,8 +40,11 @@ class ScheduledSeq:
 
     @property
     def samples(self) -> bool:
-        """The step reaches the end of the sequence's tokens, so it yields a next token."""
-        return self.seq.num_computed_tokens + self.num_new_tokens - self.num_draft_tokens == self.seq.num_tokens
+        """The step reaches the end of the sequence's tokens, so it yields a next token (read before the step is
+        counted as computed)."""
+        seq = self.seq
+        return seq.num_computed_tokens + self.num_new_tokens - self.num_draft_tokens == \
+            seq.num_tokens + seq.num_placeholders
 
 
 @dataclass
@@ -49,6 +52,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
     preempted: list[Sequence] = field(default_factory=list)
+    advanced: bool = False  # async scheduling: counted as computed when submitted, not when its tokens come back
 
     @property
     def num_tokens(self) -> int:
@@ -146,27 +150,35 @@ class Scheduler:
         sequence needs more blocks than the cache has."""
         return bool(self.waiting) and not self.running
 
-    def schedule(self, lane: int = 0) -> SchedulerOutput:
+    def schedule(self, lane: int = 0, ahead: bool = False) -> SchedulerOutput:
+        """`ahead` (async scheduling): the next step while one is still running, whose sampled tokens are
+        placeholders here; such a step never preempts (the step in flight uses the blocks) and admits no one
+        when a running sequence is short of blocks — the engine then waits and schedules with the tokens."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        budget = self._schedule_running(out, budget, lane)
-        if not out.preempted:  # no new admissions while memory is short
+        budget, short = self._schedule_running(out, budget, lane, ahead)
+        if not out.preempted and not short:  # no new admissions while memory is short
             self._schedule_waiting(out, budget, lane)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int, lane: int) -> int:
+    def _schedule_running(self, out: SchedulerOutput, budget: int, lane: int, ahead: bool) -> tuple[int, bool]:
         index = 0
         running = [seq for seq in self.running if seq.lane == lane]
         while index < len(running) and budget > 0:
             seq = running[index]
+            if seq.num_placeholders and self._ends_with_pending_token(seq):
+                index += 1  # its last token is being sampled: nothing follows it
+                continue
             if self._passes_rope_switch(seq):
                 self.block_manager.free(seq)  # computed again from the first token, below
                 seq.rope_recomputed = True
             self.block_manager.release_slid_out(seq)
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = min(seq.num_tokens + seq.num_placeholders - seq.num_computed_tokens, budget)
             if num_new <= 0:
                 index += 1
                 continue
+            if ahead and not self.block_manager.can_allocate(seq, num_new):
+                return budget, True
             while not self.block_manager.can_allocate(seq, num_new):
                 at = self._victim(running)
                 victim = running.pop(at)
@@ -182,7 +194,22 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, num_new, draft))
             budget -= num_new
             index += 1
-        return budget
+        return budget, False
+
+    def _ends_with_pending_token(self, seq: Sequence) -> bool:
+        """Whether the tokens the steps in flight sample reach max_tokens or the context limit."""
+        generated = len(seq.output_token_ids) + seq.num_placeholders
+        limit = seq.params.max_tokens if seq.params.max_tokens is not None else self.max_model_len
+        return generated >= limit or seq.num_tokens + seq.num_placeholders >= self.max_model_len
+
+    def advance(self, sched: SchedulerOutput) -> None:
+        """Async scheduling: the submitted step counts as computed now, and each sequence it samples holds a
+        placeholder until update_from_output appends the token — so the next step can be scheduled at once."""
+        for item in sched.scheduled:
+            samples = item.samples  # read before the tokens count as computed
+            item.seq.num_computed_tokens += item.num_new_tokens
+            item.seq.num_placeholders += 1 if samples else 0
+        sched.advanced = True
 
     def _passes_rope_switch(self, seq: Sequence) -> bool:
         """LongRoPE: a sequence that started within the pretraining length cached short-factor keys; the
@@ -284,8 +311,12 @@ class Scheduler:
         for item in sched.scheduled:
             if not item.seq.is_finished:  # aborted while its batch was in flight
                 # Proposed tokens count as computed only once verified (below).
-                item.seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
+                if not sched.advanced:
+                    item.seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens
                 self.block_manager.register_full_blocks(item.seq)
+        if sched.advanced:
+            for result in sampled:
+                result.seq.num_placeholders -= 1
         for result in sampled:  # all siblings first: a parent that ends at its first token frees its blocks
             if result.forked_from is not None:
                 self._add_sibling(result.forked_from, result.seq)

@@ -47,7 +47,8 @@ class Sequence:
     params: SamplingParams
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
-    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache (async scheduling: or being written)
+    num_placeholders: int = 0  # async scheduling: tokens sampled by steps in flight, not appended yet
     num_cached_tokens: int = 0  # of the prompt, found in the prefix cache
     block_table: list[int] = field(default_factory=list)  # the first KV group's (the only one, most models)
     group_tables: list[list[int]] = field(default_factory=list)  # the other KV groups' (hybrid models: Gemma)

@@ -65,6 +65,9 @@ class StepBatch:
     table_rows: list[int] = field(default_factory=list)
     table_updates: list[TableUpdate] = field(default_factory=list)
     exchange_experts: bool = False  # EP across replicas: MoE layers meet the other replicas' tokens (lockstep)
+    # async scheduling (llmctl.engine.executor.overlap): (input row, sample row of the step before) of each token
+    # that step is still sampling; the step thread writes it into input_ids
+    placeholders: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

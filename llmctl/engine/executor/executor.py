@@ -199,6 +199,15 @@ def start_ranks(config: EngineConfig, driver: Rank, threads: int) -> Launch:
 
 
 def create_executor(config: EngineConfig) -> Executor:
+    executor = _ranks_executor(config)
+    if not config.async_scheduling or config.speculative_config:
+        return executor  # speculative decoding proposes from each step's tokens: every step waits for them
+    from llmctl.engine.executor.overlap import OverlappedExecutor
+
+    return OverlappedExecutor(executor)
+
+
+def _ranks_executor(config: EngineConfig) -> Executor:
     if config.tensor_parallel_size * config.pipeline_parallel_size == 1 and not under_torchrun():
         return LocalExecutor(config)
     from llmctl.checkpoint.config_file import load_spec

@@ -91,6 +91,12 @@ class LLMEngine:
             logger.info("speculative decoding: %s", self.speculator.describe())
         self.in_flight: deque[tuple[int, SchedulerOutput, list[Sequence]]] = deque()  # (lane, ...) submitted
         self._next_lane = 0
+        # async scheduling: the next step is submitted while one runs (not across LongRoPE's recomputation)
+        self.overlaps = getattr(self.executor, "overlaps", False) and switch is None
+        self.steps_ahead = 0  # steps submitted while the one before still ran
+        if self.overlaps:
+            logger.info("async scheduling: model steps run on their own thread, the next scheduled while one runs "
+                        "(steps with grammars, penalties or bad words wait for their tokens)")
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -157,7 +163,10 @@ class LLMEngine:
     # -- one step -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; returns an output for every request that advanced."""
-        self._fill_pipeline()
+        if self.overlaps:
+            self._submit_ahead()
+        else:
+            self._fill_pipeline()
         if not self.in_flight:
             return self._idle()
         _, sched, sample_seqs = self.in_flight.popleft()
@@ -190,15 +199,33 @@ class LLMEngine:
             tried = 0
             self._submit(lane, sched)
 
-    def _submit(self, lane: int, sched: SchedulerOutput) -> None:
+    def _submit_ahead(self) -> None:
+        """Async scheduling: a step when none runs; while one runs whose tokens the next needs only as inputs,
+        the next one too (llmctl.engine.executor.overlap)."""
+        if not self.in_flight:
+            sched = self.scheduler.schedule()
+            if not sched.empty:
+                self._submit(0, sched)
+        if len(self.in_flight) != 1:
+            return
+        _, running, sample_seqs = self.in_flight[0]
+        if running.advanced and all(_samples_blind(seq) for seq in sample_seqs):
+            sched = self.scheduler.schedule(ahead=True)
+            if not sched.empty:
+                self._submit(0, sched, {seq.seq_id: row for row, seq in enumerate(sample_seqs)})
+                self.steps_ahead += 1
+
+    def _submit(self, lane: int, sched: SchedulerOutput, pending_rows: dict[int, int] | None = None) -> None:
         now = time.perf_counter()
         for item in sched.scheduled:
             item.seq.timings.first_scheduled = item.seq.timings.first_scheduled or now
         lora_slots = self.lora.activate([item.seq for item in sched.scheduled]) if self.lora else None
         self.table_rows.release(self.block_manager.freed_seq_ids)
-        batch, sample_seqs = build_batch(sched, self.config.block_size, lora_slots, self.table_rows)
+        batch, sample_seqs = build_batch(sched, self.config.block_size, lora_slots, self.table_rows, pending_rows)
         if self.executor.samples_on_last_stage and _samples_plainly(sched, batch, sample_seqs):
             batch.sampling = [self.sampler.sample_input(seq) for seq in sample_seqs]
+            if self.overlaps:
+                self.scheduler.advance(sched)
         else:
             drafted = {item.seq.seq_id for item in sched.scheduled if item.draft is not None}
             self.sampler.prefetch_bitmasks([seq for seq in sample_seqs if seq.seq_id not in drafted])
@@ -248,6 +275,14 @@ def _samples_plainly(sched: SchedulerOutput, batch: StepBatch, sample_seqs: list
     no prompt log-probabilities, no proposals to verify, no n > 1 request forking at its first token."""
     return not batch.prompt_rows and len(batch.sample_rows) == len(sample_seqs) \
         and all(item.draft is None for item in sched.scheduled) and not any(seq.waiting_to_fork for seq in sample_seqs)
+
+
+def _samples_blind(seq: Sequence) -> bool:
+    """Whether the sequence's next sampling inputs are known before its last token is (async scheduling): not
+    with a grammar's mask, penalties over the tokens so far or bad words that end in the last one."""
+    params = seq.params
+    return seq.grammar is None and not params.bad_words_token_ids and not params.presence_penalty \
+        and not params.frequency_penalty and (params.repetition_penalty or 1.0) == 1.0
 
 
 def reasoning_end_ids(parser_name: str | None, tokenizer: Any) -> tuple[int, ...] | None:

@@ -48,7 +48,7 @@ class StepSampler:
     def sample_input(self, seq: Sequence) -> SampleInput:
         params = seq.params
         blocked: list[int] = []
-        if len(seq.output_token_ids) < params.min_tokens:
+        if len(seq.output_token_ids) + seq.num_placeholders < params.min_tokens:
             blocked = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids)))
         if params.bad_words_token_ids:
             blocked = sorted(set(blocked) | set(blocked_by_bad_words(params.bad_words_token_ids,
