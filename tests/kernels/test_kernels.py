@@ -276,7 +276,7 @@ def test_quantized_linear_through_the_kernel_equals_torch_dequantization(method)
     torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("script", ["kernels.py", "w4a16_tiles.py", "w4a16_gemv.py"])
+@pytest.mark.parametrize("script", ["kernels.py", "w4a16_tiles.py", "w4a16_gemv.py", "gpu_step_profile.py"])
 def test_the_gpu_benchmarks_run(script, tmp_path):
     """The scripts scripts/gpu-check.sh runs on a lent GPU work before one is lent: tiny shapes, interpreted."""
     import json

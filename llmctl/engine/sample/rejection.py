@@ -28,6 +28,7 @@ from llmctl.engine.sample.sampler import greedy_tokens, inverse_cdf, probabiliti
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.spec_decode.proposal import Draft
 from llmctl.engine.structured.bitmask import apply_token_bitmask
+from llmctl.kernels.transfer import to_host
 
 
 @dataclass
@@ -126,7 +127,7 @@ def _verify_sampled(logits: torch.Tensor, items: list[VerifyInput], out: list[li
         p[row_index], torch.cat(q_parts), torch.tensor(proposed, dtype=torch.long, device=device),
         torch.cat(u_accept).to(device), sample_uniforms[row_index])
     bonus = inverse_cdf(p[bonus_index], sample_uniforms[bonus_index])
-    accepted_host, recovered_host, bonus_host = accepted.tolist(), recovered.tolist(), bonus.tolist()
+    accepted_host, recovered_host, bonus_host = to_host([accepted, recovered, bonus])  # one wait for the device
     at = 0
     for index, (item, tokens) in enumerate(zip(items, out)):
         k = len(item.draft.token_ids)
@@ -134,7 +135,7 @@ def _verify_sampled(logits: torch.Tensor, items: list[VerifyInput], out: list[li
         while taken < k and accepted_host[at + taken]:
             taken += 1
         tokens += item.draft.token_ids[:taken]
-        tokens.append(recovered_host[at + taken] if taken < k else bonus_host[index])
+        tokens.append(int(recovered_host[at + taken] if taken < k else bonus_host[index]))
         at += k
 
 

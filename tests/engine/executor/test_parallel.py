@@ -43,12 +43,13 @@ def models(tmp_path_factory, tokenizer) -> dict[str, Path]:
     return out
 
 
-def generate(folder: Path, tp: int = 1, pp: int = 1):
+def generate(folder: Path, tp: int = 1, pp: int = 1, **engine):
     llm = LLM(str(folder), tensor_parallel_size=tp, pipeline_parallel_size=pp, max_model_len=128,
-              max_num_batched_tokens=9, kv_cache_memory=64 * 1024**2)  # chunked prefill across ranks too
+              max_num_batched_tokens=9, kv_cache_memory=64 * 1024**2, **engine)  # chunked prefill across ranks too
     try:
         outputs = llm.generate(PROMPTS, PARAMS)
         memory = llm.engine.executor.rank_memory
+        assert llm.engine.steps_ahead > 0 or not engine.get("async_scheduling")
     finally:
         llm.shutdown()
     return [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs]) for o in outputs], memory
@@ -77,16 +78,17 @@ def transformers_greedy(folder: Path, tokenizer) -> list[tuple[list[int], list[f
     return out
 
 
+ASYNC = {"async_scheduling": True}  # the driver's steps on their own thread (llmctl.engine.executor.overlap)
 LAYOUTS = {"llama-1kv": [(2, 1), (1, 2), (2, 2), (4, 1)],  # TP 4: the one KV head on every rank
-           "qwen2": [(2, 1), (1, 2)], "bloom": [(2, 1), (2, 2)],
+           "qwen2": [(2, 1, ASYNC), (1, 2)], "bloom": [(2, 1), (2, 2)],
            "opt": [(2, 1), (1, 2)], "gptq": [(2, 1), (1, 2)], "awq": [(2, 1)]}
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_sharded_engines_equal_one_process(models, name):
     expected, _ = generate(models[name])
-    for tp, pp in LAYOUTS[name]:
-        got, memory = generate(models[name], tp, pp)
+    for tp, pp, *engine in LAYOUTS[name]:
+        got, memory = generate(models[name], tp, pp, **(engine[0] if engine else {}))
         assert len(memory) == tp * pp
         assert_same(expected, got)
 
