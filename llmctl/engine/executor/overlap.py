@@ -15,10 +15,13 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepLogits
-from llmctl.engine.executor.executor import Executor
 from llmctl.engine.sample.sampler import sample
+
+if TYPE_CHECKING:
+    from llmctl.engine.executor.executor import Executor
 
 StepResult = StepLogits | SampledTokens
 Work = tuple[Callable[[], StepResult | None], Future]
