@@ -77,6 +77,7 @@ def decode_attention(device: str, dtype: torch.dtype, batch: int, context: int, 
         DECODE_KEY_TILE,
         AttentionOptions,
         choose_segments,
+        sm_count,
         paged_attention,
         paged_attention_reference,
         plan_step,
@@ -96,8 +97,8 @@ def decode_attention(device: str, dtype: torch.dtype, batch: int, context: int, 
     expected = paged_attention_reference(query[:checked], caches[0], tables[:checked], lens[:checked],
                                          torch.tensor(starts[:checked + 1]), options).float()
     records = []
-    chosen = (choose_segments(True, batch, kv_heads), DECODE_KEY_TILE)  # what the engine runs for this step
-    for segments, tile in tilings:  # the split is merged by a second kernel
+    chosen = (choose_segments(True, batch, kv_heads, sm_count(torch.device(device)), context), DECODE_KEY_TILE)
+    for segments, tile in dict.fromkeys((*tilings, chosen)):  # the engine's choice too; merged by a second kernel
         layout = plan_step(starts, heads, kv_heads, torch.device(device), num_segments=segments,
                            preferred_key_tile=tile)
         got = paged_attention(query, caches[0], tables, lens, layout, options)[:checked].float()

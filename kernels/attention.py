@@ -19,6 +19,8 @@ kernel is tested against. On a CPU the kernels run only under the Triton interpr
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -35,8 +37,15 @@ DECODE_ROWS = 16
 PREFILL_ROWS = 64
 DECODE_KEY_TILE = 16  # keys per step of the walk; a tile may span pages (block size 8) or part of one
 PREFILL_KEY_TILE = 64
-SPLIT_BELOW_PROGRAMS = 256  # decodes with fewer (sequence × KV head) programs split the context
-SEGMENTS = 16
+SPLIT_BELOW_PROGRAMS = 256  # without the machine's SM count: decodes with fewer programs split ...
+SEGMENTS = 16  # ... the context in this many segments (the interpreter's, and a caller's that knows no context)
+# A split decode aims at this many programs per SM: a program walks its keys one 16-key tile at a time, so the
+# memory system streams only with many in flight (the H200 run, docs/kernels.md: 16 segments beat 1 even at 2,048
+# programs over 32k contexts; 64-key segments lost at 1k).
+PROGRAMS_PER_SM = 32
+MIN_SEGMENT_KEYS = 256  # no segment shorter: its setup and its share of the merge would outweigh its keys
+MAX_SEGMENTS = 128
+SEGMENT_COUNTS = tuple(2 ** n for n in range(1, MAX_SEGMENTS.bit_length()))  # what choose_segments can return
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -95,11 +104,33 @@ def query_blocks(query_start_loc: list[int], tokens_per_block: int) -> tuple[lis
     return seqs, firsts
 
 
-def choose_segments(decode_only: bool, num_seqs: int, kv_heads: int) -> int:
-    """Split the context when a decode step has too few programs to fill the GPU otherwise. Chosen from
-    shapes alone (as vLLM chooses its 3D kernel), so a captured decode graph has the split built in;
-    a short context leaves most segments empty, and an empty segment costs one early exit."""
-    return SEGMENTS if decode_only and 0 < num_seqs * kv_heads < SPLIT_BELOW_PROGRAMS else 1
+def choose_segments(decode_only: bool, num_seqs: int, kv_heads: int, sm_count: int = 0, context: int = 0) -> int:
+    """Split the context when a decode step has too few programs to fill the GPU otherwise: as many segments
+    as bring the (sequence × KV head) programs to PROGRAMS_PER_SM per SM, none shorter than MIN_SEGMENT_KEYS
+    of `context` (the longest context the layout serves), the nearest power of two up to MAX_SEGMENTS —
+    sized by SM count and context as FlashInfer's plan and FA3's heuristic are, for this kernel's programs. A captured decode graph is planned for the longest context it
+    can meet, so the split is built in; a shorter context leaves segments empty, each costing one early exit.
+    Without an SM count or a context (the interpreter) the split is the fixed SEGMENTS below
+    SPLIT_BELOW_PROGRAMS programs."""
+    programs = num_seqs * kv_heads
+    if not decode_only or programs == 0:
+        return 1
+    if not sm_count or not context:
+        return SEGMENTS if programs < SPLIT_BELOW_PROGRAMS else 1
+    wanted = min(-(-sm_count * PROGRAMS_PER_SM // programs), -(-context // MIN_SEGMENT_KEYS), MAX_SEGMENTS)
+    return 1 if wanted < 2 else 2 ** round(math.log2(wanted))
+
+
+def sm_count(device: torch.device) -> int:
+    """The GPU's streaming multiprocessors (0 off CUDA)."""
+    if device.type != "cuda":
+        return 0
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def padded_head_dim(dim: int) -> int:
@@ -149,12 +180,15 @@ class StepLayout:
 
 
 def plan_step(query_start_loc: list[int], heads: int, kv_heads: int, device: torch.device,
-              num_segments: int | None = None, preferred_key_tile: int | None = None) -> StepLayout:
+              num_segments: int | None = None, preferred_key_tile: int | None = None,
+              context: int = 0) -> StepLayout:
+    """`context`: the longest sequence the layout serves (this step's, or a captured graph's longest)."""
     group = heads // kv_heads
     decode_only = all(b - a <= 1 for a, b in zip(query_start_loc, query_start_loc[1:]))
     rows = program_rows(group, decode_only)
     seqs, firsts = query_blocks(query_start_loc, rows // group)
-    segments = num_segments or choose_segments(decode_only, len(query_start_loc) - 1, kv_heads)
+    segments = num_segments or choose_segments(decode_only, len(query_start_loc) - 1, kv_heads, sm_count(device),
+                                               context)
     return StepLayout(*(to_device(values, torch.int32, device) for values in (query_start_loc, seqs, firsts)),
                       rows, group, segments, decode_only, preferred_key_tile)
 

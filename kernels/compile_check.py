@@ -77,7 +77,8 @@ def attention_cases(full: bool = False) -> list[KernelCase]:
     (ALiBi, sliding window, soft-cap) on and off; head dims × groups. Without `full` the shapes are a
     cover (every head dim with groups 1, 16 and 71 — 16, 32 and 128 rows — for bf16 and fp32, at block
     size 16), since a program's tiles depend on element size, padded head dim and rows only."""
-    from llmctl.kernels.attention import SEGMENTS, kernel_constexprs, padded_head_dim, program_rows
+    from llmctl.kernels.attention import MAX_SEGMENTS, SEGMENT_COUNTS, SEGMENTS, kernel_constexprs, padded_head_dim, \
+        program_rows
 
     kinds = [(d, d) for d in FLOAT_DTYPES] + [(d, "fp8e4nv") for d in FLOAT_DTYPES]
     steps = ((False, 1), (True, 1), (True, SEGMENTS))  # (decode only, segments)
@@ -99,6 +100,10 @@ def attention_cases(full: bool = False) -> list[KernelCase]:
         cases.append(case(dtype, kv, block_size, step, dim=dim, group=group))
     cases += [_case("merge", dtype, "", dict(HEAD_DIM=dim, PADDED_DIM=padded_head_dim(dim), SEGMENTS=SEGMENTS))
               for dtype, dim in itertools.product(FLOAT_DTYPES, HEAD_DIMS)]
+    # the split counts choose_segments sizes by SM count: each one's merge, and the largest split's attention
+    cases += [_case("merge", dtype, "", dict(HEAD_DIM=128, PADDED_DIM=128, SEGMENTS=segments))
+              for dtype, segments in itertools.product(FLOAT_DTYPES, SEGMENT_COUNTS)]
+    cases += [case(dtype, dtype, 16, (True, MAX_SEGMENTS), dim=128) for dtype in FLOAT_DTYPES]
     return list(dict.fromkeys(cases))
 
 

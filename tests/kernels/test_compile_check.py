@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from llmctl.kernels.attention import MAX_SEGMENTS, SEGMENT_COUNTS, SEGMENTS
 from llmctl.kernels.compile_check import ARCHES, all_cases
 from llmctl.kernels.limits import SUPPORTED_BLOCK_SIZES, kernel_refusal
 
@@ -45,7 +46,10 @@ def test_the_cases_are_what_the_launchers_build():
     cases = all_cases()
     attention = [dict(c.constexprs) for c in cases if c.kernel == "attention"]
     assert {c["BLOCK_SIZE"] for c in attention} == set(SUPPORTED_BLOCK_SIZES)
-    assert {c["SEGMENTS"] for c in attention} == {1, 16} and {c["KV_FP8"] for c in attention} == {True, False}
+    assert {c["SEGMENTS"] for c in attention} == {1, SEGMENTS, MAX_SEGMENTS}
+    assert {c["KV_FP8"] for c in attention} == {True, False}
+    merge = [dict(c.constexprs) for c in cases if c.kernel == "merge"]
+    assert {c["SEGMENTS"] for c in merge} == {SEGMENTS, *SEGMENT_COUNTS}  # every split choose_segments returns
     assert all(c["KEY_TILE"] >= 16 and c["PADDED_DIM"] >= 16 and c["ROWS"] >= 16 for c in attention)
     assert {(c["ALIBI"], c["WINDOW"], c["SOFTCAP"]) for c in attention} == {(False,) * 3, (True,) * 3}
     w4a16 = [dict(c.constexprs) for c in cases if c.kernel == "w4a16"]

@@ -29,6 +29,7 @@ class StepTensors:
     layout: object | None  # kernels.attention.StepLayout; planned by the first layer when None
     query_start_loc: list[int]
     sliding_window: int | None
+    context: int = 0  # the longest sequence (the decode split is sized to it); 0: unknown
 
 
 class TritonAttention:
@@ -49,16 +50,17 @@ class TritonAttention:
                                 dtype=torch.int32)[:len(meta.block_tables)]
             tables = to_device(host, torch.int32, device)
         self.step = StepTensors(meta.slot_mapping, tables, to_device(meta.seq_lens, torch.int32, device), None,
-                                meta.query_start_loc, meta.sliding_window)
+                                meta.query_start_loc, meta.sliding_window, max(meta.seq_lens, default=0))
 
     def use_static(self, step: StepTensors) -> None:
         """Read the step from these tensors (a captured graph's buffers) until the next prepare."""
         self.step = step
 
-    def plan_decodes(self, size: int, heads: int, kv_heads: int, device: torch.device) -> object:
-        """The layout of `size` one-token sequences (fixed for a captured graph; the context split, chosen
-        from the batch size alone, is captured with it)."""
-        return self._attention.plan_step(list(range(size + 1)), heads, kv_heads, device)
+    def plan_decodes(self, size: int, heads: int, kv_heads: int, device: torch.device, context: int = 0) -> object:
+        """The layout of `size` one-token sequences of up to `context` tokens (fixed for a captured graph; the
+        context split, chosen from the batch size, the GPU's SM count and that longest context, is captured
+        with it)."""
+        return self._attention.plan_step(list(range(size + 1)), heads, kv_heads, device, context=context)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
@@ -86,7 +88,8 @@ class TritonAttention:
         step = self.step
         assert step is not None
         if step.layout is None:  # the first layer of the step plans it for all
-            step.layout = self._attention.plan_step(step.query_start_loc, query.shape[1], kv_heads, query.device)
+            step.layout = self._attention.plan_step(step.query_start_loc, query.shape[1], kv_heads, query.device,
+                                                    context=step.context)
         options = self._attention.AttentionOptions(
             scale=scale, alibi_slopes=None if alibi_slopes is None else alibi_slopes.float().contiguous(),
             sliding_window=window or step.sliding_window, softcap=softcap)

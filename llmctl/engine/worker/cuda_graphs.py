@@ -63,9 +63,10 @@ class DecodeGraphs:
         self.slot_mappings = [torch.full((largest,), -1, dtype=torch.long, device=device) for _ in self.backends]
         self.block_tables = [torch.zeros(largest, max_blocks_per_seq, dtype=torch.int32, device=device)
                              for _ in self.backends]
+        context = max_blocks_per_seq * next(iter(kv_caches.values())).kv.shape[1]  # the longest a graph meets
         self.steps = {size: [StepTensors(slots[:size], tables[:size], self.seq_lens[:size],
-                                         group.plan_decodes(size, heads, kv_heads, device), list(range(size + 1)),
-                                         window)
+                                         group.plan_decodes(size, heads, kv_heads, device, context),
+                                         list(range(size + 1)), window, context)
                              for group, slots, tables, window in zip(self.backends, self.slot_mappings,
                                                                      self.block_tables, windows)]
                       for size in self.sizes}

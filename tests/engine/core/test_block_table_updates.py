@@ -29,8 +29,8 @@ def watch_every_step(llm: LLM, monkeypatch) -> list[int]:
     built: list = []
     build = front.build_batch
 
-    def build_both(sched, block_size, lora_slots=None, table_rows=None):
-        batch, seqs = build(sched, block_size, lora_slots, table_rows)
+    def build_both(sched, block_size, lora_slots=None, table_rows=None, pending_rows=None):
+        batch, seqs = build(sched, block_size, lora_slots, table_rows, pending_rows)
         built.append((batch, build(sched, block_size, lora_slots)[0]))  # the whole tables, as before
         return batch, seqs
 
