@@ -77,10 +77,10 @@ def decode_attention(device: str, dtype: torch.dtype, batch: int, context: int, 
         DECODE_KEY_TILE,
         AttentionOptions,
         choose_segments,
-        sm_count,
         paged_attention,
         paged_attention_reference,
         plan_step,
+        sm_count,
     )
 
     pages = -(-context // block_size)

@@ -77,8 +77,14 @@ def attention_cases(full: bool = False) -> list[KernelCase]:
     (ALiBi, sliding window, soft-cap) on and off; head dims × groups. Without `full` the shapes are a
     cover (every head dim with groups 1, 16 and 71 — 16, 32 and 128 rows — for bf16 and fp32, at block
     size 16), since a program's tiles depend on element size, padded head dim and rows only."""
-    from llmctl.kernels.attention import MAX_SEGMENTS, SEGMENT_COUNTS, SEGMENTS, kernel_constexprs, padded_head_dim, \
-        program_rows
+    from llmctl.kernels.attention import (
+        MAX_SEGMENTS,
+        SEGMENT_COUNTS,
+        SEGMENTS,
+        kernel_constexprs,
+        padded_head_dim,
+        program_rows,
+    )
 
     kinds = [(d, d) for d in FLOAT_DTYPES] + [(d, "fp8e4nv") for d in FLOAT_DTYPES]
     steps = ((False, 1), (True, 1), (True, SEGMENTS))  # (decode only, segments)
