@@ -4,7 +4,8 @@ A decode step launches hundreds of small kernels; on a GPU their launch overhead
 math, sets the step time. Each capture size (vLLM's: 1, 2, 4, then multiples of 8 up to
 max_num_seqs) gets one graph of the model's forward over static input buffers; a step of n
 sequences copies its ids, positions, slots and block tables into the buffers of the next
-size up (padding rows store nothing: slot -1) and replays that graph.
+size up (padding rows store nothing: slot -1) and replays that graph. The host side of those
+copies is one pinned buffer written in place each step, not new pinned tensors.
 
 Models with a hybrid KV cache (sliding-window and full-attention layers, llmctl.sizing.kv.KVGroups)
 get one slot mapping and one block-table buffer per KV group, each read by its group's backend.
@@ -70,6 +71,11 @@ class DecodeGraphs:
                              for group, slots, tables, window in zip(self.backends, self.slot_mappings,
                                                                      self.block_tables, windows)]
                       for size in self.sizes}
+        # the host side of each step's inputs, filled in place (pinned once on CUDA, not per step): rows of ids,
+        # positions, sequence lengths, then each KV group's slots; `_copied` marks when the last copy out ended
+        self.staging = torch.zeros(3 + len(self.backends), largest, dtype=torch.int64,
+                                   pin_memory=device.type == "cuda")
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         if capture:
@@ -113,27 +119,29 @@ class DecodeGraphs:
         return self._forward(size)[:count]
 
     def _fill(self, batch: StepBatch, size: int, tables: BlockTableCopy | None) -> None:
+        """The step's inputs into the static buffers: written into the staging rows on the host, then one
+        non-blocking copy per buffer (padding rows: id 0, length 1, slot -1, which stores nothing)."""
         count = len(batch.seq_lens)
-        pad = size - count
-        host = [
-            (self.input_ids, torch.tensor(batch.input_ids + [0] * pad)),
-            (self.positions, torch.tensor(batch.positions + [0] * pad)),
-            (self.seq_lens, torch.tensor(batch.seq_lens + [1] * pad, dtype=torch.int32)),
-        ]
-        group_slots = [batch.slot_mapping] + batch.group_slot_mappings
+        if self._copied is not None:
+            self._copied.synchronize()  # the last step's copies have read the staging rows (long done by now)
+        host = self.staging.numpy()
+        rows = [(batch.input_ids, 0), (batch.positions, 0), (batch.seq_lens, 1)] + \
+            [(slots, -1) for slots in [batch.slot_mapping] + batch.group_slot_mappings]
+        for row, (values, pad) in enumerate(rows):
+            host[row, :count] = values
+            host[row, count:size] = pad
+        statics = [self.input_ids, self.positions, self.seq_lens, *self.slot_mappings]
+        for row, static in enumerate(statics):
+            static[:size].copy_(self.staging[row, :size], non_blocking=True)
         group_tables = [batch.block_tables] + batch.group_block_tables
-        for group, (static_slots, static_tables, slots, lists) in enumerate(zip(
-                self.slot_mappings, self.block_tables, group_slots, group_tables)):
-            host.append((static_slots, torch.tensor(slots + [-1] * pad)))  # padding rows store nothing
+        for group, (static_tables, lists) in enumerate(zip(self.block_tables, group_tables)):
             gathered = tables.gathered(group, static_tables.shape[1]) if tables is not None else None
             if gathered is None:
-                host.append((static_tables, _padded_tables(lists, size, static_tables.shape[1])))
+                static_tables[:size].copy_(_padded_tables(lists, size, static_tables.shape[1]))
             else:  # padding rows keep earlier block ids: valid, and masked (length 1, nothing stored)
                 static_tables[:count, :gathered.shape[1]].copy_(gathered)
-        for static, values in host:
-            if self.device.type == "cuda":
-                values = values.pin_memory()
-            static[:size].copy_(values, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
 
 
 def _padded_tables(tables: list[list[int]], rows: int, width: int) -> torch.Tensor:
