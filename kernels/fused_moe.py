@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from llmctl.kernels.attention import dot_precision
+from llmctl.kernels.torch_ops import define
 
 
 @dataclass(frozen=True)
@@ -80,22 +81,36 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: to
     tiles = choose_moe_tiles(tokens * top_k, experts, x.element_size())
     sorted_ids, block_expert, total = align_pairs(ids - first_expert, experts, tiles.block_m)
     gate_up = torch.empty(tokens * top_k, 2 * intermediate, dtype=x.dtype, device=x.device)
-    _launch(x, w13, gate_up, None, sorted_ids, block_expert, total, top_k, tiles)
+    sizes = (tiles.block_m, tiles.block_n, tiles.block_k)
+    torch.ops.llmctl.moe_gemm.default(x, w13, gate_up, None, sorted_ids, block_expert, total, top_k, *sizes)
     hidden = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
     down = torch.zeros(tokens * top_k, w2.shape[1], dtype=x.dtype, device=x.device)  # pairs not here stay 0
-    _launch(hidden, w2, down, weights.flatten().float().contiguous(), sorted_ids, block_expert, total, 1, tiles)
+    torch.ops.llmctl.moe_gemm.default(hidden, w2, down, weights.flatten().float().contiguous(), sorted_ids,
+                                      block_expert, total, 1, *sizes)
     return down.view(tokens, top_k, -1).sum(dim=1)
 
 
 def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, routing: torch.Tensor | None,
             sorted_ids: torch.Tensor, block_expert: torch.Tensor, total: torch.Tensor, rows_per_token: int,
-            tiles: MoETiles) -> None:
+            block_m: int, block_n: int, block_k: int) -> None:
+    """One grouped GEMM over the sorted pairs into `out` (the registered op `llmctl::moe_gemm`)."""
+    tiles = MoETiles(block_m, block_n, block_k)
     n, k = b.shape[1], b.shape[2]
     grid = (sorted_ids.numel() // tiles.block_m, triton.cdiv(n, tiles.block_n))
     _fused_moe_kernel[grid](
         a, b, out, routing if routing is not None else out, sorted_ids, block_expert, total,
         n, k, out.shape[0], rows_per_token, a.stride(0), b.stride(0), b.stride(1), out.stride(0),
         **moe_constexprs(tiles, routing is not None, a.dtype))
+
+
+def _launch_fake(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, routing: torch.Tensor | None,
+                 sorted_ids: torch.Tensor, block_expert: torch.Tensor, total: torch.Tensor, rows_per_token: int,
+                 block_m: int, block_n: int, block_k: int) -> None:
+    """A trace's stand-in: `out` is written in place, nothing is returned."""
+
+
+define("moe_gemm(Tensor a, Tensor b, Tensor(a!) out, Tensor? routing, Tensor sorted_ids, Tensor block_expert, "
+       "Tensor total, int rows_per_token, int block_m, int block_n, int block_k) -> ()", _launch, _launch_fake)
 
 
 @triton.jit

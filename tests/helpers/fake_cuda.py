@@ -92,7 +92,15 @@ def gemma3():
                             layer_types=["sliding_attention", "full_attention"], architectures=["Gemma3ForCausalLM"])
 
 
-FAMILIES = {"llama": llama, "qwen3": qwen3, "gemma3": gemma3}
+def mixtral():
+    from transformers import MixtralConfig
+
+    return MixtralConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                         architectures=["MixtralForCausalLM"])
+
+
+FAMILIES = {"llama": llama, "qwen3": qwen3, "gemma3": gemma3, "mixtral": mixtral}
 
 
 class FakeCudaIndexing(torch.overrides.TorchFunctionMode):

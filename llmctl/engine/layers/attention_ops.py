@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from llmctl.engine.layers.fused_ops import define
+from llmctl.kernels.torch_ops import define
 
 if TYPE_CHECKING:
     from llmctl.kernels.attention import AttentionOptions, StepLayout

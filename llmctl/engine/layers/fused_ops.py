@@ -9,12 +9,10 @@ under Triton's interpreter (the kernel tests)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
 from llmctl.kernels.limits import MAX_FUSED_WIDTH
+from llmctl.kernels.torch_ops import define
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
@@ -22,21 +20,6 @@ def applies(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
     program wide, in the weight's dtype (a float32 weight times bfloat16 rows would promote in torch)."""
     return (x.is_cuda and x.dim() in (2, 3) and x.stride(-1) == 1 and x.shape[-1] <= MAX_FUSED_WIDTH
             and (weight is None or weight.dtype == x.dtype))
-
-
-# Declared with torch.library.Library (about 4 µs a call here) rather than torch.library.custom_op, whose
-# autograd wrapper cost 14-18 µs a call on this CPU: a 32-layer model makes ~100 such calls a step.
-_LIBRARY = torch.library.Library("llmctl", "FRAGMENT")
-
-
-def define(schema: str, implementation: Callable[..., Any], fake: Callable[..., Any]) -> None:
-    """One `llmctl::` op: its schema, its implementation on CUDA tensors (and CPU ones, which Triton's
-    interpreter runs in the tests), and its fake implementation for traces."""
-    name = schema.split("(", 1)[0]
-    _LIBRARY.define(schema)
-    for device in ("CUDA", "CPU"):
-        _LIBRARY.impl(name, implementation, device)
-    torch.library.register_fake(f"llmctl::{name}")(fake)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
