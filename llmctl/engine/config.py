@@ -143,6 +143,9 @@ class EngineConfig:
         if self.async_scheduling and self.pipeline_parallel_size > 1:
             bad("async_scheduling", "is for --pipeline-parallel-size 1: with more stages their batches in flight "
                 "already keep every stage busy; drop one of the two flags")
+        if self.async_scheduling and self.enable_expert_parallel and self.data_parallel_size > 1:
+            bad("async_scheduling", "does not run with --enable-expert-parallel across --data-parallel-size "
+                "replicas yet: their steps run in lockstep rounds; drop --async-scheduling")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
         if self.model_impl not in MODEL_IMPLS:

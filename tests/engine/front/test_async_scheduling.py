@@ -106,8 +106,38 @@ def test_speculative_decoding_and_lora_give_the_same_outputs(models, tmp_path):
     assert llms[True][0] == llms[False][0] and llms[True][1] > 0
 
 
-def test_async_scheduling_with_pipeline_stages_is_refused(models):
+def test_async_scheduling_with_pipeline_stages_or_lockstep_replicas_is_refused(models):
     from llmctl.engine.errors import EngineConfigError
 
     with pytest.raises(EngineConfigError, match="--async-scheduling is for --pipeline-parallel-size 1"):
         LLM(str(models["llama"]), pipeline_parallel_size=2, async_scheduling=True)
+    with pytest.raises(EngineConfigError, match="--async-scheduling does not run with --enable-expert-parallel"):
+        LLM(str(models["llama"]), data_parallel_size=2, enable_expert_parallel=True, async_scheduling=True)
+
+
+def test_a_server_with_async_scheduling_streams_survives_a_dropped_stream_and_answers_the_same(models):
+    """`llmctl serve --async-scheduling` with the official openai client: a stream closed after three chunks
+    (its request aborted while its next step is in flight) leaves the server answering, and a greedy completion
+    is the offline engine's without async scheduling."""
+    from openai import OpenAI
+
+    from helpers.server_helpers import start_server
+
+    folder = str(models["llama"])
+    expected, _ = outputs(models["llama"], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+                          prompts=[PROMPTS[0]])
+    server = start_server(folder, "--async-scheduling", "--max-model-len", "256", "--kv-cache-memory", "32MiB")
+    try:
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="none")
+        stream = client.completions.create(model=folder, prompt=PROMPTS[3], max_tokens=200, stream=True,
+                                           extra_body={"ignore_eos": True})
+        for index, _ in enumerate(stream):
+            if index == 2:
+                break
+        stream.close()
+        done = client.completions.create(model=folder, prompt=PROMPTS[0], max_tokens=24, temperature=0,
+                                         extra_body={"ignore_eos": True})
+        assert done.choices[0].text == expected[0][1]
+        assert "async scheduling" in server.log and "Traceback" not in server.log
+    finally:
+        server.stop()
