@@ -95,6 +95,16 @@ class EngineConfig:
         """--structured-outputs-config (and --guided-decoding-backend) as validate() parsed them."""
         return parse_structured_outputs_config(self.structured_outputs_config, self.guided_decoding_backend)
 
+    def _validate_async_scheduling(self) -> None:
+        """--async-scheduling steps one batch ahead: not where batches already overlap or step in rounds."""
+        if self.async_scheduling and self.pipeline_parallel_size > 1:
+            raise EngineConfigError("--async-scheduling is for --pipeline-parallel-size 1: with more stages their "
+                                    "batches in flight already keep every stage busy; drop one of the two flags")
+        if self.async_scheduling and self.enable_expert_parallel and self.data_parallel_size > 1:
+            raise EngineConfigError("--async-scheduling does not run with --enable-expert-parallel across "
+                                    "--data-parallel-size replicas yet: their steps run in lockstep rounds; drop "
+                                    "--async-scheduling")
+
     def _validate_policies(self) -> None:
         """The scheduling policy and the reasoning parser are names llmctl knows."""
         from llmctl.engine.reasoning import ReasoningParserManager
@@ -140,12 +150,7 @@ class EngineConfig:
         if self.data_parallel_backend not in ("mp", "ray"):
             bad("data_parallel_backend", f"{self.data_parallel_backend!r} is not mp (replicas in this process) or "
                 "ray (replicas as actors on a Ray cluster)")
-        if self.async_scheduling and self.pipeline_parallel_size > 1:
-            bad("async_scheduling", "is for --pipeline-parallel-size 1: with more stages their batches in flight "
-                "already keep every stage busy; drop one of the two flags")
-        if self.async_scheduling and self.enable_expert_parallel and self.data_parallel_size > 1:
-            bad("async_scheduling", "does not run with --enable-expert-parallel across --data-parallel-size "
-                "replicas yet: their steps run in lockstep rounds; drop --async-scheduling")
+        self._validate_async_scheduling()
         if self.cpu_threads is not None and self.cpu_threads < 1:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
         if self.model_impl not in MODEL_IMPLS:
