@@ -14,6 +14,8 @@ need), so a pipeline's last stage can sample from it where the logits are.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -26,6 +28,21 @@ from llmctl.kernels.transfer import to_device, to_host
 
 def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, TokenLogprob | None]]:
     """logits [N, V] float32, one row per input; returns (token, logprob entry) per row."""
+    return sampled_on_host(sample_on_device(logits, inputs))
+
+
+@dataclass
+class DeviceSample:
+    """A step's sampling still on the device: its tokens, and what the rows that asked for log-probabilities
+    need (the async step thread launches the next step before it copies these to the host)."""
+
+    tokens: torch.Tensor  # [N] int64
+    entry_tensors: list[torch.Tensor]  # _entry_tensors' of the rows that asked
+    rows: list[int]  # the rows that asked
+    top_n: list[int]  # their counts of alternatives
+
+
+def sample_on_device(logits: torch.Tensor, inputs: list[SampleInput]) -> DeviceSample:
     processed = logits.clone() if _edits_logits(inputs) else logits
     _mask_by_grammar(processed, inputs)
     _allow_only(processed, inputs)
@@ -45,12 +62,16 @@ def sample(logits: torch.Tensor, inputs: list[SampleInput]) -> list[tuple[int, T
             tokens = drawn
         else:
             tokens[rows] = drawn
-    top_n = [item.params.logprobs for item in inputs]
-    rows = [row for row, n in enumerate(top_n) if n is not None]
-    asked = _entry_tensors(logits, tokens, rows, [top_n[r] or 0 for r in rows]) if rows else []
-    host = to_host([tokens, *asked])  # the step's one wait for the device
-    logprobs: list[TokenLogprob | None] = [None] * len(inputs)
-    for row, entry in zip(rows, _entries_from_host(host[1:], [top_n[r] or 0 for r in rows])):
+    asked = [row for row, item in enumerate(inputs) if item.params.logprobs is not None]
+    top_n = [inputs[r].params.logprobs or 0 for r in asked]
+    return DeviceSample(tokens, _entry_tensors(logits, tokens, asked, top_n) if asked else [], asked, top_n)
+
+
+def sampled_on_host(sampled: DeviceSample) -> list[tuple[int, TokenLogprob | None]]:
+    """The step's tokens and log-probability entries, in one copy: the step's one wait for the device."""
+    host = to_host([sampled.tokens, *sampled.entry_tensors])
+    logprobs: list[TokenLogprob | None] = [None] * len(host[0])
+    for row, entry in zip(sampled.rows, _entries_from_host(host[1:], sampled.top_n)):
         logprobs[row] = entry
     return list(zip((int(token) for token in host[0]), logprobs))
 

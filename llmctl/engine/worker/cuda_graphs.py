@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -107,12 +108,16 @@ class DecodeGraphs:
                     "them off)", ", ".join(map(str, self.sizes)), time.perf_counter() - started)
 
     @torch.inference_mode()
-    def run(self, batch: StepBatch, tables: BlockTableCopy | None = None) -> torch.Tensor:
+    def run(self, batch: StepBatch, tables: BlockTableCopy | None = None,
+            fill_placeholders: Callable[[StepBatch, torch.Tensor], None] | None = None) -> torch.Tensor:
         """Hidden states [n, hidden] of a decode step of n ≤ largest sequences (`tables`: the worker's copy
-        of the block tables, read on the device when it has one there)."""
+        of the block tables, read on the device when it has one there; `fill_placeholders`: async scheduling's
+        tokens still on the device, written into the static ids)."""
         count = len(batch.seq_lens)
         size = self.sizes[bisect.bisect_left(self.sizes, count)]
         self._fill(batch, size, tables)
+        if fill_placeholders is not None:
+            fill_placeholders(batch, self.input_ids)
         if self.graphs:
             self.graphs[size].replay()
             return self.outputs[size][:count]

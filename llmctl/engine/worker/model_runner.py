@@ -44,6 +44,9 @@ class ModelRunner:
         backends = backend.backends if isinstance(backend, GroupedAttention) else [backend]
         on_device = all(isinstance(b, TritonAttention) for b in backends)  # the others read the host lists
         self.tables = BlockTableCopy(len(backends), device if on_device else None)
+        # async scheduling: the step before's sampled tokens, still on the device; a batch's placeholders are
+        # filled from them there (llmctl.engine.executor.overlap), so the host need not have them yet
+        self.previous_tokens: torch.Tensor | None = None
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, hidden: torch.Tensor | None = None) -> torch.Tensor:
@@ -53,7 +56,7 @@ class ModelRunner:
         self.tables.apply(batch)
         if self.graphs is not None and hidden is None and is_decode_step(batch) \
                 and len(batch.seq_lens) <= self.graphs.largest:
-            return self.graphs.run(batch, self.tables)
+            return self.graphs.run(batch, self.tables, self._fill_placeholders)
         self._copy_blocks(batch.block_copies)
         device = self.device
         if isinstance(self.backend, GroupedAttention):
@@ -64,8 +67,17 @@ class ModelRunner:
         if self.lora_step is not None:
             self.lora_step.set(batch.lora_slots or [NO_ADAPTER] * len(batch.seq_lens), batch.query_start_loc, device)
         input_ids, positions = to_device([batch.input_ids, batch.positions], torch.long, device)  # one copy
+        self._fill_placeholders(batch, input_ids)
         lengths = sequence_lengths(batch, device) if getattr(self.model, "needs_lengths", False) else None
         return self.model(input_ids, StepContext(positions, self.kv_caches, self.backend, lengths), hidden)
+
+    def _fill_placeholders(self, batch: StepBatch, input_ids: torch.Tensor) -> None:
+        """Async scheduling: each placeholder's token from the step before's samples, on the device."""
+        if not batch.placeholders or self.previous_tokens is None:
+            return  # none, or the step thread already wrote them into batch.input_ids on the host
+        rows, sources = to_device([[row for row, _ in batch.placeholders], [source for _, source in batch.placeholders]],
+                                  torch.long, self.device)
+        input_ids[rows] = self.previous_tokens[sources]
 
     def _metadata(self, batch: StepBatch, group: int, window: int | None) -> AttentionMetadata:
         """The step as one KV group's layers see it (a profiling batch has the first group's tables only)."""

@@ -54,10 +54,17 @@ def both(folder: Path, params, prompts=PROMPTS, **engine) -> tuple[list, list, L
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
-def test_the_same_outputs_with_steps_scheduled_ahead(models, family):
+def test_the_same_outputs_with_steps_scheduled_ahead(models, family, monkeypatch):
+    from llmctl.engine.worker.model_runner import ModelRunner
+
+    on_device = []  # placeholders filled from the step before's tokens still on the device (the local executor)
+    fill = ModelRunner._fill_placeholders
+    monkeypatch.setattr(ModelRunner, "_fill_placeholders", lambda self, batch, ids: on_device.append(
+        bool(batch.placeholders) and self.previous_tokens is not None) or fill(self, batch, ids))
     waited, ahead, llm = both(models[family], MIXED)
     assert ahead == waited
     assert llm.engine.steps_ahead > 20  # most decode steps went in while the one before still ran
+    assert sum(on_device) >= llm.engine.steps_ahead - 1
     assert any(reason == "stop" for _, _, reason, _ in ahead)  # a stop with a step already in flight after it
 
 

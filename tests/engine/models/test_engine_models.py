@@ -329,7 +329,7 @@ def graph_test_model(tmp_path, tokenizer, family: str) -> Path:
     return save_random_model(config, tmp_path / family, tokenizer)
 
 
-def generate_through_graphs(folder: Path, tokenizer, capture: bool, max_tokens: int = 5) -> None:
+def generate_through_graphs(folder: Path, tokenizer, capture: bool, max_tokens: int = 5, **engine) -> LLM:
     """Decode steps through the graphs' static buffers (3 sequences in the size-4 buffers, a padding
     row storing nothing): captured and replayed on a GPU, the same path run eagerly elsewhere."""
     from transformers import AutoModelForCausalLM
@@ -337,7 +337,7 @@ def generate_through_graphs(folder: Path, tokenizer, capture: bool, max_tokens: 
     from llmctl.engine.worker.cuda_graphs import decode_graphs
 
     llm = LLM(str(folder), max_model_len=128, max_num_seqs=4, attention_backend="triton",
-              device="cuda" if capture else "auto", dtype="float32")
+              device="cuda" if capture else "auto", dtype="float32", **engine)
     executor = llm.engine.executor
     if not capture:
         executor.runner.graphs = decode_graphs(executor.loaded, llm.engine.config, executor.loaded.sliding_window,
@@ -346,7 +346,7 @@ def generate_through_graphs(folder: Path, tokenizer, capture: bool, max_tokens: 
     assert graphs is not None and bool(graphs.graphs) == capture
     replays: list[int] = []
     run = graphs.run
-    graphs.run = lambda batch, tables: replays.append(len(batch.seq_lens)) or run(batch, tables)
+    graphs.run = lambda batch, *rest: replays.append(len(batch.seq_lens)) or run(batch, *rest)
     assert executor.runner.tables.device is not None  # the graphs' block tables come from the device copy
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     assert 3 in replays  # the three prompts decoded together, in the size-4 buffers
@@ -357,6 +357,7 @@ def generate_through_graphs(folder: Path, tokenizer, capture: bool, max_tokens: 
             ref = hf.generate(ids, do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
                               pad_token_id=0, eos_token_id=None)
         assert output.outputs[0].token_ids == ref[0, ids.shape[1]:].tolist(), prompt
+    return llm
 
 
 GRAPH_FAMILIES = {"llama-gqa": 5, "bloom-alibi": 5, "gemma3-hybrid": 28}  # tokens: gemma3's pass block 0 out of
@@ -370,6 +371,13 @@ def test_decode_steps_through_the_cuda_graph_buffers_match_transformers(tmp_path
     assert capture_sizes(20) == [1, 2, 4, 8, 16, 20] and capture_sizes(256)[-2:] == [248, 256]
     generate_through_graphs(graph_test_model(tmp_path, tokenizer, family), tokenizer, capture=False,
                             max_tokens=GRAPH_FAMILIES[family])
+
+
+def test_async_scheduling_through_the_cuda_graph_buffers_matches_transformers(tmp_path, tokenizer):
+    """--async-scheduling's placeholders written into the graphs' static ids on the device."""
+    llm = generate_through_graphs(graph_test_model(tmp_path, tokenizer, "llama-gqa"), tokenizer, capture=False,
+                                  max_tokens=6, async_scheduling=True)
+    assert llm.engine.steps_ahead >= 4
 
 
 @pytest.mark.gpu
