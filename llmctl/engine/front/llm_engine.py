@@ -99,8 +99,8 @@ class LLMEngine:
                         "(steps with grammars, penalties or bad words wait for their tokens)")
             if self.loaded.device.type == "cpu":  # the "device" is these cores: the scheduler takes from them
                 logger.warning("async scheduling on CPUs slows decoding: the scheduler's thread competes with the "
-                               "model's for the same cores (SmolLM2 on a 2-core Zen 4: 42 vs 70 tok/s for one "
-                               "stream); it is for GPUs")
+                               "model's for the same cores (SmolLM2 on a 2-core Zen 4: 0.6-0.8x the tokens per "
+                               "second of one stream, docs/engine.md); it is for GPUs")
         self._warm_up()
 
     def _warm_up(self) -> None:
