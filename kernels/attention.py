@@ -108,8 +108,9 @@ def choose_segments(decode_only: bool, num_seqs: int, kv_heads: int, sm_count: i
     """Split the context when a decode step has too few programs to fill the GPU otherwise: as many segments
     as bring the (sequence × KV head) programs to PROGRAMS_PER_SM per SM, none shorter than MIN_SEGMENT_KEYS
     of `context` (the longest context the layout serves), the nearest power of two up to MAX_SEGMENTS —
-    sized by SM count and context as FlashInfer's plan and FA3's heuristic are, for this kernel's programs. A captured decode graph is planned for the longest context it
-    can meet, so the split is built in; a shorter context leaves segments empty, each costing one early exit.
+    sized by SM count and context as FlashInfer's plan and FA3's heuristic are, for this kernel's programs. A
+    captured decode graph is planned for the longest context it can meet, so the split is built in; a shorter
+    context leaves segments empty, each costing one early exit.
     Without an SM count or a context (the interpreter) the split is the fixed SEGMENTS below
     SPLIT_BELOW_PROGRAMS programs."""
     programs = num_seqs * kv_heads

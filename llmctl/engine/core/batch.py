@@ -37,7 +37,7 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
                 ids.append(seq.token_at(pos))
             elif item.draft is not None:
                 ids.append(proposed[pos - seq.num_tokens])
-            else:  # sampled by the step in flight: filled in by the step thread
+            else:  # sampled by the step in flight: filled in when that step's tokens exist (executor.overlap)
                 placeholders.append((len(ids), (pending_rows or {})[seq.seq_id]))
                 ids.append(0)
             positions.append(pos)

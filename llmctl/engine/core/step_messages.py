@@ -66,7 +66,7 @@ class StepBatch:
     table_updates: list[TableUpdate] = field(default_factory=list)
     exchange_experts: bool = False  # EP across replicas: MoE layers meet the other replicas' tokens (lockstep)
     # async scheduling (llmctl.engine.executor.overlap): (input row, sample row of the step before) of each token
-    # that step is still sampling; the step thread writes it into input_ids
+    # that step is still sampling; filled on the device by the runner, or on the host by the step thread (TP)
     placeholders: list[tuple[int, int]] = field(default_factory=list)
 
     @property
