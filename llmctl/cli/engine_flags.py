@@ -43,8 +43,8 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
     "attention_backend": Flag(("--attention-backend",), str, "auto (triton on CUDA; on CPUs llmctl's C++ kernel, "
                                                              "cpu; MLA models: mla), cpu, torch or triton"),
     "kv_cache_dtype": Flag(("--kv-cache-dtype",), str, kv_cache_help()),
-    "enforce_eager": Flag(("--enforce-eager",), bool, "no CUDA graphs for decode steps (captured on CUDA with the "
-                                                      "triton backend at TP 1, PP 1)"),
+    "enforce_eager": Flag(("--enforce-eager",), bool, "no CUDA graphs (captured on CUDA with the triton backend, "
+                                                      "PP 1, for decode and speculative verification steps)"),
     "async_scheduling": Flag(("--async-scheduling",), bool, "model steps on a thread of their own: the next step "
                              "is scheduled, and the last one's outputs made, while one runs (vLLM's flag; steps "
                              "with grammars, penalties, bad words or speculative decoding still wait for their "

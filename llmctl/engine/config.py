@@ -60,7 +60,8 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto (the model's dtype), bfloat16, float16 or fp8 (e4m3) (vLLM's names)
     attention_backend: str = "auto"  # triton on CUDA, cpu (C++) on CPUs (llmctl.engine.attention_selector)
     seed: int = 0
-    enforce_eager: bool = False  # True: no CUDA graphs for decode steps (llmctl.engine.worker.cuda_graphs)
+    enforce_eager: bool = False  # True: no CUDA graphs for uniform steps (llmctl.engine.worker.cuda_graphs)
+    graph_buffers_on_cpu: bool = False  # tests, no flag: the CUDA graphs' static-buffer path, run eagerly on CPUs
     async_scheduling: bool = False  # vLLM's: the next step scheduled while one runs (llmctl.engine.executor.overlap)
     device: str = "auto"
     trust_remote_code: bool = False

@@ -50,7 +50,7 @@ def test_the_engine_plans_eager_steps_by_their_context_and_graphs_by_the_longest
     monkeypatch.setattr(attention, "plan_step", lambda *args, **kwargs: planned.append(kwargs.get("context"))
                         or plan_step(*args, **kwargs))
     backend = TritonAttention()
-    assert backend.plan_decodes(2, 8, 8, torch.device("cpu"), context=32768).num_segments >= 64
+    assert backend.plan_uniform(2, 1, 8, 8, torch.device("cpu"), context=32768).num_segments >= 64
     meta = AttentionMetadata(slot_mapping=torch.tensor([40, 70]), query_start_loc=[0, 1, 2], seq_lens=[41, 600],
                              block_tables=[[0, 1, 2], list(range(3, 41))], block_size=16, sliding_window=None)
     backend.prepare(meta, torch.device("cpu"))

@@ -70,7 +70,3 @@ def _readable(table: list[int]) -> list[int]:
     """The block table with slid-out entries pointing at block 0: the window mask hides what is there."""
     return [0 if block == SLID_OUT else block for block in table] if SLID_OUT in table[:1] else table
 
-
-def is_decode_step(batch: StepBatch) -> bool:
-    """One new token per sequence and no copy-on-write: a step a captured graph can replay."""
-    return batch.num_tokens == len(batch.seq_lens) and not batch.block_copies

@@ -23,7 +23,7 @@ from llmctl.engine.errors import RemoteStepError, WorkerLostError
 from llmctl.engine.executor.launch import Launch, spawn_workers, torchrun_rank, under_torchrun
 from llmctl.engine.executor.results import ResultReceiver
 from llmctl.engine.executor.stage import LendExperts, Stop, build_stage
-from llmctl.engine.worker.cuda_graphs import decode_graphs
+from llmctl.engine.worker.cuda_graphs import step_graphs
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
 from llmctl.engine.worker.loader import device_for, load_model
 from llmctl.engine.worker.model_runner import make_runner
@@ -66,8 +66,7 @@ class LocalExecutor:
             logger.info("%d CPU threads%s (--cpu-threads or OMP_NUM_THREADS to fix the count)", self.threads,
                         ", fewer while other processes keep cores busy" if self.governor else "")
         self.runner = make_runner(self.loaded, config.block_size)
-        if self.runner.exchange is None:  # a graph cannot hold an exchange whose sizes change each step
-            self.runner.graphs = decode_graphs(self.loaded, config, self.loaded.sliding_window)
+        self.runner.graphs = step_graphs(self.loaded, config)
         self.rank_memory = [(self.loaded.weights_bytes, self.loaded.kv_cache_bytes)]
         self._ready: deque[StepLogits] = deque()
 

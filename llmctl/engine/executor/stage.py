@@ -29,6 +29,7 @@ from llmctl.engine.distributed.channel import (
 from llmctl.engine.distributed.expert_exchange import expert_placement
 from llmctl.engine.distributed.group import Rank
 from llmctl.engine.sample.sampler import sample
+from llmctl.engine.worker.cuda_graphs import step_graphs
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
 from llmctl.engine.worker.loader import device_for, load_model
 from llmctl.engine.worker.model_runner import ModelRunner, make_runner
@@ -122,6 +123,7 @@ def build_stage(config: EngineConfig, rank: Rank, store: dist.Store) -> StageRun
     placement = Placement(rank, groups.tp, lambda blocks: all_reduce_min(groups.world_control, blocks), experts)
     loaded = load_model(config, placement)
     stage = StageRunner(loaded, make_runner(loaded, config.block_size), groups)
+    stage.runner.graphs = step_graphs(loaded, config)  # every TP rank captures the same graphs, in the same order
     stage.rank_memory = [tuple(m) for m in all_gather_ints(
         groups.world_control, [loaded.weights_bytes, loaded.kv_cache_bytes], rank.world_size)]
     return stage

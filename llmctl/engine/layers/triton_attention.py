@@ -56,11 +56,14 @@ class TritonAttention:
         """Read the step from these tensors (a captured graph's buffers) until the next prepare."""
         self.step = step
 
-    def plan_decodes(self, size: int, heads: int, kv_heads: int, device: torch.device, context: int = 0) -> object:
-        """The layout of `size` one-token sequences of up to `context` tokens (fixed for a captured graph; the
+    def plan_uniform(self, size: int, tokens_per_row: int, heads: int, kv_heads: int, device: torch.device,
+                     context: int = 0) -> object:
+        """The layout of `size` sequences of `tokens_per_row` new tokens each (1: a decode step; 1 + k: a
+        speculative verification), of up to `context` tokens (fixed for a captured graph; a decode step's
         context split, chosen from the batch size, the GPU's SM count and that longest context, is captured
         with it)."""
-        return self._attention.plan_step(list(range(size + 1)), heads, kv_heads, device, context=context)
+        starts = list(range(0, size * tokens_per_row + 1, tokens_per_row))
+        return self._attention.plan_step(starts, heads, kv_heads, device, context=context)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,

@@ -3,7 +3,10 @@
 Every adapted linear holds the slots of up to --max-loras adapters (llmctl.sizing.lora counts
 them). A step's tokens are grouped by slot (LoRAStep), and each group adds (x Aᵀ) B for its
 adapter: two small GEMMs per linear and adapter in the step (plus a gather and a scatter when
-the step mixes adapters), on whatever device the model runs.
+the step mixes adapters), on whatever device the model runs. A CUDA graph cannot hold that
+host-side grouping, so a captured step reads a static one-hot [tokens, slots] instead: one
+GEMM through every slot's A, the other slots' columns zeroed, one GEMM through every B
+(llmctl.engine.worker.cuda_graphs).
 """
 
 from __future__ import annotations
@@ -27,8 +30,14 @@ class LoRAStep:
     """Which rows of this step's tokens use which slot; the runner sets it before each forward."""
 
     groups: list[tuple[int, torch.Tensor | None]] = field(default_factory=list)  # (slot, rows); None: all rows
+    one_hot: torch.Tensor | None = None  # [T, max_loras] a captured step's slots (1 where a token uses a slot)
+
+    def use_static(self, one_hot: torch.Tensor) -> None:
+        """Read the step's slots from this buffer (a CUDA graph's) until the next set()."""
+        self.groups, self.one_hot = [], one_hot
 
     def set(self, seq_slots: list[int], query_start_loc: list[int], device: torch.device) -> None:
+        self.one_hot = None
         used = {slot for slot in seq_slots if slot != NO_ADAPTER}
         if not used:
             self.groups = []
@@ -81,6 +90,8 @@ class LoRASlots:
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y + (x Aᵀ) B for every token group of the step, in place."""
+        if self.step.one_hot is not None:
+            return self._add_static(x, y, self.step.one_hot)
         for slot, rows in self.step.groups:
             n = self.packed_rank[slot]
             if not n:
@@ -91,6 +102,13 @@ class LoRASlots:
             else:
                 y.index_add_(0, rows, F.linear(x.index_select(0, rows), a) @ b)
         return y
+
+    def _add_static(self, x: torch.Tensor, y: torch.Tensor, one_hot: torch.Tensor) -> torch.Tensor:
+        """add() without host-side groups: every slot's full rank (unused rows are zeros), masked per token."""
+        slots, rank = self.a.shape[0], self.a.shape[1]
+        shrunk = F.linear(x, self.a.view(slots * rank, -1)).view(-1, slots, rank)
+        masked = (shrunk * one_hot.to(shrunk.dtype).unsqueeze(-1)).view(-1, slots * rank)
+        return y.addmm_(masked, self.b.view(slots * rank, -1))
 
 
 def attach_lora_slots(model: nn.Module, spec: ModelSpec, max_loras: int, max_rank: int, dtype: torch.dtype,

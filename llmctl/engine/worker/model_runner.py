@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from llmctl.engine.core.batch import is_decode_step
 from llmctl.engine.core.step_messages import StepBatch, StepLogits
 from llmctl.engine.distributed.expert_exchange import ReplicaExchange
 from llmctl.engine.layers.attention import AttentionBackend, AttentionMetadata, KVCache
@@ -20,7 +19,7 @@ from llmctl.engine.worker.block_tables import BlockTableCopy
 from llmctl.kernels.transfer import to_device
 
 if TYPE_CHECKING:
-    from llmctl.engine.worker.cuda_graphs import DecodeGraphs
+    from llmctl.engine.worker.cuda_graphs import StepGraphs
     from llmctl.engine.worker.loaded_model import LoadedModel
 
 
@@ -39,7 +38,7 @@ class ModelRunner:
             backend.bind(kv_caches)
         self.block_size = block_size
         self.device = device
-        self.graphs: DecodeGraphs | None = None  # captured decode steps (llmctl.engine.worker.cuda_graphs)
+        self.graphs: StepGraphs | None = None  # captured uniform steps (llmctl.engine.worker.cuda_graphs)
         self.exchange: ReplicaExchange | None = None  # EP across data-parallel replicas
         backends = backend.backends if isinstance(backend, GroupedAttention) else [backend]
         on_device = all(isinstance(b, TritonAttention) for b in backends)  # the others read the host lists
@@ -54,9 +53,9 @@ class ModelRunner:
         if self.exchange is not None:  # only steps the replicas run together exchange (not load-time ones)
             self.exchange.active = batch.exchange_experts
         self.tables.apply(batch)
-        if self.graphs is not None and hidden is None and is_decode_step(batch) \
-                and len(batch.seq_lens) <= self.graphs.largest:
-            return self.graphs.run(batch, self.tables, self._fill_placeholders)
+        shape = self.graphs.shape_of(batch) if self.graphs is not None and hidden is None else None
+        if shape is not None:
+            return self.graphs.run(batch, shape, self.tables, self._fill_placeholders)
         self._copy_blocks(batch.block_copies)
         device = self.device
         if isinstance(self.backend, GroupedAttention):

@@ -93,6 +93,24 @@ def test_sharded_engines_equal_one_process(models, name):
         assert_same(expected, got)
 
 
+def test_tp2_steps_through_the_cuda_graph_buffers_equal_transformers(models, tokenizer):
+    """Every TP rank runs decode steps through the graphs' static buffers (captured on GPUs, the
+    all-reduces inside; run eagerly here), the same tokens as transformers."""
+    llm = LLM(str(models["qwen2"]), tensor_parallel_size=2, max_model_len=128, max_num_seqs=4,
+              kv_cache_memory=64 * 1024**2, attention_backend="triton", graph_buffers_on_cpu=True)
+    try:
+        graphs = llm.engine.executor.stage.runner.graphs
+        shapes: list[tuple[int, int]] = []
+        run = graphs.run
+        graphs.run = lambda batch, shape, *rest: shapes.append(shape) or run(batch, shape, *rest)
+        outputs = llm.generate(PROMPTS, PARAMS)
+    finally:
+        llm.shutdown()
+    assert (4, 1) in shapes  # three sequences decoded together in the size-4 buffers
+    got = [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs]) for o in outputs]
+    assert_same(transformers_greedy(models["qwen2"], tokenizer), got, tolerance=1e-3)
+
+
 def test_the_driver_keeps_a_bounded_number_of_sends(models):
     """Gloo sends report completion only when waited on; a server must not keep every step's buffers."""
     llm = LLM(str(models["qwen2"]), pipeline_parallel_size=2, max_model_len=128, kv_cache_memory=64 * 1024**2)

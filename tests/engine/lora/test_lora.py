@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.lora_helpers import PROMPTS, assert_matches, make_adapter, reference
 from helpers.models import save_random_model
@@ -63,6 +64,31 @@ def test_adapters_and_the_base_model_in_one_batch_equal_transformers_with_peft(t
         assert_matches(outputs[index * 3:index * 3 + 3], reference(models["base"], adapter, tokenizer, PROMPTS,
                                                                    MAX_TOKENS))
     assert llm.engine.lora.num_slot_loads == 2  # both stayed resident
+
+
+CAPTURED = pytest.param(True, marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                             reason="CUDA graphs need a CUDA GPU")])
+
+
+@pytest.mark.parametrize("capture", [False, CAPTURED])
+def test_adapters_through_the_cuda_graph_buffers_equal_transformers_with_peft(tiny, tokenizer, capture):
+    """Decode steps mixing the base model and two adapters through the graphs' static buffers (the
+    adapters' slots as a one-hot, as a captured graph reads them; captured on a GPU, run eagerly elsewhere)."""
+    models = tiny["llama"]
+    llm = LLM(str(models["base"]), enable_lora=True, max_loras=2, max_lora_rank=8, max_model_len=256,
+              max_num_seqs=4, attention_backend="triton", graph_buffers_on_cpu=not capture,
+              device="cuda" if capture else "auto", dtype="float32")
+    graphs = llm.engine.executor.runner.graphs
+    assert bool(graphs.graphs) == capture
+    sizes: list[int] = []
+    run = graphs.run
+    graphs.run = lambda batch, shape, *rest: sizes.append(len(batch.seq_lens)) or run(batch, shape, *rest)
+    requests = [None, lora("a1", 1, models["a1"]), lora("a2", 2, models["a2"])]
+    outputs = llm.generate([PROMPTS[0]] * 3, GREEDY, requests)
+    assert 3 in sizes  # the three decoded together: base, a1 and a2 rows in one step
+    for output, request in zip(outputs, requests):
+        adapter = None if request is None else Path(request.lora_path)
+        assert_matches([output], reference(models["base"], adapter, tokenizer, [PROMPTS[0]], MAX_TOKENS))
 
 
 def test_more_adapters_than_slots_are_swapped_in_and_still_exact(tiny, tokenizer):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.families import phi3_config
 from helpers.models import save_random_model, small_config
 from helpers.paths import FIXTURES
 from llmctl import LLM, SamplingParams
@@ -325,7 +326,9 @@ def graph_test_model(tmp_path, tokenizer, family: str) -> Path:
                                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                                 head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
                                                 layer_types=["sliding_attention", "full_attention"],
-                                                max_position_embeddings=256)}[family]
+                                                max_position_embeddings=256),
+              # LongRoPE: each token's sequence length picks its factors (the graphs' static lengths)
+              "phi3-longrope": phi3_config(len(tokenizer))}[family]
     return save_random_model(config, tmp_path / family, tokenizer)
 
 
@@ -334,22 +337,18 @@ def generate_through_graphs(folder: Path, tokenizer, capture: bool, max_tokens: 
     row storing nothing): captured and replayed on a GPU, the same path run eagerly elsewhere."""
     from transformers import AutoModelForCausalLM
 
-    from llmctl.engine.worker.cuda_graphs import decode_graphs
-
     llm = LLM(str(folder), max_model_len=128, max_num_seqs=4, attention_backend="triton",
-              device="cuda" if capture else "auto", dtype="float32", **engine)
+              device="cuda" if capture else "auto", dtype="float32", graph_buffers_on_cpu=not capture, **engine)
     executor = llm.engine.executor
-    if not capture:
-        executor.runner.graphs = decode_graphs(executor.loaded, llm.engine.config, executor.loaded.sliding_window,
-                                               capture=False)
     graphs = executor.runner.graphs
     assert graphs is not None and bool(graphs.graphs) == capture
-    replays: list[int] = []
+    replays: list[tuple[int, int]] = []  # (sequences, new tokens each) of every step through the buffers
     run = graphs.run
-    graphs.run = lambda batch, *rest: replays.append(len(batch.seq_lens)) or run(batch, *rest)
+    graphs.run = lambda batch, shape, *rest: replays.append((len(batch.seq_lens), shape[1])) or run(batch, shape, *rest)
     assert executor.runner.tables.device is not None  # the graphs' block tables come from the device copy
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
-    assert 3 in replays  # the three prompts decoded together, in the size-4 buffers
+    assert any(rows == 3 for rows, _ in replays)  # the three prompts decoded together, in the size-4 buffers
+    llm.replays = replays
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
     for prompt, output in zip(PROMPTS, outputs):
         ids = tokenizer(prompt, return_tensors="pt").input_ids
@@ -360,7 +359,7 @@ def generate_through_graphs(folder: Path, tokenizer, capture: bool, max_tokens: 
     return llm
 
 
-GRAPH_FAMILIES = {"llama-gqa": 5, "bloom-alibi": 5, "gemma3-hybrid": 28}  # tokens: gemma3's pass block 0 out of
+GRAPH_FAMILIES = {"llama-gqa": 5, "bloom-alibi": 5, "gemma3-hybrid": 28, "phi3-longrope": 30}  # tokens: gemma3's pass block 0 out of
 # the window (8) of its sliding group, which then gives the block back while the full group keeps it
 
 
@@ -378,6 +377,20 @@ def test_async_scheduling_through_the_cuda_graph_buffers_matches_transformers(tm
     llm = generate_through_graphs(graph_test_model(tmp_path, tokenizer, "llama-gqa"), tokenizer, capture=False,
                                   max_tokens=6, async_scheduling=True)
     assert llm.engine.steps_ahead >= 4
+
+
+CAPTURED = pytest.param(True, marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                             reason="CUDA graphs need a CUDA GPU")])
+
+
+@pytest.mark.parametrize("capture", [False, CAPTURED])
+def test_speculative_verification_through_the_cuda_graph_buffers_matches_transformers(tmp_path, tokenizer, capture):
+    """A draft model (here the target itself: every proposal is accepted) proposes 2 tokens per sequence:
+    the verification steps of 3 new tokens each replay their own graphs."""
+    folder = graph_test_model(tmp_path, tokenizer, "llama-gqa")
+    llm = generate_through_graphs(folder, tokenizer, capture=capture, max_tokens=7,
+                                  speculative_config={"model": str(folder), "num_speculative_tokens": 2})
+    assert (3, 3) in llm.replays and llm.engine.speculator.stats.num_accepted_tokens > 0
 
 
 @pytest.mark.gpu

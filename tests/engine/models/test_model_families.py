@@ -19,6 +19,7 @@ from helpers.families import (
     assert_served_like_transformers,
     engine_outputs,
     granite_config,
+    phi3_config,
     quantize,
     transformers_reference,
 )
@@ -42,19 +43,6 @@ def olmo2_config(vocab: int):
     return Olmo2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                        tie_word_embeddings=False)
-
-
-def phi3_config(vocab: int):
-    from transformers import Phi3Config
-
-    # LongRoPE with a pretraining length of 32: the long prompts start past it and every sequence crosses it
-    # while it generates; partial rotary over half of each 16-dim head (Phi-4-mini rotates 3/4)
-    factors = {"short_factor": [1.0, 1.2, 1.5, 2.0], "long_factor": [1.5, 3.0, 6.0, 12.0]}
-    return Phi3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      original_max_position_embeddings=32, partial_rotary_factor=0.5, sliding_window=None,
-                      rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, **factors},
-                      tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
 FAMILIES = {"qwen3": qwen3_config, "granite": granite_config, "olmo2": olmo2_config, "phi3": phi3_config}
