@@ -53,6 +53,17 @@ def test_tensor_parallel_ranks(tiny, single):
         llm.shutdown()
 
 
+def test_cuda_graph_buffers(tiny, single):
+    """Decode steps through the CUDA graphs' static buffers (run eagerly here), the grammar on their logits."""
+    llm = LLM(str(tiny), max_model_len=256, attention_backend="triton", graph_buffers_on_cpu=True)
+    graphs = llm.engine.executor.runner.graphs
+    steps: list[tuple[int, int]] = []
+    run = graphs.run
+    graphs.run = lambda batch, shape, *rest: steps.append(shape) or run(batch, shape, *rest)
+    assert tokens(llm.generate(PROMPTS, PARAMS)) == single
+    assert (2, 1) in steps
+
+
 def test_data_parallel_replicas(tiny, single):
     from llmctl.engine.config import EngineConfig
     from llmctl.engine.front.data_parallel import DataParallelEngine
