@@ -13,6 +13,7 @@ from rich.table import Table
 
 from llmctl.checkpoint.license import LicenseReport
 from llmctl.checkpoint.license_db import Term
+from llmctl.checkpoint.quant_schemes import describe as describe_quantization
 from llmctl.inspect_report import InspectReport
 from llmctl.plan.planner import LayoutPlan
 from llmctl.plan.planner import Plan as PlanResult
@@ -143,7 +144,7 @@ def _architecture_table(report: InspectReport) -> Table:
     table.add_row("MLP", ("gated" if lay.gated_mlp else "plain") + (f" ({spec.activation})" if spec.activation else ""))
     table.add_row("tied embeddings", "yes" if spec.tie_word_embeddings else "no")
     table.add_row("dtype", spec.torch_dtype or "not stated")
-    table.add_row("quantization", spec.quantization.describe() if spec.quantization else "none")
+    table.add_row("quantization", describe_quantization(spec.quantization) if spec.quantization else "none")
     table.add_row("remote code", "required (auto_map)" if spec.requires_remote_code
                   else ("auto_map present, natively supported" if spec.auto_map else "not needed"))
     return table

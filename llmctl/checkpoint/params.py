@@ -21,7 +21,7 @@ BUFFER = re.compile(r"(rotary_emb\.(inv_freq|cos_cached|sin_cached)|e_score_corr
 # Tensors that describe quantized weights rather than being weights themselves.
 QUANT_METADATA = re.compile(
     r"\.(qzeros|scales|g_idx|weight_scale|weight_scale_inv|input_scale|weight_zero_point|"
-    r"input_zero_point|weight_global_scale|output_scale|k_scale|v_scale)$"
+    r"input_zero_point|weight_global_scale|output_scale|k_scale|v_scale|weight_shape|weight_g_idx)$"
 )
 
 
@@ -172,7 +172,7 @@ def count_from_tensors(tensors: dict[str, tuple[str, tuple[int, ...]]], spec: Mo
         if name.endswith("lm_head.weight") and spec and spec.tie_word_embeddings and _has_embedding(names):
             result.skipped_tied_head = True
             continue
-        if name.endswith(".qweight") and dtype in ("I32", "U32"):
+        if name.endswith((".qweight", ".weight_packed")) and dtype in ("I32", "U32"):  # GPTQ/AWQ, compressed-tensors
             elements *= 32 // bits
             result.packed_int4_tensors += 1
         if mtp_prefixes and name.startswith(mtp_prefixes):

@@ -15,6 +15,7 @@ from llmctl.checkpoint.config_readers import (
     read_llama_like,
     read_positional,
 )
+from llmctl.checkpoint.quant_schemes import group_schemes
 
 # Where each family deviates from the Llama naming, see FAMILY_READERS below.
 CONTEXT_KEYS = (
@@ -195,6 +196,10 @@ def _quantization(config: dict[str, Any]) -> QuantizationSpec | None:
     details = {k: v for k, v in quant.items() if k not in ("quant_method", "bits", "w_bit", "group_size", "q_group_size")}
     if method == "fp8" and bits is None:
         bits = 8
+    if method == "compressed-tensors":  # bits and group size live in each config group: given when all agree
+        schemes = group_schemes(details)
+        bits = schemes[0].bits if schemes and len({s.bits for s in schemes}) == 1 else None
+        group = schemes[0].group_size if schemes and len({s.group_size for s in schemes}) == 1 else None
     return QuantizationSpec(method=method, bits=int(bits) if bits else None, group_size=group, details=details)
 
 

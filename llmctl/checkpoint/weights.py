@@ -56,6 +56,10 @@ class CheckpointTensor:
         groups' float32 scales and offsets likewise."""
         return self.name.endswith((".scales", ".offsets"))
 
+    def read_stored(self) -> torch.Tensor:
+        """The whole tensor in its stored dtype (float8 weights and their scales, decoded together)."""
+        return self._reader(tuple(slice(None) for _ in self.shape))
+
     def read(self, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """The whole tensor, or [start, stop) along `dim`."""
         index = [slice(None)] * len(self.shape)
@@ -63,6 +67,18 @@ class CheckpointTensor:
             index[dim] = slice(start, self.shape[dim] if stop is None else stop)
         tensor = self._reader(tuple(index))
         return tensor.to(self._dtype) if tensor.is_floating_point() and not self.keeps_stored_dtype else tensor
+
+
+def stored_dtypes(folder: Path) -> dict[str, str]:
+    """Every tensor of a folder's safetensors files and its stored dtype (F8_E4M3, BF16, I32, ...), from the
+    headers only."""
+    from safetensors import safe_open
+
+    dtypes: dict[str, str] = {}
+    for path in safetensors_files(folder):
+        with safe_open(str(path), framework="pt") as handle:
+            dtypes.update((name, handle.get_slice(name).get_dtype()) for name in handle.keys())
+    return dtypes
 
 
 def iterate_tensors(folder: Path, dtype: torch.dtype, allow_pickle: bool = False) -> Iterator[CheckpointTensor]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from llmctl.checkpoint.quant_schemes import describe as describe_quantization
+from llmctl.checkpoint.quant_schemes import served_form
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.sizing.lora import lora_slot_bytes
 from llmctl.sizing.weights import WEIGHT_DTYPES, WeightFormat, lm_head_in_layers, pipeline_stages, vllm_pipeline_stages
@@ -37,6 +39,9 @@ def plan_notes(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, plan: Plan)
         notes.append(f"GGUF weights counted in their blocks, as vLLM keeps them: {fmt.bits:.2f} bits per weight in "
                      f"the layers, {fmt.table_bits:.2f} in the vocabulary tables; llmctl serve keeps them quantized on "
                      f"CPUs only and runs {plan.dtype} on GPUs")
+    if spec.quantization is not None and not req.quantization and spec.quantization.method != "gguf":
+        notes.append(f"{describe_quantization(spec.quantization)}: counted as stored, as vLLM holds it; "
+                     f"{served_form(spec.quantization, plan.dtype)}")
     if fmt.name == "fp8" and not req.gpu.fp8:
         notes.append(f"{req.gpu.key} has no FP8 tensor cores: vLLM runs FP8 weights weight-only (Marlin), "
                      "saving memory but not compute")

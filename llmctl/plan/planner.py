@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from llmctl.checkpoint.params import count_from_config
+from llmctl.checkpoint.quant_schemes import layer_quantization, sizing_quantization
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.errors import LlmctlError
 from llmctl.plan.gguf_sizes import GgufSizes
@@ -262,7 +263,8 @@ def build_plan(spec: ModelSpec, req: PlanRequest, model: str, measured: Measured
     _validate(spec, req)
     dtype = resolve_dtype(req.dtype, spec)
     dtype_bytes = WEIGHT_DTYPES[dtype]
-    quantization = req.quantization or (spec.quantization.method if spec.quantization else None)
+    stored = sizing_quantization(spec.quantization)
+    quantization = req.quantization or (stored.method if stored else None)
     if quantization and quantization not in ("awq", "gptq", "fp8", "int8"):
         quantization = None  # a checkpoint format we do not size (e.g. bitsandbytes): plan it as 16-bit
     fmt = weight_format(dtype_bytes, quantization, spec)
@@ -372,8 +374,9 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
     best, req = plan.recommended, plan.request
     assert best is not None
     target = model
-    prequantize = fmt.name in ("awq", "gptq") and not (plan.spec.quantization and
-                                                       plan.spec.quantization.method == fmt.name)
+    stored = sizing_quantization(plan.spec.quantization)  # the checkpoint's own format, as plan sized it
+    as_stored = stored is not None and stored.method == fmt.name
+    prequantize = fmt.name in ("awq", "gptq") and not as_stored
     commands = []
     if prequantize:
         target = f"./{model.rstrip('/').split('/')[-1]}-{fmt.name}"
@@ -384,7 +387,7 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
     flags += [f"--max-model-len {plan.max_model_len}", f"--gpu-memory-utilization {req.gpu_memory_utilization:g}"]
     if req.dtype != "auto":
         flags.append(f"--dtype {plan.dtype}")
-    if fmt.name in ("fp8", "int8") and not (plan.spec.quantization and plan.spec.quantization.method == fmt.name):
+    if fmt.name in ("fp8", "int8") and not as_stored:
         flags.append(f"--quantization {fmt.name}")
     if req.kv_cache_dtype != "auto":
         flags.append(f"--kv-cache-dtype {req.kv_cache_dtype}")
@@ -410,6 +413,8 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
         unsupported.append("--enable-lora with TP × PP > 1")
     if req.expert_parallel and best.pp > 1 and best.replicas > 1:
         unsupported.append("--enable-expert-parallel over replicas with PP > 1")
+    if not _fits_as_llmctl_holds_it(plan, best, fmt):
+        unsupported.append(f"its {fmt.name} weights, which llmctl dequantizes to {plan.dtype} at load, do not fit")
     if unsupported:
         plan.notes.append(f"llmctl serve cannot run this layout yet ({', '.join(unsupported)}): the vllm serve "
                           "command below can")
@@ -422,6 +427,18 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
     # replicas with expert parallelism step together in one process: not on Ray
     replicas_on_ray = best.replicas if not req.expert_parallel else 1
     return commands + ray_commands(commands, best.tp * best.pp, replicas_on_ray, req.nodes)
+
+
+def _fits_as_llmctl_holds_it(plan: Plan, best: LayoutPlan, fmt: WeightFormat) -> bool:
+    """Whether the layout still fits when llmctl holds the checkpoint's weights dense (FP8 and the
+    compressed-tensors schemes it has no kernel for: dequantized once at load)."""
+    quant, stored = plan.spec.quantization, sizing_quantization(plan.spec.quantization)
+    if quant is None or stored is None or plan.request.quantization or layer_quantization(quant) is not None:
+        return True  # as stored, or GPTQ/AWQ kept packed: the numbers above are llmctl's too
+    dense = weight_format(WEIGHT_DTYPES[plan.dtype], None, plan.spec)
+    layout = evaluate_layout(plan.spec, plan.request, best.tp, best.pp, dtype_bytes=dense.dense_bytes, fmt=dense,
+                             kv_bytes=plan.kv_dtype_bytes, max_model_len=plan.max_model_len)
+    return layout.feasible
 
 
 def ray_commands(commands: list[str], ranks: int, replicas: int, nodes: int) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from llmctl.checkpoint.quant_schemes import sizing_quantization
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.errors import LlmctlError
 
@@ -61,7 +62,8 @@ def weight_format(dtype_bytes: int, quantization: str | None, spec: ModelSpec) -
         return WeightFormat(name=f"{dtype_bytes * 8}-bit", dense_bytes=dtype_bytes, bits=dtype_bytes * 8)
     if method not in QUANT_METHODS:
         raise LlmctlError(f"unknown quantization {quantization!r}; choose one of: {', '.join(QUANT_METHODS)}")
-    own = spec.quantization if spec.quantization and spec.quantization.method == method else None
+    stored = sizing_quantization(spec.quantization)
+    own = stored if stored and stored.method == method else None
     if method in ("awq", "gptq"):
         bits = (own.bits if own and own.bits else 4)
         group = (own.group_size if own and own.group_size else 128)

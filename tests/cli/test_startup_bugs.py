@@ -115,17 +115,29 @@ def quantized_copy(tiny: Path, folder: Path, quantization_config: dict) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("method, quantization_config", [
-    ("fp8", {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}),
-    ("compressed-tensors", {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}}),
+@pytest.mark.parametrize("quantization_config, message", [
+    ({"quant_method": "hqq", "nbits": 4}, "quant_method 'hqq' is not supported (llmctl serves GPTQ, AWQ, GGUF, FP8"),
+    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {}},
+     "compressed-tensors format 'nvfp4-pack-quantized' is not read yet"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}},
+     "has no config_groups"),
 ])
-def test_a_quantized_format_not_served_yet_is_named_not_called_corrupt(tiny, tmp_path, method,
-                                                                       quantization_config) -> None:
+def test_a_quantized_format_not_served_is_named_not_called_corrupt(tiny, tmp_path, quantization_config,
+                                                                   message) -> None:
     from llmctl import LLM
     from llmctl.errors import UnsupportedModelError
 
-    folder = quantized_copy(tiny, tmp_path / method, quantization_config)
+    folder = quantized_copy(tiny, tmp_path / "copy", quantization_config)
     with pytest.raises(UnsupportedModelError) as error:
         LLM(str(folder), max_model_len=64, kv_cache_memory=16 << 20)
-    assert f"quant_method {method!r} is not supported yet" in str(error.value)
+    assert message in str(error.value)
     assert "do not match" not in str(error.value)
+
+
+def test_block_fp8_whose_blocks_overhang_the_weights_loads(tiny, tmp_path) -> None:
+    """The file that was called corrupt (128 × 128 blocks over 64-wide weights): served now."""
+    from llmctl import LLM, SamplingParams
+
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    llm = LLM(str(quantized_copy(tiny, tmp_path / "fp8", fp8)), max_model_len=64, kv_cache_memory=16 << 20)
+    assert len(llm.generate(["Hello"], SamplingParams(max_tokens=4, ignore_eos=True))[0].outputs[0].token_ids) == 4

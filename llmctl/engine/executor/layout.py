@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from llmctl.checkpoint.quant_schemes import sizing_quantization
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.errors import EngineConfigError
@@ -15,7 +16,8 @@ from llmctl.sizing.weights import weight_format
 
 
 def layout_problems(spec: ModelSpec, tp: int, pp: int, expert_parallel: bool = False, dp: int = 1) -> list[str]:
-    quant = spec.quantization.method if spec.quantization else None
+    stored = sizing_quantization(spec.quantization)
+    quant = stored.method if stored else None
     fmt = weight_format(2, quant, spec)
     ranks = tp * pp * dp  # on one node as far as layout goes: TP may use every rank
     return structural_problems(spec, fmt, tp, pp, gpus_per_node=ranks, expert_ranks=tp * dp if expert_parallel else 0,

@@ -22,6 +22,7 @@ from llmctl.checkpoint.spec import QuantizationSpec
 from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import cpu_gemm
+from llmctl.engine.layers.activation_quant import ActivationQuantLinear
 from llmctl.engine.layers.coded_linear import CODED_KINDS, CodedLinear, CodedWeight, coded_from
 from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.sizing.weights import padded_vocab_per_rank
@@ -62,6 +63,8 @@ class LoadError(ValueError):
 def _local_linear(in_features: int, out_features: int, bias: bool, quant: QuantizationSpec | None) -> nn.Module:
     if quant is not None and quant.method == "gguf":
         return CodedLinear(in_features, out_features, bias)
+    if quant is not None and quant.method == "dynamic-activations":
+        return ActivationQuantLinear(in_features, out_features, bias, quant.details["input_activations"])
     if quant is None or quant.method not in ("gptq", "awq"):
         return nn.Linear(in_features, out_features, bias=bias)
     return QuantLinear(in_features, out_features, bias, quant.method, quant.bits or 4, quant.group_size or 128)

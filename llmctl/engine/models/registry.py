@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from llmctl.checkpoint.quant_schemes import layer_quantization, unread_problem
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.errors import UnsupportedModelError
 
@@ -35,16 +37,9 @@ SUPPORTED = {
 }
 
 
-# quantization_config.quant_method values whose weights the engine reads (llmctl.engine.layers.quant_linear, GGUF)
-SERVED_QUANT_METHODS = ("gptq", "awq", "gguf")
-
-
 def quantization_problem(spec: ModelSpec) -> str | None:
-    """Why neither implementation serves the checkpoint's quantization format yet, or None."""
-    if spec.quantization is None or spec.quantization.method in SERVED_QUANT_METHODS:
-        return None
-    return (f"quantization_config.quant_method {spec.quantization.method!r} is not supported yet (llmctl serves "
-            "GPTQ, AWQ and GGUF checkpoints): use the unquantized model, or `llmctl quantize MODEL --gptq|--awq`")
+    """Why neither implementation serves the checkpoint's quantization format, or None."""
+    return unread_problem(spec.quantization) if spec.quantization is not None else None
 
 
 def is_supported(spec: ModelSpec) -> bool:
@@ -74,9 +69,11 @@ def native_problem(spec: ModelSpec) -> str | None:
     if not is_supported(spec):
         return _unsupported(spec)
     family = next(SUPPORTED[arch] for arch in spec.architectures if arch in SUPPORTED)
-    if spec.quantization is not None and family in ("moe", "deepseek"):
+    if spec.quantization is not None and family in ("moe", "deepseek") \
+            and spec.quantization.method in ("gptq", "awq", "gguf"):
         return (f"{spec.quantization.method.upper()} mixture-of-experts checkpoints are not served yet (their "
-                "experts are not loaded quantized): use the unquantized model")
+                "experts are not loaded quantized): use the unquantized model, or an FP8 or compressed-tensors "
+                "checkpoint of it (dequantized at load)")
     return None
 
 
@@ -86,14 +83,17 @@ def _unsupported(spec: ModelSpec) -> str:
 
 
 def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None, impl: str = "auto") -> nn.Module:
+    """The model for `spec`, its layers built for the form its weights load in
+    (llmctl.checkpoint.quant_schemes.layer_quantization)."""
     chosen, why = implementation(spec, impl)
     if chosen is None:
         raise UnsupportedModelError(why)
+    layers = replace(spec, quantization=layer_quantization(spec.quantization, spec.moe is not None))
     if chosen == "transformers":
         from llmctl.engine.models.transformers_impl import TransformersForCausalLM
 
-        return TransformersForCausalLM(spec, hf_config, shard)
-    return _native(spec, hf_config, shard)
+        return TransformersForCausalLM(layers, hf_config, shard)
+    return _native(layers, hf_config, shard)
 
 
 # family -> (module, class): imported only when a model of that family is built

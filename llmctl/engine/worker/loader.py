@@ -13,10 +13,12 @@ import torch
 from torch import nn
 
 from llmctl.checkpoint.config_file import load_spec
+from llmctl.checkpoint.converted_stream import converted
+from llmctl.checkpoint.quant_converters import converter_for
 from llmctl.checkpoint.source import ModelSource, resolve_model
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.checkpoint.tokenizer import generation_defaults, load_tokenizer
-from llmctl.checkpoint.weights import iterate_tensors
+from llmctl.checkpoint.weights import iterate_tensors, stored_dtypes
 from llmctl.engine.attention_selector import BackendChoice, create_backend, engine_backend, torch_fallback
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.distributed.group import Rank, local_rank
@@ -186,6 +188,13 @@ def qwen1_config(source: ModelSource) -> Any:
 def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.device, source: ModelSource,
            shard: Shard, allow_pickle: bool = False, impl: str = "auto") -> nn.Module:
     tensors = iterate_tensors(source.path, dtype, allow_pickle)  # no weight files: fail before building
+    moe, stored = spec.moe is not None, {}
+    if spec.quantization is not None and source.gguf_path is None:
+        stored = stored_dtypes(source.path)
+    converter, what = converter_for(source.path, spec.quantization, set(stored), dtype, moe) if stored else (None, "")
+    if converter is not None:
+        logger.info("%s", what)
+        tensors = converted(tensors, converter, stored, dtype, _say_unused)
     with _no_init(dtype, device):
         model = create_model(spec, hf_config, shard, impl)
     try:
@@ -193,6 +202,12 @@ def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.de
     except WeightMismatchError as exc:
         raise CorruptModelError(f"the weights of {source.name} do not match its config.json: {exc}") from None
     return model.eval()
+
+
+def _say_unused(names: list[str]) -> None:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    logger.info("not used: %s (static activation or KV-cache scales: llmctl quantizes neither from a checkpoint's "
+                "scales)", shown)
 
 
 def _max_model_len(config: EngineConfig, spec: ModelSpec) -> int:

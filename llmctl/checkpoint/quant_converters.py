@@ -1,0 +1,126 @@
+"""Pre-quantized weights turned, as they are read, into the tensors the engine's layers load.
+
+Each converter follows compressed-tensors' model-free `Converter` protocol: `get_dependencies(name)`
+names the tensors a root tensor is decoded with, `process(tensors)` decodes them
+(llmctl.checkpoint.converted_stream feeds them group by group). Where the library has one, it is
+the library's: `CompressedTensorsDequantizer` (every compressed-tensors format it reads, through its
+own compressors) and `FP8BlockDequantizer` (block-wise fp8). llmctl's own are small:
+- `Fp8ScaleDequantizer`: fp8 weights with one scale per tensor or per output channel;
+- `PackedToGptq`: compressed-tensors 4-bit integer weights kept quantized, unpacked with the library's
+  `unpack_from_int32` and written as GPTQ tensors (the engine's int4 kernels read those).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from llmctl.checkpoint.architecture import QuantizationSpec
+from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_gptq
+from llmctl.checkpoint.quant_schemes import kept_as_gptq
+from llmctl.errors import CorruptModelError
+
+
+class Converter(Protocol):
+    def get_dependencies(self, weight_name: str) -> set[str]: ...
+
+    def process(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+
+class Fp8ScaleDequantizer:
+    """`weight` (float8_e4m3fn) × `weight_scale` (a scalar, or one per output channel), in `dtype`."""
+
+    def __init__(self, names: set[str], dtype: torch.dtype) -> None:
+        self.scaled = {name.rpartition(".")[0] for name in names if name.endswith(".weight_scale")}
+        self.dtype = dtype
+
+    def get_dependencies(self, weight_name: str) -> set[str]:
+        module, _, param = weight_name.rpartition(".")
+        return {f"{module}.weight_scale"} if param == "weight" and module in self.scaled else set()
+
+    def process(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, tensor in tensors.items():
+            module, _, param = name.rpartition(".")
+            if param == "weight_scale":
+                continue
+            if param == "weight" and module in self.scaled:
+                scale = tensors[f"{module}.weight_scale"].float()
+                scale = scale.reshape(-1, 1) if scale.numel() == tensor.shape[0] and scale.numel() > 1 else \
+                    scale.reshape(())
+                tensor = (tensor.float() * scale).to(self.dtype)
+            out[name] = tensor
+        return out
+
+
+class PackedToGptq:
+    """compressed-tensors `pack-quantized` 4-bit weights → GPTQ v1 tensors (qweight, qzeros, scales, g_idx)."""
+
+    def __init__(self, folder: Path, details: dict[str, Any]) -> None:
+        from compressed_tensors.quantization import QuantizationConfig
+
+        self.config = QuantizationConfig.model_validate({"quant_method": "compressed-tensors", **details})
+
+    def get_dependencies(self, weight_name: str) -> set[str]:
+        module, _, param = weight_name.rpartition(".")
+        if param != "weight_packed":
+            return set()
+        names = {f"{module}.weight_scale", f"{module}.weight_shape"}
+        return names | ({f"{module}.weight_zero_point"} if not self._weights().symmetric else set())
+
+    def _weights(self) -> Any:
+        return next(iter(self.config.config_groups.values())).weights  # kept_as_gptq: every group agrees
+
+    def process(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+        args = self._weights()
+        module = next(name for name in tensors if name.endswith(".weight_packed")).rpartition(".")[0]
+        shape = torch.Size(tensors[f"{module}.weight_shape"].tolist())
+        signed = unpack_from_int32(tensors[f"{module}.weight_packed"], args.num_bits, shape)
+        offset = 1 << (args.num_bits - 1)  # the library's int8 values are signed: GPTQ stores them unsigned
+        scales = tensors[f"{module}.weight_scale"].float()  # [out, groups]; [out, 1] per channel
+        if args.symmetric:
+            zeros = torch.full(scales.shape, offset, dtype=torch.int32)
+        else:
+            zeros = unpack_from_int32(tensors[f"{module}.weight_zero_point"], args.num_bits, scales.shape,
+                                      packed_dim=0).to(torch.int32) + offset
+        group = args.group_size if args.group_size else shape[1]
+        weight = QuantizedWeight((signed.to(torch.int32) + offset), scales, zeros, args.num_bits, group)
+        return {f"{module}.{kind}": tensor for kind, tensor in pack_gptq(weight).items()}
+
+
+def converter_for(folder: Path, quant: QuantizationSpec | None, names: set[str], dtype: torch.dtype,
+                  moe: bool = False) -> tuple[Converter | None, str]:
+    """The converter a checkpoint's quantized tensors go through on their way to the layers (None: read as
+    they are), and what it does, for the log. `names`: every tensor name in the checkpoint."""
+    if quant is None or quant.method not in ("fp8", "compressed-tensors"):
+        return None, ""  # read as stored (GPTQ, AWQ, GGUF), or refused by name (llmctl.engine.models.registry)
+    try:
+        return _converter(folder, quant, names, dtype, moe)
+    except ValueError as exc:  # pydantic's ValidationError included: the library could not read the config
+        raise CorruptModelError(f"{folder.name}: compressed-tensors cannot read its quantization_config: "
+                                f"{str(exc).splitlines()[0]}") from None
+
+
+def _converter(folder: Path, quant: QuantizationSpec, names: set[str], dtype: torch.dtype,
+               moe: bool) -> tuple[Converter, str]:
+    into = str(dtype).removeprefix("torch.")
+    if quant.method == "fp8":
+        block = quant.details.get("weight_block_size")
+        what = f"fp8 weights dequantized once at load into {into} (FP8 GEMMs are not built yet)"
+        if block:
+            from compressed_tensors.entrypoints.convert.converters.fp8block_dequantizer import FP8BlockDequantizer
+
+            return FP8BlockDequantizer.from_pretrained(str(folder), weight_block_size=tuple(block), dtype=dtype), what
+        return Fp8ScaleDequantizer(names, dtype), what
+    if kept_as_gptq(quant, moe) is not None:
+        return PackedToGptq(folder, quant.details), \
+            "compressed-tensors 4-bit weights kept quantized (run as GPTQ on llmctl's int4 kernels)"
+    from compressed_tensors.entrypoints.convert.converters.ct_dequantizer import CompressedTensorsDequantizer
+
+    return CompressedTensorsDequantizer(str(folder), dtype=dtype), (
+        f"compressed-tensors weights dequantized once at load into {into} by compressed-tensors (no llmctl kernel "
+        "for this scheme yet; activations run unquantized)")

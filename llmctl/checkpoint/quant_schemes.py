@@ -1,0 +1,171 @@
+"""What a pre-quantized checkpoint's `quantization_config` says, in words and in what the engine does with it.
+
+Formats read (their files are decoded in llmctl.checkpoint.quant_converters):
+- `fp8`: float8_e4m3fn weights with a scale per tensor or per output channel (`weight_scale`), or
+  per block (`weight_block_size`, `weight_scale_inv`: DeepSeek-V3, the Qwen3 `-FP8` releases).
+- `compressed-tensors` (llm-compressor's): config groups of weight (and activation) schemes, int or
+  float, per tensor, channel, group or block, in `pack-quantized`, `int-quantized`,
+  `float-quantized` or `naive-quantized` files.
+
+Only this config is parsed here (no library import): enough to describe the scheme and to choose
+between keeping 4-bit integer weights quantized (as GPTQ, on the int4 kernels) and dequantizing once at
+load into the model's dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llmctl.checkpoint.architecture import QuantizationSpec
+
+# the compressed-tensors formats whose files llmctl reads (NVFP4/MXFP4 and the sparse 2:4 formats are not)
+READ_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized")
+SERVED_METHODS = ("gptq", "awq", "gguf", "fp8", "compressed-tensors")
+
+
+@dataclass(frozen=True)
+class GroupScheme:
+    """One compressed-tensors config group: its weights' and input activations' quantization."""
+
+    targets: tuple[str, ...]
+    weight_type: str  # int | float
+    bits: int
+    strategy: str  # tensor | channel | group | block | tensor_group
+    group_size: int | None
+    symmetric: bool
+    actorder: str | None
+    activations: str | None  # e.g. "int8 per-token, dynamic"; None: weight-only
+
+    def describe(self) -> str:
+        weights = f"{self.weight_type}{self.bits} " + (f"group {self.group_size}" if self.strategy == "group"
+                                                      else f"per-{self.strategy}")
+        weights += "" if self.symmetric else " asymmetric"
+        return f"W: {weights}; A: {self.activations or 'not quantized'}"
+
+
+def group_schemes(details: dict[str, Any]) -> list[GroupScheme]:
+    """The config groups of a compressed-tensors `quantization_config` (its details)."""
+    groups = details.get("config_groups") or {}
+    return [_group_scheme(group) for group in groups.values() if isinstance(group, dict)]
+
+
+def _group_scheme(group: dict[str, Any]) -> GroupScheme:
+    weights = group.get("weights") or {}
+    inputs = group.get("input_activations")
+    activations = None
+    if isinstance(inputs, dict):
+        how = "dynamic" if inputs.get("dynamic") else "static"
+        activations = f"{inputs.get('type', 'int')}{inputs.get('num_bits', 8)} per-{inputs.get('strategy', 'tensor')}, " \
+                      f"{how}"
+    return GroupScheme(tuple(group.get("targets") or ()), str(weights.get("type", "int")),
+                       int(weights.get("num_bits", 8)), str(weights.get("strategy", "tensor")),
+                       weights.get("group_size"), bool(weights.get("symmetric", True)),
+                       weights.get("actorder"), activations)
+
+
+def compressed_format(details: dict[str, Any]) -> str:
+    """The checkpoint's compressed-tensors format (the config's global one, else every group's own)."""
+    formats = {str(group.get("format")) for group in (details.get("config_groups") or {}).values()
+               if isinstance(group, dict) and group.get("format")}
+    return str(details.get("format") or (formats.pop() if len(formats) == 1 else "mixed"))
+
+
+def describe(quant: QuantizationSpec) -> str:
+    """The scheme in a line (`inspect`, the startup log)."""
+    if quant.method == "compressed-tensors":
+        schemes = "; ".join(scheme.describe() for scheme in group_schemes(quant.details)) or "no config groups"
+        return f"compressed-tensors {compressed_format(quant.details)} ({schemes})"
+    if quant.method == "fp8":
+        block = quant.details.get("weight_block_size")
+        granularity = f"blocks of {block[0]}×{block[1]}" if block else "a scale per tensor or channel"
+        return f"fp8 e4m3 weights, {granularity}; activations {quant.details.get('activation_scheme', 'dynamic')}"
+    return quant.describe()
+
+
+def unread_problem(quant: QuantizationSpec) -> str | None:
+    """Why llmctl cannot read this checkpoint's quantized weights, or None."""
+    supported = "GPTQ, AWQ, GGUF, FP8 and compressed-tensors (pack-, int-, float- and naive-quantized) checkpoints"
+    if quant.method not in SERVED_METHODS:
+        return (f"quantization_config.quant_method {quant.method!r} is not supported (llmctl serves {supported}): "
+                "use the unquantized model, or `llmctl quantize MODEL --gptq|--awq`")
+    if quant.method == "compressed-tensors":
+        fmt = compressed_format(quant.details)
+        if fmt not in READ_FORMATS:
+            return (f"compressed-tensors format {fmt!r} is not read yet (llmctl reads {', '.join(READ_FORMATS)}): "
+                    "use a checkpoint in one of those formats, or the unquantized model")
+        if not group_schemes(quant.details):
+            return "its compressed-tensors quantization_config has no config_groups: the checkpoint is incomplete"
+    return None
+
+
+def kept_as_gptq(quant: QuantizationSpec | None, moe: bool = False) -> QuantizationSpec | None:
+    """The GPTQ form a compressed-tensors checkpoint runs in when every group is 4-bit integer weights only
+    (group sizes a multiple of 32, or per channel) and all groups agree; None: it is dequantized at load."""
+    if quant is None or quant.method != "compressed-tensors" or moe \
+            or compressed_format(quant.details) != "pack-quantized":
+        return None
+    schemes = group_schemes(quant.details)
+    shapes = {(s.weight_type, s.bits, s.strategy, s.group_size, s.activations, s.actorder) for s in schemes}
+    if len(shapes) != 1:
+        return None
+    kind, bits, strategy, group_size, activations, actorder = shapes.pop()
+    grouped = strategy == "group" and isinstance(group_size, int) and group_size % 32 == 0
+    if kind != "int" or bits != 4 or activations is not None or actorder or not (grouped or strategy == "channel"):
+        return None
+    return QuantizationSpec("gptq", 4, group_size if grouped else -1, {"from": "compressed-tensors"})
+
+
+def dynamic_activations(quant: QuantizationSpec) -> dict[str, Any] | None:
+    """The input-activation args every config group shares when they are dynamic (W8A8, FP8-dynamic), else None."""
+    groups = [group for group in (quant.details.get("config_groups") or {}).values() if isinstance(group, dict)]
+    inputs = [group.get("input_activations") for group in groups]
+    if not inputs or not all(isinstance(args, dict) and args.get("dynamic") is True for args in inputs) \
+            or any(args != inputs[0] for args in inputs):
+        return None
+    return dict(inputs[0])
+
+
+def layer_quantization(quant: QuantizationSpec | None, moe: bool = False) -> QuantizationSpec | None:
+    """The quantization the engine's layers are built for: GPTQ/AWQ/GGUF as they are, compressed-tensors
+    4-bit weight-only as GPTQ, dynamic activation schemes as dense layers that quantize their inputs
+    ("dynamic-activations"), everything else dense (dequantized once at load: None)."""
+    if quant is None or quant.method in ("gptq", "awq", "gguf"):
+        return quant
+    if quant.method == "compressed-tensors" and (activations := dynamic_activations(quant)) is not None:
+        return QuantizationSpec("dynamic-activations", details={"input_activations": activations})
+    return kept_as_gptq(quant, moe)
+
+
+def sizing_quantization(quant: QuantizationSpec | None) -> QuantizationSpec | None:
+    """The checkpoint's weights as `plan` sizes them (vLLM holds them as stored): GPTQ, AWQ and FP8 as they are,
+    compressed-tensors as the GPTQ-like int4/int8 or the fp8 they store; None for what plan sizes at 16 bits."""
+    if quant is None or quant.method in ("gptq", "awq", "fp8"):
+        return quant
+    if quant.method != "compressed-tensors":
+        return None
+    schemes = group_schemes(quant.details)
+    kinds = {(s.weight_type, s.bits, s.strategy, s.group_size) for s in schemes}
+    if len(kinds) != 1:
+        return None
+    kind, bits, strategy, group_size = kinds.pop()
+    if kind == "int" and bits == 4:
+        return QuantizationSpec("gptq", 4, group_size if strategy == "group" else -1)
+    if kind == "int" and bits == 8:
+        return QuantizationSpec("int8", 8)
+    if kind == "float" and bits == 8:
+        block = schemes[0].strategy == "block"
+        return QuantizationSpec("fp8", 8, details={"weight_block_size": [128, 128]} if block else {})
+    return None
+
+
+def served_form(quant: QuantizationSpec, dtype: str) -> str:
+    """Where `llmctl serve` keeps a pre-quantized checkpoint's weights (plan's note, inspect)."""
+    if quant.method in ("gptq", "awq"):
+        return f"llmctl serve keeps the {quant.method.upper()} weights quantized"
+    if kept_as_gptq(quant) is not None:
+        return "llmctl serve keeps these 4-bit weights quantized (as GPTQ, on its int4 kernels)"
+    activations = " and quantizes activations per token in torch" if quant.method == "compressed-tensors" \
+        and dynamic_activations(quant) is not None else ""
+    return f"llmctl serve dequantizes these weights once at load into {dtype}{activations} (no kernel for the " \
+           "scheme yet): its weights take the dense bytes"

@@ -1,0 +1,33 @@
+"""A dense linear whose input is quantized per token first, as a W8A8 or FP8-dynamic checkpoint prescribes.
+
+compressed-tensors checkpoints with dynamic activation schemes (int8 or fp8, per token) are served with
+their weights dequantized at load (llmctl.checkpoint.quant_converters); running the activations in full
+precision would give other numbers than the checkpoint was made (and evaluated) for. This layer
+quantizes and dequantizes each token's input with compressed-tensors' own functions, as transformers
+does with the same checkpoint: the scheme's numerics, not yet its speed (no int8/fp8 GEMM here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ActivationQuantLinear(nn.Linear):
+    def __init__(self, in_features: int, out_features: int, bias: bool, activations: dict[str, Any]) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        from compressed_tensors.quantization import QuantizationArgs
+
+        self.activation_args = QuantizationArgs.model_validate(activations)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+        from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+
+        tokens = x.reshape(1, -1, x.shape[-1])  # [1, T, in]: the library reduces per token over the last dim only
+        scale, zero_point = compute_dynamic_scales_and_zp(tokens, self.activation_args, self)
+        quantized = fake_quantize(tokens, scale, zero_point, self.activation_args).reshape(x.shape)
+        return F.linear(quantized, self.weight, self.bias)
