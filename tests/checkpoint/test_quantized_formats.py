@@ -159,3 +159,28 @@ def test_inspect_and_plan_name_the_scheme_and_where_llmctl_keeps_it(base, tokeni
     (w4a16 / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedModelError, match="compressed-tensors format 'nvfp4-pack-quantized' is not read yet"):
         LLM(str(w4a16), max_model_len=128)
+
+
+def moe_family_config(family: str, vocab: int):
+    from transformers import DeepseekV2Config
+
+    from helpers.families import moe_config
+
+    if family == "qwen3-moe":
+        return moe_config(family, vocab)
+    # MLA attention, a dense first layer, then 8 routed experts (top 2) beside a shared one
+    return DeepseekV2Config(vocab_size=vocab, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+                            num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32,
+                            q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
+                            max_position_embeddings=256)
+
+
+@pytest.mark.parametrize("family", ["qwen3-moe", "deepseek-v2"])
+def test_blockwise_fp8_experts_and_mla_generate_what_transformers_generates(tokenizer, tmp_path, family):
+    """Every expert's projections in fp8 with their own block scales (16 × 16 on these 64-wide models)."""
+    torch.manual_seed(0)
+    base = save_random_model(moe_family_config(family, len(tokenizer)), tmp_path / "base", tokenizer)
+    folder = fp8_block_checkpoint(base, tmp_path / "fp8", block=16)
+    ours, _ = engine_outputs(folder, tokens=16)
+    assert_close(transformers_reference(folder, tokenizer, max_tokens=16), ours)
