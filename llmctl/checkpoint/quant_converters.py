@@ -19,7 +19,7 @@ import torch
 
 from llmctl.checkpoint.architecture import QuantizationSpec
 from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_gptq
-from llmctl.checkpoint.quant_schemes import kept_as_gptq
+from llmctl.checkpoint.quant_schemes import compressed_format
 from llmctl.errors import CorruptModelError
 
 
@@ -58,10 +58,8 @@ class Fp8ScaleDequantizer:
 class PackedToGptq:
     """compressed-tensors `pack-quantized` 4-bit weights → GPTQ v1 tensors (qweight, qzeros, scales, g_idx)."""
 
-    def __init__(self, folder: Path, details: dict[str, Any]) -> None:
-        from compressed_tensors.quantization import QuantizationConfig
-
-        self.config = QuantizationConfig.model_validate({"quant_method": "compressed-tensors", **details})
+    def __init__(self, details: dict[str, Any]) -> None:
+        self.config = _config(details)
 
     def get_dependencies(self, weight_name: str) -> set[str]:
         module, _, param = weight_name.rpartition(".")
@@ -92,21 +90,57 @@ class PackedToGptq:
         return {f"{module}.{kind}": tensor for kind, tensor in pack_gptq(weight).items()}
 
 
-def converter_for(folder: Path, quant: QuantizationSpec | None, names: set[str], dtype: torch.dtype,
-                  moe: bool = False) -> tuple[Converter | None, str]:
-    """The converter a checkpoint's quantized tensors go through on their way to the layers (None: read as
-    they are), and what it does, for the log. `names`: every tensor name in the checkpoint."""
+class Int8ToCodes:
+    """compressed-tensors symmetric 8-bit integer weights (pack- or int-quantized) → int8 codes with a float32
+    scale per group of 32 (16) inputs, the channel's scale repeated: what CodedLinear's int8 kernel reads."""
+
+    def __init__(self, details: dict[str, Any], fmt: str) -> None:
+        self.weights = next(iter(_config(details).config_groups.values())).weights
+        self.root = "weight_packed" if fmt == "pack-quantized" else "weight"
+
+    def get_dependencies(self, weight_name: str) -> set[str]:
+        module, _, param = weight_name.rpartition(".")
+        if param != self.root:
+            return set()
+        return {f"{module}.weight_scale"} | ({f"{module}.weight_shape"} if self.root == "weight_packed" else set())
+
+    def process(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+        module = next(name for name in tensors if name.endswith(f".{self.root}")).rpartition(".")[0]
+        codes = tensors[f"{module}.{self.root}"]
+        if self.root == "weight_packed":
+            codes = unpack_from_int32(codes, 8, torch.Size(tensors[f"{module}.weight_shape"].tolist()))
+        scales = tensors[f"{module}.weight_scale"].float()  # [out, groups]; [out, 1] per channel
+        inputs = codes.shape[1]
+        group = self.weights.group_size or (32 if inputs % 32 == 0 else 16)  # per channel: split for TP ranks
+        scales = scales.repeat_interleave(inputs // group // scales.shape[1], dim=1)
+        return {f"{module}.codes": codes.to(torch.int8).contiguous(), f"{module}.scales": scales.contiguous(),
+                f"{module}.offsets": torch.zeros_like(scales)}
+
+
+def _config(details: dict[str, Any]) -> Any:
+    from compressed_tensors.quantization import QuantizationConfig
+
+    return QuantizationConfig.model_validate({"quant_method": "compressed-tensors", **details})
+
+
+def converter_for(folder: Path, quant: QuantizationSpec | None, form: QuantizationSpec | None, names: set[str],
+                  dtype: torch.dtype) -> tuple[Converter | None, str]:
+    """The converter a checkpoint's quantized tensors go through on their way to layers built for `form`
+    (llmctl.engine.models.registry.layer_form; None: dense), and what it does, for the log (None: read as they
+    are). `names`: every tensor name in the checkpoint."""
     if quant is None or quant.method not in ("fp8", "compressed-tensors"):
         return None, ""  # read as stored (GPTQ, AWQ, GGUF), or refused by name (llmctl.engine.models.registry)
     try:
-        return _converter(folder, quant, names, dtype, moe)
+        return _converter(folder, quant, form, names, dtype)
     except ValueError as exc:  # pydantic's ValidationError included: the library could not read the config
         raise CorruptModelError(f"{folder.name}: compressed-tensors cannot read its quantization_config: "
                                 f"{str(exc).splitlines()[0]}") from None
 
 
-def _converter(folder: Path, quant: QuantizationSpec, names: set[str], dtype: torch.dtype,
-               moe: bool) -> tuple[Converter, str]:
+def _converter(folder: Path, quant: QuantizationSpec, form: QuantizationSpec | None, names: set[str],
+               dtype: torch.dtype) -> tuple[Converter, str]:
     into = str(dtype).removeprefix("torch.")
     if quant.method == "fp8":
         block = quant.details.get("weight_block_size")
@@ -116,9 +150,14 @@ def _converter(folder: Path, quant: QuantizationSpec, names: set[str], dtype: to
 
             return FP8BlockDequantizer.from_pretrained(str(folder), weight_block_size=tuple(block), dtype=dtype), what
         return Fp8ScaleDequantizer(names, dtype), what
-    if kept_as_gptq(quant, moe) is not None:
-        return PackedToGptq(folder, quant.details), \
+    if form is not None and form.method == "gptq":
+        return PackedToGptq(quant.details), \
             "compressed-tensors 4-bit weights kept quantized (run as GPTQ on llmctl's int4 kernels)"
+    if form is not None and form.method == "int8-codes":
+        activations = " (activations quantized per token first, as the scheme says)" \
+            if form.details.get("input_activations") else ""
+        return Int8ToCodes(quant.details, compressed_format(quant.details)), \
+            f"compressed-tensors 8-bit weights kept as int8 codes for llmctl's int8 CPU kernel{activations}"
     from compressed_tensors.entrypoints.convert.converters.ct_dequantizer import CompressedTensorsDequantizer
 
     return CompressedTensorsDequantizer(str(folder), dtype=dtype), (

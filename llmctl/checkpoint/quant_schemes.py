@@ -126,12 +126,37 @@ def dynamic_activations(quant: QuantizationSpec) -> dict[str, Any] | None:
     return dict(inputs[0])
 
 
-def layer_quantization(quant: QuantizationSpec | None, moe: bool = False) -> QuantizationSpec | None:
+def kept_as_int8(quant: QuantizationSpec | None) -> QuantizationSpec | None:
+    """The int8-code form a compressed-tensors checkpoint runs in on CPUs when every group is symmetric 8-bit
+    integer weights per channel or in groups of a multiple of 16, with no activation scheme or a dynamic one;
+    None otherwise. Its details keep the dynamic activation args (W8A8) for the layer."""
+    if quant is None or quant.method != "compressed-tensors" \
+            or compressed_format(quant.details) not in ("pack-quantized", "int-quantized"):
+        return None
+    schemes = group_schemes(quant.details)
+    shapes = {(s.weight_type, s.bits, s.strategy, s.group_size, s.symmetric, s.actorder) for s in schemes}
+    if len(shapes) != 1:
+        return None
+    kind, bits, strategy, group_size, symmetric, actorder = shapes.pop()
+    grouped = strategy == "group" and isinstance(group_size, int) and group_size % 16 == 0
+    activations = dynamic_activations(quant)
+    if kind != "int" or bits != 8 or not symmetric or actorder or not (grouped or strategy == "channel") \
+            or (schemes[0].activations is not None and activations is None):
+        return None
+    return QuantizationSpec("int8-codes", 8, group_size if grouped else -1,
+                            {"input_activations": activations} if activations else {})
+
+
+def layer_quantization(quant: QuantizationSpec | None, moe: bool = False,
+                       int8_codes: bool = False) -> QuantizationSpec | None:
     """The quantization the engine's layers are built for: GPTQ/AWQ/GGUF as they are, compressed-tensors
-    4-bit weight-only as GPTQ, dynamic activation schemes as dense layers that quantize their inputs
+    4-bit weight-only as GPTQ, 8-bit integer weights as int8 codes where `int8_codes` (CPUs, the Llama
+    family's layers), dynamic activation schemes otherwise as dense layers that quantize their inputs
     ("dynamic-activations"), everything else dense (dequantized once at load: None)."""
     if quant is None or quant.method in ("gptq", "awq", "gguf"):
         return quant
+    if int8_codes and not moe and (codes := kept_as_int8(quant)) is not None:
+        return codes
     if quant.method == "compressed-tensors" and (activations := dynamic_activations(quant)) is not None:
         return QuantizationSpec("dynamic-activations", details={"input_activations": activations})
     return kept_as_gptq(quant, moe)
@@ -160,7 +185,7 @@ def sizing_quantization(quant: QuantizationSpec | None) -> QuantizationSpec | No
 
 
 def served_form(quant: QuantizationSpec, dtype: str) -> str:
-    """Where `llmctl serve` keeps a pre-quantized checkpoint's weights (plan's note, inspect)."""
+    """Where `llmctl serve` keeps a pre-quantized checkpoint's weights on GPUs (plan's note)."""
     if quant.method in ("gptq", "awq"):
         return f"llmctl serve keeps the {quant.method.upper()} weights quantized"
     if kept_as_gptq(quant) is not None:

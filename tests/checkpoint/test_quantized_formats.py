@@ -40,13 +40,19 @@ def test_weight_only_compressed_tensors_generate_what_transformers_generates(bas
     assert_close(transformers_reference(folder, tokenizer, max_tokens=TOKENS), ours)
 
 
-def test_w4a16_stays_4_bit_on_the_int4_kernels(base, tokenizer, tmp_path, caplog):
+def test_w4a16_stays_4_bit_and_w8a8_8_bit_on_the_cpu_kernels(base, tokenizer, tmp_path):
+    from llmctl.engine.layers.coded_linear import CodedLinear
     from llmctl.engine.layers.quant_linear import QuantLinear
 
     folder = compressed_checkpoint(base, "W4A16", tmp_path / "w4a16", tokenizer)
-    llm = LLM(str(folder), max_model_len=128)
-    layers = [m for m in llm.engine.executor.loaded.model.modules() if isinstance(m, QuantLinear)]
+    layers = [m for m in LLM(str(folder), max_model_len=128).engine.executor.loaded.model.modules()
+              if isinstance(m, QuantLinear)]
     assert len(layers) == 8 and all(layer.cpu_int4 is not None for layer in layers)  # q/k/v, o, gate/up, down × 2
+    folder = compressed_checkpoint(base, "W8A8", tmp_path / "w8a8", tokenizer)
+    layers = [m for m in LLM(str(folder), max_model_len=128).engine.executor.loaded.model.modules()
+              if isinstance(m, CodedLinear)]
+    assert len(layers) == 8 and all(layer.coded is not None and layer.coded.bits == 8 and
+                                    layer.activation_args is not None for layer in layers)
 
 
 def teacher_forced(folder: Path, tokenizer) -> tuple[float, list[float]]:

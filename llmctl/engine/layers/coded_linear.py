@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmctl.engine.layers.activation_quant import activation_args, quantized_tokens
 from llmctl.errors import SettingError
 from llmctl.kernels import cpu as cpu_kernels
 
@@ -132,31 +133,37 @@ def gguf_int8_activations() -> bool:
     return choice == "int8"
 
 
-def coded_from(tensors: dict[str, torch.Tensor]) -> CodedWeight:
-    """A GGUF tensor's codes: decoded with int8 activations, as llama.cpp does (unless the environment asks
-    for float32 ones)."""
-    return CodedWeight.compact(tensors["codes"], tensors["scales"], tensors["offsets"],
-                               int8_activations=gguf_int8_activations())
+def coded_from(tensors: dict[str, torch.Tensor], int8_activations: bool | None = None) -> CodedWeight:
+    """A tensor's codes: a GGUF tensor's decoded with int8 activations, as llama.cpp does (unless the
+    environment asks for float32 ones); `int8_activations` False for other checkpoints' int8 weights."""
+    chosen = gguf_int8_activations() if int8_activations is None else int8_activations
+    return CodedWeight.compact(tensors["codes"], tensors["scales"], tensors["offsets"], int8_activations=chosen)
 
 
 class CodedLinear(nn.Module):
-    """A linear whose weight a GGUF checkpoint stored as codes (or, for types not kept coded, as floats)."""
+    """A linear whose weight a GGUF checkpoint stored as codes (or, for types not kept coded, as floats), or
+    a compressed-tensors checkpoint as 8-bit integers (`int8_activations` False: float activations, each
+    token quantized first when the scheme quantizes activations, `activations`)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool, int8_activations: bool | None = None,
+                 activations: dict | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self.coded: CodedWeight | None = None
         self.weight: nn.Parameter | None = None  # only when a part came as floats
+        self.int8_activations = int8_activations
+        self.activation_args = activation_args(activations) if activations else None
 
     def load_parts(self, parts: list[dict[str, torch.Tensor]]) -> None:
         """Each part holds either `weight` or `codes`, `scales` and `offsets` (its rows of the outputs)."""
         if all("codes" in part for part in parts):
-            self.coded = CodedWeight.stacked([coded_from(part) for part in parts])
+            self.coded = CodedWeight.stacked([coded_from(part, self.int8_activations) for part in parts])
             if self.coded.in_features != self.in_features:
                 raise ValueError(f"codes of {self.coded.in_features} inputs, expected {self.in_features}")
             return
-        floats = [part["weight"].float() if "weight" in part else coded_from(part).dequantize() for part in parts]
+        floats = [part["weight"].float() if "weight" in part else coded_from(part, False).dequantize()
+                  for part in parts]
         self.weight = nn.Parameter(torch.cat(floats), requires_grad=False)
 
     @property
@@ -164,6 +171,8 @@ class CodedLinear(nn.Module):
         return self.coded.nbytes if self.coded is not None else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.activation_args is not None:
+            x = quantized_tokens(x, self.activation_args, self)
         if self.coded is not None and x.device.type == "cpu" and x.dtype == torch.float32:
             flat = x.reshape(-1, self.in_features).contiguous()
             return self.coded.matmul(flat, self.bias).view(*x.shape[:-1], self.out_features)

@@ -63,6 +63,9 @@ class LoadError(ValueError):
 def _local_linear(in_features: int, out_features: int, bias: bool, quant: QuantizationSpec | None) -> nn.Module:
     if quant is not None and quant.method == "gguf":
         return CodedLinear(in_features, out_features, bias)
+    if quant is not None and quant.method == "int8-codes":  # compressed-tensors int8 weights on a CPU
+        return CodedLinear(in_features, out_features, bias, int8_activations=False,
+                           activations=quant.details.get("input_activations"))
     if quant is not None and quant.method == "dynamic-activations":
         return ActivationQuantLinear(in_features, out_features, bias, quant.details["input_activations"])
     if quant is None or quant.method not in ("gptq", "awq"):

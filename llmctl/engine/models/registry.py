@@ -6,6 +6,7 @@ import importlib
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from llmctl.checkpoint.architecture import QuantizationSpec
 from llmctl.checkpoint.quant_schemes import layer_quantization, unread_problem
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.errors import UnsupportedModelError
@@ -82,13 +83,23 @@ def _unsupported(spec: ModelSpec) -> str:
     return f"llmctl's engine has no native {names}; native architectures: {', '.join(SUPPORTED)}"
 
 
-def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None, impl: str = "auto") -> nn.Module:
-    """The model for `spec`, its layers built for the form its weights load in
-    (llmctl.checkpoint.quant_schemes.layer_quantization)."""
+def layer_form(spec: ModelSpec, device_type: str, impl: str = "auto") -> QuantizationSpec | None:
+    """The form the layers hold a pre-quantized checkpoint's weights in on this device
+    (llmctl.checkpoint.quant_schemes.layer_quantization): int8 codes only on CPUs, in llmctl's own Llama-family
+    layers."""
+    family = next((SUPPORTED[arch] for arch in spec.architectures if arch in SUPPORTED), None)
+    native = implementation(spec, impl)[0] == "llmctl"
+    return layer_quantization(spec.quantization, spec.moe is not None,
+                              int8_codes=device_type == "cpu" and family == "llama" and native)
+
+
+def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None, impl: str = "auto",
+                 device_type: str = "cpu") -> nn.Module:
+    """The model for `spec`, its layers built for the form its weights load in on this device (layer_form)."""
     chosen, why = implementation(spec, impl)
     if chosen is None:
         raise UnsupportedModelError(why)
-    layers = replace(spec, quantization=layer_quantization(spec.quantization, spec.moe is not None))
+    layers = replace(spec, quantization=layer_form(spec, device_type, impl))
     if chosen == "transformers":
         from llmctl.engine.models.transformers_impl import TransformersForCausalLM
 

@@ -32,7 +32,7 @@ from llmctl.engine.layers.linear import VocabParallelEmbedding
 from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.lora.slots import attach_lora_slots
 from llmctl.engine.models.common import Shard, WeightMismatchError
-from llmctl.engine.models.registry import create_model, is_supported
+from llmctl.engine.models.registry import create_model, is_supported, layer_form
 from llmctl.engine.worker.heap import keep_freed_memory_in_heap, release_loading_garbage
 from llmctl.engine.worker.kv_cache import kv_cache_dtype, set_up_kv_cache
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
@@ -188,15 +188,14 @@ def qwen1_config(source: ModelSource) -> Any:
 def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.device, source: ModelSource,
            shard: Shard, allow_pickle: bool = False, impl: str = "auto") -> nn.Module:
     tensors = iterate_tensors(source.path, dtype, allow_pickle)  # no weight files: fail before building
-    moe, stored = spec.moe is not None, {}
-    if spec.quantization is not None and source.gguf_path is None:
-        stored = stored_dtypes(source.path)
-    converter, what = converter_for(source.path, spec.quantization, set(stored), dtype, moe) if stored else (None, "")
+    stored = stored_dtypes(source.path) if spec.quantization is not None and source.gguf_path is None else {}
+    form = layer_form(spec, device.type, impl)
+    converter, what = converter_for(source.path, spec.quantization, form, set(stored), dtype) if stored else (None, "")
     if converter is not None:
         logger.info("%s", what)
         tensors = converted(tensors, converter, stored, dtype, _say_unused)
     with _no_init(dtype, device):
-        model = create_model(spec, hf_config, shard, impl)
+        model = create_model(spec, hf_config, shard, impl, device.type)
     try:
         model.load_weights(tensors)
     except WeightMismatchError as exc:
