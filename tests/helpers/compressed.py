@@ -33,9 +33,9 @@ def _weight_qparams(module: torch.nn.Module) -> None:
 
 
 def compressed_checkpoint(base: Path, preset: str, out: Path, tokenizer, dtype: torch.dtype = torch.bfloat16,
-                          ignore: tuple[str, ...] = ("lm_head",)) -> Path:
-    """`base` quantized with compressed-tensors' preset scheme `preset` (W4A16, W8A16, INT8_W8A8 = W8A8,
-    FP8_DYNAMIC, FP8_BLOCK, ...) and saved as compressed-tensors writes it."""
+                          ignore: tuple[str, ...] = ("lm_head",), group_size: int | None = None) -> Path:
+    """`base` quantized with compressed-tensors' preset scheme `preset` (W4A16, W8A16, W8A8, FP8_DYNAMIC,
+    FP8_BLOCK, ...; `group_size` overrides a grouped preset's) and saved as compressed-tensors writes it."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
         QuantizationConfig,
@@ -46,7 +46,10 @@ def compressed_checkpoint(base: Path, preset: str, out: Path, tokenizer, dtype: 
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype)
-    config = QuantizationConfig(config_groups={"group_0": preset_name_to_scheme(preset, ["Linear"])},
+    scheme = preset_name_to_scheme(preset, ["Linear"])
+    if group_size is not None:
+        scheme = scheme.model_copy(update={"weights": scheme.weights.model_copy(update={"group_size": group_size})})
+    config = QuantizationConfig(config_groups={"group_0": scheme},
                                 ignore=list(ignore), quantization_status=QuantizationStatus.FROZEN)
     apply_quantization_config(model, config)
     for module in model.modules():

@@ -318,8 +318,11 @@ def test_the_crossover_is_the_first_batch_where_the_packed_weight_wins(monkeypat
         return costs[last["path"]](last["rows"])
 
     monkeypatch.setattr(cpu_gemm, "_fastest_seconds", timed)
+    monkeypatch.setattr(cpu_gemm, "_measured", {})
     assert cpu_gemm.measure_small_batch(weight, packed) == 3
     costs["packed"] = lambda rows: 1e9  # never faster: every small batch stays on the plain path
+    assert cpu_gemm.measure_small_batch(weight, packed) == 3  # measured once per process and shape
+    cpu_gemm._measured.clear()
     assert cpu_gemm.measure_small_batch(weight, packed) == cpu_gemm.MAX_SMALL_BATCH
 
 

@@ -188,9 +188,21 @@ def packed_kernel() -> str:
     return _packed_kernel
 
 
+_measured: dict[tuple, int] = {}  # crossovers this process measured, by weight shape and kernel
+
+
 def measure_small_batch(weight: torch.Tensor, packed: PackedWeight) -> int:
     """The fewest rows from which the packed weight is faster than the plain one on this CPU
-    (1 to MAX_SMALL_BATCH), timed on one weight with a few calls (a few ms)."""
+    (1 to MAX_SMALL_BATCH), timed on one weight with a few calls (a few ms). Measured once per process for
+    each shape and kernel: engines built in one process (replicas, a test's two) then choose the same kernel
+    for the same rows, so their numbers agree bit for bit however busy the machine was at each start."""
+    key = (tuple(weight.shape), weight.dtype, packed.panels, packed.isa, packed.amx, torch.get_num_threads())
+    if key not in _measured:
+        _measured[key] = _crossover(weight, packed)
+    return _measured[key]
+
+
+def _crossover(weight: torch.Tensor, packed: PackedWeight) -> int:
     for rows in range(1, MAX_SMALL_BATCH):
         x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
         plain = _fastest_seconds(lambda: F.linear(x, weight))  # noqa: B023 (timed before x changes)

@@ -68,6 +68,7 @@ def test_the_lm_head_takes_its_own_crossover_from_its_own_timing(monkeypatch):
         return {"plain": 3.0, "packed": 1.0 if head else 9.0}[last["path"]]
 
     monkeypatch.setattr(cpu_gemm, "_fastest_seconds", timed)
+    monkeypatch.setattr(cpu_gemm, "_measured", {})  # no crossover another test measured for these shapes
     cpu_gemm.pack_linears(model)
     assert cpu_gemm.small_batch() == cpu_gemm.MAX_SMALL_BATCH and cpu_gemm.head_small_batch() == 1
     assert model.head.packed_head.min_rows == 1
