@@ -1,4 +1,4 @@
-"""`llmctl quantize`: 4-bit GPTQ or AWQ checkpoints."""
+"""`llmctl quantize`: GPTQ or AWQ checkpoints, or compressed-tensors ones (--scheme)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ def quantize(
     gptq: Annotated[bool, typer.Option(
         "--gptq", help="GPTQ (symmetric, stored desc_act false): vLLM's gptq/marlin")] = False,
     awq: Annotated[bool, typer.Option("--awq", help="AWQ (asymmetric, GEMM format)")] = False,
+    scheme: Annotated[Optional[str], typer.Option(
+        "--scheme", help="compressed-tensors' format, as llm-compressor writes it: w4a16 or w8a16 (llmctl's GPTQ), "
+                         "fp8-dynamic (no calibration)")] = None,
     revision: RevisionOpt = None,
     bits: Annotated[int, typer.Option("--bits", help="4 (GPTQ also 8)")] = 4,
     group_size: Annotated[Optional[int], typer.Option(
@@ -41,16 +44,21 @@ def quantize(
         "--no-redistribute", help="local use only: quantize even when the license forbids sharing derivatives")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """4-bit GPTQ or AWQ checkpoints that vLLM, transformers and llmctl load unchanged."""
+    """GPTQ, AWQ or compressed-tensors checkpoints that vLLM, transformers and llmctl load unchanged."""
     from llmctl.display import print_json, render_quantize
     from llmctl.logs import configure_logging
     from llmctl.quant.command import QuantizeOptions, run_quantize
 
     configure_logging()  # the calibration source and the engine's lines when it samples calibration text
-    if gptq == awq:
-        raise LlmctlError("choose exactly one of --gptq and --awq")
+    if scheme is not None and (gptq or awq):
+        raise LlmctlError("--scheme chooses the method itself (w4a16 and w8a16 run GPTQ): drop --gptq/--awq")
+    if scheme is None and gptq == awq:
+        raise LlmctlError("choose exactly one of --gptq, --awq and --scheme w4a16|w8a16|fp8-dynamic")
+    method = "awq" if awq else "gptq"
+    if scheme in ("w4a16", "w8a16"):
+        bits = int(scheme[1])
     summary = run_quantize(QuantizeOptions(
-        model=model, method="gptq" if gptq else "awq", output=output, revision=revision, bits=bits,
+        model=model, method=method, scheme=scheme, output=output, revision=revision, bits=bits,
         group_size=group_size, act_order=act_order, calib_file=calib_file, calib_samples=calib_samples,
         calib_seq_len=calib_seq_len, eval_file=eval_file, eval_tokens=eval_tokens, redistribute=not no_redistribute,
         show_progress=not as_json, force=force))

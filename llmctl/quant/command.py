@@ -10,15 +10,16 @@ from pathlib import Path
 
 import torch
 
-from llmctl.checkpoint.license import check_requirements, detect_license
+from llmctl.checkpoint.license import LicenseReport, check_requirements, detect_license
 from llmctl.checkpoint.source import ModelSource, hub_is_offline, read_json, resolve_model
 from llmctl.checkpoint.tokenizer import load_tokenizer
 from llmctl.errors import LlmctlError
 from llmctl.progress import progress_bar
 from llmctl.quant.calibration import calibration_samples, read_texts, token_stream
+from llmctl.quant.compressed import SCHEMES, gptq_as_compressed, gptq_scheme_config, round_to_nearest
 from llmctl.quant.pipeline import check_supported, quantize_model, working_group_sizes
 from llmctl.quant.rtn import QuantConfig
-from llmctl.quant.writer import write_quantized_model
+from llmctl.quant.writer import write_companions, write_quantized_model
 
 PILEVAL = ("mit-han-lab/pile-val-backup", "val.jsonl.zst")  # AutoAWQ's default calibration set
 logger = logging.getLogger("llmctl.quant")
@@ -27,7 +28,8 @@ logger = logging.getLogger("llmctl.quant")
 @dataclass
 class QuantizeOptions:
     model: str | None
-    method: str  # gptq | awq
+    method: str  # gptq | awq (--scheme w4a16/w8a16 run gptq), or fp8-dynamic
+    scheme: str | None = None  # --scheme: written in compressed-tensors' format (llmctl.quant.compressed)
     output: Path | None = None  # None: ./<model name>-<METHOD>-<bits>bit
     revision: str | None = None
     bits: int = 4
@@ -63,7 +65,7 @@ class QuantizeSummary:
 def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
     _check_options(options)
     source = resolve_model(options.model, options.revision, weights=True, show_progress=options.show_progress)
-    output = options.output or default_output(source, options.method, options.bits)
+    output = options.output or default_output(source, options.scheme or options.method, options.bits)
     _check_output(output, options.force)
     report = detect_license(source)
     if options.redistribute:
@@ -71,6 +73,8 @@ def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
         if failures:
             raise LlmctlError(f"refusing to make a redistributable quantized copy — {failures[0]}. Pass "
                               "--no-redistribute to quantize for local use only")
+    if options.scheme == "fp8-dynamic":
+        return _run_fp8_dynamic(options, source, output, report)
     config = QuantConfig(bits=options.bits, group_size=_group_size(options, source),
                          symmetric=options.method == "gptq", act_order=options.act_order)
     tokenizer = load_tokenizer(source)
@@ -88,13 +92,16 @@ def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
     base_model = source.repo_id or options.model or source.name
     if options.force and output.exists():
         shutil.rmtree(output)  # only a model folder gets here (_check_output)
-    written = write_quantized_model(output, source, result.tensors, options.method, config, report, base_model,
-                                    result.dense_towers)
+    tensors, compressed = result.tensors, None
+    if options.scheme is not None:  # w4a16 / w8a16: the same GPTQ integers in compressed-tensors' packing
+        tensors = gptq_as_compressed(result.tensors, config.bits, config.group_size)
+        compressed = gptq_scheme_config(config.bits, config.group_size, ["lm_head", *result.dense_towers])
+    written = write_quantized_model(output, source, tensors, options.method, config, report, base_model,
+                                    result.dense_towers, compressed)
     summary = QuantizeSummary(
-        model=source.name, method=options.method, bits=options.bits, group_size=config.group_size,
+        model=source.name, method=options.scheme or options.method, bits=options.bits, group_size=config.group_size,
         layers=len(result.layers), size_before=_weights_bytes(source), seconds=seconds, output=output,
-        calibration=calibration_source,
-        size_after=sum(t.numel() * t.element_size() for t in result.tensors.values()),
+        calibration=calibration_source, size_after=sum(t.numel() * t.element_size() for t in tensors.values()),
         written=[str(p) for p in written],
     )
     if options.eval_file:
@@ -102,7 +109,29 @@ def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
     return summary
 
 
+def _run_fp8_dynamic(options: QuantizeOptions, source: ModelSource, output: Path,
+                     report: LicenseReport) -> QuantizeSummary:
+    """llm-compressor's FP8_DYNAMIC recipe: no calibration, compressed-tensors does the rest."""
+    started = time.perf_counter()
+    if options.force and output.exists():
+        shutil.rmtree(output)  # only a model folder gets here (_check_output)
+    round_to_nearest(source.path, output, "FP8_DYNAMIC")
+    base_model = source.repo_id or options.model or source.name
+    written = write_companions(output, source, report, base_model, "FP8-dynamic (float8 e4m3 weights per channel, "
+                               "activations per token)", ["fp8", "compressed-tensors"])
+    weights = [p for p in output.iterdir() if p.suffix == ".safetensors"]
+    return QuantizeSummary(model=source.name, method="fp8-dynamic", bits=8, group_size=-1, layers=0,
+                           size_before=_weights_bytes(source), size_after=sum(p.stat().st_size for p in weights),
+                           seconds=time.perf_counter() - started, output=output, calibration="none (not needed)",
+                           written=[str(p) for p in [*weights, output / "config.json", *written]])
+
+
 def _check_options(options: QuantizeOptions) -> None:
+    if options.scheme is not None and options.scheme not in SCHEMES:
+        raise LlmctlError(f"--scheme {options.scheme!r}: choose one of {', '.join(SCHEMES)} (w8a8 — SmoothQuant + "
+                          "GPTQ with int8 activations — is not built yet)")
+    if options.scheme == "fp8-dynamic":
+        return
     if options.method not in ("gptq", "awq"):
         raise LlmctlError("choose --gptq or --awq")
     if options.bits not in (4, 8) or (options.method == "awq" and options.bits != 4):
@@ -131,9 +160,10 @@ def _group_size(options: QuantizeOptions, source: ModelSource) -> int:
 
 
 def default_output(source: ModelSource, method: str, bits: int) -> Path:
-    """./SmolLM2-135M-Instruct-AWQ-4bit: the model's name, the method and the bits, in the current folder."""
+    """./SmolLM2-135M-Instruct-AWQ-4bit (or -W4A16, -FP8-DYNAMIC for a --scheme): the model's name, the method
+    and the bits, in the current folder."""
     name = (source.repo_id or source.name).rstrip("/").split("/")[-1].removesuffix(".gguf")
-    return Path(f"{name}-{method.upper()}-{bits}bit")
+    return Path(f"{name}-{method.upper()}" if method in SCHEMES else f"{name}-{method.upper()}-{bits}bit")
 
 
 def _check_output(output: Path, force: bool) -> None:

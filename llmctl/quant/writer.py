@@ -72,36 +72,52 @@ def write_checkpoint(out_dir: Path, tensors: dict[str, torch.Tensor]) -> list[Pa
 
 def write_quantized_model(out_dir: Path, source: ModelSource, tensors: dict[str, torch.Tensor], method: str,
                           config: QuantConfig, report: LicenseReport, base_model: str,
-                          dense_towers: tuple[str, ...] = ()) -> list[Path]:
+                          dense_towers: tuple[str, ...] = (), compressed: Any | None = None) -> list[Path]:
+    """`compressed`: a compressed-tensors QuantizationConfig (`--scheme w4a16|w8a16`), written into config.json by
+    compressed-tensors itself instead of the GPTQ/AWQ fields."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = write_checkpoint(out_dir, tensors)
     model_config = read_json(source.path / "config.json")
-    model_config["quantization_config"] = quantization_config(method, config, dense_towers)
+    model_config.pop("quantization_config", None)
+    if compressed is None:
+        model_config["quantization_config"] = quantization_config(method, config, dense_towers)
     model_config["torch_dtype"] = "float16"
     (out_dir / "config.json").write_text(json.dumps(model_config, indent=2))
     written.append(out_dir / "config.json")
-    if method == "gptq":
+    if compressed is not None:
+        from llmctl.quant.compressed import write_scheme_config
+
+        write_scheme_config(out_dir, compressed)
+    elif method == "gptq":
         (out_dir / "quantize_config.json").write_text(json.dumps(
             {k: v for k, v in quantization_config(method, config, dense_towers).items() if k != "quant_method"},
             indent=2))
         written.append(out_dir / "quantize_config.json")
+    what = f"{config.bits}-bit {method.upper()} (group size {config.group_size})"
+    return written + write_companions(out_dir, source, report, base_model, what, [method, f"{config.bits}-bit"])
+
+
+def write_companions(out_dir: Path, source: ModelSource, report: LicenseReport, base_model: str, what: str,
+                     tags: list[str]) -> list[Path]:
+    """Everything beside the weights and config.json: tokenizer and generation files, the model card, LICENSE and
+    NOTICE. `what`: the quantization in words ("4-bit GPTQ (group size 128)")."""
+    written = []
     for name in COPIED_FILES:
         if (source.path / name).exists():
             shutil.copy(source.path / name, out_dir / name)
             written.append(out_dir / name)
-    written.append(_write_card(out_dir, report, base_model, method, config))
-    modification = f"quantized to {config.bits}-bit {method.upper()} (group size {config.group_size}) with llmctl"
-    written += write_license_files(report, out_dir, source, modification=modification)
+    written.append(_write_card(out_dir, report, base_model, what, tags))
+    written += write_license_files(report, out_dir, source, modification=f"quantized to {what} with llmctl")
     return written
 
 
-def _write_card(out_dir: Path, report: LicenseReport, base_model: str, method: str, config: QuantConfig) -> Path:
+def _write_card(out_dir: Path, report: LicenseReport, base_model: str, what: str, tags: list[str]) -> Path:
     front: dict[str, Any] = {"base_model": base_model, "base_model_relation": "quantized",
-                             "tags": [method, f"{config.bits}-bit", "llmctl"], "library_name": "transformers"}
+                             "tags": [*tags, "llmctl"], "library_name": "transformers"}
     if report.declared:
         front["license"] = report.declared
-    body = (f"# {base_model} — {method.upper()} {config.bits}-bit\n\n"
-            f"{config.bits}-bit {method.upper()} quantization (group size {config.group_size}) of "
+    body = (f"# {base_model} — {what}\n\n"
+            f"{what[0].upper() + what[1:]} quantization of "
             f"[{base_model}](https://huggingface.co/{base_model}), made with `llmctl quantize`. "
             "vLLM and transformers load it as is; see LICENSE and NOTICE for the terms of the base model.\n")
     path = out_dir / "README.md"

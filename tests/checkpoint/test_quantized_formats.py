@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.compressed import compressed_checkpoint
-from helpers.families import PROMPTS, assert_close, engine_outputs, transformers_reference
+from helpers.compressed import compressed_checkpoint, teacher_forced
+from helpers.families import assert_close, engine_outputs, transformers_reference
 from helpers.models import save_random_model
-from llmctl import LLM, SamplingParams
+from llmctl import LLM
 from llmctl.errors import CorruptModelError, UnsupportedModelError
 
 TOKENS = 32
@@ -53,33 +53,6 @@ def test_w4a16_stays_4_bit_and_w8a8_8_bit_on_the_cpu_kernels(base, tokenizer, tm
               if isinstance(m, CodedLinear)]
     assert len(layers) == 8 and all(layer.coded is not None and layer.coded.bits == 8 and
                                     layer.activation_args is not None for layer in layers)
-
-
-def teacher_forced(folder: Path, tokenizer) -> tuple[float, list[float]]:
-    """transformers' greedy continuations of PROMPTS fed back as prompts: the share of positions where llmctl's
-    most likely next token is transformers', and the gaps between their log-probabilities, smallest first."""
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-    sequences = []
-    for prompt in PROMPTS:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        with torch.no_grad():
-            full = hf.generate(ids, do_sample=False, max_new_tokens=TOKENS, min_new_tokens=TOKENS, pad_token_id=0,
-                               eos_token_id=None)
-            sequences.append((full[0].tolist(), ids.shape[1], hf(full).logits[0, :-1].log_softmax(-1)))
-    llm = LLM(str(folder), max_model_len=256)
-    outputs = llm.generate([{"prompt_token_ids": tokens} for tokens, _, _ in sequences],
-                           SamplingParams(max_tokens=1, prompt_logprobs=1))
-    agree, total, gaps = 0, 0, []
-    for (tokens, start, reference), output in zip(sequences, outputs):
-        for i in range(start - 1, len(tokens) - 1):
-            entry = output.prompt_logprobs[i + 1]
-            ours = max(entry.top.items(), key=lambda item: item[1])[0] if entry.top else entry.token_id
-            agree += ours == int(reference[i].argmax())
-            total += 1
-            gaps.append(abs(entry.logprob - float(reference[i, tokens[i + 1]])))
-    return agree / total, sorted(gaps)
 
 
 @pytest.mark.parametrize("preset", ["W8A8", "FP8_DYNAMIC"])

@@ -1,6 +1,7 @@
 """compressed-tensors checkpoints written by the compressed-tensors library itself (the format llm-compressor
 saves): a random model's linears get round-to-nearest min-max scales (compressed-tensors' own
-`calculate_qparams`), then the library's ModelCompressor packs and saves them with their config."""
+`calculate_qparams`), then the library's ModelCompressor packs and saves them with their config — through
+llmctl.quant.compressed.round_to_nearest, which `llmctl quantize --scheme fp8-dynamic` runs too."""
 
 from __future__ import annotations
 
@@ -8,56 +9,45 @@ from pathlib import Path
 
 import torch
 
+from helpers.families import PROMPTS
+from llmctl import LLM, SamplingParams
 
-def _weight_qparams(module: torch.nn.Module) -> None:
-    """Min-max scales (and zero points) of one linear's weight, in the shapes the library gave its params."""
-    from compressed_tensors.quantization.utils import calculate_qparams
-
-    args = module.quantization_scheme.weights
-    weight = module.weight.detach().float()
-    if args.strategy == "group":
-        weight = weight.unflatten(-1, (-1, args.group_size))
-        low, high = weight.amin(dim=-1), weight.amax(dim=-1)
-    elif args.strategy == "channel":
-        low, high = weight.amin(dim=-1, keepdim=True), weight.amax(dim=-1, keepdim=True)
-    elif args.strategy == "block":
-        rows, cols = args.block_structure
-        blocks = weight.unflatten(0, (-1, rows)).unflatten(-1, (-1, cols))
-        low, high = blocks.amin(dim=(1, 3)), blocks.amax(dim=(1, 3))
-    else:
-        low, high = weight.min().reshape(1), weight.max().reshape(1)
-    scale, zero_point = calculate_qparams(low, high, args)
-    module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape))
-    if hasattr(module, "weight_zero_point"):
-        module.weight_zero_point.data.copy_(zero_point.reshape(module.weight_zero_point.shape))
+TOKENS = 32
 
 
 def compressed_checkpoint(base: Path, preset: str, out: Path, tokenizer, dtype: torch.dtype = torch.bfloat16,
                           ignore: tuple[str, ...] = ("lm_head",), group_size: int | None = None) -> Path:
     """`base` quantized with compressed-tensors' preset scheme `preset` (W4A16, W8A16, W8A8, FP8_DYNAMIC,
     FP8_BLOCK, ...; `group_size` overrides a grouped preset's) and saved as compressed-tensors writes it."""
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (
-        QuantizationConfig,
-        QuantizationStatus,
-        apply_quantization_config,
-        preset_name_to_scheme,
-    )
-    from transformers import AutoModelForCausalLM
+    from llmctl.quant.compressed import round_to_nearest
 
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype)
-    scheme = preset_name_to_scheme(preset, ["Linear"])
-    if group_size is not None:
-        scheme = scheme.model_copy(update={"weights": scheme.weights.model_copy(update={"group_size": group_size})})
-    config = QuantizationConfig(config_groups={"group_0": scheme},
-                                ignore=list(ignore), quantization_status=QuantizationStatus.FROZEN)
-    apply_quantization_config(model, config)
-    for module in model.modules():
-        if getattr(module, "quantization_scheme", None) is not None:
-            _weight_qparams(module)
-    compressor = ModelCompressor.from_pretrained_model(model)
-    compressor.compress_model(model)
-    model.save_pretrained(str(out))
-    compressor.update_config(str(out))
+    round_to_nearest(base, out, preset, dtype, ignore, group_size)
     tokenizer.save_pretrained(str(out))
     return out
+
+
+def teacher_forced(folder: Path, tokenizer) -> tuple[float, list[float]]:
+    """transformers' greedy continuations of PROMPTS fed back as prompts: the share of positions where llmctl's
+    most likely next token is transformers', and the gaps between their log-probabilities, smallest first."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    sequences = []
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            full = hf.generate(ids, do_sample=False, max_new_tokens=TOKENS, min_new_tokens=TOKENS, pad_token_id=0,
+                               eos_token_id=None)
+            sequences.append((full[0].tolist(), ids.shape[1], hf(full).logits[0, :-1].log_softmax(-1)))
+    llm = LLM(str(folder), max_model_len=256)
+    outputs = llm.generate([{"prompt_token_ids": tokens} for tokens, _, _ in sequences],
+                           SamplingParams(max_tokens=1, prompt_logprobs=1))
+    agree, total, gaps = 0, 0, []
+    for (tokens, start, reference), output in zip(sequences, outputs):
+        for i in range(start - 1, len(tokens) - 1):
+            entry = output.prompt_logprobs[i + 1]
+            ours = max(entry.top.items(), key=lambda item: item[1])[0] if entry.top else entry.token_id
+            agree += ours == int(reference[i].argmax())
+            total += 1
+            gaps.append(abs(entry.logprob - float(reference[i, tokens[i + 1]])))
+    return agree / total, sorted(gaps)
