@@ -112,6 +112,11 @@ def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
 def _run_fp8_dynamic(options: QuantizeOptions, source: ModelSource, output: Path,
                      report: LicenseReport) -> QuantizeSummary:
     """llm-compressor's FP8_DYNAMIC recipe: no calibration, compressed-tensors does the rest."""
+    from llmctl.checkpoint.config_file import load_spec
+
+    if load_spec(source).moe is not None:  # transformers 5 fuses experts into tensors the Linear targets miss
+        raise LlmctlError("--scheme fp8-dynamic does not quantize mixture-of-experts models yet: their experts "
+                          "would stay 16-bit; quantize a dense model, or serve the model as it is")
     started = time.perf_counter()
     if options.force and output.exists():
         shutil.rmtree(output)  # only a model folder gets here (_check_output)
