@@ -1,4 +1,4 @@
-"""`llmctl quantize --scheme`: checkpoints in compressed-tensors' format, as llm-compressor saves them.
+"""Checkpoints in compressed-tensors' format, as llm-compressor saves them (`llmctl quantize --scheme fp8-dynamic`).
 
 - `w4a16` / `w8a16`: llmctl's GPTQ (symmetric, calibrated layer by layer, llmctl.quant.gptq), its integers
   packed with compressed-tensors' own `pack_to_int32` into `pack-quantized` tensors.
