@@ -14,7 +14,7 @@ load into the model's dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from llmctl.checkpoint.architecture import QuantizationSpec
@@ -36,6 +36,13 @@ class GroupScheme:
     symmetric: bool
     actorder: str | None
     activations: str | None  # e.g. "int8 per-token, dynamic"; None: weight-only
+
+    def group_or_channel(self, multiple: int) -> int | None:
+        """The weights' group size when it is a multiple of `multiple`, -1 per channel, else None."""
+        if self.strategy == "channel":
+            return -1
+        grouped = self.strategy == "group" and isinstance(self.group_size, int) and self.group_size % multiple == 0
+        return self.group_size if grouped else None
 
     def describe(self) -> str:
         weights = f"{self.weight_type}{self.bits} " + (f"group {self.group_size}" if self.strategy == "group"
@@ -102,18 +109,21 @@ def unread_problem(quant: QuantizationSpec) -> str | None:
 def kept_as_gptq(quant: QuantizationSpec | None, moe: bool = False) -> QuantizationSpec | None:
     """The GPTQ form a compressed-tensors checkpoint runs in when every group is 4-bit integer weights only
     (group sizes a multiple of 32, or per channel) and all groups agree; None: it is dequantized at load."""
-    if quant is None or quant.method != "compressed-tensors" or moe \
-            or compressed_format(quant.details) != "pack-quantized":
+    scheme = None if moe else _uniform(quant, ("pack-quantized",))
+    group = scheme.group_or_channel(32) if scheme is not None else None
+    if scheme is None or group is None or (scheme.weight_type, scheme.bits) != ("int", 4) \
+            or scheme.activations is not None or scheme.actorder:
         return None
-    schemes = group_schemes(quant.details)
-    shapes = {(s.weight_type, s.bits, s.strategy, s.group_size, s.activations, s.actorder) for s in schemes}
-    if len(shapes) != 1:
+    return QuantizationSpec("gptq", 4, group, {"from": "compressed-tensors"})
+
+
+def _uniform(quant: QuantizationSpec | None, formats: tuple[str, ...]) -> GroupScheme | None:
+    """The one scheme of a compressed-tensors checkpoint in one of `formats` whose config groups all quantize the
+    same way (their targets aside), else None."""
+    if quant is None or quant.method != "compressed-tensors" or compressed_format(quant.details) not in formats:
         return None
-    kind, bits, strategy, group_size, activations, actorder = shapes.pop()
-    grouped = strategy == "group" and isinstance(group_size, int) and group_size % 32 == 0
-    if kind != "int" or bits != 4 or activations is not None or actorder or not (grouped or strategy == "channel"):
-        return None
-    return QuantizationSpec("gptq", 4, group_size if grouped else -1, {"from": "compressed-tensors"})
+    schemes = [replace(scheme, targets=()) for scheme in group_schemes(quant.details)]
+    return schemes[0] if schemes and all(scheme == schemes[0] for scheme in schemes) else None
 
 
 def dynamic_activations(quant: QuantizationSpec) -> dict[str, Any] | None:
@@ -130,21 +140,15 @@ def kept_as_int8(quant: QuantizationSpec | None) -> QuantizationSpec | None:
     """The int8-code form a compressed-tensors checkpoint runs in on CPUs when every group is symmetric 8-bit
     integer weights per channel or in groups of a multiple of 16, with no activation scheme or a dynamic one;
     None otherwise. Its details keep the dynamic activation args (W8A8) for the layer."""
-    if quant is None or quant.method != "compressed-tensors" \
-            or compressed_format(quant.details) not in ("pack-quantized", "int-quantized"):
+    scheme = _uniform(quant, ("pack-quantized", "int-quantized"))
+    group = scheme.group_or_channel(16) if scheme is not None else None
+    if quant is None or scheme is None or group is None or (scheme.weight_type, scheme.bits) != ("int", 8) \
+            or not scheme.symmetric or scheme.actorder:
         return None
-    schemes = group_schemes(quant.details)
-    shapes = {(s.weight_type, s.bits, s.strategy, s.group_size, s.symmetric, s.actorder) for s in schemes}
-    if len(shapes) != 1:
-        return None
-    kind, bits, strategy, group_size, symmetric, actorder = shapes.pop()
-    grouped = strategy == "group" and isinstance(group_size, int) and group_size % 16 == 0
     activations = dynamic_activations(quant)
-    if kind != "int" or bits != 8 or not symmetric or actorder or not (grouped or strategy == "channel") \
-            or (schemes[0].activations is not None and activations is None):
+    if scheme.activations is not None and activations is None:
         return None
-    return QuantizationSpec("int8-codes", 8, group_size if grouped else -1,
-                            {"input_activations": activations} if activations else {})
+    return QuantizationSpec("int8-codes", 8, group, {"input_activations": activations} if activations else {})
 
 
 def layer_quantization(quant: QuantizationSpec | None, moe: bool = False,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.compressed import compressed_checkpoint, teacher_forced
+from helpers.compressed import base_model, compressed_checkpoint, teacher_forced
 from helpers.families import assert_close, engine_outputs, transformers_reference
 from helpers.models import save_random_model
 from llmctl import LLM
@@ -22,14 +22,7 @@ TOKENS = 32
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, tokenizer) -> Path:
-    from transformers import LlamaConfig
-
-    # 128 wide: compressed-tensors' presets quantize in groups (and fp8 blocks) of 128 inputs
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
-                         tie_word_embeddings=False)
-    torch.manual_seed(0)
-    return save_random_model(config, tmp_path_factory.mktemp("quantized") / "base", tokenizer)
+    return base_model(tmp_path_factory.mktemp("quantized") / "base", tokenizer, kv_heads=4)
 
 
 @pytest.mark.parametrize("preset", ["W4A16", "W8A16"])

@@ -15,6 +15,19 @@ from llmctl import LLM, SamplingParams
 TOKENS = 32
 
 
+def base_model(folder: Path, tokenizer, kv_heads: int = 4) -> Path:
+    """A random 2-layer Llama 128 wide: compressed-tensors' presets quantize in groups (and fp8 blocks) of 128."""
+    from transformers import LlamaConfig
+
+    from helpers.models import save_random_model
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=256,
+                         tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return save_random_model(config, folder, tokenizer)
+
+
 def compressed_checkpoint(base: Path, preset: str, out: Path, tokenizer, dtype: torch.dtype = torch.bfloat16,
                           ignore: tuple[str, ...] = ("lm_head",), group_size: int | None = None) -> Path:
     """`base` quantized with compressed-tensors' preset scheme `preset` (W4A16, W8A16, W8A8, FP8_DYNAMIC,

@@ -8,24 +8,16 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from helpers.compressed import teacher_forced
+from helpers.compressed import base_model, teacher_forced
 from helpers.families import assert_close, engine_outputs, transformers_reference
-from helpers.models import save_random_model
 from helpers.quant_helpers import WIKITEXT
 from llmctl.errors import LlmctlError
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, tokenizer) -> Path:
-    from transformers import LlamaConfig
-
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=False)
-    torch.manual_seed(0)
-    return save_random_model(config, tmp_path_factory.mktemp("schemes") / "base", tokenizer)
+    return base_model(tmp_path_factory.mktemp("schemes") / "base", tokenizer, kv_heads=2)
 
 
 def quantize(base: Path, out: Path, scheme: str) -> dict:
