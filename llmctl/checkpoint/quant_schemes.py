@@ -129,7 +129,7 @@ def _uniform(quant: QuantizationSpec | None, formats: tuple[str, ...]) -> GroupS
 def dynamic_activations(quant: QuantizationSpec) -> dict[str, Any] | None:
     """The input-activation args every config group shares when they are dynamic (W8A8, FP8-dynamic), else None."""
     groups = [group for group in (quant.details.get("config_groups") or {}).values() if isinstance(group, dict)]
-    inputs = [group.get("input_activations") for group in groups]
+    inputs: list[Any] = [group.get("input_activations") for group in groups]
     if not inputs or not all(isinstance(args, dict) and args.get("dynamic") is True for args in inputs) \
             or any(args != inputs[0] for args in inputs):
         return None

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from llmctl.checkpoint.quant_formats import unpack_gptq
 
@@ -66,7 +65,7 @@ def write_scheme_config(folder: Path, config: Any) -> None:
     ModelCompressor(quantization_config=config).update_config(str(folder))
 
 
-def _min_max_scales(module: nn.Module) -> None:
+def _min_max_scales(module: Any) -> None:  # an nn.Linear carrying compressed-tensors' scheme and params
     """A linear's weight scales (and zero points) from its min and max, in the shapes compressed-tensors gave
     them (per channel, group, block or tensor), by compressed-tensors' own `calculate_qparams`."""
     from compressed_tensors.quantization.utils import calculate_qparams
