@@ -31,11 +31,12 @@ def converted(tensors: Iterator[CheckpointTensor], converter: Converter, stored:
     an embedding matched by name only); `unused` hears the companions no weight took."""
     held: dict[str, torch.Tensor] = {}  # companions (and roots) read, waiting for their group
     roots: dict[str, set[str]] = {}  # root name -> the companions it needs
+    companion = getattr(converter, "is_companion", None) or (lambda name: name.rpartition(".")[2] in COMPANIONS)
     for tensor in tensors:
         needs = converter.get_dependencies(tensor.name)
         if needs & stored.keys():
             roots[tensor.name] = needs
-        elif tensor.name.rpartition(".")[2] not in COMPANIONS:
+        elif not companion(tensor.name):
             if stored.get(tensor.name, "").startswith("F8"):  # read as it is, it would lose its scale
                 raise CorruptModelError(f"{tensor.name} is stored in float8 with no scale (weight_scale or "
                                         "weight_scale_inv) beside it: the files are incomplete (download them again)")

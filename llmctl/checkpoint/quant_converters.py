@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from llmctl.checkpoint.architecture import QuantizationSpec
-from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_gptq
+from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_gptq, unpack_awq, unpack_gptq
 from llmctl.checkpoint.quant_schemes import compressed_format
 from llmctl.errors import CorruptModelError
 
@@ -119,6 +119,34 @@ class Int8ToCodes:
                 f"{module}.offsets": torch.zeros_like(scales)}
 
 
+class ExpertsDequantizer:
+    """A GPTQ or AWQ mixture-of-experts checkpoint's routed experts, dequantized into `weight` tensors for the
+    engine's stacked experts (which run dense); attention and shared experts stay packed (QuantLinear)."""
+
+    PACKED = ("qweight", "qzeros", "scales", "g_idx")
+
+    def __init__(self, quant: QuantizationSpec, names: set[str], dtype: torch.dtype) -> None:
+        self.method, self.bits, self.names, self.dtype = quant.method, quant.bits or 4, names, dtype
+        self.group_size = quant.group_size if quant.group_size and quant.group_size > 0 else 0
+
+    def is_companion(self, name: str) -> bool:
+        return ".experts." in name and name.rpartition(".")[2] in self.PACKED[1:]
+
+    def get_dependencies(self, weight_name: str) -> set[str]:
+        module, _, kind = weight_name.rpartition(".")
+        if kind != "qweight" or ".experts." not in module:
+            return set()
+        return {f"{module}.{part}" for part in self.PACKED[1:] if f"{module}.{part}" in self.names}
+
+    def process(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        module = next(name for name in tensors if name.endswith(".qweight")).removesuffix(".qweight")
+        packed = {kind: tensors[f"{module}.{kind}"] for kind in self.PACKED if f"{module}.{kind}" in tensors}
+        inputs = packed["qweight"].shape[0] * (32 // self.bits) if self.method == "gptq" else packed["qweight"].shape[0]
+        group = self.group_size or inputs  # per channel: one group of every input
+        weight = unpack_gptq(packed, self.bits, group) if self.method == "gptq" else unpack_awq(packed, group)
+        return {f"{module}.weight": weight.dequantize().to(self.dtype)}
+
+
 def _config(details: dict[str, Any]) -> Any:
     from compressed_tensors.quantization import QuantizationConfig
 
@@ -126,10 +154,14 @@ def _config(details: dict[str, Any]) -> Any:
 
 
 def converter_for(folder: Path, quant: QuantizationSpec | None, form: QuantizationSpec | None, names: set[str],
-                  dtype: torch.dtype) -> tuple[Converter | None, str]:
+                  dtype: torch.dtype, moe: bool = False) -> tuple[Converter | None, str]:
     """The converter a checkpoint's quantized tensors go through on their way to layers built for `form`
     (llmctl.engine.models.registry.layer_form; None: dense), and what it does, for the log (None: read as they
     are). `names`: every tensor name in the checkpoint."""
+    if quant is not None and quant.method in ("gptq", "awq") and moe:
+        return ExpertsDequantizer(quant, names, dtype), (
+            f"{quant.method.upper()} experts dequantized once at load into {str(dtype).removeprefix('torch.')} "
+            "(llmctl's fused MoE runs dense experts); attention and shared experts stay packed")
     if quant is None or quant.method not in ("fp8", "compressed-tensors"):
         return None, ""  # read as stored (GPTQ, AWQ, GGUF), or refused by name (llmctl.engine.models.registry)
     try:

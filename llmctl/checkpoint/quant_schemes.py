@@ -188,8 +188,11 @@ def sizing_quantization(quant: QuantizationSpec | None) -> QuantizationSpec | No
     return None
 
 
-def served_form(quant: QuantizationSpec, dtype: str) -> str:
+def served_form(quant: QuantizationSpec, dtype: str, moe: bool = False) -> str:
     """Where `llmctl serve` keeps a pre-quantized checkpoint's weights on GPUs (plan's note)."""
+    if quant.method in ("gptq", "awq") and moe:
+        return (f"llmctl serve keeps attention and shared experts in {quant.method.upper()} and dequantizes the "
+                f"routed experts once at load into {dtype}: its experts take the dense bytes")
     if quant.method in ("gptq", "awq"):
         return f"llmctl serve keeps the {quant.method.upper()} weights quantized"
     if kept_as_gptq(quant) is not None:

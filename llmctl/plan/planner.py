@@ -430,11 +430,15 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
 
 
 def _fits_as_llmctl_holds_it(plan: Plan, best: LayoutPlan, fmt: WeightFormat) -> bool:
-    """Whether the layout still fits when llmctl holds the checkpoint's weights dense (FP8 and the
-    compressed-tensors schemes it has no kernel for: dequantized once at load)."""
-    quant, stored = plan.spec.quantization, sizing_quantization(plan.spec.quantization)
-    if quant is None or stored is None or plan.request.quantization or layer_quantization(quant) is not None:
-        return True  # as stored, or GPTQ/AWQ kept packed: the numbers above are llmctl's too
+    """Whether the layout still fits as llmctl holds the checkpoint on GPUs: GPTQ/AWQ (and compressed-tensors
+    4-bit) stay packed as plan sized them; FP8, the other compressed-tensors schemes and GPTQ/AWQ routed experts
+    are dequantized once at load — then the layout is weighed dense (attention included: an upper bound)."""
+    quant = plan.spec.quantization
+    if quant is None or plan.request.quantization or sizing_quantization(quant) is None:
+        return True  # nothing pre-quantized, or a checkpoint plan sizes at 16 bits anyway
+    form = layer_quantization(quant, plan.spec.moe is not None)
+    if form is not None and form.method in ("gptq", "awq") and not (plan.spec.moe and quant.method in ("gptq", "awq")):
+        return True
     dense = weight_format(WEIGHT_DTYPES[plan.dtype], None, plan.spec)
     layout = evaluate_layout(plan.spec, plan.request, best.tp, best.pp, dtype_bytes=dense.dense_bytes, fmt=dense,
                              kv_bytes=plan.kv_dtype_bytes, max_model_len=plan.max_model_len)

@@ -156,3 +156,42 @@ def test_blockwise_fp8_experts_and_mla_generate_what_transformers_generates(toke
     folder = fp8_block_checkpoint(base, tmp_path / "fp8", block=16)
     ours, _ = engine_outputs(folder, tokens=16)
     assert_close(transformers_reference(folder, tokenizer, max_tokens=16), ours)
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_gptq_and_awq_experts_load_and_match_their_dequantized_weights(tokenizer, tmp_path, method):
+    """A Qwen3-MoE with attention and every expert packed (round to nearest, groups of 32): attention stays
+    packed, the experts are dequantized at load; transformers runs the same weights unpacked by the formats
+    module, saved as a dense checkpoint it loads itself."""
+    from safetensors.torch import load_file, save_file
+
+    from helpers.families import moe_config
+    from helpers.quant_helpers import dequantized_state
+    from llmctl.checkpoint.quant_formats import pack_awq, pack_gptq, unpack_awq, unpack_gptq
+    from llmctl.quant.rtn import QuantConfig, rtn_quantize
+    from llmctl.quant.writer import quantization_config
+
+    torch.manual_seed(0)
+    base = save_random_model(moe_config("qwen3-moe", len(tokenizer)), tmp_path / "base", tokenizer)
+    config = QuantConfig(4, 32, symmetric=method == "gptq")
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in load_file(base / "model.safetensors").items():
+        if name.endswith("proj.weight"):
+            packed = (pack_gptq if method == "gptq" else pack_awq)(rtn_quantize(tensor, config))
+            tensors.update({f"{name.removesuffix('weight')}{kind}": value for kind, value in packed.items()})
+        else:
+            tensors[name] = tensor
+    folder = tmp_path / method
+    dense = tmp_path / f"{method}-dense"
+    for out in (folder, dense):
+        out.mkdir()
+        tokenizer.save_pretrained(str(out))
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    model_config = json.loads((base / "config.json").read_text())
+    (dense / "config.json").write_text(json.dumps(model_config))
+    model_config["quantization_config"] = quantization_config(method, config)
+    (folder / "config.json").write_text(json.dumps(model_config))
+    unpack = (lambda parts: unpack_gptq(parts, 4, 32)) if method == "gptq" else (lambda parts: unpack_awq(parts, 32))
+    save_file(dequantized_state(folder, unpack), dense / "model.safetensors", metadata={"format": "pt"})
+    ours, _ = engine_outputs(folder, tokens=16)
+    assert_close(transformers_reference(dense, tokenizer, max_tokens=16), ours)

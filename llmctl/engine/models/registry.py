@@ -70,11 +70,11 @@ def native_problem(spec: ModelSpec) -> str | None:
     if not is_supported(spec):
         return _unsupported(spec)
     family = next(SUPPORTED[arch] for arch in spec.architectures if arch in SUPPORTED)
-    if spec.quantization is not None and family in ("moe", "deepseek") \
-            and spec.quantization.method in ("gptq", "awq", "gguf"):
-        return (f"{spec.quantization.method.upper()} mixture-of-experts checkpoints are not served yet (their "
-                "experts are not loaded quantized): use the unquantized model, or an FP8 or compressed-tensors "
-                "checkpoint of it (dequantized at load)")
+    method = spec.quantization.method if spec.quantization is not None else None
+    if (family == "moe" and method == "gguf") or (family == "deepseek" and method in ("gptq", "awq", "gguf")):
+        return (f"{method.upper()} {'DeepSeek' if family == 'deepseek' else 'mixture-of-experts'} checkpoints are "
+                "not served yet: use the unquantized model, or an FP8 or compressed-tensors checkpoint of it "
+                "(dequantized at load)")
     return None
 
 

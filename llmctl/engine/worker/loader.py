@@ -190,7 +190,8 @@ def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.de
     tensors = iterate_tensors(source.path, dtype, allow_pickle)  # no weight files: fail before building
     stored = stored_dtypes(source.path) if spec.quantization is not None and source.gguf_path is None else {}
     form = layer_form(spec, device.type, impl)
-    converter, what = converter_for(source.path, spec.quantization, form, set(stored), dtype) if stored else (None, "")
+    converter, what = converter_for(source.path, spec.quantization, form, set(stored), dtype, spec.moe is not None) \
+        if stored else (None, "")
     if converter is not None:
         logger.info("%s", what)
         tensors = converted(tensors, converter, stored, dtype, _say_unused)
