@@ -87,10 +87,13 @@ def layer_form(spec: ModelSpec, device_type: str, impl: str = "auto") -> Quantiz
     """The form the layers hold a pre-quantized checkpoint's weights in on this device
     (llmctl.checkpoint.quant_schemes.layer_quantization): int8 codes only on CPUs, in llmctl's own Llama-family
     layers."""
+    return _layer_form(spec, device_type, implementation(spec, impl)[0])
+
+
+def _layer_form(spec: ModelSpec, device_type: str, chosen: str | None) -> QuantizationSpec | None:
     family = next((SUPPORTED[arch] for arch in spec.architectures if arch in SUPPORTED), None)
-    native = implementation(spec, impl)[0] == "llmctl"
     return layer_quantization(spec.quantization, spec.moe is not None,
-                              int8_codes=device_type == "cpu" and family == "llama" and native)
+                              int8_codes=device_type == "cpu" and family == "llama" and chosen == "llmctl")
 
 
 def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None, impl: str = "auto",
@@ -99,7 +102,7 @@ def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None, im
     chosen, why = implementation(spec, impl)
     if chosen is None:
         raise UnsupportedModelError(why)
-    layers = replace(spec, quantization=layer_form(spec, device_type, impl))
+    layers = replace(spec, quantization=_layer_form(spec, device_type, chosen))
     if chosen == "transformers":
         from llmctl.engine.models.transformers_impl import TransformersForCausalLM
 
