@@ -41,6 +41,9 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ
     os.environ["OMP_NUM_THREADS"] = "1"
     if "torch" in sys.modules:  # imported already (by a plugin)
         sys.modules["torch"].set_num_threads(1)
+# A local ray.init() turns Ray's token authentication on and writes ~/.ray/auth_token; any `ray start` after it (the
+# two-node tests, in this run or the next) then finds the token and demands it of a second node that has none.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # Triton kernels run on CPU tensors in its interpreter, which must be chosen before triton is
 # imported; with a GPU they run compiled. Subprocess tests (servers, workers) inherit this.
 if "TRITON_INTERPRET" not in os.environ:

@@ -4,16 +4,17 @@ Each request goes to the replica with the least outstanding work (prompt tokens 
 tokens still to generate of the requests it is serving), as vLLM's DP coordinator
 balances by queue length. Replicas share nothing — except with --enable-expert-parallel, where
 a MoE model's experts spread over every replica's ranks (EP = TP × DP) and the replicas step
-together (llmctl.engine.front.lockstep). A replica that dies makes the whole server unhealthy,
-as one engine would.
+together (llmctl.engine.front.lockstep). A local replica that dies makes the whole server unhealthy,
+as one engine would; Ray replicas (`--data-parallel-backend ray`) survive each other's loss: requests,
+tokenization, grammar checks and adapters go to those still running.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
@@ -29,6 +30,8 @@ from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.engine.worker.threads import threads_per_rank
+
+T = TypeVar("T")
 
 
 def replica_configs(config: EngineConfig) -> tuple[list[EngineConfig], Any]:
@@ -82,7 +85,7 @@ class DataParallelEngine:
         self._serving: dict[str, int] = {}  # request id -> the replica generating it
         self._lock = threading.Lock()
 
-    # Tokenizer, model facts and limits are the same in every replica: replica 0's.
+    # Tokenizer, model facts and limits are the same in every replica, and held here: replica 0's.
     @property
     def tokenizer(self) -> Any:
         return self.replicas[0].tokenizer
@@ -100,21 +103,35 @@ class DataParallelEngine:
         return self.replicas[0].spec
 
     def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
-        return self.replicas[0].tokenize(prompt)
+        return self._ask_one(lambda replica: replica.tokenize(prompt))
 
     def check_structured_outputs(self, params: StructuredOutputsParams) -> None:
-        self.replicas[0].check_structured_outputs(params)
+        self._ask_one(lambda replica: replica.check_structured_outputs(params))
 
     def stats(self) -> list[EngineStats]:
-        return [stats for replica in self.replicas for stats in replica.stats()]
+        return [stats for replica in self.replicas for stats in replica.stats()]  # a lost one's: its last
 
     def add_lora(self, lora_request: LoRARequest) -> None:
-        for replica in self.replicas:
+        for replica in self._live():
             replica.add_lora(lora_request)
 
     def remove_lora(self, lora_int_id: int) -> None:
-        for replica in self.replicas:
+        for replica in self._live():
             replica.remove_lora(lora_int_id)
+
+    def _live(self) -> list[AsyncLLMEngine]:
+        """The replicas whose calls can be answered: on Ray those still running (a lost one's fail), else all."""
+        return [replica for replica in self.replicas if not self.on_ray or replica.is_running]
+
+    def _ask_one(self, call: Callable[[AsyncLLMEngine], T]) -> T:
+        """`call` of the first live replica; on Ray, one found lost by it hands the call to the next."""
+        for replica in self._live() or self.replicas[:1]:
+            try:
+                return call(replica)
+            except WorkerLostError:
+                if not self.on_ray or not any(r.is_running for r in self.replicas):
+                    raise
+        raise WorkerLostError("every data-parallel replica was lost")
 
     def lost_workers(self) -> str | None:
         lost = [reason for reason in (r.lost_workers() for r in self.replicas) if reason is not None]

@@ -17,6 +17,7 @@ from typing import Any
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.errors import WorkerLostError
 from llmctl.engine.front.outputs import RequestOutput
+from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.sampling_params import SamplingParams
 
@@ -67,6 +68,7 @@ class RayReplicaEngine:
     def __init__(self, actor: Any, ray: Any) -> None:
         self.ray, self.actor = ray, actor
         self._lost: str | None = None
+        self._last_stats: EngineStats | None = None
         self.tokenizer, source, spec, self.max_model_len, self.node = self._get(self.actor.facts.remote())
         self.loaded = SimpleNamespace(source=source, spec=spec)
         self.structured = SimpleNamespace(matcher=lambda params: self._call("check_structured_outputs", params))
@@ -100,8 +102,17 @@ class RayReplicaEngine:
     def has_unfinished_requests(self) -> bool:
         return self._get(self.actor.has_unfinished_requests.remote())
 
-    def stats(self) -> Any:
-        return self._call("stats")
+    def stats(self) -> EngineStats:
+        """The replica's counters; once it is lost, the last ones read with nothing running or waiting, so
+        /metrics keeps each replica's label and its counters never go back."""
+        if self._lost is None:
+            try:
+                self._last_stats = self._call("stats")
+                return self._last_stats
+            except WorkerLostError:
+                pass
+        last = self._last_stats or EngineStats(0, 0, 0.0, 0, 0, 0, 0, 0)
+        return dataclasses.replace(last, num_running=0, num_waiting=0, kv_cache_usage=0.0)
 
     def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         return self._call("tokenize", prompt)

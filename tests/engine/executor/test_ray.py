@@ -232,18 +232,20 @@ def test_data_parallel_replicas_on_two_ray_nodes_survive_one(llama, tmp_path):
         assert nodes == {head.address, other.address}, text[-3000:]  # one replica on each node
         for _ in range(2):
             assert complete(other, url) == expected
-        # the least-loaded pick gives idle-time requests to the first replica (the head node's): the one that
-        # must go on serving once the other node is gone (vLLM's balancer also starts ties at one engine)
+        # the least-loaded pick gives idle-time requests to the first replica (vLLM's balancer also starts ties
+        # at one engine); Ray places it on either node, and either way the head's replica must serve on
         by_replica = generated_by_replica(head, url)
         assert by_replica["0"] > 0 and by_replica.get("1", 0) == 0, by_replica
         lose_node(other)
-        # two requests at once: while the lost replica still counts as running, the least-loaded pick sends the
-        # second to it, and it must come back from the head's replica once Ray reports the actor lost (however
-        # long Ray's health checks take); once it is known lost, both go to the head's replica
+        # two requests at once: while the lost replica still counts as running, the least-loaded pick (and, when
+        # it is replica 0, the tokenization) may go to it, and must come back from the head's replica once Ray
+        # reports the actor lost (however long Ray's health checks take); once it is known lost, all go there
         with ThreadPoolExecutor(2) as pool:
             assert list(pool.map(lambda _: complete(head, url), range(2))) == [expected] * 2, log.read_text()[-3000:]
         for _ in range(2):
             assert health(head, url) == 0
             assert complete(head, url) == expected, log.read_text()[-3000:]
+        after = generated_by_replica(head, url)  # /metrics answers, the lost replica's label and counts kept
+        assert set(after) == {"0", "1"} and after["1"] == 0 and after["0"] > by_replica["0"], after
         terminate_all([server])
         assert server.returncode == 0, log.read_text()[-3000:]

@@ -32,6 +32,16 @@ class Replica:
                 raise WorkerLostError("the Ray replica's actor was lost (ActorDiedError)")
             yield output
 
+    def tokenize(self, prompt):
+        return self._answer((None, [len(self.outputs)]))
+
+    def _answer(self, answer):
+        """A remote call: a lost actor's error when this replica goes on its next call."""
+        if self.lose_after == 0:
+            self.is_running = False
+            raise WorkerLostError("the Ray replica's actor was lost (ActorUnavailableError)")
+        return answer
+
 
 def front(replicas: list[Replica], on_ray: bool = True) -> DataParallelEngine:
     engine = DataParallelEngine.__new__(DataParallelEngine)  # the routing state alone, no engines built
@@ -69,3 +79,13 @@ def test_local_replicas_and_a_cluster_with_none_left_fail_the_request():
     with pytest.raises(WorkerLostError):
         run(front(both))
     assert [r.requests for r in both] == [1, 1]
+
+
+def test_tokenize_comes_from_a_running_replica_when_the_first_is_lost():
+    """The CI failure of 2026-11-29: Ray placed replica 0 on the node that went, and the next request's
+    tokenization (always replica 0's) failed with a 500."""
+    lost, running = Replica(["a"], lose_after=0), Replica(["c", "d"])
+    engine = front([lost, running])
+    assert engine.tokenize("hi") == (None, [2])  # replica 0 found lost by this call: replica 1 answers
+    with pytest.raises(WorkerLostError):
+        front([Replica(["a"], lose_after=0)]).tokenize("hi")
