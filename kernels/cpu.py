@@ -265,13 +265,16 @@ def int8_dequantize(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Te
 
 
 def q8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
-              bias: torch.Tensor | None = None, isa: str = "auto", offsets_used: bool = True) -> torch.Tensor:
+              bias: torch.Tensor | None = None, isa: str = "auto", offsets_used: bool = True,
+              per_token: bool = False) -> torch.Tensor:
     """int4_linear / int8_linear (by the codes' dtype) with x quantized to int8 in blocks of 32 as llama.cpp's
     Q8_0, the dot products taken in integers; groups of 32 (GGUF's blocks), or of 16 with int8 codes (Q6_K:
-    each half block takes its group's scale). `offsets_used=False` skips the offsets (all zero, as Q8_0's)."""
+    each half block takes its group's scale). `offsets_used=False` skips the offsets (all zero, as Q8_0's).
+    `per_token`: x quantized with one scale per row as compressed-tensors' dynamic int8 scheme (W8A8), for
+    int8 codes in groups of 32 (a per-channel scale repeated), exactly as the library rounds it."""
     load()
     return torch.ops.llmctl_cpu.q8_linear(x.contiguous(), codes, scales, offsets, bias, CODED_ISAS[isa],
-                                          offsets_used)
+                                          offsets_used, per_token)
 
 
 def q8_vnni() -> bool:

@@ -9,6 +9,8 @@
 // to a float and take 32 multiplies per instruction, which is what bounded float decoding. The results
 // carry the rounding of x that llama.cpp's carry; the reference is the weight and gguf-py's Q8_0 rounding
 // of x, both dequantized, multiplied in float64. Paths: AVX-512 (with VNNI where built), AVX2, plain.
+// `per_token`: x quantized as a compressed-tensors W8A8 checkpoint's activations are instead (one scale per row,
+// cpu_q8_quantize.h), for its int8 weights widened to 32-wide groups: the scheme's GEMM, in integers, exactly.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -17,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -39,13 +42,17 @@ void check(bool ok, const char* message) { TORCH_CHECK(ok, "llmctl cpu q8_linear
 
 // x quantized: q [M, K], d [M, K / 32] (each block's scale) and sums [M, sum_stride] (d · Σ q of each block,
 // or of each half block where the weight's groups are 16 wide).
+// Per-token mode: the inputs of row r whose q is -128 (held as -127) are minus_at[minus_begin[r] .. minus_begin[r + 1]).
 struct QuantizedRows {
   const int8_t* q;
   const float* d;
   const float* sums;
   int64_t k, blocks, sum_stride;
+  const int64_t* minus_begin = nullptr;
+  const int64_t* minus_at = nullptr;
   QuantizedRows at(int64_t row) const {
-    return {q + row * k, d + row * blocks, sums + row * sum_stride, k, blocks, sum_stride};
+    return {q + row * k, d + row * blocks, sums + row * sum_stride, k, blocks, sum_stride,
+            minus_begin ? minus_begin + row : nullptr, minus_at};
   }
 };
 
@@ -381,8 +388,28 @@ struct Kernel {
   }
 };
 
+// Per-token activations (W8A8) on int8 codes: the integer products took q = -127 where the library's is -128;
+// the missing -1 · code · scale · d of each such input is added here, exactly (a byte of the row just read).
+struct PerTokenKernel {
+  template <int R, class W>
+  static void rows(int64_t isa, const W& w, int64_t n, const QuantizedRows& x, float* out) {
+    Kernel<true>::template rows<R>(isa, w, n, x, out);
+    const int8_t* codes = reinterpret_cast<const int8_t*>(w.codes + n * w.row_bytes);
+    for (int r = 0; r < R; ++r)
+      for (int64_t i = x.minus_begin[r]; i < x.minus_begin[r + 1]; ++i) {
+        const int64_t input = x.minus_at[i], block = input / BLOCK;
+        out[r] -= scalar(w.scales[n * w.groups + block]) * x.d[r * x.blocks + block] * static_cast<float>(codes[input]);
+      }
+  }
+
+  template <class W>
+  static void prefetch(const W& w, int64_t n) {
+    Kernel<true>::prefetch(w, n);
+  }
+};
+
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& offsets,
-                     const c10::optional<at::Tensor>& bias, int64_t isa, bool offsets_used) {
+                     const c10::optional<at::Tensor>& bias, int64_t isa, bool offsets_used, bool per_token) {
   check(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x is a contiguous float32 [M, K]");
   const bool packed = codes.scalar_type() == at::kByte;
   check((packed || codes.scalar_type() == at::kChar) && codes.dim() == 2 && codes.is_contiguous(),
@@ -394,6 +421,7 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
         "K is a multiple of 32 and the groups are 32 wide (GGUF's blocks), or 16 wide with 8-bit codes (Q6_K)");
   check(scales.is_contiguous() && offsets.is_contiguous() && scales.size(0) == n && offsets.sizes() == scales.sizes(),
         "scales and offsets are [N, G]");
+  check(!per_token || (!packed && groups * BLOCK == k), "per-token activations take int8 codes in 32-wide groups");
   isa = isa == AUTO ? llmctl_coded::widest() : isa;
   check(built(isa), "that instruction set is not built on this machine");
 
@@ -402,20 +430,32 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   // the quantized rows in buffers kept per calling thread: a decode step makes ~120 of these calls
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> d, sums;
+  thread_local std::vector<int64_t> minus_at, minus_begin;
   q.resize(m * k);
   d.resize(m * blocks);
   sums.resize(m * sum_stride);
-  for (int64_t row = 0; row < m; ++row)
+  minus_at.clear();
+  minus_begin.resize(m + 1);
+  for (int64_t row = 0; row < m; ++row) {
+    minus_begin[row] = static_cast<int64_t>(minus_at.size());
     quantize_row(x.data_ptr<float>() + row * k, k, q.data() + row * k, d.data() + row * blocks,
-                 sums.data() + row * sum_stride, paired, halves);
-  const QuantizedRows input{q.data(), d.data(), sums.data(), k, blocks, sum_stride};
+                 sums.data() + row * sum_stride, paired, halves, per_token ? &minus_at : nullptr);
+  }
+  minus_begin[m] = static_cast<int64_t>(minus_at.size());
+  QuantizedRows input{q.data(), d.data(), sums.data(), k, blocks, sum_stride};
+  if (per_token) {
+    input.minus_begin = minus_begin.data();
+    input.minus_at = minus_at.data();
+  }
 
   at::Tensor y = at::empty({m, n}, x.options());
   llmctl_coded::with_scales(scales, offsets, [&](auto sp, auto op) {
     using S = std::remove_const_t<std::remove_pointer_t<decltype(sp)>>;
     const Weights<S> w{static_cast<const uint8_t*>(codes.data_ptr()), sp, op, k, groups, packed ? k / 2 : k,
                        offsets_used};
-    if (halves)
+    if (per_token)
+      llmctl_coded::run_rows<PerTokenKernel>(isa, w, input, m, n, y.data_ptr<float>());
+    else if (halves)
       llmctl_coded::run_rows<HalvesKernel>(isa, w, input, m, n, y.data_ptr<float>());
     else if (packed)
       llmctl_coded::run_rows<Kernel<false>>(isa, w, input, m, n, y.data_ptr<float>());
@@ -437,8 +477,8 @@ bool q8_vnni() {
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(llmctl_cpu, m) {
-  m.def("q8_linear(Tensor x, Tensor codes, Tensor scales, Tensor offsets, Tensor? bias, int isa, bool offsets_used)"
-        " -> Tensor");
+  m.def("q8_linear(Tensor x, Tensor codes, Tensor scales, Tensor offsets, Tensor? bias, int isa, bool offsets_used, "
+        "bool per_token=False) -> Tensor");
   m.def("q8_vnni() -> bool", &q8_vnni);
 }
 

@@ -56,18 +56,85 @@ inline void round_block(const float* xb, float inverse, int8_t* q, int32_t (&tot
 #endif
 }
 
+// a / b, divided: the build's -ffast-math would multiply by b's reciprocal instead, an ulp away from the library's
+// quotient at times, which moves ties (x / scale on a half) to the other integer.
+#if defined(__AVX2__) && defined(__FMA__)
+inline __m256 divided(__m256 a, __m256 b) {
+  __m256 quotient;
+  asm("vdivps %2, %1, %0" : "=x"(quotient) : "x"(a), "x"(b));
+  return quotient;
+}
+#endif
+inline float divided(float a, float b) {
+  volatile float divisor = b;  // unknown to the compiler: no reciprocal taken
+  return a / divisor;
+}
+
+// q = round half to even of x / scale, clamped to [-127, 127], for one block starting at input `start`, and the
+// sums of its halves' q; the inputs that round to -128 (the library's value there) are added to `minus`.
+inline void round_block_even(const float* xb, float scale, int64_t start, int8_t* q, int32_t (&total)[2],
+                             std::vector<int64_t>& minus) {
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 low = _mm256_set1_ps(-127.0f), high = _mm256_set1_ps(127.0f);
+  __m256i ints[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 v = divided(_mm256_loadu_ps(xb + 8 * i), _mm256_set1_ps(scale));
+    const __m256 even = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    for (int bits = _mm256_movemask_ps(_mm256_cmp_ps(even, low, _CMP_LT_OQ)); bits != 0; bits &= bits - 1)
+      minus.push_back(start + 8 * i + __builtin_ctz(bits));
+    ints[i] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(even, low), high));
+  }
+  const __m256i first = _mm256_add_epi32(ints[0], ints[1]), second = _mm256_add_epi32(ints[2], ints[3]);
+  total[0] = sum8_int(first);
+  total[1] = sum8_int(second);
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+#else
+  total[0] = total[1] = 0;
+  for (int j = 0; j < BLOCK; ++j) {
+    const float even = std::nearbyint(divided(xb[j], scale));
+    if (even < -127.0f) minus.push_back(start + j);
+    const int32_t v = static_cast<int32_t>(std::clamp(even, -127.0f, 127.0f));
+    q[j] = static_cast<int8_t>(v);
+    total[j / 16] += v;
+  }
+#endif
+}
+
+// compressed-tensors' dynamic per-token int8 scale (a W8A8 checkpoint's activations): max|x| of the whole row / 127.5,
+// float32's eps where the row is all zeros, as the library computes it.
+inline float token_scale(const float* x, int64_t k) {
+  float amax = 0.0f;
+  for (int64_t b = 0; b < k / BLOCK; ++b) amax = std::max(amax, block_amax(x + b * BLOCK));
+  const float scale = divided(amax, 127.5f);
+  return scale == 0.0f ? std::numeric_limits<float>::epsilon() : scale;
+}
+
 // gguf-py's (and llama.cpp's reference) Q8_0: d = amax / 127, q = round half away from zero of x · (1 / d).
+// `minus` (per-token mode, else null): instead one scale for the row (token_scale) and q = round half to even of
+// x / scale, as compressed-tensors quantizes a W8A8 checkpoint's activations. Its range ends at -128, which only
+// the row's most negative value reaches, when it is the largest in size: the signed dot products negate q and
+// -128 has no negation in a byte, so q holds -127 there and the input's position goes to `minus`, whose missing
+// -1 · code the kernel adds afterwards (PerTokenKernel).
 // `paired`: the AVX-512 4-bit path's order, in which each pair of chunks (2p, 2p + 1) holds q[2p][0:16],
 // q[2p + 1][0:16], q[2p][16:32], q[2p + 1][16:32], as one 64-byte decode of the pair's codes lays them out.
 // `halves`: sums per 16 (two per block), for weights with 16-wide groups.
-void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* sums, bool paired, bool halves) {
+void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* sums, bool paired, bool halves,
+                  std::vector<int64_t>* minus) {
+  const bool per_token = minus != nullptr;
+  const float row_scale = per_token ? token_scale(x, k) : 0.0f;
   for (int64_t b = 0; b < k / BLOCK; ++b) {
     const float* xb = x + b * BLOCK;
-    const float amax = block_amax(xb);
-    const float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
     int32_t total[2];
-    round_block(xb, inverse, q + b * BLOCK, total);
-    d[b] = static_cast<float>(at::Half(scale));
+    if (per_token) {
+      round_block_even(xb, row_scale, b * BLOCK, q + b * BLOCK, total, *minus);
+      d[b] = row_scale;
+    } else {
+      const float scale = block_amax(xb) / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+      round_block(xb, inverse, q + b * BLOCK, total);
+      d[b] = static_cast<float>(at::Half(scale));
+    }
     if (halves) {
       sums[2 * b] = d[b] * static_cast<float>(total[0]);
       sums[2 * b + 1] = d[b] * static_cast<float>(total[1]);

@@ -66,7 +66,8 @@ def cpu_paths() -> str:
     if problem:
         return f"llmctl CPU paths: C++ kernels NOT built ({problem}); only torch SDPA and oneDNN are tested"
     vnni = "with AVX-512 VNNI" if cpu.q8_vnni() else "without VNNI (vpmaddubsw)"
-    coded = (f"; int4/int8 coded-weight kernels (float and int8 activations): {', '.join(cpu.int4_isas())} paths, "
+    coded = (f"; int4/int8 coded-weight kernels (float, int8 block and W8A8 per-token activations): "
+             f"{', '.join(cpu.int4_isas())} paths, "
              f"int8 dot products {vnni}")
     bf16 = ("; the bfloat16 panel GEMM on AMX tiles and with AVX512-BF16" if cpu.bf16_amx_supported() else
             "; the bfloat16 panel GEMM with AVX512-BF16 (no AMX here: the AMX tiles are NOT tested)"

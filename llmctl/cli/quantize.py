@@ -21,7 +21,8 @@ def quantize(
     awq: Annotated[bool, typer.Option("--awq", help="AWQ (asymmetric, GEMM format)")] = False,
     scheme: Annotated[Optional[str], typer.Option(
         "--scheme", help="compressed-tensors' format, as llm-compressor writes it: w4a16 or w8a16 (llmctl's GPTQ), "
-                         "fp8-dynamic (no calibration)")] = None,
+                         "w8a8 (SmoothQuant + GPTQ, int8 activations per token), fp8-dynamic (no calibration)")]
+        = None,
     revision: RevisionOpt = None,
     bits: Annotated[int, typer.Option("--bits", help="4 (GPTQ also 8)")] = 4,
     group_size: Annotated[Optional[int], typer.Option(
@@ -51,12 +52,14 @@ def quantize(
 
     configure_logging()  # the calibration source and the engine's lines when it samples calibration text
     if scheme is not None and (gptq or awq):
-        raise LlmctlError("--scheme chooses the method itself (w4a16 and w8a16 run GPTQ): drop --gptq/--awq")
+        raise LlmctlError("--scheme chooses the method itself (w4a16, w8a16 and w8a8 run GPTQ): drop --gptq/--awq")
     if scheme is None and gptq == awq:
-        raise LlmctlError("choose exactly one of --gptq, --awq and --scheme w4a16|w8a16|fp8-dynamic")
+        raise LlmctlError("choose exactly one of --gptq, --awq and --scheme w4a16|w8a16|w8a8|fp8-dynamic")
     method = "awq" if awq else "gptq"
-    if scheme in ("w4a16", "w8a16"):
+    if scheme in ("w4a16", "w8a16", "w8a8"):
         bits = int(scheme[1])
+    if scheme == "w8a8" and group_size is None:
+        group_size = -1  # llm-compressor's W8A8: int8 weights per output channel
     summary = run_quantize(QuantizeOptions(
         model=model, method=method, scheme=scheme, output=output, revision=revision, bits=bits,
         group_size=group_size, act_order=act_order, calib_file=calib_file, calib_samples=calib_samples,

@@ -73,19 +73,25 @@ def _subsample(inputs: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def apply_scales(group: ScaleGroup, scales: torch.Tensor) -> None:
     """Divide the previous operation's output by s and multiply the linears' inputs by s."""
-    previous = group.previous
+    fold_scales(group.previous, group.linears, scales, group.unit_offset)
+
+
+@torch.no_grad()
+def fold_scales(previous: nn.Module, linears: list[nn.Linear], scales: torch.Tensor, unit_offset: bool) -> None:
+    """The model unchanged, its linears' input channels scaled by s: the previous operation's output (a norm's
+    weight, or a linear's last rows) divided by s, the linears' weight columns multiplied by it (AWQ, SmoothQuant)."""
     if isinstance(previous, nn.Linear):  # its last rows: all of v_proj, or the v (up) part of a fused qkv (gate_up)
         rows = scales.numel()
         previous.weight[-rows:].div_(scales.unsqueeze(1))
         if previous.bias is not None:
             previous.bias[-rows:].div_(scales)
-    elif group.unit_offset:  # (1 + w) / s = 1 + w'
+    elif unit_offset:  # (1 + w) / s = 1 + w'
         previous.weight.copy_((1 + previous.weight) / scales - 1)
     else:
         previous.weight.div_(scales)
         if getattr(previous, "bias", None) is not None:
             previous.bias.div_(scales)
-    for linear in group.linears:
+    for linear in linears:
         linear.weight.mul_(scales.unsqueeze(0))
 
 

@@ -87,15 +87,17 @@ def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
                  or 0)
     with progress_bar(f"{options.method.upper()} {options.bits}-bit, layer by layer", layers,
                       enabled=options.show_progress) as advance:
-        result = quantize_model(source.path, options.method, config, calibration, lambda done, total: advance())
+        result = quantize_model(source.path, options.method, config, calibration, lambda done, total: advance(),
+                                smooth=options.scheme == "w8a8")
     seconds = time.perf_counter() - started
     base_model = source.repo_id or options.model or source.name
     if options.force and output.exists():
         shutil.rmtree(output)  # only a model folder gets here (_check_output)
     tensors, compressed = result.tensors, None
-    if options.scheme is not None:  # w4a16 / w8a16: the same GPTQ integers in compressed-tensors' packing
-        tensors = gptq_as_compressed(result.tensors, config.bits, config.group_size)
-        compressed = gptq_scheme_config(config.bits, config.group_size, ["lm_head", *result.dense_towers])
+    if options.scheme is not None:  # w4a16 / w8a16 / w8a8: the same GPTQ integers in compressed-tensors' format
+        w8a8 = options.scheme == "w8a8"
+        tensors = gptq_as_compressed(result.tensors, config.bits, config.group_size, packed=not w8a8)
+        compressed = gptq_scheme_config(config.bits, config.group_size, ["lm_head", *result.dense_towers], w8a8)
     written = write_quantized_model(output, source, tensors, options.method, config, report, base_model,
                                     result.dense_towers, compressed)
     summary = QuantizeSummary(
@@ -133,10 +135,11 @@ def _run_fp8_dynamic(options: QuantizeOptions, source: ModelSource, output: Path
 
 def _check_options(options: QuantizeOptions) -> None:
     if options.scheme is not None and options.scheme not in SCHEMES:
-        raise LlmctlError(f"--scheme {options.scheme!r}: choose one of {', '.join(SCHEMES)} (w8a8 — SmoothQuant + "
-                          "GPTQ with int8 activations — is not built yet)")
+        raise LlmctlError(f"--scheme {options.scheme!r}: choose one of {', '.join(SCHEMES)}")
     if options.scheme == "fp8-dynamic":
         return
+    if options.scheme == "w8a8" and (options.bits, options.group_size) != (8, -1):
+        raise LlmctlError("--scheme w8a8 quantizes weights to 8 bits per output channel: drop --bits and --group-size")
     if options.method not in ("gptq", "awq"):
         raise LlmctlError("choose --gptq or --awq")
     if options.bits not in (4, 8) or (options.method == "awq" and options.bits != 4):

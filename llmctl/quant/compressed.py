@@ -2,6 +2,9 @@
 
 - `w4a16` / `w8a16`: llmctl's GPTQ (symmetric, calibrated layer by layer, llmctl.quant.gptq), its integers
   packed with compressed-tensors' own `pack_to_int32` into `pack-quantized` tensors.
+- `w8a8`: llm-compressor's W8A8 recipe: SmoothQuant (llmctl.quant.smoothquant), then GPTQ with int8 weights per
+  output channel, stored `int-quantized` (int8 `weight`, `weight_scale`); activations quantized per token at
+  run time (int8, dynamic, symmetric).
 - `fp8-dynamic`: llm-compressor's FP8_DYNAMIC recipe, which needs no calibration: float8 e4m3 weights with a
   min-max scale per output channel, activations quantized per token at run time. compressed-tensors applies
   the scheme, computes the scales (`calculate_qparams`) and compresses the model itself.
@@ -19,12 +22,14 @@ import torch
 
 from llmctl.checkpoint.quant_formats import unpack_gptq
 
-SCHEMES = ("w4a16", "w8a16", "fp8-dynamic")
+SCHEMES = ("w4a16", "w8a16", "w8a8", "fp8-dynamic")
 
 
-def gptq_as_compressed(tensors: dict[str, torch.Tensor], bits: int, group_size: int) -> dict[str, torch.Tensor]:
+def gptq_as_compressed(tensors: dict[str, torch.Tensor], bits: int, group_size: int,
+                       packed: bool = True) -> dict[str, torch.Tensor]:
     """GPTQ v1 tensors (qweight, qzeros, scales, g_idx per linear) as compressed-tensors pack-quantized ones
-    (weight_packed, weight_scale, weight_shape); every other tensor as it is."""
+    (weight_packed, weight_scale, weight_shape), or int-quantized ones (`packed` False, 8 bits: an int8 weight and
+    weight_scale); every other tensor as it is."""
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
     out = {name: tensor for name, tensor in tensors.items()
@@ -35,14 +40,19 @@ def gptq_as_compressed(tensors: dict[str, torch.Tensor], bits: int, group_size: 
                              bits, group_size)
         if not bool((weight.zeros == offset).all()):
             raise ValueError(f"{module}: GPTQ zero points other than {offset}: not symmetric")
-        out[f"{module}.weight_packed"] = pack_to_int32((weight.q - offset).to(torch.int8), bits)
+        signed = (weight.q - offset).to(torch.int8)
         out[f"{module}.weight_scale"] = tensors[f"{module}.scales"].t().contiguous()  # [out, groups], float16
+        if not packed:
+            out[f"{module}.weight"] = signed
+            continue
+        out[f"{module}.weight_packed"] = pack_to_int32(signed, bits)
         out[f"{module}.weight_shape"] = torch.tensor(list(weight.q.shape), dtype=torch.int64)
     return out
 
 
-def gptq_scheme_config(bits: int, group_size: int, ignore: list[str]) -> Any:
-    """compressed-tensors' QuantizationConfig of symmetric int weights, per group (or per channel: -1)."""
+def gptq_scheme_config(bits: int, group_size: int, ignore: list[str], int8_tokens: bool = False) -> Any:
+    """compressed-tensors' QuantizationConfig of symmetric int weights, per group (or per channel: -1); with
+    `int8_tokens`, activations quantized to int8 per token at run time (W8A8, `int-quantized`)."""
     from compressed_tensors.quantization import (
         QuantizationArgs,
         QuantizationConfig,
@@ -53,8 +63,11 @@ def gptq_scheme_config(bits: int, group_size: int, ignore: list[str]) -> Any:
     grouped = group_size > 0
     weights = QuantizationArgs(num_bits=bits, type="int", symmetric=True, strategy="group" if grouped else "channel",
                                group_size=group_size if grouped else None)
-    return QuantizationConfig(config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=weights)},
-                              ignore=ignore, format="pack-quantized",
+    tokens = QuantizationArgs(num_bits=8, type="int", symmetric=True, strategy="token", dynamic=True) \
+        if int8_tokens else None
+    scheme = QuantizationScheme(targets=["Linear"], weights=weights, input_activations=tokens)
+    return QuantizationConfig(config_groups={"group_0": scheme}, ignore=ignore,
+                              format="int-quantized" if int8_tokens else "pack-quantized",
                               quantization_status=QuantizationStatus.COMPRESSED)
 
 

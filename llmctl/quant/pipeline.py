@@ -7,6 +7,7 @@ quantized, so errors do not compound unseen.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from llmctl.quant.families import (
 )
 from llmctl.quant.gptq import LayerHessians, gptq_quantize
 from llmctl.quant.rtn import QuantConfig, rtn_quantize
+from llmctl.quant.smoothquant import smooth_layer
 
 BATCH = 8  # calibration sequences per forward
 
@@ -111,8 +113,9 @@ def check_supported(hf_config: Any, config: QuantConfig, method: str | None = No
 
 
 def quantize_model(folder: Path, method: str, config: QuantConfig, calibration: torch.Tensor,
-                   on_layer: Callable[[int, int], None] | None = None) -> QuantizationResult:
-    """calibration: [samples, seq_len] token ids. method: gptq | awq | rtn."""
+                   on_layer: Callable[[int, int], None] | None = None, smooth: bool = False) -> QuantizationResult:
+    """calibration: [samples, seq_len] token ids. method: gptq | awq | rtn. smooth: SmoothQuant each layer
+    first (the W8A8 recipe, llmctl.quant.smoothquant)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     outer = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
@@ -137,6 +140,8 @@ def quantize_model(folder: Path, method: str, config: QuantConfig, calibration: 
         _load_layer(layer, reader, prefix)
         run = _layer_runner(layer, position_embeddings, inputs.positions, mask)
         linears = quantized_linears(hf_config)
+        if smooth:
+            smooth_layer(layer, functools.partial(_capture_inputs, layer, hidden, run))
         quantized = _quantize_layer(layer, hidden, run, method, config, linears, position_embeddings, mask)
         with torch.no_grad():
             for name, weight in quantized.items():

@@ -93,8 +93,11 @@ def write_quantized_model(out_dir: Path, source: ModelSource, tensors: dict[str,
             {k: v for k, v in quantization_config(method, config, dense_towers).items() if k != "quant_method"},
             indent=2))
         written.append(out_dir / "quantize_config.json")
-    what = f"{config.bits}-bit {method.upper()} (group size {config.group_size})"
-    return written + write_companions(out_dir, source, report, base_model, what, [method, f"{config.bits}-bit"])
+    what, tags = f"{config.bits}-bit {method.upper()} (group size {config.group_size})", [method, f"{config.bits}-bit"]
+    if compressed is not None and compressed.format == "int-quantized":
+        what, tags = "W8A8 (SmoothQuant, then GPTQ int8 weights per channel; int8 activations per token)", \
+            ["w8a8", "compressed-tensors"]
+    return written + write_companions(out_dir, source, report, base_model, what, tags)
 
 
 def write_companions(out_dir: Path, source: ModelSource, report: LicenseReport, base_model: str, what: str,

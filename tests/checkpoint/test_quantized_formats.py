@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.compressed import base_model, compressed_checkpoint, teacher_forced
+from helpers.compressed import base_model, compressed_checkpoint, decoded_agreement, teacher_forced
 from helpers.families import assert_close, engine_outputs, transformers_reference
 from helpers.models import save_random_model
 from llmctl import LLM
@@ -44,8 +44,16 @@ def test_w4a16_stays_4_bit_and_w8a8_8_bit_on_the_cpu_kernels(base, tokenizer, tm
     folder = compressed_checkpoint(base, "W8A8", tmp_path / "w8a8", tokenizer)
     layers = [m for m in LLM(str(folder), max_model_len=128).engine.executor.loaded.model.modules()
               if isinstance(m, CodedLinear)]
-    assert len(layers) == 8 and all(layer.coded is not None and layer.coded.bits == 8 and
-                                    layer.activation_args is not None for layer in layers)
+    assert len(layers) == 8 and all(layer.coded is not None and layer.coded.bits == 8 and layer.coded.per_token_kernel
+                                    and layer.activation_args is not None for layer in layers)
+
+
+def test_w8a8_decode_steps_in_integers_agree_with_transformers(base, tokenizer, tmp_path):
+    """Decode steps multiply int8 activations (quantized per token in q8_linear) by the int8 weights; each token
+    llmctl generates is checked against transformers on the same prefix, as the teacher-forced test below."""
+    folder = compressed_checkpoint(base, "W8A8", tmp_path / "w8a8", tokenizer)
+    agreement, gaps = decoded_agreement(folder, tokenizer)
+    assert agreement >= 0.95 and gaps[int(0.99 * len(gaps))] < 0.05 and gaps[-1] < 0.1, (agreement, gaps[-5:])
 
 
 @pytest.mark.parametrize("preset", ["W8A8", "FP8_DYNAMIC"])

@@ -64,3 +64,24 @@ def teacher_forced(folder: Path, tokenizer) -> tuple[float, list[float]]:
             total += 1
             gaps.append(abs(entry.logprob - float(reference[i, tokens[i + 1]])))
     return agree / total, sorted(gaps)
+
+
+def decoded_agreement(folder: Path, tokenizer) -> tuple[float, list[float]]:
+    """llmctl's greedy continuations of PROMPTS, made by its decode steps, checked by transformers: the share of
+    generated tokens that are transformers' most likely next token after the same prefix, and the gaps between
+    the two log-probabilities of each, smallest first."""
+    from transformers import AutoModelForCausalLM
+
+    outputs = LLM(str(folder), max_model_len=256).generate(
+        PROMPTS, SamplingParams(max_tokens=TOKENS, temperature=0, ignore_eos=True, logprobs=0))
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    agree, gaps = 0, []
+    for prompt, output in zip(PROMPTS, outputs):
+        ids, made = tokenizer(prompt).input_ids, output.outputs[0]
+        with torch.no_grad():
+            reference = hf(torch.tensor([ids + made.token_ids])).logits[0].log_softmax(-1)
+        for j, entry in enumerate(made.logprobs or []):
+            position = len(ids) - 1 + j
+            agree += entry.token_id == int(reference[position].argmax())
+            gaps.append(abs(entry.logprob - float(reference[position, entry.token_id])))
+    return agree / (len(PROMPTS) * TOKENS), sorted(gaps)

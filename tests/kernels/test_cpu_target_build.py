@@ -1,6 +1,7 @@
 """The C++ kernels as a CPU without AVX-512 runs them, on this machine: rebuilt with LLMCTL_CPU_TARGET=haswell
 (AVX2/FMA only: the AVX2 register-row attention and panel GEMM, no AVX-512 code), then the kernel tests
-and the float32 engine on the AVX2 panels against transformers, in a fresh pytest process. On a CPU without
+and the W8A8 per-token kernel tests, and the float32 engine on the AVX2 panels against transformers, in a fresh
+pytest process. On a CPU without
 AVX-512 the suite's own build is already that one."""
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def test_kernels_built_for_haswell_pass_the_kernel_and_avx2_engine_tests(record_
     tests = Path(__file__).parent
     env = {**os.environ, cpu.TARGET_ENV: "haswell"}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                           str(tests / "test_cpu_kernels.py"), str(TESTS / "engine" / "models" / "test_avx2_panels_engine.py")],
+                           str(tests / "test_cpu_kernels.py"), str(tests / "test_cpu_w8a8.py"),
+                           str(TESTS / "engine" / "models" / "test_avx2_panels_engine.py")],
                           capture_output=True, text=True, env=env, timeout=1200, cwd=ROOT)
     summary = done.stdout.strip().splitlines()[-2:]
     record_property("ran", "haswell build: " + " | ".join(summary))

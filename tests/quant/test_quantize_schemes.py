@@ -1,6 +1,6 @@
 """`llmctl quantize --scheme`: compressed-tensors checkpoints that transformers (through compressed-tensors'
-own decompression) and llmctl read alike — w4a16 from llmctl's GPTQ, fp8-dynamic from compressed-tensors'
-round-to-nearest."""
+own decompression) and llmctl read alike — w4a16 from llmctl's GPTQ, w8a8 from SmoothQuant + GPTQ,
+fp8-dynamic from compressed-tensors' round-to-nearest."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
-from helpers.compressed import base_model, teacher_forced
+from helpers.compressed import base_model, decoded_agreement, teacher_forced
 from helpers.families import assert_close, engine_outputs, transformers_reference
 from helpers.quant_helpers import WIKITEXT
 from llmctl.errors import LlmctlError
@@ -24,7 +25,8 @@ def quantize(base: Path, out: Path, scheme: str) -> dict:
     from llmctl.quant.command import QuantizeOptions, run_quantize
 
     summary = run_quantize(QuantizeOptions(model=str(base), method="gptq", scheme=scheme, output=out,
-                                           bits=int(scheme[1]) if scheme.startswith("w") else 4, group_size=64,
+                                           bits=int(scheme[1]) if scheme.startswith("w") else 4,
+                                           group_size=-1 if scheme == "w8a8" else 64,
                                            calib_file=WIKITEXT, calib_samples=4, calib_seq_len=64,
                                            redistribute=False, show_progress=False))
     return json.loads((out / "config.json").read_text())["quantization_config"] | {"summary": summary}
@@ -52,6 +54,29 @@ def test_fp8_dynamic_needs_no_calibration_and_agrees_teacher_forced(base, tokeni
     assert agreement >= 0.95 and gaps[int(0.99 * len(gaps))] < 0.05 and gaps[-1] < 0.1, (agreement, gaps[-5:])
 
 
+def test_w8a8_is_smoothquant_then_gptq_int8_as_llm_compressor_stores_it(base, tokenizer, tmp_path):
+    """int-quantized int8 weights per channel, activations per token; transformers (compressed-tensors'
+    decompression) and llmctl agree teacher-forced, and llmctl's decode steps run on its integer kernel."""
+    from safetensors import safe_open
+
+    config = quantize(base, tmp_path / "w8a8", "w8a8")
+    group = config["config_groups"]["group_0"]
+    assert config["format"] == "int-quantized" and config["summary"].method == "w8a8"
+    assert group["weights"] | {"observer": None} == group["weights"] | {
+        "num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "observer": None}
+    assert group["input_activations"] | {"observer": None} == group["input_activations"] | {
+        "num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True, "observer": None}
+    with safe_open(str(tmp_path / "w8a8" / "model.safetensors"), "pt") as stored, \
+            safe_open(str(base / "model.safetensors"), "pt") as original:
+        assert stored.get_tensor("model.layers.0.self_attn.q_proj.weight").dtype == torch.int8
+        norm = "model.layers.0.input_layernorm.weight"  # smoothed: divided by the scales s
+        assert not torch.allclose(stored.get_tensor(norm).float(), original.get_tensor(norm).float(), rtol=1e-2)
+    agreement, gaps = teacher_forced(tmp_path / "w8a8", tokenizer)
+    assert agreement >= 0.95 and gaps[int(0.99 * len(gaps))] < 0.05 and gaps[-1] < 0.1, (agreement, gaps[-5:])
+    agreement, gaps = decoded_agreement(tmp_path / "w8a8", tokenizer)
+    assert agreement >= 0.95 and gaps[int(0.99 * len(gaps))] < 0.05 and gaps[-1] < 0.1, (agreement, gaps[-5:])
+
+
 def test_an_unknown_scheme_names_the_ones_there_are(base, tmp_path):
-    with pytest.raises(LlmctlError, match="--scheme 'w8a8': choose one of w4a16, w8a16, fp8-dynamic"):
-        quantize(base, tmp_path / "x", "w8a8")
+    with pytest.raises(LlmctlError, match="--scheme 'w2a2': choose one of w4a16, w8a16, w8a8, fp8-dynamic"):
+        quantize(base, tmp_path / "x", "w2a2")

@@ -37,6 +37,12 @@ def quantized_tokens(x: torch.Tensor, args: Any, module: nn.Module) -> torch.Ten
     return fake_quantize(tokens, scale, zero_point, args).reshape(x.shape)
 
 
+def int8_per_token(args: Any) -> bool:
+    """Whether `args` is the W8A8 int8 scheme (dynamic, symmetric, per token) that q8_linear's per_token mode
+    quantizes itself, in integers (llmctl.engine.layers.coded_linear)."""
+    return _fast(args) and args.type == "int"
+
+
 def _fast(args: Any) -> bool:
     return args.dynamic is True and args.symmetric and args.strategy == "token" and args.num_bits == 8 \
         and args.type in ("int", "float") and args.scale_dtype is None  # symmetric: zero points are 0

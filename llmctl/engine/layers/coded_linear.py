@@ -6,7 +6,9 @@ input rows (decoding) the kernels decode the codes as they multiply; for many (p
 decoded once into float32 for one float GEMM, which is faster there (benchmarks/cpu_int4.py).
 GGUF weights multiply int8 activations when decoding (`int8_activations`, the C++ `q8_linear`): x is
 rounded to llama.cpp's Q8_0 blocks and the dot products are integer, as llama.cpp and vLLM's GGUF kernels
-do; GPTQ/AWQ weights multiply float activations, as vLLM's kernels for them do.
+do; GPTQ/AWQ weights multiply float activations, as vLLM's kernels for them do. A compressed-tensors W8A8
+checkpoint's int8 weights multiply x quantized per token as its scheme says (`per_token_activations`,
+q8_linear's per_token mode), their per-channel scales repeated over 32-wide groups.
 `CodedLinear` holds one, or a float weight where a checkpoint stored one (a GGUF type llmctl does not
 keep coded); the parts of a fused layer (q/k/v, gate/up) that came in different widths are widened to
 the common one, which is exact: 4-bit codes fit a byte and a group splits into smaller ones.
@@ -21,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmctl.engine.layers.activation_quant import activation_args, quantized_tokens
+from llmctl.engine.layers.activation_quant import activation_args, int8_per_token, quantized_tokens
 from llmctl.errors import SettingError
 from llmctl.kernels import cpu as cpu_kernels
 
@@ -37,6 +39,7 @@ class CodedWeight:
     offsets: torch.Tensor  # as scales
     int8_activations: bool = False  # decode with x rounded to int8 blocks (GGUF's numerics)
     offsets_used: bool = True  # False when every offset is 0 (Q8_0): the int8 kernel skips them
+    per_token_activations: bool = False  # decode with x quantized per token (a W8A8 checkpoint's scheme)
 
     @staticmethod
     def compact(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
@@ -54,7 +57,8 @@ class CodedWeight:
 
     def like(self, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> CodedWeight:
         """Other codes, scales and offsets with this weight's activations and offset use."""
-        return CodedWeight(codes, scales, offsets, self.int8_activations, self.offsets_used)
+        return CodedWeight(codes, scales, offsets, self.int8_activations, self.offsets_used,
+                           self.per_token_activations)
 
     @property
     def bits(self) -> int:
@@ -75,6 +79,11 @@ class CodedWeight:
         return self.int8_activations and (self.group_size == 32 or (self.group_size == 16 and self.bits == 8))
 
     @property
+    def per_token_kernel(self) -> bool:
+        """Whether matmul multiplies int8 activations quantized per token (q8_linear's per_token mode)."""
+        return self.per_token_activations and self.group_size == 32
+
+    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.offsets))
 
@@ -82,9 +91,9 @@ class CodedWeight:
         """x Wᵀ + b for float32 x [M, K]."""
         if x.shape[0] >= DECODE_ROWS:
             return F.linear(x, self.dequantize(), bias)
-        if self.int8_kernel:
+        if self.int8_kernel or self.per_token_kernel:
             return cpu_kernels.q8_linear(x, self.codes, self.scales, self.offsets, bias,
-                                         offsets_used=self.offsets_used)
+                                         offsets_used=self.offsets_used, per_token=self.per_token_kernel)
         kernel = cpu_kernels.int4_linear if self.bits == 4 else cpu_kernels.int8_linear
         return kernel(x, self.codes, self.scales, self.offsets, bias)
 
@@ -143,7 +152,8 @@ def coded_from(tensors: dict[str, torch.Tensor], int8_activations: bool | None =
 class CodedLinear(nn.Module):
     """A linear whose weight a GGUF checkpoint stored as codes (or, for types not kept coded, as floats), or
     a compressed-tensors checkpoint as 8-bit integers (`int8_activations` False: float activations, each
-    token quantized first when the scheme quantizes activations, `activations`)."""
+    token quantized first when the scheme quantizes activations, `activations`; for the int8 per-token scheme,
+    decode steps quantize them in q8_linear and multiply in integers)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, int8_activations: bool | None = None,
                  activations: dict | None = None) -> None:
@@ -161,19 +171,31 @@ class CodedLinear(nn.Module):
             self.coded = CodedWeight.stacked([coded_from(part, self.int8_activations) for part in parts])
             if self.coded.in_features != self.in_features:
                 raise ValueError(f"codes of {self.coded.in_features} inputs, expected {self.in_features}")
+            if self._integer_w8a8(self.coded):
+                self.coded = self.coded.widened(8, 32)
+                self.coded.per_token_activations = True
             return
         floats = [part["weight"].float() if "weight" in part else coded_from(part, False).dequantize()
                   for part in parts]
         self.weight = nn.Parameter(torch.cat(floats), requires_grad=False)
+
+    def _integer_w8a8(self, coded: CodedWeight) -> bool:
+        """Int8 weights (symmetric: no offsets) of the int8 per-token scheme, whose decode steps q8_linear takes
+        in integers once their groups are 32 wide (a per-channel scale repeats exactly)."""
+        return self.activation_args is not None and int8_per_token(self.activation_args) and coded.bits == 8 \
+            and not coded.offsets_used and coded.group_size % 32 == 0
 
     @property
     def nbytes(self) -> int:
         return self.coded.nbytes if self.coded is not None else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.activation_args is not None:
+        on_cpu = x.device.type == "cpu" and x.dtype == torch.float32
+        integer = on_cpu and self.coded is not None and self.coded.per_token_kernel \
+            and x.numel() < DECODE_ROWS * self.in_features  # q8_linear quantizes the tokens itself
+        if self.activation_args is not None and not integer:
             x = quantized_tokens(x, self.activation_args, self)
-        if self.coded is not None and x.device.type == "cpu" and x.dtype == torch.float32:
+        if self.coded is not None and on_cpu:
             flat = x.reshape(-1, self.in_features).contiguous()
             return self.coded.matmul(flat, self.bias).view(*x.shape[:-1], self.out_features)
         weight = self.weight if self.coded is None else self.coded.dequantize()
@@ -189,5 +211,6 @@ def coded_summary(model: nn.Module) -> str | None:
     by_bits = {bits: sum(1 for w in weights if w.bits == bits) for bits in (4, 8)}
     counts = " and ".join(f"{n} {bits}-bit" for bits, n in by_bits.items() if n)
     size = sum(w.nbytes for w in weights) / 2**30
-    activations = " with int8 activations as llama.cpp" if any(w.int8_activations for w in weights) else ""
+    activations = " with int8 activations as llama.cpp" if any(w.int8_activations for w in weights) else \
+        " with int8 activations per token (W8A8)" if any(w.per_token_activations for w in weights) else ""
     return f"{counts} coded weights ({size:.2f} GiB), {cpu_kernels.int4_isas()[0]} kernels{activations}"

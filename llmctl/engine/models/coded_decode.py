@@ -5,7 +5,8 @@ module calls, and the kernels' second thread starting again after each pause. Fo
 attends through the paged cache (decoding), a layer that qualifies runs as one call of the same ops in the
 same order, so its results are the Python layer's bit for bit (tests/engine/models/test_coded_decode.py). A layer qualifies
 when it is exactly LlamaDecoderLayer's arithmetic: Llama attention (no q/k norms, soft-cap or residual
-multiplier), the SiLU MLP, every linear codes — GGUF's with int8 activations (CodedWeight.int8_kernel), or GPTQ/AWQ
+multiplier), the SiLU MLP, every linear codes — GGUF's with int8 activations (CodedWeight.int8_kernel), W8A8
+int8 with per-token ones (CodedWeight.per_token_kernel), or GPTQ/AWQ
 4-bit repacked for the CPU (float activations) — or float32 weights (llmctl's panels from the rows cpu_gemm.linear
 takes them, torch's linear below), no LoRA, no linear bias, one tensor-parallel rank, float32; and the step has
 fewer than 128 tokens, all of them attending through the paged kernel. For a float32 model this is what a decode
@@ -57,9 +58,10 @@ def _in_panel_rows(rows: int, limits: tuple[int, int]) -> bool:
 
 
 # The C++ op's kernel numbers (kernels/cpu_decode_layer.cpp): GGUF codes through q8_linear, without or with
-# offsets; GPTQ/AWQ 4-bit codes through int4_linear — what CodedWeight.matmul picks for fewer than 128 rows;
+# offsets, or a W8A8 checkpoint's with x quantized per token; GPTQ/AWQ 4-bit codes through int4_linear — what
+# CodedWeight.matmul picks for fewer than 128 rows;
 # float32 weights through torch's linear or llmctl's panels — what cpu_gemm.linear picks.
-Q8, Q8_WITH_OFFSETS, INT4_FLOAT, FLOAT_PLAIN, FLOAT_PANELS = 0, 1, 2, 3, 4
+Q8, Q8_WITH_OFFSETS, INT4_FLOAT, FLOAT_PLAIN, FLOAT_PANELS, Q8_PER_TOKEN = 0, 1, 2, 3, 4, 5
 NO_SETTINGS = torch.zeros(2, dtype=torch.int64)
 
 
@@ -81,6 +83,9 @@ def _coded(linear: nn.Module, bias_allowed: bool) -> OpWeight | None:
     if isinstance(inner, CodedLinear) and inner.coded is not None and inner.coded.int8_kernel:
         coded = inner.coded
         return OpWeight([coded.codes, coded.scales, coded.offsets], Q8_WITH_OFFSETS if coded.offsets_used else Q8)
+    if isinstance(inner, CodedLinear) and inner.coded is not None and inner.coded.per_token_kernel:
+        coded = inner.coded
+        return OpWeight([coded.codes, coded.scales, coded.offsets], Q8_PER_TOKEN)
     if isinstance(inner, QuantLinear) and inner.cpu_int4 is not None and not inner.cpu_int4.int8_activations:
         coded = inner.cpu_int4
         return OpWeight([coded.codes, coded.scales, coded.offsets], INT4_FLOAT)

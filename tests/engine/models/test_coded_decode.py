@@ -1,4 +1,4 @@
-"""Decode steps of Llama-shaped GGUF, GPTQ/AWQ and float32 layers as one C++ call per layer (llmctl/engine/models/coded_decode.py):
+"""Decode steps of Llama-shaped GGUF, GPTQ/AWQ, W8A8 and float32 layers as one C++ call per layer (llmctl/engine/models/coded_decode.py):
 the same ops as the Python layer in the same order, so the same tokens and the same log-probabilities to the
 bit; which layers qualify. The Python layer itself is checked against transformers in test_gguf_coded.py, and
 tensor parallelism (which never fuses: a rank's partial sums need an all-reduce) against one process there."""
@@ -105,6 +105,22 @@ def test_gptq_and_awq_layers_fused_give_the_python_layers_results_exactly(method
     folder = quantized_model(random_model(config, tmp_path / "llama", tokenizer), method, tokenizer, tmp_path)
     layers, fused, python = both_ways(folder)
     assert layers == 3
+    for a, b in zip(fused, python):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert [e.logprob for e in a.outputs[0].logprobs] == [e.logprob for e in b.outputs[0].logprobs]
+
+
+@needs_kernels
+def test_w8a8_layers_fused_give_the_python_layers_results_exactly(default_source, tmp_path):
+    """A compressed-tensors W8A8 checkpoint's int8 weights run fused through q8_linear's per-token mode."""
+    from transformers import AutoTokenizer
+
+    from helpers.compressed import base_model, compressed_checkpoint
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
+    folder = compressed_checkpoint(base_model(tmp_path / "base", tokenizer), "W8A8", tmp_path / "w8a8", tokenizer)
+    layers, fused, python = both_ways(folder)
+    assert layers == 2
     for a, b in zip(fused, python):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert [e.logprob for e in a.outputs[0].logprobs] == [e.logprob for e in b.outputs[0].logprobs]
