@@ -22,7 +22,9 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
 }
 
 // How a linear multiplies (llmctl/engine/models/coded_decode.py names the same numbers).
-enum Kernel : int64_t { Q8 = 0, Q8_WITH_OFFSETS = 1, INT4_FLOAT = 2, FLOAT_PLAIN = 3, FLOAT_PANELS = 4, Q8_PER_TOKEN = 5 };
+enum Kernel : int64_t {
+  Q8 = 0, Q8_WITH_OFFSETS = 1, INT4_FLOAT = 2, FLOAT_PLAIN = 3, FLOAT_PANELS = 4, Q8_PER_TOKEN = 5, INT8_FLOAT = 6
+};
 
 // A float32 linear as cpu_gemm.linear runs it: weight = [panels, plain weight, settings], the panels (or
 // the plain weight again) with settings int64 [isa, use_amx]; the bias added after, as the Python layer adds it.
@@ -39,8 +41,8 @@ at::Tensor float_linear(const at::Tensor& x, at::TensorList weight, int64_t kern
   return bias.has_value() ? y + *bias : y;
 }
 
-// A linear: weight = [codes, scales, offsets], by q8_linear (GGUF; W8A8 per token) or int4_linear (GPTQ/AWQ); or a
-// float one.
+// A linear: weight = [codes, scales, offsets], by q8_linear (GGUF; W8A8 per token), int4_linear (GPTQ/AWQ) or
+// int8_linear (W8A16); or a float one.
 at::Tensor linear(const at::Tensor& x, at::TensorList weight, int64_t kernel, const OptionalTensor& bias) {
   static const auto q8 = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                        const OptionalTensor&, int64_t, bool, bool)>("llmctl_cpu::q8_linear");
@@ -48,7 +50,10 @@ at::Tensor linear(const at::Tensor& x, at::TensorList weight, int64_t kernel, co
                                          const OptionalTensor&, int64_t)>("llmctl_cpu::int4_linear");
   TORCH_CHECK(weight.size() == 3, "llmctl coded_decoder_layer: a linear is three tensors");
   if (kernel == FLOAT_PLAIN || kernel == FLOAT_PANELS) return float_linear(x, weight, kernel, bias);
+  static const auto int8 = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const OptionalTensor&, int64_t)>("llmctl_cpu::int8_linear");
   if (kernel == INT4_FLOAT) return int4.call(x, weight[0], weight[1], weight[2], bias, 0);
+  if (kernel == INT8_FLOAT) return int8.call(x, weight[0], weight[1], weight[2], bias, 0);
   TORCH_CHECK(kernel == Q8 || kernel == Q8_WITH_OFFSETS || kernel == Q8_PER_TOKEN,
               "llmctl coded_decoder_layer: unknown kernel ", kernel);
   return q8.call(x, weight[0], weight[1], weight[2], bias, 0, kernel == Q8_WITH_OFFSETS, kernel == Q8_PER_TOKEN);

@@ -85,7 +85,8 @@ def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
     model_config = read_json(source.path / "config.json")
     layers = int(model_config.get("num_hidden_layers") or model_config.get("text_config", {}).get("num_hidden_layers")
                  or 0)
-    with progress_bar(f"{options.method.upper()} {options.bits}-bit, layer by layer", layers,
+    steps = "SmoothQuant + GPTQ" if options.scheme == "w8a8" else options.method.upper()
+    with progress_bar(f"{steps} {options.bits}-bit, layer by layer", layers,
                       enabled=options.show_progress) as advance:
         result = quantize_model(source.path, options.method, config, calibration, lambda done, total: advance(),
                                 smooth=options.scheme == "w8a8")

@@ -80,3 +80,11 @@ def test_w8a8_is_smoothquant_then_gptq_int8_as_llm_compressor_stores_it(base, to
 def test_an_unknown_scheme_names_the_ones_there_are(base, tmp_path):
     with pytest.raises(LlmctlError, match="--scheme 'w2a2': choose one of w4a16, w8a16, w8a8, fp8-dynamic"):
         quantize(base, tmp_path / "x", "w2a2")
+
+
+def test_w8a8_with_other_bits_or_groups_is_one_line(base, tmp_path):
+    from llmctl.quant.command import QuantizeOptions, run_quantize
+
+    with pytest.raises(LlmctlError, match="--scheme w8a8 quantizes weights to 8 bits per output channel"):
+        run_quantize(QuantizeOptions(model=str(base), method="gptq", scheme="w8a8", output=tmp_path / "x", bits=8,
+                                     group_size=128, redistribute=False, show_progress=False))

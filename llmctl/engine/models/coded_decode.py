@@ -6,7 +6,7 @@ attends through the paged cache (decoding), a layer that qualifies runs as one c
 same order, so its results are the Python layer's bit for bit (tests/engine/models/test_coded_decode.py). A layer qualifies
 when it is exactly LlamaDecoderLayer's arithmetic: Llama attention (no q/k norms, soft-cap or residual
 multiplier), the SiLU MLP, every linear codes — GGUF's with int8 activations (CodedWeight.int8_kernel), W8A8
-int8 with per-token ones (CodedWeight.per_token_kernel), or GPTQ/AWQ
+int8 with per-token ones (CodedWeight.per_token_kernel), W8A16 int8 with float ones, or GPTQ/AWQ
 4-bit repacked for the CPU (float activations) — or float32 weights (llmctl's panels from the rows cpu_gemm.linear
 takes them, torch's linear below), no LoRA, no linear bias, one tensor-parallel rank, float32; and the step has
 fewer than 128 tokens, all of them attending through the paged kernel. For a float32 model this is what a decode
@@ -58,10 +58,10 @@ def _in_panel_rows(rows: int, limits: tuple[int, int]) -> bool:
 
 
 # The C++ op's kernel numbers (kernels/cpu_decode_layer.cpp): GGUF codes through q8_linear, without or with
-# offsets, or a W8A8 checkpoint's with x quantized per token; GPTQ/AWQ 4-bit codes through int4_linear — what
-# CodedWeight.matmul picks for fewer than 128 rows;
+# offsets, or a W8A8 checkpoint's with x quantized per token; GPTQ/AWQ 4-bit codes through int4_linear, W8A16
+# int8 codes through int8_linear — what CodedWeight.matmul picks for fewer than 128 rows;
 # float32 weights through torch's linear or llmctl's panels — what cpu_gemm.linear picks.
-Q8, Q8_WITH_OFFSETS, INT4_FLOAT, FLOAT_PLAIN, FLOAT_PANELS, Q8_PER_TOKEN = 0, 1, 2, 3, 4, 5
+Q8, Q8_WITH_OFFSETS, INT4_FLOAT, FLOAT_PLAIN, FLOAT_PANELS, Q8_PER_TOKEN, INT8_FLOAT = 0, 1, 2, 3, 4, 5, 6
 NO_SETTINGS = torch.zeros(2, dtype=torch.int64)
 
 
@@ -86,6 +86,10 @@ def _coded(linear: nn.Module, bias_allowed: bool) -> OpWeight | None:
     if isinstance(inner, CodedLinear) and inner.coded is not None and inner.coded.per_token_kernel:
         coded = inner.coded
         return OpWeight([coded.codes, coded.scales, coded.offsets], Q8_PER_TOKEN)
+    if isinstance(inner, CodedLinear) and inner.coded is not None and inner.coded.bits == 8 \
+            and inner.activation_args is None and not inner.coded.int8_activations:
+        coded = inner.coded  # W8A16: int8 codes, float activations
+        return OpWeight([coded.codes, coded.scales, coded.offsets], INT8_FLOAT)
     if isinstance(inner, QuantLinear) and inner.cpu_int4 is not None and not inner.cpu_int4.int8_activations:
         coded = inner.cpu_int4
         return OpWeight([coded.codes, coded.scales, coded.offsets], INT4_FLOAT)

@@ -111,14 +111,16 @@ def test_gptq_and_awq_layers_fused_give_the_python_layers_results_exactly(method
 
 
 @needs_kernels
-def test_w8a8_layers_fused_give_the_python_layers_results_exactly(default_source, tmp_path):
-    """A compressed-tensors W8A8 checkpoint's int8 weights run fused through q8_linear's per-token mode."""
+@pytest.mark.parametrize("preset", ["W8A8", "W8A16"])
+def test_int8_layers_fused_give_the_python_layers_results_exactly(preset, default_source, tmp_path):
+    """A compressed-tensors checkpoint's int8 weights run fused: W8A8 through q8_linear's per-token mode, W8A16
+    through int8_linear."""
     from transformers import AutoTokenizer
 
     from helpers.compressed import base_model, compressed_checkpoint
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
-    folder = compressed_checkpoint(base_model(tmp_path / "base", tokenizer), "W8A8", tmp_path / "w8a8", tokenizer)
+    folder = compressed_checkpoint(base_model(tmp_path / "base", tokenizer), preset, tmp_path / preset, tokenizer)
     layers, fused, python = both_ways(folder)
     assert layers == 2
     for a, b in zip(fused, python):
