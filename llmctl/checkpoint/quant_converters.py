@@ -147,6 +147,24 @@ class ExpertsDequantizer:
         return {f"{module}.weight": weight.dequantize().to(self.dtype)}
 
 
+class ExpertsToCodes(ExpertsDequantizer):
+    """The same experts kept as 4-bit codes for the CPU int4 kernel (llmctl.engine.layers.coded_experts): `codes`
+    (0..15, [out, in]), and per group `scales` and `offsets` (w = code · scale + offset); an expert the kernel
+    cannot take as it is (act-order GPTQ, groups or inputs not a multiple of 32) dequantized, as above."""
+
+    def process(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        module = next(name for name in tensors if name.endswith(".qweight")).removesuffix(".qweight")
+        packed = {kind: tensors[f"{module}.{kind}"] for kind in self.PACKED if f"{module}.{kind}" in tensors}
+        inputs = packed["qweight"].shape[0] * (32 // self.bits) if self.method == "gptq" else packed["qweight"].shape[0]
+        group = self.group_size or inputs
+        weight = unpack_gptq(packed, self.bits, group) if self.method == "gptq" else unpack_awq(packed, group)
+        if weight.g_idx is not None or group % 32 or inputs % 32:
+            return {f"{module}.weight": weight.dequantize().to(self.dtype)}
+        scales = weight.scales.float()
+        return {f"{module}.codes": weight.q.to(torch.uint8), f"{module}.scales": scales,
+                f"{module}.offsets": -weight.zeros.float() * scales}
+
+
 def _config(details: dict[str, Any]) -> Any:
     from compressed_tensors.quantization import QuantizationConfig
 
@@ -158,6 +176,10 @@ def converter_for(folder: Path, quant: QuantizationSpec | None, form: Quantizati
     """The converter a checkpoint's quantized tensors go through on their way to layers built for `form`
     (llmctl.engine.models.registry.layer_form; None: dense), and what it does, for the log (None: read as they
     are). `names`: every tensor name in the checkpoint."""
+    if quant is not None and quant.method in ("gptq", "awq") and moe and form is not None \
+            and form.details.get("experts") == "codes":
+        return ExpertsToCodes(quant, names, dtype), (
+            f"{quant.method.upper()} experts kept 4-bit for the CPU int4 kernel, as attention and shared experts")
     if quant is not None and quant.method in ("gptq", "awq") and moe:
         return ExpertsDequantizer(quant, names, dtype), (
             f"{quant.method.upper()} experts dequantized once at load into {str(dtype).removeprefix('torch.')} "

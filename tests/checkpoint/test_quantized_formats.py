@@ -169,8 +169,8 @@ def test_blockwise_fp8_experts_and_mla_generate_what_transformers_generates(toke
 @pytest.mark.parametrize("method", ["gptq", "awq"])
 def test_gptq_and_awq_experts_load_and_match_their_dequantized_weights(tokenizer, tmp_path, method):
     """A Qwen3-MoE with attention and every expert packed (round to nearest, groups of 32): attention stays
-    packed, the experts are dequantized at load; transformers runs the same weights unpacked by the formats
-    module, saved as a dense checkpoint it loads itself."""
+    packed, the experts are kept as 4-bit codes on a CPU; transformers runs the same weights unpacked by the
+    formats module, saved as a dense checkpoint it loads itself."""
     from safetensors.torch import load_file, save_file
 
     from helpers.families import moe_config
@@ -201,5 +201,16 @@ def test_gptq_and_awq_experts_load_and_match_their_dequantized_weights(tokenizer
     (folder / "config.json").write_text(json.dumps(model_config))
     unpack = (lambda parts: unpack_gptq(parts, 4, 32)) if method == "gptq" else (lambda parts: unpack_awq(parts, 32))
     save_file(dequantized_state(folder, unpack), dense / "model.safetensors", metadata={"format": "pt"})
+    reference = transformers_reference(dense, tokenizer, max_tokens=16)
     ours, _ = engine_outputs(folder, tokens=16)
-    assert_close(transformers_reference(dense, tokenizer, max_tokens=16), ours)
+    assert_close(reference, ours)
+    if method == "gptq":  # expert parallel (experts spread over two ranks): dequantized at load, the same tokens
+        spread, _ = engine_outputs(folder, tokens=16, tensor_parallel_size=2, enable_expert_parallel=True)
+        assert_close(reference, spread)
+    from llmctl.engine.layers.coded_linear import CodedWeight
+    from llmctl.engine.layers.moe import FusedMoE
+
+    layers = [m for m in LLM(str(folder), max_model_len=128).engine.executor.loaded.model.modules()
+              if isinstance(m, FusedMoE)]  # on a CPU the routed experts stay 4-bit, on the int4 kernel
+    assert layers and all(m.coded is not None and m.w13.numel() == 0 for m in layers)
+    assert all(isinstance(w, CodedWeight) and w.bits == 4 for m in layers for w in m.coded.w13 + m.coded.w2)

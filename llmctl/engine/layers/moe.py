@@ -12,6 +12,7 @@ On CUDA the experts run as two grouped-GEMM launches over the sorted pairs (llmc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,7 @@ from llmctl.engine.distributed.expert_exchange import ExpertPlacement
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import cpu_gemm
 from llmctl.engine.layers.activations import silu_and_mul
+from llmctl.engine.layers.coded_experts import CodedExperts
 from llmctl.engine.layers.linear import LoadError, Part
 
 PackedPair = tuple["cpu_gemm.PackedWeight | None", "cpu_gemm.PackedWeight | None"]  # an expert's w13, w2
@@ -66,29 +68,37 @@ def _best_groups_only(choice: torch.Tensor, routing: Routing) -> torch.Tensor:
     return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view_as(choice)
 
 
-def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor,
-                    w2: torch.Tensor, first_expert: int = 0, packed: list[PackedPair] | None = None) -> torch.Tensor:
-    """Σ_k weight_k · expert_k(x) for each token: [T, H] -> [T, H], over the experts this rank holds
-    (w13[i] is expert first_expert + i): a partial sum under TP or EP. `packed`: each expert's weights packed
-    for the CPU GEMMs (llmctl.engine.layers.cpu_gemm), as the dense linears are."""
+def dense_expert(w13: torch.Tensor, w2: torch.Tensor, packed: list[PackedPair] | None = None
+                 ) -> Callable[[int, torch.Tensor], torch.Tensor]:
+    """Local expert i's MLP from the stacked weights; `packed`: each expert's weights packed for the CPU GEMMs
+    (llmctl.engine.layers.cpu_gemm), as the dense linears are."""
+    intermediate = w2.shape[2]
+
+    def project(expert: int, chunk: torch.Tensor) -> torch.Tensor:
+        pair = packed[expert] if packed else (None, None)
+        return cpu_gemm.linear(silu_and_mul(cpu_gemm.linear(chunk, w13[expert], pair[0]), intermediate),
+                               w2[expert], pair[1])
+    return project
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_local: int,
+                    project: Callable[[int, torch.Tensor], torch.Tensor], first_expert: int = 0) -> torch.Tensor:
+    """Σ_k weight_k · expert_k(x) for each token: [T, H] -> [T, H], over the `num_local` experts this rank holds
+    (local expert i is expert first_expert + i, `project(i, tokens)` its MLP): a partial sum under TP or EP."""
     tokens, top_k = ids.shape
     local = ids.flatten() - first_expert
-    pairs = ((local >= 0) & (local < w13.shape[0])).nonzero().squeeze(1)  # expert parallel: experts held here
+    pairs = ((local >= 0) & (local < num_local)).nonzero().squeeze(1)  # expert parallel: experts held here
     order = pairs[torch.argsort(local[pairs], stable=True)]  # (token, k) pairs grouped by expert
-    counts = torch.bincount(local[pairs], minlength=w13.shape[0]).tolist()
+    counts = torch.bincount(local[pairs], minlength=num_local).tolist()
     rows = order // top_k
     gathered = x.index_select(0, rows)
     scale = weights.flatten().index_select(0, order)
     out = torch.zeros(tokens, x.shape[1], dtype=torch.float32, device=x.device)
-    intermediate = w2.shape[2]
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:
             continue
-        chunk = gathered[start:start + count]
-        pair = packed[expert] if packed else (None, None)
-        y = cpu_gemm.linear(silu_and_mul(cpu_gemm.linear(chunk, w13[expert], pair[0]), intermediate),
-                            w2[expert], pair[1])
+        y = project(expert, gathered[start:start + count])
         out.index_add_(0, rows[start:start + count], y.float() * scale[start:start + count, None])
         start += count
     return out.to(x.dtype)
@@ -98,7 +108,7 @@ class FusedMoE(nn.Module):
     """The routed experts of one layer: `load` takes transformers' per-expert gate/up/down tensors."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, routing: Routing, group: TPGroup,
-                 experts: ExpertPlacement | None = None) -> None:
+                 experts: ExpertPlacement | None = None, coded: bool = False) -> None:
         super().__init__()
         # expert parallel: whole experts [first, first + local); else a slice of every expert
         self.part = Part(intermediate, 0, intermediate) if experts else Part.split(intermediate, group)
@@ -107,8 +117,11 @@ class FusedMoE(nn.Module):
         self.local_experts = range(self.first_expert, self.first_expert + local)
         self.num_experts, self.routing, self.group = num_experts, routing, group
         self.exchange = experts.exchange if experts else None  # EP across data-parallel replicas
-        self.w13 = nn.Parameter(torch.empty(local, 2 * self.part.size, hidden), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(local, hidden, self.part.size), requires_grad=False)
+        # coded (a CPU with whole experts, GPTQ/AWQ): the experts as 4-bit codes, the stacked tensors empty
+        self.coded = CodedExperts(self.local_experts, intermediate) if coded else None
+        stacked = 0 if coded else local
+        self.w13 = nn.Parameter(torch.empty(stacked, 2 * self.part.size, hidden), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(stacked, hidden, self.part.size), requires_grad=False)
         self.packed_experts: list[PackedPair] | None = None  # CPU: set by cpu_gemm.pack_linears
 
     def expert_weights(self) -> list[torch.Tensor]:
@@ -119,11 +132,26 @@ class FusedMoE(nn.Module):
         return expert in self.local_experts
 
     def expected(self) -> set[tuple[str, int]]:
+        if self.coded is not None:
+            return self.coded.expected()
         return {("w13", 2 * e + slot) for e in self.local_experts for slot in (0, 1)} | \
             {("w2", e) for e in self.local_experts}
 
+    @property
+    def nbytes(self) -> int:
+        """The coded experts' bytes (stacked ones are parameters, counted as such)."""
+        return self.coded.nbytes if self.coded is not None else 0
+
+    def finish_loading(self) -> None:
+        if self.coded is not None:
+            self.coded.finish_loading()
+
     def load(self, kind: str, tensor: CheckpointTensor, part: int, offset: int | None = None) -> None:
-        """w13 part 2e / 2e + 1: expert e's gate / up [I, H]; w2 part e: its down [H, I]."""
+        """w13 part 2e / 2e + 1: expert e's gate / up [I, H]; w2 part e: its down [H, I] (coded: their codes,
+        scales and offsets, kinds w13_codes, ...)."""
+        if self.coded is not None:
+            self.coded.load(kind, tensor, part)
+            return
         p = self.part
         dim = 0 if kind == "w13" else 1
         if tensor.shape[dim] != p.total:
@@ -156,4 +184,6 @@ class FusedMoE(nn.Module):
             from llmctl.kernels.fused_moe import fused_moe
 
             return fused_moe(x, weights, ids, self.w13, self.w2, self.first_expert)
-        return grouped_experts(x, weights, ids, self.w13, self.w2, self.first_expert, self.packed_experts)
+        project = self.coded.project if self.coded is not None else \
+            dense_expert(self.w13, self.w2, self.packed_experts)
+        return grouped_experts(x, weights, ids, len(self.local_experts), project, self.first_expert)

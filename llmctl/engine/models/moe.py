@@ -12,6 +12,7 @@ from torch import nn
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.distributed.expert_exchange import ExpertPlacement
 from llmctl.engine.distributed.group import TPGroup
+from llmctl.engine.layers.coded_experts import CODED_FIELDS
 from llmctl.engine.layers.moe import FusedMoE, Routing
 from llmctl.engine.layers.positions import RotaryEmbedding
 from llmctl.engine.models.common import Target, layer_index
@@ -29,8 +30,9 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         moe = spec.moe
         self.gate = nn.Linear(spec.hidden_size, moe.num_experts, bias=False)  # the router, on every rank
+        coded = spec.quantization is not None and spec.quantization.details.get("experts") == "codes"
         self.experts = FusedMoE(moe.num_experts, spec.hidden_size, moe.expert_intermediate_size, routing, group,
-                                experts)
+                                experts, coded)
         self.shared_expert = LlamaMLP(spec.hidden_size, moe.shared_expert_intermediate_size, False, group,
                                       spec.quantization) if moe.num_shared_experts else None
         self.shared_expert_gate = nn.Linear(spec.hidden_size, 1, bias=False) if moe.shared_expert_gate else None
@@ -73,7 +75,8 @@ class MixtureOfExpertsForCausalLM(LlamaForCausalLM):
             expert, projection, kind = rest.split(".")
             stacked, slot = EXPERT_PROJECTIONS[projection]
             part = 2 * int(expert) + slot if stacked == "w13" else int(expert)
-            if kind != "weight" or not self.layers[layer].mlp.experts.holds(int(expert)):
+            if kind not in ("weight", *CODED_FIELDS) or not self.layers[layer].mlp.experts.holds(int(expert)):
                 return []  # expert parallel: another rank's expert
-            return [Target(f"{prefix}.mlp.experts.{stacked}", part)]
+            suffix = "" if kind == "weight" else f"_{kind}"  # codes, scales, offsets: experts kept coded
+            return [Target(f"{prefix}.mlp.experts.{stacked}{suffix}", part)]
         return super().targets(name)

@@ -83,17 +83,23 @@ def _unsupported(spec: ModelSpec) -> str:
     return f"llmctl's engine has no native {names}; native architectures: {', '.join(SUPPORTED)}"
 
 
-def layer_form(spec: ModelSpec, device_type: str, impl: str = "auto") -> QuantizationSpec | None:
+def layer_form(spec: ModelSpec, device_type: str, impl: str = "auto", shard: Shard | None = None
+               ) -> QuantizationSpec | None:
     """The form the layers hold a pre-quantized checkpoint's weights in on this device
     (llmctl.checkpoint.quant_schemes.layer_quantization): int8 codes only on CPUs, in llmctl's own Llama-family
-    layers."""
-    return _layer_form(spec, device_type, implementation(spec, impl)[0])
+    layers; 4-bit experts as codes only on CPUs, in its Mixtral/Qwen-MoE layers, where a rank holds whole
+    experts (one tensor-parallel rank, no expert parallelism)."""
+    return _layer_form(spec, device_type, implementation(spec, impl)[0], shard)
 
 
-def _layer_form(spec: ModelSpec, device_type: str, chosen: str | None) -> QuantizationSpec | None:
+def _layer_form(spec: ModelSpec, device_type: str, chosen: str | None, shard: Shard | None
+                ) -> QuantizationSpec | None:
     family = next((SUPPORTED[arch] for arch in spec.architectures if arch in SUPPORTED), None)
+    own_cpu_layers = device_type == "cpu" and chosen == "llmctl"
+    whole_experts = shard is None or (shard.group.size == 1 and shard.experts is None)
     return layer_quantization(spec.quantization, spec.moe is not None,
-                              int8_codes=device_type == "cpu" and family == "llama" and chosen == "llmctl")
+                              int8_codes=own_cpu_layers and family == "llama",
+                              coded_experts=own_cpu_layers and family == "moe" and whole_experts)
 
 
 def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None, impl: str = "auto",
@@ -102,7 +108,7 @@ def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None, im
     chosen, why = implementation(spec, impl)
     if chosen is None:
         raise UnsupportedModelError(why)
-    layers = replace(spec, quantization=_layer_form(spec, device_type, chosen))
+    layers = replace(spec, quantization=_layer_form(spec, device_type, chosen, shard))
     if chosen == "transformers":
         from llmctl.engine.models.transformers_impl import TransformersForCausalLM
 

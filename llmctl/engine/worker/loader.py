@@ -29,6 +29,7 @@ from llmctl.engine.layers.coded_linear import CodedLinear, coded_summary
 from llmctl.engine.layers.cpu_gemm import head_small_batch, pack_linears, packed_kernel, small_batch
 from llmctl.engine.layers.grouped_attention import GroupedAttention
 from llmctl.engine.layers.linear import VocabParallelEmbedding
+from llmctl.engine.layers.moe import FusedMoE
 from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.lora.slots import attach_lora_slots
 from llmctl.engine.models.common import Shard, WeightMismatchError
@@ -109,7 +110,7 @@ def _check_native(spec: ModelSpec, source: ModelSource, trust_remote_code: bool)
 def model_weight_bytes(model: nn.Module) -> int:
     """Parameters plus packed quantized weights (QuantLinear's buffers, GGUF codes)."""
     dense = sum(p.numel() * p.element_size() for p in model.parameters())
-    quantized = (QuantLinear, CodedLinear, VocabParallelEmbedding)
+    quantized = (QuantLinear, CodedLinear, VocabParallelEmbedding, FusedMoE)
     return dense + sum(m.nbytes for m in model.modules() if isinstance(m, quantized))
 
 
@@ -189,7 +190,7 @@ def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.de
            shard: Shard, allow_pickle: bool = False, impl: str = "auto") -> nn.Module:
     tensors = iterate_tensors(source.path, dtype, allow_pickle)  # no weight files: fail before building
     stored = stored_dtypes(source.path) if spec.quantization is not None and source.gguf_path is None else {}
-    form = layer_form(spec, device.type, impl)
+    form = layer_form(spec, device.type, impl, shard)
     converter, what = converter_for(source.path, spec.quantization, form, set(stored), dtype, spec.moe is not None) \
         if stored else (None, "")
     if converter is not None:

@@ -15,7 +15,7 @@ from helpers.families import (
 )
 from helpers.models import save_random_model
 from llmctl.engine.layers.cpu_gemm import pack_weight
-from llmctl.engine.layers.moe import Routing, grouped_experts, route
+from llmctl.engine.layers.moe import Routing, dense_expert, grouped_experts, route
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2-moe", "qwen3-moe"])
@@ -89,11 +89,12 @@ def test_grouped_experts_equal_every_token_through_its_own_experts():
         for k in range(3):
             gate, up = (w13[ids[t, k]] @ x[t]).split(inter)
             expected[t] += weights[t, k] * (w2[ids[t, k]] @ (torch.nn.functional.silu(gate) * up))
-    torch.testing.assert_close(grouped_experts(x, weights, ids, w13, w2), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grouped_experts(x, weights, ids, experts, dense_expert(w13, w2)), expected,
+                               atol=1e-5, rtol=1e-5)
     packed = [(pack_weight(w13[e]), pack_weight(w2[e])) for e in range(experts)]  # the CPU GEMM's layout
     assert all(pair[0] is not None for pair in packed)
-    torch.testing.assert_close(grouped_experts(x, weights, ids, w13, w2, packed=packed), expected, atol=1e-5,
-                               rtol=1e-5)
+    torch.testing.assert_close(grouped_experts(x, weights, ids, experts, dense_expert(w13, w2, packed)), expected,
+                               atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("tokens,experts,top_k,first", [(1, 8, 2, 0), (37, 6, 3, 0), (40, 4, 2, 4)])
@@ -108,7 +109,7 @@ def test_fused_moe_kernel_equals_the_grouped_experts(tokens, experts, top_k, fir
     w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) / 5
     w2 = torch.randn(experts, hidden, inter, generator=gen) / 5
     weights, ids = route(torch.randn(tokens, total_experts, generator=gen), Routing(top_k, renormalize=False))
-    expected = grouped_experts(x, weights, ids, w13, w2, first)
+    expected = grouped_experts(x, weights, ids, experts, dense_expert(w13, w2), first)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on a GPU, interpreted here
     got = fused_moe(*(t.to(device) for t in (x, weights, ids, w13, w2)), first)
     torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
