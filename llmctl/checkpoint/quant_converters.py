@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from llmctl.checkpoint.architecture import QuantizationSpec
+from llmctl.checkpoint.gguf_codes import GroupCodes
 from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_gptq, unpack_awq, unpack_gptq
 from llmctl.checkpoint.quant_schemes import compressed_format
 from llmctl.errors import CorruptModelError
@@ -149,7 +150,8 @@ class ExpertsDequantizer:
 
 class ExpertsToCodes(ExpertsDequantizer):
     """The same experts kept as 4-bit codes for the CPU int4 kernel (llmctl.engine.layers.coded_experts): `codes`
-    (0..15, [out, in]), and per group `scales` and `offsets` (w = code · scale + offset); an expert the kernel
+    (packed as GGUF's coded form stores them), and per group `scales` and `offsets` (w = code · scale + offset);
+    an expert the kernel
     cannot take as it is (act-order GPTQ, groups or inputs not a multiple of 32) dequantized, as above."""
 
     def process(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -161,7 +163,8 @@ class ExpertsToCodes(ExpertsDequantizer):
         if weight.g_idx is not None or group % 32 or inputs % 32:
             return {f"{module}.weight": weight.dequantize().to(self.dtype)}
         scales = weight.scales.float()
-        return {f"{module}.codes": weight.q.to(torch.uint8), f"{module}.scales": scales,
+        codes = GroupCodes(weight.q.to(torch.uint8).numpy(), scales.numpy(), scales.numpy(), 4).stored_codes()
+        return {f"{module}.codes": torch.from_numpy(codes), f"{module}.scales": scales,
                 f"{module}.offsets": -weight.zeros.float() * scales}
 
 

@@ -153,12 +153,13 @@ def kept_as_int8(quant: QuantizationSpec | None) -> QuantizationSpec | None:
 
 def layer_quantization(quant: QuantizationSpec | None, moe: bool = False, int8_codes: bool = False,
                        coded_experts: bool = False) -> QuantizationSpec | None:
-    """The quantization the engine's layers are built for: GPTQ/AWQ/GGUF as they are (a 4-bit GPTQ/AWQ
-    mixture of experts' routed experts as codes where `coded_experts`: CPUs, whole experts per rank; details
+    """The quantization the engine's layers are built for: GPTQ/AWQ/GGUF as they are (a 4-bit GPTQ/AWQ or a
+    GGUF mixture of experts' routed experts as codes where `coded_experts`: CPUs, whole experts per rank; details
     {"experts": "codes"}), compressed-tensors 4-bit weight-only as GPTQ, 8-bit integer weights as int8 codes
     where `int8_codes` (CPUs, the Llama family's layers), dynamic activation schemes otherwise as dense layers
     that quantize their inputs ("dynamic-activations"), everything else dense (dequantized once at load: None)."""
-    if quant is not None and quant.method in ("gptq", "awq") and moe and coded_experts and (quant.bits or 4) == 4:
+    if quant is not None and moe and coded_experts and (quant.method == "gguf" or (
+            quant.method in ("gptq", "awq") and (quant.bits or 4) == 4)):
         return replace(quant, details={**quant.details, "experts": "codes"})
     if quant is None or quant.method in ("gptq", "awq", "gguf"):
         return quant

@@ -1,11 +1,13 @@
-"""A mixture-of-experts layer's routed experts kept as 4-bit codes on a CPU (GPTQ and AWQ Mixtral and Qwen-MoE
-checkpoints), each expert's gate/up and down run on the int4 kernel as the checkpoint's dense layers are
-(llmctl.engine.layers.coded_linear), where dequantizing them at load would hold every expert in float32: 32 bits
-a weight instead of ~4.5.
+"""A mixture-of-experts layer's routed experts kept as codes on a CPU (GPTQ and AWQ Mixtral and Qwen-MoE
+checkpoints, GGUF files of those families), each expert's gate/up and down run on the coded kernels as the
+checkpoint's dense layers are (llmctl.engine.layers.coded_linear), where dequantizing them at load would hold
+every expert in float32: 32 bits a weight instead of ~4.5.
 
-The converter (llmctl.checkpoint.quant_converters.ExpertsToCodes) hands each expert projection over as `codes`
-(0..15, [out, in]), `scales` and `offsets` per group; one it cannot keep coded (act-order GPTQ, groups not a
-multiple of 32) arrives as a dequantized `weight` and runs as floats.
+Each expert projection arrives as `codes` (packed as GGUF's coded form stores them), `scales` and `offsets` per
+group (llmctl.checkpoint.quant_converters.ExpertsToCodes, llmctl.checkpoint.gguf_convert); one that cannot be
+kept coded (act-order GPTQ, groups not a multiple of 32, a GGUF type not kept coded) arrives as a dequantized
+`weight` and runs as floats. GGUF's multiply int8 activations as llama.cpp does (unless LLMCTL_GGUF_ACTIVATIONS
+says float32), GPTQ/AWQ's float ones.
 """
 
 from __future__ import annotations
@@ -15,8 +17,7 @@ import torch.nn.functional as F
 
 from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.layers.activations import silu_and_mul
-from llmctl.engine.layers.coded_linear import CodedWeight
-from llmctl.kernels import cpu as cpu_kernels
+from llmctl.engine.layers.coded_linear import CodedWeight, coded_from
 
 CODED_FIELDS = ("codes", "scales", "offsets")
 ExpertWeight = CodedWeight | torch.Tensor
@@ -25,8 +26,9 @@ ExpertWeight = CodedWeight | torch.Tensor
 class CodedExperts:
     """The local experts' projections: gate and up joined (w13), down (w2), as codes or floats."""
 
-    def __init__(self, local_experts: range, intermediate: int) -> None:
+    def __init__(self, local_experts: range, intermediate: int, method: str) -> None:
         self.local_experts, self.intermediate = local_experts, intermediate
+        self.int8_activations = None if method == "gguf" else False  # None: GGUF's setting (coded_from)
         self.pending: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
         self.w13: list[ExpertWeight] = []
         self.w2: list[ExpertWeight] = []
@@ -56,7 +58,7 @@ class CodedExperts:
         fields = self.pending[(stacked, part)]
         if "codes" not in fields:
             return fields["weight"].float()
-        return CodedWeight.compact(cpu_kernels.pack_int4(fields["codes"]), fields["scales"], fields["offsets"])
+        return coded_from(fields, self.int8_activations)
 
     @property
     def nbytes(self) -> int:

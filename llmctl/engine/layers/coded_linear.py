@@ -205,7 +205,7 @@ class CodedLinear(nn.Module):
 def coded_summary(model: nn.Module) -> str | None:
     """"12 4-bit and 3 8-bit coded weights (0.07 GiB), avx512 kernels[ with int8 activations as llama.cpp]",
     or None when there are none."""
-    weights = [m.coded for m in model.modules() if getattr(m, "coded", None) is not None]
+    weights = [w for m in model.modules() for w in _coded_weights(getattr(m, "coded", None))]
     if not weights:
         return None
     by_bits = {bits: sum(1 for w in weights if w.bits == bits) for bits in (4, 8)}
@@ -214,3 +214,10 @@ def coded_summary(model: nn.Module) -> str | None:
     activations = " with int8 activations as llama.cpp" if any(w.int8_activations for w in weights) else \
         " with int8 activations per token (W8A8)" if any(w.per_token_activations for w in weights) else ""
     return f"{counts} coded weights ({size:.2f} GiB), {cpu_kernels.int4_isas()[0]} kernels{activations}"
+
+
+def _coded_weights(held: object) -> list[CodedWeight]:
+    """A module's coded weight, or those of its coded experts (llmctl.engine.layers.coded_experts)."""
+    if isinstance(held, CodedWeight):
+        return [held]
+    return [w for w in getattr(held, "w13", []) + getattr(held, "w2", []) if isinstance(w, CodedWeight)]

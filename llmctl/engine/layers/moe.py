@@ -108,7 +108,7 @@ class FusedMoE(nn.Module):
     """The routed experts of one layer: `load` takes transformers' per-expert gate/up/down tensors."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, routing: Routing, group: TPGroup,
-                 experts: ExpertPlacement | None = None, coded: bool = False) -> None:
+                 experts: ExpertPlacement | None = None, coded: str | None = None) -> None:
         super().__init__()
         # expert parallel: whole experts [first, first + local); else a slice of every expert
         self.part = Part(intermediate, 0, intermediate) if experts else Part.split(intermediate, group)
@@ -117,8 +117,9 @@ class FusedMoE(nn.Module):
         self.local_experts = range(self.first_expert, self.first_expert + local)
         self.num_experts, self.routing, self.group = num_experts, routing, group
         self.exchange = experts.exchange if experts else None  # EP across data-parallel replicas
-        # coded (a CPU with whole experts, GPTQ/AWQ): the experts as 4-bit codes, the stacked tensors empty
-        self.coded = CodedExperts(self.local_experts, intermediate) if coded else None
+        # coded (a CPU with whole experts; GPTQ, AWQ or GGUF, the method): the experts as codes, the stacked
+        # tensors empty
+        self.coded = CodedExperts(self.local_experts, intermediate, coded) if coded else None
         stacked = 0 if coded else local
         self.w13 = nn.Parameter(torch.empty(stacked, 2 * self.part.size, hidden), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(stacked, hidden, self.part.size), requires_grad=False)

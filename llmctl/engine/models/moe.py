@@ -30,7 +30,8 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         moe = spec.moe
         self.gate = nn.Linear(spec.hidden_size, moe.num_experts, bias=False)  # the router, on every rank
-        coded = spec.quantization is not None and spec.quantization.details.get("experts") == "codes"
+        quant = spec.quantization
+        coded = quant.method if quant is not None and quant.details.get("experts") == "codes" else None
         self.experts = FusedMoE(moe.num_experts, spec.hidden_size, moe.expert_intermediate_size, routing, group,
                                 experts, coded)
         self.shared_expert = LlamaMLP(spec.hidden_size, moe.shared_expert_intermediate_size, False, group,

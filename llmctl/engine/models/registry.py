@@ -71,10 +71,9 @@ def native_problem(spec: ModelSpec) -> str | None:
         return _unsupported(spec)
     family = next(SUPPORTED[arch] for arch in spec.architectures if arch in SUPPORTED)
     method = spec.quantization.method if spec.quantization is not None else None
-    if (family == "moe" and method == "gguf") or (family == "deepseek" and method in ("gptq", "awq", "gguf")):
-        return (f"{method.upper()} {'DeepSeek' if family == 'deepseek' else 'mixture-of-experts'} checkpoints are "
-                "not served yet: use the unquantized model, or an FP8 or compressed-tensors checkpoint of it "
-                "(dequantized at load)")
+    if family == "deepseek" and method in ("gptq", "awq", "gguf"):
+        return (f"{method.upper()} DeepSeek checkpoints are not served yet: use the unquantized model, or an FP8 or "
+                "compressed-tensors checkpoint of it (dequantized at load)")
     return None
 
 
@@ -97,6 +96,10 @@ def _layer_form(spec: ModelSpec, device_type: str, chosen: str | None, shard: Sh
     family = next((SUPPORTED[arch] for arch in spec.architectures if arch in SUPPORTED), None)
     own_cpu_layers = device_type == "cpu" and chosen == "llmctl"
     whole_experts = shard is None or (shard.group.size == 1 and shard.experts is None)
+    quant = spec.quantization
+    if own_cpu_layers and family == "moe" and quant is not None and quant.method == "gguf" and not whole_experts:
+        raise UnsupportedModelError("a GGUF mixture of experts runs its experts as codes, whole on one rank, on CPUs: "
+                                    "use --tp 1 without --enable-expert-parallel (--pp splits the layers instead)")
     return layer_quantization(spec.quantization, spec.moe is not None,
                               int8_codes=own_cpu_layers and family == "llama",
                               coded_experts=own_cpu_layers and family == "moe" and whole_experts)
