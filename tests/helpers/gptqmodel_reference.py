@@ -45,6 +45,8 @@ def quantize(source: str, output: str, method: str, texts: list[str]) -> dict:
 
     if method == "gptq":  # act-order: columns by decreasing Hessian diagonal, g_idx permuted on disk
         config, backend = QuantizeConfig(bits=4, group_size=32, desc_act=True, sym=True), BACKEND.AUTO
+    elif method == "gptq-in-order":  # g_idx in order (desc_act false), as most published MoE checkpoints
+        config, backend = QuantizeConfig(bits=4, group_size=32, desc_act=False, sym=True), BACKEND.AUTO
     else:  # AWQ GEMM, packed by gptqmodel's torch kernel (its default for AWQ is a CUDA one)
         config = QuantizeConfig(bits=4, group_size=32, quant_method=METHOD.AWQ, format=FORMAT.GEMM)
         backend = BACKEND.AWQ_TORCH

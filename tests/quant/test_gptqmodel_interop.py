@@ -55,7 +55,7 @@ GPTQMODEL_PYTHON = ROOT / ".venv-gptqmodel" / "bin" / "python"  # scripts/setup.
 
 def gptqmodel(*args: str, request: dict | list) -> dict | list:
     assert GPTQMODEL_PYTHON.exists(), "run ./scripts/setup.sh: it makes .venv-gptqmodel, GPTQModel's own venv"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {"GPTQMODEL_CPU_WORKERS": "2", **os.environ, "PYTHONPATH": str(ROOT)}  # its loader's pool takes two
     result = subprocess.run([str(GPTQMODEL_PYTHON), str(REFERENCE), *args], input=json.dumps(request),
                             capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -122,4 +122,33 @@ def test_llmctl_serves_what_gptqmodel_writes(tiny_model: Path, tmp_path: Path, m
         with safe_open(out / "model.safetensors", "pt") as f:
             g_idx = f.get_tensor("model.layers.0.mlp.down_proj.g_idx")
         assert (g_idx.diff() < 0).any()  # really permuted: the act-order path, not the trivial one
+    assert_engine_agrees_with_gptqmodel(out)
+
+
+def test_llmctl_serves_a_mixture_of_experts_gptqmodel_writes(default_source, tmp_path: Path) -> None:
+    """A Qwen3-MoE quantized by gptqmodel expert by expert (GPTQ in order, as published MoE checkpoints are):
+    llmctl keeps its experts 4-bit on the CPU int4 kernel and agrees with gptqmodel's own forward."""
+    from safetensors import safe_open
+    from transformers import AutoTokenizer, Qwen3MoeConfig
+
+    from helpers.models import save_random_model
+    from llmctl import LLM
+    from llmctl.engine.layers.moe import FusedMoE
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
+                            moe_intermediate_size=64, num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=32, initializer_range=0.08,
+                            max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id,
+                            eos_token_id=tokenizer.eos_token_id)
+    base = save_random_model(config, tmp_path / "base", tokenizer)
+    out = tmp_path / "gptqmodel-moe"
+    texts = [line for line in WIKITEXT.read_text(encoding="utf-8").splitlines() if len(line) > 300][:16]
+    gptqmodel("quantize", str(base), str(out), "gptq-in-order", request={"texts": texts})
+    with safe_open(out / "model.safetensors", "pt") as stored:  # every expert packed by gptqmodel itself
+        assert {f"model.layers.1.mlp.experts.{e}.down_proj.qweight" for e in range(4)} <= set(stored.keys())
+    layers = [m for m in LLM(str(out), max_model_len=128).engine.executor.loaded.model.modules()
+              if isinstance(m, FusedMoE)]
+    assert layers and all(m.coded is not None and m.nbytes > 0 for m in layers)
     assert_engine_agrees_with_gptqmodel(out)
