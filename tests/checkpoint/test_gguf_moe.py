@@ -1,7 +1,8 @@
 """Mixture-of-experts GGUF files (Mixtral, Qwen2-MoE with its shared expert, Qwen3-MoE), written with the gguf
 library as llama.cpp writes them (tests/helpers/gguf_moe.py), against transformers running the weights the file
 holds (gguf-py's own quantize-then-dequantize round trip): served dequantized (--dtype float32) and coded — the
-experts kept as codes on the CPU kernels — the greedy tokens are transformers'."""
+experts kept as codes on the CPU kernels — the greedy tokens are transformers'; with int8 activations (llama.cpp's
+numerics) they agree by vLLM's rule for quantized models."""
 
 from __future__ import annotations
 
@@ -40,6 +41,27 @@ def test_moe_gguf_served_dequantized_and_coded_gives_transformers_tokens(arch, d
         finally:
             llm.shutdown()
         assert [list(o.outputs[0].token_ids) for o in outputs] == expected, (arch, dtype)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2moe"])
+def test_moe_gguf_experts_with_int8_activations_as_llama_cpp(arch, default_source, tmp_path, monkeypatch):
+    """Served as a user runs it (int8 activations, llama.cpp's numerics: the suite sets float32 elsewhere), the
+    tokens agree with transformers' by vLLM's rule for quantized models."""
+    from helpers.gguf_moe import write_moe_gguf
+    from helpers.greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
+
+    monkeypatch.setenv("LLMCTL_GGUF_ACTIVATIONS", "int8")
+    path = tmp_path / f"tiny-{arch}.Q8_0.gguf"
+    reference = write_moe_gguf(arch, path, default_source.gguf_path)
+    llm = LLM(str(path), max_model_len=128, kv_cache_memory=16 << 20)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                               SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=5))
+    finally:
+        llm.shutdown()
+    for prompt, output in zip(PROMPTS, outputs):
+        with torch.no_grad():
+            assert_greedy_close(llmctl_greedy(output.outputs[0]), transformers_greedy(reference, prompt, 8, 5), arch)
 
 
 def test_a_coded_moe_gguf_split_over_ranks_is_one_line(default_source, tmp_path):
