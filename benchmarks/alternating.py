@@ -37,3 +37,37 @@ def worker_figure(command: list[str], env: dict[str, str], key: str, engine: str
     if done.returncode or not lines:
         sys.exit(f"{engine} failed:\n{done.stderr[-3000:]}")
     return json.loads(lines[-1])[key]
+
+
+def decode_tokens_per_second(llm, prompt: list[int], output_tokens: int, repeat: int) -> float:
+    """One stream's decode rate: (output_tokens − 1) / (time for output_tokens − time for 1), each the median of
+    `repeat` greedy requests of `prompt` on a warmed engine (the prompt's prefill cancels out)."""
+    import time
+
+    from llmctl import SamplingParams
+
+    def timed(tokens: int) -> float:
+        params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+        times = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            llm.generate([{"prompt_token_ids": prompt}], params)
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+    timed(8)  # warm-up
+    return (output_tokens - 1) / (timed(output_tokens) - timed(1))
+
+
+def rounds_parser(description: str, folder: str):
+    """The arguments of a script that builds models into `folder` and runs each in a fresh worker process:
+    --rounds, --repeat, --dir and --worker (the worker's own call)."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=Path(folder))
+    parser.add_argument("--worker")
+    return parser

@@ -12,15 +12,12 @@ for 1), each the median of --repeat calls in one warm process; each model in a f
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
-from alternating import alternate, median_ratios, worker_figure
+from alternating import alternate, decode_tokens_per_second, median_ratios, rounds_parser, worker_figure
 
 PROMPT = [100 + 37 * i for i in range(16)]
 OUTPUT_TOKENS = 128
@@ -66,32 +63,16 @@ def build(folder: Path) -> dict[str, Path]:
 
 
 def worker(folder: str, repeat: int) -> None:
-    from llmctl import LLM, SamplingParams
+    from llmctl import LLM
     from llmctl.engine.worker.loader import model_weight_bytes
 
     llm = LLM(folder, max_model_len=512)
     weights = model_weight_bytes(llm.engine.executor.loaded.model)
-
-    def timed(tokens: int) -> float:
-        params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-        times = []
-        for _ in range(repeat):
-            started = time.perf_counter()
-            llm.generate([{"prompt_token_ids": PROMPT}], params)
-            times.append(time.perf_counter() - started)
-        return statistics.median(times)
-
-    timed(8)  # warm-up
-    print(json.dumps({"tok_s": (OUTPUT_TOKENS - 1) / (timed(OUTPUT_TOKENS) - timed(1)), "weights": weights}))
+    print(json.dumps({"tok_s": decode_tokens_per_second(llm, PROMPT, OUTPUT_TOKENS, repeat), "weights": weights}))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/llmctl-coded-experts"))
-    parser.add_argument("--worker")
-    args = parser.parse_args()
+    args = rounds_parser(__doc__.splitlines()[0], "/tmp/llmctl-coded-experts").parse_args()
     if args.worker:
         worker(args.worker, args.repeat)
         return

@@ -12,15 +12,12 @@ alternating, --rounds times, so the machine's noise spreads over all of them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
-from alternating import alternate, median_ratios, worker_figure
+from alternating import alternate, decode_tokens_per_second, median_ratios, rounds_parser, worker_figure
 
 PROMPT = [100 + 37 * i for i in range(16)]
 OUTPUT_TOKENS = 128
@@ -54,30 +51,15 @@ def build(folder: Path) -> dict[str, Path]:
 
 
 def worker(folder: str, repeat: int) -> None:
-    from llmctl import LLM, SamplingParams
+    from llmctl import LLM
 
     llm = LLM(folder, max_model_len=512)
-
-    def timed(tokens: int) -> float:
-        params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-        times = []
-        for _ in range(repeat):
-            started = time.perf_counter()
-            llm.generate([{"prompt_token_ids": PROMPT}], params)
-            times.append(time.perf_counter() - started)
-        return statistics.median(times)
-
-    timed(8)  # warm-up
-    print(json.dumps({"tok_s": (OUTPUT_TOKENS - 1) / (timed(OUTPUT_TOKENS) - timed(1))}))
+    print(json.dumps({"tok_s": decode_tokens_per_second(llm, PROMPT, OUTPUT_TOKENS, repeat)}))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/llmctl-quantized-decode"))
+    parser = rounds_parser(__doc__.splitlines()[0], "/tmp/llmctl-quantized-decode")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--worker")
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.repeat)

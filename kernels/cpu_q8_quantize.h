@@ -24,6 +24,16 @@ inline int32_t sum8_int(__m256i v) {
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
+
+// A block's 32 rounded values (four vectors of eight int32 in [-128, 127]) as bytes at q, and its halves' sums.
+inline void store_block(const __m256i (&ints)[4], int8_t* q, int32_t (&total)[2]) {
+  total[0] = sum8_int(_mm256_add_epi32(ints[0], ints[1]));
+  total[1] = sum8_int(_mm256_add_epi32(ints[2], ints[3]));
+  // packs interleave the 128-bit lanes; the permute puts the 32 bytes back in order
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
 #endif
 
 // q = round half away from zero of x · inverse for one block, and the sums of its two halves' q.
@@ -39,13 +49,7 @@ inline void round_block(const float* xb, float inverse, int8_t* q, int32_t (&tot
     const __m256 step = _mm256_and_ps(away, _mm256_or_ps(_mm256_and_ps(v, sign), one));
     ints[i] = _mm256_cvttps_epi32(_mm256_add_ps(whole, step));
   }
-  const __m256i first = _mm256_add_epi32(ints[0], ints[1]), second = _mm256_add_epi32(ints[2], ints[3]);
-  total[0] = sum8_int(first);
-  total[1] = sum8_int(second);
-  // packs interleave the 128-bit lanes; the permute puts the 32 bytes back in order
-  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
-                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  store_block(ints, q, total);
 #else
   total[0] = total[1] = 0;
   for (int j = 0; j < BLOCK; ++j) {
@@ -84,12 +88,7 @@ inline void round_block_even(const float* xb, float scale, int64_t start, int8_t
       minus.push_back(start + 8 * i + __builtin_ctz(bits));
     ints[i] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(even, low), high));
   }
-  const __m256i first = _mm256_add_epi32(ints[0], ints[1]), second = _mm256_add_epi32(ints[2], ints[3]);
-  total[0] = sum8_int(first);
-  total[1] = sum8_int(second);
-  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(ints[0], ints[1]), _mm256_packs_epi32(ints[2], ints[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
-                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  store_block(ints, q, total);
 #else
   total[0] = total[1] = 0;
   for (int j = 0; j < BLOCK; ++j) {
