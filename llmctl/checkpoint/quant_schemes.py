@@ -19,8 +19,10 @@ from typing import Any
 
 from llmctl.checkpoint.architecture import QuantizationSpec
 
-# the compressed-tensors formats whose files llmctl reads (NVFP4/MXFP4 and the sparse 2:4 formats are not)
-READ_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized")
+# the compressed-tensors formats whose files llmctl reads (the sparse 2:4 ones are not; NVFP4 and MXFP4
+# weights are dequantized at load)
+READ_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized", "mxfp4-pack-quantized",
+                "nvfp4-pack-quantized")
 SERVED_METHODS = ("gptq", "awq", "gguf", "fp8", "compressed-tensors")
 
 

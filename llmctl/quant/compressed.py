@@ -80,12 +80,17 @@ def write_scheme_config(folder: Path, config: Any) -> None:
 
 def _min_max_scales(module: Any) -> None:  # an nn.Linear carrying compressed-tensors' scheme and params
     """A linear's weight scales (and zero points) from its min and max, in the shapes compressed-tensors gave
-    them (per channel, group, block or tensor), by compressed-tensors' own `calculate_qparams`."""
-    from compressed_tensors.quantization.utils import calculate_qparams
+    them (per channel, group, block or tensor; NVFP4's groups under a global scale from `generate_gparam`), by
+    compressed-tensors' own `calculate_qparams`."""
+    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 
     args = module.quantization_scheme.weights
     weight = module.weight.detach().float()
-    if args.strategy == "group":
+    global_scale = None
+    if args.strategy == "tensor_group":  # NVFP4: a global scale over the group scales, from the tensor's range
+        global_scale = generate_gparam(weight.min().reshape(1), weight.max().reshape(1))
+        module.weight_global_scale.data.copy_(global_scale.reshape(module.weight_global_scale.shape))
+    if args.strategy in ("group", "tensor_group"):
         weight = weight.unflatten(-1, (-1, args.group_size))
         low, high = weight.amin(dim=-1), weight.amax(dim=-1)
     elif args.strategy == "channel":
@@ -96,7 +101,7 @@ def _min_max_scales(module: Any) -> None:  # an nn.Linear carrying compressed-te
         low, high = blocks.amin(dim=(1, 3)), blocks.amax(dim=(1, 3))
     else:
         low, high = weight.min().reshape(1), weight.max().reshape(1)
-    scale, zero_point = calculate_qparams(low, high, args)
+    scale, zero_point = calculate_qparams(low, high, args, global_scale=global_scale)
     module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape))
     if hasattr(module, "weight_zero_point"):
         module.weight_zero_point.data.copy_(zero_point.reshape(module.weight_zero_point.shape))

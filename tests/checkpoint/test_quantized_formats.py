@@ -33,6 +33,19 @@ def test_weight_only_compressed_tensors_generate_what_transformers_generates(bas
     assert_close(transformers_reference(folder, tokenizer, max_tokens=TOKENS), ours)
 
 
+@pytest.mark.parametrize("preset, form", [("MXFP4A16", "mxfp4-pack-quantized"), ("NVFP4A16", "nvfp4-pack-quantized")])
+def test_fp4_weights_dequantized_at_load_generate_what_transformers_generates(base, tokenizer, tmp_path, preset, form):
+    """MXFP4 (E8M0 scales per 32) and NVFP4 (FP8 scales per 16 under a global scale) weights, written by the
+    compressed-tensors library, dequantized at load by it; transformers decompresses the same folder itself."""
+    from transformers import CompressedTensorsConfig
+
+    folder = compressed_checkpoint(base, preset, tmp_path / preset, tokenizer)
+    assert json.loads((folder / "config.json").read_text())["quantization_config"]["format"] == form
+    ours, _ = engine_outputs(folder, tokens=TOKENS)
+    decompressed = CompressedTensorsConfig(run_compressed=False)  # dense float32 weights, not its fake-quant forward
+    assert_close(transformers_reference(folder, tokenizer, max_tokens=TOKENS, quantization_config=decompressed), ours)
+
+
 def test_w4a16_stays_4_bit_and_w8a8_8_bit_on_the_cpu_kernels(base, tokenizer, tmp_path):
     from llmctl.engine.layers.coded_linear import CodedLinear
     from llmctl.engine.layers.quant_linear import QuantLinear
@@ -135,9 +148,9 @@ def test_inspect_and_plan_name_the_scheme_and_where_llmctl_keeps_it(base, tokeni
     planned = " ".join(run_cli("plan", str(fp8), "--gpus", "1").stdout.split())
     assert "weights fp8" in planned and "dequantizes these weights once at load into bfloat16" in planned
     config = json.loads((w4a16 / "config.json").read_text())
-    config["quantization_config"]["format"] = "nvfp4-pack-quantized"
+    config["quantization_config"]["format"] = "sparse-24-bitmask"
     (w4a16 / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedModelError, match="compressed-tensors format 'nvfp4-pack-quantized' is not read yet"):
+    with pytest.raises(UnsupportedModelError, match="compressed-tensors format 'sparse-24-bitmask' is not read yet"):
         LLM(str(w4a16), max_model_len=128)
 
 

@@ -117,8 +117,8 @@ def quantized_copy(tiny: Path, folder: Path, quantization_config: dict) -> Path:
 
 @pytest.mark.parametrize("quantization_config, message", [
     ({"quant_method": "hqq", "nbits": 4}, "quant_method 'hqq' is not supported (llmctl serves GPTQ, AWQ, GGUF, FP8"),
-    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {}},
-     "compressed-tensors format 'nvfp4-pack-quantized' is not read yet"),
+    ({"quant_method": "compressed-tensors", "format": "sparse-24-bitmask", "config_groups": {}},
+     "compressed-tensors format 'sparse-24-bitmask' is not read yet"),
     ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}},
      "has no config_groups"),
 ])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 from pathlib import Path
 
@@ -47,13 +49,13 @@ def phi3_config(vocab: int):
 
 
 def transformers_reference(folder: Path, tokenizer, model_class=None, prompts: list[str] = PROMPTS,
-                           max_tokens: int = TOKENS) -> list[tuple[list[int], list[float], list[float]]]:
+                           max_tokens: int = TOKENS, **load: Any) -> list[tuple[list[int], list[float], list[float]]]:
     """Greedy tokens, their log-probabilities and the prompt's, from transformers itself (eager attention:
-    exact for every family, and the only one with Gemma 2's soft-cap)."""
+    exact for every family, and the only one with Gemma 2's soft-cap); `load`: more from_pretrained arguments."""
     from transformers import AutoModelForCausalLM
 
     loader = model_class or AutoModelForCausalLM
-    hf = loader.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
+    hf = loader.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager", **load).eval()
     out = []
     for prompt in prompts:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
