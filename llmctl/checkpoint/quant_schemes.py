@@ -47,8 +47,9 @@ class GroupScheme:
         return self.group_size if grouped else None
 
     def describe(self) -> str:
-        weights = f"{self.weight_type}{self.bits} " + (f"group {self.group_size}" if self.strategy == "group"
-                                                      else f"per-{self.strategy}")
+        weights = f"{self.weight_type}{self.bits} " + (
+            f"group {self.group_size}" if self.strategy == "group" else
+            f"group {self.group_size} under a global scale" if self.strategy == "tensor_group" else f"per-{self.strategy}")
         weights += "" if self.symmetric else " asymmetric"
         return f"W: {weights}; A: {self.activations or 'not quantized'}"
 
