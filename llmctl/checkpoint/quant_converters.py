@@ -122,45 +122,51 @@ class Int8ToCodes:
 
 class ExpertsDequantizer:
     """A GPTQ or AWQ mixture-of-experts checkpoint's routed experts, dequantized into `weight` tensors for the
-    engine's stacked experts (which run dense); attention and shared experts stay packed (QuantLinear)."""
+    engine's stacked experts (which run dense); attention and shared experts stay packed (QuantLinear) — or, with
+    `everything` (DeepSeek, whose MLA layers take no packed weights), every packed weight dequantized."""
 
     PACKED = ("qweight", "qzeros", "scales", "g_idx")
 
-    def __init__(self, quant: QuantizationSpec, names: set[str], dtype: torch.dtype) -> None:
+    def __init__(self, quant: QuantizationSpec, names: set[str], dtype: torch.dtype, everything: bool = False) -> None:
         self.method, self.bits, self.names, self.dtype = quant.method, quant.bits or 4, names, dtype
         self.group_size = quant.group_size if quant.group_size and quant.group_size > 0 else 0
+        self.everything = everything
+
+    def _taken(self, module: str) -> bool:
+        return self.everything or ".experts." in module
 
     def is_companion(self, name: str) -> bool:
-        return ".experts." in name and name.rpartition(".")[2] in self.PACKED[1:]
+        module, _, kind = name.rpartition(".")
+        return self._taken(module) and kind in self.PACKED[1:]
 
     def get_dependencies(self, weight_name: str) -> set[str]:
         module, _, kind = weight_name.rpartition(".")
-        if kind != "qweight" or ".experts." not in module:
+        if kind != "qweight" or not self._taken(module):
             return set()
         return {f"{module}.{part}" for part in self.PACKED[1:] if f"{module}.{part}" in self.names}
 
     def process(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        module, weight = self._unpacked(tensors)
+        return {f"{module}.weight": weight.dequantize().to(self.dtype)}
+
+    def _unpacked(self, tensors: dict[str, torch.Tensor]) -> tuple[str, QuantizedWeight]:
+        """The module's name and its integer weight, unpacked by the formats module."""
         module = next(name for name in tensors if name.endswith(".qweight")).removesuffix(".qweight")
         packed = {kind: tensors[f"{module}.{kind}"] for kind in self.PACKED if f"{module}.{kind}" in tensors}
         inputs = packed["qweight"].shape[0] * (32 // self.bits) if self.method == "gptq" else packed["qweight"].shape[0]
         group = self.group_size or inputs  # per channel: one group of every input
-        weight = unpack_gptq(packed, self.bits, group) if self.method == "gptq" else unpack_awq(packed, group)
-        return {f"{module}.weight": weight.dequantize().to(self.dtype)}
+        return module, unpack_gptq(packed, self.bits, group) if self.method == "gptq" else unpack_awq(packed, group)
 
 
 class ExpertsToCodes(ExpertsDequantizer):
-    """The same experts kept as 4-bit codes for the CPU int4 kernel (llmctl.engine.layers.coded_experts): `codes`
-    (packed as GGUF's coded form stores them), and per group `scales` and `offsets` (w = code · scale + offset);
-    an expert the kernel
-    cannot take as it is (act-order GPTQ, groups or inputs not a multiple of 32) dequantized, as above."""
+    """The routed experts kept as 4-bit codes for the CPU int4 kernel (llmctl.engine.layers.coded_experts): `codes`
+    (packed as GGUF's coded form stores them), and per group `scales` and `offsets` (w = code · scale + offset). An
+    expert the kernel cannot take as it is (act-order GPTQ, groups or inputs not a multiple of 32), and with
+    `everything` any other packed weight, is dequantized, as above."""
 
     def process(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        module = next(name for name in tensors if name.endswith(".qweight")).removesuffix(".qweight")
-        packed = {kind: tensors[f"{module}.{kind}"] for kind in self.PACKED if f"{module}.{kind}" in tensors}
-        inputs = packed["qweight"].shape[0] * (32 // self.bits) if self.method == "gptq" else packed["qweight"].shape[0]
-        group = self.group_size or inputs
-        weight = unpack_gptq(packed, self.bits, group) if self.method == "gptq" else unpack_awq(packed, group)
-        if weight.g_idx is not None or group % 32 or inputs % 32:
+        module, weight = self._unpacked(tensors)
+        if ".experts." not in module or weight.g_idx is not None or weight.group_size % 32 or weight.q.shape[1] % 32:
             return {f"{module}.weight": weight.dequantize().to(self.dtype)}
         scales = weight.scales.float()
         codes = GroupCodes(weight.q.to(torch.uint8).numpy(), scales.numpy(), scales.numpy(), 4).stored_codes()
@@ -179,14 +185,8 @@ def converter_for(folder: Path, quant: QuantizationSpec | None, form: Quantizati
     """The converter a checkpoint's quantized tensors go through on their way to layers built for `form`
     (llmctl.engine.models.registry.layer_form; None: dense), and what it does, for the log (None: read as they
     are). `names`: every tensor name in the checkpoint."""
-    if quant is not None and quant.method in ("gptq", "awq") and moe and form is not None \
-            and form.details.get("experts") == "codes":
-        return ExpertsToCodes(quant, names, dtype), (
-            f"{quant.method.upper()} experts kept 4-bit for the CPU int4 kernel, as attention and shared experts")
     if quant is not None and quant.method in ("gptq", "awq") and moe:
-        return ExpertsDequantizer(quant, names, dtype), (
-            f"{quant.method.upper()} experts dequantized once at load into {str(dtype).removeprefix('torch.')} "
-            "(llmctl's fused MoE runs dense experts); attention and shared experts stay packed")
+        return _experts_converter(quant, form, names, dtype)
     if quant is None or quant.method not in ("fp8", "compressed-tensors"):
         return None, ""  # read as stored (GPTQ, AWQ, GGUF), or refused by name (llmctl.engine.models.registry)
     try:
@@ -194,6 +194,21 @@ def converter_for(folder: Path, quant: QuantizationSpec | None, form: Quantizati
     except ValueError as exc:  # pydantic's ValidationError included: the library could not read the config
         raise CorruptModelError(f"{folder.name}: compressed-tensors cannot read its quantization_config: "
                                 f"{str(exc).splitlines()[0]}") from None
+
+
+def _experts_converter(quant: QuantizationSpec, form: QuantizationSpec | None, names: set[str],
+                       dtype: torch.dtype) -> tuple[Converter, str]:
+    """A GPTQ/AWQ mixture of experts: its routed experts coded (CPUs, whole experts per rank) or dequantized; the
+    rest kept packed where the layers take packed weights (form GPTQ/AWQ), else dequantized too (DeepSeek)."""
+    method, into = quant.method.upper(), str(dtype).removeprefix("torch.")
+    everything = form is None or form.method not in ("gptq", "awq")
+    rest = f"the other weights dequantized too (MLA's layers take no {method} weights)" if everything else \
+        "attention and shared experts stay packed"
+    if form is not None and form.details.get("experts") == "codes":
+        return ExpertsToCodes(quant, names, dtype, everything), \
+            f"{method} experts kept 4-bit for the CPU int4 kernel; {rest}"
+    return ExpertsDequantizer(quant, names, dtype, everything), \
+        f"{method} experts dequantized once at load into {into} (llmctl's fused MoE runs dense experts); {rest}"
 
 
 def _converter(folder: Path, quant: QuantizationSpec, form: QuantizationSpec | None, names: set[str],

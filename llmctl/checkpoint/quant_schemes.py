@@ -195,8 +195,11 @@ def sizing_quantization(quant: QuantizationSpec | None) -> QuantizationSpec | No
     return None
 
 
-def served_form(quant: QuantizationSpec, dtype: str, moe: bool = False) -> str:
+def served_form(quant: QuantizationSpec, dtype: str, moe: bool = False, mla: bool = False) -> str:
     """Where `llmctl serve` keeps a pre-quantized checkpoint's weights on GPUs (plan's note)."""
+    if quant.method in ("gptq", "awq") and mla:
+        return (f"llmctl serve dequantizes these {quant.method.upper()} weights once at load into {dtype} (its MLA "
+                "layers take no packed weights): they take the dense bytes")
     if quant.method in ("gptq", "awq") and moe:
         return (f"llmctl serve keeps attention and shared experts in {quant.method.upper()} and dequantizes the "
                 f"routed experts once at load into {dtype}: its experts take the dense bytes")

@@ -41,7 +41,7 @@ def plan_notes(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, plan: Plan)
                      f"CPUs only and runs {plan.dtype} on GPUs")
     if spec.quantization is not None and not req.quantization and spec.quantization.method != "gguf":
         notes.append(f"{describe_quantization(spec.quantization)}: counted as stored, as vLLM holds it; "
-                     f"{served_form(spec.quantization, plan.dtype, spec.moe is not None)}")
+                     f"{served_form(spec.quantization, plan.dtype, spec.moe is not None, spec.attention.kind == 'MLA')}")
     if fmt.name == "fp8" and not req.gpu.fp8:
         notes.append(f"{req.gpu.key} has no FP8 tensor cores: vLLM runs FP8 weights weight-only (Marlin), "
                      "saving memory but not compute")

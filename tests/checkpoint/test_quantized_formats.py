@@ -162,7 +162,7 @@ def moe_family_config(family: str, vocab: int):
     if family == "qwen3-moe":
         return moe_config(family, vocab)
     # MLA attention, a dense first layer, then 8 routed experts (top 2) beside a shared one
-    return DeepseekV2Config(vocab_size=vocab, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+    return DeepseekV2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
                             num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32,
                             q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
@@ -179,31 +179,27 @@ def test_blockwise_fp8_experts_and_mla_generate_what_transformers_generates(toke
     assert_close(transformers_reference(folder, tokenizer, max_tokens=16), ours)
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq"])
-def test_gptq_and_awq_experts_load_and_match_their_dequantized_weights(tokenizer, tmp_path, method):
-    """A Qwen3-MoE with attention and every expert packed (round to nearest, groups of 32): attention stays
-    packed, the experts are kept as 4-bit codes on a CPU; transformers runs the same weights unpacked by the
-    formats module, saved as a dense checkpoint it loads itself."""
+def packed_checkpoint(family: str, method: str, tokenizer, tmp_path: Path) -> tuple[Path, Path]:
+    """A random `family` model with every projection packed in `method` (round to nearest, groups of 32), and the
+    same weights unpacked by the formats module, saved as a dense checkpoint transformers loads itself."""
     from safetensors.torch import load_file, save_file
 
-    from helpers.families import moe_config
     from helpers.quant_helpers import dequantized_state
     from llmctl.checkpoint.quant_formats import pack_awq, pack_gptq, unpack_awq, unpack_gptq
     from llmctl.quant.rtn import QuantConfig, rtn_quantize
     from llmctl.quant.writer import quantization_config
 
     torch.manual_seed(0)
-    base = save_random_model(moe_config("qwen3-moe", len(tokenizer)), tmp_path / "base", tokenizer)
+    base = save_random_model(moe_family_config(family, len(tokenizer)), tmp_path / "base", tokenizer)
     config = QuantConfig(4, 32, symmetric=method == "gptq")
     tensors: dict[str, torch.Tensor] = {}
     for name, tensor in load_file(base / "model.safetensors").items():
-        if name.endswith("proj.weight"):
+        if name.endswith(("proj.weight", "proj_with_mqa.weight")):
             packed = (pack_gptq if method == "gptq" else pack_awq)(rtn_quantize(tensor, config))
             tensors.update({f"{name.removesuffix('weight')}{kind}": value for kind, value in packed.items()})
         else:
             tensors[name] = tensor
-    folder = tmp_path / method
-    dense = tmp_path / f"{method}-dense"
+    folder, dense = tmp_path / method, tmp_path / f"{method}-dense"
     for out in (folder, dense):
         out.mkdir()
         tokenizer.save_pretrained(str(out))
@@ -214,15 +210,24 @@ def test_gptq_and_awq_experts_load_and_match_their_dequantized_weights(tokenizer
     (folder / "config.json").write_text(json.dumps(model_config))
     unpack = (lambda parts: unpack_gptq(parts, 4, 32)) if method == "gptq" else (lambda parts: unpack_awq(parts, 32))
     save_file(dequantized_state(folder, unpack), dense / "model.safetensors", metadata={"format": "pt"})
-    reference = transformers_reference(dense, tokenizer, max_tokens=16)
-    ours, _ = engine_outputs(folder, tokens=16)
-    assert_close(reference, ours)
-    if method == "gptq":  # expert parallel (experts spread over two ranks): dequantized at load, the same tokens
-        spread, _ = engine_outputs(folder, tokens=16, tensor_parallel_size=2, enable_expert_parallel=True)
-        assert_close(reference, spread)
+    return folder, dense
+
+
+@pytest.mark.parametrize("family, method", [("qwen3-moe", "gptq"), ("qwen3-moe", "awq"), ("deepseek-v2", "gptq")])
+def test_gptq_and_awq_experts_load_and_match_their_dequantized_weights(tokenizer, tmp_path, family, method):
+    """A Qwen3-MoE or a DeepSeek-V2 (MLA) with attention and every expert packed: Qwen's attention stays packed,
+    DeepSeek's is dequantized at load (MLA's layers take no packed weights); the routed experts are kept as 4-bit
+    codes on a CPU; transformers runs the same weights unpacked by the formats module."""
     from llmctl.engine.layers.coded_linear import CodedWeight
     from llmctl.engine.layers.moe import FusedMoE
 
+    folder, dense = packed_checkpoint(family, method, tokenizer, tmp_path)
+    reference = transformers_reference(dense, tokenizer, max_tokens=16)
+    ours, _ = engine_outputs(folder, tokens=16)
+    assert_close(reference, ours)
+    if method == "gptq":  # expert parallel over two ranks: experts (DeepSeek: everything) dequantized, the same
+        spread, _ = engine_outputs(folder, tokens=16, tensor_parallel_size=2, enable_expert_parallel=True)
+        assert_close(reference, spread)
     layers = [m for m in LLM(str(folder), max_model_len=128).engine.executor.loaded.model.modules()
               if isinstance(m, FusedMoE)]  # on a CPU the routed experts stay 4-bit, on the int4 kernel
     assert layers and all(m.coded is not None and m.w13.numel() == 0 for m in layers)

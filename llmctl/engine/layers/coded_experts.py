@@ -15,12 +15,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from llmctl.checkpoint.architecture import QuantizationSpec
 from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.layers.activations import silu_and_mul
 from llmctl.engine.layers.coded_linear import CodedWeight, coded_from
 
 CODED_FIELDS = ("codes", "scales", "offsets")
 ExpertWeight = CodedWeight | torch.Tensor
+
+
+def coded_experts_method(quant: QuantizationSpec | None) -> str | None:
+    """The method whose experts a layer form keeps coded (details {"experts": "codes"}), else None."""
+    return quant.method if quant is not None and quant.details.get("experts") == "codes" else None
 
 
 class CodedExperts:

@@ -71,9 +71,9 @@ def native_problem(spec: ModelSpec) -> str | None:
         return _unsupported(spec)
     family = next(SUPPORTED[arch] for arch in spec.architectures if arch in SUPPORTED)
     method = spec.quantization.method if spec.quantization is not None else None
-    if family == "deepseek" and method in ("gptq", "awq", "gguf"):
-        return (f"{method.upper()} DeepSeek checkpoints are not served yet: use the unquantized model, or an FP8 or "
-                "compressed-tensors checkpoint of it (dequantized at load)")
+    if family == "deepseek" and method == "gguf":
+        return ("GGUF DeepSeek files are not served yet: use the Hugging Face checkpoint, or an FP8, GPTQ, AWQ or "
+                "compressed-tensors one")
     return None
 
 
@@ -100,6 +100,10 @@ def _layer_form(spec: ModelSpec, device_type: str, chosen: str | None, shard: Sh
     if own_cpu_layers and family == "moe" and quant is not None and quant.method == "gguf" and not whole_experts:
         raise UnsupportedModelError("a GGUF mixture of experts runs its experts as codes, whole on one rank, on CPUs: "
                                     "use --tp 1 without --enable-expert-parallel (--pp splits the layers instead)")
+    if family == "deepseek" and quant is not None and quant.method in ("gptq", "awq"):
+        # MLA's layers take no packed weights: all dequantized at load, the routed experts coded where they can be
+        coded = own_cpu_layers and whole_experts and (quant.bits or 4) == 4
+        return QuantizationSpec("dequantized", quant.bits, quant.group_size, {"experts": "codes"}) if coded else None
     return layer_quantization(spec.quantization, spec.moe is not None,
                               int8_codes=own_cpu_layers and family == "llama",
                               coded_experts=own_cpu_layers and family == "moe" and whole_experts)
