@@ -232,3 +232,8 @@ def test_gptq_and_awq_experts_load_and_match_their_dequantized_weights(tokenizer
               if isinstance(m, FusedMoE)]  # on a CPU the routed experts stay 4-bit, on the int4 kernel
     assert layers and all(m.coded is not None and m.w13.numel() == 0 for m in layers)
     assert all(isinstance(w, CodedWeight) and w.bits == 4 for m in layers for w in m.coded.w13 + m.coded.w2)
+    if family == "deepseek-v2":  # plan says what serve does with it on GPUs
+        from helpers.cli_process import run_cli
+
+        planned = " ".join(run_cli("plan", str(folder), "--gpus", "1").stdout.split())
+        assert "dequantizes these GPTQ weights once at load into bfloat16 (its MLA layers take no packed" in planned
