@@ -1,5 +1,5 @@
-"""A mixture-of-experts layer's routed experts kept as codes on a CPU (GPTQ and AWQ Mixtral and Qwen-MoE
-checkpoints, GGUF files of those families), each expert's gate/up and down run on the coded kernels as the
+"""A mixture-of-experts layer's routed experts kept as codes on a CPU (GPTQ and AWQ Mixtral, Qwen-MoE and DeepSeek
+checkpoints, GGUF files of Mixtral and Qwen-MoE), each expert's gate/up and down run on the coded kernels as the
 checkpoint's dense layers are (llmctl.engine.layers.coded_linear), where dequantizing them at load would hold
 every expert in float32: 32 bits a weight instead of ~4.5.
 
@@ -36,6 +36,7 @@ class CodedExperts:
         self.local_experts, self.intermediate = local_experts, intermediate
         self.int8_activations = None if method == "gguf" else False  # None: GGUF's setting (coded_from)
         self.pending: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+        self.arrived: dict[tuple[str, int], set[str]] = {}  # kept after loading, for `expected`
         self.w13: list[ExpertWeight] = []
         self.w2: list[ExpertWeight] = []
 
@@ -43,6 +44,7 @@ class CodedExperts:
         """kind: w13 / w2 (a dequantized `weight`), or w13_codes, w2_scales, ... (part: as FusedMoE.load's)."""
         stacked, _, field = kind.partition("_")
         self.pending.setdefault((stacked, part), {})[field or "weight"] = tensor.read()
+        self.arrived.setdefault((stacked, part), set()).add(field or "weight")
 
     def expected(self) -> set[tuple[str, int]]:
         """Every part's codes, scales and offsets where its codes came, else its weight."""
@@ -50,7 +52,7 @@ class CodedExperts:
             [("w2", e) for e in self.local_experts]
         kinds: set[tuple[str, int]] = set()
         for stacked, part in parts:
-            coded = "codes" in self.pending.get((stacked, part), {}) or self.w13
+            coded = "codes" in self.arrived.get((stacked, part), set())
             kinds |= {(f"{stacked}_{field}", part) for field in CODED_FIELDS} if coded else {(stacked, part)}
         return kinds
 
