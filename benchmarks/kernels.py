@@ -139,7 +139,7 @@ def w4a16(device: str, dtype: torch.dtype, rows: int, inner: int, cols: int, rep
 
 def fused_moe(device: str, dtype: torch.dtype, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
               repeats: int) -> dict:
-    from llmctl.engine.layers.moe import Routing, grouped_experts, route
+    from llmctl.engine.layers.moe import Routing, dense_expert, grouped_experts, route
     from llmctl.kernels.fused_moe import fused_moe as fused
 
     gen = torch.Generator(device).manual_seed(tokens)
@@ -147,10 +147,10 @@ def fused_moe(device: str, dtype: torch.dtype, tokens: int, hidden: int, inter: 
     w13, w2 = (random(experts, 2 * inter, hidden) / 64).to(dtype), (random(experts, hidden, inter) / 64).to(dtype)
     x = random(tokens, hidden).to(dtype)
     weights, ids = route(random(tokens, experts), Routing(top_k, renormalize=True))
-    reference = grouped_experts(x, weights, ids, w13, w2).float()
+    reference = grouped_experts(x, weights, ids, experts, dense_expert(w13, w2)).float()
     error = float((fused(x, weights, ids, w13, w2).float() - reference).abs().max() / reference.abs().max())
     kernel = timed(lambda: fused(x, weights, ids, w13, w2), repeats)
-    per_expert = timed(lambda: grouped_experts(x, weights, ids, w13, w2), repeats)
+    per_expert = timed(lambda: grouped_experts(x, weights, ids, experts, dense_expert(w13, w2)), repeats)
     print(f"fused MoE {tokens} tokens, {experts} experts top-{top_k}, {hidden} → {inter}: {kernel * 1e6:8.1f} µs, torch "
           f"per expert {per_expert * 1e6:8.1f} µs ({per_expert / kernel:.2f}×), relative error {error:.1e}"
           f"{'  WRONG' if error > 2e-2 else ''}", flush=True)
