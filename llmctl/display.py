@@ -367,7 +367,10 @@ def render_plan(plan: PlanResult, gpu_note: str | None = None) -> None:
 def render_quantize(summary: Any) -> None:
     table = _facts_table(f"{summary.model}: {summary.method.upper()} {summary.bits}-bit")
     table.add_row("layers", str(summary.layers))
-    table.add_row("bits / group", f"{summary.bits} / {summary.group_size}")
+    if summary.gguf_types:
+        table.add_row("GGUF types", ", ".join(f"{name} × {count}" for name, count in sorted(summary.gguf_types.items())))
+    else:
+        table.add_row("bits / group", f"{summary.bits} / {summary.group_size}")
     table.add_row("size", f"{human_bytes(summary.size_before)} → {human_bytes(summary.size_after)}")
     table.add_row("time", f"{summary.seconds:.1f} s")
     table.add_row("calibration", summary.calibration)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from llmctl.errors import UnsupportedModelError
 
 _LAYER_NAMES = {
@@ -71,6 +73,18 @@ class GgufArchitecture:
             return f"model.layers.{layer}.{self.layer_names[base]}.{kind}"
         return None
 
+    def gguf_name(self, hf_name: str) -> str | None:
+        """The inverse of hf_name: `model.layers.3.self_attn.q_proj.weight` → `blk.3.attn_q.weight`."""
+        globals_by_hf = {hf: gguf for gguf, hf in _GLOBAL_NAMES.items()}
+        if hf_name in globals_by_hf:
+            return globals_by_hf[hf_name]
+        parts = hf_name.split(".")
+        if parts[:2] != ["model", "layers"] or len(parts) < 5:
+            return None
+        module, kind = ".".join(parts[3:-1]), parts[-1]
+        by_hf = {hf: gguf for gguf, hf in self.layer_names.items()}
+        return f"blk.{parts[2]}.{by_hf[module]}.{kind}" if module in by_hf else None
+
     @staticmethod
     def experts_of(gguf_name: str) -> str | None:
         """`blk.3.ffn_gate_exps.weight` → `model.layers.3.mlp.experts.{}.gate_proj.weight` (an expert's name, its
@@ -79,6 +93,18 @@ class GgufArchitecture:
         if len(parts) != 4 or parts[0] != "blk" or parts[2] not in EXPERT_PROJECTIONS or parts[3] != "weight":
             return None
         return f"model.layers.{parts[1]}.mlp.experts.{{}}.{EXPERT_PROJECTIONS[parts[2]]}.weight"
+
+
+def interleave_rotary(weights: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute: each head's Q/K rows reordered so the rotary halves interleave."""
+    return (weights.reshape(n_heads, 2, weights.shape[0] // n_heads // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def deinterleave_rotary(weights: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo interleave_rotary."""
+    return (weights.reshape(n_heads, weights.shape[0] // n_heads // 2, 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
 
 
 ARCHITECTURES = {

@@ -26,7 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from llmctl.checkpoint.gguf_architectures import GgufArchitecture, gguf_architecture, transformers_config
+from llmctl.checkpoint.gguf_architectures import (
+    GgufArchitecture,
+    deinterleave_rotary,
+    gguf_architecture,
+    transformers_config,
+)
 from llmctl.errors import CorruptModelError, OfflineError
 
 CONVERTER_VERSION = "2"
@@ -265,7 +270,7 @@ def _converted_tensors(reader: Any, arch: GgufArchitecture, config: dict[str, An
                     if arch.interleaved_rotary else None
                 arrays = (_coded_arrays(tensor, hf_name) if coded else None) or {hf_name: _dequantized(tensor)}
                 for name, values in arrays.items():
-                    values = _unpermute_rotary(values, heads) if heads else values
+                    values = deinterleave_rotary(values, heads) if heads else values
                     if arch.norm_offset and "norm.weight" in name:
                         values = values - np.float32(arch.norm_offset)
                     out[name] = torch.from_numpy(np.ascontiguousarray(values))
@@ -319,16 +324,6 @@ def _coded_arrays(tensor: Any, hf_name: str) -> dict[str, np.ndarray] | None:
     module = hf_name.removesuffix(".weight")
     return {f"{module}.codes": codes.stored_codes(), f"{module}.scales": codes.scales,
             f"{module}.offsets": codes.offsets}
-
-
-def _unpermute_rotary(weights: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's interleaving of rotary halves in Q/K rows."""
-    rows = weights.shape[0]
-    return (
-        weights.reshape(n_heads, rows // n_heads // 2, 2, *weights.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weights.shape)
-    )
 
 
 def _save_tokenizer(gguf_path: Path, out_dir: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""`llmctl quantize`: GPTQ or AWQ checkpoints, or compressed-tensors ones (--scheme)."""
+"""`llmctl quantize`: GPTQ or AWQ checkpoints, compressed-tensors ones (--scheme), or GGUF files (--format gguf)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from llmctl.errors import LlmctlError
 def quantize(
     model: ModelArg = None,
     output: Annotated[Optional[Path], typer.Option(
-        "--output", "-o", help="folder for the quantized model (default: ./<model>-<AWQ|GPTQ>-<bits>bit)")] = None,
+        "--output", "-o", help="folder for the quantized model (default: ./<model>-<AWQ|GPTQ>-<bits>bit), or file "
+                                "for --format gguf (default: ./<model>-Q4_K_M.gguf)")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace a quantized model already at the output")] = False,
     gptq: Annotated[bool, typer.Option(
         "--gptq", help="GPTQ (symmetric, stored desc_act false): vLLM's gptq/marlin")] = False,
@@ -23,6 +24,9 @@ def quantize(
         "--scheme", help="compressed-tensors' format, as llm-compressor writes it: w4a16 or w8a16 (llmctl's GPTQ), "
                          "w8a8 (SmoothQuant + GPTQ, int8 activations per token), fp8-dynamic (no calibration)")]
         = None,
+    output_format: Annotated[str, typer.Option(
+        "--format", help="safetensors (a model folder), or gguf: one llama.cpp file, --scheme Q4_K_M (default) or "
+                         "Q8_0, each tensor typed as llama-quantize types it")] = "safetensors",
     revision: RevisionOpt = None,
     bits: Annotated[int, typer.Option("--bits", help="4 (GPTQ also 8)")] = 4,
     group_size: Annotated[Optional[int], typer.Option(
@@ -45,16 +49,14 @@ def quantize(
         "--no-redistribute", help="local use only: quantize even when the license forbids sharing derivatives")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """GPTQ, AWQ or compressed-tensors checkpoints that vLLM, transformers and llmctl load unchanged."""
+    """GPTQ, AWQ or compressed-tensors checkpoints that vLLM, transformers and llmctl load unchanged, or GGUF
+    files for llama.cpp."""
     from llmctl.display import print_json, render_quantize
     from llmctl.logs import configure_logging
     from llmctl.quant.command import QuantizeOptions, run_quantize
 
     configure_logging()  # the calibration source and the engine's lines when it samples calibration text
-    if scheme is not None and (gptq or awq):
-        raise LlmctlError("--scheme chooses the method itself (w4a16, w8a16 and w8a8 run GPTQ): drop --gptq/--awq")
-    if scheme is None and gptq == awq:
-        raise LlmctlError("choose exactly one of --gptq, --awq and --scheme w4a16|w8a16|w8a8|fp8-dynamic")
+    scheme = _checked_scheme(scheme, gptq, awq, output_format)
     method = "awq" if awq else "gptq"
     if scheme in ("w4a16", "w8a16", "w8a8"):
         bits = int(scheme[1])
@@ -64,8 +66,21 @@ def quantize(
         model=model, method=method, scheme=scheme, output=output, revision=revision, bits=bits,
         group_size=group_size, act_order=act_order, calib_file=calib_file, calib_samples=calib_samples,
         calib_seq_len=calib_seq_len, eval_file=eval_file, eval_tokens=eval_tokens, redistribute=not no_redistribute,
-        show_progress=not as_json, force=force))
+        show_progress=not as_json, force=force, format=output_format))
     if as_json:
         print_json(summary)
     else:
         render_quantize(summary)
+
+
+def _checked_scheme(scheme: str | None, gptq: bool, awq: bool, output_format: str) -> str | None:
+    """--scheme as run_quantize takes it (GGUF types upper-case); refuses --gptq/--awq where they conflict."""
+    if output_format == "gguf" and (gptq or awq):
+        raise LlmctlError("--format gguf writes llama.cpp's own types (--scheme Q4_K_M or Q8_0): drop --gptq/--awq")
+    if scheme is not None and scheme.upper() in ("Q4_K_M", "Q8_0"):
+        scheme = scheme.upper()
+    if scheme is not None and (gptq or awq):
+        raise LlmctlError("--scheme chooses the method itself (w4a16, w8a16 and w8a8 run GPTQ): drop --gptq/--awq")
+    if scheme is None and gptq == awq and output_format != "gguf":
+        raise LlmctlError("choose exactly one of --gptq, --awq and --scheme w4a16|w8a16|w8a8|fp8-dynamic")
+    return scheme

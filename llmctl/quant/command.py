@@ -17,6 +17,7 @@ from llmctl.errors import LlmctlError
 from llmctl.progress import progress_bar
 from llmctl.quant.calibration import calibration_samples, read_texts, token_stream
 from llmctl.quant.compressed import SCHEMES, gptq_as_compressed, gptq_scheme_config, round_to_nearest
+from llmctl.quant.gguf_mix import MIXES
 from llmctl.quant.pipeline import check_supported, quantize_model, working_group_sizes
 from llmctl.quant.rtn import QuantConfig
 from llmctl.quant.writer import write_companions, write_quantized_model
@@ -44,6 +45,7 @@ class QuantizeOptions:
     seed: int = 0
     show_progress: bool = True
     force: bool = False  # replace an existing model folder at the output
+    format: str = "safetensors"  # or gguf: one llama.cpp file, --scheme Q4_K_M or Q8_0 (llmctl.quant.gguf_export)
 
 
 @dataclass
@@ -60,12 +62,14 @@ class QuantizeSummary:
     calibration: str = ""  # where the calibration tokens came from
     perplexity: dict[str, float] = field(default_factory=dict)  # original / rtn / gptq|awq
     written: list[str] = field(default_factory=list)
+    gguf_types: dict[str, int] = field(default_factory=dict)  # --format gguf: tensors per GGUF type
 
 
 def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
     _check_options(options)
     source = resolve_model(options.model, options.revision, weights=True, show_progress=options.show_progress)
-    output = options.output or default_output(source, options.scheme or options.method, options.bits)
+    default_method = options.scheme or ("Q4_K_M" if options.format == "gguf" else options.method)
+    output = options.output or default_output(source, default_method, options.bits)
     _check_output(output, options.force)
     report = detect_license(source)
     if options.redistribute:
@@ -73,6 +77,8 @@ def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
         if failures:
             raise LlmctlError(f"refusing to make a redistributable quantized copy — {failures[0]}. Pass "
                               "--no-redistribute to quantize for local use only")
+    if options.format == "gguf":
+        return _run_gguf(options, source, output)
     if options.scheme == "fp8-dynamic":
         return _run_fp8_dynamic(options, source, output, report)
     config = QuantConfig(bits=options.bits, group_size=_group_size(options, source),
@@ -112,6 +118,28 @@ def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
     return summary
 
 
+def _run_gguf(options: QuantizeOptions, source: ModelSource, output: Path) -> QuantizeSummary:
+    """One GGUF file, typed as llama-quantize types it; no calibration (llama.cpp's K-quants need none)."""
+    from collections import Counter
+
+    from llmctl.quant.gguf_export import export_gguf, tensor_count
+
+    mix = options.scheme or "Q4_K_M"
+    name = (source.repo_id or options.model or source.name).rstrip("/").split("/")[-1].removesuffix(".gguf")
+    if source.gguf_path is not None:
+        logger.info("%s is already a GGUF: its weights are dequantized and quantized again (llama-quantize's "
+                    "--allow-requantize), which loses more than quantizing the original checkpoint", source.name)
+    started = time.perf_counter()
+    with progress_bar(f"GGUF {mix}, tensor by tensor", tensor_count(source.path), enabled=options.show_progress) as advance:
+        written = export_gguf(source.path, output, mix, name, lambda done, total: advance())
+    bits = 8 if mix == "Q8_0" else 4
+    layers = int(read_json(source.path / "config.json")["num_hidden_layers"])
+    return QuantizeSummary(model=source.name, method=mix, bits=bits, group_size=32, layers=layers,
+                           size_before=_weights_bytes(source), size_after=output.stat().st_size,
+                           seconds=time.perf_counter() - started, output=output, calibration="none (not needed)",
+                           written=[str(output)], gguf_types=dict(Counter(written.types.values())))
+
+
 def _run_fp8_dynamic(options: QuantizeOptions, source: ModelSource, output: Path,
                      report: LicenseReport) -> QuantizeSummary:
     """llm-compressor's FP8_DYNAMIC recipe: no calibration, compressed-tensors does the rest."""
@@ -135,6 +163,15 @@ def _run_fp8_dynamic(options: QuantizeOptions, source: ModelSource, output: Path
 
 
 def _check_options(options: QuantizeOptions) -> None:
+    if options.format not in ("safetensors", "gguf"):
+        raise LlmctlError(f"--format {options.format!r}: choose safetensors or gguf")
+    if options.format == "gguf":
+        if options.scheme not in (None, *MIXES):
+            raise LlmctlError(f"--format gguf writes --scheme {' or '.join(MIXES)} (llama.cpp's types), not "
+                              f"{options.scheme!r}")
+        return
+    if options.scheme in MIXES:
+        raise LlmctlError(f"--scheme {options.scheme} is a GGUF type: add --format gguf")
     if options.scheme is not None and options.scheme not in SCHEMES:
         raise LlmctlError(f"--scheme {options.scheme!r}: choose one of {', '.join(SCHEMES)}")
     if options.scheme == "fp8-dynamic":
@@ -169,14 +206,20 @@ def _group_size(options: QuantizeOptions, source: ModelSource) -> int:
 
 
 def default_output(source: ModelSource, method: str, bits: int) -> Path:
-    """./SmolLM2-135M-Instruct-AWQ-4bit (or -W4A16, -FP8-DYNAMIC for a --scheme): the model's name, the method
-    and the bits, in the current folder."""
+    """./SmolLM2-135M-Instruct-AWQ-4bit (or -W4A16, -FP8-DYNAMIC for a --scheme, -Q4_K_M.gguf for a GGUF): the
+    model's name, the method and the bits, in the current folder."""
     name = (source.repo_id or source.name).rstrip("/").split("/")[-1].removesuffix(".gguf")
+    if method in MIXES:
+        return Path(f"{name}-{method}.gguf")
     return Path(f"{name}-{method.upper()}" if method in SCHEMES else f"{name}-{method.upper()}-{bits}bit")
 
 
 def _check_output(output: Path, force: bool) -> None:
     if not output.exists() or (output.is_dir() and not any(output.iterdir())):
+        return
+    if output.is_file():  # a GGUF file: --force replaces only another GGUF
+        if not force or output.suffix != ".gguf":
+            raise LlmctlError(f"{output} exists: pass --force to replace it (a .gguf file), or --output NEW_FILE")
         return
     if not force:
         raise LlmctlError(f"{output} exists and is not empty: pass --force to replace it, or --output NEW_FOLDER")

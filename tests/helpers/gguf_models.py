@@ -16,6 +16,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
+from llmctl.checkpoint.gguf_architectures import interleave_rotary
 from llmctl.checkpoint.gguf_codes import FORMATS, group_codes
 from llmctl.engine.layers.coded_linear import CodedWeight
 
@@ -97,7 +98,7 @@ def write_tiny_gguf(arch: str, path: Path, default_gguf: Path, qtype: str = "Q8_
             values = values + 1
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
-            values = _interleave_rotary(values, heads)
+            values = interleave_rotary(values, heads)
         if values.ndim == 2 and k_mix and values.shape[1] % 256 == 0:
             type_name = k_mix[1].get(gguf_name.split(".")[-2], k_mix[0])  # by role: token_embd, attn_v, …
             writer.add_tensor(gguf_name, random_k_blocks(type_name, *values.shape, rng),
@@ -171,12 +172,6 @@ def _gguf_name(arch: str, name: str) -> str | None:
     module, kind = ".".join(parts[3:-1]), parts[-1]
     names = GEMMA_NAMES if arch.startswith("gemma") else LAYER_NAMES
     return f"blk.{parts[2]}.{names[module]}.{kind}" if module in names else None
-
-
-def _interleave_rotary(weights: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's LlamaModel.permute: each head's rotary halves interleaved."""
-    return (weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
-            .swapaxes(1, 2).reshape(weights.shape))
 
 
 QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf-py quantizes these; K-quants it only reads
