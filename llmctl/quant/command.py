@@ -79,6 +79,7 @@ def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
                               "--no-redistribute to quantize for local use only")
     if options.format == "gguf":
         return _run_gguf(options, source, output)
+    _check_scheme_fits(options, source)
     if options.scheme == "fp8-dynamic":
         return _run_fp8_dynamic(options, source, output, report)
     config = QuantConfig(bits=options.bits, group_size=_group_size(options, source),
@@ -140,14 +141,18 @@ def _run_gguf(options: QuantizeOptions, source: ModelSource, output: Path) -> Qu
                            written=[str(output)], gguf_types=dict(Counter(written.types.values())))
 
 
+def _check_scheme_fits(options: QuantizeOptions, source: ModelSource) -> None:
+    from llmctl.checkpoint.config_file import load_spec
+
+    if options.scheme is not None and load_spec(source).moe is not None:
+        # transformers 5 stacks experts into tensors compressed-tensors' Linear targets do not reach
+        raise LlmctlError(f"--scheme {options.scheme} does not quantize mixture-of-experts models yet: their "
+                          "experts would stay 16-bit; use --gptq (expert by expert), or serve the model as it is")
+
+
 def _run_fp8_dynamic(options: QuantizeOptions, source: ModelSource, output: Path,
                      report: LicenseReport) -> QuantizeSummary:
     """llm-compressor's FP8_DYNAMIC recipe: no calibration, compressed-tensors does the rest."""
-    from llmctl.checkpoint.config_file import load_spec
-
-    if load_spec(source).moe is not None:  # transformers 5 fuses experts into tensors the Linear targets miss
-        raise LlmctlError("--scheme fp8-dynamic does not quantize mixture-of-experts models yet: their experts "
-                          "would stay 16-bit; quantize a dense model, or serve the model as it is")
     started = time.perf_counter()
     if options.force and output.exists():
         shutil.rmtree(output)  # only a model folder gets here (_check_output)

@@ -17,14 +17,19 @@ from typing import Any
 import torch
 from torch import nn
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma2", "gemma3_text", "olmo2", "phi3")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma2", "gemma3_text", "olmo2", "phi3",
+                   "mixtral", "qwen2_moe", "qwen3_moe")
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 # AWQ folds its scales into the norm in front of q/k/v and gate/up; these families have none there
-NO_AWQ = {"olmo2": "OLMo 2 norms each block's output, not its input, so AWQ has no norm to fold its scales into"}
+NO_AWQ = {"olmo2": "OLMo 2 norms each block's output, not its input, so AWQ has no norm to fold its scales into",
+          **{moe: "AWQ's scale search over routed experts is not built (GPTQ quantizes them expert by expert)"
+             for moe in ("mixtral", "qwen2_moe", "qwen3_moe")}}
 
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+# Qwen2-MoE's shared expert, beside the routed ones (llmctl.quant.moe_experts)
+SHARED_EXPERT = ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj", "mlp.shared_expert.down_proj")
 # Phi-3 stores q/k/v and gate/up fused; they are quantized whole, as GPTQModel and AutoAWQ do
 FUSED_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
@@ -44,9 +49,20 @@ def language_model_prefix(names: Iterable[str]) -> str:
     return min(candidates, key=len)
 
 
-def quantized_linears(hf_config: Any) -> tuple[str, ...]:
-    """The linears of one decoder layer that are quantized, by their names in transformers' layer."""
-    return FUSED_LINEARS if hf_config.model_type == "phi3" else LINEARS
+def quantized_linears(hf_config: Any, layer: nn.Module) -> tuple[str, ...]:
+    """The linears of one decoder layer that are quantized, by their names in transformers' layer (a mixture of
+    experts' layer: attention and any shared expert; its routed experts are llmctl.quant.moe_experts')."""
+    if hf_config.model_type == "phi3":
+        return FUSED_LINEARS
+    return tuple(name for name in LINEARS + SHARED_EXPERT if _has_module(layer, name))
+
+
+def _has_module(layer: nn.Module, dotted: str) -> bool:
+    for part in dotted.split("."):
+        layer = getattr(layer, part, None)
+        if layer is None:
+            return False
+    return isinstance(layer, nn.Linear)
 
 
 def is_gemma(hf_config: Any) -> bool:

@@ -33,6 +33,7 @@ from llmctl.quant.families import (
     quantized_linears,
 )
 from llmctl.quant.gptq import LayerHessians, gptq_quantize
+from llmctl.quant.moe_experts import ExpertNames, expert_names, load_experts, quantize_experts
 from llmctl.quant.rtn import QuantConfig, rtn_quantize
 from llmctl.quant.smoothquant import smooth_layer
 
@@ -85,6 +86,9 @@ def _grouped_sizes(hf_config: Any) -> dict[str, int]:
     """The input sizes of the quantized linears: each must be a multiple of the group size."""
     hf_config = hf_config.get_text_config()
     sizes = {"hidden size": hf_config.hidden_size, "intermediate size": hf_config.intermediate_size}
+    for setting in ("moe_intermediate_size", "shared_expert_intermediate_size"):  # Qwen-MoE's experts
+        if getattr(hf_config, setting, None):
+            sizes[setting.replace("_", " ")] = getattr(hf_config, setting)
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     sizes["attention output size"] = hf_config.num_attention_heads * head_dim
     return sizes
@@ -132,23 +136,9 @@ def quantize_model(folder: Path, method: str, config: QuantConfig, calibration: 
     hidden = embed[calibration] * embedding_scale(hf_config)  # [samples, seq, hidden]
     inputs = LayerInputs(hf_config, rotary, torch.arange(calibration.shape[1]).unsqueeze(0))
     for index in range(hf_config.num_hidden_layers):
-        position_embeddings, mask = inputs.for_layer(index, hidden[:1])
         started = time.perf_counter()
-        layer = skeleton.model.layers[index]
-        layer.to_empty(device="cpu")
-        prefix = f"{model_prefix}layers.{index}."
-        _load_layer(layer, reader, prefix)
-        run = _layer_runner(layer, position_embeddings, inputs.positions, mask)
-        linears = quantized_linears(hf_config)
-        if smooth:
-            smooth_layer(layer, functools.partial(_capture_inputs, layer, hidden, run))
-        quantized = _quantize_layer(layer, hidden, run, method, config, linears, position_embeddings, mask)
-        with torch.no_grad():
-            for name, weight in quantized.items():
-                _module(layer, name).weight.copy_(weight.dequantize())
-            hidden = torch.cat([run(hidden[i:i + BATCH]) for i in range(0, hidden.shape[0], BATCH)])
-        _store_layer(result, layer, prefix, quantized, method, linears)
-        layer.to("meta")
+        hidden = _quantize_one_layer(skeleton.model.layers[index], index, hidden, reader, model_prefix, inputs,
+                                     method, config, smooth, result)
         result.layers.append(LayerReport(index, time.perf_counter() - started))
         if on_layer:
             on_layer(index + 1, hf_config.num_hidden_layers)
@@ -160,6 +150,31 @@ def quantize_model(folder: Path, method: str, config: QuantConfig, calibration: 
     return result
 
 
+def _quantize_one_layer(layer: nn.Module, index: int, hidden: torch.Tensor, reader: CheckpointReader,
+                        model_prefix: str, inputs: LayerInputs, method: str, config: QuantConfig, smooth: bool,
+                        result: QuantizationResult) -> torch.Tensor:
+    """Quantize decoder layer `index` on `hidden` (its calibration inputs), store it in `result`, and return
+    what the quantized layer makes of `hidden` (the next layer's inputs)."""
+    position_embeddings, mask = inputs.for_layer(index, hidden[:1])
+    layer.to_empty(device="cpu")
+    prefix = f"{model_prefix}layers.{index}."
+    names = expert_names(inputs.hf_config.model_type, layer)
+    _load_layer(layer, reader, prefix, names)
+    run = _layer_runner(layer, position_embeddings, inputs.positions, mask)
+    linears = quantized_linears(inputs.hf_config, layer)
+    if smooth:
+        smooth_layer(layer, functools.partial(_capture_inputs, layer, hidden, run))
+    quantized = _quantize_layer(layer, hidden, run, method, config, linears, position_embeddings, mask)
+    experts = quantize_experts(layer, hidden, run, config, names, BATCH) if names else {}
+    with torch.no_grad():
+        for name, weight in quantized.items():
+            _module(layer, name).weight.copy_(weight.dequantize())
+        hidden = torch.cat([run(hidden[i:i + BATCH]) for i in range(0, hidden.shape[0], BATCH)])
+    _store_layer(result, layer, prefix, {**quantized, **experts}, method, linears, names)
+    layer.to("meta")
+    return hidden
+
+
 def _module(layer: nn.Module, dotted: str) -> nn.Linear:
     module = layer
     for part in dotted.split("."):
@@ -167,10 +182,13 @@ def _module(layer: nn.Module, dotted: str) -> nn.Linear:
     return module
 
 
-def _load_layer(layer: nn.Module, reader: CheckpointReader, prefix: str) -> None:
+def _load_layer(layer: nn.Module, reader: CheckpointReader, prefix: str, names: ExpertNames | None) -> None:
     with torch.no_grad():
         for name, param in layer.named_parameters():
-            param.copy_(reader.get(prefix + name))
+            if names is None or not name.startswith("mlp.experts."):
+                param.copy_(reader.get(prefix + (names.disk_name(name) if names else name)))
+    if names is not None:
+        load_experts(layer, reader.get, prefix, names)
 
 
 def _layer_runner(layer: nn.Module, position_embeddings: tuple, positions: torch.Tensor,
@@ -264,14 +282,17 @@ def _scale_groups(layer: nn.Module, hidden: torch.Tensor, run: Callable, attenti
     return groups
 
 
-def _store_layer(result: QuantizationResult, layer: nn.Module, prefix: str,
-                 quantized: dict[str, QuantizedWeight], method: str, linears: tuple[str, ...]) -> None:
+def _store_layer(result: QuantizationResult, layer: nn.Module, prefix: str, quantized: dict[str, QuantizedWeight],
+                 method: str, linears: tuple[str, ...], names: ExpertNames | None) -> None:
     pack = pack_gptq if method == "gptq" else pack_awq
     for name, weight in quantized.items():
         for suffix, tensor in pack(weight).items():
             result.tensors[f"{prefix}{name}.{suffix}"] = tensor
         result.dequantized[f"{prefix}{name}.weight"] = weight.dequantize()
     for name, param in layer.named_parameters():
+        if names is not None and name.startswith("mlp.experts."):
+            continue  # stored expert by expert above
         if not any(name.startswith(linear) for linear in linears) or name.endswith(".bias"):
-            result.tensors[prefix + name] = param.detach().to(torch.float16)
-            result.dequantized[prefix + name] = param.detach().clone()
+            disk = prefix + (names.disk_name(name) if names else name)
+            result.tensors[disk] = param.detach().to(torch.float16)
+            result.dequantized[disk] = param.detach().clone()

@@ -125,15 +125,12 @@ def test_llmctl_serves_what_gptqmodel_writes(tiny_model: Path, tmp_path: Path, m
     assert_engine_agrees_with_gptqmodel(out)
 
 
-def test_llmctl_serves_a_mixture_of_experts_gptqmodel_writes(default_source, tmp_path: Path) -> None:
-    """A Qwen3-MoE quantized by gptqmodel expert by expert (GPTQ in order, as published MoE checkpoints are):
-    llmctl keeps its experts 4-bit on the CPU int4 kernel and agrees with gptqmodel's own forward."""
-    from safetensors import safe_open
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory, default_source) -> Path:
+    """A 2-layer Qwen3-MoE (4 experts, 2 per token) with the default model's tokenizer."""
     from transformers import AutoTokenizer, Qwen3MoeConfig
 
     from helpers.models import save_random_model
-    from llmctl import LLM
-    from llmctl.engine.layers.moe import FusedMoE
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_source.path))
     torch.manual_seed(0)
@@ -142,13 +139,33 @@ def test_llmctl_serves_a_mixture_of_experts_gptqmodel_writes(default_source, tmp
                             num_attention_heads=4, num_key_value_heads=2, head_dim=32, initializer_range=0.08,
                             max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id,
                             eos_token_id=tokenizer.eos_token_id)
-    base = save_random_model(config, tmp_path / "base", tokenizer)
+    return save_random_model(config, tmp_path_factory.mktemp("interop-moe") / "base", tokenizer)
+
+
+def test_llmctl_serves_a_mixture_of_experts_gptqmodel_writes(tiny_moe: Path, tmp_path: Path) -> None:
+    """A Qwen3-MoE quantized by gptqmodel expert by expert (GPTQ in order, as published MoE checkpoints are):
+    llmctl keeps its experts 4-bit on the CPU int4 kernel and agrees with gptqmodel's own forward."""
+    from safetensors import safe_open
+
+    from llmctl import LLM
+    from llmctl.engine.layers.moe import FusedMoE
+
     out = tmp_path / "gptqmodel-moe"
     texts = [line for line in WIKITEXT.read_text(encoding="utf-8").splitlines() if len(line) > 300][:16]
-    gptqmodel("quantize", str(base), str(out), "gptq-in-order", request={"texts": texts})
+    gptqmodel("quantize", str(tiny_moe), str(out), "gptq-in-order", request={"texts": texts})
     with safe_open(out / "model.safetensors", "pt") as stored:  # every expert packed by gptqmodel itself
         assert {f"model.layers.1.mlp.experts.{e}.down_proj.qweight" for e in range(4)} <= set(stored.keys())
     layers = [m for m in LLM(str(out), max_model_len=128).engine.executor.loaded.model.modules()
               if isinstance(m, FusedMoE)]
     assert layers and all(m.coded is not None and m.nbytes > 0 for m in layers)
     assert_engine_agrees_with_gptqmodel(out)
+
+
+def test_gptqmodel_loads_a_mixture_of_experts_llmctl_quantize_writes(tiny_moe: Path, tmp_path: Path) -> None:
+    """`llmctl quantize --gptq` on a Qwen3-MoE (experts quantized one by one on the tokens routed to them):
+    gptqmodel loads the folder unchanged and its forward agrees with llmctl's engine."""
+    out = tmp_path / "llmctl-moe"
+    result = run_cli("quantize", str(tiny_moe), "--gptq", "--group-size", "32", "--calib-file", str(WIKITEXT),
+                     "--calib-samples", "8", "--calib-seq-len", "64", "--no-redistribute", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert assert_engine_agrees_with_gptqmodel(out) == "TorchLinear"
