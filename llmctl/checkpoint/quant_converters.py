@@ -190,7 +190,7 @@ def converter_for(folder: Path, quant: QuantizationSpec | None, form: Quantizati
     if quant is None or quant.method not in ("fp8", "compressed-tensors"):
         return None, ""  # read as stored (GPTQ, AWQ, GGUF), or refused by name (llmctl.engine.models.registry)
     try:
-        return _converter(folder, quant, form, names, dtype)
+        return _converter(folder, quant, form, names, dtype, moe)
     except ValueError as exc:  # pydantic's ValidationError included: the library could not read the config
         raise CorruptModelError(f"{folder.name}: compressed-tensors cannot read its quantization_config: "
                                 f"{str(exc).splitlines()[0]}") from None
@@ -212,7 +212,7 @@ def _experts_converter(quant: QuantizationSpec, form: QuantizationSpec | None, n
 
 
 def _converter(folder: Path, quant: QuantizationSpec, form: QuantizationSpec | None, names: set[str],
-               dtype: torch.dtype) -> tuple[Converter, str]:
+               dtype: torch.dtype, moe: bool = False) -> tuple[Converter, str]:
     into = str(dtype).removeprefix("torch.")
     if quant.method == "fp8":
         block = quant.details.get("weight_block_size")
@@ -232,6 +232,10 @@ def _converter(folder: Path, quant: QuantizationSpec, form: QuantizationSpec | N
             f"compressed-tensors 8-bit weights kept as int8 codes for llmctl's int8 CPU kernel{activations}"
     from compressed_tensors.entrypoints.convert.converters.ct_dequantizer import CompressedTensorsDequantizer
 
+    activations = "activations run unquantized"
+    if form is not None and form.method == "dynamic-activations":
+        activations = "linears' activations quantized per token as the scheme says" + (
+            ", the routed experts' unquantized (llmctl's fused MoE runs dense experts)" if moe else "")
     return CompressedTensorsDequantizer(str(folder), dtype=dtype), (
         f"compressed-tensors weights dequantized once at load into {into} by compressed-tensors (no llmctl kernel "
-        "for this scheme yet; activations run unquantized)")
+        f"for this scheme yet; {activations})")

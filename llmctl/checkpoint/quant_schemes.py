@@ -115,9 +115,16 @@ def kept_as_gptq(quant: QuantizationSpec | None, moe: bool = False) -> Quantizat
     scheme = None if moe else _uniform(quant, ("pack-quantized",))
     group = scheme.group_or_channel(32) if scheme is not None else None
     if scheme is None or group is None or (scheme.weight_type, scheme.bits) != ("int", 4) \
-            or scheme.activations is not None or scheme.actorder:
+            or scheme.activations is not None or permuted_groups(scheme.actorder):
         return None
     return QuantizationSpec("gptq", 4, group, {"from": "compressed-tensors"})
+
+
+def permuted_groups(actorder: str | None) -> bool:
+    """Whether compressed-tensors' activation ordering changed the stored layout: "group" (and the deprecated
+    "dynamic") store a weight_g_idx; "weight" (and its alias "static", llm-compressor's default for GPTQ) only
+    changed the order GPTQ visited the columns in, and the groups stay contiguous."""
+    return actorder in ("group", "dynamic")
 
 
 def _uniform(quant: QuantizationSpec | None, formats: tuple[str, ...]) -> GroupScheme | None:
@@ -146,7 +153,7 @@ def kept_as_int8(quant: QuantizationSpec | None) -> QuantizationSpec | None:
     scheme = _uniform(quant, ("pack-quantized", "int-quantized"))
     group = scheme.group_or_channel(16) if scheme is not None else None
     if quant is None or scheme is None or group is None or (scheme.weight_type, scheme.bits) != ("int", 8) \
-            or not scheme.symmetric or scheme.actorder:
+            or not scheme.symmetric or permuted_groups(scheme.actorder):
         return None
     activations = dynamic_activations(quant)
     if scheme.activations is not None and activations is None:

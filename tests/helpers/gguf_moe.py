@@ -15,7 +15,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from helpers.gguf_models import VOCAB, _copy_tokenizer, _gguf_name, _interleave_rotary, _metadata
+from helpers.gguf_models import VOCAB, _copy_tokenizer, _gguf_name, _metadata
+from llmctl.checkpoint.gguf_architectures import interleave_rotary
 
 MOE_ARCHS = {"mixtral": "llama", "qwen2moe": "qwen2moe", "qwen3moe": "qwen3moe"}  # ours -> the file's
 MOE_NAMES = {"mlp.gate": "ffn_gate_inp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
@@ -93,6 +94,6 @@ def _gguf_tensors(arch: str, name: str, values: np.ndarray, config: Any) -> list
     if gguf_name is None:
         return []
     if arch == "mixtral" and name.endswith(("q_proj.weight", "k_proj.weight")):
-        values = _interleave_rotary(values, config.num_attention_heads if "q_proj" in name else
+        values = interleave_rotary(values, config.num_attention_heads if "q_proj" in name else
                                     config.num_key_value_heads)
     return [(gguf_name, values)]
