@@ -9,7 +9,7 @@ Built here from llama-cpp-python 0.3.36's vendored llama.cpp (commit 0c1e570) wi
 
 writes tests/fixtures/llama_cpp/k_quant_blocks.json (the K-quant blocks of helpers.gguf_export_model's inputs) and
 gguf_tensors.json (each tensor's type and sha256 in the Q4_K_M and Q8_0 files llama-quantize makes from the F32
-GGUF of helpers.gguf_export_model's model).
+GGUFs of helpers.gguf_export_model's models: a Llama, an 8-expert Mixtral, a Qwen2-MoE).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 FIXTURES = ROOT / "tests" / "fixtures" / "llama_cpp"
-BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
+BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 
 
 def k_quant_blocks(library: Path) -> dict[str, dict[str, str]]:
@@ -46,7 +46,10 @@ def k_quant_blocks(library: Path) -> dict[str, dict[str, str]]:
     return blocks
 
 
-def quantized_files(llama_quantize: Path) -> dict[str, dict[str, list[str]]]:
+FILES = {"llama": ("Q4_K_M", "Q8_0"), "mixtral": ("Q4_K_M",), "qwen2_moe": ("Q4_K_M",)}
+
+
+def quantized_files(llama_quantize: Path) -> dict[str, dict[str, dict[str, list[str]]]]:
     from gguf import GGUFReader
     from transformers import AutoTokenizer
 
@@ -55,16 +58,18 @@ def quantized_files(llama_quantize: Path) -> dict[str, dict[str, list[str]]]:
     from llmctl.quant.gguf_export import export_gguf
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(None, show_progress=False).path))
-    files: dict[str, dict[str, list[str]]] = {}
+    files: dict[str, dict[str, dict[str, list[str]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        folder = write_export_model(Path(tmp) / "model", tokenizer)
-        export_gguf(folder, Path(tmp) / "f32.gguf", "F32", "export-model")
-        for mix in ("Q4_K_M", "Q8_0"):
-            out = Path(tmp) / f"{mix}.gguf"
-            subprocess.run([str(llama_quantize), str(Path(tmp) / "f32.gguf"), str(out), mix], check=True,
-                           capture_output=True)
-            files[mix] = {t.name: [t.tensor_type.name, hashlib.sha256(t.data.tobytes()).hexdigest()]
-                          for t in GGUFReader(str(out)).tensors}
+        for family, mixes in FILES.items():
+            folder = write_export_model(Path(tmp) / family, tokenizer, family)
+            export_gguf(folder, Path(tmp) / f"{family}-f32.gguf", "F32", "export-model")
+            files[family] = {}
+            for mix in mixes:
+                out = Path(tmp) / f"{family}-{mix}.gguf"
+                subprocess.run([str(llama_quantize), str(Path(tmp) / f"{family}-f32.gguf"), str(out), mix],
+                               check=True, capture_output=True)
+                files[family][mix] = {t.name: [t.tensor_type.name, hashlib.sha256(t.data.tobytes()).hexdigest()]
+                                      for t in GGUFReader(str(out)).tensors}
     return files
 
 

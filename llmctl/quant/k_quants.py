@@ -1,5 +1,5 @@
-"""llama.cpp's K-quant quantizers, Q4_K and Q6_K, as `llama-quantize` runs them without an importance matrix
-(ggml-quants.c: quantize_row_q4_K_ref with make_qkx2_quants, quantize_row_q6_K_ref with make_qx_quants).
+"""llama.cpp's K-quant quantizers, Q4_K, Q5_K and Q6_K, as `llama-quantize` runs them without an importance
+matrix (ggml-quants.c: quantize_row_q4_K_ref and q5_K_ref with make_qkx2_quants, q6_K_ref with make_qx_quants).
 
 gguf-py reads K-quants but cannot write them. These are the same searches, vectorised over every group of a
 tensor at once, in float32 and in the C code's order of operations (sums added first to last, products
@@ -34,20 +34,21 @@ def _fp16_round(values: np.ndarray) -> np.ndarray:
 
 
 @np.errstate(all="ignore")  # divisions by zero land only in groups the C code skips
-def _qkx2(x: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """make_qkx2_quants(32, 15, x, weights, …, rmin −1, rdelta 0.1, nstep 20, use_mad false) for every group:
-    x and weights [32, G]; returns codes [32, G] (0..15), scales [G] and mins [G] (w ≈ scale·code − min)."""
+def _qkx2(x: np.ndarray, weights: np.ndarray, nmax: int, rmin: float, nstep: int
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """make_qkx2_quants(32, nmax, x, weights, …, rmin, rdelta 0.1, nstep, use_mad false) for every group:
+    x and weights [32, G]; returns codes [32, G] (0..nmax), scales [G] and mins [G] (w ≈ scale·code − min)."""
     lowest, highest = np.minimum(x.min(axis=0), F32(0)), x.max(axis=0)
     sum_w, sum_x = _ordered_sum(weights), _ordered_sum(weights * x)
     flat = highest == lowest
     span = np.where(flat, F32(1), highest - lowest)
-    iscale = F32(15) / span
+    iscale = F32(nmax) / span
     scale = F32(1) / iscale
-    codes = np.clip(_nearest_int(iscale * (x - lowest)), 0, 15).astype(F32)
+    codes = np.clip(_nearest_int(iscale * (x - lowest)), 0, nmax).astype(F32)
     best_error = _ordered_sum(weights * np.square(scale * codes + lowest - x))
-    for step in range(21):
-        iscale = (F32(-1) + F32(0.1) * F32(step) + F32(15)) / np.where(flat, F32(1), highest - lowest)
-        trial = np.clip(_nearest_int(iscale * (x - lowest)), 0, 15).astype(F32)
+    for step in range(nstep + 1):
+        iscale = (F32(rmin) + F32(0.1) * F32(step) + F32(nmax)) / np.where(flat, F32(1), highest - lowest)
+        trial = np.clip(_nearest_int(iscale * (x - lowest)), 0, nmax).astype(F32)
         weighted = weights * trial
         sum_l, sum_l2, sum_xl = _ordered_sum(weighted), _ordered_sum(weighted * trial), _ordered_sum(weighted * x)
         det = sum_w * sum_l2 - sum_l * sum_l
@@ -67,33 +68,52 @@ def _qkx2(x: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
 
 
 @np.errstate(all="ignore")
-def quantize_q4_k(weights: np.ndarray) -> np.ndarray:
-    """[rows, columns] float32 (columns a multiple of 256) → Q4_K blocks, [rows, columns / 256 · 144] uint8."""
-    rows, columns = weights.shape
+def _with_mins(weights: np.ndarray, nmax: int, rmin: float, nstep: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's and Q5_K's shared part: [rows, columns] → the super-blocks' d and dmin (float16, [B]), their
+    twelve bytes of packed 6-bit sub-block scales and mins ([B, 12]), and the codes ([B, 8, 32], 0..nmax)."""
     x = np.ascontiguousarray(weights, dtype=F32).reshape(-1, 8, 32)  # [super-blocks, sub-blocks, 32]
     blocks = x.shape[0]
     by_position = x.reshape(-1, 32).T  # [32, blocks · 8]
     av_x = np.sqrt(_ordered_sum(by_position * by_position) / F32(32))
-    codes, scales, mins = _qkx2(by_position, av_x + np.abs(by_position))
+    codes, scales, mins = _qkx2(by_position, av_x + np.abs(by_position), nmax, rmin, nstep)
     codes, scales, mins = codes.T.reshape(blocks, 8, 32), scales.reshape(blocks, 8), mins.reshape(blocks, 8)
     max_scale = np.maximum(scales.max(axis=1), F32(0))
     max_min = np.maximum(mins.max(axis=1), F32(0))
-    inv_scale = np.where(max_scale > 0, F32(63) / np.where(max_scale > 0, max_scale, F32(1)), F32(0))
-    inv_min = np.where(max_min > 0, F32(63) / np.where(max_min > 0, max_min, F32(1)), F32(0))
+    inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0))
+    inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0))
     sub_scales = np.minimum(_nearest_int(inv_scale[:, None] * scales) & 0xFF, 63)
     sub_mins = np.minimum(_nearest_int(inv_min[:, None] * mins) & 0xFF, 63)
     d, dmin = _fp16_round(max_scale / F32(63)), _fp16_round(max_min / F32(63))
     step = d.astype(F32)[:, None] * sub_scales.astype(F32)
     offset = dmin.astype(F32)[:, None] * sub_mins.astype(F32)
-    requantized = np.clip(_nearest_int((x + offset[..., None]) / np.where(step == 0, F32(1), step)[..., None]), 0, 15)
+    requantized = np.clip(_nearest_int((x + offset[..., None]) / step[..., None]), 0, nmax)
     codes = np.where((step == 0)[..., None], codes, requantized).astype(np.uint8)
-    out = np.empty((blocks, 144), dtype=np.uint8)
-    out[:, 0:2] = d.reshape(-1, 1).view(np.uint8)
-    out[:, 2:4] = dmin.reshape(-1, 1).view(np.uint8)
-    out[:, 4:16] = _pack_scale_min_k4(sub_scales.astype(np.uint8), sub_mins.astype(np.uint8))
-    pairs = codes.reshape(blocks, 4, 2, 32)  # sub-blocks 2j and 2j+1 share 32 bytes: low and high nibbles
-    out[:, 16:] = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(blocks, 128)
-    return out.reshape(rows, columns // QK_K * 144)
+    head = np.concatenate([d.reshape(-1, 1).view(np.uint8), dmin.reshape(-1, 1).view(np.uint8),
+                           _pack_scale_min_k4(sub_scales.astype(np.uint8), sub_mins.astype(np.uint8))], axis=1)
+    return head, codes
+
+
+def quantize_q4_k(weights: np.ndarray) -> np.ndarray:
+    """[rows, columns] float32 (columns a multiple of 256) → Q4_K blocks, [rows, columns / 256 · 144] uint8."""
+    rows, columns = weights.shape
+    head, codes = _with_mins(weights, 15, -1.0, 20)
+    pairs = codes.reshape(-1, 4, 2, 32)  # sub-blocks 2j and 2j+1 share 32 bytes: low and high nibbles
+    low_high = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(-1, 128)
+    return np.concatenate([head, low_high], axis=1).reshape(rows, columns // QK_K * 144)
+
+
+def quantize_q5_k(weights: np.ndarray) -> np.ndarray:
+    """[rows, columns] float32 (columns a multiple of 256) → Q5_K blocks, [rows, columns / 256 · 176] uint8: as
+    Q4_K, with 5-bit codes (rmin −0.5, 15 steps) whose fifth bits go in 32 bytes of their own."""
+    rows, columns = weights.shape
+    head, codes = _with_mins(weights, 31, -0.5, 15)
+    pairs = codes.reshape(-1, 4, 2, 32)
+    low_high = ((pairs[:, :, 0] & 0xF) | ((pairs[:, :, 1] & 0xF) << 4)).reshape(-1, 128)
+    fifth = (pairs >> 4).astype(np.uint8)  # [B, chunk c, half h, 32]: bit 2c + h of byte j
+    shifts = (2 * np.arange(4)[:, None] + np.arange(2)[None, :]).astype(np.uint8)
+    high = (fifth << shifts[None, :, :, None]).sum(axis=(1, 2), dtype=np.uint8)
+    return np.concatenate([head, high, low_high], axis=1).reshape(rows, columns // QK_K * 176)
 
 
 def _pack_scale_min_k4(scales: np.ndarray, mins: np.ndarray) -> np.ndarray:

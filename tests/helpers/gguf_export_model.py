@@ -27,28 +27,43 @@ def k_quant_inputs() -> dict[str, np.ndarray]:
     }
 
 
-def write_export_model(folder: Path, tokenizer) -> Path:
-    """An 8-layer Llama (hidden 256: K-quant super-blocks; intermediate 288: ffn_down falls back to 32-weight
-    blocks) with the default model's tokenizer and tied embeddings, its weights N(0, 0.2) from seed 0."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, LlamaConfig
+def export_config(family: str, tokenizer):
+    """llama: 8 layers (hidden 256: K-quant super-blocks; intermediate 288: ffn_down falls back to 32-weight
+    blocks), tied embeddings. mixtral: 8 experts (llama.cpp's 8-expert rules for attn_k/v/output), 2 layers.
+    qwen2_moe: 4 experts and a shared one, 2 layers. The mixtures tie their embeddings too (the vocabulary is the
+    default model's 49,152 tokens: one such matrix is most of the quantizing time)."""
+    from transformers import LlamaConfig, MixtralConfig, Qwen2MoeConfig
 
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=288, num_hidden_layers=8,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         architectures=["LlamaForCausalLM"])
-    shapes = {name: tuple(t.shape) for name, t in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    common = dict(vocab_size=len(tokenizer), hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    if family == "mixtral":
+        return MixtralConfig(intermediate_size=256, num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2,
+                             tie_word_embeddings=True, architectures=["MixtralForCausalLM"], **common)
+    if family == "qwen2_moe":
+        return Qwen2MoeConfig(intermediate_size=512, moe_intermediate_size=256, shared_expert_intermediate_size=512,
+                              num_hidden_layers=2, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False,
+                              tie_word_embeddings=True, architectures=["Qwen2MoeForCausalLM"], **common)
+    return LlamaConfig(intermediate_size=288, num_hidden_layers=8, tie_word_embeddings=True,
+                       architectures=["LlamaForCausalLM"], **common)
+
+
+def write_export_model(folder: Path, tokenizer, family: str = "llama") -> Path:
+    """export_config(family)'s model with the default model's tokenizer, every weight N(0, 0.2) (norms 1 + that)
+    drawn in order of name from seed 0, saved by transformers (experts under their per-expert names)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = export_config(family, tokenizer)
+    model = AutoModelForCausalLM.from_config(config)
     rng = np.random.default_rng(0)
-    tensors = {}
-    for name in sorted(shapes):
-        if name == "lm_head.weight":
-            continue
-        values = rng.standard_normal(shapes[name]).astype(np.float32) * np.float32(0.2)
-        tensors[name] = torch.from_numpy(values + 1 if name.endswith("norm.weight") else values)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    config.save_pretrained(folder)
+    state = model.state_dict()
+    with torch.no_grad():
+        for name in sorted(state):
+            if name == "lm_head.weight" and config.tie_word_embeddings:
+                continue
+            values = rng.standard_normal(tuple(state[name].shape)).astype(np.float32) * np.float32(0.2)
+            state[name].copy_(torch.from_numpy(values + 1 if name.endswith("norm.weight") else values))
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -16,12 +16,13 @@ from helpers.gguf_export_model import k_quant_inputs, write_export_model
 from llmctl.errors import LlmctlError
 from llmctl.quant.gguf_export import export_gguf
 from llmctl.quant.gguf_mix import more_bits, tensor_type
-from llmctl.quant.k_quants import quantize_q4_k, quantize_q6_k
+from llmctl.quant.k_quants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 
 LLAMA_CPP = Path(__file__).parent.parent / "fixtures" / "llama_cpp"
 
 
-@pytest.mark.parametrize("type_name, quantize", [("Q4_K", quantize_q4_k), ("Q6_K", quantize_q6_k)])
+@pytest.mark.parametrize("type_name, quantize", [("Q4_K", quantize_q4_k), ("Q5_K", quantize_q5_k),
+                                                 ("Q6_K", quantize_q6_k)])
 def test_k_quant_blocks_are_llama_cpps_byte_for_byte(type_name, quantize):
     expected = json.loads((LLAMA_CPP / "k_quant_blocks.json").read_text())[type_name]
     for kind, values in k_quant_inputs().items():
@@ -33,9 +34,10 @@ def test_k_quant_blocks_decode_close_to_the_weights_with_gguf_py():
     from gguf.quants import dequantize
 
     values = k_quant_inputs()["normal"]
-    for quantize, kind, bound in ((quantize_q4_k, "Q4_K", 0.1), (quantize_q6_k, "Q6_K", 0.025)):
+    for quantize, kind, bound in ((quantize_q4_k, "Q4_K", 0.1), (quantize_q5_k, "Q5_K", 0.05),
+                                  (quantize_q6_k, "Q6_K", 0.025)):
         decoded = dequantize(quantize(values), GGMLQuantizationType[kind])
-        assert np.sqrt(np.mean((decoded - values) ** 2)) < bound  # 4.5 and 6.6 bits per weight on N(0, 1)
+        assert np.sqrt(np.mean((decoded - values) ** 2)) < bound  # 4.5, 5.5 and 6.6 bits per weight on N(0, 1)
 
 
 @pytest.fixture(scope="module")
@@ -43,18 +45,34 @@ def export_model(tmp_path_factory, tokenizer) -> Path:
     return write_export_model(tmp_path_factory.mktemp("gguf-export") / "model", tokenizer)
 
 
-@pytest.mark.parametrize("mix", ["Q4_K_M", "Q8_0"])
-def test_every_tensor_is_what_llama_quantize_wrote(mix, export_model, tmp_path):
-    """Same types (Q6_K where llama.cpp spends more bits, fallbacks for 288-wide rows) and the same bytes."""
+FILES = [("llama", "Q4_K_M"), ("llama", "Q8_0"), ("mixtral", "Q4_K_M"), ("qwen2_moe", "Q4_K_M")]
+
+
+@pytest.mark.parametrize("family, mix", FILES)
+def test_every_tensor_is_what_llama_quantize_wrote(family, mix, tokenizer, tmp_path):
+    """Same types (Q6_K where llama.cpp spends more bits, fallbacks for 288-wide rows, Q8_0/Q5_K for an 8-expert
+    model's attention, experts stacked per layer) and the same bytes; a mixture of experts reads back in llmctl
+    with its config's experts, their sizes and the shared expert's."""
     from gguf import GGUFReader
 
-    out = tmp_path / f"model-{mix}.gguf"
-    written = export_gguf(export_model, out, mix, "export-model")
+    from llmctl.checkpoint.gguf_convert import convert_gguf
+
+    folder = write_export_model(tmp_path / family, tokenizer, family)
+    out = tmp_path / f"{family}-{mix}.gguf"
+    written = export_gguf(folder, out, mix, "export-model")
     ours = {t.name: [t.tensor_type.name, hashlib.sha256(t.data.tobytes()).hexdigest()]
             for t in GGUFReader(str(out)).tensors}
-    expected = json.loads((LLAMA_CPP / "gguf_tensors.json").read_text())[mix]
+    expected = json.loads((LLAMA_CPP / "gguf_tensors.json").read_text())[family][mix]
     assert ours == expected
     assert written.types == {name: kind for name, (kind, _) in expected.items()}
+    if family != "llama":
+        (tmp_path / "converted").mkdir()
+        convert_gguf(out, tmp_path / "converted", show_progress=False)
+        original, converted = (json.loads((path / "config.json").read_text()) for path in (folder, tmp_path / "converted"))
+        keys = ["num_experts_per_tok", "intermediate_size", "hidden_size", "num_hidden_layers", "num_key_value_heads"]
+        keys += ["num_local_experts"] if family == "mixtral" else ["num_experts", "moe_intermediate_size",
+                                                                    "shared_expert_intermediate_size", "norm_topk_prob"]
+        assert {key: converted[key] for key in keys} == {key: original[key] for key in keys}
 
 
 def test_more_bits_layers_are_llama_cpps():
@@ -102,7 +120,7 @@ def test_cli_gguf_loads_in_gguf_py_and_llmctl_serves_it_as_transformers_reads_it
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     reader = GGUFReader(str(out))
-    expected = json.loads((LLAMA_CPP / "gguf_tensors.json").read_text())["Q4_K_M"]
+    expected = json.loads((LLAMA_CPP / "gguf_tensors.json").read_text())["llama"]["Q4_K_M"]
     assert {t.name: t.tensor_type.name for t in reader.tensors} == {name: kind for name, (kind, _) in expected.items()}
     assert summary["gguf_types"] == dict(Counter(kind for kind, _ in expected.values()))
     assert reader.fields["general.file_type"].contents() == 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
