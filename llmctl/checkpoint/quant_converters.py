@@ -57,10 +57,16 @@ class Fp8ScaleDequantizer:
 
 
 class PackedToGptq:
-    """compressed-tensors `pack-quantized` 4-bit weights → GPTQ v1 tensors (qweight, qzeros, scales, g_idx)."""
+    """compressed-tensors `pack-quantized` 4-bit weights → GPTQ v1 tensors (qweight, qzeros, scales, g_idx); with
+    `experts_as_codes`, a mixture of experts' routed experts → the codes, scales and offsets of the CPU int4 kernel
+    (llmctl.engine.layers.coded_experts), as ExpertsToCodes makes them of GPTQ experts."""
 
-    def __init__(self, details: dict[str, Any]) -> None:
+    def __init__(self, details: dict[str, Any], experts_as_codes: bool = False,
+                 others_into: torch.dtype | None = None) -> None:
+        """`others_into`: every weight but the coded experts dequantized into this dtype (DeepSeek: MLA's layers
+        take no packed weights)."""
         self.config = _config(details)
+        self.experts_as_codes, self.others_into = experts_as_codes, others_into
 
     def get_dependencies(self, weight_name: str) -> set[str]:
         module, _, param = weight_name.rpartition(".")
@@ -88,6 +94,10 @@ class PackedToGptq:
                                       packed_dim=0).to(torch.int32) + offset
         group = args.group_size if args.group_size else shape[1]
         weight = QuantizedWeight((signed.to(torch.int32) + offset), scales, zeros, args.num_bits, group)
+        if self.experts_as_codes and ".experts." in module and group % 32 == 0 and shape[1] % 32 == 0:
+            return expert_codes(module, weight)
+        if self.others_into is not None:
+            return {f"{module}.weight": weight.dequantize().to(self.others_into)}
         return {f"{module}.{kind}": tensor for kind, tensor in pack_gptq(weight).items()}
 
 
@@ -168,10 +178,16 @@ class ExpertsToCodes(ExpertsDequantizer):
         module, weight = self._unpacked(tensors)
         if ".experts." not in module or weight.g_idx is not None or weight.group_size % 32 or weight.q.shape[1] % 32:
             return {f"{module}.weight": weight.dequantize().to(self.dtype)}
-        scales = weight.scales.float()
-        codes = GroupCodes(weight.q.to(torch.uint8).numpy(), scales.numpy(), scales.numpy(), 4).stored_codes()
-        return {f"{module}.codes": torch.from_numpy(codes), f"{module}.scales": scales,
-                f"{module}.offsets": -weight.zeros.float() * scales}
+        return expert_codes(module, weight)
+
+
+def expert_codes(module: str, weight: QuantizedWeight) -> dict[str, torch.Tensor]:
+    """A 4-bit expert as the CPU int4 kernel reads it: codes packed as GGUF's coded form stores them, and per group
+    `scales` and `offsets` (w = code · scale + offset)."""
+    scales = weight.scales.float()
+    codes = GroupCodes(weight.q.to(torch.uint8).numpy(), scales.numpy(), scales.numpy(), 4).stored_codes()
+    return {f"{module}.codes": torch.from_numpy(codes), f"{module}.scales": scales,
+            f"{module}.offsets": -weight.zeros.float() * scales}
 
 
 def _config(details: dict[str, Any]) -> Any:
@@ -222,9 +238,15 @@ def _converter(folder: Path, quant: QuantizationSpec, form: QuantizationSpec | N
 
             return FP8BlockDequantizer.from_pretrained(str(folder), weight_block_size=tuple(block), dtype=dtype), what
         return Fp8ScaleDequantizer(names, dtype), what
+    if form is not None and form.method == "dequantized" and form.details.get("from") == "compressed-tensors":
+        return PackedToGptq(quant.details, True, dtype), (
+            f"compressed-tensors 4-bit routed experts kept as codes for the CPU int4 kernel; the other weights "
+            f"dequantized once at load into {into} (MLA's layers take no packed weights)")
     if form is not None and form.method == "gptq":
-        return PackedToGptq(quant.details), \
-            "compressed-tensors 4-bit weights kept quantized (run as GPTQ on llmctl's int4 kernels)"
+        experts = form.details.get("experts") == "codes"
+        return PackedToGptq(quant.details, experts), \
+            "compressed-tensors 4-bit weights kept quantized (run as GPTQ on llmctl's int4 kernels" + \
+            ("; the routed experts as codes for the CPU int4 kernel)" if experts else ")")
     if form is not None and form.method == "int8-codes":
         activations = " (activations quantized per token first, as the scheme says)" \
             if form.details.get("input_activations") else ""

@@ -163,9 +163,10 @@ def kept_as_int8(quant: QuantizationSpec | None) -> QuantizationSpec | None:
 
 def layer_quantization(quant: QuantizationSpec | None, moe: bool = False, int8_codes: bool = False,
                        coded_experts: bool = False) -> QuantizationSpec | None:
-    """The quantization the engine's layers are built for: GPTQ/AWQ/GGUF as they are (a 4-bit GPTQ/AWQ or a
-    GGUF mixture of experts' routed experts as codes where `coded_experts`: CPUs, whole experts per rank; details
-    {"experts": "codes"}), compressed-tensors 4-bit weight-only as GPTQ, 8-bit integer weights as int8 codes
+    """The quantization the engine's layers are built for: GPTQ/AWQ/GGUF as they are (a 4-bit GPTQ/AWQ, GGUF or
+    compressed-tensors 4-bit weight-only mixture of experts' routed experts as codes where `coded_experts`: CPUs,
+    whole experts per rank; details {"experts": "codes"}), compressed-tensors 4-bit weight-only as GPTQ (dense
+    models), 8-bit integer weights as int8 codes
     where `int8_codes` (CPUs, the Llama family's layers), dynamic activation schemes otherwise as dense layers
     that quantize their inputs ("dynamic-activations"), everything else dense (dequantized once at load: None)."""
     if quant is not None and moe and coded_experts and (quant.method == "gguf" or (
@@ -173,6 +174,8 @@ def layer_quantization(quant: QuantizationSpec | None, moe: bool = False, int8_c
         return replace(quant, details={**quant.details, "experts": "codes"})
     if quant is None or quant.method in ("gptq", "awq", "gguf"):
         return quant
+    if moe and coded_experts and (packed := kept_as_gptq(quant)) is not None:  # compressed-tensors W4A16 experts
+        return replace(packed, details={**packed.details, "experts": "codes"})
     if int8_codes and not moe and (codes := kept_as_int8(quant)) is not None:
         return codes
     if quant.method == "compressed-tensors" and (activations := dynamic_activations(quant)) is not None:
@@ -212,7 +215,7 @@ def served_form(quant: QuantizationSpec, dtype: str, moe: bool = False, mla: boo
                 f"routed experts once at load into {dtype}: its experts take the dense bytes")
     if quant.method in ("gptq", "awq"):
         return f"llmctl serve keeps the {quant.method.upper()} weights quantized"
-    if kept_as_gptq(quant) is not None:
+    if kept_as_gptq(quant, moe) is not None:
         return "llmctl serve keeps these 4-bit weights quantized (as GPTQ, on its int4 kernels)"
     activations = " and quantizes activations per token in torch" if quant.method == "compressed-tensors" \
         and dynamic_activations(quant) is not None else ""

@@ -4,7 +4,8 @@ decompressing the same folder with compressed-tensors:
 
 - weight-only W4A16 on tiny Llama, Qwen3-MoE and DeepSeek-V2 (MLA): every greedy token llmctl generates is
   transformers' most likely next token on the same prefix (exactly, or within float noise where two tie) with
-  the same log-probability, 8 prompts × 32 tokens; Llama's weights stay 4-bit on the int4 kernel;
+  the same log-probability, 8 prompts × 32 tokens; the weights stay 4-bit on the int4 kernel (a mixture's routed
+  experts as its codes);
 - W8A8 and FP8_DYNAMIC (activations quantized per token) on Llama: ≥ 95 % teacher-forced top-1 agreement,
   99 % of log-probabilities within 0.05; W8A8's weights stay int8 codes with the per-token kernel.
 
@@ -109,10 +110,17 @@ def test_w4a16_from_llm_compressor_generates_what_transformers_generates(family,
 
 def test_llm_compressor_w4a16_and_w8a8_stay_quantized_on_the_cpu_kernels(written):
     """llm-compressor's GPTQ records actorder "static" (the column order it visited; the groups stay contiguous):
-    that changes nothing stored, so its folders run on the int4 and int8 kernels as compressed-tensors' own do."""
+    that changes nothing stored, so its folders run on the int4 and int8 kernels as compressed-tensors' own do;
+    a mixture of experts' routed experts stay 4-bit codes too (DeepSeek's other weights dequantized: MLA)."""
     from llmctl import LLM
     from llmctl.engine.layers.coded_linear import CodedLinear
+    from llmctl.engine.layers.moe import FusedMoE
     from llmctl.engine.layers.quant_linear import QuantLinear
+
+    for family, moe_layers in (("qwen3_moe", 2), ("deepseek_v2", 1)):
+        model = LLM(str(written(family, "W4A16")), max_model_len=128).engine.executor.loaded.model
+        experts = [m for m in model.modules() if isinstance(m, FusedMoE)]
+        assert len(experts) == moe_layers and all(m.coded is not None for m in experts), family
 
     model = LLM(str(written("llama", "W4A16")), max_model_len=128).engine.executor.loaded.model
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]

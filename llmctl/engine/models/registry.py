@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from llmctl.checkpoint.architecture import QuantizationSpec
-from llmctl.checkpoint.quant_schemes import layer_quantization, unread_problem
+from llmctl.checkpoint.quant_schemes import kept_as_gptq, layer_quantization, unread_problem
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.errors import UnsupportedModelError
 
@@ -100,10 +100,13 @@ def _layer_form(spec: ModelSpec, device_type: str, chosen: str | None, shard: Sh
     if own_cpu_layers and family == "moe" and quant is not None and quant.method == "gguf" and not whole_experts:
         raise UnsupportedModelError("a GGUF mixture of experts runs its experts as codes, whole on one rank, on CPUs: "
                                     "use --tp 1 without --enable-expert-parallel (--pp splits the layers instead)")
-    if family == "deepseek" and quant is not None and quant.method in ("gptq", "awq"):
+    packed = quant if quant is not None and quant.method in ("gptq", "awq") else kept_as_gptq(quant)
+    if family == "deepseek" and packed is not None:
         # MLA's layers take no packed weights: all dequantized at load, the routed experts coded where they can be
-        coded = own_cpu_layers and whole_experts and (quant.bits or 4) == 4
-        return QuantizationSpec("dequantized", quant.bits, quant.group_size, {"experts": "codes"}) if coded else None
+        coded = own_cpu_layers and whole_experts and (packed.bits or 4) == 4
+        origin = {"from": "compressed-tensors"} if packed.details.get("from") else {}
+        return QuantizationSpec("dequantized", packed.bits, packed.group_size, {"experts": "codes", **origin}) \
+            if coded else None
     return layer_quantization(spec.quantization, spec.moe is not None,
                               int8_codes=own_cpu_layers and family == "llama",
                               coded_experts=own_cpu_layers and family == "moe" and whole_experts)
