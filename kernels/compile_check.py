@@ -45,7 +45,7 @@ GROUPS = (1, 3, 8, 16, 32, 71)
 @dataclass(frozen=True)
 class KernelCase:
     # attention | merge | store | rotary_store | w4a16 | dequantize | gemv_gptq | gemv_awq | fused_moe | rms_norm |
-    # gated_activation
+    # gated_activation | fp8 | fp8_dequantize
     kernel: str
     dtype: str  # the activations' (query's) dtype
     kv_dtype: str  # the cache's dtype (fp8e4nv for --kv-cache-dtype fp8); "" where there is none
@@ -185,14 +185,26 @@ def rotary_store_cases() -> list[KernelCase]:
             for dtype in FLOAT_DTYPES for kv in (dtype, "fp8e4nv") for shape in shapes]
 
 
+def fp8_cases() -> list[KernelCase]:
+    """The FP8 W8A16 GEMM at decode and mid row counts with 128-wide scale blocks and per-channel scales (a K that
+    the 64-deep tiles do not divide: scales per element), and its dequantize kernel for prefill."""
+    from llmctl.kernels.fp8_w8a16 import fp8_constexprs, fp8_dequantize_constexprs
+
+    cases = [_case("fp8", dtype, "", fp8_constexprs(rows, scale_k, FLOAT_DTYPES[dtype]))
+             for dtype, rows, scale_k in itertools.product(FLOAT_DTYPES, (1, 16, 128), (128, 4000))]
+    cases += [_case("fp8_dequantize", dtype, "", fp8_dequantize_constexprs(scale_k))
+              for dtype, scale_k in itertools.product(FLOAT_DTYPES, (128, 4000))]
+    return list(dict.fromkeys(cases))
+
+
 def all_cases(full: bool = False) -> list[KernelCase]:
     return (attention_cases(full) + store_cases() + w4a16_cases() + gemv_cases() + moe_cases() + fused_layer_cases()
-            + rotary_store_cases())
+            + rotary_store_cases() + fp8_cases())
 
 
 def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
     """The jit function and the types of its runtime arguments (pointers by what the launcher passes)."""
-    from llmctl.kernels import attention, fused_layers, fused_moe, kv_store, rotary_store, w4a16, w4a16_gemv
+    from llmctl.kernels import attention, fp8_w8a16, fused_layers, fused_moe, kv_store, rotary_store, w4a16, w4a16_gemv
 
     act, kv = f"*{case.dtype}", f"*{case.kv_dtype}" if case.kv_dtype else ""
     if case.kernel == "attention":
@@ -214,6 +226,10 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
     if case.kernel == "fused_moe":
         return fused_moe._fused_moe_kernel, dict(a_ptr=act, b_ptr=act, out_ptr=act, routing_ptr="*fp32",
                                                  sorted_ids_ptr="*i32", block_expert_ptr="*i32", total_ptr="*i32")
+    if case.kernel == "fp8":
+        return fp8_w8a16._fp8_kernel, dict(x_ptr=act, qweight_ptr="*u8", scales_ptr="*fp32", out_ptr=act)
+    if case.kernel == "fp8_dequantize":
+        return fp8_w8a16._fp8_dequantize_kernel, dict(qweight_ptr="*u8", scales_ptr="*fp32", out_ptr=act)
     packed = dict(qweight_ptr="*i32", qzeros_ptr="*i32", scales_ptr="*fp16", g_idx_ptr="*i32")
     if case.kernel.startswith("gemv_"):
         kernel = w4a16_gemv._gemv_awq_kernel if case.kernel == "gemv_awq" else w4a16_gemv._gemv_gptq_kernel

@@ -56,6 +56,37 @@ class Fp8ScaleDequantizer:
         return out
 
 
+FP8_CHANNEL_ROWS = 128  # inputs per scale row of a per-channel or per-tensor fp8 weight held as Fp8ToColumns makes
+
+
+class Fp8ToColumns:
+    """`quant_method: fp8` weights kept as float8 for QuantLinear's fp8 form: `qweight`, the e4m3 bytes K-major
+    [in, out], and `scales` [in / block, out] float32 — a block's `weight_scale_inv` repeated along its output
+    columns, or per channel / per tensor (`weight_scale`) the same row for every 128 inputs — so fused parts and
+    tensor-parallel shards cut along outputs and inputs as GPTQ's columns do."""
+
+    def __init__(self, names: set[str], block: list[int] | None) -> None:
+        self.scale_of = {name.rpartition(".")[0]: name for name in names
+                         if name.endswith((".weight_scale_inv", ".weight_scale"))}
+        self.block = block
+
+    def get_dependencies(self, weight_name: str) -> set[str]:
+        module, _, param = weight_name.rpartition(".")
+        return {self.scale_of[module]} if param == "weight" and module in self.scale_of else set()
+
+    def process(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        module = next(name for name in tensors if name.endswith(".weight")).removesuffix(".weight")
+        weight, scale = tensors[f"{module}.weight"], tensors[self.scale_of[module]].float()
+        outputs = weight.shape[0]
+        if self.block:  # [out / block_n, in / block_k] → [in / block_k, out]
+            columns = scale.t().repeat_interleave(self.block[0], dim=1)[:, :outputs]
+        else:  # one row per 128 inputs all the same, so row-parallel shards cut it as they cut blocks
+            row = scale.reshape(1, -1).expand(1, outputs) if scale.numel() == 1 else scale.reshape(1, outputs)
+            columns = row.expand(-(-weight.shape[1] // FP8_CHANNEL_ROWS), outputs)
+        return {f"{module}.qweight": weight.view(torch.uint8).t().contiguous(),
+                f"{module}.scales": columns.contiguous()}
+
+
 class PackedToGptq:
     """compressed-tensors `pack-quantized` 4-bit weights → GPTQ v1 tensors (qweight, qzeros, scales, g_idx); with
     `experts_as_codes`, a mixture of experts' routed experts → the codes, scales and offsets of the CPU int4 kernel
@@ -230,6 +261,10 @@ def _experts_converter(quant: QuantizationSpec, form: QuantizationSpec | None, n
 def _converter(folder: Path, quant: QuantizationSpec, form: QuantizationSpec | None, names: set[str],
                dtype: torch.dtype, moe: bool = False) -> tuple[Converter, str]:
     into = str(dtype).removeprefix("torch.")
+    if quant.method == "fp8" and form is not None and form.method == "fp8":
+        return Fp8ToColumns(names, quant.details.get("weight_block_size")), (
+            "fp8 weights kept as float8 (a byte each) for llmctl's FP8 W8A16 GEMM; activations run unquantized, "
+            "as in the dequantized form (the checkpoint's dynamic fp8 activations are not applied)")
     if quant.method == "fp8":
         block = quant.details.get("weight_block_size")
         what = f"fp8 weights dequantized once at load into {into} (FP8 GEMMs are not built yet)"

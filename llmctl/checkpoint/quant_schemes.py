@@ -162,11 +162,12 @@ def kept_as_int8(quant: QuantizationSpec | None) -> QuantizationSpec | None:
 
 
 def layer_quantization(quant: QuantizationSpec | None, moe: bool = False, int8_codes: bool = False,
-                       coded_experts: bool = False) -> QuantizationSpec | None:
+                       coded_experts: bool = False, fp8_kept: bool = False) -> QuantizationSpec | None:
     """The quantization the engine's layers are built for: GPTQ/AWQ/GGUF as they are (a 4-bit GPTQ/AWQ, GGUF or
     compressed-tensors 4-bit weight-only mixture of experts' routed experts as codes where `coded_experts`: CPUs,
     whole experts per rank; details {"experts": "codes"}), compressed-tensors 4-bit weight-only as GPTQ (dense
-    models), 8-bit integer weights as int8 codes
+    models), `quant_method: fp8` as float8 where `fp8_kept` (GPUs, the Llama family's layers), 8-bit integer
+    weights as int8 codes
     where `int8_codes` (CPUs, the Llama family's layers), dynamic activation schemes otherwise as dense layers
     that quantize their inputs ("dynamic-activations"), everything else dense (dequantized once at load: None)."""
     if quant is not None and moe and coded_experts and (quant.method == "gguf" or (
@@ -174,6 +175,9 @@ def layer_quantization(quant: QuantizationSpec | None, moe: bool = False, int8_c
         return replace(quant, details={**quant.details, "experts": "codes"})
     if quant is None or quant.method in ("gptq", "awq", "gguf"):
         return quant
+    if fp8_kept and not moe and quant.method == "fp8":  # GPUs, Llama-family layers: the FP8 W8A16 GEMM
+        block = quant.details.get("weight_block_size")
+        return QuantizationSpec("fp8", 8, int(block[1]) if block else 128, dict(quant.details))  # Fp8ToColumns
     if moe and coded_experts and (packed := kept_as_gptq(quant)) is not None:  # compressed-tensors W4A16 experts
         return replace(packed, details={**packed.details, "experts": "codes"})
     if int8_codes and not moe and (codes := kept_as_int8(quant)) is not None:
@@ -217,6 +221,10 @@ def served_form(quant: QuantizationSpec, dtype: str, moe: bool = False, mla: boo
         return f"llmctl serve keeps the {quant.method.upper()} weights quantized"
     if kept_as_gptq(quant, moe) is not None:
         return "llmctl serve keeps these 4-bit weights quantized (as GPTQ, on its int4 kernels)"
+    if quant.method == "fp8" and not moe and not mla:
+        return ("llmctl serve keeps these fp8 weights as float8, a byte each, in its Llama-family layers (Llama, "
+                "Mistral, Qwen2/3, Granite: its FP8 W8A16 Triton GEMM, activations unquantized); other families "
+                f"dequantize them once at load into {dtype}")
     activations = " and quantizes activations per token in torch" if quant.method == "compressed-tensors" \
         and dynamic_activations(quant) is not None else ""
     return f"llmctl serve dequantizes these weights once at load into {dtype}{activations} (no kernel for the " \

@@ -5,13 +5,18 @@ own FineGrainedFP8 quantizer; each served and compared with transformers loading
 from __future__ import annotations
 
 import json
-import types
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers.compressed import base_model, compressed_checkpoint, decoded_agreement, teacher_forced
+from helpers.compressed import (
+    base_model,
+    compressed_checkpoint,
+    decoded_agreement,
+    fp8_block_checkpoint,
+    teacher_forced,
+)
 from helpers.families import assert_close, engine_outputs, transformers_reference
 from helpers.models import save_random_model
 from llmctl import LLM
@@ -80,30 +85,6 @@ def test_activation_schemes_agree_with_transformers_teacher_forced(base, tokeniz
     assert agreement >= 0.95 and gaps[int(0.99 * len(gaps))] < 0.05 and gaps[-1] < 0.1, (agreement, gaps[-5:])
 
 
-def fp8_block_checkpoint(base: Path, out: Path, block: int = 32) -> Path:
-    """`base` with every projection in transformers' FineGrainedFP8 format (weight float8_e4m3fn,
-    weight_scale_inv per block), quantized by transformers' own Fp8Quantize."""
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-    from transformers import FineGrainedFP8Config
-    from transformers.integrations.finegrained_fp8 import Fp8Quantize
-
-    shutil.copytree(base, out)
-    quantize = Fp8Quantize(types.SimpleNamespace(quantization_config=FineGrainedFP8Config(
-        weight_block_size=(block, block))))
-    tensors = load_file(out / "model.safetensors")
-    converted: dict[str, torch.Tensor] = {}
-    for name, tensor in tensors.items():
-        converted.update(quantize.convert({name: tensor}) if name.endswith("proj.weight") else {name: tensor})
-    save_file(converted, out / "model.safetensors", metadata={"format": "pt"})
-    config = json.loads((out / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [block, block],
-                                     "activation_scheme": "dynamic", "fmt": "e4m3"}
-    (out / "config.json").write_text(json.dumps(config))
-    return out
-
-
 def test_blockwise_fp8_generates_what_transformers_generates(base, tokenizer, tmp_path, caplog):
     import logging
 
@@ -146,7 +127,7 @@ def test_inspect_and_plan_name_the_scheme_and_where_llmctl_keeps_it(base, tokeni
     assert "keeps these 4-bit weights quantized" in " ".join(planned.stdout.split())
     fp8 = fp8_block_checkpoint(base, tmp_path / "fp8")
     planned = " ".join(run_cli("plan", str(fp8), "--gpus", "1").stdout.split())
-    assert "weights fp8" in planned and "dequantizes these weights once at load into bfloat16" in planned
+    assert "weights fp8" in planned and "keeps these fp8 weights as float8, a byte each" in planned
     config = json.loads((w4a16 / "config.json").read_text())
     config["quantization_config"]["format"] = "sparse-24-bitmask"
     (w4a16 / "config.json").write_text(json.dumps(config))

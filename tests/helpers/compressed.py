@@ -5,6 +5,8 @@ llmctl.quant.compressed.round_to_nearest, which `llmctl quantize --scheme fp8-dy
 
 from __future__ import annotations
 
+import json
+import types
 from pathlib import Path
 
 import torch
@@ -85,3 +87,27 @@ def decoded_agreement(folder: Path, tokenizer) -> tuple[float, list[float]]:
             agree += entry.token_id == int(reference[position].argmax())
             gaps.append(abs(entry.logprob - float(reference[position, entry.token_id])))
     return agree / (len(PROMPTS) * TOKENS), sorted(gaps)
+
+
+def fp8_block_checkpoint(base: Path, out: Path, block: int = 32) -> Path:
+    """`base` with every projection in transformers' FineGrainedFP8 format (weight float8_e4m3fn,
+    weight_scale_inv per block), quantized by transformers' own Fp8Quantize."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import FineGrainedFP8Config
+    from transformers.integrations.finegrained_fp8 import Fp8Quantize
+
+    shutil.copytree(base, out)
+    quantize = Fp8Quantize(types.SimpleNamespace(quantization_config=FineGrainedFP8Config(
+        weight_block_size=(block, block))))
+    tensors = load_file(out / "model.safetensors")
+    converted: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        converted.update(quantize.convert({name: tensor}) if name.endswith("proj.weight") else {name: tensor})
+    save_file(converted, out / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [block, block],
+                                     "activation_scheme": "dynamic", "fmt": "e4m3"}
+    (out / "config.json").write_text(json.dumps(config))
+    return out

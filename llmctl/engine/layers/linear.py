@@ -68,7 +68,7 @@ def _local_linear(in_features: int, out_features: int, bias: bool, quant: Quanti
                            activations=quant.details.get("input_activations"))
     if quant is not None and quant.method == "dynamic-activations":
         return ActivationQuantLinear(in_features, out_features, bias, quant.details["input_activations"])
-    if quant is None or quant.method not in ("gptq", "awq"):
+    if quant is None or quant.method not in ("gptq", "awq", "fp8"):
         return nn.Linear(in_features, out_features, bias=bias)
     return QuantLinear(in_features, out_features, bias, quant.method, quant.bits or 4, quant.group_size or 128)
 
@@ -102,7 +102,7 @@ class ColumnParallelLinear(nn.Module):
         bias = ("bias",) if self.inner.bias is not None else ()
         if isinstance(self.inner, CodedLinear):
             return {(kind, i) for i in range(len(self.parts)) for kind in _coded_kinds(self._arrived.get(i)) + bias}
-        kinds = ("weight",) if isinstance(self.inner, nn.Linear) else ("qweight", "qzeros", "scales")
+        kinds = ("weight",) if isinstance(self.inner, nn.Linear) else self.inner.stored_kinds
         return {(kind, i) for kind in kinds + bias for i in range(len(self.parts))}
 
     def load(self, kind: str, tensor: CheckpointTensor, part: int, offset: int | None = None) -> None:
@@ -162,7 +162,7 @@ class RowParallelLinear(nn.Module):
 
     def expected(self) -> set[tuple[str, int]]:
         kinds = ("weight",) if isinstance(self.inner, nn.Linear) else \
-            _coded_kinds(self._arrived) if isinstance(self.inner, CodedLinear) else ("qweight", "qzeros", "scales")
+            _coded_kinds(self._arrived) if isinstance(self.inner, CodedLinear) else self.inner.stored_kinds
         return {(kind, 0) for kind in kinds + (("bias",) if self.bias is not None else ())}
 
     def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int | None = None) -> None:

@@ -1,4 +1,4 @@
-"""A linear layer with GPTQ or AWQ packed weights.
+"""A linear layer with GPTQ or AWQ packed weights, or float8 e4m3 weights with block/channel scales (fp8).
 
 The packed tensors stay as loaded, on the model's device (so memory is what `llmctl plan
 --quantization` predicts). On CUDA, 4-bit weights run through llmctl's Triton W4A16 GEMM
@@ -6,7 +6,9 @@ The packed tensors stay as loaded, on the model's device (so memory is what `llm
 contiguous groups of a multiple of 32 are repacked once at load (`pack_for_cpu`) for the C++
 int4 kernel (`llmctl.kernels.cpu.int4_linear`), which decodes them as it multiplies, for float32
 activations; elsewhere (other bit widths, act-order, bfloat16) the weight is dequantized in torch
-at every forward.
+at every forward. fp8 weights are held K-major as bytes (`qweight` [K, N]) with float32 scales per group of
+`group_size` inputs ([K / group, N]: a 128 × 128 block's scale repeated along its columns; per channel: one row)
+and run through the FP8 W8A16 Triton GEMM (`llmctl.kernels.fp8_w8a16`) on CUDA.
 Fused projections (QKV, gate/up) concatenate their parts along the output dimension,
 which both formats allow because they pack outputs in whole groups of 8. Act-order GPTQ
 (desc_act, a permuted g_idx) keeps each part's g_idx, since every part was quantized
@@ -28,12 +30,12 @@ class QuantLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, method: str, bits: int,
                  group_size: int) -> None:
         super().__init__()
-        if method not in ("gptq", "awq"):
+        if method not in ("gptq", "awq", "fp8"):
             raise ValueError(f"unsupported quantization method {method!r}")
         self.in_features, self.out_features = in_features, out_features
         self.method, self.bits = method, bits
         self.group_size = in_features if group_size in (-1, 0, None) else group_size
-        self.pack = 32 // bits
+        self.pack = 1 if method == "fp8" else 32 // bits  # outputs per stored column word
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self.register_buffer("qweight", torch.empty(0, dtype=torch.int32))
         self.register_buffer("qzeros", torch.empty(0, dtype=torch.int32))
@@ -42,12 +44,18 @@ class QuantLinear(nn.Module):
         self.part_outputs: list[int] = [out_features]
         self.cpu_int4: CodedWeight | None = None  # the 4-bit codes repacked for the CPU kernel
 
+    @property
+    def stored_kinds(self) -> tuple[str, ...]:
+        """The tensors each part arrives as (fp8: the e4m3 bytes K-major and their float32 scales)."""
+        return ("qweight", "scales") if self.method == "fp8" else ("qweight", "qzeros", "scales")
+
     def load_parts(self, parts: list[dict[str, torch.Tensor]]) -> None:
         """Packed tensors of one or more linears that this layer runs as one (concatenated outputs)."""
         device = self.qweight.device  # where the model was built: the checkpoint is read on the CPU
-        for name in ("qweight", "qzeros", "scales"):
+        for name in self.stored_kinds:
             setattr(self, name, torch.cat([part[name] for part in parts], dim=1).to(device).contiguous())
-        self.scales = self.scales.to(torch.float16)  # the formats store float16 (the loader keeps it so)
+        # GPTQ/AWQ store float16 scales (the loader keeps them so); fp8's block scales stay float32
+        self.scales = self.scales.to(torch.float32 if self.method == "fp8" else torch.float16)
         groups = -(-self.in_features // self.group_size)
         if self.scales.shape != (groups, self.out_features):
             raise ValueError(f"scales have shape {tuple(self.scales.shape)}, expected {(groups, self.out_features)}")
@@ -65,6 +73,9 @@ class QuantLinear(nn.Module):
 
     def dequantize(self) -> torch.Tensor:
         """[out, in] float weight, unpacked by the same code that reads and writes the formats."""
+        if self.method == "fp8":
+            scales = self.scales.float().repeat_interleave(self.group_size, 0)[:self.in_features]
+            return (self.qweight.view(torch.float8_e4m3fn).float() * scales).t()
         if self.g_idx is None:
             return self._dequantize_part(self.qweight, self.qzeros, self.scales, None)
         return torch.cat([self._dequantize_part(*part) for part in self._act_order_parts()])
@@ -105,6 +116,8 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cpu_int4 is not None and x.device.type == "cpu" and x.dtype == torch.float32:
             return self.forward_cpu_int4(x)
+        if x.is_cuda and self.method == "fp8":
+            return self.forward_fp8(x)
         if x.is_cuda and (self.bits == 4 or (self.bits == 8 and self.method == "gptq")):
             return self.forward_w4a16(x)
         return F.linear(x, self.dequantize().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
@@ -113,6 +126,15 @@ class QuantLinear(nn.Module):
         """Through CodedWeight.matmul: the kernel for few rows, the weight decoded once for many."""
         flat = x.reshape(-1, self.in_features).contiguous()
         return self.cpu_int4.matmul(flat, self.bias).view(*x.shape[:-1], self.out_features)
+
+    def forward_fp8(self, x: torch.Tensor) -> torch.Tensor:
+        """Through the FP8 W8A16 Triton kernel (on CPU tensors only under TRITON_INTERPRET=1, which tests use)."""
+        from llmctl.kernels.fp8_w8a16 import fp8_matmul
+
+        out = fp8_matmul(x.reshape(-1, self.in_features), self.qweight, self.scales, self.group_size)
+        if self.bias is not None:
+            out += self.bias.to(out.dtype)
+        return out.view(*x.shape[:-1], self.out_features)
 
     def forward_w4a16(self, x: torch.Tensor) -> torch.Tensor:
         """Through the Triton kernel (on CPU tensors only under TRITON_INTERPRET=1, which tests use)."""

@@ -109,7 +109,14 @@ def _layer_form(spec: ModelSpec, device_type: str, chosen: str | None, shard: Sh
             if coded else None
     return layer_quantization(spec.quantization, spec.moe is not None,
                               int8_codes=own_cpu_layers and family == "llama",
-                              coded_experts=own_cpu_layers and family == "moe" and whole_experts)
+                              coded_experts=own_cpu_layers and family == "moe" and whole_experts,
+                              fp8_kept=keeps_fp8(device_type) and chosen == "llmctl" and family == "llama")
+
+
+def keeps_fp8(device_type: str) -> bool:
+    """Whether fp8 weights stay float8 on this device: on GPUs, for the FP8 W8A16 Triton GEMM; CPUs have no FP8
+    arithmetic and dequantize them once at load."""
+    return device_type == "cuda"
 
 
 def create_model(spec: ModelSpec, hf_config: Any, shard: Shard | None = None, impl: str = "auto",
