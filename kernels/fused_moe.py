@@ -13,6 +13,7 @@ is not on this rank (expert parallelism) carry the id `num_experts` and are neve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -74,8 +75,11 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
 
 
 def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-              first_expert: int = 0) -> torch.Tensor:
-    """Σ_k weight_k · expert_k(x): [T, H] -> [T, H], over this rank's experts (w13[i] is expert first_expert + i)."""
+              first_expert: int = 0, quantize: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """Σ_k weight_k · expert_k(x): [T, H] -> [T, H], over this rank's experts (w13[i] is expert first_expert + i);
+    `quantize`: what each projection's input goes through first, per row (a checkpoint's per-token scheme)."""
+    if quantize is not None:
+        x = quantize(x)
     tokens, top_k = ids.shape
     experts, intermediate = w13.shape[0], w2.shape[2]
     tiles = choose_moe_tiles(tokens * top_k, experts, x.element_size())
@@ -84,6 +88,8 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: to
     sizes = (tiles.block_m, tiles.block_n, tiles.block_k)
     torch.ops.llmctl.moe_gemm.default(x, w13, gate_up, None, sorted_ids, block_expert, total, top_k, *sizes)
     hidden = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
+    if quantize is not None:
+        hidden = quantize(hidden)  # each (token, expert) row: per token, as each expert's own linear would
     down = torch.zeros(tokens * top_k, w2.shape[1], dtype=x.dtype, device=x.device)  # pairs not here stay 0
     torch.ops.llmctl.moe_gemm.default(hidden, w2, down, weights.flatten().float().contiguous(), sorted_ids,
                                       block_expert, total, 1, *sizes)

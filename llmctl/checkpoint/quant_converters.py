@@ -291,8 +291,7 @@ def _converter(folder: Path, quant: QuantizationSpec, form: QuantizationSpec | N
 
     activations = "activations run unquantized"
     if form is not None and form.method == "dynamic-activations":
-        activations = "linears' activations quantized per token as the scheme says" + (
-            ", the routed experts' unquantized (llmctl's fused MoE runs dense experts)" if moe else "")
+        activations = "activations quantized per token as the scheme says" + (", the experts' too" if moe else "")
     return CompressedTensorsDequantizer(str(folder), dtype=dtype), (
         f"compressed-tensors weights dequantized once at load into {into} by compressed-tensors (no llmctl kernel "
         f"for this scheme yet; {activations})")

@@ -16,6 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def dynamic_activations_of(form: Any) -> dict[str, Any] | None:
+    """The per-token scheme a layer form asks inputs to be quantized by (form "dynamic-activations"), else None."""
+    return form.details.get("input_activations") if form is not None and form.method == "dynamic-activations" \
+        else None
+
+
 def activation_args(activations: dict[str, Any]) -> Any:
     """compressed-tensors' QuantizationArgs of a config group's `input_activations`."""
     from compressed_tensors.quantization import QuantizationArgs

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,6 +23,7 @@ from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.distributed.expert_exchange import ExpertPlacement
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import cpu_gemm
+from llmctl.engine.layers.activation_quant import activation_args, quantized_tokens
 from llmctl.engine.layers.activations import silu_and_mul
 from llmctl.engine.layers.coded_experts import CodedExperts
 from llmctl.engine.layers.linear import LoadError, Part
@@ -68,16 +70,19 @@ def _best_groups_only(choice: torch.Tensor, routing: Routing) -> torch.Tensor:
     return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view_as(choice)
 
 
-def dense_expert(w13: torch.Tensor, w2: torch.Tensor, packed: list[PackedPair] | None = None
+def dense_expert(w13: torch.Tensor, w2: torch.Tensor, packed: list[PackedPair] | None = None,
+                 quantize: Callable[[torch.Tensor], torch.Tensor] | None = None
                  ) -> Callable[[int, torch.Tensor], torch.Tensor]:
     """Local expert i's MLP from the stacked weights; `packed`: each expert's weights packed for the CPU GEMMs
-    (llmctl.engine.layers.cpu_gemm), as the dense linears are."""
+    (llmctl.engine.layers.cpu_gemm), as the dense linears are; `quantize`: what each projection's input goes
+    through first (a W8A8 / FP8-dynamic checkpoint's per-token scheme), else nothing."""
     intermediate = w2.shape[2]
+    same = quantize or (lambda t: t)
 
     def project(expert: int, chunk: torch.Tensor) -> torch.Tensor:
         pair = packed[expert] if packed else (None, None)
-        return cpu_gemm.linear(silu_and_mul(cpu_gemm.linear(chunk, w13[expert], pair[0]), intermediate),
-                               w2[expert], pair[1])
+        gated = silu_and_mul(cpu_gemm.linear(same(chunk), w13[expert], pair[0]), intermediate)
+        return cpu_gemm.linear(same(gated), w2[expert], pair[1])
     return project
 
 
@@ -108,8 +113,12 @@ class FusedMoE(nn.Module):
     """The routed experts of one layer: `load` takes transformers' per-expert gate/up/down tensors."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, routing: Routing, group: TPGroup,
-                 experts: ExpertPlacement | None = None, coded: str | None = None) -> None:
+                 experts: ExpertPlacement | None = None, coded: str | None = None,
+                 activations: dict[str, Any] | None = None) -> None:
+        """`activations`: a dynamic per-token scheme (compressed-tensors' input_activations) every expert
+        projection's input is quantized by first, as in the checkpoint's own linears (W8A8, FP8-dynamic)."""
         super().__init__()
+        self.activation_args = activation_args(activations) if activations else None
         # expert parallel: whole experts [first, first + local); else a slice of every expert
         self.part = Part(intermediate, 0, intermediate) if experts else Part.split(intermediate, group)
         local = num_experts // experts.size if experts else num_experts
@@ -172,6 +181,9 @@ class FusedMoE(nn.Module):
             return self.exchange.combine(x, router_logits, run)
         return self.group.all_reduce(run(x, router_logits))
 
+    def _quantized(self, x: torch.Tensor) -> torch.Tensor:
+        return quantized_tokens(x, self.activation_args, self)
+
     def lend(self) -> None:
         """A replica with no batch of its own: its experts still serve the other replicas' tokens."""
         empty = self.w13.new_empty(0, self.w13.shape[2])
@@ -181,10 +193,11 @@ class FusedMoE(nn.Module):
                      correction_bias: torch.Tensor | None) -> torch.Tensor:
         """This rank's experts' share of every token's output (zero for tokens routed elsewhere)."""
         weights, ids = route(router_logits, self.routing, correction_bias)
+        quantize = self._quantized if self.activation_args is not None else None
         if x.is_cuda:  # one grouped GEMM launch per projection (llmctl.kernels.fused_moe)
             from llmctl.kernels.fused_moe import fused_moe
 
-            return fused_moe(x, weights, ids, self.w13, self.w2, self.first_expert)
+            return fused_moe(x, weights, ids, self.w13, self.w2, self.first_expert, quantize)
         project = self.coded.project if self.coded is not None else \
-            dense_expert(self.w13, self.w2, self.packed_experts)
+            dense_expert(self.w13, self.w2, self.packed_experts, quantize)
         return grouped_experts(x, weights, ids, len(self.local_experts), project, self.first_expert)

@@ -26,6 +26,7 @@ from llmctl.checkpoint.spec import ModelSpec
 from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.distributed.expert_exchange import ExpertPlacement
 from llmctl.engine.distributed.group import TPGroup
+from llmctl.engine.layers.activation_quant import dynamic_activations_of
 from llmctl.engine.layers.coded_experts import coded_experts_method
 from llmctl.engine.layers.linear import ColumnParallelLinear, LoadError, Part, RowParallelLinear
 from llmctl.engine.layers.moe import FusedMoE, Routing
@@ -139,7 +140,8 @@ class DeepseekMoE(nn.Module):
         moe = spec.moe
         self.gate = Router(spec.hidden_size, moe.num_experts, moe.router_bias)
         self.experts = FusedMoE(moe.num_experts, spec.hidden_size, moe.expert_intermediate_size, routing, group,
-                                experts, coded_experts_method(spec.quantization))
+                                experts, coded_experts_method(spec.quantization),
+                                dynamic_activations_of(spec.quantization))
         self.shared_experts = LlamaMLP(spec.hidden_size, moe.shared_expert_intermediate_size, False, group) \
             if moe.num_shared_experts else None
 

@@ -12,6 +12,7 @@ from torch import nn
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.distributed.expert_exchange import ExpertPlacement
 from llmctl.engine.distributed.group import TPGroup
+from llmctl.engine.layers.activation_quant import dynamic_activations_of
 from llmctl.engine.layers.coded_experts import CODED_FIELDS, coded_experts_method
 from llmctl.engine.layers.moe import FusedMoE, Routing
 from llmctl.engine.layers.positions import RotaryEmbedding
@@ -31,7 +32,8 @@ class SparseMoeBlock(nn.Module):
         moe = spec.moe
         self.gate = nn.Linear(spec.hidden_size, moe.num_experts, bias=False)  # the router, on every rank
         self.experts = FusedMoE(moe.num_experts, spec.hidden_size, moe.expert_intermediate_size, routing, group,
-                                experts, coded_experts_method(spec.quantization))
+                                experts, coded_experts_method(spec.quantization),
+                                dynamic_activations_of(spec.quantization))
         self.shared_expert = LlamaMLP(spec.hidden_size, moe.shared_expert_intermediate_size, False, group,
                                       spec.quantization) if moe.num_shared_experts else None
         self.shared_expert_gate = nn.Linear(spec.hidden_size, 1, bias=False) if moe.shared_expert_gate else None
