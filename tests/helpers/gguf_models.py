@@ -197,3 +197,31 @@ def coded_weight(raw: np.ndarray, type_name: str, rows: int, columns: int) -> Co
     codes = group_codes(raw, type_name, rows, columns)
     return CodedWeight.compact(torch.from_numpy(codes.stored_codes()), torch.from_numpy(codes.scales),
                                torch.from_numpy(codes.offsets))
+
+
+def assert_served_as_transformers_reads_it(path: Path, label: str) -> None:
+    """A GGUF file served by llmctl against transformers' own GGUF loading of the same file: dequantized
+    (--dtype float32) the greedy tokens are identical; coded (int8 activations, as llama.cpp) they agree by vLLM's
+    rule for quantized models."""
+    from transformers import AutoModelForCausalLM
+
+    from helpers.greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
+    from llmctl.engine.front.llm import LLM
+    from llmctl.engine.sampling_params import SamplingParams
+
+    prompts = [[1, 450, 701, 112, 318], [200, 17, 1000, 4, 5, 6, 7]]
+    runs = {}
+    for dtype in ("auto", "float32"):
+        llm = LLM(str(path), dtype=dtype, max_model_len=128, kv_cache_memory=16 << 20)
+        try:
+            quantization = llm.engine.executor.loaded.spec.quantization
+            assert (quantization is not None and quantization.method == "gguf") == (dtype == "auto")
+            runs[dtype] = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                                       SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=5))
+        finally:
+            llm.shutdown()
+    reference = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float32)
+    for prompt, coded, dequantized in zip(prompts, runs["auto"], runs["float32"]):
+        expected = transformers_greedy(reference, prompt, 8, 5)
+        assert list(dequantized.outputs[0].token_ids) == [token for token, _ in expected], label
+        assert_greedy_close(llmctl_greedy(coded.outputs[0]), expected, label)

@@ -105,14 +105,10 @@ def test_cli_gguf_loads_in_gguf_py_and_llmctl_serves_it_as_transformers_reads_it
     """`llmctl quantize MODEL --format gguf` as typed: the file gguf-py reads, with Q4_K_M's types; llmctl on it,
     dequantized, gives transformers' greedy tokens on the same file exactly, and coded (int8 activations, as
     llama.cpp) agrees by vLLM's rule for quantized models."""
-    import torch
     from gguf import GGUFReader
-    from transformers import AutoModelForCausalLM
 
     from helpers.cli_process import run_cli
-    from helpers.greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
-    from llmctl.engine.front.llm import LLM
-    from llmctl.engine.sampling_params import SamplingParams
+    from helpers.gguf_models import assert_served_as_transformers_reads_it
 
     out = tmp_path / "model-Q4_K_M.gguf"
     result = run_cli("quantize", str(export_model), "--format", "gguf", "--output", str(out), "--no-redistribute",
@@ -125,20 +121,7 @@ def test_cli_gguf_loads_in_gguf_py_and_llmctl_serves_it_as_transformers_reads_it
     assert summary["gguf_types"] == dict(Counter(kind for kind, _ in expected.values()))
     assert reader.fields["general.file_type"].contents() == 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
     assert reader.fields["tokenizer.ggml.pre"].contents() == "smollm"
-    prompts = [[1, 450, 701, 112, 318], [200, 17, 1000, 4, 5, 6, 7]]
-    runs = {}
-    for dtype in ("auto", "float32"):
-        llm = LLM(str(out), dtype=dtype, max_model_len=128, kv_cache_memory=16 << 20)
-        try:
-            runs[dtype] = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                                       SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=5))
-        finally:
-            llm.shutdown()
-    reference = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=out.name, torch_dtype=torch.float32)
-    for prompt, coded, dequantized in zip(prompts, runs["auto"], runs["float32"]):
-        expected = transformers_greedy(reference, prompt, 8, 5)
-        assert list(dequantized.outputs[0].token_ids) == [token for token, _ in expected]
-        assert_greedy_close(llmctl_greedy(coded.outputs[0]), expected, "Q4_K_M")
+    assert_served_as_transformers_reads_it(out, "Q4_K_M")
 
 
 def test_cli_refuses_a_gguf_scheme_without_gguf_and_a_compressed_scheme_with_it(tmp_path):

@@ -175,31 +175,11 @@ def test_gguf_of_each_architecture_served_coded_matches_transformers(arch, qtype
     """A random tiny model written as llama.cpp writes `arch` (weights in `qtype`) against transformers' own
     GGUF loading of the same file: served dequantized (--dtype float32) the greedy tokens are identical;
     served coded (int8 activations, as llama.cpp) they agree by vLLM's rule for quantized models."""
-    from transformers import AutoModelForCausalLM
-
-    from helpers.gguf_models import write_tiny_gguf
-    from helpers.greedy_close import assert_greedy_close, llmctl_greedy, transformers_greedy
-    from llmctl.engine.front.llm import LLM
-    from llmctl.engine.sampling_params import SamplingParams
+    from helpers.gguf_models import assert_served_as_transformers_reads_it, write_tiny_gguf
 
     path = tmp_path / f"tiny-{arch}.{qtype}.gguf"
     write_tiny_gguf(arch, path, default_source.gguf_path, qtype)
-    prompts = [[1, 450, 701, 112, 318], [200, 17, 1000, 4, 5, 6, 7]]
-    runs = {}
-    for dtype in ("auto", "float32"):
-        llm = LLM(str(path), dtype=dtype, max_model_len=128, kv_cache_memory=16 << 20)
-        try:
-            quantization = llm.engine.executor.loaded.spec.quantization
-            assert (quantization is not None and quantization.method == "gguf") == (dtype == "auto")
-            runs[dtype] = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                                       SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=5))
-        finally:
-            llm.shutdown()
-    reference = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, torch_dtype=torch.float32)
-    for prompt, coded, dequantized in zip(prompts, runs["auto"], runs["float32"]):
-        expected = transformers_greedy(reference, prompt, 8, 5)
-        assert list(dequantized.outputs[0].token_ids) == [token for token, _ in expected], arch
-        assert_greedy_close(llmctl_greedy(coded.outputs[0]), expected, arch)
+    assert_served_as_transformers_reads_it(path, arch)
 
 
 @needs_kernels
