@@ -87,33 +87,40 @@ def written(tmp_path_factory, tokenizer):
     return folder
 
 
-def assert_greedy_is_transformers(folder: Path, tokenizer) -> None:
-    """llmctl's greedy tokens of PROMPTS, teacher-forced through transformers on the decompressed folder."""
+def assert_greedy_is_transformers(folder: Path, tokenizer, attention_backend: str = "auto",
+                                  prompts: list[str] = PROMPTS, tokens: int = TOKENS) -> None:
+    """llmctl's greedy tokens of `prompts`, teacher-forced through transformers on the decompressed folder."""
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
     from llmctl import LLM, SamplingParams
 
-    outputs = LLM(str(folder), max_model_len=256).generate(
-        PROMPTS, SamplingParams(max_tokens=TOKENS, temperature=0, ignore_eos=True, logprobs=0))
+    outputs = LLM(str(folder), max_model_len=256, attention_backend=attention_backend).generate(
+        prompts, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True, logprobs=0))
     reference = AutoModelForCausalLM.from_pretrained(
         str(folder), dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)).eval()
-    for prompt, output in zip(PROMPTS, outputs):
+    for prompt, output in zip(prompts, outputs):
         ids, made = tokenizer(prompt).input_ids, output.outputs[0]
         with torch.no_grad():
             logits = reference(torch.tensor([ids + list(made.token_ids)])).logits[0, len(ids) - 1:-1]
         logprobs = logits.float().log_softmax(-1)
-        chosen = logprobs[torch.arange(TOKENS), torch.tensor(made.token_ids)]
+        chosen = logprobs[torch.arange(tokens), torch.tensor(made.token_ids)]
         assert (logprobs.max(-1).values - chosen).max() < 1e-3, prompt  # its argmax, or tied with it
         ours = torch.tensor([entry.logprob for entry in made.logprobs])
         assert (chosen - ours).abs().max() < 1e-3, prompt
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3_moe", "deepseek_v2"])
-def test_w4a16_from_llm_compressor_generates_what_transformers_generates(family, written, tokenizer):
+@pytest.mark.parametrize("family, attention", [("llama", "auto"), ("qwen3_moe", "auto"), ("deepseek_v2", "auto"),
+                                               ("llama", "triton")])
+def test_w4a16_from_llm_compressor_generates_what_transformers_generates(family, attention, written, tokenizer):
+    """`triton`: the GPU attention kernels, in Triton's interpreter on this CPU (two prompts, 8 tokens: the
+    interpreter takes minutes for all of them)."""
     folder, _ = written(family, "W4A16")
     config = json.loads((folder / "config.json").read_text())["quantization_config"]
     assert config["format"] == "pack-quantized" and config["config_groups"]["group_0"]["weights"]["actorder"]
-    assert_greedy_is_transformers(folder, tokenizer)
+    if attention == "triton":
+        assert_greedy_is_transformers(folder, tokenizer, attention, PROMPTS[:2], 8)
+    else:
+        assert_greedy_is_transformers(folder, tokenizer, attention)
 
 
 def test_llm_compressor_w4a16_and_w8a8_stay_quantized_on_the_cpu_kernels(written):
