@@ -70,6 +70,8 @@ def run_quantize(options: QuantizeOptions) -> QuantizeSummary:
     source = resolve_model(options.model, options.revision, weights=True, show_progress=options.show_progress)
     default_method = options.scheme or ("Q4_K_M" if options.format == "gguf" else options.method)
     output = options.output or default_output(source, default_method, options.bits)
+    if options.format == "gguf" and output.is_dir():
+        raise LlmctlError(f"{output} is a folder: --format gguf writes one file, give --output NAME.gguf")
     _check_output(output, options.force)
     report = detect_license(source)
     if options.redistribute:

@@ -132,3 +132,5 @@ def test_cli_refuses_a_gguf_scheme_without_gguf_and_a_compressed_scheme_with_it(
     assert "Traceback" not in wrong.stderr
     missing = run_cli("quantize", "--scheme", "q4_k_m", "--output", str(tmp_path / "y"))
     assert missing.returncode != 0 and "is a GGUF type: add --format gguf" in missing.stderr
+    folder = run_cli("quantize", "--format", "gguf", "--output", str(tmp_path))
+    assert folder.returncode != 0 and "is a folder: --format gguf writes one file" in folder.stderr
