@@ -18,13 +18,11 @@ def quantize(
                                 "for --format gguf (default: ./<model>-Q4_K_M.gguf)")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace a quantized model already at the output")] = False,
     gptq: Annotated[bool, typer.Option(
-        "--gptq", help="GPTQ (symmetric, stored desc_act false): vLLM's gptq/marlin; mixtures of experts "
-                       "expert by expert")] = False,
+        "--gptq", help="GPTQ (symmetric, desc_act false; MoE expert by expert): vLLM's gptq/marlin")] = False,
     awq: Annotated[bool, typer.Option("--awq", help="AWQ (asymmetric, GEMM format)")] = False,
     scheme: Annotated[Optional[str], typer.Option(
-        "--scheme", help="compressed-tensors' format, as llm-compressor writes it: w4a16 or w8a16 (llmctl's GPTQ), "
-                         "w8a8 (SmoothQuant + GPTQ, int8 activations per token), fp8-dynamic (no calibration); with "
-                         "--format gguf: Q4_K_M (default) or Q8_0")]
+        "--scheme", help="compressed-tensors' format, as llm-compressor writes it: w4a16 or w8a16 (llmctl's GPTQ), w8a8 "
+                         "(SmoothQuant + GPTQ, int8 activations per token), fp8-dynamic; --format gguf: Q4_K_M, Q8_0")]
         = None,
     output_format: Annotated[str, typer.Option(
         "--format", help="safetensors (a model folder), or gguf: one llama.cpp file, --scheme Q4_K_M (default) or "
