@@ -20,7 +20,7 @@ import torch
 from llmctl.checkpoint.architecture import QuantizationSpec
 from llmctl.checkpoint.gguf_codes import GroupCodes
 from llmctl.checkpoint.quant_formats import QuantizedWeight, pack_gptq, unpack_awq, unpack_gptq
-from llmctl.checkpoint.quant_schemes import compressed_format
+from llmctl.checkpoint.quant_schemes import FP8_CHANNEL_ROWS, compressed_format
 from llmctl.errors import CorruptModelError
 
 
@@ -54,9 +54,6 @@ class Fp8ScaleDequantizer:
                 tensor = (tensor.float() * scale).to(self.dtype)
             out[name] = tensor
         return out
-
-
-FP8_CHANNEL_ROWS = 128  # inputs per scale row of a per-channel or per-tensor fp8 weight held as Fp8ToColumns makes
 
 
 class Fp8ToColumns:

@@ -23,6 +23,7 @@ from llmctl.checkpoint.architecture import QuantizationSpec
 # weights are dequantized at load)
 READ_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized", "mxfp4-pack-quantized",
                 "nvfp4-pack-quantized")
+FP8_CHANNEL_ROWS = 128  # inputs per scale row of a per-channel or per-tensor fp8 weight kept as float8 (Fp8ToColumns)
 SERVED_METHODS = ("gptq", "awq", "gguf", "fp8", "compressed-tensors")
 
 
@@ -177,7 +178,7 @@ def layer_quantization(quant: QuantizationSpec | None, moe: bool = False, int8_c
         return quant
     if fp8_kept and not moe and quant.method == "fp8":  # GPUs, Llama-family layers: the FP8 W8A16 GEMM
         block = quant.details.get("weight_block_size")
-        return QuantizationSpec("fp8", 8, int(block[1]) if block else 128, dict(quant.details))  # Fp8ToColumns
+        return QuantizationSpec("fp8", 8, int(block[1]) if block else FP8_CHANNEL_ROWS, dict(quant.details))
     if moe and coded_experts and (packed := kept_as_gptq(quant)) is not None:  # compressed-tensors W4A16 experts
         return replace(packed, details={**packed.details, "experts": "codes"})
     if int8_codes and not moe and (codes := kept_as_int8(quant)) is not None:
