@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from llmctl.engine.errors import EngineConfigError
+from llmctl.engine.multimodal.config import MultimodalLimits, parse_multimodal_limits
 from llmctl.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from llmctl.engine.structured.config import StructuredOutputsConfig, parse_structured_outputs_config
 from llmctl.errors import LlmctlError
@@ -84,12 +85,18 @@ class EngineConfig:
     enable_lora: bool = False  # per-request PEFT adapters (llmctl.engine.lora)
     max_loras: int = 1  # adapters resident at once (and running at once), as vLLM's default
     max_lora_rank: int = 16  # the slots' rank: larger adapters are refused at load
+    limit_mm_per_prompt: str | dict | None = None  # vLLM's JSON, e.g. {"image": 2}; {"image": 0}: text only
+    mm_processor_kwargs: str | dict | None = None  # vLLM's JSON, passed to the model's processor
     replica_group: ReplicaGroup | None = None  # set by the data-parallel front: replicas exchanging MoE tokens
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
         """--speculative-config as validate() parsed it (None: off); parsed here if validate() has not run."""
         return parse_speculative_config(self.speculative_config)
+
+    @property
+    def multimodal(self) -> MultimodalLimits:
+        return parse_multimodal_limits(self.limit_mm_per_prompt, self.mm_processor_kwargs)
 
     @property
     def structured_outputs(self) -> StructuredOutputsConfig:
@@ -163,6 +170,7 @@ class EngineConfig:
         try:
             self.structured_outputs_config = parse_structured_outputs_config(self.structured_outputs_config,
                                                                              self.guided_decoding_backend)
+            self.multimodal  # noqa: B018 — parsed now, so a bad flag fails before any rank starts
         except LlmctlError as exc:
             raise EngineConfigError(str(exc)) from None
         self._validate_policies()

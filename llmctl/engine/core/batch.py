@@ -6,7 +6,7 @@ from __future__ import annotations
 from llmctl.engine.core.block_manager import SLID_OUT
 from llmctl.engine.core.scheduler import SchedulerOutput
 from llmctl.engine.core.sequence import Sequence
-from llmctl.engine.core.step_messages import StepBatch, TableUpdate
+from llmctl.engine.core.step_messages import EmbeddingSlice, EncoderInput, StepBatch, TableUpdate
 from llmctl.engine.core.table_updates import TableRows
 
 
@@ -28,6 +28,7 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
     rows: list[int] = []
     updates: list[TableUpdate] = []
     placeholders: list[tuple[int, int]] = []
+    slices: list[EmbeddingSlice] = []
     for item in sched.scheduled:
         seq, start = item.seq, item.seq.num_computed_tokens
         row0 = len(ids)
@@ -50,6 +51,8 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
             row, update = table_rows.update(seq)
             rows.append(row)
             updates += [update] if update is not None else []
+        if seq.mm_items and start < len(seq.prompt_token_ids):
+            slices += embedding_slices(seq, start, item.num_new_tokens, row0)
         starts.append(len(ids))
         lens.append(start + item.num_new_tokens)
         total_lens.append(seq.num_tokens)
@@ -62,8 +65,20 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
     batch = StepBatch(ids, positions, slots[0], starts, lens, tables[0], sample_rows, prompt_rows,
                       list(sched.block_copies), lora_slots or [], total_lens=total_lens,
                       group_slot_mappings=slots[1:], group_block_tables=tables[1:], table_rows=rows,
-                      table_updates=updates, placeholders=placeholders)
+                      table_updates=updates, placeholders=placeholders,
+                      encoder_inputs=[EncoderInput(i.content_hash, i.data) for i in sched.encoder.encode],
+                      encoder_frees=list(sched.encoder.free), embedding_slices=slices)
     return batch, sample_seqs
+
+
+def embedding_slices(seq: Sequence, start: int, count: int, row0: int) -> list[EmbeddingSlice]:
+    """Where this chunk of the prompt (positions start..start+count, rows from row0) holds image placeholders."""
+    slices = []
+    for item in seq.mm_items:
+        positions, sources = item.rows_within(start, start + count)
+        if positions:
+            slices.append(EmbeddingSlice(item.content_hash, [row0 + p - start for p in positions], sources))
+    return slices
 
 
 def _readable(table: list[int]) -> list[int]:

@@ -27,7 +27,7 @@ class Block:
     block_id: int
     ref_count: int = 0
     hash: tuple[int, int] | None = None  # (KV group, chain hash) once registered in the prefix cache
-    token_ids: tuple[int, ...] = ()
+    token_ids: tuple[int | str, ...] = ()  # the block's key: token ids, then its images' hashes
 
 
 @dataclass
@@ -36,7 +36,7 @@ class PrefixCacheStats:
     hits: int = 0  # of those, found in the cache
 
 
-def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+def chain_hash(parent: int | None, token_ids: tuple[int | str, ...]) -> int:
     return hash((parent, token_ids))
 
 
@@ -97,15 +97,14 @@ class BlockManager:
         At least one token is always left to compute, so the step yields logits."""
         if seq.block_table:
             return
-        tokens = seq.all_token_ids
-        max_blocks = (len(tokens) - 1) // self.block_size
+        max_blocks = (seq.num_tokens - 1) // self.block_size
         self.stats.queries += len(seq.prompt_token_ids)
         if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return
         parent = seq.prefix_root
         tables = self.tables(seq)
         for index in range(max_blocks):
-            chunk = tuple(tokens[index * self.block_size:(index + 1) * self.block_size])
+            chunk = seq.block_key(index, self.block_size)
             digest = chain_hash(parent, chunk)
             found = [self.cached.get((group, digest)) for group in range(self.num_groups)]
             hits = [block_id for block_id in found if block_id is not None and self.blocks[block_id].token_ids == chunk]
@@ -128,7 +127,7 @@ class BlockManager:
         full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
         parent = seq.block_hashes[-1] if seq.block_hashes else seq.prefix_root
         for index in range(len(seq.block_hashes), full):
-            chunk = tuple(seq.token_at(p) for p in range(index * self.block_size, (index + 1) * self.block_size))
+            chunk = seq.block_key(index, self.block_size)
             digest = chain_hash(parent, chunk)
             for group, table in enumerate(self.tables(seq)):
                 if table[index] == SLID_OUT:

@@ -25,6 +25,8 @@ from typing import Protocol
 
 from llmctl.engine.core.block_manager import BlockManager, PrefixCacheStats
 from llmctl.engine.core.sequence import Sequence, SequenceStatus, TokenLogprob
+from llmctl.engine.multimodal.encoder_budget import EncoderScheduler, EncoderWork
+from llmctl.engine.multimodal.items import MultimodalItem
 from llmctl.engine.spec_decode.proposal import Draft
 
 
@@ -53,6 +55,7 @@ class SchedulerOutput:
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
     preempted: list[Sequence] = field(default_factory=list)
     advanced: bool = False  # async scheduling: counted as computed when submitted, not when its tokens come back
+    encoder: EncoderWork = field(default_factory=EncoderWork)  # images to encode, encoder outputs to free
 
     @property
     def num_tokens(self) -> int:
@@ -98,6 +101,7 @@ class Scheduler:
     max_model_len: int = 1 << 62  # the engine's context limit; no limit beyond max_tokens by default
     rope_switch_length: int | None = None  # LongRoPE's pretraining length (see _passes_rope_switch)
     scheduling_policy: str = "fcfs"  # "priority": lower SamplingParams.priority first, then arrival (vLLM's)
+    encoder: EncoderScheduler | None = None  # vision-language models: the per-step image encoder budget
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
     num_preemptions: int = 0
@@ -159,7 +163,22 @@ class Scheduler:
         budget, short = self._schedule_running(out, budget, lane, ahead)
         if not out.preempted and not short:  # no new admissions while memory is short
             self._schedule_waiting(out, budget, lane)
+        if self.encoder is not None:
+            self.encoder.take_frees(out.encoder)
         return out
+
+    def _fit_encoder(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> tuple[int, list[MultimodalItem]]:
+        """The prompt chunk cut before an image the step's encoder budget cannot take (llmctl.engine.multimodal)."""
+        if self.encoder is None or not seq.mm_items or not seq.in_prefill:
+            return num_new, []
+        return self.encoder.fit(seq, num_new, out.encoder)
+
+    def _schedule(self, out: SchedulerOutput, seq: Sequence, num_new: int, images: list[MultimodalItem],
+                  draft: Draft | None = None) -> None:
+        if self.encoder is not None and seq.mm_items:
+            self.encoder.commit(seq, seq.num_computed_tokens, num_new, out.encoder, images)
+        out.block_copies += self.block_manager.allocate(seq, num_new)
+        out.scheduled.append(ScheduledSeq(seq, num_new, draft))
 
     def _schedule_running(self, out: SchedulerOutput, budget: int, lane: int, ahead: bool) -> tuple[int, bool]:
         index = 0
@@ -174,6 +193,7 @@ class Scheduler:
                 seq.rope_recomputed = True
             self.block_manager.release_slid_out(seq)
             num_new = min(seq.num_tokens + seq.num_placeholders - seq.num_computed_tokens, budget)
+            num_new, images = self._fit_encoder(seq, num_new, out)
             if num_new <= 0:
                 index += 1
                 continue
@@ -190,8 +210,7 @@ class Scheduler:
                 break  # the sequence preempted itself: it was the newest (or least urgent)
             draft = self._take_draft(seq, num_new, budget)
             num_new += len(draft.token_ids) if draft is not None else 0
-            out.block_copies += self.block_manager.allocate(seq, num_new)
-            out.scheduled.append(ScheduledSeq(seq, num_new, draft))
+            self._schedule(out, seq, num_new, images, draft)
             budget -= num_new
             index += 1
         return budget, False
@@ -239,6 +258,9 @@ class Scheduler:
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if self.long_prefill_token_threshold:
                 num_new = min(num_new, self.long_prefill_token_threshold)
+            num_new, images = self._fit_encoder(seq, num_new, out)
+            if num_new <= 0:
+                break
             if not self.block_manager.can_allocate(seq, num_new):
                 if not self.running and not out.scheduled:
                     # Alone it does not fit a whole prompt: take what fits, chunked.
@@ -250,8 +272,7 @@ class Scheduler:
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.block_copies += self.block_manager.allocate(seq, num_new)
-            out.scheduled.append(ScheduledSeq(seq, num_new))
+            self._schedule(out, seq, num_new, images)
             budget -= num_new
 
     def _adapter_fits(self, seq: Sequence) -> bool:
@@ -291,6 +312,8 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
+        if self.encoder is not None:
+            self.encoder.release(seq)
         seq.status = SequenceStatus.FINISHED
 
     def abort(self, seqs: list[Sequence]) -> None:

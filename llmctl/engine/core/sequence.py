@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from llmctl.engine.multimodal.items import MultimodalItem, block_keys
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.spec_decode.proposal import Draft
 
@@ -70,6 +71,7 @@ class Sequence:
     draft: Draft | None = None  # speculative decoding: tokens proposed for the next step
     lora: LoRAAdapter | None = None  # the adapter this sequence runs with (None: the base model)
     grammar: GrammarMatcher | None = None  # structured outputs: where this sequence is in its grammar (llmctl.engine.structured)
+    mm_items: list[MultimodalItem] = field(default_factory=list)  # the prompt's images: their positions and hashes
 
     @property
     def block_tables(self) -> list[list[int]]:
@@ -92,6 +94,13 @@ class Sequence:
     def prefix_root(self) -> int | None:
         """Where the chain of block hashes starts: K/V computed with an adapter is that adapter's own."""
         return self.lora.cache_salt if self.lora is not None else None
+
+    def block_key(self, index: int, block_size: int) -> tuple[int | str, ...]:
+        """What identifies full block `index` in the prefix cache: its token ids, and the hashes of the images
+        whose placeholders it holds (the same placeholder ids stand for any image)."""
+        start, end = index * block_size, (index + 1) * block_size
+        tokens = tuple(self.token_at(p) for p in range(start, end))
+        return tokens if not self.mm_items else tokens + block_keys(self.mm_items, start, end)
 
     @property
     def is_finished(self) -> bool:

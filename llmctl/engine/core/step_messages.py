@@ -42,6 +42,21 @@ class TableUpdate:
 
 
 @dataclass
+class EncoderInput:
+    content_hash: str
+    data: dict[str, torch.Tensor]  # what the model's image encoder takes for this one image
+
+
+@dataclass
+class EmbeddingSlice:
+    """Rows `rows` of the step take rows `sources` of the encoder output cached under `content_hash`."""
+
+    content_hash: str
+    rows: list[int]
+    sources: list[int]
+
+
+@dataclass
 class StepBatch:
     """One step, flat: T new tokens of B sequences. Small and picklable."""
 
@@ -68,6 +83,11 @@ class StepBatch:
     # async scheduling (llmctl.engine.executor.overlap): (input row, sample row of the step before) of each token
     # that step is still sampling; filled on the device by the runner, or on the host by the step thread (TP)
     placeholders: list[tuple[int, int]] = field(default_factory=list)
+    # vision-language models (llmctl.engine.multimodal): images to encode into the workers' encoder cache, outputs
+    # to drop from it, and where cached outputs replace token embeddings in this step
+    encoder_inputs: list[EncoderInput] = field(default_factory=list)
+    encoder_frees: list[str] = field(default_factory=list)
+    embedding_slices: list[EmbeddingSlice] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -8,6 +8,7 @@ from typing import Any
 from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.front.output_processor import Request
 from llmctl.engine.lora.adapter import LoRAAdapter
+from llmctl.engine.multimodal.items import ProcessedPrompt
 from llmctl.engine.sample.bad_words import bad_words_token_ids
 from llmctl.engine.sampling_params import SamplingParams
 
@@ -20,7 +21,9 @@ class InputProcessor:
         self.max_model_len = max_model_len
         self.generation_defaults = generation_defaults
 
-    def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+    def tokenize(self, prompt: str | list[int] | ProcessedPrompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, ProcessedPrompt):  # expanded by the multimodal processor already
+            return prompt.prompt, list(prompt.token_ids)
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
         ids = [int(t) for t in prompt]
@@ -29,7 +32,7 @@ class InputProcessor:
             raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size}); got {bad[:3]}", "prompt")
         return None, ids
 
-    def process(self, request_id: str, prompt: str | list[int], params: SamplingParams | None,
+    def process(self, request_id: str, prompt: str | list[int] | ProcessedPrompt, params: SamplingParams | None,
                 lora: LoRAAdapter | None) -> Request:
         text, ids = self.tokenize(prompt)
         params = (params or SamplingParams()).with_defaults(self.generation_defaults)
@@ -37,7 +40,8 @@ class InputProcessor:
         self._check_token_ids(params)
         if params.bad_words:
             params.bad_words_token_ids = bad_words_token_ids(params.bad_words, self.tokenizer)
-        return Request(request_id, text, ids, params, lora=lora)
+        items = prompt.items if isinstance(prompt, ProcessedPrompt) else []
+        return Request(request_id, text, ids, params, lora=lora, mm_items=items)
 
     def _check_token_ids(self, params: SamplingParams) -> None:
         for name, ids in (("logit_bias", list(params.logit_bias or {})), ("allowed_token_ids",

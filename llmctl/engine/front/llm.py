@@ -12,6 +12,7 @@ from llmctl.engine.front.beam_search import BeamSearch, BeamSearchParams, altern
 from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.lora.request import LoRARequest
+from llmctl.engine.multimodal.items import ProcessedPrompt
 from llmctl.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]  # vLLM's TextPrompt {"prompt": …} and TokensPrompt {"prompt_token_ids": …}
@@ -41,7 +42,7 @@ class LLM:
                  lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Outputs in the order of the prompts; `lora_request` (one, or one per prompt) needs enable_lora=True."""
         single = isinstance(prompts, (str, dict)) or _is_token_ids(prompts)
-        batch = [_plain_prompt(p) for p in ([prompts] if single else list(prompts))]
+        batch = [self._engine_prompt(p) for p in ([prompts] if single else list(prompts))]
         params_list = _per_prompt(sampling_params or SamplingParams(), len(batch), "sampling params")
         loras = _per_prompt(lora_request, len(batch), "lora requests")
         order = []
@@ -60,6 +61,25 @@ class LLM:
                 if output.finished:
                     finished[output.request_id] = output
         return [finished[rid] for rid in order]
+
+    def _engine_prompt(self, prompt: Prompt) -> str | list[int] | ProcessedPrompt:
+        """vLLM's {"prompt", "multi_modal_data": {"image": …}, "mm_processor_kwargs"} through the model's
+        processor; every other form as text or token ids."""
+        if not isinstance(prompt, dict) or "multi_modal_data" not in prompt:
+            return _plain_prompt(prompt)
+        data, kwargs = prompt["multi_modal_data"], prompt.get("mm_processor_kwargs")
+        unknown = sorted(set(prompt) - {"prompt", "multi_modal_data", "mm_processor_kwargs"})
+        if unknown or not isinstance(prompt.get("prompt"), str) or not isinstance(data, dict):
+            raise ValueError("a multimodal prompt is {'prompt': text, 'multi_modal_data': {'image': image or list}, "
+                             f"'mm_processor_kwargs': optional dict}}; got the keys {sorted(prompt)}")
+        if set(data) - {"image"}:
+            raise ValueError(f"multi_modal_data: llmctl takes images only, got {sorted(data)}")
+        processor = self.engine.multimodal
+        if processor is None:
+            raise ValueError("this model takes no images (a text model, or served with --limit-mm-per-prompt "
+                             "'{\"image\": 0}')")
+        images = data.get("image", [])
+        return processor.process(prompt["prompt"], images if isinstance(images, list) else [images], kwargs)
 
     def beam_search(self, prompts: Sequence[Prompt], params: BeamSearchParams) -> list[RequestOutput]:
         """vLLM's LLM.beam_search, one RequestOutput per prompt (its beams as outputs, best first)."""

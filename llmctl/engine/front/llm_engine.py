@@ -30,6 +30,9 @@ from llmctl.engine.front.stats import EngineStats, snapshot
 from llmctl.engine.lora.adapter import LoRAAdapter
 from llmctl.engine.lora.manager import LoRAManager
 from llmctl.engine.lora.request import LoRARequest
+from llmctl.engine.multimodal.encoder_budget import EncoderScheduler
+from llmctl.engine.multimodal.items import ProcessedPrompt
+from llmctl.engine.multimodal.processor import multimodal_processor
 from llmctl.engine.reasoning import ReasoningParserManager
 from llmctl.engine.sample.step_sampler import StepSampler
 from llmctl.engine.sampling_params import SamplingParams
@@ -79,6 +82,10 @@ class LLMEngine:
         self.input_processor = InputProcessor(self.tokenizer, self.loaded.spec.vocab_size, self.max_model_len,
                                               self.loaded.generation_defaults)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.multimodal = multimodal_processor(self.loaded.source.path, self.loaded.spec.model_type,
+                                               self.loaded.hf_config, config.multimodal)
+        if self.multimodal is not None:  # vLLM's default encoder budget: the step's token budget
+            self.scheduler.encoder = EncoderScheduler(self.loaded.max_num_batched_tokens)
         generator = torch.Generator().manual_seed(config.seed)
         self.speculator = Speculator.create(config, self.loaded, generator)
         self.structured = StructuredOutputManager(
@@ -118,7 +125,7 @@ class LLMEngine:
     def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         return self.input_processor.tokenize(prompt)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+    def add_request(self, request_id: str, prompt: str | list[int] | ProcessedPrompt, params: SamplingParams | None = None,
                     lora_request: LoRARequest | None = None) -> None:
         if request_id in self.output_processor.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")

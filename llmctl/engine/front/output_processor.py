@@ -14,6 +14,7 @@ from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.front.detokenizer import IncrementalDetokenizer
 from llmctl.engine.front.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from llmctl.engine.lora.adapter import LoRAAdapter
+from llmctl.engine.multimodal.items import MultimodalItem
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.matcher import GrammarMatcher
 
@@ -36,6 +37,7 @@ class Request:
     grammar: GrammarMatcher | None = None  # structured outputs: the first sequence's matcher
     seqs: list[Sequence] = field(default_factory=list)
     texts: dict[int, SeqText] = field(default_factory=dict)  # by seq_id
+    mm_items: list[MultimodalItem] = field(default_factory=list)  # the prompt's images (llmctl.engine.multimodal)
 
     @property
     def finished(self) -> bool:
@@ -55,7 +57,8 @@ class OutputProcessor:
 
     def new_sequence(self, request: Request, index: int) -> Sequence:
         seq = Sequence(seq_id=next(self._seq_ids), request_id=request.request_id, index=index,
-                       prompt_token_ids=request.prompt_token_ids, params=request.params, lora=request.lora)
+                       prompt_token_ids=request.prompt_token_ids, params=request.params, lora=request.lora,
+                       mm_items=request.mm_items)
         if request.grammar is not None:
             seq.grammar = request.grammar if index == 0 else request.grammar.fresh()
         if request.params.seed is not None:

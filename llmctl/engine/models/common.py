@@ -23,6 +23,7 @@ class StepContext:
     kv_caches: dict[int, KVCache]  # by layer index: the layers this rank runs
     backend: AttentionBackend
     lengths: torch.Tensor | None = None  # [T] each token's sequence length after the step (LongRoPE models)
+    input_embeds: torch.Tensor | None = None  # [T, hidden] in place of the token embeddings (images merged in)
 
 
 @dataclass(frozen=True)

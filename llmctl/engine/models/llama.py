@@ -159,10 +159,15 @@ class LlamaForCausalLM(nn.Module):
     def make_layer(self, index: int, hf_config: Any, rotary: RotaryEmbedding, eps: float) -> nn.Module:
         return self.decoder_layer(self.spec, rotary, eps, self.shard.group, self.multipliers)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        return x * self.multipliers.embedding if self.multipliers.embedding != 1.0 else x
+
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, hidden: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.embed_tokens(input_ids) if self.embed_tokens is not None else hidden
-        if self.embed_tokens is not None and self.multipliers.embedding != 1.0:
-            x = x * self.multipliers.embedding
+        if ctx.input_embeds is not None:
+            x = ctx.input_embeds
+        else:
+            x = self.embed(input_ids) if self.embed_tokens is not None else hidden
         attention = self._coded_step(ctx, x)
         for index in self.stage_layers:
             x = coded_decode.run_layer(self.coded_layers[index], x, ctx, attention, index) if attention else \

@@ -35,6 +35,7 @@ SUPPORTED = {
     "Gemma3ForConditionalGeneration": "gemma",  # served text-only: the language model of the checkpoint
     "BloomForCausalLM": "bloom",
     "OPTForCausalLM": "opt",
+    "LlavaForConditionalGeneration": "llava",  # CLIP tower + projector + a Llama-family language model
 }
 
 
@@ -143,6 +144,7 @@ FAMILY_CLASSES = {
     "olmo2": ("olmo2", "Olmo2ForCausalLM"),
     "bloom": ("bloom", "BloomForCausalLM"),
     "opt": ("opt", "OPTForCausalLM"),
+    "llava": ("llava", "LlavaForConditionalGeneration"),
 }
 
 

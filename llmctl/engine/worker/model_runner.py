@@ -15,6 +15,7 @@ from llmctl.engine.layers.moe import FusedMoE
 from llmctl.engine.layers.triton_attention import TritonAttention
 from llmctl.engine.lora.slots import NO_ADAPTER, LoRAStep
 from llmctl.engine.models.common import StepContext
+from llmctl.engine.multimodal.encoder_cache import EncoderCache
 from llmctl.engine.worker.block_tables import BlockTableCopy
 from llmctl.kernels.transfer import to_device
 
@@ -46,6 +47,7 @@ class ModelRunner:
         # async scheduling: the step before's sampled tokens, still on the device; a batch's placeholders are
         # filled from them there (llmctl.engine.executor.overlap), so the host need not have them yet
         self.previous_tokens: torch.Tensor | None = None
+        self.encoder_cache = EncoderCache(model, device) if hasattr(model, "encode_image") else None
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, hidden: torch.Tensor | None = None) -> torch.Tensor:
@@ -53,7 +55,10 @@ class ModelRunner:
         if self.exchange is not None:  # only steps the replicas run together exchange (not load-time ones)
             self.exchange.active = batch.exchange_experts
         self.tables.apply(batch)
-        shape = self.graphs.shape_of(batch) if self.graphs is not None and hidden is None else None
+        if self.encoder_cache is not None:
+            self.encoder_cache.update(batch)
+        plain = hidden is None and not batch.embedding_slices
+        shape = self.graphs.shape_of(batch) if self.graphs is not None and plain else None
         if shape is not None:
             return self.graphs.run(batch, shape, self.tables, self._fill_placeholders)
         self._copy_blocks(batch.block_copies)
@@ -68,7 +73,10 @@ class ModelRunner:
         input_ids, positions = to_device([batch.input_ids, batch.positions], torch.long, device)  # one copy
         self._fill_placeholders(batch, input_ids)
         lengths = sequence_lengths(batch, device) if getattr(self.model, "needs_lengths", False) else None
-        return self.model(input_ids, StepContext(positions, self.kv_caches, self.backend, lengths), hidden)
+        embeds = None
+        if batch.embedding_slices and self.encoder_cache is not None and hidden is None:
+            embeds = self.encoder_cache.merge(batch, self.model.embed(input_ids))
+        return self.model(input_ids, StepContext(positions, self.kv_caches, self.backend, lengths, embeds), hidden)
 
     def _fill_placeholders(self, batch: StepBatch, input_ids: torch.Tensor) -> None:
         """Async scheduling: each placeholder's token from the step before's samples, on the device."""

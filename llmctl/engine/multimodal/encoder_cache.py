@@ -1,0 +1,33 @@
+"""The workers' side of image encoders: each image's embeddings, computed once by the model's encoder and
+kept by content hash until the scheduler frees them; merged into a step's token embeddings."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from llmctl.engine.core.step_messages import StepBatch
+
+
+class EncoderCache:
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.outputs: dict[str, torch.Tensor] = {}  # content hash -> [placeholders, hidden]
+        self.encoded = 0  # images encoded so far (tests read it: a chunked or preempted prompt encodes once)
+
+    def update(self, batch: StepBatch) -> None:
+        for content_hash in batch.encoder_frees:
+            self.outputs.pop(content_hash, None)
+        for image in batch.encoder_inputs:
+            data = {name: tensor.to(self.device) for name, tensor in image.data.items()}
+            self.outputs[image.content_hash] = self.model.encode_image(data)
+            self.encoded += 1
+
+    def merge(self, batch: StepBatch, embeddings: torch.Tensor) -> torch.Tensor:
+        """The step's token embeddings with each image placeholder's row replaced by its image's embedding."""
+        for piece in batch.embedding_slices:
+            output = self.outputs[piece.content_hash]
+            rows = torch.tensor(piece.rows, device=embeddings.device)
+            embeddings[rows] = output[torch.tensor(piece.sources, device=output.device)].to(embeddings.dtype)
+        return embeddings

@@ -1,0 +1,53 @@
+"""What a multimodal prompt becomes before it reaches the engine: token ids with each image's placeholder
+positions, the processor's tensors for that image, and a hash of them."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(eq=False)  # identity: tensors have no truth value to compare
+class MultimodalItem:
+    """One image: the tensors its encoder takes, and the prompt positions its embeddings fill, in order."""
+
+    modality: str
+    content_hash: str  # of the processed tensors: the same image at the same settings hashes the same
+    data: dict[str, torch.Tensor]
+    positions: list[int]  # the placeholder tokens' positions; encoder output row i fills positions[i]
+
+    @property
+    def num_embeddings(self) -> int:
+        return len(self.positions)
+
+    def rows_within(self, start: int, end: int) -> tuple[list[int], list[int]]:
+        """(positions, output rows) of this item that fall in [start, end)."""
+        picked = [(p, i) for i, p in enumerate(self.positions) if start <= p < end]
+        return [p for p, _ in picked], [i for _, i in picked]
+
+
+@dataclass
+class ProcessedPrompt:
+    """A prompt the multimodal processor has expanded: what the engine takes instead of text."""
+
+    prompt: str | None
+    token_ids: list[int]
+    items: list[MultimodalItem] = field(default_factory=list)
+
+
+def content_hash(modality: str, data: dict[str, torch.Tensor]) -> str:
+    """blake2b over the item's tensors (names, dtypes, shapes and bytes)."""
+    digest = hashlib.blake2b(modality.encode(), digest_size=16)
+    for name in sorted(data):
+        tensor = data[name].detach().contiguous().cpu()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def block_keys(items: list[MultimodalItem], start: int, end: int) -> tuple[str, ...]:
+    """The hashes of the images whose placeholders fall in [start, end): part of that KV block's identity,
+    so the same placeholder tokens with another image never share cached blocks."""
+    return tuple(item.content_hash for item in items if any(start <= p < end for p in item.positions))

@@ -1,0 +1,66 @@
+"""The model's own transformers processor turns a prompt with images into token ids (each image's
+placeholder expanded) and pixel tensors; this splits them into items with their positions and hashes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from llmctl.engine.errors import InvalidRequestError
+from llmctl.engine.multimodal.config import MultimodalLimits
+from llmctl.engine.multimodal.families import VisionFamily, vision_family
+from llmctl.engine.multimodal.items import MultimodalItem, ProcessedPrompt, content_hash
+
+
+class MultimodalProcessor:
+    def __init__(self, folder: Path, hf_config: Any, family: VisionFamily, limits: MultimodalLimits) -> None:
+        from transformers import AutoProcessor
+
+        self.processor = AutoProcessor.from_pretrained(str(folder))
+        self.hf_config = hf_config
+        self.family = family
+        self.limits = limits
+        self.image_token_id = int(self.processor.tokenizer.convert_tokens_to_ids(family.image_token))
+
+    def process(self, text: str, images: list[Any], kwargs: dict[str, Any] | None = None) -> ProcessedPrompt:
+        """Text holding one image placeholder per image (as the chat template renders them), and the images."""
+        self.check_count(len(images))
+        merged = {**self.limits.processor_kwargs, **(kwargs or {})}
+        try:
+            outputs = self.processor(text=text, images=images or None, return_tensors="pt", **merged)
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequestError(f"the model's processor refused the prompt and its images: {exc}",
+                                      "multi_modal_data") from None
+        ids = outputs["input_ids"][0].tolist()
+        items = self._items(ids, dict(outputs), len(images))
+        return ProcessedPrompt(text, ids, items)
+
+    def check_count(self, count: int) -> None:
+        allowed = self.limits.images_allowed()
+        if allowed is not None and count > allowed:
+            raise InvalidRequestError(f"the prompt has {count} images; this server takes at most {allowed} per prompt "
+                                      "(--limit-mm-per-prompt)", "messages")
+
+    def _items(self, ids: list[int], outputs: dict[str, Any], images: int) -> list[MultimodalItem]:
+        placeholders = [position for position, token in enumerate(ids) if token == self.image_token_id]
+        parts = self.family.split(outputs, images, self.hf_config) if images else []
+        if sum(count for _, count in parts) != len(placeholders):
+            raise InvalidRequestError(f"the prompt has {len(placeholders)} image placeholder tokens where its "
+                                      f"{images} images need {sum(c for _, c in parts)}: put one "
+                                      f"{self.family.image_token} in the text per image, or none and let the chat "
+                                      "template place them", "prompt")
+        items, start = [], 0
+        for data, count in parts:
+            items.append(MultimodalItem("image", content_hash("image", data), data, placeholders[start:start + count]))
+            start += count
+        return items
+
+
+def multimodal_processor(folder: Path, spec_model_type: str, hf_config: Any,
+                         limits: MultimodalLimits) -> MultimodalProcessor | None:
+    """The processor of a vision-language model whose images are served; None for a text model, or with
+    --limit-mm-per-prompt '{"image": 0}'."""
+    family = vision_family(spec_model_type)
+    if family is None or limits.text_only:
+        return None
+    return MultimodalProcessor(folder, hf_config, family, limits)
