@@ -67,6 +67,15 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
     "max_loras": Flag(("--max-loras",), int, "adapters resident (and running) at once; more are swapped in from "
                                              "host memory"),
     "max_lora_rank": Flag(("--max-lora-rank",), int, "the largest adapter rank accepted"),
+    "limit_mm_per_prompt": Flag(("--limit-mm-per-prompt",), Optional[str], "vision-language models: most images "
+                                "per prompt as vLLM's JSON, e.g. '{\"image\": 2}'; '{\"image\": 0}' serves the "
+                                "model text-only"),
+    "mm_processor_kwargs": Flag(("--mm-processor-kwargs",), Optional[str], "vision-language models: settings for "
+                                "the model's processor as JSON, e.g. '{\"max_pixels\": 401408}'"),
+    "allowed_local_media_path": Flag(("--allowed-local-media-path",), Optional[str], "file:// image URLs are "
+                                     "read only below this folder (refused without it)"),
+    "allowed_media_domains": Flag(("--allowed-media-domains",), Optional[list[str]], "http(s) image URLs only from "
+                                  "these hosts (repeat the flag; default: any host)"),
     "trust_remote_code": Flag(("--trust-remote-code",), bool),
     "model_impl": Flag(("--model-impl",), str, "auto (llmctl's own implementation, else transformers' modules "
                                                "around llmctl's paged attention), llmctl (or vLLM's 'vllm') or "

@@ -87,6 +87,8 @@ class EngineConfig:
     max_lora_rank: int = 16  # the slots' rank: larger adapters are refused at load
     limit_mm_per_prompt: str | dict | None = None  # vLLM's JSON, e.g. {"image": 2}; {"image": 0}: text only
     mm_processor_kwargs: str | dict | None = None  # vLLM's JSON, passed to the model's processor
+    allowed_local_media_path: str | None = None  # file:// image URLs only below this folder (None: refused)
+    allowed_media_domains: list[str] | None = None  # http(s) image URLs only from these hosts (None: any)
     replica_group: ReplicaGroup | None = None  # set by the data-parallel front: replicas exchanging MoE tokens
 
     @property

@@ -16,6 +16,7 @@ from llmctl.engine.reasoning import ReasoningParser
 from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.server.chat_message import StreamedMessage, ToolCalling, finish_reason
 from llmctl.server.generation import Endpoint, respond
+from llmctl.server.images import with_images
 from llmctl.server.models import check_model
 from llmctl.server.protocol import (
     CHAT_FIELDS,
@@ -40,7 +41,11 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     warn_ignored(fields, CHAT_FIELDS)
     chat = prepare_chat(state, fields)
     endpoint = chat_endpoint(chat.calling, state.reasoning_parser)
-    return await respond(state, request, endpoint, model, [chat.prompt], chat.sampling)
+    processed = await with_images(state, chat.prompt[0] or "", chat.messages)
+    if processed is None:
+        return await respond(state, request, endpoint, model, [chat.prompt], chat.sampling)
+    return await respond(state, request, endpoint, model, [(processed.prompt, processed.token_ids)], chat.sampling,
+                         [processed])
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class PreparedChat:
     sampling: SamplingRequest
     calling: ToolCalling | None
     prompt: Prompt
+    messages: list[dict[str, Any]]  # as the chat template took them (image parts in transformers' form)
 
 
 def prepare_chat(state: ServerState, fields: Fields) -> PreparedChat:
@@ -63,8 +69,9 @@ def prepare_chat(state: ServerState, fields: Fields) -> PreparedChat:
     if continue_final and add_generation_prompt:
         raise bad("continue_final_message and add_generation_prompt cannot both be true: pass "
                   "add_generation_prompt: false to continue the last assistant message", "continue_final_message")
-    prompt = render_chat(state, fields, add_generation_prompt, continue_final, tools.tools)
-    return PreparedChat(sampling, tools.calling, prompt)
+    messages = chat_messages(fields)
+    prompt = render_chat(state, fields, add_generation_prompt, continue_final, tools.tools, messages)
+    return PreparedChat(sampling, tools.calling, prompt, messages)
 
 
 def _constraint(fields: Fields, state: ServerState, tools: ToolRequest) -> StructuredOutputsParams | None:
@@ -79,10 +86,11 @@ def _constraint(fields: Fields, state: ServerState, tools: ToolRequest) -> Struc
 
 
 def render_chat(state: ServerState, fields: Fields, add_generation_prompt: bool = True,
-                continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
+                continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,
+                messages: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
     """The request's messages through the chat template (with its chat_template_kwargs), and their ids;
     continue_final_message leaves the last (assistant) message open for the model to go on."""
-    messages = chat_messages(fields)
+    messages = messages if messages is not None else chat_messages(fields)
     if continue_final_message and messages[-1]["role"] != "assistant":
         raise bad("continue_final_message needs the last message to be the assistant's", "continue_final_message")
     kwargs = chat_template_kwargs(fields)

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.front.beam_search import BeamSearchParams, run_beam_search
 from llmctl.engine.front.outputs import RequestOutput
+from llmctl.engine.multimodal.items import ProcessedPrompt
 from llmctl.server.admission import AdmittedStream
 from llmctl.server.operability import request_id_of
 from llmctl.server.protocol import SamplingRequest, bad
@@ -36,8 +37,11 @@ class Endpoint:
 
 
 async def respond(state: ServerState, request: Request, endpoint: Endpoint, model: str, prompts: list[Prompt],
-                  sampling: SamplingRequest) -> Response:
+                  sampling: SamplingRequest, processed: list[ProcessedPrompt] | None = None) -> Response:
+    """`processed`: prompts with images, in place of the token ids of `prompts` (which count their usage)."""
     engine = state.ready_engine
+    if processed and sampling.use_beam_search:
+        raise bad("use_beam_search does not take images yet: leave it out for a prompt with images", "use_beam_search")
     if sampling.params.priority and state.settings.engine_config.scheduling_policy != "priority":
         raise bad(f"priority {sampling.params.priority} needs the server started with --scheduling-policy priority "
                   "(vLLM answers the same)", "priority")
@@ -54,8 +58,8 @@ async def respond(state: ServerState, request: Request, endpoint: Endpoint, mode
         streams = [run_beam_search(engine, ids, beam_search_params(sampling, engine.max_model_len - len(ids)),
                                    f"{ctx.request_id}-{number}-{i}", lora, text) for i, (text, ids) in enumerate(prompts)]
     else:
-        streams = [engine.generate(ids, sampling.params, f"{ctx.request_id}-{number}-{i}", lora)
-                   for i, (_, ids) in enumerate(prompts)]
+        streams = [engine.generate(processed[i] if processed else ids, sampling.params,
+                                   f"{ctx.request_id}-{number}-{i}", lora) for i, (_, ids) in enumerate(prompts)]
 
     def record(output: RequestOutput | None, token_times: list[float]) -> None:
         record_finished(state, output, token_times)

@@ -15,6 +15,7 @@ from typing import Any
 
 from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.sampling_params import RANGES, SamplingParams
+from llmctl.server.content_parts import message_content
 
 logger = logging.getLogger("llmctl.server")
 
@@ -420,7 +421,8 @@ def chat_template_kwargs(fields: Fields) -> dict[str, JSON]:
 
 
 def chat_messages(fields: Fields) -> list[dict[str, Any]]:
-    """messages with roles system/user/assistant (also developer/tool) and string or text-part content."""
+    """messages with roles system/user/assistant (also developer/tool); content a string, or transformers' part
+    list where it holds images (llmctl.server.content_parts)."""
     messages = fields.raw("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages must be a non-empty list", "messages")
@@ -433,7 +435,7 @@ def chat_messages(fields: Fields) -> list[dict[str, Any]]:
         if role not in ("system", "user", "assistant", "developer", "tool"):
             raise bad(f"{where}.role must be system, user or assistant, got {role!r}", "messages")
         entry: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                                 "content": _content_text(message.get("content"), where)}
+                                 "content": message_content(message.get("content"), where)}
         entry.update(_tool_fields(message, where))
         result.append(entry)
     return result
@@ -458,22 +460,6 @@ def _tool_fields(message: dict[str, JSON], where: str) -> dict[str, Any]:
             raise bad(f"{where}.tool_calls: arguments must be a JSON object (as text)", "messages") from None
         parsed.append({**call, "function": {**call["function"], "arguments": arguments}})
     return fields | {"tool_calls": parsed}
-
-
-def _content_text(content: JSON, where: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise bad(f"{where}.content: only text parts are supported, got {kind!r}", "messages")
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise bad(f"{where}.content must be a string or a list of text parts", "messages")
 
 
 def model_permission(created: int) -> dict[str, Any]:

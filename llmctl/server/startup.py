@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from llmctl.engine.errors import WorkerLostError
 from llmctl.engine.front.client_factory import InProcessEngine, open_engine_client
+from llmctl.engine.multimodal.processor import multimodal_processor
 from llmctl.errors import LlmctlError, debug_enabled
 from llmctl.server.chat import chat_template
 from llmctl.server.embeddings import load_embedder
@@ -26,6 +27,9 @@ def load_engine(state: ServerState, engine: InProcessEngine | None, on_load_fail
             return
         state.engine = open_engine_client(state.settings.engine_config, engine)
         load_static_adapters(state)
+        engine_client = state.engine
+        state.multimodal = multimodal_processor(engine_client.source.path, engine_client.spec.model_type,
+                                                state.settings.engine_config.multimodal)
         state.template = chat_template(state.settings.chat_template, state.engine)
         if state.template is None:
             logger.warning("%s has no chat template: /v1/chat/completions will answer 400 until the server is "

@@ -6,15 +6,18 @@ import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.front.embedding import EmbeddingModel
 from llmctl.engine.front.engine_client import EngineClient
 from llmctl.engine.front.stats import EngineStats
+from llmctl.engine.multimodal.processor import MultimodalProcessor
 from llmctl.engine.reasoning import ReasoningParser, ReasoningParserManager
 from llmctl.server.admission import InFlight
 from llmctl.server.lora import LoRAModulePath, ServedAdapters
+from llmctl.server.media import MediaPolicy
 from llmctl.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
@@ -39,6 +42,13 @@ class ServerSettings:
     tool_parser: type[ToolParser] | None = None  # --enable-auto-tool-choice with --tool-call-parser: tool_choice auto
     metrics_prefix: str = "llmctl"  # /metrics names: llmctl:… or vLLM's vllm:…
 
+    @property
+    def media(self) -> MediaPolicy:
+        """Where image URLs may point (--allowed-local-media-path, --allowed-media-domains)."""
+        config = self.engine_config
+        local = Path(config.allowed_local_media_path) if config.allowed_local_media_path else None
+        return MediaPolicy(local, tuple(d.lower() for d in config.allowed_media_domains or ()))
+
 
 @dataclass
 class ServerState:
@@ -49,6 +59,7 @@ class ServerState:
     engine: EngineClient | None = None
     embedder: EmbeddingModel | None = None  # when the served model is an encoder
     template: str | None = None  # the chat template, resolved once at startup
+    multimodal: MultimodalProcessor | None = None  # a vision-language model's processor, when images are served
     load_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     # Engine ids stay unique when clients reuse an X-Request-Id: the response id is theirs, the engine's is ours.

@@ -107,7 +107,12 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
      400, "tools must be a list of"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-     "only text parts are supported"),
+     "an image_url part needs its URL"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, 400,
+     "input_audio parts are not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, 400,
+     "messages[0].content[0]: this model takes no images"),
     ("/v1/embeddings", {"input": "hi"}, 400, "serves no embeddings"),
     ("/v1/nothing", {}, 404, "no route /v1/nothing"),
 ]

@@ -23,6 +23,7 @@ from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.lora.request import LoRARequest
+from llmctl.engine.multimodal.items import EnginePrompt
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
 
@@ -32,7 +33,7 @@ logger = logging.getLogger("llmctl.engine")
 @dataclass
 class _Add:
     request_id: str
-    prompt: str | list[int]
+    prompt: EnginePrompt
     params: SamplingParams
     stream: asyncio.Queue
     loop: asyncio.AbstractEventLoop
@@ -95,7 +96,7 @@ class AsyncLLMEngine:
             return None
         return str(self.dead_error or "a worker rank exited")
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+    async def generate(self, prompt: EnginePrompt, params: SamplingParams, request_id: str | None = None,
                        lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         """Stream outputs of one request; leaving the loop early (or being cancelled) aborts it."""
         if self.dead_error is not None:

@@ -27,6 +27,7 @@ from llmctl.engine.front.lockstep import LockstepExecutor, LockstepRounds
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.lora.request import LoRARequest
+from llmctl.engine.multimodal.items import EnginePrompt
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.engine.worker.threads import threads_per_rank
@@ -154,7 +155,7 @@ class DataParallelEngine:
         with self._lock:
             return min(candidates, key=lambda i: self._outstanding[i])
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+    async def generate(self, prompt: EnginePrompt, params: SamplingParams, request_id: str | None = None,
                        lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         work = (len(prompt) if isinstance(prompt, list) else 1) + (params.max_tokens or 0) * params.n
         for _ in self.replicas:

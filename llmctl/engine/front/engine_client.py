@@ -12,6 +12,7 @@ from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.lora.request import LoRARequest
+from llmctl.engine.multimodal.items import EnginePrompt
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
 
@@ -32,7 +33,7 @@ class EngineClient(Protocol):
     @property
     def is_running(self) -> bool: ...
 
-    def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+    def generate(self, prompt: EnginePrompt, params: SamplingParams, request_id: str | None = None,
                  lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]: ...
 
     def abort(self, request_id: str) -> None: ...

@@ -31,7 +31,7 @@ from llmctl.engine.lora.adapter import LoRAAdapter
 from llmctl.engine.lora.manager import LoRAManager
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.multimodal.encoder_budget import EncoderScheduler
-from llmctl.engine.multimodal.items import ProcessedPrompt
+from llmctl.engine.multimodal.items import EnginePrompt
 from llmctl.engine.multimodal.processor import multimodal_processor
 from llmctl.engine.reasoning import ReasoningParserManager
 from llmctl.engine.sample.step_sampler import StepSampler
@@ -83,7 +83,7 @@ class LLMEngine:
                                               self.loaded.generation_defaults)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.multimodal = multimodal_processor(self.loaded.source.path, self.loaded.spec.model_type,
-                                               self.loaded.hf_config, config.multimodal)
+                                               config.multimodal, self.loaded.hf_config)
         if self.multimodal is not None:  # vLLM's default encoder budget: the step's token budget
             self.scheduler.encoder = EncoderScheduler(self.loaded.max_num_batched_tokens)
         generator = torch.Generator().manual_seed(config.seed)
@@ -125,7 +125,7 @@ class LLMEngine:
     def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         return self.input_processor.tokenize(prompt)
 
-    def add_request(self, request_id: str, prompt: str | list[int] | ProcessedPrompt, params: SamplingParams | None = None,
+    def add_request(self, request_id: str, prompt: EnginePrompt, params: SamplingParams | None = None,
                     lora_request: LoRARequest | None = None) -> None:
         if request_id in self.output_processor.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")

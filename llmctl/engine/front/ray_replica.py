@@ -19,6 +19,7 @@ from llmctl.engine.errors import WorkerLostError
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.lora.request import LoRARequest
+from llmctl.engine.multimodal.items import EnginePrompt
 from llmctl.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("llmctl.engine")
@@ -39,7 +40,7 @@ class ReplicaActor:
         return self.engine.tokenizer, loaded.source, loaded.spec, self.engine.max_model_len, \
             ray.util.get_node_ip_address()
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None,
+    def add_request(self, request_id: str, prompt: EnginePrompt, params: SamplingParams | None,
                     lora_request: LoRARequest | None) -> None:
         self.engine.add_request(request_id, prompt, params, lora_request)
 
@@ -88,7 +89,7 @@ class RayReplicaEngine:
     def _call(self, name: str, *args: Any) -> Any:
         return self._get(self.actor.call.remote(name, *args))
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+    def add_request(self, request_id: str, prompt: EnginePrompt, params: SamplingParams | None = None,
                     lora_request: LoRARequest | None = None) -> None:
         self._get(self.actor.add_request.remote(request_id, prompt, params, lora_request))
 

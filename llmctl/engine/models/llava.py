@@ -44,12 +44,14 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         self.layer_indices = feature_layers(hf_config)
         self.keep_class_token = getattr(hf_config, "vision_feature_select_strategy", "default") == "full"
         vision = hf_config.vision_config
-        self.vision_tower = CLIPVisionModel(vision, max(self.layer_indices)) if self.shard.is_first else None
+        self.takes_images = self.shard.is_first and not getattr(hf_config, "llmctl_text_only", False)
+        self.vision_tower = CLIPVisionModel(vision, max(self.layer_indices)) if self.takes_images else None
         self.multi_modal_projector = LlavaProjector(hf_config, vision.hidden_size * len(self.layer_indices)) \
-            if self.shard.is_first else None
+            if self.takes_images else None
 
     def encode_image(self, data: dict[str, torch.Tensor]) -> torch.Tensor:
         """[placeholders, hidden] for one image's pixel_values [1, 3, H, W]."""
+        assert self.vision_tower is not None and self.multi_modal_projector is not None  # the first stage's
         states = self.vision_tower(data["pixel_values"])
         features = torch.cat([states[i] for i in self.layer_indices], dim=-1)
         features = features if self.keep_class_token else features[:, 1:]

@@ -31,7 +31,7 @@ class EncoderScheduler:
         """The tokens of `seq` this step can compute and the images it must encode for them: the chunk stops
         before the first image that would overrun the budget (one image larger than the whole budget is
         encoded alone), so an image is never half-encoded."""
-        start, new = seq.num_computed_tokens, []
+        start, new = seq.num_computed_tokens, list[MultimodalItem]()
         spent = sum(item.num_embeddings for item in work.encode)
         for item in seq.mm_items:
             if not any(start <= p < start + num_new for p in item.positions):

@@ -21,7 +21,7 @@ class EncoderCache:
             self.outputs.pop(content_hash, None)
         for image in batch.encoder_inputs:
             data = {name: tensor.to(self.device) for name, tensor in image.data.items()}
-            self.outputs[image.content_hash] = self.model.encode_image(data)
+            self.outputs[image.content_hash] = self.model.encode_image(data)  # type: ignore[operator]
             self.encoded += 1
 
     def merge(self, batch: StepBatch, embeddings: torch.Tensor) -> torch.Tensor:

@@ -51,3 +51,6 @@ def block_keys(items: list[MultimodalItem], start: int, end: int) -> tuple[str, 
     """The hashes of the images whose placeholders fall in [start, end): part of that KV block's identity,
     so the same placeholder tokens with another image never share cached blocks."""
     return tuple(item.content_hash for item in items if any(start <= p < end for p in item.positions))
+
+
+EnginePrompt = str | list[int] | ProcessedPrompt  # what the engine's add_request and generate take

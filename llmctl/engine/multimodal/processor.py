@@ -56,11 +56,15 @@ class MultimodalProcessor:
         return items
 
 
-def multimodal_processor(folder: Path, spec_model_type: str, hf_config: Any,
-                         limits: MultimodalLimits) -> MultimodalProcessor | None:
+def multimodal_processor(folder: Path, model_type: str, limits: MultimodalLimits,
+                         hf_config: Any = None) -> MultimodalProcessor | None:
     """The processor of a vision-language model whose images are served; None for a text model, or with
     --limit-mm-per-prompt '{"image": 0}'."""
-    family = vision_family(spec_model_type)
+    family = vision_family(model_type)
     if family is None or limits.text_only:
         return None
+    if hf_config is None:
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(str(folder))
     return MultimodalProcessor(folder, hf_config, family, limits)

@@ -64,6 +64,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     dtype = _dtype(config.dtype, device)
     choice, backend = _attention_backend(config, spec, device, dtype)  # refuses what this GPU cannot run first
     hf_config = _hf_config(source, spec, config.trust_remote_code)
+    hf_config.llmctl_text_only = config.multimodal.text_only  # a vision-language model's tower is then not built
     model = _build(spec, hf_config, dtype, device, source, shard, config.allow_pickle_weights, config.model_impl)
     weights_bytes = model_weight_bytes(model)
     packed_bytes = pack_linears(model) if device.type == "cpu" else 0

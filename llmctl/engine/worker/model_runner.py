@@ -47,7 +47,7 @@ class ModelRunner:
         # async scheduling: the step before's sampled tokens, still on the device; a batch's placeholders are
         # filled from them there (llmctl.engine.executor.overlap), so the host need not have them yet
         self.previous_tokens: torch.Tensor | None = None
-        self.encoder_cache = EncoderCache(model, device) if hasattr(model, "encode_image") else None
+        self.encoder_cache = EncoderCache(model, device) if getattr(model, "takes_images", False) else None
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, hidden: torch.Tensor | None = None) -> torch.Tensor:
