@@ -1,0 +1,145 @@
+"""Images in chat through a real `llmctl serve` of a tiny LLaVA: the official openai client with data URLs, http
+URLs from a local server and file:// paths gets transformers' greedy answer; the same image twice hits the prefix
+cache in /metrics; every bad image is a 400 that names its content part."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import re
+import threading
+import urllib.request
+from functools import partial
+
+import pytest
+
+from helpers.server_helpers import post, start_server
+from helpers.vision_models import chat_text, data_url, random_image, transformers_greedy, write_llava
+
+TOKENS = 6
+IMAGES = [random_image(50, 40, seed=0), random_image(30, 64, seed=1)]
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory):
+    """A folder of files, and a local HTTP server serving it."""
+    folder = tmp_path_factory.mktemp("media")
+    for index, image in enumerate(IMAGES):
+        image.save(folder / f"image{index}.png")
+    (folder / "page.html").write_text("<html>not an image</html>")
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield folder, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory, tokenizer):
+    return write_llava(tmp_path_factory.mktemp("llava-serve") / "llava", tokenizer)
+
+
+@pytest.fixture(scope="module")
+def server(llava, media):
+    folder, _ = media
+    server = start_server(str(llava), "--served-model-name", "llava", "--max-model-len", "256", "--limit-mm-per-prompt", '{"image": 2}',
+                          "--allowed-local-media-path", str(folder), "--allowed-media-domains", "127.0.0.1")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+
+def expected_text(llava, images) -> str:
+    from transformers import AutoTokenizer, LlavaForConditionalGeneration
+
+    tokens = transformers_greedy(llava, LlavaForConditionalGeneration, chat_text(llava, len(images)), images, TOKENS)
+    return AutoTokenizer.from_pretrained(str(llava)).decode(tokens, skip_special_tokens=True)
+
+
+def ask(client, urls: list[str]):
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return client.chat.completions.create(model="llava", max_tokens=TOKENS, temperature=0,
+                                          messages=[{"role": "user", "content": [
+                                              *parts, {"type": "text", "text": "What is in the picture?"}]}])
+
+
+def test_openai_client_gets_transformers_answer_for_one_and_two_images(client, llava, media):
+    _, base = media
+    one = ask(client, [data_url(IMAGES[0])])
+    assert one.choices[0].message.content == expected_text(llava, IMAGES[:1])
+    assert one.usage.prompt_tokens == len(token_ids(llava, chat_text(llava, 1))) - 1 + 16  # <image> became 16
+    two = ask(client, [data_url(IMAGES[0]), f"{base}/image1.png"])
+    assert two.choices[0].message.content == expected_text(llava, IMAGES[:2])
+
+
+def token_ids(llava, text: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(llava)).encode(text, add_special_tokens=False)
+
+
+def test_a_file_url_under_the_allowed_path_is_the_same_image(client, media):
+    folder, _ = media
+    by_file = ask(client, [(folder / "image0.png").as_uri()])
+    assert by_file.choices[0].message.content == ask(client, [data_url(IMAGES[0])]).choices[0].message.content
+
+
+def prefix_hits(server) -> float:
+    text = urllib.request.urlopen(server.url + "/metrics").read().decode()
+    return float(re.search(r"^llmctl:prefix_cache_hits_total\{[^}]*\} (\S+)$", text, re.M).group(1))
+
+
+def test_the_same_image_reuses_cached_blocks_and_another_does_not(client, server):
+    ask(client, [data_url(IMAGES[1])])
+    before = prefix_hits(server)
+    ask(client, [data_url(IMAGES[1])])
+    assert prefix_hits(server) - before >= 16
+    before = prefix_hits(server)
+    ask(client, [data_url(random_image(50, 40, seed=7))])  # same text, a new image: every block holds its tokens
+    assert prefix_hits(server) == before
+
+
+def image_message(*urls: str) -> dict:
+    return {"model": "llava", "max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "look"}, *({"type": "image_url", "image_url": {"url": u}} for u in urls)]}]}
+
+
+BAD_IMAGES = [
+    (lambda base, folder: ["data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n garbage").decode()],
+     "not an image this server can decode"),
+    (lambda base, folder: ["data:text/plain;base64,aGVsbG8="], "media type must be image/"),
+    (lambda base, folder: ["data:image/png;base64,@@@"], "not valid base64"),
+    (lambda base, folder: [f"{base}/page.html"], "not an image"),
+    (lambda base, folder: [f"{base}/broken.png"], "not an image this server can decode"),
+    (lambda base, folder: [f"{base}/missing.png"], "HTTP 404"),
+    (lambda base, folder: [f"{base.replace('127.0.0.1', 'localhost')}/image0.png"], "not among the server's "
+                                                                                     "--allowed-media-domains"),
+    (lambda base, folder: ["file:///etc/hostname"], "not under the server's --allowed-local-media-path"),
+    (lambda base, folder: ["ftp://example.com/a.png"], "must be data:, http(s): or file:"),
+]
+
+
+@pytest.mark.parametrize("urls, message", BAD_IMAGES)
+def test_bad_images_are_400_naming_the_part(server, media, urls, message):
+    folder, base = media
+    code, body = post(server, "/v1/chat/completions", image_message(*urls(base, folder)))
+    assert code == 400, body
+    assert body["error"]["message"].startswith("messages[0].content[1]: ")
+    assert message in body["error"]["message"]
+
+
+def test_more_images_than_the_limit_are_refused_before_any_fetch(server):
+    url = data_url(IMAGES[0])
+    code, body = post(server, "/v1/chat/completions", image_message(url, url, url))
+    assert code == 400 and "at most 2 per prompt (--limit-mm-per-prompt)" in body["error"]["message"]
+
+
+def test_the_server_keeps_serving_after_bad_images(client):
+    assert ask(client, [data_url(IMAGES[0])]).choices[0].finish_reason == "length"
