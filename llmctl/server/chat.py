@@ -16,7 +16,7 @@ from llmctl.engine.reasoning import ReasoningParser
 from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.server.chat_message import StreamedMessage, ToolCalling, finish_reason
 from llmctl.server.generation import Endpoint, respond
-from llmctl.server.images import with_images
+from llmctl.server.images import check_images, with_images
 from llmctl.server.models import check_model
 from llmctl.server.protocol import (
     CHAT_FIELDS,
@@ -40,7 +40,12 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     model = check_model(state, fields)
     warn_ignored(fields, CHAT_FIELDS)
     chat = prepare_chat(state, fields)
-    endpoint = chat_endpoint(chat.calling, state.reasoning_parser)
+    return await respond_to_chat(state, request, chat_endpoint(chat.calling, state.reasoning_parser), model, chat)
+
+
+async def respond_to_chat(state: ServerState, request: Request, endpoint: Endpoint, model: str,
+                          chat: PreparedChat) -> Response:
+    """Generate for a prepared chat; its images, if any, through the model's processor first."""
     processed = await with_images(state, chat.prompt[0] or "", chat.messages)
     if processed is None:
         return await respond(state, request, endpoint, model, [chat.prompt], chat.sampling)
@@ -91,6 +96,7 @@ def render_chat(state: ServerState, fields: Fields, add_generation_prompt: bool 
     """The request's messages through the chat template (with its chat_template_kwargs), and their ids;
     continue_final_message leaves the last (assistant) message open for the model to go on."""
     messages = messages if messages is not None else chat_messages(fields)
+    check_images(state, messages)  # a text model's template cannot render image parts
     if continue_final_message and messages[-1]["role"] != "assistant":
         raise bad("continue_final_message needs the last message to be the assistant's", "continue_final_message")
     kwargs = chat_template_kwargs(fields)

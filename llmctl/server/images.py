@@ -13,17 +13,24 @@ from llmctl.server.protocol import bad
 from llmctl.server.state import ServerState
 
 
-async def with_images(state: ServerState, text: str, messages: list[dict[str, Any]]) -> ProcessedPrompt | None:
-    """The processed prompt of a chat whose messages hold images; None when they hold none."""
+def check_images(state: ServerState, messages: list[dict[str, Any]]) -> None:
+    """Before the chat template sees image parts: this server takes them, and not too many."""
     urls = image_urls(messages)
     if not urls:
-        return None
-    processor = state.multimodal
-    if processor is None:
+        return
+    if state.multimodal is None:
         why = "this model takes no images" if state.settings.engine_config.multimodal.images_allowed() != 0 else \
             "this server takes no images (--limit-mm-per-prompt '{\"image\": 0}')"
         raise bad(f"{urls[0][0]}: {why}; send text parts only", "messages")
-    processor.check_count(len(urls))  # before anything is fetched
+    state.multimodal.check_count(len(urls))
+
+
+async def with_images(state: ServerState, text: str, messages: list[dict[str, Any]]) -> ProcessedPrompt | None:
+    """The processed prompt of a chat whose messages hold images (check_images passed); None when they hold none."""
+    urls = image_urls(messages)
+    processor = state.multimodal
+    if not urls or processor is None:
+        return None
 
     def process() -> ProcessedPrompt:
         images = [load_image(url, where, state.settings.media) for where, url in urls]

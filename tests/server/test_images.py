@@ -79,6 +79,13 @@ def test_openai_client_gets_transformers_answer_for_one_and_two_images(client, l
     assert two.choices[0].message.content == expected_text(llava, IMAGES[:2])
 
 
+def test_responses_api_takes_input_image(client, llava):
+    response = client.responses.create(model="llava", max_output_tokens=TOKENS, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": data_url(IMAGES[0])},
+                                     {"type": "input_text", "text": "What is in the picture?"}]}])
+    assert response.output_text == expected_text(llava, IMAGES[:1])
+
+
 def token_ids(llava, text: str) -> list[int]:
     from transformers import AutoTokenizer
 

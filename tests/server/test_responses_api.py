@@ -104,7 +104,7 @@ def test_a_conversation_with_function_calls_and_outputs(client):
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"background": True}, "background"),
     ({"tools": [{"type": "web_search"}]}, "tools"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]}, "input"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]}, "input"),
     ({"input": []}, "input"),
     ({"text": {"format": {"type": "yaml"}}}, "text"),
 ])

@@ -10,9 +10,9 @@ from starlette.responses import Response
 
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.reasoning import ReasoningParser
-from llmctl.server.chat import prepare_chat
+from llmctl.server.chat import prepare_chat, respond_to_chat
 from llmctl.server.chat_message import StreamedMessage, ToolCalling, full_message
-from llmctl.server.generation import Endpoint, respond
+from llmctl.server.generation import Endpoint
 from llmctl.server.models import check_model
 from llmctl.server.operability import request_id_of
 from llmctl.server.protocol import Fields, bad, warn_ignored
@@ -33,7 +33,7 @@ async def create_response(state: ServerState, request: Request) -> Response:
     chat = prepare_chat(state, Fields(chat_body(fields)))
     shell = ResponseShell("resp_" + request_id_of(request.scope), model, fields)
     endpoint = responses_endpoint(shell, chat.calling, state.reasoning_parser)
-    return await respond(state, request, endpoint, model, [chat.prompt], chat.sampling)
+    return await respond_to_chat(state, request, endpoint, model, chat)
 
 
 def responses_endpoint(shell: ResponseShell, calling: ToolCalling | None,

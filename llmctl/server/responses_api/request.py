@@ -24,7 +24,7 @@ ACCEPTED = {"input", "instructions", "tools", "tool_choice", "text", "max_output
 # What /openapi.json publishes (the sampling fields as in chat; the rest as OpenAI's Responses API has them)
 RESPONSES_FIELDS: dict[str, FieldSpec] = {
     "model": CHAT_FIELDS["model"],
-    "input": FieldSpec("custom", "text, or items: messages (input_text parts), function_call, function_call_output",
+    "input": FieldSpec("custom", "text, or items: messages (input_text and input_image parts), function_call, function_call_output",
                        schema={"anyOf": [{"type": "string"}, {"type": "array"}]}),
     "instructions": FieldSpec("string", "the system message"),
     "max_output_tokens": FieldSpec("integer", "most tokens to generate (then status incomplete)"),
@@ -94,12 +94,16 @@ def _messages(given: JSON) -> list[dict[str, JSON]]:
 
 
 def _text(content: JSON) -> JSON:
-    """A message's content: text, or its input_text / output_text parts joined."""
+    """A message's content: text, or its input_text / output_text parts joined; with input_image parts, the parts
+    as chat takes them (llmctl.server.content_parts)."""
     if isinstance(content, str) or content is None:
         return content
     parts = _list(content, "input")
-    if not all(isinstance(p, dict) and p.get("type") in ("input_text", "output_text", "text") for p in parts):
-        raise bad("message content parts must be input_text or output_text (no images or files)", "input")
+    texts = ("input_text", "output_text", "text")
+    if not all(isinstance(p, dict) and p.get("type") in (*texts, "input_image") for p in parts):
+        raise bad("message content parts must be input_text, output_text or input_image (no files)", "input")
+    if any(part["type"] == "input_image" for part in parts):
+        return [{"type": "text", "text": part.get("text")} if part["type"] in texts else part for part in parts]
     return "".join(str(part.get("text", "")) for part in parts)
 
 
