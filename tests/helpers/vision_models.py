@@ -29,13 +29,14 @@ def data_url(image, kind: str = "PNG") -> str:
     return f"data:image/{kind.lower()};base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def _randomize(model) -> None:
+def _randomize(model, language_std: float = 0.2) -> None:
     """Large enough that outputs depend on every part; the tower's smaller, so the images steer the answer
     without saturating it (at 0.2 everywhere every image gives the same tokens)."""
     torch.manual_seed(0)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.normal_(0, 0.2 if "language_model" in name or "lm_head" in name else 0.05)
+            language = any(part in name for part in ("language_model", "text_model", "lm_head"))
+            param.normal_(0, language_std if language else 0.05)
 
 
 def write_llava(folder: Path, tokenizer) -> Path:
@@ -67,6 +68,56 @@ def write_llava(folder: Path, tokenizer) -> Path:
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
+
+
+SMOLVLM_TEMPLATE = ("<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
+                    "{% if message['content'][0]['type'] == 'image' %}{{ ':' }}{% else %}{{ ': ' }}{% endif %}"
+                    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{ line['text'] }}"
+                    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n"
+                    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")  # SmolVLM's own
+
+
+def write_idefics3(folder: Path, tokenizer) -> Path:
+    """SmolVLM as HuggingFaceTB publishes it (Idefics3ForConditionalGeneration): SigLIP tower on 32 px tiles of
+    8 px patches, pixel shuffle by 2 (4 tokens a tile), Llama language model; Idefics3Processor splitting images
+    into tiles of up to 64 px plus a global view, with SmolVLM's image and row/column tokens and chat template."""
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessor,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+        LlamaConfig,
+    )
+
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": [
+        "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
+        *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]})
+    vision = Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  image_size=32, patch_size=8)
+    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    config = Idefics3Config(vision_config=vision.to_dict(), text_config=text.to_dict(), scale_factor=2,
+                            image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
+    model = Idefics3ForConditionalGeneration(config).eval()
+    _randomize(model, language_std=0.05)  # its 4 tokens a tile steer a 0.2 language model less than LLaVA's 16
+    processor = Idefics3Processor(image_processor=Idefics3ImageProcessor(size={"longest_edge": 64},
+                                                                         max_image_size={"longest_edge": 32}),
+                                  tokenizer=tokenizer, image_seq_len=4, chat_template=SMOLVLM_TEMPLATE)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+WRITERS = {"llava": write_llava, "idefics3": write_idefics3}
+
+
+def model_class(family: str):
+    import transformers
+
+    return getattr(transformers, {"llava": "LlavaForConditionalGeneration",
+                                  "idefics3": "Idefics3ForConditionalGeneration"}[family])
 
 
 def transformers_greedy(folder: Path, model_class, text: str, images: list, tokens: int) -> list[int]:

@@ -36,6 +36,7 @@ SUPPORTED = {
     "BloomForCausalLM": "bloom",
     "OPTForCausalLM": "opt",
     "LlavaForConditionalGeneration": "llava",  # CLIP tower + projector + a Llama-family language model
+    "Idefics3ForConditionalGeneration": "idefics3",  # SmolVLM: SigLIP tiles, pixel shuffle, a Llama-family LM
 }
 
 
@@ -145,6 +146,7 @@ FAMILY_CLASSES = {
     "bloom": ("bloom", "BloomForCausalLM"),
     "opt": ("opt", "OPTForCausalLM"),
     "llava": ("llava", "LlavaForConditionalGeneration"),
+    "idefics3": ("idefics3", "Idefics3ForConditionalGeneration"),
 }
 
 

@@ -9,39 +9,49 @@ from typing import Any
 
 import torch
 
-Split = Callable[[dict[str, torch.Tensor], int, Any], list[tuple[dict[str, torch.Tensor], int]]]
+Split = Callable[[dict[str, torch.Tensor], list[int], Any], list[tuple[dict[str, torch.Tensor], int]]]
 
 
 @dataclass(frozen=True)
 class VisionFamily:
     image_token: str  # the placeholder the processor expands, as the tokenizer spells it
-    split: Split  # (processor output, number of images, hf config) -> per image (tensors, placeholder count)
+    split: Split  # (processor output, each image's placeholder count, hf config) -> per image (tensors, count)
+    image_end: str | None = None  # an image's last run of placeholders follows this token (None: one run each)
+    per_image: Callable[[Any], int] | None = None  # a fixed placeholder count per image (adjacent images' runs touch)
 
 
-def _llava(outputs: dict[str, torch.Tensor], images: int, config: Any) -> list[tuple[dict[str, torch.Tensor], int]]:
-    """LLaVA-1.5: one fixed-size crop per image, its patches (less CLS unless "full") as placeholders."""
+Items = list[tuple[dict[str, torch.Tensor], int]]
+
+
+def _llava_tokens(config: Any) -> int:
+    """LLaVA-1.5's placeholders per image: the tower's patches, and its class token under "full"."""
     vision = config.vision_config
-    per_image = (vision.image_size // vision.patch_size) ** 2
-    per_image += 1 if getattr(config, "vision_feature_select_strategy", "default") == "full" else 0
-    return [({"pixel_values": outputs["pixel_values"][i:i + 1]}, per_image) for i in range(images)]
+    extra = 1 if getattr(config, "vision_feature_select_strategy", "default") == "full" else 0
+    return (vision.image_size // vision.patch_size) ** 2 + extra
 
 
-def _idefics3(outputs: dict[str, torch.Tensor], images: int, config: Any) -> list[tuple[dict[str, torch.Tensor], int]]:
-    """Idefics3 / SmolVLM: each image is tiles (and a global view) of the tower's size; each tile becomes
-    image_seq_len tokens after the pixel shuffle. Padding tiles (all-zero pixel masks) are dropped."""
-    pixels, masks = outputs["pixel_values"], outputs["pixel_attention_mask"]
+def _llava(outputs: dict[str, torch.Tensor], counts: list[int], config: Any) -> Items:
+    """LLaVA-1.5: one fixed-size crop per image, one run of placeholders (its patches, less CLS unless "full")."""
+    return [({"pixel_values": outputs["pixel_values"][i:i + 1]}, count) for i, count in enumerate(counts)]
+
+
+def _idefics3(outputs: dict[str, torch.Tensor], counts: list[int], config: Any) -> Items:
+    """Idefics3 / SmolVLM: an image is tiles of the tower's size, then a global view, each one run of
+    image_seq_len placeholders; the prompt's tiles come in image order along the processor's second axis."""
     per_tile = (config.vision_config.image_size // config.vision_config.patch_size) ** 2 // config.scale_factor ** 2
-    items = []
-    for i in range(images):
-        real = masks[i].flatten(1).any(dim=1)
-        data = {"pixel_values": pixels[i][real], "pixel_attention_mask": masks[i][real]}
-        items.append((data, int(real.sum()) * per_tile))
+    pixels, masks = outputs["pixel_values"][0], outputs["pixel_attention_mask"][0]
+    items, start = [], 0
+    for count in counts:
+        tiles = count // per_tile
+        items.append(({"pixel_values": pixels[start:start + tiles],
+                       "pixel_attention_mask": masks[start:start + tiles]}, count))
+        start += tiles
     return items
 
 
 FAMILIES: dict[str, VisionFamily] = {
-    "llava": VisionFamily("<image>", _llava),
-    "idefics3": VisionFamily("<image>", _idefics3),
+    "llava": VisionFamily("<image>", _llava, per_image=_llava_tokens),
+    "idefics3": VisionFamily("<image>", _idefics3, image_end="<global-img>"),  # the global view comes last
 }
 
 

@@ -20,7 +20,9 @@ class MultimodalProcessor:
         self.hf_config = hf_config
         self.family = family
         self.limits = limits
-        self.image_token_id = int(self.processor.tokenizer.convert_tokens_to_ids(family.image_token))
+        tokenizer = self.processor.tokenizer
+        self.image_token_id = int(tokenizer.convert_tokens_to_ids(family.image_token))
+        self.image_end_id = int(tokenizer.convert_tokens_to_ids(family.image_end)) if family.image_end else None
 
     def process(self, text: str, images: list[Any], kwargs: dict[str, Any] | None = None) -> ProcessedPrompt:
         """Text holding one image placeholder per image (as the chat template renders them), and the images."""
@@ -43,17 +45,39 @@ class MultimodalProcessor:
 
     def _items(self, ids: list[int], outputs: dict[str, Any], images: int) -> list[MultimodalItem]:
         placeholders = [position for position, token in enumerate(ids) if token == self.image_token_id]
-        parts = self.family.split(outputs, images, self.hf_config) if images else []
-        if sum(count for _, count in parts) != len(placeholders):
-            raise InvalidRequestError(f"the prompt has {len(placeholders)} image placeholder tokens where its "
-                                      f"{images} images need {sum(c for _, c in parts)}: put one "
-                                      f"{self.family.image_token} in the text per image, or none and let the chat "
-                                      "template place them", "prompt")
+        counts = self._counts(ids) if self.family.per_image is None else \
+            [self.family.per_image(self.hf_config)] * (len(placeholders) // self.family.per_image(self.hf_config))
+        if len(counts) != images or sum(counts) != len(placeholders):
+            raise InvalidRequestError(f"the prompt's text has {len(counts)} image placeholders for {images} images: "
+                                      f"put one {self.family.image_token} in the text per image, as the chat "
+                                      "template does", "prompt")
+        parts = self.family.split(outputs, counts, self.hf_config) if images else []
         items, start = [], 0
         for data, count in parts:
             items.append(MultimodalItem("image", content_hash("image", data), data, placeholders[start:start + count]))
             start += count
         return items
+
+    def _counts(self, ids: list[int]) -> list[int]:
+        """Each image's number of placeholder tokens: its runs of them (one, or up to the image-end token's)."""
+        runs: list[tuple[int, int]] = []  # (start, length)
+        for position, token in enumerate(ids):
+            if token == self.image_token_id:
+                if runs and runs[-1][0] + runs[-1][1] == position:
+                    runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+                else:
+                    runs.append((position, 1))
+        if self.image_end_id is None:
+            return [length for _, length in runs]
+        ends = [position for position, token in enumerate(ids) if token == self.image_end_id]
+        counts, taken = [], 0
+        for end in ends:  # the image ends with the first run after its end marker
+            last = next((i for i, (start, _) in enumerate(runs) if start > end), None)
+            if last is None or last < taken:
+                break
+            counts.append(sum(length for _, length in runs[taken:last + 1]))
+            taken = last + 1
+        return counts if taken == len(runs) else counts + [sum(length for _, length in runs[taken:])]
 
 
 def multimodal_processor(folder: Path, model_type: str, limits: MultimodalLimits,
