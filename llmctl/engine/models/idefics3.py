@@ -59,13 +59,18 @@ class Idefics3VisionModel(nn.Module):
         return self.post_layernorm(self.encoder(x, mask)[-1])
 
 
+class ModalityProjection(nn.Module):
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(width, hidden, bias=False)
+
+
 class Idefics3Connector(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.scale = config.scale_factor
-        self.modality_projection = nn.Module()
         width = config.vision_config.hidden_size * self.scale**2
-        self.modality_projection.proj = nn.Linear(width, config.text_config.hidden_size, bias=False)
+        self.modality_projection = ModalityProjection(width, config.text_config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """transformers' pixel shuffle: each scale × scale block of patches becomes one wider token."""
