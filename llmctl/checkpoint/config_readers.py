@@ -53,7 +53,7 @@ def read_llama_like(reader: ConfigReader, model_type: str) -> dict[str, Any]:
     bias = bool(cfg.get("attention_bias", False))
     layout: dict[str, Any] = dict(qkv_bias=bias, o_bias=bias, mlp_bias=bool(cfg.get("mlp_bias", False)))
     facts["tied_default"] = model_type.startswith("gemma")
-    if model_type in ("qwen2", "qwen2_moe"):
+    if model_type in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"):
         layout.update(qkv_bias=True, o_bias=False)
     if model_type == "gemma2":
         layout["norms_per_layer"] = 4
@@ -259,7 +259,7 @@ def _layer_types(cfg: dict[str, Any], model_type: str, num_layers: int, window: 
     if model_type in ("gemma3", "gemma3_text"):
         pattern = int(cfg.get("sliding_window_pattern") or 6)
         return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers))
-    if model_type in ("qwen2", "qwen2_moe"):  # layers below max_window_layers use full attention
+    if model_type in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"):  # layers below max_window_layers use full attention
         full_below = int(cfg.get("max_window_layers") or 0)
         return tuple("full" if i < full_below else "sliding" for i in range(num_layers))
     return ("sliding",) * num_layers

@@ -110,21 +110,75 @@ def write_idefics3(folder: Path, tokenizer) -> Path:
     return folder
 
 
-WRITERS = {"llava": write_llava, "idefics3": write_idefics3}
+QWEN2_VL_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}"
+                     "{{ m['content'] }}{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}"
+                     "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}{% endif %}{% endfor %}"
+                     "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                     "{% endif %}")  # Qwen2-VL's own, without its default system prompt
+
+
+def write_qwen2_vl(folder: Path, tokenizer) -> Path:
+    """Qwen2-VL as Qwen publishes it: dynamic-resolution ViT (4 px patches, 2 × 2 merge, 2 frames per patch),
+    Qwen2 language model with M-RoPE sections [2, 3, 3]; Qwen2VLImageProcessor resizing to multiples of 8 px
+    between 64 and 4096 pixels. Saved as its parts: transformers' Qwen2VLProcessor cannot be built (or saved)
+    without torchvision, which this machine does not have (reference_processor builds it for the reference)."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor
+
+    tokenizer = copy.deepcopy(tokenizer)
+    specials = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    ids = dict(zip(specials, tokenizer.convert_tokens_to_ids(specials)))
+    config = Qwen2VLConfig(
+        vision_config={"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 4, "mlp_ratio": 2,
+                       "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2},
+        text_config={"vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "max_position_embeddings": 1024, "bos_token_id": None, "eos_token_id": tokenizer.eos_token_id,
+                     "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}},
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    _randomize(model, language_std=0.1)
+    model.save_pretrained(folder)
+    Qwen2VLImageProcessor(min_pixels=64, max_pixels=4096, patch_size=4, merge_size=2,
+                          temporal_patch_size=2).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "chat_template.jinja").write_text(QWEN2_VL_TEMPLATE)
+    return folder
+
+
+WRITERS = {"llava": write_llava, "idefics3": write_idefics3, "qwen2_vl": write_qwen2_vl}
 
 
 def model_class(family: str):
     import transformers
 
     return getattr(transformers, {"llava": "LlavaForConditionalGeneration",
-                                  "idefics3": "Idefics3ForConditionalGeneration"}[family])
+                                  "idefics3": "Idefics3ForConditionalGeneration",
+                                  "qwen2_vl": "Qwen2VLForConditionalGeneration"}[family])
+
+
+def reference_processor(folder: Path):
+    """The family's transformers processor. Qwen2VLProcessor refuses to be built without a video processor,
+    which needs torchvision: for the reference it is built with that one check skipped (images only)."""
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, Qwen2VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    if not (folder / "preprocessor_config.json").exists() or (folder / "processor_config.json").exists():
+        return AutoProcessor.from_pretrained(str(folder))
+    check = ProcessorMixin.check_argument_for_proper_class
+    ProcessorMixin.check_argument_for_proper_class = lambda self, name, arg: None
+    try:
+        return Qwen2VLProcessor(image_processor=AutoImageProcessor.from_pretrained(str(folder)),
+                                tokenizer=AutoTokenizer.from_pretrained(str(folder)),
+                                chat_template=(folder / "chat_template.jinja").read_text())
+    finally:
+        ProcessorMixin.check_argument_for_proper_class = check
 
 
 def transformers_greedy(folder: Path, model_class, text: str, images: list, tokens: int) -> list[int]:
     """transformers' generate on the processor's inputs: the reference."""
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(str(folder))
+    processor = reference_processor(folder)
     model = model_class.from_pretrained(str(folder)).eval()
     inputs = processor(text=text, images=images or None, return_tensors="pt")
     out = model.generate(**inputs, max_new_tokens=tokens, do_sample=False)
@@ -133,8 +187,6 @@ def transformers_greedy(folder: Path, model_class, text: str, images: list, toke
 
 def chat_text(folder: Path, images: int, question: str = "What is in the picture?") -> str:
     """The user turn with `images` image parts, through the processor's chat template."""
-    from transformers import AutoProcessor
-
-    processor = AutoProcessor.from_pretrained(str(folder))
+    processor = reference_processor(folder)
     messages = [{"role": "user", "content": [{"type": "image"}] * images + [{"type": "text", "text": question}]}]
     return processor.apply_chat_template(messages, add_generation_prompt=True)

@@ -29,6 +29,8 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
     updates: list[TableUpdate] = []
     placeholders: list[tuple[int, int]] = []
     slices: list[EmbeddingSlice] = []
+    mrope = any(item.seq.mrope is not None for item in sched.scheduled)
+    rope_rows: list[list[int]] = [[], [], []] if mrope else []
     for item in sched.scheduled:
         seq, start = item.seq, item.seq.num_computed_tokens
         row0 = len(ids)
@@ -51,6 +53,8 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
             row, update = table_rows.update(seq)
             rows.append(row)
             updates += [update] if update is not None else []
+        if mrope:
+            add_mrope_positions(rope_rows, seq, start, item.num_new_tokens)
         if seq.mm_items and start < len(seq.prompt_token_ids):
             slices += embedding_slices(seq, start, item.num_new_tokens, row0)
         starts.append(len(ids))
@@ -67,8 +71,16 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
                       group_slot_mappings=slots[1:], group_block_tables=tables[1:], table_rows=rows,
                       table_updates=updates, placeholders=placeholders,
                       encoder_inputs=[EncoderInput(i.content_hash, i.data) for i in sched.encoder.encode],
-                      encoder_frees=list(sched.encoder.free), embedding_slices=slices)
+                      encoder_frees=list(sched.encoder.free), embedding_slices=slices, mrope_positions=rope_rows)
     return batch, sample_seqs
+
+
+def add_mrope_positions(rows: list[list[int]], seq: Sequence, start: int, count: int) -> None:
+    """Each new token's (t, h, w) rotary position; a sequence without images has its position three times."""
+    for position in range(start, start + count):
+        triple = seq.mrope.at(position) if seq.mrope is not None else (position, position, position)
+        for row, value in zip(rows, triple):
+            row.append(value)
 
 
 def embedding_slices(seq: Sequence, start: int, count: int, row0: int) -> list[EmbeddingSlice]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from llmctl.engine.multimodal.items import MultimodalItem, block_keys
+from llmctl.engine.multimodal.mrope import MRopePositions
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.spec_decode.proposal import Draft
 
@@ -72,6 +73,7 @@ class Sequence:
     lora: LoRAAdapter | None = None  # the adapter this sequence runs with (None: the base model)
     grammar: GrammarMatcher | None = None  # structured outputs: where this sequence is in its grammar (llmctl.engine.structured)
     mm_items: list[MultimodalItem] = field(default_factory=list)  # the prompt's images: their positions and hashes
+    mrope: MRopePositions | None = None  # M-RoPE models with images: each token's (t, h, w) rotary position
 
     @property
     def block_tables(self) -> list[list[int]]:

@@ -88,6 +88,7 @@ class StepBatch:
     encoder_inputs: list[EncoderInput] = field(default_factory=list)
     encoder_frees: list[str] = field(default_factory=list)
     embedding_slices: list[EmbeddingSlice] = field(default_factory=list)
+    mrope_positions: list[list[int]] = field(default_factory=list)  # M-RoPE: [3][T] (t, h, w); empty: positions
 
     @property
     def num_tokens(self) -> int:

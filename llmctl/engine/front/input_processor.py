@@ -40,8 +40,9 @@ class InputProcessor:
         self._check_token_ids(params)
         if params.bad_words:
             params.bad_words_token_ids = bad_words_token_ids(params.bad_words, self.tokenizer)
-        items = prompt.items if isinstance(prompt, ProcessedPrompt) else []
-        return Request(request_id, text, ids, params, lora=lora, mm_items=items)
+        if isinstance(prompt, ProcessedPrompt):
+            return Request(request_id, text, ids, params, lora=lora, mm_items=prompt.items, mrope=prompt.mrope)
+        return Request(request_id, text, ids, params, lora=lora)
 
     def _check_token_ids(self, params: SamplingParams) -> None:
         for name, ids in (("logit_bias", list(params.logit_bias or {})), ("allowed_token_ids",

@@ -15,6 +15,7 @@ from llmctl.engine.front.detokenizer import IncrementalDetokenizer
 from llmctl.engine.front.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from llmctl.engine.lora.adapter import LoRAAdapter
 from llmctl.engine.multimodal.items import MultimodalItem
+from llmctl.engine.multimodal.mrope import MRopePositions
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.matcher import GrammarMatcher
 
@@ -38,6 +39,7 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)
     texts: dict[int, SeqText] = field(default_factory=dict)  # by seq_id
     mm_items: list[MultimodalItem] = field(default_factory=list)  # the prompt's images (llmctl.engine.multimodal)
+    mrope: MRopePositions | None = None  # M-RoPE models: the prompt's (t, h, w) positions
 
     @property
     def finished(self) -> bool:
@@ -58,7 +60,7 @@ class OutputProcessor:
     def new_sequence(self, request: Request, index: int) -> Sequence:
         seq = Sequence(seq_id=next(self._seq_ids), request_id=request.request_id, index=index,
                        prompt_token_ids=request.prompt_token_ids, params=request.params, lora=request.lora,
-                       mm_items=request.mm_items)
+                       mm_items=request.mm_items, mrope=request.mrope)
         if request.grammar is not None:
             seq.grammar = request.grammar if index == 0 else request.grammar.fresh()
         if request.params.seed is not None:

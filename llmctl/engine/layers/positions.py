@@ -122,3 +122,30 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
                           torch.arange(1, 1 + 2 * remaining, 2, dtype=torch.int32))
         slopes = torch.cat([slopes, extra])
     return slopes
+
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """Qwen2-VL's M-RoPE: the rotary dimensions split in sections (rope_parameters' mrope_section, for t, h and
+    w, each repeated for the two halves); each section rotates by its own row of [3, T] positions. Positions
+    [T] (a step of text only) are the same position three times: plain RoPE."""
+
+    def __init__(self, hf_config: Any, head_dim: int) -> None:
+        super().__init__(hf_config, head_dim)
+        sections = (getattr(hf_config, "rope_parameters", None) or {}).get("mrope_section")
+        if not sections or sum(sections) * 2 != head_dim:
+            raise ValueError(f"mrope_section {sections} does not split head_dim {head_dim} in halves")
+        self.sections = [int(s) for s in sections] * 2
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype,
+                lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions.dim() == 1:
+            return super().cos_sin(positions, dtype, lengths)
+        if self._cached is not None and self._cached[0] is positions and self._cached[1].dtype == dtype:
+            return self._cached[1], self._cached[2]
+        cos, sin = super().cos_sin(positions.reshape(-1), dtype, lengths)  # [3T, 1, D] by row
+        tokens = positions.shape[1]
+        cos, sin = cos.view(3, tokens, 1, -1), sin.view(3, tokens, 1, -1)
+        picked_cos = torch.cat([part[i % 3] for i, part in enumerate(cos.split(self.sections, dim=-1))], dim=-1)
+        picked_sin = torch.cat([part[i % 3] for i, part in enumerate(sin.split(self.sections, dim=-1))], dim=-1)
+        self._cached = (positions, picked_cos, picked_sin)
+        return picked_cos, picked_sin

@@ -37,6 +37,7 @@ SUPPORTED = {
     "OPTForCausalLM": "opt",
     "LlavaForConditionalGeneration": "llava",  # CLIP tower + projector + a Llama-family language model
     "Idefics3ForConditionalGeneration": "idefics3",  # SmolVLM: SigLIP tiles, pixel shuffle, a Llama-family LM
+    "Qwen2VLForConditionalGeneration": "qwen2_vl",  # dynamic-resolution ViT, M-RoPE Qwen2 language model
 }
 
 
@@ -147,6 +148,7 @@ FAMILY_CLASSES = {
     "opt": ("opt", "OPTForCausalLM"),
     "llava": ("llava", "LlavaForConditionalGeneration"),
     "idefics3": ("idefics3", "Idefics3ForConditionalGeneration"),
+    "qwen2_vl": ("qwen2_vl", "Qwen2VLForConditionalGeneration"),
 }
 
 

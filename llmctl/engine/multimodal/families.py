@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from llmctl.engine.multimodal.mrope import MRopePositions, mrope_positions
+
 Split = Callable[[dict[str, torch.Tensor], list[int], Any], list[tuple[dict[str, torch.Tensor], int]]]
 
 
@@ -18,6 +20,8 @@ class VisionFamily:
     split: Split  # (processor output, each image's placeholder count, hf config) -> per image (tensors, count)
     image_end: str | None = None  # an image's last run of placeholders follows this token (None: one run each)
     per_image: Callable[[Any], int] | None = None  # a fixed placeholder count per image (adjacent images' runs touch)
+    # M-RoPE families: (prompt length, each image's (positions, tensors), hf config) -> every token's 3 positions
+    positions: Callable[[int, list[tuple[list[int], dict[str, torch.Tensor]]], Any], MRopePositions] | None = None
 
 
 Items = list[tuple[dict[str, torch.Tensor], int]]
@@ -49,9 +53,28 @@ def _idefics3(outputs: dict[str, torch.Tensor], counts: list[int], config: Any) 
     return items
 
 
+def _qwen2_vl(outputs: dict[str, torch.Tensor], counts: list[int], config: Any) -> Items:
+    """Qwen2-VL: an image at its own resolution is a (t, h, w) grid of patches, the processor's rows of
+    pixel_values in image order; merge² patches become one placeholder."""
+    grids, items, start = outputs["image_grid_thw"], [], 0
+    for index, count in enumerate(counts):
+        patches = int(grids[index].prod())
+        items.append(({"pixel_values": outputs["pixel_values"][start:start + patches],
+                       "image_grid_thw": grids[index:index + 1]}, count))
+        start += patches
+    return items
+
+
+def _qwen2_vl_positions(num_tokens: int, images: list[tuple[list[int], dict[str, torch.Tensor]]],
+                        config: Any) -> MRopePositions:
+    grids = [(positions, tuple(int(v) for v in data["image_grid_thw"][0])) for positions, data in images]
+    return mrope_positions(num_tokens, grids, config.vision_config.spatial_merge_size)  # type: ignore[arg-type]
+
+
 FAMILIES: dict[str, VisionFamily] = {
     "llava": VisionFamily("<image>", _llava, per_image=_llava_tokens),
     "idefics3": VisionFamily("<image>", _idefics3, image_end="<global-img>"),  # the global view comes last
+    "qwen2_vl": VisionFamily("<|image_pad|>", _qwen2_vl, positions=_qwen2_vl_positions),
 }
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from llmctl.engine.multimodal.mrope import MRopePositions
+
 
 @dataclass(eq=False)  # identity: tensors have no truth value to compare
 class MultimodalItem:
@@ -35,6 +37,7 @@ class ProcessedPrompt:
     prompt: str | None
     token_ids: list[int]
     items: list[MultimodalItem] = field(default_factory=list)
+    mrope: MRopePositions | None = None  # M-RoPE models: every prompt token's (t, h, w) position
 
 
 def content_hash(modality: str, data: dict[str, torch.Tensor]) -> str:

@@ -3,24 +3,26 @@ placeholder expanded) and pixel tensors; this splits them into items with their 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.multimodal.config import MultimodalLimits
 from llmctl.engine.multimodal.families import VisionFamily, vision_family
+from llmctl.engine.multimodal.image_pad_processor import PAD, ImagePadProcessor
 from llmctl.engine.multimodal.items import MultimodalItem, ProcessedPrompt, content_hash
+
+logger = logging.getLogger("llmctl.engine")
 
 
 class MultimodalProcessor:
     def __init__(self, folder: Path, hf_config: Any, family: VisionFamily, limits: MultimodalLimits) -> None:
-        from transformers import AutoProcessor
-
-        self.processor = AutoProcessor.from_pretrained(str(folder))
+        self.processor = _load_processor(folder, family)
         self.hf_config = hf_config
         self.family = family
         self.limits = limits
-        tokenizer = self.processor.tokenizer
+        tokenizer = self.processor.tokenizer  # type: ignore[union-attr]
         self.image_token_id = int(tokenizer.convert_tokens_to_ids(family.image_token))
         self.image_end_id = int(tokenizer.convert_tokens_to_ids(family.image_end)) if family.image_end else None
 
@@ -35,7 +37,9 @@ class MultimodalProcessor:
                                       "multi_modal_data") from None
         ids = outputs["input_ids"][0].tolist()
         items = self._items(ids, dict(outputs), len(images))
-        return ProcessedPrompt(text, ids, items)
+        mrope = self.family.positions(len(ids), [(item.positions, item.data) for item in items], self.hf_config) \
+            if self.family.positions is not None else None
+        return ProcessedPrompt(text, ids, items, mrope)
 
     def check_count(self, count: int) -> None:
         allowed = self.limits.images_allowed()
@@ -78,6 +82,21 @@ class MultimodalProcessor:
             counts.append(sum(length for _, length in runs[taken:last + 1]))
             taken = last + 1
         return counts if taken == len(runs) else counts + [sum(length for _, length in runs[taken:])]
+
+
+def _load_processor(folder: Path, family: VisionFamily) -> Any:
+    """The model's transformers processor; Qwen2-VL's own images-only one where transformers' cannot be built
+    (its video processor needs torchvision)."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(str(folder))
+    except (AttributeError, ImportError, OSError, ValueError, TypeError) as exc:
+        if family.image_token != PAD:
+            raise
+        logger.info("transformers' processor for this model cannot be built here (%s: %s): llmctl expands its "
+                    "image placeholders itself", type(exc).__name__, str(exc).strip().splitlines()[0])
+        return ImagePadProcessor(folder)
 
 
 def multimodal_processor(folder: Path, model_type: str, limits: MultimodalLimits,

@@ -57,7 +57,7 @@ class ModelRunner:
         self.tables.apply(batch)
         if self.encoder_cache is not None:
             self.encoder_cache.update(batch)
-        plain = hidden is None and not batch.embedding_slices
+        plain = hidden is None and not batch.embedding_slices and not batch.mrope_positions
         shape = self.graphs.shape_of(batch) if self.graphs is not None and plain else None
         if shape is not None:
             return self.graphs.run(batch, shape, self.tables, self._fill_placeholders)
@@ -72,6 +72,8 @@ class ModelRunner:
             self.lora_step.set(batch.lora_slots or [NO_ADAPTER] * len(batch.seq_lens), batch.query_start_loc, device)
         input_ids, positions = to_device([batch.input_ids, batch.positions], torch.long, device)  # one copy
         self._fill_placeholders(batch, input_ids)
+        if batch.mrope_positions:  # M-RoPE with images: [3, T]
+            positions = to_device(batch.mrope_positions, torch.long, device)
         lengths = sequence_lengths(batch, device) if getattr(self.model, "needs_lengths", False) else None
         embeds = None
         if batch.embedding_slices and self.encoder_cache is not None and hidden is None:

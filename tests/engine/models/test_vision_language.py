@@ -1,4 +1,4 @@
-"""Vision-language families (LLaVA-1.5, Idefics3/SmolVLM) on the paged engine against transformers'
+"""Vision-language families (LLaVA-1.5, Idefics3/SmolVLM, Qwen2-VL with M-RoPE) on the paged engine against transformers'
 ForConditionalGeneration classes with their real processors: greedy tokens for one and two images of different
 sizes (C++ and Triton-interpreter attention), prefix caching keyed by the image, chunked prefill across an image
 and preemption (each image encoded once), and a text-only start that skips the tower."""
@@ -72,7 +72,7 @@ def test_chunked_prefill_and_preemption_encode_each_image_once(folder, cases):
 
     probe = LLM(str(folder), max_model_len=256)
     block_bytes = probe.engine.loaded.kv_geometry.block_bytes
-    llm = LLM(str(folder), max_model_len=80, max_num_batched_tokens=8, kv_cache_memory=5 * block_bytes)
+    llm = LLM(str(folder), max_model_len=96, max_num_batched_tokens=8, kv_cache_memory=6 * block_bytes)
     assert generate(llm, cases) == [reference for _, _, reference in cases]  # 8-token chunks split each image
     assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.executor.runner.encoder_cache.encoded == 3  # chunks and recomputation took the cached output
