@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmctl.checkpoint.config_file import load_spec
+from llmctl.checkpoint.config_file import load_config, load_spec
 from llmctl.checkpoint.gguf_convert import GgufTensorType, gguf_tensor_types
 from llmctl.checkpoint.license import LicenseReport, detect_license
 from llmctl.checkpoint.params import ConfigParamCount, TensorCount, count_from_config, count_from_tensors
@@ -19,6 +19,7 @@ from llmctl.checkpoint.tokenizer import (
     tokenize_text,
     try_load_tokenizer,
 )
+from llmctl.checkpoint.vision import VisionTower, vision_tower
 from llmctl.engine.attention_selector import BackendChoice, choose_attention_backend
 from llmctl.engine.models.registry import implementation
 from llmctl.errors import LlmctlError
@@ -61,6 +62,7 @@ class InspectReport:
     text_tokens: list[tuple[int, str]] | None = None
     warnings: list[str] = field(default_factory=list)
     gguf_tensor_types: list[GgufTensorType] | None = None  # a GGUF file's types, their shares and bytes
+    vision: VisionTower | None = None  # a vision-language model's image tower
 
 
 def build_inspect_report(source: ModelSource, *, text: str | None = None,
@@ -95,6 +97,7 @@ def build_inspect_report(source: ModelSource, *, text: str | None = None,
         llmctl_serves=impl is not None, implementation=impl, implementation_note=why,
         text_tokens=text_tokens, warnings=warnings,
         gguf_tensor_types=gguf_tensor_types(source.gguf_path) if source.gguf_path else None,
+        vision=vision_tower(load_config(source), headers.tensors) if source.gguf_path is None else None,
     )
 
 

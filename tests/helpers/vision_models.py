@@ -140,7 +140,7 @@ def write_qwen2_vl(folder: Path, tokenizer) -> Path:
     model = Qwen2VLForConditionalGeneration(config).eval()
     _randomize(model, language_std=0.1)
     model.save_pretrained(folder)
-    Qwen2VLImageProcessor(min_pixels=64, max_pixels=4096, patch_size=4, merge_size=2,
+    Qwen2VLImageProcessor(size={"shortest_edge": 64, "longest_edge": 4096}, patch_size=4, merge_size=2,
                           temporal_patch_size=2).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     (folder / "chat_template.jinja").write_text(QWEN2_VL_TEMPLATE)

@@ -1,0 +1,31 @@
+"""`llmctl inspect` on vision-language checkpoints: the tower named, its parameters (tower and projector) as
+transformers counts them, and the tokens an image becomes as the family's processor makes them."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.vision_models import WRITERS, model_class, random_image, reference_processor
+
+
+@pytest.mark.parametrize("family", sorted(WRITERS))
+def test_inspect_names_the_tower_its_parameters_and_tokens_per_image(tmp_path, tokenizer, family):
+    from llmctl.checkpoint.source import resolve_model
+    from llmctl.inspect_report import build_inspect_report
+
+    folder = WRITERS[family](tmp_path / family, tokenizer)
+    vision = build_inspect_report(resolve_model(str(folder), show_progress=False)).vision
+    model = model_class(family).from_pretrained(str(folder))
+    towers = ("vision_tower", "multi_modal_projector", "vision_model", "connector", "visual")
+    expected = sum(p.numel() for name, p in model.named_parameters() if any(t in name for t in towers))
+    assert vision is not None and vision.params == expected
+    processor = reference_processor(folder)
+    size = {"llava": 32, "idefics3": 32, "qwen2_vl": 448}[family]  # the size the count is stated for
+    if family == "qwen2_vl":
+        processor.image_processor.size = {"shortest_edge": 64, "longest_edge": size * size}
+    image_token = {"llava": "<image>", "idefics3": "<image>", "qwen2_vl": "<|image_pad|>"}[family]
+    text = {"qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>"}.get(family, image_token)
+    inputs = processor(text=text, images=[random_image(size, size)], return_tensors="pt")
+    per_image = inputs["input_ids"][0].tolist().count(processor.tokenizer.convert_tokens_to_ids(image_token))
+    tiles = inputs["pixel_values"].shape[1] if family == "idefics3" else 1  # its tiles and global view
+    assert vision.tokens_per_image * tiles == per_image
