@@ -122,7 +122,10 @@ SERVER_SEES_OF_THE_ENGINE = ("llmctl.engine.config", "llmctl.engine.errors", "ll
                              "llmctl.engine.front.stats", "llmctl.engine.front.embedding",
                              "llmctl.engine.front.beam_search", "llmctl.engine.lora.request",
                              "llmctl.engine.structured.params", "llmctl.engine.structured.config",
-                             "llmctl.engine.reasoning")
+                             "llmctl.engine.reasoning",
+                             # prompts with images: the processor runs in the server, off the event loop, before
+                             # the engine (vLLM's renderer); what it makes is a public prompt type
+                             "llmctl.engine.multimodal.items", "llmctl.engine.multimodal.processor")
 
 
 def test_the_server_reaches_the_engine_only_through_its_client_and_public_types(modules):

@@ -15,6 +15,7 @@ from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.reasoning import ReasoningParser
 from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.server.chat_message import StreamedMessage, ToolCalling, finish_reason
+from llmctl.server.content_parts import Message
 from llmctl.server.generation import Endpoint, respond
 from llmctl.server.images import check_images, with_images
 from llmctl.server.models import check_model
@@ -58,7 +59,7 @@ class PreparedChat:
     sampling: SamplingRequest
     calling: ToolCalling | None
     prompt: Prompt
-    messages: list[dict[str, Any]]  # as the chat template took them (image parts in transformers' form)
+    messages: list[Message]  # as the chat template took them (image parts in transformers' form)
 
 
 def prepare_chat(state: ServerState, fields: Fields) -> PreparedChat:
@@ -92,7 +93,7 @@ def _constraint(fields: Fields, state: ServerState, tools: ToolRequest) -> Struc
 
 def render_chat(state: ServerState, fields: Fields, add_generation_prompt: bool = True,
                 continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,
-                messages: list[dict[str, Any]] | None = None) -> tuple[str, list[int]]:
+                messages: list[Message] | None = None) -> tuple[str, list[int]]:
     """The request's messages through the chat template (with its chat_template_kwargs), and their ids;
     continue_final_message leaves the last (assistant) message open for the model to go on."""
     messages = messages if messages is not None else chat_messages(fields)

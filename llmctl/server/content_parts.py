@@ -9,6 +9,7 @@ from typing import Any
 from llmctl.engine.errors import InvalidRequestError
 
 JSON = Any
+Message = dict[str, Any]  # a chat message as the chat template takes it (content: text, or transformers' parts)
 IMAGE_PARTS = ("image_url", "input_image")  # chat's, and /v1/responses' name for the same thing
 OTHER_MEDIA = ("input_audio", "audio_url", "video_url", "file", "input_file", "image_embeds")
 
@@ -43,7 +44,7 @@ def _part(part: JSON, where: str) -> dict[str, Any]:
               f"\"image_url\": {{\"url\": …}}}}, got type {kind!r}")
 
 
-def _image_url(part: dict[str, Any], kind: str, where: str) -> str:
+def _image_url(part: dict[str, JSON], kind: str, where: str) -> str:
     value = part.get(kind)  # {"image_url": {"url": …}} (chat) or {"image_url": "…"} (vLLM and /v1/responses)
     if value is None and kind == "input_image":
         value = part.get("image_url")
@@ -54,7 +55,7 @@ def _image_url(part: dict[str, Any], kind: str, where: str) -> str:
     return url
 
 
-def image_urls(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def image_urls(messages: list[Message]) -> list[tuple[str, str]]:
     """(where, url) of every image part, in the order the chat template places them."""
     found = []
     for index, message in enumerate(messages):

@@ -4,16 +4,15 @@ through the model's processor — on a worker thread, never on the event loop.""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from llmctl.engine.multimodal.items import ProcessedPrompt
-from llmctl.server.content_parts import image_urls
+from llmctl.server.content_parts import Message, image_urls
 from llmctl.server.media import load_image
 from llmctl.server.protocol import bad
 from llmctl.server.state import ServerState
 
 
-def check_images(state: ServerState, messages: list[dict[str, Any]]) -> None:
+def check_images(state: ServerState, messages: list[Message]) -> None:
     """Before the chat template sees image parts: this server takes them, and not too many."""
     urls = image_urls(messages)
     if not urls:
@@ -25,7 +24,7 @@ def check_images(state: ServerState, messages: list[dict[str, Any]]) -> None:
     state.multimodal.check_count(len(urls))
 
 
-async def with_images(state: ServerState, text: str, messages: list[dict[str, Any]]) -> ProcessedPrompt | None:
+async def with_images(state: ServerState, text: str, messages: list[Message]) -> ProcessedPrompt | None:
     """The processed prompt of a chat whose messages hold images (check_images passed); None when they hold none."""
     urls = image_urls(messages)
     processor = state.multimodal

@@ -28,9 +28,6 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
     rows: list[int] = []
     updates: list[TableUpdate] = []
     placeholders: list[tuple[int, int]] = []
-    slices: list[EmbeddingSlice] = []
-    mrope = any(item.seq.mrope is not None for item in sched.scheduled)
-    rope_rows: list[list[int]] = [[], [], []] if mrope else []
     for item in sched.scheduled:
         seq, start = item.seq, item.seq.num_computed_tokens
         row0 = len(ids)
@@ -53,10 +50,6 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
             row, update = table_rows.update(seq)
             rows.append(row)
             updates += [update] if update is not None else []
-        if mrope:
-            add_mrope_positions(rope_rows, seq, start, item.num_new_tokens)
-        if seq.mm_items and start < len(seq.prompt_token_ids):
-            slices += embedding_slices(seq, start, item.num_new_tokens, row0)
         starts.append(len(ids))
         lens.append(start + item.num_new_tokens)
         total_lens.append(seq.num_tokens)
@@ -71,8 +64,25 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
                       group_slot_mappings=slots[1:], group_block_tables=tables[1:], table_rows=rows,
                       table_updates=updates, placeholders=placeholders,
                       encoder_inputs=[EncoderInput(i.content_hash, i.data) for i in sched.encoder.encode],
-                      encoder_frees=list(sched.encoder.free), embedding_slices=slices, mrope_positions=rope_rows)
+                      encoder_frees=list(sched.encoder.free))
+    batch.embedding_slices, batch.mrope_positions = multimodal_rows(sched)
     return batch, sample_seqs
+
+
+def multimodal_rows(sched: SchedulerOutput) -> tuple[list[EmbeddingSlice], list[list[int]]]:
+    """Where the step's rows take image embeddings, and (M-RoPE models with images) every row's 3 positions."""
+    slices: list[EmbeddingSlice] = []
+    mrope = any(item.seq.mrope is not None for item in sched.scheduled)
+    rope_rows: list[list[int]] = [[], [], []] if mrope else []
+    row0 = 0
+    for item in sched.scheduled:
+        seq, start = item.seq, item.seq.num_computed_tokens
+        if mrope:
+            add_mrope_positions(rope_rows, seq, start, item.num_new_tokens)
+        if seq.mm_items and start < len(seq.prompt_token_ids):
+            slices += embedding_slices(seq, start, item.num_new_tokens, row0)
+        row0 += item.num_new_tokens
+    return slices, rope_rows
 
 
 def add_mrope_positions(rows: list[list[int]], seq: Sequence, start: int, count: int) -> None:
