@@ -19,6 +19,7 @@ import httpx2
 
 from llmctl.bench.datasets import SampleRequest
 from llmctl.bench.endpoint import Endpoint, resolve_endpoint
+from llmctl.bench.multimodal_dataset import image_parts
 
 Clock = Callable[[], float]  # seconds; time.perf_counter unless a test scripts the times
 
@@ -57,7 +58,8 @@ def request_body(request: SampleRequest, settings: RequestSettings) -> dict[str,
     body: dict[str, Any] = {"model": settings.model, "max_tokens": request.expected_output_len, "stream": True,
                             "stream_options": {"include_usage": True}}
     if settings.endpoint.is_chat:
-        messages = [{"role": "user", "content": request.prompt}]
+        content = image_parts(request.prompt, request.images) if request.images else request.prompt
+        messages = [{"role": "user", "content": content}]
         if request.system:
             messages.insert(0, {"role": "system", "content": request.system})
         body["messages"] = messages

@@ -1,4 +1,5 @@
-"""Benchmark workloads: random, ShareGPT, shared-prefix and custom JSONL, all reproducible by seed.
+"""Benchmark workloads: random, random-mm (with images), ShareGPT, shared-prefix and custom JSONL, all
+reproducible by seed.
 
 Each yields SampleRequests: the prompt text, its length in tokens of the counting
 tokenizer (without special tokens, as `vllm bench` counts), and how many tokens to ask for.
@@ -6,16 +7,25 @@ tokenizer (without special tokens, as `vllm bench` counts), and how many tokens 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmctl.bench.multimodal_dataset import (
+    DEFAULT_BUCKETS,
+    DEFAULT_LIMIT,
+    image_counts,
+    image_limit,
+    parse_buckets,
+    random_images,
+)
 from llmctl.bench.tokens import TokenCounter
 from llmctl.errors import LlmctlError
 from llmctl.jsonl import read_jsonl
 
-DATASETS = ("random", "sharegpt", "shared-prefix", "custom")
+DATASETS = ("random", "random-mm", "sharegpt", "shared-prefix", "custom")
 SHAREGPT_MIN_LEN = 4  # vLLM's filters: drop tiny turns and pairs too long for a 2,048-token context
 SHAREGPT_MAX_PROMPT = 1024
 SHAREGPT_MAX_TOTAL = 2048
@@ -27,6 +37,7 @@ class SampleRequest:
     prompt_len: int
     expected_output_len: int
     system: str | None = None  # a system prompt (shared-prefix); completions prepend it to the prompt
+    images: tuple[str, ...] = ()  # random-mm: data URLs, sent as the chat message's image_url parts
 
     @property
     def full_prompt(self) -> str:
@@ -48,6 +59,10 @@ class DatasetOptions:
     shared_prefix_question_len: int = 32
     shared_prefix_output_len: int = 128
     custom_output_len: int = 256
+    random_mm_base_items_per_request: int = 1
+    random_mm_num_mm_items_range_ratio: float = 0.0
+    random_mm_limit_mm_per_prompt: str = DEFAULT_LIMIT
+    random_mm_bucket_config: str = DEFAULT_BUCKETS
 
 
 class PromptMaker:
@@ -89,6 +104,15 @@ def random_requests(options: DatasetOptions, maker: PromptMaker, rng: random.Ran
         prompt_len, output_len = rng.randint(*inputs), rng.randint(*outputs)
         requests.append(SampleRequest(maker.text(prompt_len), prompt_len, output_len))
     return requests
+
+
+def random_mm_requests(options: DatasetOptions, maker: PromptMaker, rng: random.Random) -> list[SampleRequest]:
+    """random's prompts, each with its images (llmctl.bench.multimodal_dataset); prompt_len counts the text."""
+    buckets = parse_buckets(options.random_mm_bucket_config)
+    counts = image_counts(options.random_mm_base_items_per_request, options.random_mm_num_mm_items_range_ratio,
+                          image_limit(options.random_mm_limit_mm_per_prompt), options.num_prompts, rng)
+    texts = random_requests(options, maker, rng)
+    return [dataclasses.replace(text, images=images) for text, images in zip(texts, random_images(counts, buckets, rng))]
 
 
 def shared_prefix_requests(options: DatasetOptions, maker: PromptMaker, counter: TokenCounter,
@@ -159,6 +183,8 @@ def sample_requests(options: DatasetOptions, counter: TokenCounter, words: list[
     rng = random.Random(options.seed)
     if options.name == "random":
         return random_requests(options, PromptMaker(counter, words, rng), rng)
+    if options.name == "random-mm":
+        return random_mm_requests(options, PromptMaker(counter, words, rng), rng)
     if options.name == "shared-prefix":
         return shared_prefix_requests(options, PromptMaker(counter, words, rng), counter, rng)
     if options.name == "sharegpt":

@@ -121,6 +121,9 @@ def check_options(options: OfflineOptions) -> None:
     if options.engine.enable_lora != (options.lora_path is not None):
         raise LlmctlError("--enable-lora and --lora-path go together: the requests run adapters read from "
                           "--lora-path")
+    if options.dataset.name == "random-mm":
+        raise LlmctlError("--dataset-name random-mm is for `llmctl bench serve` (images sent as chat parts); "
+                          "offline runs take text workloads")
 
 
 def run_offline(options: OfflineOptions, on_progress: Callable[[int, int], None] | None = None) -> OfflineResult:

@@ -148,6 +148,9 @@ def run_serve_bench(options: ServeBenchOptions,
         if on_warning:
             on_warning(warning)
     requests = sample_requests(options.dataset, counter, words_from.words())
+    if any(request.images for request in requests) and not options.endpoint.is_chat:
+        raise LlmctlError("random-mm's images go to the chat endpoint: add --endpoint /v1/chat/completions "
+                          "(or --backend openai-chat)")
     points = []
     for rate, cap in itertools.product(options.request_rates, options.max_concurrencies):
         point = LoadPoint(rate, options.burstiness, cap)

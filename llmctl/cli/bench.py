@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from llmctl.bench.serve_bench import ServeBenchOptions
 
 DATASET_FLAGS: dict[str, Flag] = {  # DatasetOptions field -> its flag
-    "name": Flag(("--dataset-name",), str, "random, sharegpt, shared-prefix or custom (JSONL)"),
+    "name": Flag(("--dataset-name",), str, "random, random-mm (with images; the chat endpoint), sharegpt, "
+                                           "shared-prefix or custom (JSONL)"),
     "path": Flag(("--dataset-path",), Optional[Path], "ShareGPT JSON or custom JSONL file"),
     "num_prompts": Flag(("--num-prompts",), int, "requests in the workload"),
     "random_input_len": Flag(("--random-input-len",), int, "random: prompt tokens"),
@@ -32,6 +33,14 @@ DATASET_FLAGS: dict[str, Flag] = {  # DatasetOptions field -> its flag
     "shared_prefix_question_len": Flag(("--shared-prefix-question-len",), int, "shared-prefix: question tokens"),
     "shared_prefix_output_len": Flag(("--shared-prefix-output-len",), int, "shared-prefix: output tokens"),
     "custom_output_len": Flag(("--custom-output-len",), int, "custom: output tokens when a line has none"),
+    "random_mm_base_items_per_request": Flag(("--random-mm-base-items-per-request",), int,
+                                             "random-mm: images per request"),
+    "random_mm_num_mm_items_range_ratio": Flag(("--random-mm-num-mm-items-range-ratio",), float,
+                                               "random-mm: image counts uniform in base·[1−r, 1+r]"),
+    "random_mm_limit_mm_per_prompt": Flag(("--random-mm-limit-mm-per-prompt",), str,
+                                          "random-mm: most images per request, as JSON"),
+    "random_mm_bucket_config": Flag(("--random-mm-bucket-config",), str, "random-mm: image sizes and their "
+                                    "probabilities, {(height, width, 1): p, ...}"),
     "seed": Flag(("--seed",), int, "makes datasets and arrival times reproducible"),
 }
 DATASET_GROUP = FlagGroup("dataset", DATASET_FLAGS, DatasetOptions, lambda values: DatasetOptions(**values))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import http.server
+import json
 import re
 import threading
 import urllib.request
@@ -13,6 +14,7 @@ from functools import partial
 
 import pytest
 
+from helpers.cli_process import run_cli
 from helpers.server_helpers import post, start_server
 from helpers.vision_models import chat_text, data_url, random_image, transformers_greedy, write_llava
 
@@ -150,3 +152,18 @@ def test_more_images_than_the_limit_are_refused_before_any_fetch(server):
 
 def test_the_server_keeps_serving_after_bad_images(client):
     assert ask(client, [data_url(IMAGES[0])]).choices[0].finish_reason == "length"
+
+
+def test_bench_serve_random_mm_sends_images_as_chat_parts(server, tmp_path):
+    out = tmp_path / "random-mm.json"
+    result = run_cli("bench", "serve", "--base-url", server.url, "--endpoint", "/v1/chat/completions",
+                     "--dataset-name", "random-mm", "--num-prompts", "4", "--random-input-len", "8",
+                     "--random-output-len", "3", "--random-mm-base-items-per-request", "2",
+                     "--random-mm-bucket-config", "{(40, 50, 1): 0.5, (64, 30, 1): 0.5}", "--ignore-eos",
+                     "--result-filename", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(out.read_text())
+    assert data["completed"] == 4 and data["failed"] == 0
+    assert all(length >= 8 + 2 * 16 for length in data["input_lens"])  # the server counted each image's 16 tokens
+    refused = run_cli("bench", "serve", "--base-url", server.url, "--dataset-name", "random-mm", "--num-prompts", "1")
+    assert refused.returncode != 0 and "go to the chat endpoint" in " ".join(refused.stderr.split())
