@@ -86,8 +86,9 @@ def count_from_config(spec: ModelSpec) -> ConfigParamCount | None:
         mlp_active += active
     attention = attention_per_layer * spec.num_layers
     norms = norms_per_layer * spec.num_layers + norms_outside
-    total = embedding + attention + mlp_total + norms + lm_head
-    active = embedding + attention + mlp_active + norms + lm_head
+    vision = spec.vision.in_checkpoint if spec.vision is not None else 0  # the image tower and its projector
+    total = embedding + attention + mlp_total + norms + lm_head + vision
+    active = embedding + attention + mlp_active + norms + lm_head + vision
     return ConfigParamCount(
         embedding=embedding, attention=attention, mlp=mlp_total, norms=norms, lm_head=lm_head,
         total=total, active=active, mtp=_mtp_params(spec),

@@ -16,6 +16,7 @@ from llmctl.checkpoint.config_readers import (
     read_positional,
 )
 from llmctl.checkpoint.quant_schemes import group_schemes
+from llmctl.checkpoint.vision import VisionParams, vision_params
 
 # Where each family deviates from the Llama naming, see FAMILY_READERS below.
 CONTEXT_KEYS = (
@@ -60,6 +61,7 @@ class ModelSpec:
     auto_map: dict[str, Any] | None = None
     requires_remote_code: bool = False
     mtp_layers: int = 0  # DeepSeek's multi-token-prediction layers, shipped beside the model
+    vision: VisionParams | None = None  # a vision-language model's image tower and projector
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
@@ -87,7 +89,7 @@ class ModelSpec:
 KNOWN_MODEL_TYPES = (
     "llama", "mistral", "mixtral", "qwen", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
     "bloom", "opt", "gpt2", "gpt_neox", "falcon", "phi", "phi3", "gemma", "gemma2",
-    "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "granite", "olmo2",
+    "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "granite", "olmo2", "qwen2_vl", "qwen2_vl_text",
 )
 
 
@@ -140,6 +142,7 @@ def build_spec(raw_config: dict[str, Any]) -> ModelSpec:
         auto_map=auto_map,
         requires_remote_code=bool(auto_map) and not _transformers_knows(model_type),
         mtp_layers=int(config.get("num_nextn_predict_layers") or 0),
+        vision=vision_params(raw_config),
         notes=tuple(notes),
         warnings=tuple(warnings),
     )

@@ -54,3 +54,59 @@ def _numel(shape: tuple[int, ...]) -> int:
     for dim in shape:
         count *= dim
     return count
+
+
+def _vit_layer(hidden: int, intermediate: int) -> int:
+    """One pre-norm ViT block: q, k, v, out with biases; fc1, fc2 with biases; two LayerNorms."""
+    return 4 * hidden * hidden + 4 * hidden + 2 * hidden * intermediate + intermediate + hidden + 4 * hidden
+
+
+@dataclass(frozen=True)
+class VisionParams:
+    in_checkpoint: int  # the tower and projector as published
+    held: int  # what llmctl loads (LLaVA never runs its tower's last blocks and final norm)
+
+
+def vision_params(raw: dict[str, Any]) -> VisionParams | None:
+    """The image side's parameters of a LLaVA, Idefics3 or Qwen2-VL config.json; None for other models."""
+    vision, model_type = raw.get("vision_config"), raw.get("model_type")
+    if not isinstance(vision, dict) or model_type not in ("llava", "idefics3", "qwen2_vl"):
+        return None
+    held = held_vision_params(raw, vision, model_type)
+    if model_type != "llava":
+        return VisionParams(held, held)
+    width, layers = int(vision.get("hidden_size", 1024)), int(vision.get("num_hidden_layers", 24))
+    unused = (layers - _llava_layers_used(raw, layers)) * _vit_layer(width, int(vision.get("intermediate_size", 4096)))
+    return VisionParams(held + unused + 2 * width, held)  # and the final LayerNorm
+
+
+def held_vision_params(raw: dict[str, Any], vision: dict[str, Any], model_type: str) -> int:
+    """Tower and projector parameters as llmctl holds them."""
+    text = raw.get("text_config") or {}
+    out = int(text.get("hidden_size") or raw.get("hidden_size") or vision.get("hidden_size", 0))
+    channels, patch = int(vision.get("num_channels", vision.get("in_channels", 3))), int(vision.get("patch_size", 14))
+    if model_type == "qwen2_vl":
+        width, depth = int(vision.get("embed_dim", 1280)), int(vision.get("depth", 32))
+        merged = width * int(vision.get("spatial_merge_size", 2)) ** 2
+        embed = channels * int(vision.get("temporal_patch_size", 2)) * patch * patch * width
+        merger = 2 * width + merged * merged + merged + merged * out + out
+        return embed + depth * _vit_layer(width, int(width * vision.get("mlp_ratio", 4))) + merger
+    width, inner = int(vision.get("hidden_size", 1024)), int(vision.get("intermediate_size", 4096))
+    patches = (int(vision.get("image_size", 224)) // patch) ** 2
+    if model_type == "idefics3":
+        scale = int(raw.get("scale_factor", 2))
+        embed = channels * patch * patch * width + width + patches * width
+        layers = int(vision.get("num_hidden_layers", 12))
+        return embed + layers * _vit_layer(width, inner) + 2 * width + width * scale * scale * out
+    layers_used = _llava_layers_used(raw, int(vision.get("num_hidden_layers", 24)))
+    embed = width + channels * patch * patch * width + (patches + 1) * width + 2 * width  # class, patches, pre-norm
+    features = 1 if isinstance(raw.get("vision_feature_layer", -2), int) else len(raw["vision_feature_layer"])
+    bias = 1 if raw.get("multimodal_projector_bias", True) else 0
+    projector = width * features * out + out * out + 2 * bias * out
+    return embed + layers_used * _vit_layer(width, inner) + projector
+
+
+def _llava_layers_used(raw: dict[str, Any], layers: int) -> int:
+    """The blocks up to LLaVA's deepest feature layer (hidden state i is the output of block i)."""
+    chosen = raw.get("vision_feature_layer", -2)
+    return max(index % (layers + 1) for index in ([chosen] if isinstance(chosen, int) else chosen))

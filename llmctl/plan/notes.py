@@ -53,6 +53,8 @@ def plan_notes(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, plan: Plan)
                      "KV per GPU")
     elif spec.attention.num_kv_heads and any(l.tp > spec.attention.num_kv_heads for l in plan.layouts):
         notes.append(f"TP above {spec.attention.num_kv_heads} replicates KV heads: KV per GPU stops shrinking")
+    if spec.vision is not None:
+        notes.append(vision_note(spec, req, plan))
     if req.max_loras and plan.recommended:
         best = plan.recommended
         per_gpu = lora_slot_bytes(spec, req.max_loras, req.max_lora_rank, WEIGHT_DTYPES[plan.dtype], best.tp,
@@ -61,3 +63,15 @@ def plan_notes(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, plan: Plan)
                      f"{req.max_lora_rank} (q/k/v/o, gate/up/down of every layer) take {per_gpu / GiB:.2f} GiB per GPU, "
                      "counted with the weights")
     return notes
+
+
+def vision_note(spec: ModelSpec, req: PlanRequest, plan: Plan) -> str:
+    """The image tower sits whole on each first-stage GPU; a step's images wait in the encoder cache."""
+    assert spec.vision is not None
+    dtype_bytes = WEIGHT_DTYPES[plan.dtype]
+    tower = spec.vision.held * dtype_bytes
+    cache = req.max_num_batched_tokens * spec.hidden_size * dtype_bytes
+    return (f"vision tower and projector: {spec.vision.held:,} parameters ({tower / GiB:.2f} GiB), whole on each "
+            f"first-stage GPU (not split by TP), counted with the weights; the encoder cache holds a step's images "
+            f"up to {req.max_num_batched_tokens:,} embeddings ({cache / GiB:.3f} GiB) and keeps each image's until its "
+            "request finishes")

@@ -238,6 +238,8 @@ def stage_weights(spec: ModelSpec, fmt: WeightFormat, tp: int, pp: int, expert_r
             other += tensors.other_params
             linear_bytes += sum(fmt.linear_bytes(rows, cols) for rows, cols in tensors.linears)
         tables, edge = _edge_params(spec, tp, first=index == 0, last=index == pp - 1)
+        if index == 0 and spec.vision is not None:  # the image tower, whole on each first-stage rank, unquantized
+            edge += spec.vision.held
         params += tables + edge
         other += edge
         table_bytes = tables * fmt.table_bits / 8 if fmt.table_bits else tables * fmt.dense_bytes

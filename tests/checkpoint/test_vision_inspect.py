@@ -1,5 +1,6 @@
-"""`llmctl inspect` on vision-language checkpoints: the tower named, its parameters (tower and projector) as
-transformers counts them, and the tokens an image becomes as the family's processor makes them."""
+"""`llmctl inspect` and `plan` on vision-language checkpoints: the tower named, its parameters (tower and
+projector) as transformers counts them — from the headers and from config.json alone — what llmctl holds of
+them, and the tokens an image becomes as the family's processor makes them."""
 
 from __future__ import annotations
 
@@ -14,11 +15,17 @@ def test_inspect_names_the_tower_its_parameters_and_tokens_per_image(tmp_path, t
     from llmctl.inspect_report import build_inspect_report
 
     folder = WRITERS[family](tmp_path / family, tokenizer)
-    vision = build_inspect_report(resolve_model(str(folder), show_progress=False)).vision
+    report = build_inspect_report(resolve_model(str(folder), show_progress=False))
+    vision, spec = report.vision, report.spec
     model = model_class(family).from_pretrained(str(folder))
     towers = ("vision_tower", "multi_modal_projector", "vision_model", "connector", "visual")
-    expected = sum(p.numel() for name, p in model.named_parameters() if any(t in name for t in towers))
-    assert vision is not None and vision.params == expected
+    tower = {name: p.numel() for name, p in model.named_parameters() if any(t in name for t in towers)}
+    assert vision is not None and vision.params == sum(tower.values()) == spec.vision.in_checkpoint
+    assert report.weights.counts_agree and not report.warnings  # config.json's count includes the tower
+    if family == "llava":  # its last block (after the feature layer) and final norm are never loaded
+        last = model.config.vision_config.num_hidden_layers - 1
+        tower = {n: v for n, v in tower.items() if "post_layernorm" not in n and f"layers.{last}." not in n}
+    assert spec.vision.held == sum(tower.values())
     processor = reference_processor(folder)
     size = {"llava": 32, "idefics3": 32, "qwen2_vl": 448}[family]  # the size the count is stated for
     if family == "qwen2_vl":
