@@ -47,7 +47,7 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
 async def respond_to_chat(state: ServerState, request: Request, endpoint: Endpoint, model: str,
                           chat: PreparedChat) -> Response:
     """Generate for a prepared chat; its images, if any, through the model's processor first."""
-    processed = await with_images(state, chat.prompt[0] or "", chat.messages)
+    processed = await with_images(state, chat.prompt[0] or "", chat.messages, chat.processor_kwargs)
     if processed is None:
         return await respond(state, request, endpoint, model, [chat.prompt], chat.sampling)
     return await respond(state, request, endpoint, model, [(processed.prompt, processed.token_ids)], chat.sampling,
@@ -60,6 +60,7 @@ class PreparedChat:
     calling: ToolCalling | None
     prompt: Prompt
     messages: list[Message]  # as the chat template took them (image parts in transformers' form)
+    processor_kwargs: dict[str, Any] | None = None  # vLLM's mm_processor_kwargs for the images
 
 
 def prepare_chat(state: ServerState, fields: Fields) -> PreparedChat:
@@ -77,7 +78,7 @@ def prepare_chat(state: ServerState, fields: Fields) -> PreparedChat:
                   "add_generation_prompt: false to continue the last assistant message", "continue_final_message")
     messages = chat_messages(fields)
     prompt = render_chat(state, fields, add_generation_prompt, continue_final, tools.tools, messages)
-    return PreparedChat(sampling, tools.calling, prompt, messages)
+    return PreparedChat(sampling, tools.calling, prompt, messages, fields.raw("mm_processor_kwargs"))
 
 
 def _constraint(fields: Fields, state: ServerState, tools: ToolRequest) -> StructuredOutputsParams | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from llmctl.engine.multimodal.items import ProcessedPrompt
-from llmctl.server.content_parts import Message, image_urls
+from llmctl.server.content_parts import JSON, Message, image_urls
 from llmctl.server.media import load_image
 from llmctl.server.protocol import bad
 from llmctl.server.state import ServerState
@@ -24,15 +24,19 @@ def check_images(state: ServerState, messages: list[Message]) -> None:
     state.multimodal.check_count(len(urls))
 
 
-async def with_images(state: ServerState, text: str, messages: list[Message]) -> ProcessedPrompt | None:
-    """The processed prompt of a chat whose messages hold images (check_images passed); None when they hold none."""
+async def with_images(state: ServerState, text: str, messages: list[Message],
+                      processor_kwargs: dict[str, JSON] | None = None) -> ProcessedPrompt | None:
+    """The processed prompt of a chat whose messages hold images (check_images passed); None when they hold none.
+    `processor_kwargs`: the request's mm_processor_kwargs, over the server's --mm-processor-kwargs."""
     urls = image_urls(messages)
     processor = state.multimodal
     if not urls or processor is None:
         return None
+    if processor_kwargs is not None and not isinstance(processor_kwargs, dict):
+        raise bad("mm_processor_kwargs must be an object, e.g. {\"max_pixels\": 200704}", "mm_processor_kwargs")
 
     def process() -> ProcessedPrompt:
         images = [load_image(url, where, state.settings.media) for where, url in urls]
-        return processor.process(text, images)
+        return processor.process(text, images, processor_kwargs)
 
     return await asyncio.to_thread(process)

@@ -261,12 +261,16 @@ COMPLETION_FIELDS: dict[str, FieldSpec] = {
     **COMMON_FIELDS, **SAMPLING_FIELDS, **STRUCTURED_FIELDS,
 }
 CHAT_FIELDS: dict[str, FieldSpec] = {
-    "messages": FieldSpec("custom", "the conversation: role and text content of each message", schema={
+    "messages": FieldSpec("custom", "the conversation: role and content (text, and image_url parts for "
+                                    "vision-language models) of each message", schema={
         "type": "array", "minItems": 1, "items": {"type": "object", "required": ["role"], "properties": {
             "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-            "content": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
-                "type": "object", "required": ["type", "text"],
-                "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]}}}}),
+            "content": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {"anyOf": [
+                {"type": "object", "required": ["type", "text"],
+                 "properties": {"type": {"const": "text"}, "text": {"type": "string"}}},
+                {"type": "object", "required": ["type", "image_url"],
+                 "properties": {"type": {"const": "image_url"}, "image_url": {
+                     "type": "object", "required": ["url"], "properties": {"url": {"type": "string"}}}}}]}}]}}}}),
     "logprobs": FieldSpec("boolean", "log-probability of each output token", False),
     "top_logprobs": FieldSpec("integer", "alternatives per output token (needs logprobs)", 0, schema={
         "type": "integer", **RANGES["logprobs"].json_schema()}),
@@ -276,6 +280,8 @@ CHAT_FIELDS: dict[str, FieldSpec] = {
                                         "(needs add_generation_prompt: false)", False),
     "chat_template_kwargs": FieldSpec("custom", "extra variables for the chat template, e.g. {\"enable_thinking\": "
                                       "false} for Qwen3 (vLLM's field)", schema={"type": "object"}),
+    "mm_processor_kwargs": FieldSpec("custom", "settings for a vision-language model's processor for this "
+                                     "request, e.g. {\"max_pixels\": 200704} (vLLM's field)", schema={"type": "object"}),
     "tools": FieldSpec("custom", "functions the model may call, for the chat template", schema={"type": "array"}),
     "tool_choice": FieldSpec("custom", "none, auto (needs --enable-auto-tool-choice), required or a named function",
                              schema={"anyOf": [{"enum": ["none", "auto", "required"]}, {"type": "object"}]}),

@@ -176,11 +176,11 @@ def reference_processor(folder: Path):
         ProcessorMixin.check_argument_for_proper_class = check
 
 
-def transformers_greedy(folder: Path, model_class, text: str, images: list, tokens: int) -> list[int]:
+def transformers_greedy(folder: Path, model_class, text: str, images: list, tokens: int, **processor_kwargs) -> list[int]:
     """transformers' generate on the processor's inputs: the reference."""
     processor = reference_processor(folder)
     model = model_class.from_pretrained(str(folder)).eval()
-    inputs = processor(text=text, images=images or None, return_tensors="pt")
+    inputs = processor(text=text, images=images or None, return_tensors="pt", **processor_kwargs)
     out = model.generate(**inputs, max_new_tokens=tokens, do_sample=False)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 

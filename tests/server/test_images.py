@@ -58,18 +58,19 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
 
 
-def expected_text(llava, images) -> str:
+def expected_text(llava, images, **processor_kwargs) -> str:
     from transformers import AutoTokenizer, LlavaForConditionalGeneration
 
-    tokens = transformers_greedy(llava, LlavaForConditionalGeneration, chat_text(llava, len(images)), images, TOKENS)
+    tokens = transformers_greedy(llava, LlavaForConditionalGeneration, chat_text(llava, len(images)), images, TOKENS,
+                                 **processor_kwargs)
     return AutoTokenizer.from_pretrained(str(llava)).decode(tokens, skip_special_tokens=True)
 
 
-def ask(client, urls: list[str]):
+def ask(client, urls: list[str], **extra):
     parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
     return client.chat.completions.create(model="llava", max_tokens=TOKENS, temperature=0,
                                           messages=[{"role": "user", "content": [
-                                              *parts, {"type": "text", "text": "What is in the picture?"}]}])
+                                              *parts, {"type": "text", "text": "What is in the picture?"}]}], **extra)
 
 
 def test_openai_client_gets_transformers_answer_for_one_and_two_images(client, llava, media):
@@ -92,6 +93,16 @@ def token_ids(llava, text: str) -> list[int]:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(llava)).encode(text, add_special_tokens=False)
+
+
+def test_mm_processor_kwargs_reach_the_processor(client, server, llava):
+    settings = {"image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0]}
+    image = random_image(40, 40, seed=5)  # asked in this test only
+    answer = ask(client, [data_url(image)], extra_body={"mm_processor_kwargs": settings})
+    assert answer.choices[0].message.content == expected_text(llava, [image], **settings)
+    before = prefix_hits(server)
+    ask(client, [data_url(image)])  # the same image without them: other pixels, so no cached block of it
+    assert prefix_hits(server) == before
 
 
 def test_a_file_url_under_the_allowed_path_is_the_same_image(client, media):
