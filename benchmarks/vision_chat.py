@@ -2,7 +2,7 @@
 shapes: SigLIP 12 × 768 on 512 px tiles, pixel shuffle by 4, SmolLM2-135M; Idefics3Processor splitting a
 512 × 512 image into its tile and global view), against transformers' generate on the same model in the same run.
 
-    python benchmarks/vision_chat.py [--rounds 3] [--tokens 16]
+    python benchmarks/vision_chat.py [--rounds 3] [--tokens 16] [--processor-kwargs '{"do_image_splitting": false}']
 
 Prints the server's start-up time, each chat's latency (first image and a new image each round), the server's
 resident memory before and after the images, and transformers' latency for the same prompt, alternating."""
@@ -13,8 +13,8 @@ import argparse
 import base64
 import copy
 import io
+import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,8 +25,15 @@ import numpy as np
 
 def smolvlm_256m(folder: Path) -> Path:
     import torch
-    from transformers import (AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessor,
-                              Idefics3Processor, Idefics3VisionConfig, LlamaConfig)
+    from transformers import (
+        AutoTokenizer,
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessor,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+        LlamaConfig,
+    )
 
     from llmctl.checkpoint.source import resolve_model
 
@@ -76,20 +83,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--processor-kwargs", default="{}", help="for both processors, as --mm-processor-kwargs")
     args = parser.parse_args()
+    kwargs = json.loads(args.processor_kwargs)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from helpers.server_helpers import start_server
 
     folder = smolvlm_256m(Path(tempfile.gettempdir()) / "llmctl-smolvlm-256m-shaped")
     started = time.perf_counter()
-    server = start_server(str(folder), "--served-model-name", "smolvlm", "--max-model-len", "4096", timeout=600)
+    # fixed threads: the server otherwise takes fewer while transformers' run (between its requests) loads the cores
+    server = start_server(str(folder), "--served-model-name", "smolvlm", "--max-model-len", "4096", "--cpu-threads",
+                          "2", "--mm-processor-kwargs", args.processor_kwargs, timeout=600)
     startup = time.perf_counter() - started
     import openai
 
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
     before = rss_mib(server.process.pid)
     ours, theirs = [], []
-    reference = transformers_runner(folder, args.tokens)
+    reference = transformers_runner(folder, args.tokens, kwargs)
     for round_ in range(args.rounds):
         url, image = image_url(round_)
         start = time.perf_counter()
@@ -109,7 +120,7 @@ def main() -> None:
     print(f"server resident memory: {before:.0f} MiB before the images, {after:.0f} MiB after {args.rounds}")
 
 
-def transformers_runner(folder: Path, tokens: int):
+def transformers_runner(folder: Path, tokens: int, kwargs: dict):
     import torch
     from transformers import AutoProcessor, Idefics3ForConditionalGeneration
 
@@ -120,7 +131,7 @@ def transformers_runner(folder: Path, tokens: int):
 
     def run(image: object) -> float:
         start = time.perf_counter()
-        inputs = processor(text=text, images=[image], return_tensors="pt")
+        inputs = processor(text=text, images=[image], return_tensors="pt", **kwargs)
         with torch.no_grad():
             model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
         return time.perf_counter() - start

@@ -13,8 +13,8 @@ from torch import nn
 
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.models.common import Shard, Target
-from llmctl.engine.models.llama import LlamaForCausalLM
 from llmctl.engine.models.vision_encoder import VisionEncoder
+from llmctl.engine.models.vision_language import VisionLanguageModel
 
 
 class SiglipTileEmbeddings(nn.Module):
@@ -81,13 +81,9 @@ class Idefics3Connector(nn.Module):
         return self.modality_projection.proj(x.reshape(tiles, patches // (s * s), width * s * s))
 
 
-class Idefics3ForConditionalGeneration(LlamaForCausalLM):
-    supports_lora = False
-
+class Idefics3ForConditionalGeneration(VisionLanguageModel):
     def __init__(self, spec: ModelSpec, hf_config: Any, shard: Shard | None = None) -> None:
-        super().__init__(spec, hf_config.get_text_config(), shard)
-        self.supports_lora = False
-        self.takes_images = self.shard.is_first and not getattr(hf_config, "llmctl_text_only", False)
+        super().__init__(spec, hf_config, shard)
         self.vision_model = Idefics3VisionModel(hf_config.vision_config) if self.takes_images else None
         self.connector = Idefics3Connector(hf_config) if self.takes_images else None
 

@@ -12,8 +12,8 @@ from torch import nn
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.models.clip_vision import CLIPVisionModel
 from llmctl.engine.models.common import Shard, Target
-from llmctl.engine.models.llama import LlamaForCausalLM
 from llmctl.engine.models.vision_encoder import vision_activation
+from llmctl.engine.models.vision_language import VisionLanguageModel
 
 
 def feature_layers(config: Any) -> list[int]:
@@ -35,16 +35,12 @@ class LlavaProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(x)))
 
 
-class LlavaForConditionalGeneration(LlamaForCausalLM):
-    supports_lora = False  # adapters name the language model's layers under prefixes not mapped yet
-
+class LlavaForConditionalGeneration(VisionLanguageModel):
     def __init__(self, spec: ModelSpec, hf_config: Any, shard: Shard | None = None) -> None:
-        super().__init__(spec, hf_config.get_text_config(), shard)
-        self.supports_lora = False
+        super().__init__(spec, hf_config, shard)
         self.layer_indices = feature_layers(hf_config)
         self.keep_class_token = getattr(hf_config, "vision_feature_select_strategy", "default") == "full"
         vision = hf_config.vision_config
-        self.takes_images = self.shard.is_first and not getattr(hf_config, "llmctl_text_only", False)
         self.vision_tower = CLIPVisionModel(vision, max(self.layer_indices)) if self.takes_images else None
         self.multi_modal_projector = LlavaProjector(hf_config, vision.hidden_size * len(self.layer_indices)) \
             if self.takes_images else None

@@ -14,8 +14,8 @@ from torch import nn
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.layers.positions import MRotaryEmbedding, RotaryEmbedding
 from llmctl.engine.models.common import Shard, Target
-from llmctl.engine.models.llama import LlamaForCausalLM
 from llmctl.engine.models.vision_encoder import VisionMLP
+from llmctl.engine.models.vision_language import VisionLanguageModel
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -108,13 +108,9 @@ class Qwen2VisionModel(nn.Module):
         return angles.cos(), angles.sin()
 
 
-class Qwen2VLForConditionalGeneration(LlamaForCausalLM):
-    supports_lora = False
-
+class Qwen2VLForConditionalGeneration(VisionLanguageModel):
     def __init__(self, spec: ModelSpec, hf_config: Any, shard: Shard | None = None) -> None:
-        super().__init__(spec, hf_config.get_text_config(), shard)
-        self.supports_lora = False
-        self.takes_images = self.shard.is_first and not getattr(hf_config, "llmctl_text_only", False)
+        super().__init__(spec, hf_config, shard)
         self.visual = Qwen2VisionModel(hf_config.vision_config) if self.takes_images else None
 
     def make_rotary(self, hf_config: Any, head_dim: int) -> RotaryEmbedding:
