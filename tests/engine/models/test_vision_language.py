@@ -91,3 +91,17 @@ def test_text_only_serving_skips_the_tower(folder):
     with pytest.raises(ValueError, match="takes no images"):
         llm.generate({"prompt": "x <image>", "multi_modal_data": {"image": IMAGES[0]}})
     assert llm.generate("Hello", SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl"], indirect=True)
+@pytest.mark.parametrize("layout", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}], ids=["tp2", "pp2"])
+def test_tensor_and_pipeline_parallel_ranks_give_transformers_tokens(folder, cases, family, layout):
+    """Every TP rank encodes the images itself (the tower is whole on each); with PP only the first stage does,
+    and every stage rotates by the M-RoPE positions."""
+    from llmctl import LLM
+
+    llm = LLM(str(folder), max_model_len=256, kv_cache_memory=64 * 1024**2, **layout)
+    try:
+        assert generate(llm, cases) == [reference for _, _, reference in cases]
+    finally:
+        llm.shutdown()
