@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import copy
 import io
 import json
 import statistics
@@ -22,42 +21,35 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test helpers: server, tokenizer
+
 
 def smolvlm_256m(folder: Path) -> Path:
     import torch
-    from transformers import (
-        AutoTokenizer,
-        Idefics3Config,
-        Idefics3ForConditionalGeneration,
-        Idefics3ImageProcessor,
-        Idefics3Processor,
-        Idefics3VisionConfig,
-        LlamaConfig,
-    )
+    import transformers as tf
 
     from llmctl.checkpoint.source import resolve_model
 
     if (folder / "config.json").exists():
         return folder
-    tokenizer = copy.deepcopy(AutoTokenizer.from_pretrained(str(resolve_model(None, show_progress=False).path)))
-    tokenizer.add_special_tokens({"additional_special_tokens": [
-        "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
-        *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]})
-    vision = Idefics3VisionConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
-                                  num_attention_heads=12, image_size=512, patch_size=16)
-    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
-                       tie_word_embeddings=True)
-    config = Idefics3Config(vision_config=vision.to_dict(), text_config=text.to_dict(), scale_factor=4,
-                            image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=True)
+    from helpers.vision_models import smolvlm_tokenizer
+
+    tokenizer = smolvlm_tokenizer(tf.AutoTokenizer.from_pretrained(str(resolve_model(None, show_progress=False).path)))
+    vision = tf.Idefics3VisionConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                                     num_attention_heads=12, image_size=512, patch_size=16)
+    text = tf.LlamaConfig(vocab_size=len(tokenizer), hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                          rope_theta=100000.0, tie_word_embeddings=True)
+    config = tf.Idefics3Config(vision_config=vision.to_dict(), text_config=text.to_dict(), scale_factor=4,
+                               image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=True)
     torch.manual_seed(0)
-    model = Idefics3ForConditionalGeneration(config).eval()
+    model = tf.Idefics3ForConditionalGeneration(config).eval()
     template = ("<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}: {% for line in "
                 "message['content'] %}{% if line['type'] == 'text' %}{{ line['text'] }}{% else %}<image>{% endif %}"
                 "{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
-    processor = Idefics3Processor(Idefics3ImageProcessor(size={"longest_edge": 2048},
-                                                         max_image_size={"longest_edge": 512}),
-                                  tokenizer, image_seq_len=64, chat_template=template)
+    processor = tf.Idefics3Processor(tf.Idefics3ImageProcessor(size={"longest_edge": 2048},
+                                                               max_image_size={"longest_edge": 512}),
+                                     tokenizer, image_seq_len=64, chat_template=template)
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
@@ -86,7 +78,6 @@ def main() -> None:
     parser.add_argument("--processor-kwargs", default="{}", help="for both processors, as --mm-processor-kwargs")
     args = parser.parse_args()
     kwargs = json.loads(args.processor_kwargs)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from helpers.server_helpers import start_server
 
     folder = smolvlm_256m(Path(tempfile.gettempdir()) / "llmctl-smolvlm-256m-shaped")

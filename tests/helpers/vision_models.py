@@ -77,6 +77,15 @@ SMOLVLM_TEMPLATE = ("<|im_start|>{% for message in messages %}{{ message['role']
                     "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")  # SmolVLM's own
 
 
+def smolvlm_tokenizer(tokenizer):
+    """A copy of the default (SmolLM2) tokenizer with SmolVLM's image, end-of-utterance and tile tokens."""
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": [
+        "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
+        *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]})
+    return tokenizer
+
+
 def write_idefics3(folder: Path, tokenizer) -> Path:
     """SmolVLM as HuggingFaceTB publishes it (Idefics3ForConditionalGeneration): SigLIP tower on 32 px tiles of
     8 px patches, pixel shuffle by 2 (4 tokens a tile), Llama language model; Idefics3Processor splitting images
@@ -90,10 +99,7 @@ def write_idefics3(folder: Path, tokenizer) -> Path:
         LlamaConfig,
     )
 
-    tokenizer = copy.deepcopy(tokenizer)
-    tokenizer.add_special_tokens({"additional_special_tokens": [
-        "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
-        *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]})
+    tokenizer = smolvlm_tokenizer(tokenizer)
     vision = Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                                   image_size=32, patch_size=8)
     text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
