@@ -25,15 +25,16 @@ def load_engine(state: ServerState, engine: InProcessEngine | None, on_load_fail
     try:
         if engine is None and load_embedder(state):
             return
-        state.engine = open_engine_client(state.settings.engine_config, engine)
-        load_static_adapters(state)
-        engine_client = state.engine
-        state.multimodal = multimodal_processor(engine_client.source.path, engine_client.spec.model_type,
+        client = open_engine_client(state.settings.engine_config, engine)
+        # the processor and the template before the engine is published: /health is 200 from then on
+        state.multimodal = multimodal_processor(client.source.path, client.spec.model_type,
                                                 state.settings.engine_config.multimodal)
-        state.template = chat_template(state.settings.chat_template, state.engine)
+        state.template = chat_template(state.settings.chat_template, client)
         if state.template is None:
             logger.warning("%s has no chat template: /v1/chat/completions will answer 400 until the server is "
                            "started with --chat-template (a file, or chatml / bloom)", state.model_name)
+        state.engine = client
+        load_static_adapters(state)
     except Exception as exc:  # reported by /health and the serve command
         state.load_error = str(exc)
         logger.error("engine failed to start: %s", exc, exc_info=exc if debug_enabled() else None)

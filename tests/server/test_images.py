@@ -178,3 +178,27 @@ def test_bench_serve_random_mm_sends_images_as_chat_parts(server, tmp_path):
     assert all(length >= 8 + 2 * 16 for length in data["input_lens"])  # the server counted each image's 16 tokens
     refused = run_cli("bench", "serve", "--base-url", server.url, "--dataset-name", "random-mm", "--num-prompts", "1")
     assert refused.returncode != 0 and "go to the chat endpoint" in " ".join(refused.stderr.split())
+
+
+@pytest.mark.parametrize("family", ["idefics3", "qwen2_vl"])
+def test_the_other_families_answer_through_serve_as_transformers(tmp_path, tokenizer, family):
+    """SmolVLM's tiles and Qwen2-VL's M-RoPE (its processor assembled by llmctl without torchvision) behind the
+    same server and client: two images of different sizes, transformers' answer."""
+    import openai
+    from transformers import AutoTokenizer
+
+    from helpers.vision_models import WRITERS, model_class
+
+    folder = WRITERS[family](tmp_path / family, tokenizer)
+    server = start_server(str(folder), "--served-model-name", "vlm", "--max-model-len", "512")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+        answer = client.chat.completions.create(model="vlm", max_tokens=TOKENS, temperature=0, messages=[
+            {"role": "user", "content": [*({"type": "image_url", "image_url": {"url": data_url(image)}}
+                                           for image in IMAGES),
+                                         {"type": "text", "text": "What is in the picture?"}]}])
+    finally:
+        server.stop()
+    reference = transformers_greedy(folder, model_class(family), chat_text(folder, 2), IMAGES, TOKENS)
+    assert answer.choices[0].message.content == AutoTokenizer.from_pretrained(str(folder)).decode(
+        reference, skip_special_tokens=True)
