@@ -34,7 +34,7 @@ class EncoderScheduler:
         start, new = seq.num_computed_tokens, list[MultimodalItem]()
         spent = sum(item.num_embeddings for item in work.encode)
         for item in seq.mm_items:
-            if not any(start <= p < start + num_new for p in item.positions):
+            if not item.overlaps(start, start + num_new):
                 continue
             if item.content_hash in self.users or any(item.content_hash == other.content_hash for other in new):
                 continue
@@ -47,7 +47,7 @@ class EncoderScheduler:
     def commit(self, seq: Sequence, start: int, num_new: int, work: EncoderWork,
                new: list[MultimodalItem]) -> None:
         """The chunk was scheduled: its new images are encoded this step, and `seq` holds every image it used."""
-        used = [item for item in seq.mm_items if any(start <= p < start + num_new for p in item.positions)]
+        used = [item for item in seq.mm_items if item.overlaps(start, start + num_new)]
         work.encode += [item for item in new if item in used]  # a chunk cut shorter after fit() skips the rest
         for item in used:
             self.users.setdefault(item.content_hash, set()).add(seq.seq_id)

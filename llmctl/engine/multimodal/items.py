@@ -3,6 +3,7 @@ positions, the processor's tensors for that image, and a hash of them."""
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from dataclasses import dataclass, field
 
@@ -24,10 +25,15 @@ class MultimodalItem:
     def num_embeddings(self) -> int:
         return len(self.positions)
 
+    def overlaps(self, start: int, end: int) -> bool:
+        """Whether a placeholder of this item lies in [start, end) (positions ascend: a binary search)."""
+        at = bisect.bisect_left(self.positions, start)
+        return at < len(self.positions) and self.positions[at] < end
+
     def rows_within(self, start: int, end: int) -> tuple[list[int], list[int]]:
         """(positions, output rows) of this item that fall in [start, end)."""
-        picked = [(p, i) for i, p in enumerate(self.positions) if start <= p < end]
-        return [p for p, _ in picked], [i for _, i in picked]
+        first, last = bisect.bisect_left(self.positions, start), bisect.bisect_left(self.positions, end)
+        return self.positions[first:last], list(range(first, last))
 
 
 @dataclass
@@ -53,7 +59,7 @@ def content_hash(modality: str, data: dict[str, torch.Tensor]) -> str:
 def block_keys(items: list[MultimodalItem], start: int, end: int) -> tuple[str, ...]:
     """The hashes of the images whose placeholders fall in [start, end): part of that KV block's identity,
     so the same placeholder tokens with another image never share cached blocks."""
-    return tuple(item.content_hash for item in items if any(start <= p < end for p in item.positions))
+    return tuple(item.content_hash for item in items if item.overlaps(start, end))
 
 
 EnginePrompt = str | list[int] | ProcessedPrompt  # what the engine's add_request and generate take
