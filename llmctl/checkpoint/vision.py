@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+VISION_MODEL_TYPES = ("llava", "idefics3", "qwen2_vl", "qwen2_5_vl")
 VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "vision_model.", "connector.", "visual.")
 
 
@@ -25,17 +26,19 @@ class VisionTower:
 
 
 def vision_tower(raw: dict[str, Any], tensors: dict[str, tuple[str, tuple[int, ...]]]) -> VisionTower | None:
-    """The image tower of a LLaVA, Idefics3/SmolVLM or Qwen2-VL config.json; None for other models."""
+    """The image tower of a LLaVA, Idefics3/SmolVLM or Qwen2(.5)-VL config.json; None for other models."""
     vision, model_type = raw.get("vision_config"), raw.get("model_type")
-    if not isinstance(vision, dict) or model_type not in ("llava", "idefics3", "qwen2_vl"):
+    if not isinstance(vision, dict) or model_type not in VISION_MODEL_TYPES:
         return None
     params = sum(_numel(shape) for name, (_, shape) in tensors.items()
                  if name.removeprefix("model.").startswith(VISION_PREFIXES)) or None
     patch = int(vision.get("patch_size", 14))
-    if model_type == "qwen2_vl":
+    if model_type in ("qwen2_vl", "qwen2_5_vl"):
         side = 448 // (patch * int(vision.get("spatial_merge_size", 2)))
-        return VisionTower("Qwen2-VL ViT (2-D RoPE, 2×2 patch merger)", int(vision.get("depth", 32)),
-                           int(vision.get("embed_dim", 1280)), params, side * side,
+        kind = "Qwen2-VL ViT (2-D RoPE, 2×2 patch merger)" if model_type == "qwen2_vl" else \
+            "Qwen2.5-VL ViT (2-D RoPE, window attention, 2×2 patch merger)"
+        width = vision.get("embed_dim", 1280) if model_type == "qwen2_vl" else vision.get("hidden_size", 1280)
+        return VisionTower(kind, int(vision.get("depth", 32)), int(width), params, side * side,
                            "448×448 image (dynamic resolution: tokens grow with the pixels)")
     size = int(vision.get("image_size", 336))
     patches = (size // patch) ** 2
@@ -68,9 +71,9 @@ class VisionParams:
 
 
 def vision_params(raw: dict[str, Any]) -> VisionParams | None:
-    """The image side's parameters of a LLaVA, Idefics3 or Qwen2-VL config.json; None for other models."""
+    """The image side's parameters of a LLaVA, Idefics3 or Qwen2(.5)-VL config.json; None for other models."""
     vision, model_type = raw.get("vision_config"), raw.get("model_type")
-    if not isinstance(vision, dict) or model_type not in ("llava", "idefics3", "qwen2_vl"):
+    if not isinstance(vision, dict) or model_type not in VISION_MODEL_TYPES:
         return None
     held = held_vision_params(raw, vision, model_type)
     if model_type != "llava":
@@ -91,6 +94,8 @@ def held_vision_params(raw: dict[str, Any], vision: dict[str, Any], model_type: 
         embed = channels * int(vision.get("temporal_patch_size", 2)) * patch * patch * width
         merger = 2 * width + merged * merged + merged + merged * out + out
         return embed + depth * _vit_layer(width, int(width * vision.get("mlp_ratio", 4))) + merger
+    if model_type == "qwen2_5_vl":
+        return _qwen2_5_vl_params(vision, channels, patch)
     width, inner = int(vision.get("hidden_size", 1024)), int(vision.get("intermediate_size", 4096))
     patches = (int(vision.get("image_size", 224)) // patch) ** 2
     if model_type == "idefics3":
@@ -104,6 +109,16 @@ def held_vision_params(raw: dict[str, Any], vision: dict[str, Any], model_type: 
     bias = 1 if raw.get("multimodal_projector_bias", True) else 0
     projector = width * features * out + out * out + 2 * bias * out
     return embed + layers_used * _vit_layer(width, inner) + projector
+
+
+def _qwen2_5_vl_params(vision: dict[str, Any], channels: int, patch: int) -> int:
+    """Qwen2.5-VL's tower: RMSNorms (weights only), attention and a gated MLP with biases, an RMSNorm merger."""
+    width, inner, depth = int(vision.get("hidden_size", 1280)), int(vision.get("intermediate_size", 3420)), \
+        int(vision.get("depth", 32))
+    merged, out = width * int(vision.get("spatial_merge_size", 2)) ** 2, int(vision.get("out_hidden_size", 3584))
+    embed = channels * int(vision.get("temporal_patch_size", 2)) * patch * patch * width
+    block = 2 * width + 4 * width * width + 4 * width + 3 * width * inner + 2 * inner + width
+    return embed + depth * block + width + merged * merged + merged + merged * out + out
 
 
 def _llava_layers_used(raw: dict[str, Any], layers: int) -> int:

@@ -27,11 +27,12 @@ def test_inspect_names_the_tower_its_parameters_and_tokens_per_image(tmp_path, t
         tower = {n: v for n, v in tower.items() if "post_layernorm" not in n and f"layers.{last}." not in n}
     assert spec.vision.held == sum(tower.values())
     processor = reference_processor(folder)
-    size = {"llava": 32, "idefics3": 32, "qwen2_vl": 448}[family]  # the size the count is stated for
-    if family == "qwen2_vl":
+    qwen = family.startswith("qwen")
+    size = 448 if qwen else 32  # the size the count is stated for
+    if qwen:
         processor.image_processor.size = {"shortest_edge": 64, "longest_edge": size * size}
-    image_token = {"llava": "<image>", "idefics3": "<image>", "qwen2_vl": "<|image_pad|>"}[family]
-    text = {"qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>"}.get(family, image_token)
+    image_token = "<|image_pad|>" if qwen else "<image>"
+    text = "<|vision_start|><|image_pad|><|vision_end|>" if qwen else image_token
     inputs = processor(text=text, images=[random_image(size, size)], return_tensors="pt")
     per_image = inputs["input_ids"][0].tolist().count(processor.tokenizer.convert_tokens_to_ids(image_token))
     tiles = inputs["pixel_values"].shape[1] if family == "idefics3" else 1  # its tiles and global view

@@ -29,14 +29,14 @@ def data_url(image, kind: str = "PNG") -> str:
     return f"data:image/{kind.lower()};base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def _randomize(model, language_std: float = 0.2) -> None:
+def _randomize(model, language_std: float = 0.2, tower_std: float = 0.05) -> None:
     """Large enough that outputs depend on every part; the tower's smaller, so the images steer the answer
     without saturating it (at 0.2 everywhere every image gives the same tokens)."""
     torch.manual_seed(0)
     with torch.no_grad():
         for name, param in model.named_parameters():
             language = any(part in name for part in ("language_model", "text_model", "lm_head"))
-            param.normal_(0, language_std if language else 0.05)
+            param.normal_(0, language_std if language else tower_std)
 
 
 def write_llava(folder: Path, tokenizer) -> Path:
@@ -123,37 +123,50 @@ QWEN2_VL_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if 
                      "{% endif %}")  # Qwen2-VL's own, without its default system prompt
 
 
-def write_qwen2_vl(folder: Path, tokenizer) -> Path:
+QWEN2_5_VL_TOWER = {"depth": 2, "hidden_size": 32, "out_hidden_size": 64, "intermediate_size": 48, "num_heads": 4,
+                    "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 16,
+                    "fullatt_block_indexes": [1]}  # windows of 2 × 2 merged units; the second block sees it all
+
+
+def write_qwen2_vl(folder: Path, tokenizer, version: str = "2") -> Path:
     """Qwen2-VL as Qwen publishes it: dynamic-resolution ViT (4 px patches, 2 × 2 merge, 2 frames per patch),
     Qwen2 language model with M-RoPE sections [2, 3, 3]; Qwen2VLImageProcessor resizing to multiples of 8 px
     between 64 and 4096 pixels. Saved as its parts: transformers' Qwen2VLProcessor cannot be built (or saved)
-    without torchvision, which this machine does not have (reference_processor builds it for the reference)."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor
+    without torchvision, which this machine does not have (reference_processor builds it for the reference).
+    version "2.5": Qwen2.5-VL's tower (RMSNorm, gated MLP, 16 px windows, full attention in its last block)."""
+    import transformers
 
+    config_class = transformers.Qwen2VLConfig if version == "2" else transformers.Qwen2_5_VLConfig
+    tower = {"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 4, "mlp_ratio": 2, "patch_size": 4,
+             "spatial_merge_size": 2, "temporal_patch_size": 2} if version == "2" else QWEN2_5_VL_TOWER
     tokenizer = copy.deepcopy(tokenizer)
     specials = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
     tokenizer.add_special_tokens({"additional_special_tokens": specials})
     ids = dict(zip(specials, tokenizer.convert_tokens_to_ids(specials)))
-    config = Qwen2VLConfig(
-        vision_config={"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 4, "mlp_ratio": 2,
-                       "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2},
+    config = config_class(
+        vision_config=tower,
         text_config={"vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
                      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                      "max_position_embeddings": 1024, "bos_token_id": None, "eos_token_id": tokenizer.eos_token_id,
                      "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}},
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
-    model = Qwen2VLForConditionalGeneration(config).eval()
-    _randomize(model, language_std=0.1)
+    model = model_class("qwen2_vl" if version == "2" else "qwen2_5_vl")(config).eval()
+    _randomize(model, language_std=0.1 if version == "2" else 0.2)  # where each image gives other tokens
     model.save_pretrained(folder)
-    Qwen2VLImageProcessor(size={"shortest_edge": 64, "longest_edge": 4096}, patch_size=4, merge_size=2,
+    transformers.Qwen2VLImageProcessor(size={"shortest_edge": 64, "longest_edge": 4096}, patch_size=4, merge_size=2,
                           temporal_patch_size=2).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     (folder / "chat_template.jinja").write_text(QWEN2_VL_TEMPLATE)
     return folder
 
 
-WRITERS = {"llava": write_llava, "idefics3": write_idefics3, "qwen2_vl": write_qwen2_vl}
+def write_qwen2_5_vl(folder: Path, tokenizer) -> Path:
+    return write_qwen2_vl(folder, tokenizer, version="2.5")
+
+
+WRITERS = {"llava": write_llava, "idefics3": write_idefics3, "qwen2_vl": write_qwen2_vl,
+           "qwen2_5_vl": write_qwen2_5_vl}
 
 
 def model_class(family: str):
@@ -161,21 +174,27 @@ def model_class(family: str):
 
     return getattr(transformers, {"llava": "LlavaForConditionalGeneration",
                                   "idefics3": "Idefics3ForConditionalGeneration",
-                                  "qwen2_vl": "Qwen2VLForConditionalGeneration"}[family])
+                                  "qwen2_vl": "Qwen2VLForConditionalGeneration",
+                                  "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}[family])
 
 
 def reference_processor(folder: Path):
-    """The family's transformers processor. Qwen2VLProcessor refuses to be built without a video processor,
-    which needs torchvision: for the reference it is built with that one check skipped (images only)."""
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, Qwen2VLProcessor
+    """The family's transformers processor. Qwen2VLProcessor (and Qwen2.5-VL's) refuses to be built without a
+    video processor, which needs torchvision: for the reference it is built with that one check skipped."""
+    import json
+
+    import transformers
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
     from transformers.processing_utils import ProcessorMixin
 
     if not (folder / "preprocessor_config.json").exists() or (folder / "processor_config.json").exists():
         return AutoProcessor.from_pretrained(str(folder))
+    model_type = json.loads((folder / "config.json").read_text())["model_type"]
+    processor_class = transformers.Qwen2VLProcessor if model_type == "qwen2_vl" else transformers.Qwen2_5_VLProcessor
     check = ProcessorMixin.check_argument_for_proper_class
     ProcessorMixin.check_argument_for_proper_class = lambda self, name, arg: None
     try:
-        return Qwen2VLProcessor(image_processor=AutoImageProcessor.from_pretrained(str(folder)),
+        return processor_class(image_processor=AutoImageProcessor.from_pretrained(str(folder)),
                                 tokenizer=AutoTokenizer.from_pretrained(str(folder)),
                                 chat_template=(folder / "chat_template.jinja").read_text())
     finally:

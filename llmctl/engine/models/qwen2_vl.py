@@ -30,14 +30,16 @@ class Qwen2VisionAttention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [patches, dim]; cos, sin [patches, head_dim]: rotated in float32 as transformers does."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: list[int]) -> torch.Tensor:
+        """x [patches, dim]; cos, sin [patches, head_dim]: rotated in float32 as transformers does. Each
+        segment (a frame, or a window) of consecutive patches attends within itself."""
         q, k, v = self.qkv(x).view(x.shape[0], 3, self.heads, self.head_dim).unbind(1)
         cos, sin = cos[:, None].float(), sin[:, None].float()
         q = (q.float() * cos + rotate_half(q.float()) * sin).to(x.dtype)
         k = (k.float() * cos + rotate_half(k.float()) * sin).to(x.dtype)
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1))
-        return self.proj(out.transpose(0, 1).reshape(x.shape[0], -1))
+        parts = [F.scaled_dot_product_attention(q_.transpose(0, 1), k_.transpose(0, 1), v_.transpose(0, 1))
+                 for q_, k_, v_ in zip(q.split(segments), k.split(segments), v.split(segments))]
+        return self.proj(torch.cat(parts, dim=1).transpose(0, 1).reshape(x.shape[0], -1))
 
 
 class Qwen2VisionBlock(nn.Module):
@@ -48,70 +50,81 @@ class Qwen2VisionBlock(nn.Module):
         self.attn = Qwen2VisionAttention(dim, config.num_heads)
         self.mlp = VisionMLP(dim, int(dim * config.mlp_ratio), config.hidden_act)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: list[int]) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, segments)
         return x + self.mlp(self.norm2(x))
 
 
 class PatchMerger(nn.Module):
-    def __init__(self, config: Any) -> None:
+    """Each merge × merge block of patches (consecutive rows here), normed, folded into one language token."""
+
+    def __init__(self, width: int, merge: int, out: int, norm: nn.Module) -> None:
         super().__init__()
-        width = self.width = config.embed_dim * config.spatial_merge_size**2
-        self.ln_q = nn.LayerNorm(config.embed_dim, eps=1e-6)
-        self.mlp = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, config.hidden_size))
+        folded = self.width = width * merge**2
+        self.ln_q = norm
+        self.mlp = nn.Sequential(nn.Linear(folded, folded), nn.GELU(), nn.Linear(folded, out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.ln_q(x).view(-1, self.width))
 
 
 class PatchEmbed(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, width: int) -> None:
         super().__init__()
         self.shape = (config.in_channels, config.temporal_patch_size, config.patch_size, config.patch_size)
-        self.proj = nn.Conv3d(config.in_channels, config.embed_dim, self.shape[1:], self.shape[1:], bias=False)
+        self.proj = nn.Conv3d(config.in_channels, width, self.shape[1:], self.shape[1:], bias=False)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.proj(pixels.view(-1, *self.shape).to(self.proj.weight.dtype)).flatten(1)
 
 
-class Qwen2VisionModel(nn.Module):
-    def __init__(self, config: Any) -> None:
+class GridRotary(nn.Module):
+    """The towers' 2-D rotary angles: a patch's row turns one half of each head's pairs, its column the other."""
+
+    def __init__(self, config: Any, head_dim: int) -> None:
         super().__init__()
         self.merge = config.spatial_merge_size
-        self.patch_embed = PatchEmbed(config)
-        self.blocks = nn.ModuleList(Qwen2VisionBlock(config) for _ in range(config.depth))
-        self.merger = PatchMerger(config)
-        quarter = config.embed_dim // config.num_heads // 2  # h and w each rotate a quarter of head_dim's pairs
+        half = head_dim // 2
         theta = float((getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
-        self.register_buffer("inv_freq", 1.0 / theta ** (torch.arange(0, quarter, 2).float() / quarter),
-                             persistent=False)
+        self.register_buffer("inv_freq", 1.0 / theta ** (torch.arange(0, half, 2).float() / half), persistent=False)
 
-    def forward(self, pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
-        """One image: pixel_values [t·h·w, C·T·P·P], grid [1, 3] (t, h, w) → [t·h·w / merge², hidden]."""
-        t, h, w = (int(v) for v in grid[0])
-        x = self.patch_embed(pixels)
-        cos, sin = self.rotary(h, w, t, x.device)
-        frames = x.view(t, h * w, -1)  # attention within each frame (an image has one)
-        for block in self.blocks:
-            frames = torch.stack([block(frame, cos, sin) for frame in frames])
-        return self.merger(frames.reshape(t * h * w, -1))
-
-    def rotary(self, h: int, w: int, t: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [h·w, head_dim] of each patch's (row, column), patches ordered block by merge × merge block."""
+    def forward(self, t: int, h: int, w: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [t·h·w, head_dim] of each patch's (row, column), patches ordered block by merge × merge block."""
         m = self.merge
         rows = torch.arange(h, device=device)[:, None].expand(h, w).reshape(h // m, m, w // m, m)
         cols = torch.arange(w, device=device)[None, :].expand(h, w).reshape(h // m, m, w // m, m)
-        rows, cols = rows.transpose(1, 2).flatten(), cols.transpose(1, 2).flatten()
+        rows, cols = rows.transpose(1, 2).flatten().repeat(t), cols.transpose(1, 2).flatten().repeat(t)
         inv_freq: torch.Tensor = self.inv_freq  # type: ignore[assignment]  # a buffer
         freqs = torch.cat([rows[:, None].float() * inv_freq, cols[:, None].float() * inv_freq], dim=-1)
         angles = torch.cat([freqs, freqs], dim=-1)
         return angles.cos(), angles.sin()
 
 
+class Qwen2VisionModel(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        width = config.embed_dim
+        self.patch_embed = PatchEmbed(config, width)
+        self.rotary = GridRotary(config, width // config.num_heads)
+        self.blocks = nn.ModuleList(Qwen2VisionBlock(config) for _ in range(config.depth))
+        self.merger = PatchMerger(width, config.spatial_merge_size, config.hidden_size, nn.LayerNorm(width, eps=1e-6))
+
+    def forward(self, pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        """One image: pixel_values [t·h·w, C·T·P·P], grid [1, 3] (t, h, w) → [t·h·w / merge², hidden]."""
+        t, h, w = (int(v) for v in grid[0])
+        x = self.patch_embed(pixels)
+        cos, sin = self.rotary(t, h, w, x.device)
+        for block in self.blocks:
+            x = block(x, cos, sin, [h * w] * t)  # attention within each frame (an image has one)
+        return self.merger(x)
+
+
 class Qwen2VLForConditionalGeneration(VisionLanguageModel):
+    tower: type[nn.Module] = Qwen2VisionModel
+
     def __init__(self, spec: ModelSpec, hf_config: Any, shard: Shard | None = None) -> None:
         super().__init__(spec, hf_config, shard)
-        self.visual = Qwen2VisionModel(hf_config.vision_config) if self.takes_images else None
+        self.visual = self.tower(hf_config.vision_config) if self.takes_images else None
 
     def make_rotary(self, hf_config: Any, head_dim: int) -> RotaryEmbedding:
         return MRotaryEmbedding(hf_config, head_dim)

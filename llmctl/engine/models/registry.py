@@ -38,6 +38,7 @@ SUPPORTED = {
     "LlavaForConditionalGeneration": "llava",  # CLIP tower + projector + a Llama-family language model
     "Idefics3ForConditionalGeneration": "idefics3",  # SmolVLM: SigLIP tiles, pixel shuffle, a Llama-family LM
     "Qwen2VLForConditionalGeneration": "qwen2_vl",  # dynamic-resolution ViT, M-RoPE Qwen2 language model
+    "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",  # as Qwen2-VL, its tower windowed, RMSNorm, gated MLP
 }
 
 
@@ -149,6 +150,7 @@ FAMILY_CLASSES = {
     "llava": ("llava", "LlavaForConditionalGeneration"),
     "idefics3": ("idefics3", "Idefics3ForConditionalGeneration"),
     "qwen2_vl": ("qwen2_vl", "Qwen2VLForConditionalGeneration"),
+    "qwen2_5_vl": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
 }
 
 

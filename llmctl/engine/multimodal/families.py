@@ -76,6 +76,7 @@ FAMILIES: dict[str, VisionFamily] = {
     "idefics3": VisionFamily("<image>", _idefics3, image_end="<global-img>"),  # the global view comes last
     "qwen2_vl": VisionFamily("<|image_pad|>", _qwen2_vl, positions=_qwen2_vl_positions),
 }
+FAMILIES["qwen2_5_vl"] = FAMILIES["qwen2_vl"]  # the same processor and positions for images
 
 
 def vision_family(model_type: str) -> VisionFamily | None:
