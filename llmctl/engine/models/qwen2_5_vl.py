@@ -10,8 +10,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from llmctl.engine.models.qwen2_vl import GridRotary, PatchEmbed, PatchMerger, Qwen2VisionAttention, \
-    Qwen2VLForConditionalGeneration
+from llmctl.engine.models.qwen2_vl import (
+    GridRotary,
+    PatchEmbed,
+    PatchMerger,
+    Qwen2VisionAttention,
+    Qwen2VLForConditionalGeneration,
+)
 from llmctl.engine.models.vision_encoder import vision_activation
 
 
