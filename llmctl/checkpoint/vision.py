@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-VISION_MODEL_TYPES = ("llava", "idefics3", "qwen2_vl", "qwen2_5_vl")
-VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "vision_model.", "connector.", "visual.")
+VISION_MODEL_TYPES = ("llava", "llava_next", "idefics3", "qwen2_vl", "qwen2_5_vl")
+VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "vision_model.", "connector.", "visual.", "image_newline")
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class VisionTower:
 
 
 def vision_tower(raw: dict[str, Any], tensors: dict[str, tuple[str, tuple[int, ...]]]) -> VisionTower | None:
-    """The image tower of a LLaVA, Idefics3/SmolVLM or Qwen2(.5)-VL config.json; None for other models."""
+    """The image tower of a LLaVA(-NeXT), Idefics3/SmolVLM or Qwen2(.5)-VL config.json; None for other models."""
     vision, model_type = raw.get("vision_config"), raw.get("model_type")
     if not isinstance(vision, dict) or model_type not in VISION_MODEL_TYPES:
         return None
@@ -48,6 +48,12 @@ def vision_tower(raw: dict[str, Any], tensors: dict[str, tuple[str, tuple[int, .
         return VisionTower("SigLIP ViT with pixel shuffle (Idefics3)", layers, hidden, params,
                            patches // scale**2, f"{size}×{size} tile (images are split into tiles plus a global view)")
     full = raw.get("vision_feature_select_strategy", "default") == "full"
+    if model_type == "llava_next":
+        height, width = max(raw.get("image_grid_pinpoints") or [[size, size]], key=lambda pin: pin[0] * pin[1])
+        rows, columns = height // patch, width // patch  # an image of this size fills its tiles, no padding
+        return VisionTower("CLIP ViT (LLaVA-NeXT: a base view and any-res tiles)", layers, hidden, params,
+                           patches + int(full) + rows * (columns + 1),
+                           f"{height}×{width} image (tokens grow with the image up to its largest tile grid)")
     return VisionTower("CLIP ViT (LLaVA)", layers, hidden, params, patches + int(full),
                        f"image (resized and cropped to {size}×{size})")
 
@@ -71,12 +77,12 @@ class VisionParams:
 
 
 def vision_params(raw: dict[str, Any]) -> VisionParams | None:
-    """The image side's parameters of a LLaVA, Idefics3 or Qwen2(.5)-VL config.json; None for other models."""
+    """The image side's parameters of a LLaVA(-NeXT), Idefics3 or Qwen2(.5)-VL config.json; None for other models."""
     vision, model_type = raw.get("vision_config"), raw.get("model_type")
     if not isinstance(vision, dict) or model_type not in VISION_MODEL_TYPES:
         return None
     held = held_vision_params(raw, vision, model_type)
-    if model_type != "llava":
+    if model_type not in ("llava", "llava_next"):
         return VisionParams(held, held)
     width, layers = int(vision.get("hidden_size", 1024)), int(vision.get("num_hidden_layers", 24))
     unused = (layers - _llava_layers_used(raw, layers)) * _vit_layer(width, int(vision.get("intermediate_size", 4096)))
@@ -108,7 +114,8 @@ def held_vision_params(raw: dict[str, Any], vision: dict[str, Any], model_type: 
     features = 1 if isinstance(raw.get("vision_feature_layer", -2), int) else len(raw["vision_feature_layer"])
     bias = 1 if raw.get("multimodal_projector_bias", True) else 0
     projector = width * features * out + out * out + 2 * bias * out
-    return embed + layers_used * _vit_layer(width, inner) + projector
+    newline = out if model_type == "llava_next" else 0  # the learned row-end embedding
+    return embed + layers_used * _vit_layer(width, inner) + projector + newline
 
 
 def _qwen2_5_vl_params(vision: dict[str, Any], channels: int, patch: int) -> int:

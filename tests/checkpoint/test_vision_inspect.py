@@ -18,17 +18,17 @@ def test_inspect_names_the_tower_its_parameters_and_tokens_per_image(tmp_path, t
     report = build_inspect_report(resolve_model(str(folder), show_progress=False))
     vision, spec = report.vision, report.spec
     model = model_class(family).from_pretrained(str(folder))
-    towers = ("vision_tower", "multi_modal_projector", "vision_model", "connector", "visual")
+    towers = ("vision_tower", "multi_modal_projector", "vision_model", "connector", "visual", "image_newline")
     tower = {name: p.numel() for name, p in model.named_parameters() if any(t in name for t in towers)}
     assert vision is not None and vision.params == sum(tower.values()) == spec.vision.in_checkpoint
     assert report.weights.counts_agree and not report.warnings  # config.json's count includes the tower
-    if family == "llava":  # its last block (after the feature layer) and final norm are never loaded
+    if family.startswith("llava"):  # its last block (after the feature layer) and final norm are never loaded
         last = model.config.vision_config.num_hidden_layers - 1
         tower = {n: v for n, v in tower.items() if "post_layernorm" not in n and f"layers.{last}." not in n}
     assert spec.vision.held == sum(tower.values())
     processor = reference_processor(folder)
     qwen = family.startswith("qwen")
-    size = 448 if qwen else 32  # the size the count is stated for
+    size = {"qwen2_vl": 448, "qwen2_5_vl": 448, "llava_next": 64}.get(family, 32)  # the size the count is for
     if qwen:
         processor.image_processor.size = {"shortest_edge": 64, "longest_edge": size * size}
     image_token = "<|image_pad|>" if qwen else "<image>"

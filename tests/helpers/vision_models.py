@@ -70,6 +70,43 @@ def write_llava(folder: Path, tokenizer) -> Path:
     return folder
 
 
+def write_llava_next(folder: Path, tokenizer) -> Path:
+    """LLaVA-NeXT as llava-hf publishes it: LLaVA-1.5's parts with any-res tiles of 32 px (pinpoints 32 × 64,
+    64 × 32 and 64 × 64: up to four tiles and the base view) and a learned row-end embedding;
+    LlavaNextImageProcessor and LlavaNextProcessor."""
+    from transformers import (
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaNextConfig,
+        LlavaNextForConditionalGeneration,
+        LlavaNextImageProcessor,
+        LlavaNextProcessor,
+    )
+
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    pinpoints = [[32, 64], [64, 32], [64, 64]]
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              image_size=32, patch_size=8, projection_dim=32)
+    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    config = LlavaNextConfig(vision_config=vision, text_config=text, image_grid_pinpoints=pinpoints,
+                             image_token_index=tokenizer.convert_tokens_to_ids("<image>"))
+    model = LlavaNextForConditionalGeneration(config).eval()
+    _randomize(model, **LLAVA_NEXT_STD)
+    image_processor = LlavaNextImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                                              image_grid_pinpoints=pinpoints)
+    processor = LlavaNextProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8,
+                                   vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                                   chat_template=LLAVA_TEMPLATE)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+LLAVA_NEXT_STD = {"language_std": 0.15, "tower_std": 0.15}  # where each image gives other tokens
+
+
 SMOLVLM_TEMPLATE = ("<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}"
                     "{% if message['content'][0]['type'] == 'image' %}{{ ':' }}{% else %}{{ ': ' }}{% endif %}"
                     "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{ line['text'] }}"
@@ -165,7 +202,8 @@ def write_qwen2_5_vl(folder: Path, tokenizer) -> Path:
     return write_qwen2_vl(folder, tokenizer, version="2.5")
 
 
-WRITERS = {"llava": write_llava, "idefics3": write_idefics3, "qwen2_vl": write_qwen2_vl,
+WRITERS = {"llava": write_llava, "llava_next": write_llava_next, "idefics3": write_idefics3,
+           "qwen2_vl": write_qwen2_vl,
            "qwen2_5_vl": write_qwen2_5_vl}
 
 
@@ -173,6 +211,7 @@ def model_class(family: str):
     import transformers
 
     return getattr(transformers, {"llava": "LlavaForConditionalGeneration",
+                                  "llava_next": "LlavaNextForConditionalGeneration",
                                   "idefics3": "Idefics3ForConditionalGeneration",
                                   "qwen2_vl": "Qwen2VLForConditionalGeneration",
                                   "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}[family])

@@ -47,11 +47,15 @@ class LlavaForConditionalGeneration(VisionLanguageModel):
 
     def encode_image(self, data: dict[str, torch.Tensor]) -> torch.Tensor:
         """[placeholders, hidden] for one image's pixel_values [1, 3, H, W]."""
+        return self.project(data["pixel_values"]).flatten(0, 1)
+
+    def project(self, pixels: torch.Tensor) -> torch.Tensor:
+        """[crops, patches, hidden]: each crop's feature-layer states (CLS dropped unless "full"), projected."""
         assert self.vision_tower is not None and self.multi_modal_projector is not None  # the first stage's
-        states = self.vision_tower(data["pixel_values"])
+        states = self.vision_tower(pixels)
         features = torch.cat([states[i] for i in self.layer_indices], dim=-1)
         features = features if self.keep_class_token else features[:, 1:]
-        return self.multi_modal_projector(features).flatten(0, 1)
+        return self.multi_modal_projector(features)
 
     def targets(self, name: str) -> list[Target]:
         name = name.removeprefix("model.")  # transformers 5 nests every part under model.

@@ -36,6 +36,7 @@ SUPPORTED = {
     "BloomForCausalLM": "bloom",
     "OPTForCausalLM": "opt",
     "LlavaForConditionalGeneration": "llava",  # CLIP tower + projector + a Llama-family language model
+    "LlavaNextForConditionalGeneration": "llava_next",  # LLaVA on a base view and any-res tiles, row newlines
     "Idefics3ForConditionalGeneration": "idefics3",  # SmolVLM: SigLIP tiles, pixel shuffle, a Llama-family LM
     "Qwen2VLForConditionalGeneration": "qwen2_vl",  # dynamic-resolution ViT, M-RoPE Qwen2 language model
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",  # as Qwen2-VL, its tower windowed, RMSNorm, gated MLP
@@ -148,6 +149,7 @@ FAMILY_CLASSES = {
     "bloom": ("bloom", "BloomForCausalLM"),
     "opt": ("opt", "OPTForCausalLM"),
     "llava": ("llava", "LlavaForConditionalGeneration"),
+    "llava_next": ("llava_next", "LlavaNextForConditionalGeneration"),
     "idefics3": ("idefics3", "Idefics3ForConditionalGeneration"),
     "qwen2_vl": ("qwen2_vl", "Qwen2VLForConditionalGeneration"),
     "qwen2_5_vl": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from llmctl.engine.multimodal.anyres import tile_count
 from llmctl.engine.multimodal.mrope import MRopePositions, mrope_positions
 
 Split = Callable[[dict[str, torch.Tensor], list[int], Any], list[tuple[dict[str, torch.Tensor], int]]]
@@ -37,6 +38,18 @@ def _llava_tokens(config: Any) -> int:
 def _llava(outputs: dict[str, torch.Tensor], counts: list[int], config: Any) -> Items:
     """LLaVA-1.5: one fixed-size crop per image, one run of placeholders (its patches, less CLS unless "full")."""
     return [({"pixel_values": outputs["pixel_values"][i:i + 1]}, count) for i, count in enumerate(counts)]
+
+
+def _llava_next(outputs: dict[str, torch.Tensor], counts: list[int], config: Any) -> Items:
+    """LLaVA-NeXT: a base view and the tiles of the image's any-res grid, the processor's pixel_values padded
+    to the most tiles of any image in the batch; image_sizes says each image's own."""
+    items = []
+    for index, count in enumerate(counts):
+        height, width = (int(v) for v in outputs["image_sizes"][index])
+        tiles = tile_count(height, width, config.image_grid_pinpoints, config.vision_config.image_size)
+        items.append(({"pixel_values": outputs["pixel_values"][index:index + 1, :tiles],
+                       "image_sizes": outputs["image_sizes"][index:index + 1]}, count))
+    return items
 
 
 def _idefics3(outputs: dict[str, torch.Tensor], counts: list[int], config: Any) -> Items:
@@ -73,6 +86,7 @@ def _qwen2_vl_positions(num_tokens: int, images: list[tuple[list[int], dict[str,
 
 FAMILIES: dict[str, VisionFamily] = {
     "llava": VisionFamily("<image>", _llava, per_image=_llava_tokens),
+    "llava_next": VisionFamily("<image>", _llava_next),  # images of different sizes: runs of their own lengths
     "idefics3": VisionFamily("<image>", _idefics3, image_end="<global-img>"),  # the global view comes last
     "qwen2_vl": VisionFamily("<|image_pad|>", _qwen2_vl, positions=_qwen2_vl_positions),
 }

@@ -71,8 +71,11 @@ def test_chunked_prefill_and_preemption_encode_each_image_once(folder, cases):
     from llmctl import LLM
 
     probe = LLM(str(folder), max_model_len=256)
-    block_bytes = probe.engine.loaded.kv_geometry.block_bytes
-    llm = LLM(str(folder), max_model_len=96, max_num_batched_tokens=8, kv_cache_memory=6 * block_bytes)
+    block_bytes, block_size = probe.engine.loaded.kv_geometry.block_bytes, probe.engine.block_manager.block_size
+    longest = max(len(probe.engine.multimodal.process(text, images).token_ids) for text, images, _ in cases)
+    blocks = -(-(longest + TOKENS) // block_size) + 1  # the longest fits; no two prompts fit together
+    llm = LLM(str(folder), max_model_len=longest + TOKENS, max_num_batched_tokens=8,
+              kv_cache_memory=blocks * block_bytes)
     assert generate(llm, cases) == [reference for _, _, reference in cases]  # 8-token chunks split each image
     assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.executor.runner.encoder_cache.encoded == 3  # chunks and recomputation took the cached output
