@@ -61,6 +61,9 @@ class AttentionOptions:
     softcap: float | None = None  # score = softcap · tanh(score / softcap)
     k_scale: float = 1.0  # fp8 caches: stored value × scale is the real one
     v_scale: float = 1.0
+    # [T] int32: the last key position each query sees (its own, but past it inside an image of Gemma 3's,
+    # whose tokens attend to each other both ways); None: causal. Never decreases along a sequence's tokens.
+    key_limits: torch.Tensor | None = None
 
 
 def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -86,7 +89,8 @@ def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, block
         query_pos = torch.arange(length - (stop - start), length, device=query.device)
         if options.alibi_slopes is not None:
             scores = scores + options.alibi_slopes.float().view(-1, 1, 1) * key_pos.view(1, 1, -1)
-        allowed = key_pos.view(1, -1) <= query_pos.view(-1, 1)
+        limits = query_pos if options.key_limits is None else options.key_limits[start:stop].to(query_pos)
+        allowed = key_pos.view(1, -1) <= limits.view(-1, 1)
         if options.sliding_window:
             allowed &= key_pos.view(1, -1) > query_pos.view(-1, 1) - options.sliding_window
         scores = scores.masked_fill(~allowed, float("-inf"))
@@ -150,7 +154,7 @@ def key_tile(decode_only: bool, padded_dim: int, rows: int, element_bytes: int,
 
 def kernel_constexprs(*, dim: int, block_size: int, group: int, rows: int, segments: int, decode_only: bool,
                       dtype: torch.dtype, kv_fp8: bool, window: bool, alibi: bool, softcap: bool,
-                      preferred_key_tile: int | None = None) -> dict:
+                      preferred_key_tile: int | None = None, key_limits: bool = False) -> dict:
     """The attention kernel's compile-time parameters: the launcher and the ahead-of-time compile check
     (`llmctl.kernels.compile_check`) both build them here, so the check covers what runs."""
     padded_dim = padded_head_dim(dim)
@@ -158,7 +162,7 @@ def kernel_constexprs(*, dim: int, block_size: int, group: int, rows: int, segme
     tile = key_tile(decode_only, padded_dim, rows, element_bytes, preferred_key_tile)
     return dict(GROUP=group, HEAD_DIM=dim, PADDED_DIM=padded_dim, BLOCK_SIZE=block_size, ROWS=rows,
                 PER_BLOCK=rows // group, KEY_TILE=tile, WINDOW=window, ALIBI=alibi,
-                SOFTCAP=softcap, SEGMENTS=segments, KV_FP8=kv_fp8, DOT_PRECISION=dot_precision(dtype))
+                SOFTCAP=softcap, KEY_LIMITS=key_limits, SEGMENTS=segments, KV_FP8=kv_fp8, DOT_PRECISION=dot_precision(dtype))
 
 
 def program_rows(group: int, decode_only: bool) -> int:
@@ -208,7 +212,7 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
         dim=dim, block_size=block_size, group=layout.group, rows=layout.rows, segments=segments,
         decode_only=layout.decode_only, dtype=query.dtype, kv_fp8=kv_cache.dtype == torch.float8_e4m3fn,
         window=bool(options.sliding_window), alibi=options.alibi_slopes is not None, softcap=bool(options.softcap),
-        preferred_key_tile=layout.preferred_key_tile)
+        preferred_key_tile=layout.preferred_key_tile, key_limits=options.key_limits is not None)
     padded_dim = constexprs["PADDED_DIM"]
     if segments > 1:
         partial = torch.empty(tokens, heads, segments, padded_dim, dtype=torch.float32, device=query.device)
@@ -218,9 +222,10 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
     else:
         partial = maxes = sums = used = out  # unused
     slopes = options.alibi_slopes if options.alibi_slopes is not None else out
+    limits = options.key_limits if options.key_limits is not None else seq_lens  # unread without KEY_LIMITS
     _attention_kernel[(programs, kv_heads, segments)](
         out, partial, maxes, sums, used, query, kv_cache, block_tables, seq_lens, layout.query_start_loc,
-        layout.block_seq, layout.block_first, slopes,
+        layout.block_seq, layout.block_first, slopes, limits,
         options.scale, options.softcap or 0.0, options.k_scale, options.v_scale, options.sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), block_tables.stride(0),
@@ -234,14 +239,14 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
 
 @triton.jit
 def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, q_ptr, kv_ptr, tables_ptr, lens_ptr, starts_ptr,
-              block_seq_ptr, block_first_ptr, slopes_ptr,
+              block_seq_ptr, block_first_ptr, slopes_ptr, limits_ptr,
               scale, softcap, k_scale, v_scale, window,
               stride_qt, stride_qh, stride_ot, stride_oh,
               stride_block, stride_slot, stride_kv, stride_head, stride_table,
               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PADDED_DIM: tl.constexpr,
               BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, PER_BLOCK: tl.constexpr, KEY_TILE: tl.constexpr,
               WINDOW: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SEGMENTS: tl.constexpr,
-              KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, KEY_LIMITS: tl.constexpr):
     program, kv_head, segment = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq = tl.load(block_seq_ptr + program)
     first = tl.load(block_first_ptr + program)
@@ -253,6 +258,8 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, q_ptr, k
     # block's tokens are consecutive from `first` (always a real token), so its first and last positions are
     # scalars (no reductions: under Triton's interpreter each one costs milliseconds per program)
     last_key = seq_len - seq_stop + tl.minimum(first + PER_BLOCK, seq_stop) - 1
+    if KEY_LIMITS:  # limits never decrease along the sequence: the block's last token sees furthest
+        last_key = tl.load(limits_ptr + tl.minimum(first + PER_BLOCK, seq_stop) - 1)
     first_key = 0
     if WINDOW:
         first_key = tl.maximum(seq_len - seq_stop + first - window + 1, 0)
@@ -278,6 +285,8 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, q_ptr, k
 
     if ALIBI:
         slope = tl.load(slopes_ptr + head, mask=valid, other=0.0).to(tl.float32)
+    if KEY_LIMITS:
+        limit = tl.load(limits_ptr + token, mask=valid, other=0)
     best = tl.full([ROWS], float("-inf"), tl.float32)
     total = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, PADDED_DIM], tl.float32)
@@ -299,7 +308,10 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, q_ptr, k
             score = softcap * (2.0 * tl.sigmoid(2.0 * score / softcap) - 1.0)  # softcap · tanh(score / softcap)
         if ALIBI:  # relative to the query (≤ 0): softmax gives BLOOM's absolute form, without large float32 terms
             score += slope[:, None] * (key_pos[None, :] - position[:, None]).to(tl.float32)
-        allowed = valid[:, None] & key_ok[None, :] & (key_pos[None, :] <= position[:, None])
+        if KEY_LIMITS:
+            allowed = valid[:, None] & key_ok[None, :] & (key_pos[None, :] <= limit[:, None])
+        else:
+            allowed = valid[:, None] & key_ok[None, :] & (key_pos[None, :] <= position[:, None])
         if WINDOW:
             allowed = allowed & (key_pos[None, :] > position[:, None] - window)
         score = tl.where(allowed, score, float("-inf"))

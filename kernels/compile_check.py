@@ -94,7 +94,7 @@ def attention_cases(full: bool = False) -> list[KernelCase]:
         return _case("attention", dtype, kv, kernel_constexprs(
             dim=dim, block_size=block_size, group=group, rows=program_rows(group, decode_only), segments=segments,
             decode_only=decode_only, dtype=FLOAT_DTYPES[dtype], kv_fp8=kv == "fp8e4nv",
-            window=features, alibi=features, softcap=features))
+            window=features, alibi=features, softcap=features, key_limits=features))
 
     cases = [case(dtype, kv, block_size, step)
              for (dtype, kv), block_size, step in itertools.product(kinds, SUPPORTED_BLOCK_SIZES, steps)]
@@ -211,7 +211,7 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
         return attention._attention_kernel, dict(
             out_ptr=act, partial_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", used_ptr="*i32", q_ptr=act, kv_ptr=kv,
             tables_ptr="*i32", lens_ptr="*i32", starts_ptr="*i32", block_seq_ptr="*i32", block_first_ptr="*i32",
-            slopes_ptr="*fp32")
+            slopes_ptr="*fp32", limits_ptr="*i32")
     if case.kernel == "merge":
         return attention._merge_kernel, dict(out_ptr=act, partial_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", used_ptr="*i32")
     if case.kernel == "rms_norm":

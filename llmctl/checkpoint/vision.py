@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-VISION_MODEL_TYPES = ("llava", "llava_next", "idefics3", "qwen2_vl", "qwen2_5_vl")
+VISION_MODEL_TYPES = ("llava", "llava_next", "idefics3", "gemma3", "qwen2_vl", "qwen2_5_vl")
 VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "vision_model.", "connector.", "visual.", "image_newline")
 
 
@@ -26,7 +26,7 @@ class VisionTower:
 
 
 def vision_tower(raw: dict[str, Any], tensors: dict[str, tuple[str, tuple[int, ...]]]) -> VisionTower | None:
-    """The image tower of a LLaVA(-NeXT), Idefics3/SmolVLM or Qwen2(.5)-VL config.json; None for other models."""
+    """The image tower of a LLaVA(-NeXT), Idefics3/SmolVLM, Gemma 3 or Qwen2(.5)-VL config.json; None for others."""
     vision, model_type = raw.get("vision_config"), raw.get("model_type")
     if not isinstance(vision, dict) or model_type not in VISION_MODEL_TYPES:
         return None
@@ -43,6 +43,9 @@ def vision_tower(raw: dict[str, Any], tensors: dict[str, tuple[str, tuple[int, .
     size = int(vision.get("image_size", 336))
     patches = (size // patch) ** 2
     layers, hidden = int(vision.get("num_hidden_layers", 24)), int(vision.get("hidden_size", 1024))
+    if model_type == "gemma3":
+        return VisionTower("SigLIP ViT (Gemma 3: patches average-pooled, then projected)", layers, hidden, params,
+                           int(raw.get("mm_tokens_per_image", 256)), f"image (resized to {size}×{size}; pan-and-scan off)")
     if model_type == "idefics3":
         scale = int(raw.get("scale_factor", 2))
         return VisionTower("SigLIP ViT with pixel shuffle (Idefics3)", layers, hidden, params,
@@ -77,7 +80,7 @@ class VisionParams:
 
 
 def vision_params(raw: dict[str, Any]) -> VisionParams | None:
-    """The image side's parameters of a LLaVA(-NeXT), Idefics3 or Qwen2(.5)-VL config.json; None for other models."""
+    """The image side's parameters of a LLaVA(-NeXT), Idefics3, Gemma 3 or Qwen2(.5)-VL config.json; None for others."""
     vision, model_type = raw.get("vision_config"), raw.get("model_type")
     if not isinstance(vision, dict) or model_type not in VISION_MODEL_TYPES:
         return None
@@ -104,11 +107,12 @@ def held_vision_params(raw: dict[str, Any], vision: dict[str, Any], model_type: 
         return _qwen2_5_vl_params(vision, channels, patch)
     width, inner = int(vision.get("hidden_size", 1024)), int(vision.get("intermediate_size", 4096))
     patches = (int(vision.get("image_size", 224)) // patch) ** 2
-    if model_type == "idefics3":
-        scale = int(raw.get("scale_factor", 2))
+    if model_type in ("idefics3", "gemma3"):  # SigLIP: patches with a bias, learned positions, a final norm
         embed = channels * patch * patch * width + width + patches * width
-        layers = int(vision.get("num_hidden_layers", 12))
-        return embed + layers * _vit_layer(width, inner) + 2 * width + width * scale * scale * out
+        tower = embed + int(vision.get("num_hidden_layers", 12)) * _vit_layer(width, inner) + 2 * width
+        if model_type == "gemma3":
+            return tower + width * out + width  # the projection and its norm
+        return tower + width * int(raw.get("scale_factor", 2)) ** 2 * out
     layers_used = _llava_layers_used(raw, int(vision.get("num_hidden_layers", 24)))
     embed = width + channels * patch * patch * width + (patches + 1) * width + 2 * width  # class, patches, pre-norm
     features = 1 if isinstance(raw.get("vision_feature_layer", -2), int) else len(raw["vision_feature_layer"])

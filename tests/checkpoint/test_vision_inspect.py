@@ -28,11 +28,12 @@ def test_inspect_names_the_tower_its_parameters_and_tokens_per_image(tmp_path, t
     assert spec.vision.held == sum(tower.values())
     processor = reference_processor(folder)
     qwen = family.startswith("qwen")
-    size = {"qwen2_vl": 448, "qwen2_5_vl": 448, "llava_next": 64}.get(family, 32)  # the size the count is for
+    size = {"qwen2_vl": 448, "qwen2_5_vl": 448, "llava_next": 64, "gemma3": 64}.get(family, 32)  # the count's size
     if qwen:
         processor.image_processor.size = {"shortest_edge": 64, "longest_edge": size * size}
-    image_token = "<|image_pad|>" if qwen else "<image>"
-    text = "<|vision_start|><|image_pad|><|vision_end|>" if qwen else image_token
+    image_token = "<|image_pad|>" if qwen else "<image_soft_token>" if family == "gemma3" else "<image>"
+    text = "<|vision_start|><|image_pad|><|vision_end|>" if qwen else "<start_of_image>" if family == "gemma3" \
+        else image_token
     inputs = processor(text=text, images=[random_image(size, size)], return_tensors="pt")
     per_image = inputs["input_ids"][0].tolist().count(processor.tokenizer.convert_tokens_to_ids(image_token))
     tiles = inputs["pixel_values"].shape[1] if family == "idefics3" else 1  # its tiles and global view

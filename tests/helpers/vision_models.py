@@ -198,11 +198,60 @@ def write_qwen2_vl(folder: Path, tokenizer, version: str = "2") -> Path:
     return folder
 
 
+GEMMA3_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' "
+                   "else m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+                   "{% for c in m['content'] %}{% if c['type'] == 'image' %}<start_of_image>{% else %}{{ c['text'] }}"
+                   "{% endif %}{% endfor %}{% endif %}<end_of_turn>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")  # Gemma 3's, images as it writes
+
+
+def write_gemma3(folder: Path, tokenizer) -> Path:
+    """Gemma 3 4B's shape in small (Gemma3ForConditionalGeneration): SigLIP on one 64 px view (8 px patches),
+    pooled 2 × 2 to 16 tokens per image — more than the text model's sliding window of 8, so an image's
+    tokens see each other both ways across it; Gemma3ImageProcessor and Gemma3Processor with the image
+    tokens in the tokenizer's extra_special_tokens, as Google publishes them."""
+    import json
+
+    from transformers import (
+        AutoTokenizer,
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3Processor,
+        SiglipVisionConfig,
+    )
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    from helpers.families import gemma3_text_config
+
+    specials = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
+    tokenizer.save_pretrained(folder)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "extra_special_tokens": specials}))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                image_size=64, patch_size=8, vision_use_head=False)
+    text = gemma3_text_config(len(tokenizer))
+    text.max_position_embeddings = 1024
+    config = Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                          mm_tokens_per_image=16, image_token_id=tokenizer.image_token_id,
+                          boi_token_id=tokenizer.boi_token_id, eoi_token_id=tokenizer.eoi_token_id)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    _randomize(model, **GEMMA3_STD)
+    processor = Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 64, "width": 64}),
+                                tokenizer=tokenizer, image_seq_length=16, chat_template=GEMMA3_TEMPLATE)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+GEMMA3_STD = {"language_std": 0.05, "tower_std": 0.3}  # where each image gives other tokens
+
+
 def write_qwen2_5_vl(folder: Path, tokenizer) -> Path:
     return write_qwen2_vl(folder, tokenizer, version="2.5")
 
 
-WRITERS = {"llava": write_llava, "llava_next": write_llava_next, "idefics3": write_idefics3,
+WRITERS = {"llava": write_llava, "llava_next": write_llava_next, "idefics3": write_idefics3, "gemma3": write_gemma3,
            "qwen2_vl": write_qwen2_vl,
            "qwen2_5_vl": write_qwen2_5_vl}
 
@@ -212,6 +261,7 @@ def model_class(family: str):
 
     return getattr(transformers, {"llava": "LlavaForConditionalGeneration",
                                   "llava_next": "LlavaNextForConditionalGeneration",
+                                  "gemma3": "Gemma3ForConditionalGeneration",
                                   "idefics3": "Idefics3ForConditionalGeneration",
                                   "qwen2_vl": "Qwen2VLForConditionalGeneration",
                                   "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}[family])

@@ -126,6 +126,24 @@ def test_sliding_window():
           pool_blocks=128)
 
 
+def limits_with_spans(query_lens: list[int], seq_lens: list[int], spans: list[tuple[int, int, int]]) -> torch.Tensor:
+    limits = [p for q, n in zip(query_lens, seq_lens) for p in range(n - q, n)]
+    starts = [sum(query_lens[:i]) for i in range(len(query_lens))]
+    for seq, first, last in spans:
+        for position in range(first, last + 1):
+            limits[starts[seq] + position - (seq_lens[seq] - query_lens[seq])] = last
+    return torch.tensor(limits, dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_image_tokens_that_see_each_other_both_ways(window):
+    """Gemma 3's images: a run of a chunk's tokens also sees the run's later tokens (a chunk over cached tokens,
+    a decode, and a fresh prompt with two runs; with a window shorter than a run)."""
+    query_lens, seq_lens = [30, 1, 12], [50, 33, 12]
+    limits = limits_with_spans(query_lens, seq_lens, [(0, 25, 37), (2, 1, 4), (2, 6, 10)])
+    check(query_lens, seq_lens, heads=4, kv_heads=2, dim=64, block_size=16, key_limits=limits, sliding_window=window)
+
+
 def test_softcap():
     check([5, 1], [5, 30], heads=4, kv_heads=4, dim=64, block_size=16, softcap=2.0)
 

@@ -66,7 +66,19 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
                       encoder_inputs=[EncoderInput(i.content_hash, i.data) for i in sched.encoder.encode],
                       encoder_frees=list(sched.encoder.free))
     batch.embedding_slices, batch.mrope_positions = multimodal_rows(sched)
+    batch.both_ways_spans = both_ways_spans(sched)
     return batch, sample_seqs
+
+
+def both_ways_spans(sched: SchedulerOutput) -> list[tuple[int, int, int]]:
+    """(sequence index, first, last position) of each image in this step's chunks whose tokens attend to
+    each other in both directions (Gemma 3; the scheduler never splits one)."""
+    spans = []
+    for index, item in enumerate(sched.scheduled):
+        start = item.seq.num_computed_tokens
+        spans += [(index, *image.span) for image in item.seq.mm_items
+                  if image.both_ways and image.overlaps(start, start + item.num_new_tokens)]
+    return spans
 
 
 def multimodal_rows(sched: SchedulerOutput) -> tuple[list[EmbeddingSlice], list[list[int]]]:

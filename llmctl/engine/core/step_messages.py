@@ -89,6 +89,7 @@ class StepBatch:
     encoder_frees: list[str] = field(default_factory=list)
     embedding_slices: list[EmbeddingSlice] = field(default_factory=list)
     mrope_positions: list[list[int]] = field(default_factory=list)  # M-RoPE: [3][T] (t, h, w); empty: positions
+    both_ways_spans: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, first, last) attending both ways
 
     @property
     def num_tokens(self) -> int:

@@ -7,7 +7,7 @@ one new file implementing these two methods plus an entry in BACKENDS.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -30,6 +30,9 @@ class AttentionMetadata:
     sliding_window: int | None = None  # a query sees only keys less than this many positions back
     # the same tables as [B, blocks] int32 on the device, gathered from the worker's copy (Triton backend)
     device_block_tables: torch.Tensor | None = None
+    # (sequence, first, last position): runs of new tokens that also see each other's later tokens (Gemma 3's
+    # images); every query elsewhere is causal
+    both_ways_spans: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:

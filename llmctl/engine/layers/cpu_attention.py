@@ -53,7 +53,8 @@ class CPUAttention:
 
     def prepare(self, meta: AttentionMetadata, device: torch.device) -> None:
         self.meta = meta
-        paged = [i for i in range(meta.num_seqs) if meta.query_len(i) <= self.query_limit
+        both_ways = {seq for seq, _, _ in meta.both_ways_spans}  # the kernel's mask is causal only: SDPA's
+        paged = [i for i in range(meta.num_seqs) if meta.query_len(i) <= self.query_limit and i not in both_ways
                  and (self.fresh_prompts or meta.query_len(i) < meta.seq_lens[i])]
         chosen = set(paged)
         self.torch.prepare(meta, device, only=[i for i in range(meta.num_seqs) if i not in chosen])

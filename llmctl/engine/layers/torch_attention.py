@@ -4,7 +4,8 @@ Blocks are gathered whole (one index per 16 tokens, so the copies are long conti
 runs), then positions past the sequence are masked. Decodes (one new token each) run as
 padded batches of similar context length, with the query heads that share a KV head
 folded into the query-length dimension so SDPA reads each K/V head once. Prefill chunks
-run one sequence at a time with a causal mask offset by the tokens already cached.
+run one sequence at a time with a causal mask offset by the tokens already cached (an image
+of Gemma 3's also sees its own later tokens).
 """
 
 from __future__ import annotations
@@ -69,7 +70,10 @@ class TorchAttention:
             mask = key_pos <= query_pos
             if window:
                 mask &= key_pos > query_pos - window
-            fresh = q_len == length and not window
+            spans = [(first, last) for seq, first, last in meta.both_ways_spans if seq == i]
+            for first, last in spans:  # an image's tokens also see its later tokens
+                mask |= (key_pos > query_pos) & (query_pos >= first) & (key_pos <= last)
+            fresh = q_len == length and not window and not spans
             prefills.append(_Prefill(slice(start, start + q_len), fresh, torch.tensor(blocks, device=device),
                                      mask.to(device), torch.arange(len(blocks) * size, device=device)))
         batches = [_decode_batch([decodes[i] for i in group], size, device, window)

@@ -30,6 +30,19 @@ class StepTensors:
     query_start_loc: list[int]
     sliding_window: int | None
     context: int = 0  # the longest sequence (the decode split is sized to it); 0: unknown
+    key_limits: torch.Tensor | None = None  # [T] int32 where an image's tokens see each other both ways (Gemma 3)
+
+
+def key_limits(meta: AttentionMetadata) -> list[int]:
+    """The last key position each new token sees: its own, or the last of the image it belongs to."""
+    limits: list[int] = []
+    for i in range(meta.num_seqs):
+        limits += range(meta.seq_lens[i] - meta.query_len(i), meta.seq_lens[i])
+    for seq, first, last in meta.both_ways_spans:
+        offset = meta.query_start_loc[seq] - (meta.seq_lens[seq] - meta.query_len(seq))  # row of position 0
+        for position in range(max(first, meta.seq_lens[seq] - meta.query_len(seq)), last + 1):
+            limits[offset + position] = last
+    return limits
 
 
 class TritonAttention:
@@ -49,8 +62,9 @@ class TritonAttention:
             host = torch.tensor([table + [0] * (width - len(table)) for table in meta.block_tables] or [[0]],
                                 dtype=torch.int32)[:len(meta.block_tables)]
             tables = to_device(host, torch.int32, device)
+        limits = to_device(key_limits(meta), torch.int32, device) if meta.both_ways_spans else None
         self.step = StepTensors(meta.slot_mapping, tables, to_device(meta.seq_lens, torch.int32, device), None,
-                                meta.query_start_loc, meta.sliding_window, max(meta.seq_lens, default=0))
+                                meta.query_start_loc, meta.sliding_window, max(meta.seq_lens, default=0), limits)
 
     def use_static(self, step: StepTensors) -> None:
         """Read the step from these tensors (a captured graph's buffers) until the next prepare."""
@@ -95,5 +109,5 @@ class TritonAttention:
                                                     context=step.context)
         options = self._attention.AttentionOptions(
             scale=scale, alibi_slopes=None if alibi_slopes is None else alibi_slopes.float().contiguous(),
-            sliding_window=window or step.sliding_window, softcap=softcap)
+            sliding_window=window or step.sliding_window, softcap=softcap, key_limits=step.key_limits)
         return attention_ops.paged_attention(query, cache.kv, step.block_tables, step.seq_lens, step.layout, options)

@@ -1,4 +1,4 @@
-"""Gemma 2 and Gemma 3 (text, and the text tower of Gemma3ForConditionalGeneration served text-only).
+"""Gemma 2 and Gemma 3 (text, and the language model of Gemma3ForConditionalGeneration: gemma3_vision).
 
 Llama's projections with: embeddings × √hidden (rounded to the model's dtype, as transformers
 does), RMSNorm scaled by (1 + weight), norms before *and* after attention and the MLP, GeGLU
@@ -124,10 +124,15 @@ class GemmaForCausalLM(LlamaForCausalLM):
         window = att.sliding_window if kind == "sliding" else None
         return GemmaDecoderLayer(self, hf_config, self.rotaries[kind], eps, window)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        return x * torch.tensor(self.spec.hidden_size ** 0.5, dtype=x.dtype)  # the scale in the model's dtype
+
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, hidden: torch.Tensor | None = None) -> torch.Tensor:
-        if self.embed_tokens is not None:
-            x = self.embed_tokens(input_ids)
-            hidden = x * torch.tensor(self.spec.hidden_size ** 0.5, dtype=x.dtype)  # the scale in the model's dtype
+        if ctx.input_embeds is not None:  # scaled text embeddings with the images' (unscaled) merged in
+            hidden = ctx.input_embeds
+        elif self.embed_tokens is not None:
+            hidden = self.embed(input_ids)
         for index in self.stage_layers:
             hidden = self.layers[index](hidden, ctx, index)
         return self.norm(hidden) if self.norm is not None else hidden

@@ -43,7 +43,10 @@ class SiglipTileEmbeddings(nn.Module):
         return torch.where(patch_mask.flatten(1), ids, torch.zeros_like(ids))
 
 
-class Idefics3VisionModel(nn.Module):
+class SiglipVisionModel(nn.Module):
+    """SigLIP's tower (`vision_model.*` without its pooling head): Idefics3's tiles, and Gemma 3's one view
+    of an image (every patch real: positions 0..side²-1)."""
+
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.embeddings = SiglipTileEmbeddings(config)
@@ -84,7 +87,7 @@ class Idefics3Connector(nn.Module):
 class Idefics3ForConditionalGeneration(VisionLanguageModel):
     def __init__(self, spec: ModelSpec, hf_config: Any, shard: Shard | None = None) -> None:
         super().__init__(spec, hf_config, shard)
-        self.vision_model = Idefics3VisionModel(hf_config.vision_config) if self.takes_images else None
+        self.vision_model = SiglipVisionModel(hf_config.vision_config) if self.takes_images else None
         self.connector = Idefics3Connector(hf_config) if self.takes_images else None
 
     def encode_image(self, data: dict[str, torch.Tensor]) -> torch.Tensor:

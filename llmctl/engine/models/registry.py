@@ -32,7 +32,7 @@ SUPPORTED = {
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma",
     "Gemma3ForCausalLM": "gemma",
-    "Gemma3ForConditionalGeneration": "gemma",  # served text-only: the language model of the checkpoint
+    "Gemma3ForConditionalGeneration": "gemma3_vision",  # SigLIP, pooled and projected; images attend both ways
     "BloomForCausalLM": "bloom",
     "OPTForCausalLM": "opt",
     "LlavaForConditionalGeneration": "llava",  # CLIP tower + projector + a Llama-family language model
@@ -148,6 +148,7 @@ FAMILY_CLASSES = {
     "olmo2": ("olmo2", "Olmo2ForCausalLM"),
     "bloom": ("bloom", "BloomForCausalLM"),
     "opt": ("opt", "OPTForCausalLM"),
+    "gemma3_vision": ("gemma3_vision", "Gemma3ForConditionalGeneration"),
     "llava": ("llava", "LlavaForConditionalGeneration"),
     "llava_next": ("llava_next", "LlavaNextForConditionalGeneration"),
     "idefics3": ("idefics3", "Idefics3ForConditionalGeneration"),

@@ -21,6 +21,18 @@ class EncoderWork:
     free: list[str] = field(default_factory=list)  # content hashes no live sequence needs any more
 
 
+def whole_images(items: list[MultimodalItem], start: int, num_new: int) -> int:
+    """The chunk [start, start + num_new) never ends inside an image whose tokens attend both ways: it stops
+    before one that starts later, and takes one it starts in (or resumes from a cached prefix) whole, past
+    the step's token budget if it must (vLLM's disable_chunked_mm_input)."""
+    end = start + num_new
+    for item in items:
+        first, last = item.span
+        if item.both_ways and first < end <= last:
+            return first - start if first > start else last + 1 - start
+    return num_new
+
+
 @dataclass
 class EncoderScheduler:
     budget: int  # encoder output tokens per step (vLLM's max_num_encoder_input_tokens)
@@ -32,6 +44,7 @@ class EncoderScheduler:
         before the first image that would overrun the budget (one image larger than the whole budget is
         encoded alone), so an image is never half-encoded."""
         start, new = seq.num_computed_tokens, list[MultimodalItem]()
+        num_new = whole_images(seq.mm_items, start, num_new)
         spent = sum(item.num_embeddings for item in work.encode)
         for item in seq.mm_items:
             if not item.overlaps(start, start + num_new):

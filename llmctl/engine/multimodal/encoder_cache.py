@@ -3,6 +3,8 @@ kept by content hash until the scheduler frees them; merged into a step's token 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 from torch import nn
 
@@ -14,7 +16,8 @@ class EncoderCache:
         self.model = model
         self.device = device
         self.outputs: dict[str, torch.Tensor] = {}  # content hash -> [placeholders, hidden]
-        self.encoded = 0  # images encoded so far (tests read it: a chunked or preempted prompt encodes once)
+        self.encoded: Counter[str] = Counter()  # encodes by content hash (tests read it: a chunked or preempted
+        # prompt encodes each image once)
 
     def update(self, batch: StepBatch) -> None:
         for content_hash in batch.encoder_frees:
@@ -22,7 +25,7 @@ class EncoderCache:
         for image in batch.encoder_inputs:
             data = {name: tensor.to(self.device) for name, tensor in image.data.items()}
             self.outputs[image.content_hash] = self.model.encode_image(data)  # type: ignore[operator]
-            self.encoded += 1
+            self.encoded[image.content_hash] += 1
 
     def merge(self, batch: StepBatch, embeddings: torch.Tensor) -> torch.Tensor:
         """The step's token embeddings with each image placeholder's row replaced by its image's embedding."""

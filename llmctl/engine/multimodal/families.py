@@ -23,6 +23,12 @@ class VisionFamily:
     per_image: Callable[[Any], int] | None = None  # a fixed placeholder count per image (adjacent images' runs touch)
     # M-RoPE families: (prompt length, each image's (positions, tensors), hf config) -> every token's 3 positions
     positions: Callable[[int, list[tuple[list[int], dict[str, torch.Tensor]]], Any], MRopePositions] | None = None
+    both_ways: bool = False  # an image's tokens attend to each other in both directions (Gemma 3)
+    prompt_token: str | None = None  # what the prompt text holds per image, where the processor expands another
+
+    @property
+    def placeholder(self) -> str:
+        return self.prompt_token or self.image_token
 
 
 Items = list[tuple[dict[str, torch.Tensor], int]]
@@ -88,6 +94,8 @@ FAMILIES: dict[str, VisionFamily] = {
     "llava": VisionFamily("<image>", _llava, per_image=_llava_tokens),
     "llava_next": VisionFamily("<image>", _llava_next),  # images of different sizes: runs of their own lengths
     "idefics3": VisionFamily("<image>", _idefics3, image_end="<global-img>"),  # the global view comes last
+    "gemma3": VisionFamily("<image_soft_token>", _llava, per_image=lambda config: config.mm_tokens_per_image,
+                           both_ways=True, prompt_token="<start_of_image>"),  # one view per image
     "qwen2_vl": VisionFamily("<|image_pad|>", _qwen2_vl, positions=_qwen2_vl_positions),
 }
 FAMILIES["qwen2_5_vl"] = FAMILIES["qwen2_vl"]  # the same processor and positions for images

@@ -20,6 +20,12 @@ class MultimodalItem:
     content_hash: str  # of the processed tensors: the same image at the same settings hashes the same
     data: dict[str, torch.Tensor]
     positions: list[int]  # the placeholder tokens' positions; encoder output row i fills positions[i]
+    both_ways: bool = False  # its tokens attend to each other in both directions (Gemma 3): one run, never split
+
+    @property
+    def span(self) -> tuple[int, int]:
+        """The first and last placeholder positions."""
+        return self.positions[0], self.positions[-1]
 
     @property
     def num_embeddings(self) -> int:

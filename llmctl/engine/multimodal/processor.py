@@ -30,6 +30,9 @@ class MultimodalProcessor:
         """Text holding one image placeholder per image (as the chat template renders them), and the images."""
         self.check_count(len(images))
         merged = {**self.limits.processor_kwargs, **(kwargs or {})}
+        if merged.get("do_pan_and_scan"):  # Gemma 3's crops: each a view of its own, not one image's tokens
+            raise InvalidRequestError("do_pan_and_scan is not supported: llmctl encodes one view per image; "
+                                      "leave it off (its default)", "mm_processor_kwargs")
         try:
             outputs = self.processor(text=text, images=images or None, return_tensors="pt", **merged)
         except (ValueError, TypeError) as exc:
@@ -53,12 +56,13 @@ class MultimodalProcessor:
             [self.family.per_image(self.hf_config)] * (len(placeholders) // self.family.per_image(self.hf_config))
         if len(counts) != images or sum(counts) != len(placeholders):
             raise InvalidRequestError(f"the prompt's text has {len(counts)} image placeholders for {images} images: "
-                                      f"put one {self.family.image_token} in the text per image, as the chat "
+                                      f"put one {self.family.placeholder} in the text per image, as the chat "
                                       "template does", "prompt")
         parts = self.family.split(outputs, counts, self.hf_config) if images else []
         items, start = [], 0
         for data, count in parts:
-            items.append(MultimodalItem("image", content_hash("image", data), data, placeholders[start:start + count]))
+            items.append(MultimodalItem("image", content_hash("image", data), data, placeholders[start:start + count],
+                                        self.family.both_ways))
             start += count
         return items
 
@@ -99,12 +103,24 @@ def _load_processor(folder: Path, family: VisionFamily) -> Any:
         return ImagePadProcessor(folder)
 
 
+def serves_images(folder: Path, model_type: str, limits: MultimodalLimits) -> bool:
+    """Whether a vision-language checkpoint's images are served: not with --limit-mm-per-prompt '{"image": 0}',
+    nor without the image processor its images need (then it is served text-only, its tower left on disk)."""
+    if vision_family(model_type) is None or limits.text_only:
+        return False
+    if not any((folder / name).exists() for name in ("preprocessor_config.json", "processor_config.json")):
+        logger.warning("%s has no preprocessor_config.json: its images cannot be processed, it is served text-only",
+                       folder)
+        return False
+    return True
+
+
 def multimodal_processor(folder: Path, model_type: str, limits: MultimodalLimits,
                          hf_config: Any = None) -> MultimodalProcessor | None:
     """The processor of a vision-language model whose images are served; None for a text model, or with
     --limit-mm-per-prompt '{"image": 0}'."""
     family = vision_family(model_type)
-    if family is None or limits.text_only:
+    if family is None or not serves_images(folder, model_type, limits):
         return None
     if hf_config is None:
         from transformers import AutoConfig

@@ -34,6 +34,7 @@ from llmctl.engine.layers.quant_linear import QuantLinear
 from llmctl.engine.lora.slots import attach_lora_slots
 from llmctl.engine.models.common import Shard, WeightMismatchError
 from llmctl.engine.models.registry import create_model, is_supported, layer_form
+from llmctl.engine.multimodal.processor import serves_images
 from llmctl.engine.worker.heap import keep_freed_memory_in_heap, release_loading_garbage
 from llmctl.engine.worker.kv_cache import kv_cache_dtype, set_up_kv_cache
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
@@ -64,7 +65,8 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     dtype = _dtype(config.dtype, device)
     choice, backend = _attention_backend(config, spec, device, dtype)  # refuses what this GPU cannot run first
     hf_config = _hf_config(source, spec, config.trust_remote_code)
-    hf_config.llmctl_text_only = config.multimodal.text_only  # a vision-language model's tower is then not built
+    # a vision-language model's tower is then not built
+    hf_config.llmctl_text_only = not serves_images(source.path, spec.model_type, config.multimodal)
     model = _build(spec, hf_config, dtype, device, source, shard, config.allow_pickle_weights, config.model_impl)
     weights_bytes = model_weight_bytes(model)
     packed_bytes = pack_linears(model) if device.type == "cpu" else 0

@@ -57,7 +57,8 @@ class ModelRunner:
         self.tables.apply(batch)
         if self.encoder_cache is not None:
             self.encoder_cache.update(batch)
-        plain = hidden is None and not batch.embedding_slices and not batch.mrope_positions
+        plain = hidden is None and not batch.embedding_slices and not batch.mrope_positions \
+            and not batch.both_ways_spans
         shape = self.graphs.shape_of(batch) if self.graphs is not None and plain else None
         if shape is not None:
             return self.graphs.run(batch, shape, self.tables, self._fill_placeholders)
@@ -97,7 +98,8 @@ class ModelRunner:
         return AttentionMetadata(slot_mapping=to_device(slots, torch.long, self.device),
                                  query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens, block_tables=tables,
                                  block_size=self.block_size, sliding_window=window,
-                                 device_block_tables=self.tables.gathered(group, width))
+                                 device_block_tables=self.tables.gathered(group, width),
+                                 both_ways_spans=batch.both_ways_spans)
 
     @torch.inference_mode()
     def logits(self, batch: StepBatch, hidden: torch.Tensor) -> StepLogits:

@@ -71,14 +71,17 @@ def test_chunked_prefill_and_preemption_encode_each_image_once(folder, cases):
     from llmctl import LLM
 
     probe = LLM(str(folder), max_model_len=256)
-    block_bytes, block_size = probe.engine.loaded.kv_geometry.block_bytes, probe.engine.block_manager.block_size
+    geometry = probe.engine.loaded.kv_geometry
     longest = max(len(probe.engine.multimodal.process(text, images).token_ids) for text, images, _ in cases)
-    blocks = -(-(longest + TOKENS) // block_size) + 1  # the longest fits; no two prompts fit together
-    llm = LLM(str(folder), max_model_len=longest + TOKENS, max_num_batched_tokens=8,
-              kv_cache_memory=blocks * block_bytes)
+    memory = geometry.sequence_bytes(longest + TOKENS, 8) + geometry.block_bytes  # the longest fits, not two
+    llm = LLM(str(folder), max_model_len=longest + TOKENS, max_num_batched_tokens=8, kv_cache_memory=memory)
     assert generate(llm, cases) == [reference for _, _, reference in cases]  # 8-token chunks split each image
     assert llm.engine.scheduler.num_preemptions > 0
-    assert llm.engine.executor.runner.encoder_cache.encoded == 3  # chunks and recomputation took the cached output
+    encoded = llm.engine.executor.runner.encoder_cache.encoded  # chunks and recomputation took the cached output:
+    shared, *own = [item.content_hash for item in llm.engine.multimodal.process(cases[1][0], cases[1][1]).items] + \
+        [item.content_hash for item in llm.engine.multimodal.process(cases[2][0], cases[2][1]).items]
+    assert [encoded[h] for h in own] == [1, 1]  # each image of one request: encoded once
+    assert 1 <= encoded[shared] <= 2  # the first two requests' image: again only if the first had finished
     assert llm.engine.scheduler.encoder.users == {}  # no live sequence needs an image
     llm.generate("Hello")  # the frees ride on the next step
     assert llm.engine.executor.runner.encoder_cache.outputs == {}
@@ -108,3 +111,16 @@ def test_tensor_and_pipeline_parallel_ranks_give_transformers_tokens(folder, cas
         assert generate(llm, cases) == [reference for _, _, reference in cases]
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize("family", ["gemma3"], indirect=True)
+def test_gemma3_refuses_pan_and_scan_and_names_its_placeholder(folder, family):
+    from llmctl import LLM
+    from llmctl.engine.errors import InvalidRequestError
+
+    llm = LLM(str(folder), max_model_len=256)
+    with pytest.raises(InvalidRequestError, match="do_pan_and_scan is not supported"):
+        llm.generate({"prompt": chat_text(folder, 1), "multi_modal_data": {"image": IMAGES[0]},
+                      "mm_processor_kwargs": {"do_pan_and_scan": True}})
+    with pytest.raises(InvalidRequestError, match="<start_of_image>"):
+        llm.generate({"prompt": chat_text(folder, 1) * 2, "multi_modal_data": {"image": IMAGES[0]}})
