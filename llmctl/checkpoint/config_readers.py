@@ -221,7 +221,7 @@ def read_attention(reader: ConfigReader, model_type: str, facts: dict[str, Any],
     heads, kv_heads = facts["heads"], facts["kv_heads"]
     window = _sliding_window(cfg, model_type)
     layer_types = _layer_types(cfg, model_type, num_layers, window)
-    qk_norm = model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2")
+    qk_norm = model_type in ("qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_text", "gemma3", "gemma3_text", "olmo2")
     if cfg.get("kv_lora_rank"):
         return AttentionSpec(
             kind="MLA", num_heads=heads, num_kv_heads=heads,
@@ -243,7 +243,8 @@ def read_attention(reader: ConfigReader, model_type: str, facts: dict[str, Any],
 
 def _sliding_window(cfg: dict[str, Any], model_type: str) -> int | None:
     window = cfg.get("sliding_window")
-    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window", False):
+    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_text") \
+            and not cfg.get("use_sliding_window", False):
         return None
     return int(window) if isinstance(window, int) and window > 0 else None
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-VISION_MODEL_TYPES = ("llava", "llava_next", "idefics3", "gemma3", "qwen2_vl", "qwen2_5_vl")
+VISION_MODEL_TYPES = ("llava", "llava_next", "idefics3", "gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+QWEN_TOWERS = {"qwen2_vl": "Qwen2-VL ViT (2-D RoPE, 2×2 patch merger)",
+               "qwen2_5_vl": "Qwen2.5-VL ViT (2-D RoPE, window attention, 2×2 patch merger)",
+               "qwen3_vl": "Qwen3-VL ViT (2-D RoPE and learned positions, 2×2 patch merger, DeepStack features)"}
 VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "vision_model.", "connector.", "visual.", "image_newline")
 
 
@@ -26,19 +29,17 @@ class VisionTower:
 
 
 def vision_tower(raw: dict[str, Any], tensors: dict[str, tuple[str, tuple[int, ...]]]) -> VisionTower | None:
-    """The image tower of a LLaVA(-NeXT), Idefics3/SmolVLM, Gemma 3 or Qwen2(.5)-VL config.json; None for others."""
+    """The image tower of a vision-language config.json (VISION_MODEL_TYPES); None for other models."""
     vision, model_type = raw.get("vision_config"), raw.get("model_type")
     if not isinstance(vision, dict) or model_type not in VISION_MODEL_TYPES:
         return None
     params = sum(_numel(shape) for name, (_, shape) in tensors.items()
                  if name.removeprefix("model.").startswith(VISION_PREFIXES)) or None
     patch = int(vision.get("patch_size", 14))
-    if model_type in ("qwen2_vl", "qwen2_5_vl"):
+    if model_type in QWEN_TOWERS:
         side = 448 // (patch * int(vision.get("spatial_merge_size", 2)))
-        kind = "Qwen2-VL ViT (2-D RoPE, 2×2 patch merger)" if model_type == "qwen2_vl" else \
-            "Qwen2.5-VL ViT (2-D RoPE, window attention, 2×2 patch merger)"
         width = vision.get("embed_dim", 1280) if model_type == "qwen2_vl" else vision.get("hidden_size", 1280)
-        return VisionTower(kind, int(vision.get("depth", 32)), int(width), params, side * side,
+        return VisionTower(QWEN_TOWERS[model_type], int(vision.get("depth", 32)), int(width), params, side * side,
                            "448×448 image (dynamic resolution: tokens grow with the pixels)")
     size = int(vision.get("image_size", 336))
     patches = (size // patch) ** 2
@@ -80,7 +81,7 @@ class VisionParams:
 
 
 def vision_params(raw: dict[str, Any]) -> VisionParams | None:
-    """The image side's parameters of a LLaVA(-NeXT), Idefics3, Gemma 3 or Qwen2(.5)-VL config.json; None for others."""
+    """The image side's parameters of a vision-language config.json (VISION_MODEL_TYPES); None for others."""
     vision, model_type = raw.get("vision_config"), raw.get("model_type")
     if not isinstance(vision, dict) or model_type not in VISION_MODEL_TYPES:
         return None
@@ -105,6 +106,8 @@ def held_vision_params(raw: dict[str, Any], vision: dict[str, Any], model_type: 
         return embed + depth * _vit_layer(width, int(width * vision.get("mlp_ratio", 4))) + merger
     if model_type == "qwen2_5_vl":
         return _qwen2_5_vl_params(vision, channels, patch)
+    if model_type == "qwen3_vl":
+        return _qwen3_vl_params(vision, channels, patch)
     width, inner = int(vision.get("hidden_size", 1024)), int(vision.get("intermediate_size", 4096))
     patches = (int(vision.get("image_size", 224)) // patch) ** 2
     if model_type in ("idefics3", "gemma3"):  # SigLIP: patches with a bias, learned positions, a final norm
@@ -130,6 +133,17 @@ def _qwen2_5_vl_params(vision: dict[str, Any], channels: int, patch: int) -> int
     embed = channels * int(vision.get("temporal_patch_size", 2)) * patch * patch * width
     block = 2 * width + 4 * width * width + 4 * width + 3 * width * inner + 2 * inner + width
     return embed + depth * block + width + merged * merged + merged + merged * out + out
+
+
+def _qwen3_vl_params(vision: dict[str, Any], channels: int, patch: int) -> int:
+    """Qwen3-VL's tower: patches with a bias, learned positions, ViT blocks, a merger and one per DeepStack layer."""
+    width, inner = int(vision.get("hidden_size", 1152)), int(vision.get("intermediate_size", 4304))
+    merged, out = width * int(vision.get("spatial_merge_size", 2)) ** 2, int(vision.get("out_hidden_size", 3584))
+    embed = channels * int(vision.get("temporal_patch_size", 2)) * patch * patch * width + width
+    positions = int(vision.get("num_position_embeddings", 2304)) * width
+    merger = merged * merged + merged + merged * out + out
+    deepstack = len(vision.get("deepstack_visual_indexes", [8, 16, 24])) * (2 * merged + merger)
+    return embed + positions + int(vision.get("depth", 27)) * _vit_layer(width, inner) + 2 * width + merger + deepstack
 
 
 def _llava_layers_used(raw: dict[str, Any], layers: int) -> int:

@@ -160,9 +160,17 @@ QWEN2_VL_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if 
                      "{% endif %}")  # Qwen2-VL's own, without its default system prompt
 
 
-QWEN2_5_VL_TOWER = {"depth": 2, "hidden_size": 32, "out_hidden_size": 64, "intermediate_size": 48, "num_heads": 4,
-                    "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 16,
-                    "fullatt_block_indexes": [1]}  # windows of 2 × 2 merged units; the second block sees it all
+QWEN_FAMILIES = {"2": "qwen2_vl", "2.5": "qwen2_5_vl", "3": "qwen3_vl"}
+QWEN_TOWERS = {
+    "2.5": {"depth": 2, "hidden_size": 32, "out_hidden_size": 64, "intermediate_size": 48, "num_heads": 4,
+            "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 16,
+            "fullatt_block_indexes": [1]},  # windows of 2 × 2 merged units; the second block sees it all
+    "3": {"depth": 2, "hidden_size": 32, "out_hidden_size": 64, "intermediate_size": 48, "num_heads": 4,
+          "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16,
+          "deepstack_visual_indexes": [0]},
+}
+QWEN_STD = {"2": {"language_std": 0.1}, "2.5": {"language_std": 0.2}, "3": {"language_std": 0.1}}  # where each
+# image gives other tokens
 
 
 def write_qwen2_vl(folder: Path, tokenizer, version: str = "2") -> Path:
@@ -170,12 +178,16 @@ def write_qwen2_vl(folder: Path, tokenizer, version: str = "2") -> Path:
     Qwen2 language model with M-RoPE sections [2, 3, 3]; Qwen2VLImageProcessor resizing to multiples of 8 px
     between 64 and 4096 pixels. Saved as its parts: transformers' Qwen2VLProcessor cannot be built (or saved)
     without torchvision, which this machine does not have (reference_processor builds it for the reference).
-    version "2.5": Qwen2.5-VL's tower (RMSNorm, gated MLP, 16 px windows, full attention in its last block)."""
+    version "2.5": Qwen2.5-VL's tower (RMSNorm, gated MLP, 16 px windows, full attention in its last block);
+    "3": Qwen3-VL's (learned 4 × 4 positions resampled, DeepStack from its first block) and its Qwen3 language
+    model (q/k norms, head_dim 16, interleaved M-RoPE)."""
     import transformers
 
-    config_class = transformers.Qwen2VLConfig if version == "2" else transformers.Qwen2_5_VLConfig
+    family = QWEN_FAMILIES[version]
+    config_class = {"2": transformers.Qwen2VLConfig, "2.5": transformers.Qwen2_5_VLConfig,
+                    "3": transformers.Qwen3VLConfig}[version]
     tower = {"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 4, "mlp_ratio": 2, "patch_size": 4,
-             "spatial_merge_size": 2, "temporal_patch_size": 2} if version == "2" else QWEN2_5_VL_TOWER
+             "spatial_merge_size": 2, "temporal_patch_size": 2} if version == "2" else QWEN_TOWERS[version]
     tokenizer = copy.deepcopy(tokenizer)
     specials = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
     tokenizer.add_special_tokens({"additional_special_tokens": specials})
@@ -185,11 +197,12 @@ def write_qwen2_vl(folder: Path, tokenizer, version: str = "2") -> Path:
         text_config={"vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
                      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                      "max_position_embeddings": 1024, "bos_token_id": None, "eos_token_id": tokenizer.eos_token_id,
-                     "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}},
+                     "head_dim": 16, "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                         "rope_theta": 10000.0, "mrope_interleaved": version == "3"}},
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
-    model = model_class("qwen2_vl" if version == "2" else "qwen2_5_vl")(config).eval()
-    _randomize(model, language_std=0.1 if version == "2" else 0.2)  # where each image gives other tokens
+    model = model_class(family)(config).eval()
+    _randomize(model, **QWEN_STD[version])
     model.save_pretrained(folder)
     transformers.Qwen2VLImageProcessor(size={"shortest_edge": 64, "longest_edge": 4096}, patch_size=4, merge_size=2,
                           temporal_patch_size=2).save_pretrained(folder)
@@ -251,9 +264,13 @@ def write_qwen2_5_vl(folder: Path, tokenizer) -> Path:
     return write_qwen2_vl(folder, tokenizer, version="2.5")
 
 
+def write_qwen3_vl(folder: Path, tokenizer) -> Path:
+    return write_qwen2_vl(folder, tokenizer, version="3")
+
+
 WRITERS = {"llava": write_llava, "llava_next": write_llava_next, "idefics3": write_idefics3, "gemma3": write_gemma3,
            "qwen2_vl": write_qwen2_vl,
-           "qwen2_5_vl": write_qwen2_5_vl}
+           "qwen2_5_vl": write_qwen2_5_vl, "qwen3_vl": write_qwen3_vl}
 
 
 def model_class(family: str):
@@ -264,7 +281,8 @@ def model_class(family: str):
                                   "gemma3": "Gemma3ForConditionalGeneration",
                                   "idefics3": "Idefics3ForConditionalGeneration",
                                   "qwen2_vl": "Qwen2VLForConditionalGeneration",
-                                  "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}[family])
+                                  "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+                                  "qwen3_vl": "Qwen3VLForConditionalGeneration"}[family])
 
 
 def reference_processor(folder: Path):
@@ -279,7 +297,8 @@ def reference_processor(folder: Path):
     if not (folder / "preprocessor_config.json").exists() or (folder / "processor_config.json").exists():
         return AutoProcessor.from_pretrained(str(folder))
     model_type = json.loads((folder / "config.json").read_text())["model_type"]
-    processor_class = transformers.Qwen2VLProcessor if model_type == "qwen2_vl" else transformers.Qwen2_5_VLProcessor
+    processor_class = {"qwen2_vl": transformers.Qwen2VLProcessor, "qwen2_5_vl": transformers.Qwen2_5_VLProcessor,
+                       "qwen3_vl": transformers.Qwen3VLProcessor}[model_type]
     check = ProcessorMixin.check_argument_for_proper_class
     ProcessorMixin.check_argument_for_proper_class = lambda self, name, arg: None
     try:

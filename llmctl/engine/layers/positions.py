@@ -124,17 +124,31 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return slopes
 
 
-class MRotaryEmbedding(RotaryEmbedding):
-    """Qwen2-VL's M-RoPE: the rotary dimensions split in sections (rope_parameters' mrope_section, for t, h and
-    w, each repeated for the two halves); each section rotates by its own row of [3, T] positions. Positions
-    [T] (a step of text only) are the same position three times: plain RoPE."""
+def mrope_rows(sections: list[int], interleaved: bool) -> torch.Tensor:
+    """Which position row (0 t, 1 h, 2 w) turns each rotary frequency of a half: consecutive sections
+    (Qwen2-VL), or t, h, w in turn up to 3 × the h and w sections, t beyond (Qwen3-VL's interleaved M-RoPE)."""
+    half = sum(sections)
+    if not interleaved:
+        return torch.tensor([row for row, size in enumerate(sections) for _ in range(size)])
+    rows = [0] * half
+    for row in (1, 2):
+        for index in range(row, min(3 * sections[row], half), 3):
+            rows[index] = row
+    return torch.tensor(rows)
 
-    def __init__(self, hf_config: Any, head_dim: int) -> None:
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """M-RoPE: each rotary frequency turns by one row of [3, T] (t, h, w) positions — in sections (Qwen2-VL's
+    rope_parameters mrope_section) or interleaved (Qwen3-VL), the same for both halves. Positions [T] (a step of
+    text only) are the same position three times: plain RoPE."""
+
+    def __init__(self, hf_config: Any, head_dim: int, interleaved: bool = False) -> None:
         super().__init__(hf_config, head_dim)
         sections = (getattr(hf_config, "rope_parameters", None) or {}).get("mrope_section")
         if not sections or sum(sections) * 2 != head_dim:
             raise ValueError(f"mrope_section {sections} does not split head_dim {head_dim} in halves")
-        self.sections = [int(s) for s in sections] * 2
+        rows = mrope_rows([int(s) for s in sections], interleaved)
+        self.rows = torch.cat([rows, rows])  # [head_dim]
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype,
                 lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,7 +159,7 @@ class MRotaryEmbedding(RotaryEmbedding):
         cos, sin = super().cos_sin(positions.reshape(-1), dtype, lengths)  # [3T, 1, D] by row
         tokens = positions.shape[1]
         cos, sin = cos.view(3, tokens, 1, -1), sin.view(3, tokens, 1, -1)
-        picked_cos = torch.cat([part[i % 3] for i, part in enumerate(cos.split(self.sections, dim=-1))], dim=-1)
-        picked_sin = torch.cat([part[i % 3] for i, part in enumerate(sin.split(self.sections, dim=-1))], dim=-1)
+        index = self.rows.to(cos.device).view(1, 1, 1, -1).expand(1, tokens, 1, -1)
+        picked_cos, picked_sin = cos.gather(0, index)[0], sin.gather(0, index)[0]
         self._cached = (positions, picked_cos, picked_sin)
         return picked_cos, picked_sin

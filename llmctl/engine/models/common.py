@@ -24,6 +24,7 @@ class StepContext:
     backend: AttentionBackend
     lengths: torch.Tensor | None = None  # [T] each token's sequence length after the step (LongRoPE models)
     input_embeds: torch.Tensor | None = None  # [T, hidden] in place of the token embeddings (images merged in)
+    deepstack: torch.Tensor | None = None  # [T, k · hidden] image features added after the first k layers (Qwen3-VL)
 
 
 @dataclass(frozen=True)

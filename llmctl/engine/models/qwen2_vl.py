@@ -69,10 +69,10 @@ class PatchMerger(nn.Module):
 
 
 class PatchEmbed(nn.Module):
-    def __init__(self, config: Any, width: int) -> None:
+    def __init__(self, config: Any, width: int, bias: bool = False) -> None:
         super().__init__()
         self.shape = (config.in_channels, config.temporal_patch_size, config.patch_size, config.patch_size)
-        self.proj = nn.Conv3d(config.in_channels, width, self.shape[1:], self.shape[1:], bias=False)
+        self.proj = nn.Conv3d(config.in_channels, width, self.shape[1:], self.shape[1:], bias=bias)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.proj(pixels.view(-1, *self.shape).to(self.proj.weight.dtype)).flatten(1)

@@ -39,6 +39,7 @@ SUPPORTED = {
     "LlavaNextForConditionalGeneration": "llava_next",  # LLaVA on a base view and any-res tiles, row newlines
     "Idefics3ForConditionalGeneration": "idefics3",  # SmolVLM: SigLIP tiles, pixel shuffle, a Llama-family LM
     "Qwen2VLForConditionalGeneration": "qwen2_vl",  # dynamic-resolution ViT, M-RoPE Qwen2 language model
+    "Qwen3VLForConditionalGeneration": "qwen3_vl",  # learned positions, DeepStack, interleaved M-RoPE, Qwen3 LM
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",  # as Qwen2-VL, its tower windowed, RMSNorm, gated MLP
 }
 
@@ -154,6 +155,7 @@ FAMILY_CLASSES = {
     "idefics3": ("idefics3", "Idefics3ForConditionalGeneration"),
     "qwen2_vl": ("qwen2_vl", "Qwen2VLForConditionalGeneration"),
     "qwen2_5_vl": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+    "qwen3_vl": ("qwen3_vl", "Qwen3VLForConditionalGeneration"),
 }
 
 

@@ -27,10 +27,18 @@ class EncoderCache:
             self.outputs[image.content_hash] = self.model.encode_image(data)  # type: ignore[operator]
             self.encoded[image.content_hash] += 1
 
-    def merge(self, batch: StepBatch, embeddings: torch.Tensor) -> torch.Tensor:
-        """The step's token embeddings with each image placeholder's row replaced by its image's embedding."""
+    def merge(self, batch: StepBatch, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The step's token embeddings with each image placeholder's row replaced by its image's embedding;
+        and where an encoder output is wider than the embeddings (Qwen3-VL's DeepStack features beside it),
+        the rest of each row, zero for text."""
+        hidden, extra = embeddings.shape[-1], None
         for piece in batch.embedding_slices:
             output = self.outputs[piece.content_hash]
             rows = torch.tensor(piece.rows, device=embeddings.device)
-            embeddings[rows] = output[torch.tensor(piece.sources, device=output.device)].to(embeddings.dtype)
-        return embeddings
+            picked = output[torch.tensor(piece.sources, device=output.device)].to(embeddings.dtype)
+            embeddings[rows] = picked[:, :hidden]
+            if picked.shape[1] > hidden:
+                if extra is None:
+                    extra = embeddings.new_zeros(embeddings.shape[0], picked.shape[1] - hidden)
+                extra[rows] = picked[:, hidden:]
+        return embeddings, extra

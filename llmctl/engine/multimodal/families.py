@@ -98,7 +98,7 @@ FAMILIES: dict[str, VisionFamily] = {
                            both_ways=True, prompt_token="<start_of_image>"),  # one view per image
     "qwen2_vl": VisionFamily("<|image_pad|>", _qwen2_vl, positions=_qwen2_vl_positions),
 }
-FAMILIES["qwen2_5_vl"] = FAMILIES["qwen2_vl"]  # the same processor and positions for images
+FAMILIES["qwen2_5_vl"] = FAMILIES["qwen3_vl"] = FAMILIES["qwen2_vl"]  # the same processor, positions for images
 
 
 def vision_family(model_type: str) -> VisionFamily | None:

@@ -76,10 +76,11 @@ class ModelRunner:
         if batch.mrope_positions:  # M-RoPE with images: [3, T]
             positions = to_device(batch.mrope_positions, torch.long, device)
         lengths = sequence_lengths(batch, device) if getattr(self.model, "needs_lengths", False) else None
-        embeds = None
+        embeds = deepstack = None
         if batch.embedding_slices and self.encoder_cache is not None and hidden is None:
-            embeds = self.encoder_cache.merge(batch, self.model.embed(input_ids))
-        return self.model(input_ids, StepContext(positions, self.kv_caches, self.backend, lengths, embeds), hidden)
+            embeds, deepstack = self.encoder_cache.merge(batch, self.model.embed(input_ids))
+        return self.model(input_ids, StepContext(positions, self.kv_caches, self.backend, lengths, embeds, deepstack),
+                          hidden)
 
     def _fill_placeholders(self, batch: StepBatch, input_ids: torch.Tensor) -> None:
         """Async scheduling: each placeholder's token from the step before's samples, on the device."""
