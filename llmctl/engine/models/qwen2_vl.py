@@ -43,12 +43,13 @@ class Qwen2VisionAttention(nn.Module):
 
 
 class Qwen2VisionBlock(nn.Module):
-    def __init__(self, config: Any) -> None:
+    """LayerNorm, attention with 2-D rotary positions, LayerNorm, MLP (Qwen2-VL's and Qwen3-VL's blocks)."""
+
+    def __init__(self, width: int, heads: int, intermediate: int, activation: str) -> None:
         super().__init__()
-        dim = config.embed_dim
-        self.norm1, self.norm2 = nn.LayerNorm(dim, eps=1e-6), nn.LayerNorm(dim, eps=1e-6)
-        self.attn = Qwen2VisionAttention(dim, config.num_heads)
-        self.mlp = VisionMLP(dim, int(dim * config.mlp_ratio), config.hidden_act)
+        self.norm1, self.norm2 = nn.LayerNorm(width, eps=1e-6), nn.LayerNorm(width, eps=1e-6)
+        self.attn = Qwen2VisionAttention(width, heads)
+        self.mlp = VisionMLP(width, intermediate, activation)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: list[int]) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cos, sin, segments)
@@ -106,7 +107,8 @@ class Qwen2VisionModel(nn.Module):
         width = config.embed_dim
         self.patch_embed = PatchEmbed(config, width)
         self.rotary = GridRotary(config, width // config.num_heads)
-        self.blocks = nn.ModuleList(Qwen2VisionBlock(config) for _ in range(config.depth))
+        self.blocks = nn.ModuleList(Qwen2VisionBlock(width, config.num_heads, int(width * config.mlp_ratio),
+                                                     config.hidden_act) for _ in range(config.depth))
         self.merger = PatchMerger(width, config.spatial_merge_size, config.hidden_size, nn.LayerNorm(width, eps=1e-6))
 
     def forward(self, pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:

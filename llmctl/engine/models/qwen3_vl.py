@@ -13,33 +13,9 @@ from torch import nn
 
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.layers.positions import MRotaryEmbedding, RotaryEmbedding
-from llmctl.engine.models.common import Shard, StepContext
-from llmctl.engine.models.qwen2_vl import GridRotary, PatchEmbed, Qwen2VisionAttention, Qwen2VLForConditionalGeneration
-from llmctl.engine.models.vision_encoder import vision_activation
+from llmctl.engine.models.common import Shard, StepContext, Target
+from llmctl.engine.models.qwen2_vl import GridRotary, PatchEmbed, Qwen2VisionBlock, Qwen2VLForConditionalGeneration
 from llmctl.errors import UnsupportedModelError
-
-
-class Qwen3VisionMLP(nn.Module):
-    def __init__(self, width: int, intermediate: int, activation: str) -> None:
-        super().__init__()
-        self.linear_fc1, self.linear_fc2 = nn.Linear(width, intermediate), nn.Linear(intermediate, width)
-        self.act = vision_activation(activation)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(self.act(self.linear_fc1(x)))
-
-
-class Qwen3VisionBlock(nn.Module):
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        width = config.hidden_size
-        self.norm1, self.norm2 = nn.LayerNorm(width, eps=1e-6), nn.LayerNorm(width, eps=1e-6)
-        self.attn = Qwen2VisionAttention(width, config.num_heads)
-        self.mlp = Qwen3VisionMLP(width, config.intermediate_size, config.hidden_act)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: list[int]) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, segments)
-        return x + self.mlp(self.norm2(x))
 
 
 class Qwen3PatchMerger(nn.Module):
@@ -88,7 +64,8 @@ class Qwen3VisionModel(nn.Module):
         self.patch_embed = PatchEmbed(config, width, bias=True)
         self.pos_embed = nn.Embedding(config.num_position_embeddings, width)
         self.rotary = GridRotary(config, width // config.num_heads)
-        self.blocks = nn.ModuleList(Qwen3VisionBlock(config) for _ in range(config.depth))
+        self.blocks = nn.ModuleList(Qwen2VisionBlock(width, config.num_heads, config.intermediate_size,
+                                                     config.hidden_act) for _ in range(config.depth))
         self.merger = Qwen3PatchMerger(config, norm_after_folding=False)
         self.deepstack_indexes = list(config.deepstack_visual_indexes)
         self.deepstack_merger_list = nn.ModuleList(Qwen3PatchMerger(config, norm_after_folding=True)
@@ -121,6 +98,9 @@ class Qwen3VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
 
     def make_rotary(self, hf_config: Any, head_dim: int) -> RotaryEmbedding:
         return MRotaryEmbedding(hf_config, head_dim, interleaved=True)
+
+    def targets(self, name: str) -> list[Target]:
+        return super().targets(name.replace(".mlp.linear_fc", ".mlp.fc"))  # the blocks' MLP as Qwen2-VL's
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, hidden: torch.Tensor | None = None) -> torch.Tensor:
         if ctx.deepstack is None:
