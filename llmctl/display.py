@@ -132,6 +132,8 @@ def _architecture_table(report: InspectReport) -> Table:
     table.add_row("vocab size", f"{spec.vocab_size:,}")
     if report.vision is not None:
         table.add_row("vision tower", report.vision.describe())
+    if report.pooling is not None:
+        table.add_row("pooling", report.pooling.describe())
     if spec.moe:
         moe = spec.moe
         shared = f", {moe.num_shared_experts} shared" if moe.num_shared_experts else ""

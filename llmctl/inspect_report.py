@@ -9,6 +9,7 @@ from llmctl.checkpoint.config_file import load_config, load_spec
 from llmctl.checkpoint.gguf_convert import GgufTensorType, gguf_tensor_types
 from llmctl.checkpoint.license import LicenseReport, detect_license
 from llmctl.checkpoint.params import ConfigParamCount, TensorCount, count_from_config, count_from_tensors
+from llmctl.checkpoint.pooling import PoolingSpec, pooling_spec
 from llmctl.checkpoint.safetensors import WeightHeaders, read_weight_headers
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
@@ -63,6 +64,7 @@ class InspectReport:
     warnings: list[str] = field(default_factory=list)
     gguf_tensor_types: list[GgufTensorType] | None = None  # a GGUF file's types, their shares and bytes
     vision: VisionTower | None = None  # a vision-language model's image tower
+    pooling: PoolingSpec | None = None  # an embedding, classifier or reward model's task and pooling
 
 
 def build_inspect_report(source: ModelSource, *, text: str | None = None,
@@ -98,6 +100,7 @@ def build_inspect_report(source: ModelSource, *, text: str | None = None,
         text_tokens=text_tokens, warnings=warnings,
         gguf_tensor_types=gguf_tensor_types(source.gguf_path) if source.gguf_path else None,
         vision=vision_tower(load_config(source), headers.tensors) if source.gguf_path is None else None,
+        pooling=pooling_spec(source.path, load_config(source)) if source.gguf_path is None else None,
     )
 
 

@@ -13,15 +13,16 @@ from pathlib import Path
 
 import torch
 
+from llmctl.checkpoint.pooling import ENCODER_TYPES, GENERATIVE_SUFFIXES, pooling_spec
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.errors import LlmctlError
 
-ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "deberta-v2")
+ENCODER_POOLING = {"CLS": "cls", "MEAN": "mean", "MAX": "max"}  # what this path pools
 
 
 def is_embedding_model(spec: ModelSpec) -> bool:
-    generative = any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in spec.architectures)
+    generative = any(a.endswith(GENERATIVE_SUFFIXES) for a in spec.architectures)
     return not generative and spec.model_type in ENCODER_TYPES
 
 
@@ -32,16 +33,12 @@ class Pooling:
 
 
 def read_pooling(folder: Path) -> Pooling:
-    mode, normalize = "mean", True
-    pooling = folder / "1_Pooling" / "config.json"
-    if pooling.exists():
-        config = json.loads(pooling.read_text())
-        mode = "cls" if config.get("pooling_mode_cls_token") else "max" if config.get("pooling_mode_max_tokens") \
-            else "mean"
-    modules = folder / "modules.json"
-    if modules.exists():
-        normalize = any("Normalize" in m.get("type", "") for m in json.loads(modules.read_text()))
-    return Pooling(mode, normalize)
+    """The encoder's pooling as llmctl.checkpoint.pooling reads it (mean and normalized without a layout)."""
+    spec = pooling_spec(folder, {"model_type": "bert", **json.loads((folder / "config.json").read_text())})
+    if spec is None or spec.pooling not in ENCODER_POOLING:
+        raise LlmctlError(f"{spec.pooling if spec else 'this'} pooling is not implemented for encoders: llmctl "
+                          "pools CLS, MEAN or MAX")
+    return Pooling(ENCODER_POOLING[spec.pooling], spec.normalize)
 
 
 class EmbeddingModel:

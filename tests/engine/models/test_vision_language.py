@@ -99,11 +99,12 @@ def test_text_only_serving_skips_the_tower(folder):
     assert llm.generate("Hello", SamplingParams(max_tokens=2))[0].outputs[0].token_ids
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl"], indirect=True)
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "gemma3"], indirect=True)
 @pytest.mark.parametrize("layout", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}], ids=["tp2", "pp2"])
 def test_tensor_and_pipeline_parallel_ranks_give_transformers_tokens(folder, cases, family, layout):
     """Every TP rank encodes the images itself (the tower is whole on each); with PP only the first stage does,
-    and every stage rotates by the M-RoPE positions."""
+    every stage rotates by the M-RoPE positions (Qwen), the DeepStack features stay on the first stage that adds
+    them (Qwen3-VL), and every stage's attention lets an image's tokens see each other both ways (Gemma 3)."""
     from llmctl import LLM
 
     llm = LLM(str(folder), max_model_len=256, kv_cache_memory=64 * 1024**2, **layout)
