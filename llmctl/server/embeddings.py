@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from llmctl.checkpoint.config_file import load_spec
 from llmctl.checkpoint.source import resolve_model
-from llmctl.engine.front.embedding import EmbeddingModel, is_embedding_model
+from llmctl.engine.front.embedding import EmbeddingModel, dimensions_problem, is_embedding_model
 from llmctl.errors import LlmctlError
 from llmctl.server.models import check_model
 from llmctl.server.protocol import bad, prompt_list
@@ -45,13 +45,15 @@ async def embeddings(state: ServerState, request: Request) -> Response:
     encoding = fields.str("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise bad(f"encoding_format must be float or base64, got {encoding!r}", "encoding_format")
-    if fields.raw("dimensions") is not None:
-        raise bad("dimensions is not supported: this model's embeddings have a fixed size", "dimensions")
+    dimensions = fields.raw("dimensions")
+    if dimensions is not None and (problem := dimensions_problem(state.embedder.pooling, state.embedder.spec.hidden_size,
+                                                                 dimensions)):
+        raise bad(problem, "dimensions")
     inputs = prompt_list(fields.raw("input"), "input")
     if any(item == "" for item in inputs):
         raise bad("input must not contain empty strings", "input")
     try:
-        vectors, tokens = await asyncio.to_thread(state.embedder.embed, inputs)
+        vectors, tokens = await asyncio.to_thread(state.embedder.embed, inputs, dimensions)
     except LlmctlError as exc:
         raise bad(str(exc), "input") from None
     data = [{"object": "embedding", "index": i, "embedding": _encode_vector(v, encoding)} for i, v in enumerate(vectors)]

@@ -294,6 +294,7 @@ EMBEDDING_FIELDS: dict[str, FieldSpec] = {
     "model": COMMON_FIELDS["model"],
     "encoding_format": FieldSpec("custom", "float or base64 (little-endian float32)", "float",
                                  schema={"enum": ["float", "base64"]}),
+    "dimensions": FieldSpec("integer", "Matryoshka models only: the first N dimensions, normalized after the cut"),
 }
 TOKENIZE_FIELDS: dict[str, FieldSpec] = {
     "model": COMMON_FIELDS["model"],

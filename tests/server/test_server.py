@@ -303,6 +303,8 @@ def test_embeddings_match_sentence_transformers():
         assert result.usage.prompt_tokens > 0
         code, payload = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
         assert code == 400 and "embedding model" in payload["error"]["message"]
+        code, payload = post(server, "/v1/embeddings", {"input": "x", "dimensions": 128})
+        assert code == 400 and payload["error"]["param"] == "dimensions" and "Matryoshka" in payload["error"]["message"]
     finally:
         server.stop()
 

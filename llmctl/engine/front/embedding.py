@@ -30,6 +30,8 @@ def is_embedding_model(spec: ModelSpec) -> bool:
 class Pooling:
     mode: str  # "mean" | "cls" | "max"
     normalize: bool
+    matryoshka: bool = False  # trained so that its embeddings may be cut short (vLLM's is_matryoshka)
+    dimensions: tuple[int, ...] = ()  # the sizes it may be cut to ((): any)
 
 
 def read_pooling(folder: Path) -> Pooling:
@@ -38,7 +40,21 @@ def read_pooling(folder: Path) -> Pooling:
     if spec is None or spec.pooling not in ENCODER_POOLING:
         raise LlmctlError(f"{spec.pooling if spec else 'this'} pooling is not implemented for encoders: llmctl "
                           "pools CLS, MEAN or MAX")
-    return Pooling(ENCODER_POOLING[spec.pooling], spec.normalize)
+    return Pooling(ENCODER_POOLING[spec.pooling], spec.normalize, spec.matryoshka, spec.dimensions)
+
+
+def dimensions_problem(pooling: Pooling, size: int, dimensions: object) -> str | None:
+    """Why a request's `dimensions` cannot be served, in vLLM's terms; None when it can."""
+    if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1:
+        return f"dimensions must be a positive integer, got {dimensions!r}"
+    if not pooling.matryoshka:
+        return ("this model does not support Matryoshka representations (no matryoshka_dimensions or "
+                "is_matryoshka in its config): cutting its embeddings would make them poor; leave dimensions out")
+    if pooling.dimensions and dimensions not in pooling.dimensions:
+        return f"this model takes dimensions {', '.join(map(str, pooling.dimensions))}; got {dimensions}"
+    if dimensions > size:
+        return f"dimensions {dimensions} is more than this model's {size}"
+    return None
 
 
 class EmbeddingModel:
@@ -65,8 +81,9 @@ class EmbeddingModel:
         return list(item)
 
     @torch.inference_mode()
-    def embed(self, inputs: list[str | list[int]]) -> tuple[torch.Tensor, int]:
-        """[N, hidden] embeddings and the number of input tokens."""
+    def embed(self, inputs: list[str | list[int]], dimensions: int | None = None) -> tuple[torch.Tensor, int]:
+        """[N, hidden] embeddings (the first `dimensions`, normalized after the cut as vLLM does) and the
+        number of input tokens."""
         ids = [self.token_ids(item) for item in inputs]
         for index, row in enumerate(ids):
             if len(row) > self.max_model_len:
@@ -80,6 +97,8 @@ class EmbeddingModel:
             mask[row, : len(tokens)] = 1
         hidden = self.model(input_ids=batch.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
         vectors = self._pool(hidden.float(), mask.to(self.device))
+        if dimensions is not None:
+            vectors = vectors[:, :dimensions]
         if self.pooling.normalize:
             vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
         return vectors.cpu(), int(mask.sum())
