@@ -55,6 +55,8 @@ class RequestOutcome:
 
 
 def request_body(request: SampleRequest, settings: RequestSettings) -> dict[str, Any]:
+    if settings.endpoint.is_embeddings:
+        return {"model": settings.model, "input": request.full_prompt}
     body: dict[str, Any] = {"model": settings.model, "max_tokens": request.expected_output_len, "stream": True,
                             "stream_options": {"include_usage": True}}
     if settings.endpoint.is_chat:
@@ -78,6 +80,8 @@ async def send_request(client: httpx2.AsyncClient, request: SampleRequest, setti
     outcome = RequestOutcome(request.prompt_len, request.expected_output_len)
     url = settings.base_url + settings.endpoint.path
     outcome.start_time = start = clock()
+    if settings.endpoint.is_embeddings:
+        return await _send_embedding(client, url, request, settings, outcome, clock)
     try:
         async with client.stream("POST", url, json=request_body(request, settings), headers=settings.headers,
                                  timeout=settings.timeout_s) as response:
@@ -88,6 +92,25 @@ async def send_request(client: httpx2.AsyncClient, request: SampleRequest, setti
             await _read_stream(response, outcome, start, clock)
     except httpx2.HTTPError as error:
         outcome.error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return outcome
+
+
+async def _send_embedding(client: httpx2.AsyncClient, url: str, request: SampleRequest, settings: RequestSettings,
+                          outcome: RequestOutcome, clock: Clock) -> RequestOutcome:
+    """One embeddings request, not streamed: its latency is the whole answer's (vLLM's E2EL); no output tokens."""
+    try:
+        response = await client.post(url, json=request_body(request, settings), headers=settings.headers,
+                                     timeout=settings.timeout_s)
+    except httpx2.HTTPError as error:
+        outcome.error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        return outcome
+    outcome.latency = outcome.ttft = clock() - outcome.start_time
+    if response.status_code != 200:
+        outcome.error = f"HTTP {response.status_code}: {_error_message(response.text)}"
+        return outcome
+    usage = response.json().get("usage") or {}
+    outcome.prompt_len = usage.get("prompt_tokens") or outcome.prompt_len
+    outcome.output_tokens, outcome.success = 0, True
     return outcome
 
 

@@ -1,5 +1,5 @@
 """Which API `bench serve` calls: vLLM's `--backend` and `--endpoint` (a URL path), or llmctl's
-short names `completions` / `chat`, resolved to one kind of request body and one URL path."""
+short names `completions` / `chat` / `embeddings`, resolved to one kind of request body and one URL path."""
 
 from __future__ import annotations
 
@@ -7,18 +7,23 @@ from dataclasses import dataclass
 
 from llmctl.errors import LlmctlError
 
-SHORT_NAMES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-BACKENDS = {"vllm": "completions", "openai": "completions", "openai-chat": "chat"}  # the OpenAI-compatible ones
+SHORT_NAMES = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "embeddings": "/v1/embeddings"}
+BACKENDS = {"vllm": "completions", "openai": "completions", "openai-chat": "chat",
+            "openai-embeddings": "embeddings"}  # the OpenAI-compatible ones
 
 
 @dataclass(frozen=True)
 class Endpoint:
-    kind: str  # "completions" or "chat": the request body
+    kind: str  # "completions", "chat" or "embeddings": the request body
     path: str  # appended to the server's base URL
 
     @property
     def is_chat(self) -> bool:
         return self.kind == "chat"
+
+    @property
+    def is_embeddings(self) -> bool:
+        return self.kind == "embeddings"
 
 
 def resolve_endpoint(endpoint: str | None, backend: str | None) -> Endpoint:
@@ -35,18 +40,20 @@ def resolve_endpoint(endpoint: str | None, backend: str | None) -> Endpoint:
     elif endpoint.startswith("/"):
         found = Endpoint(_kind_of_path(endpoint), endpoint)
     else:
-        raise LlmctlError(f"--endpoint {endpoint}: give a URL path such as /v1/completions or "
-                          "/v1/chat/completions (or the short names completions / chat)")
+        raise LlmctlError(f"--endpoint {endpoint}: give a URL path such as /v1/completions, /v1/chat/completions "
+                          "or /v1/embeddings (or the short names completions / chat / embeddings)")
     if wanted is not None and wanted != found.kind:
         raise LlmctlError(f"--backend {backend} calls the {wanted} API but --endpoint {endpoint} is the "
-                          f"{found.kind} one: use --backend {'openai-chat' if found.is_chat else 'vllm'}")
+                          f"{found.kind} one: use --backend {BACKEND_OF[found.kind]}")
     return found
 
 
+BACKEND_OF = {"completions": "vllm", "chat": "openai-chat", "embeddings": "openai-embeddings"}
+
+
 def _kind_of_path(path: str) -> str:
-    if path.rstrip("/").endswith("/chat/completions"):
-        return "chat"
-    if path.rstrip("/").endswith("/completions"):
-        return "completions"
-    raise LlmctlError(f"--endpoint {path}: llmctl benchmarks the completions and chat completions APIs; the path "
-                      "must end in /completions or /chat/completions")
+    for suffix, kind in (("/chat/completions", "chat"), ("/completions", "completions"), ("/embeddings", "embeddings")):
+        if path.rstrip("/").endswith(suffix):
+            return kind
+    raise LlmctlError(f"--endpoint {path}: llmctl benchmarks the completions, chat completions and embeddings APIs; "
+                      "the path must end in /completions, /chat/completions or /embeddings")

@@ -49,9 +49,10 @@ TARGET_FLAGS: dict[str, Flag] = {
                               "the name sent in requests, when it differs from --model (the tokenizer's)"),
     "tokenizer": Flag(("--tokenizer",), Optional[str], "default: the model's"),
     "backend": Flag(("--backend",), Optional[str],
-                    "vllm or openai (the completions API), openai-chat (chat completions)"),
+                    "vllm or openai (the completions API), openai-chat (chat completions), openai-embeddings"),
     "endpoint": Flag(("--endpoint",), Optional[str],
-                     "URL path: /v1/completions (default) or /v1/chat/completions; also completions, chat"),
+                     "URL path: /v1/completions (default), /v1/chat/completions or /v1/embeddings; also completions, "
+                     "chat, embeddings"),
 }
 TARGET_GROUP = FlagGroup("target", TARGET_FLAGS, TargetFlags, build_target)
 

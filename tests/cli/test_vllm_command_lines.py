@@ -69,8 +69,9 @@ def test_backends_and_endpoints_resolve_as_vllm_pairs_them() -> None:
         resolve_endpoint("/v1/completions", "openai-chat")
     with pytest.raises(Exception, match="--backend tgi: llmctl benchmarks OpenAI-compatible APIs"):
         resolve_endpoint(None, "tgi")
-    with pytest.raises(Exception, match="must end in /completions or /chat/completions"):
-        resolve_endpoint("/v1/embeddings", None)
+    assert resolve_endpoint("/v1/embeddings", "openai-embeddings").kind == "embeddings"
+    with pytest.raises(Exception, match="must end in /completions, /chat/completions or /embeddings"):
+        resolve_endpoint("/v1/rerank", None)
 
 
 def test_served_model_names_run_to_the_next_option_as_vllms_nargs() -> None:

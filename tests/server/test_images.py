@@ -182,8 +182,9 @@ def test_bench_serve_random_mm_sends_images_as_chat_parts(server, tmp_path):
 
 @pytest.mark.parametrize("family", ["llava_next", "idefics3", "gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_the_other_families_answer_through_serve_as_transformers(tmp_path, tokenizer, family):
-    """LLaVA-NeXT's any-res tiles, SmolVLM's tiles, Gemma 3's images attending both ways and the Qwen-VL families' M-RoPE (its processor assembled by llmctl
-    without torchvision) behind the same server and client: two images of different sizes, transformers' answer."""
+    """LLaVA-NeXT's any-res tiles, SmolVLM's tiles, Gemma 3's images attending both ways and the Qwen-VL families'
+    M-RoPE (their processor assembled by llmctl without torchvision) behind the same server and client: two images
+    of different sizes, transformers' answer."""
     import openai
     from transformers import AutoTokenizer
 
