@@ -6,7 +6,7 @@ from typing import Any
 
 from llmctl.version import __version__
 
-__all__ = ["LLM", "LoRARequest", "SamplingParams", "__version__"]
+__all__ = ["LLM", "LoRARequest", "PoolingParams", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,6 +19,10 @@ def __getattr__(name: str) -> Any:
         from llmctl.engine.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "PoolingParams":
+        from llmctl.engine.pooling_params import PoolingParams
+
+        return PoolingParams
     if name == "LoRARequest":
         from llmctl.engine.lora.request import LoRARequest
 

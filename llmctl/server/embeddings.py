@@ -10,9 +10,7 @@ import torch
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from llmctl.checkpoint.config_file import load_spec
-from llmctl.checkpoint.source import resolve_model
-from llmctl.engine.front.embedding import EmbeddingModel, dimensions_problem, is_embedding_model
+from llmctl.engine.front.embedding import dimensions_problem, embedding_model_for
 from llmctl.errors import LlmctlError
 from llmctl.server.models import check_model
 from llmctl.server.protocol import bad, prompt_list
@@ -24,15 +22,11 @@ logger = logging.getLogger("llmctl.server")
 
 def load_embedder(state: ServerState) -> bool:
     """Serve an encoder through /v1/embeddings; False for generation models."""
-    config = state.settings.engine_config
-    source = resolve_model(config.model, config.revision, weights=True, show_progress=False)
-    spec = load_spec(source)
-    if not is_embedding_model(spec):
+    state.embedder = embedder = embedding_model_for(state.settings.engine_config)
+    if embedder is None:
         return False
-    state.embedder = EmbeddingModel(source, spec, config.max_model_len,
-                                    allow_pickle_weights=config.allow_pickle_weights)
-    logger.info("embedding model %s (%s pooling%s), %d dimensions", source.name, state.embedder.pooling.mode,
-                ", normalized" if state.embedder.pooling.normalize else "", spec.hidden_size)
+    logger.info("embedding model %s (%s pooling%s), %d dimensions", embedder.source.name, embedder.pooling.mode,
+                ", normalized" if embedder.pooling.normalize else "", embedder.spec.hidden_size)
     return True
 
 

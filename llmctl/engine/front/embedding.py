@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -110,3 +111,18 @@ class EmbeddingModel:
         if self.pooling.mode == "max":
             return hidden.masked_fill(weights == 0, float("-inf")).max(dim=1).values
         return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+
+
+def embedding_model_for(config: Any) -> EmbeddingModel | None:
+    """The encoder an EngineConfig names, loaded for embeddings; None for a model the engine generates with."""
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
+
+    try:
+        spec = load_spec(resolve_model(config.model, config.revision, show_progress=False))  # metadata only
+    except (LlmctlError, OSError, ValueError):
+        return None  # the engine's load says what is wrong, as it would without this look
+    if not is_embedding_model(spec):
+        return None
+    source = resolve_model(config.model, config.revision, weights=True, show_progress=False)
+    return EmbeddingModel(source, spec, config.max_model_len, allow_pickle_weights=config.allow_pickle_weights)

@@ -9,10 +9,12 @@ from typing import Any
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.front.beam_search import BeamSearch, BeamSearchParams, alternatives_of
+from llmctl.engine.front.embedding import dimensions_problem, embedding_model_for
 from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.multimodal.items import ProcessedPrompt
+from llmctl.engine.pooling_params import EmbeddingOutput, EmbeddingRequestOutput, PoolingParams
 from llmctl.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]  # vLLM's TextPrompt {"prompt": …} and TokensPrompt {"prompt_token_ids": …}
@@ -22,8 +24,31 @@ class LLM:
     """Load a model once, then generate for many prompts with continuous batching."""
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        config = EngineConfig(model=model, **engine_args)
+        self.embedder = embedding_model_for(config)  # an encoder: embeddings only (LLM.embed)
+        self._engine = LLMEngine(config) if self.embedder is None else None
         self._ids = itertools.count()
+
+    @property
+    def engine(self) -> LLMEngine:
+        if self._engine is None:
+            raise ValueError("this is an embedding model: it serves LLM.embed, not generation")
+        return self._engine
+
+    def embed(self, prompts: str | list[int] | Sequence[str | list[int]],
+              pooling_params: PoolingParams | None = None) -> list[EmbeddingRequestOutput]:
+        """vLLM's LLM.embed for an encoder embedding model: one output per prompt, in order."""
+        if self.embedder is None:
+            raise ValueError("LLM.embed needs an embedding model (a BERT-style encoder); this one generates")
+        single = isinstance(prompts, str) or _is_token_ids(prompts)
+        batch = [prompts] if single else list(prompts)  # type: ignore[list-item]
+        dimensions = (pooling_params or PoolingParams()).dimensions
+        if dimensions is not None and (problem := dimensions_problem(self.embedder.pooling,
+                                                                      self.embedder.spec.hidden_size, dimensions)):
+            raise ValueError(problem)
+        vectors, _ = self.embedder.embed(batch, dimensions)
+        return [EmbeddingRequestOutput(str(next(self._ids)), self.embedder.token_ids(prompt),
+                                       EmbeddingOutput(vector.tolist())) for prompt, vector in zip(batch, vectors)]
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
@@ -32,7 +57,8 @@ class LLM:
 
     def shutdown(self) -> None:
         """Stop the worker ranks of a tensor/pipeline-parallel engine (they also exit with this process)."""
-        self.engine.executor.shutdown()
+        if self._engine is not None:
+            self._engine.executor.shutdown()
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
