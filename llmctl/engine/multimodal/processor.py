@@ -108,19 +108,23 @@ def serves_images(folder: Path, model_type: str, limits: MultimodalLimits) -> bo
     nor without the image processor its images need (then it is served text-only, its tower left on disk)."""
     if vision_family(model_type) is None or limits.text_only:
         return False
-    if not any((folder / name).exists() for name in ("preprocessor_config.json", "processor_config.json")):
+    if not has_image_processor(folder):
         logger.warning("%s has no preprocessor_config.json: its images cannot be processed, it is served text-only",
                        folder)
         return False
     return True
 
 
+def has_image_processor(folder: Path) -> bool:
+    return any((folder / name).exists() for name in ("preprocessor_config.json", "processor_config.json"))
+
+
 def multimodal_processor(folder: Path, model_type: str, limits: MultimodalLimits,
                          hf_config: Any = None) -> MultimodalProcessor | None:
-    """The processor of a vision-language model whose images are served; None for a text model, or with
-    --limit-mm-per-prompt '{"image": 0}'."""
+    """The processor of a vision-language model whose images are served; None for a text model, with
+    --limit-mm-per-prompt '{"image": 0}', or for a checkpoint without an image processor (the loader warns)."""
     family = vision_family(model_type)
-    if family is None or not serves_images(folder, model_type, limits):
+    if family is None or limits.text_only or not has_image_processor(folder):
         return None
     if hf_config is None:
         from transformers import AutoConfig

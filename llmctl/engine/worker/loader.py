@@ -65,7 +65,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     dtype = _dtype(config.dtype, device)
     choice, backend = _attention_backend(config, spec, device, dtype)  # refuses what this GPU cannot run first
     hf_config = _hf_config(source, spec, config.trust_remote_code)
-    # a vision-language model's tower is then not built
+    # without images served (a text model, images off, no image processor) no vision tower is built
     hf_config.llmctl_text_only = not serves_images(source.path, spec.model_type, config.multimodal)
     model = _build(spec, hf_config, dtype, device, source, shard, config.allow_pickle_weights, config.model_impl)
     weights_bytes = model_weight_bytes(model)
