@@ -20,7 +20,7 @@ def __getattr__(name: str) -> Any:
 
         return SamplingParams
     if name == "PoolingParams":
-        from llmctl.engine.pooling_params import PoolingParams
+        from llmctl.engine.pooling.params import PoolingParams
 
         return PoolingParams
     if name == "LoRARequest":

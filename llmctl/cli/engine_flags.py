@@ -80,6 +80,10 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
     "model_impl": Flag(("--model-impl",), str, "auto (llmctl's own implementation, else transformers' modules "
                                                "around llmctl's paged attention), llmctl (or vLLM's 'vllm') or "
                                                "transformers"),
+    "runner": Flag(("--runner",), str, "auto (pooling for embedding, classifier and reward checkpoints, else "
+                   "generate), generate or pooling"),
+    "convert": Flag(("--convert",), str, "a pooling model's task: auto (from its architecture and "
+                    "sentence-transformers files), embed, classify or reward"),
     "allow_pickle_weights": Flag(("--allow-pickle-weights",), bool, "load pytorch_model*.bin when a model has no "
                                  "safetensors (torch.load weights_only); off: safetensors only"),
 }

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from llmctl.engine.errors import EngineConfigError
 from llmctl.engine.multimodal.config import MultimodalLimits, parse_multimodal_limits
+from llmctl.engine.pooling.config import CONVERTS, RUNNERS
 from llmctl.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
 from llmctl.engine.structured.config import StructuredOutputsConfig, parse_structured_outputs_config
 from llmctl.errors import LlmctlError
@@ -67,6 +68,8 @@ class EngineConfig:
     device: str = "auto"
     trust_remote_code: bool = False
     model_impl: str = "auto"  # vLLM's --model-impl: auto (native, else transformers), llmctl, transformers
+    runner: str = "auto"  # vLLM's --runner: auto (from the checkpoint), generate or pooling
+    convert: str = "auto"  # vLLM's --convert: auto, none, embed, classify or reward (a pooling model's task)
     allow_pickle_weights: bool = False  # load pytorch_model*.bin (torch.load weights_only) when no safetensors
     show_progress: bool = False
     tensor_parallel_size: int = 1
@@ -163,6 +166,10 @@ class EngineConfig:
         self._validate_async_scheduling()
         if self.cpu_threads is not None and self.cpu_threads < 1:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
+        if self.runner not in RUNNERS:
+            bad("runner", f"{self.runner!r} is not one of {', '.join(RUNNERS)}")
+        if self.convert not in CONVERTS:
+            bad("convert", f"{self.convert!r} is not one of {', '.join(CONVERTS)}")
         if self.model_impl not in MODEL_IMPLS:
             bad("model_impl", f"{self.model_impl!r} is not one of {', '.join(MODEL_IMPLS)}")
         self.speculative_config = parse_speculative_config(self.speculative_config)

@@ -102,6 +102,7 @@ class Scheduler:
     rope_switch_length: int | None = None  # LongRoPE's pretraining length (see _passes_rope_switch)
     scheduling_policy: str = "fcfs"  # "priority": lower SamplingParams.priority first, then arrival (vLLM's)
     encoder: EncoderScheduler | None = None  # vision-language models: the per-step image encoder budget
+    pool_whole_prompts: bool = False  # a pooler that reads every prompt row: pooling prompts run whole, uncached
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
     num_preemptions: int = 0
@@ -253,16 +254,18 @@ class Scheduler:
             seq = next((s for s in self.waiting if s.lane == lane and self._adapter_fits(s)), None)
             if seq is None:
                 break
-            self.block_manager.match_prefix(seq)
+            whole = self.pool_whole_prompts and seq.pooling is not None
+            if not whole:
+                self.block_manager.match_prefix(seq)
             self.block_manager.release_slid_out(seq)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if self.long_prefill_token_threshold:
+            if self.long_prefill_token_threshold and not whole:
                 num_new = min(num_new, self.long_prefill_token_threshold)
             num_new, images = self._fit_encoder(seq, num_new, out)
-            if num_new <= 0:
-                break
+            if num_new <= 0 or (whole and num_new < seq.num_tokens):
+                break  # a whole-prompt pooling request waits for a step with room for all of it
             if not self.block_manager.can_allocate(seq, num_new):
-                if not self.running and not out.scheduled:
+                if not self.running and not out.scheduled and not whole:
                     # Alone it does not fit a whole prompt: take what fits, chunked.
                     num_new = min(num_new, self._tokens_that_fit(seq))
                     if num_new <= 0:
@@ -329,8 +332,10 @@ class Scheduler:
         return seq
 
     # -- after a step -------------------------------------------------------------------
-    def update_from_output(self, sched: SchedulerOutput, sampled: list[SampledSeq], text: TokenText) -> set[str]:
-        """Apply a step's result; returns the ids of the requests that advanced."""
+    def update_from_output(self, sched: SchedulerOutput, sampled: list[SampledSeq], text: TokenText,
+                           pooled: dict[int, object] | None = None) -> set[str]:
+        """Apply a step's result (sampled tokens; pooled outputs of pooling requests whose prompt is done);
+        returns the ids of the requests that advanced."""
         for item in sched.scheduled:
             if not item.seq.is_finished:  # aborted while its batch was in flight
                 # Proposed tokens count as computed only once verified (below).
@@ -345,6 +350,10 @@ class Scheduler:
                 self._add_sibling(result.forked_from, result.seq)
         touched: set[str] = set()
         now = time.perf_counter()
+        for item in sched.scheduled:
+            if pooled and item.seq.seq_id in pooled and not item.seq.is_finished:
+                self._finish_pooled(item.seq, pooled[item.seq.seq_id], now)
+                touched.add(item.seq.request_id)
         for result in sampled:
             if result.seq.is_finished:
                 continue
@@ -354,6 +363,13 @@ class Scheduler:
             if item.draft is not None and item.seq.status == SequenceStatus.RUNNING:
                 self.block_manager.trim(item.seq)  # blocks of rejected proposals
         return touched
+
+    def _finish_pooled(self, seq: Sequence, output: object, now: float) -> None:
+        """A pooling request is done when its prompt is: its blocks go back at once (no decode follows)."""
+        seq.pooled = output
+        self.counts.prompt_tokens += len(seq.prompt_token_ids)
+        seq.timings.first_token = seq.timings.last_token = now
+        self.finish(seq, "stop")
 
     def _add_sibling(self, parent: Sequence, child: Sequence) -> None:
         self.block_manager.fork(parent, child)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from llmctl.engine.multimodal.items import MultimodalItem, block_keys
 from llmctl.engine.multimodal.mrope import MRopePositions
+from llmctl.engine.pooling.params import PoolingParams
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.spec_decode.proposal import Draft
 
@@ -74,6 +75,8 @@ class Sequence:
     grammar: GrammarMatcher | None = None  # structured outputs: where this sequence is in its grammar (llmctl.engine.structured)
     mm_items: list[MultimodalItem] = field(default_factory=list)  # the prompt's images: their positions and hashes
     mrope: MRopePositions | None = None  # M-RoPE models with images: each token's (t, h, w) rotary position
+    pooling: PoolingParams | None = None  # a pooling request: prefill only, then its pooled output, no tokens
+    pooled: object | None = None  # torch.Tensor: the last stage's pooled output, once its prompt is computed
 
     @property
     def block_tables(self) -> list[list[int]]:

@@ -90,6 +90,7 @@ class StepBatch:
     embedding_slices: list[EmbeddingSlice] = field(default_factory=list)
     mrope_positions: list[list[int]] = field(default_factory=list)  # M-RoPE: [3][T] (t, h, w); empty: positions
     both_ways_spans: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, first, last) attending both ways
+    pool_spans: dict[int, tuple[int, int]] = field(default_factory=dict)  # pooling: seq_id -> its rows (first, end)
 
     @property
     def num_tokens(self) -> int:
@@ -100,6 +101,7 @@ class StepBatch:
 class StepLogits:
     sample_logits: torch.Tensor  # [N, V] float32 on the model's device, one row per sampling sequence
     prompt_logits: dict[int, torch.Tensor]  # seq_id -> [rows, V]
+    pooled: dict[int, torch.Tensor] = field(default_factory=dict)  # pooling: seq_id -> its pooled output (host)
 
 
 @dataclass
@@ -107,6 +109,7 @@ class SampledTokens:
     """What a pipeline's last stage returns for a batch with `sampling`: ids, not logits."""
 
     tokens: list[tuple[int, TokenLogprob | None]]  # one per sample row
+    pooled: dict[int, torch.Tensor] = field(default_factory=dict)  # as StepLogits.pooled
 
 
 @dataclass

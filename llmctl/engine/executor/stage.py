@@ -50,7 +50,8 @@ def step_result(batch: StepBatch, logits: StepLogits) -> StepLogits | SampledTok
     if batch.sampling is None:
         return logits
     try:
-        return SampledTokens(sample(logits.sample_logits, batch.sampling))
+        tokens = sample(logits.sample_logits, batch.sampling) if batch.sampling else []
+        return SampledTokens(tokens, logits.pooled)
     except Exception as exc:  # the step's requests fail, not the rank
         return StepFailed(f"sampling failed: {exc}")
 

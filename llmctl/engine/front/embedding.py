@@ -17,6 +17,7 @@ import torch
 from llmctl.checkpoint.pooling import ENCODER_TYPES, GENERATIVE_SUFFIXES, pooling_spec
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.pooling.config import dimensions_problem as pooled_dimensions_problem
 from llmctl.errors import LlmctlError
 
 ENCODER_POOLING = {"CLS": "cls", "MEAN": "mean", "MAX": "max"}  # what this path pools
@@ -45,17 +46,8 @@ def read_pooling(folder: Path) -> Pooling:
 
 
 def dimensions_problem(pooling: Pooling, size: int, dimensions: object) -> str | None:
-    """Why a request's `dimensions` cannot be served, in vLLM's terms; None when it can."""
-    if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1:
-        return f"dimensions must be a positive integer, got {dimensions!r}"
-    if not pooling.matryoshka:
-        return ("this model does not support Matryoshka representations (no matryoshka_dimensions or "
-                "is_matryoshka in its config): cutting its embeddings would make them poor; leave dimensions out")
-    if pooling.dimensions and dimensions not in pooling.dimensions:
-        return f"this model takes dimensions {', '.join(map(str, pooling.dimensions))}; got {dimensions}"
-    if dimensions > size:
-        return f"dimensions {dimensions} is more than this model's {size}"
-    return None
+    """Why a request's `dimensions` cannot be served by this encoder; None when it can."""
+    return pooled_dimensions_problem(pooling.matryoshka, pooling.dimensions, size, dimensions)
 
 
 class EmbeddingModel:

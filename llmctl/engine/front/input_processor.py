@@ -9,6 +9,8 @@ from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.front.output_processor import Request
 from llmctl.engine.lora.adapter import LoRAAdapter
 from llmctl.engine.multimodal.items import ProcessedPrompt
+from llmctl.engine.pooling.config import PoolerConfig, dimensions_problem
+from llmctl.engine.pooling.params import PoolingParams
 from llmctl.engine.sample.bad_words import bad_words_token_ids
 from llmctl.engine.sampling_params import SamplingParams
 
@@ -43,6 +45,25 @@ class InputProcessor:
         if isinstance(prompt, ProcessedPrompt):
             return Request(request_id, text, ids, params, lora=lora, mm_items=prompt.items, mrope=prompt.mrope)
         return Request(request_id, text, ids, params, lora=lora)
+
+    def process_pooling(self, request_id: str, prompt: str | list[int], params: PoolingParams,
+                        pooler: PoolerConfig, max_batched: int) -> Request:
+        """A pooling request: its prompt must fit the context (no output follows) and, for a pooler that reads
+        every row, one step's token budget."""
+        text, ids = self.tokenize(prompt)
+        if not ids:
+            raise InvalidRequestError("the input is empty", "input")
+        if len(ids) > self.max_model_len:
+            raise InvalidRequestError(f"the input has {len(ids)} tokens; this model's maximum context length is "
+                                      f"{self.max_model_len} tokens: shorten the input", "input")
+        if pooler.whole_prompt and len(ids) > max_batched:
+            raise InvalidRequestError(f"the input has {len(ids)} tokens; {pooler.pooling} pooling computes an input "
+                                      f"in one step of at most {max_batched} tokens (--max-num-batched-tokens)",
+                                      "input")
+        if params.dimensions is not None and (problem := dimensions_problem(
+                pooler.matryoshka, pooler.dimensions, pooler.hidden_size, params.dimensions)):
+            raise InvalidRequestError(problem, "dimensions")
+        return Request(request_id, text, ids, SamplingParams(max_tokens=1), pooling=params)
 
     def _check_token_ids(self, params: SamplingParams) -> None:
         for name, ids in (("logit_bias", list(params.logit_bias or {})), ("allowed_token_ids",

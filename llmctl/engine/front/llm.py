@@ -14,7 +14,14 @@ from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.multimodal.items import ProcessedPrompt
-from llmctl.engine.pooling_params import EmbeddingOutput, EmbeddingRequestOutput, PoolingParams
+from llmctl.engine.pooling.params import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    PoolingParams,
+    PoolingRequestOutput,
+)
 from llmctl.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]  # vLLM's TextPrompt {"prompt": …} and TokensPrompt {"prompt_token_ids": …}
@@ -32,16 +39,17 @@ class LLM:
     @property
     def engine(self) -> LLMEngine:
         if self._engine is None:
-            raise ValueError("this is an embedding model: it serves LLM.embed, not generation")
+            raise ValueError("this is an encoder embedding model: it serves LLM.embed, not generation")
         return self._engine
 
     def embed(self, prompts: str | list[int] | Sequence[str | list[int]],
               pooling_params: PoolingParams | None = None) -> list[EmbeddingRequestOutput]:
-        """vLLM's LLM.embed for an encoder embedding model: one output per prompt, in order."""
+        """vLLM's LLM.embed: one embedding per prompt, in order (an encoder, or a decoder on the paged engine)."""
+        batch = _text_prompts(prompts)
         if self.embedder is None:
-            raise ValueError("LLM.embed needs an embedding model (a BERT-style encoder); this one generates")
-        single = isinstance(prompts, str) or _is_token_ids(prompts)
-        batch = [prompts] if single else list(prompts)  # type: ignore[list-item]
+            self._require_task("embed", "LLM.embed")
+            return [EmbeddingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.outputs.data.tolist()))
+                    for o in self.encode(batch, pooling_params)]
         dimensions = (pooling_params or PoolingParams()).dimensions
         if dimensions is not None and (problem := dimensions_problem(self.embedder.pooling,
                                                                       self.embedder.spec.hidden_size, dimensions)):
@@ -49,6 +57,27 @@ class LLM:
         vectors, _ = self.embedder.embed(batch, dimensions)
         return [EmbeddingRequestOutput(str(next(self._ids)), self.embedder.token_ids(prompt),
                                        EmbeddingOutput(vector.tolist())) for prompt, vector in zip(batch, vectors)]
+
+    def encode(self, prompts: str | list[int] | Sequence[str | list[int]],
+               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None) -> list[PoolingRequestOutput]:
+        """vLLM's LLM.encode: each prompt's pooled output as the model's pooler makes it (a pooling model)."""
+        batch = _text_prompts(prompts)
+        if self.engine.pooler is None:
+            raise ValueError("LLM.encode needs a pooling model (--runner pooling); this one generates")
+        params = _per_prompt(pooling_params or PoolingParams(), len(batch), "pooling params")
+        return self._run(batch, params, [None] * len(batch))  # type: ignore[arg-type]
+
+    def classify(self, prompts: str | list[int] | Sequence[str | list[int]]) -> list[ClassificationRequestOutput]:
+        """vLLM's LLM.classify: each prompt's class probabilities."""
+        self._require_task("classify", "LLM.classify")
+        return [ClassificationRequestOutput(o.request_id, o.prompt_token_ids, ClassificationOutput(o.outputs.data.tolist()))
+                for o in self.encode(prompts)]
+
+    def _require_task(self, task: str, call: str) -> None:
+        pooler = self.engine.pooler
+        if pooler is None or pooler.task != task:
+            what = f"runs as a {pooler.task} model" if pooler is not None else "generates"
+            raise ValueError(f"{call} needs a model whose pooling task is {task}; this one {what}")
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
@@ -71,6 +100,10 @@ class LLM:
         batch = [self._engine_prompt(p) for p in ([prompts] if single else list(prompts))]
         params_list = _per_prompt(sampling_params or SamplingParams(), len(batch), "sampling params")
         loras = _per_prompt(lora_request, len(batch), "lora requests")
+        return self._run(batch, params_list, loras)  # type: ignore[return-value]
+
+    def _run(self, batch: list[Any], params_list: list[Any], loras: list[Any]) -> list[Any]:
+        """Every request queued (none left behind when one is refused), stepped to the end, outputs in order."""
         order = []
         for prompt, params, lora in zip(batch, params_list, loras):
             request_id = str(next(self._ids))
@@ -81,7 +114,7 @@ class LLM:
                     self.engine.abort(queued)
                 raise
             order.append(request_id)
-        finished: dict[str, RequestOutput] = {}
+        finished: dict[str, Any] = {}
         while self.engine.has_unfinished_requests:
             for output in self.engine.step():
                 if output.finished:
@@ -126,6 +159,11 @@ def _per_prompt(value: Any, count: int, what: str) -> list[Any]:
     if len(value) != count:
         raise ValueError(f"{len(value)} {what} for {count} prompts")
     return list(value)
+
+
+def _text_prompts(prompts: str | list[int] | Sequence[str | list[int]]) -> list[str | list[int]]:
+    single = isinstance(prompts, str) or _is_token_ids(prompts)
+    return [prompts] if single else list(prompts)  # type: ignore[list-item]
 
 
 def _plain_prompt(prompt: Prompt) -> str | list[int]:

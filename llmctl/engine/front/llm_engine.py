@@ -33,6 +33,8 @@ from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.multimodal.encoder_budget import EncoderScheduler
 from llmctl.engine.multimodal.items import EnginePrompt
 from llmctl.engine.multimodal.processor import multimodal_processor
+from llmctl.engine.pooling.config import PoolerConfig
+from llmctl.engine.pooling.params import PoolingParams
 from llmctl.engine.reasoning import ReasoningParserManager
 from llmctl.engine.sample.step_sampler import StepSampler
 from llmctl.engine.sampling_params import SamplingParams
@@ -81,7 +83,9 @@ class LLMEngine:
         self.load_unknown_adapters = True  # offline: a new LoRARequest is read on first use; a server registers them
         self.input_processor = InputProcessor(self.tokenizer, self.loaded.spec.vocab_size, self.max_model_len,
                                               self.loaded.generation_defaults)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer, self.loaded.pooler)
+        self.pooler = self.loaded.pooler  # a pooling model: it takes PoolingParams, not SamplingParams
+        self.scheduler.pool_whole_prompts = self.pooler is not None and self.pooler.whole_prompt
         self.multimodal = multimodal_processor(self.loaded.source.path, self.loaded.spec.model_type,
                                                config.multimodal, self.loaded.hf_config)
         if self.multimodal is not None:  # vLLM's default encoder budget: the step's token budget
@@ -113,7 +117,9 @@ class LLMEngine:
     def _warm_up(self) -> None:
         """One tiny request through every code path, so the first real request is not the slow one."""
         started = time.perf_counter()
-        self.add_request("llmctl-warm-up", [0] * 8, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+        params = PoolingParams() if self.pooler is not None else \
+            SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+        self.add_request("llmctl-warm-up", [0] * 8, params)
         while self.has_unfinished_requests:
             self.step()
         self.scheduler.reset_stats()
@@ -125,11 +131,17 @@ class LLMEngine:
     def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         return self.input_processor.tokenize(prompt)
 
-    def add_request(self, request_id: str, prompt: EnginePrompt, params: SamplingParams | None = None,
+    def add_request(self, request_id: str, prompt: EnginePrompt, params: SamplingParams | PoolingParams | None = None,
                     lora_request: LoRARequest | None = None) -> None:
         if request_id in self.output_processor.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
-        request = self.input_processor.process(request_id, prompt, params, lora=None)
+        if isinstance(params, PoolingParams) != (self.pooler is not None):
+            raise InvalidRequestError(_runner_mismatch(self.pooler), "model")
+        if isinstance(params, PoolingParams):
+            request = self.input_processor.process_pooling(request_id, self._text_or_ids(prompt), params,
+                                                           self.pooler, self.loaded.max_num_batched_tokens)
+        else:
+            request = self.input_processor.process(request_id, prompt, params, lora=None)
         request.lora = self._adapter(lora_request)
         if request.params.structured_outputs is not None:
             request.grammar = self.structured.matcher(request.params.structured_outputs)
@@ -138,6 +150,12 @@ class LLMEngine:
         first.lane = loads.index(min(loads))
         first.waiting_to_fork = request.params.n > 1
         self.scheduler.add(first)
+
+    @staticmethod
+    def _text_or_ids(prompt: EnginePrompt) -> str | list[int]:
+        if not isinstance(prompt, (str, list)):
+            raise InvalidRequestError("a pooling request takes text or token ids, not images", "input")
+        return prompt
 
     def abort(self, request_id: str) -> None:
         """Stop a request now and free its KV blocks."""
@@ -183,7 +201,7 @@ class LLMEngine:
         _, sched, sample_seqs = self.in_flight.popleft()
         result = self._collect(sched)
         sampled = self.sampler.sample_step(sched, result, sample_seqs)
-        touched = self.scheduler.update_from_output(sched, sampled, self.output_processor)
+        touched = self.scheduler.update_from_output(sched, sampled, self.output_processor, result.pooled)
         if self.speculator is not None:
             self._propose(sched)
         return self.output_processor.outputs(touched)
@@ -279,6 +297,12 @@ class LLMEngine:
         """A snapshot of the counters and queues (safe to call from another thread)."""
         max_loras = self.config.max_loras if self.lora is not None else 0
         return snapshot(self.scheduler, self.speculator.stats if self.speculator else None, max_loras)
+
+
+def _runner_mismatch(pooler: PoolerConfig | None) -> str:
+    if pooler is None:
+        return "this model generates text: pooling requests (embeddings, scores, classes) need a pooling model"
+    return f"this model runs as a pooling model ({pooler.describe()}): it serves no text generation"
 
 
 def _samples_plainly(sched: SchedulerOutput, batch: StepBatch, sample_seqs: list[Sequence]) -> bool:

@@ -16,6 +16,9 @@ from llmctl.engine.front.outputs import CompletionOutput, RequestMetrics, Reques
 from llmctl.engine.lora.adapter import LoRAAdapter
 from llmctl.engine.multimodal.items import MultimodalItem
 from llmctl.engine.multimodal.mrope import MRopePositions
+from llmctl.engine.pooling.config import PoolerConfig
+from llmctl.engine.pooling.outputs import finish_pooled
+from llmctl.engine.pooling.params import PoolingOutput, PoolingParams, PoolingRequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.matcher import GrammarMatcher
 
@@ -40,6 +43,7 @@ class Request:
     texts: dict[int, SeqText] = field(default_factory=dict)  # by seq_id
     mm_items: list[MultimodalItem] = field(default_factory=list)  # the prompt's images (llmctl.engine.multimodal)
     mrope: MRopePositions | None = None  # M-RoPE models: the prompt's (t, h, w) positions
+    pooling: PoolingParams | None = None  # a pooling request (llmctl.engine.pooling): one output, no tokens
 
     @property
     def finished(self) -> bool:
@@ -47,8 +51,9 @@ class Request:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, pooler: PoolerConfig | None = None) -> None:
         self.tokenizer = tokenizer
+        self.pooler = pooler
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
 
@@ -60,7 +65,7 @@ class OutputProcessor:
     def new_sequence(self, request: Request, index: int) -> Sequence:
         seq = Sequence(seq_id=next(self._seq_ids), request_id=request.request_id, index=index,
                        prompt_token_ids=request.prompt_token_ids, params=request.params, lora=request.lora,
-                       mm_items=request.mm_items, mrope=request.mrope)
+                       mm_items=request.mm_items, mrope=request.mrope, pooling=request.pooling)
         if request.grammar is not None:
             seq.grammar = request.grammar if index == 0 else request.grammar.fresh()
         if request.params.seed is not None:
@@ -92,7 +97,7 @@ class OutputProcessor:
         return _cut_at_stop_string(state, seq.params) if search_stop_strings else None
 
     # -- outputs --------------------------------------------------------------------------
-    def outputs(self, request_ids: set[str]) -> list[RequestOutput]:
+    def outputs(self, request_ids: set[str]) -> list[RequestOutput | PoolingRequestOutput]:
         """One output per request that advanced; finished requests are forgotten after theirs."""
         outputs = []
         for rid in request_ids:
@@ -104,7 +109,9 @@ class OutputProcessor:
                 del self.requests[rid]
         return outputs
 
-    def _output(self, request: Request) -> RequestOutput:
+    def _output(self, request: Request) -> RequestOutput | PoolingRequestOutput:
+        if request.pooling is not None:
+            return self._pooling_output(request)
         completions = [self._completion(request, seq) for seq in request.seqs]
         first = request.seqs[0]
         return RequestOutput(
@@ -113,6 +120,13 @@ class OutputProcessor:
             prompt_logprobs=list(first.prompt_logprobs) if request.params.prompt_logprobs is not None else None,
             num_cached_tokens=first.num_cached_tokens, metrics=_metrics(request),
         )
+
+    def _pooling_output(self, request: Request) -> PoolingRequestOutput:
+        seq, pooler, params = request.seqs[0], self.pooler, request.pooling
+        assert pooler is not None and params is not None  # only a pooling engine takes pooling requests
+        data = finish_pooled(seq.pooled, pooler, params) if isinstance(seq.pooled, torch.Tensor) else None
+        return PoolingRequestOutput(request.request_id, request.prompt_token_ids, PoolingOutput(data),
+                                    finished=request.finished)
 
     def _completion(self, request: Request, seq: Sequence) -> CompletionOutput:
         state = request.texts[seq.seq_id]

@@ -17,6 +17,7 @@ from llmctl.engine.distributed.group import Rank, TPGroup
 from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.lora.slots import LoRASlots, LoRAStep
 from llmctl.engine.models.common import Shard
+from llmctl.engine.pooling.config import PoolerConfig
 from llmctl.sizing.kv import KVGroups, StageKV, kv_groups
 from llmctl.sizing.memory import KVPool
 from llmctl.sizing.weights import pipeline_stages
@@ -46,6 +47,7 @@ class LoadedModel:
     packed_bytes: int = 0  # packed copies of the CPU linears' weights (llmctl.engine.layers.cpu_gemm)
     lora_step: LoRAStep | None = None  # --enable-lora: which tokens use which slot, set every step
     lora_slots: dict[tuple[int, str], LoRASlots] = field(default_factory=dict)  # (layer, module) -> slots
+    pooler: PoolerConfig | None = None  # a pooling model (--runner pooling): what its last stage returns
 
     @property
     def lora_bytes(self) -> int:

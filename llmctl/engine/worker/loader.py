@@ -35,6 +35,8 @@ from llmctl.engine.lora.slots import attach_lora_slots
 from llmctl.engine.models.common import Shard, WeightMismatchError
 from llmctl.engine.models.registry import create_model, is_supported, layer_form
 from llmctl.engine.multimodal.processor import serves_images
+from llmctl.engine.pooling.config import PoolerConfig, generative_spec, resolve_pooler
+from llmctl.engine.pooling.pooler import adapt_for_pooling
 from llmctl.engine.worker.heap import keep_freed_memory_in_heap, release_loading_garbage
 from llmctl.engine.worker.kv_cache import kv_cache_dtype, set_up_kv_cache
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
@@ -57,6 +59,9 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     source = resolve_model(config.model, config.revision, weights=True, show_progress=config.show_progress,
                            gguf_coded=runs_gguf_coded(config, device))
     spec = load_spec(source)
+    pooler = resolve_pooler(config.runner, config.convert, spec, source.path)
+    if pooler is not None:  # the family's generative model carries the layers; the pooler replaces its head
+        spec = generative_spec(spec)
     _check_native(spec, source, config.trust_remote_code)
     shard, rank = placement.shard(spec), placement.rank
     if device.type == "cpu":
@@ -67,7 +72,8 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     hf_config = _hf_config(source, spec, config.trust_remote_code)
     # without images served (a text model, images off, no image processor) no vision tower is built
     hf_config.llmctl_text_only = not serves_images(source.path, spec.model_type, config.multimodal)
-    model = _build(spec, hf_config, dtype, device, source, shard, config.allow_pickle_weights, config.model_impl)
+    model = _build(spec, hf_config, dtype, device, source, shard, config.allow_pickle_weights, config.model_impl,
+                   pooler)
     weights_bytes = model_weight_bytes(model)
     packed_bytes = pack_linears(model) if device.type == "cpu" else 0
     lora_step, lora_slots = attach_lora_slots(model, spec, config.max_loras, config.max_lora_rank, dtype, device) \
@@ -86,7 +92,8 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
                          max_model_len, max_batched, reserved)
     loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, kv.geometry, kv.pool,
                          kv.caches, max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes,
-                         placement, choice.reason, kv.activation_peak_bytes, packed_bytes, lora_step, lora_slots)
+                         placement, choice.reason, kv.activation_peak_bytes, packed_bytes, lora_step, lora_slots,
+                         pooler)
     if device.type == "cpu":
         release_loading_garbage()
     if rank.rank == 0:
@@ -190,7 +197,8 @@ def qwen1_config(source: ModelSource) -> Any:
 
 
 def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.device, source: ModelSource,
-           shard: Shard, allow_pickle: bool = False, impl: str = "auto") -> nn.Module:
+           shard: Shard, allow_pickle: bool = False, impl: str = "auto", pooler: PoolerConfig | None = None
+           ) -> nn.Module:
     tensors = iterate_tensors(source.path, dtype, allow_pickle)  # no weight files: fail before building
     stored = stored_dtypes(source.path) if spec.quantization is not None and source.gguf_path is None else {}
     form = layer_form(spec, device.type, impl, shard)
@@ -201,6 +209,8 @@ def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.de
         tensors = converted(tensors, converter, stored, dtype, _say_unused)
     with _no_init(dtype, device):
         model = create_model(spec, hf_config, shard, impl, device.type)
+        if pooler is not None:
+            adapt_for_pooling(model, pooler, shard.is_last)
     try:
         model.load_weights(tensors)
     except WeightMismatchError as exc:
@@ -264,6 +274,8 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
     logger.info("model %s (%s), dtype %s on %s", loaded.source.name, ", ".join(loaded.spec.architectures),
                 str(loaded.dtype).removeprefix("torch."), loaded.device)
     logger.info("attention backend %s: %s", loaded.backend.name, loaded.attention_reason)
+    if loaded.pooler is not None:
+        logger.info("pooling runner: %s (no LM head; requests are prefill-only)", loaded.pooler.describe())
     where = " on rank 0 (every rank is listed below)" if loaded.placement.rank.world_size > 1 else ""
     rows, head_rows = small_batch(), head_small_batch()
     head = f", the LM head from {_rows(head_rows)}" if head_rows and head_rows != rows else ""

@@ -16,6 +16,8 @@ from llmctl.engine.layers.triton_attention import TritonAttention
 from llmctl.engine.lora.slots import NO_ADAPTER, LoRAStep
 from llmctl.engine.models.common import StepContext
 from llmctl.engine.multimodal.encoder_cache import EncoderCache
+from llmctl.engine.pooling.config import PoolerConfig
+from llmctl.engine.pooling.pooler import pool
 from llmctl.engine.worker.block_tables import BlockTableCopy
 from llmctl.kernels.transfer import to_device
 
@@ -29,8 +31,9 @@ class ModelRunner:
 
     def __init__(self, model: nn.Module, kv_caches: dict[int, KVCache], backend: AttentionBackend,
                  block_size: int, device: torch.device, sliding_window: int | None = None,
-                 lora_step: LoRAStep | None = None) -> None:
+                 lora_step: LoRAStep | None = None, pooler: PoolerConfig | None = None) -> None:
         self.model = model
+        self.pooler = pooler  # a pooling model: the last stage returns pooled outputs, no logits
         self.lora_step = lora_step
         self.sliding_window = sliding_window
         self.kv_caches = kv_caches
@@ -106,6 +109,9 @@ class ModelRunner:
     def logits(self, batch: StepBatch, hidden: torch.Tensor) -> StepLogits:
         """The last stage's logits: sampling rows stay on the device (the sampler runs there),
         prompt-logprob rows go to the host."""
+        if self.pooler is not None:
+            return StepLogits(torch.empty(0, device=self.device), {}, pool(self.model, self.pooler, hidden,
+                                                                            batch.pool_spans))
         rows = to_device(batch.sample_rows, torch.long, self.device)
         sample = self.model.compute_logits(hidden[rows]).float() if batch.sample_rows else \
             torch.empty(0, device=self.device)
@@ -133,7 +139,7 @@ class ModelRunner:
 
 def make_runner(loaded: LoadedModel, block_size: int) -> ModelRunner:
     runner = ModelRunner(loaded.model, loaded.kv_caches, loaded.backend, block_size, loaded.device,
-                         loaded.sliding_window, loaded.lora_step)
+                         loaded.sliding_window, loaded.lora_step, loaded.pooler)
     runner.exchange = loaded.placement.experts.exchange if loaded.placement.experts else None
     return runner
 

@@ -1,0 +1,112 @@
+"""Which runner a checkpoint gets (vLLM's --runner and --convert) and how its pooler is set up.
+
+A decoder checkpoint runs as a pooling model when its architecture or its sentence-transformers layout says so
+(llmctl.checkpoint.pooling), or when --runner pooling / --convert asks. It then reuses the native generative
+model with the LM head dropped: `Qwen3Model`, `Qwen2ForSequenceClassification` and `LlamaForCausalLM` all load
+into llmctl's Llama-family layers. Torch-free: the driver decides before any rank loads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from llmctl.checkpoint.pooling import ENCODER_TYPES, PoolingSpec, pooling_spec
+from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.errors import EngineConfigError
+
+RUNNERS = ("auto", "generate", "pooling")
+CONVERTS = ("auto", "none", "embed", "classify", "reward")
+ENGINE_POOLING = ("LAST", "MEAN", "CLS", "ALL")  # what the engine's pooler computes
+POOLING_SUFFIXES = ("ForSequenceClassification", "ForRewardModeling", "ForProcessRewardModel", "ForRewardModel", "Model")
+
+
+@dataclass(frozen=True)
+class PoolerConfig:
+    task: str  # embed | classify | reward
+    pooling: str  # LAST | MEAN | CLS | ALL
+    normalize: bool  # embeddings: L2-normalized
+    hidden_size: int
+    dimensions: tuple[int, ...] = ()  # Matryoshka sizes ((): any, when matryoshka)
+    matryoshka: bool = False
+    labels: int = 0  # classify: the score head's outputs
+
+    @property
+    def whole_prompt(self) -> bool:
+        """Whether the pooler reads every prompt row, so a prompt is computed in one step and no cached prefix is
+        reused; LAST pooling reads the last row alone (chunked prefill and prefix caching stay on)."""
+        return self.pooling != "LAST"
+
+    def describe(self) -> str:
+        what = {"embed": "embeddings", "classify": f"classification ({self.labels} labels)",
+                "reward": "reward (every token's hidden state)"}[self.task]
+        return f"{what}, {self.pooling} pooling" + (", normalized" if self.normalize else "")
+
+
+def resolve_pooler(runner: str, convert: str, spec: ModelSpec, folder: Path) -> PoolerConfig | None:
+    """The pooler a decoder checkpoint runs with, or None to generate with it."""
+    if runner not in RUNNERS:
+        raise EngineConfigError(f"--runner {runner!r} is not one of {', '.join(RUNNERS)}")
+    if convert not in CONVERTS:
+        raise EngineConfigError(f"--convert {convert!r} is not one of {', '.join(CONVERTS)}")
+    found = pooling_spec(folder, _raw_config(folder))
+    if runner == "generate" or (runner == "auto" and found is None and convert in ("auto", "none")):
+        if convert not in ("auto", "none"):
+            raise EngineConfigError(f"--convert {convert} makes a pooling model: drop --runner generate")
+        return None
+    if spec.model_type in ENCODER_TYPES:
+        raise EngineConfigError(f"{spec.model_type} encoders are served through transformers' modules, chosen "
+                                "without --runner or --convert: drop them")
+    task = convert if convert not in ("auto", "none") else (found.task if found else "embed")
+    return _pooler(task, found if found is not None and found.task == task else None, spec)
+
+
+def _pooler(task: str, found: PoolingSpec | None, spec: ModelSpec) -> PoolerConfig:
+    pooling, normalize = ("ALL", False) if task == "reward" else ("LAST", task == "embed")
+    if found is not None:
+        pooling, normalize = found.pooling, found.normalize
+        if found.dense:
+            raise EngineConfigError("this embedding model projects its pooled states with a sentence-transformers "
+                                    "Dense module, which llmctl does not run yet")
+    if pooling not in ENGINE_POOLING:
+        raise EngineConfigError(f"{pooling} pooling is not implemented for decoder models: llmctl pools "
+                                f"{', '.join(ENGINE_POOLING)}")
+    labels = (found.labels if found is not None else None) or 0
+    if task == "classify" and not labels:
+        raise EngineConfigError("--convert classify needs a checkpoint with a classification head (a "
+                                "...ForSequenceClassification with num_labels or id2label in its config.json)")
+    dimensions = found.dimensions if found is not None else ()
+    return PoolerConfig(task, pooling, normalize, spec.hidden_size, dimensions,
+                        bool(found and found.matryoshka), labels)
+
+
+def dimensions_problem(matryoshka: bool, allowed: tuple[int, ...], size: int, dimensions: object) -> str | None:
+    """Why a request's `dimensions` cannot be served, in vLLM's terms; None when it can."""
+    if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1:
+        return f"dimensions must be a positive integer, got {dimensions!r}"
+    if not matryoshka:
+        return ("this model does not support Matryoshka representations (no matryoshka_dimensions or "
+                "is_matryoshka in its config): cutting its embeddings would make them poor; leave dimensions out")
+    if allowed and dimensions not in allowed:
+        return f"this model takes dimensions {', '.join(map(str, allowed))}; got {dimensions}"
+    if dimensions > size:
+        return f"dimensions {dimensions} is more than this model's {size}"
+    return None
+
+
+def generative_spec(spec: ModelSpec) -> ModelSpec:
+    """The spec with each pooling architecture named as its generative sibling (Qwen3Model → Qwen3ForCausalLM),
+    so the native model of that family loads its layers."""
+    names = []
+    for arch in spec.architectures:
+        base = next((arch.removesuffix(s) for s in POOLING_SUFFIXES if arch.endswith(s)), None)
+        names.append(f"{base}ForCausalLM" if base and not arch.endswith("ForCausalLM") else arch)
+    return replace(spec, architectures=tuple(names))
+
+
+def _raw_config(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}

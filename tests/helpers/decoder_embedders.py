@@ -1,0 +1,47 @@
+"""Tiny decoder models saved in sentence-transformers' layout, as Qwen3-Embedding and e5-mistral ship: random
+weights, the default model's tokenizer, a Pooling module (last token or mean) and optionally Normalize."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+FAMILIES = {  # family -> (transformers config class, sentence-transformers pooling mode)
+    "qwen3": ("Qwen3Config", "lasttoken"),
+    "llama": ("LlamaConfig", "mean"),
+}
+
+
+def write_decoder_embedder(base: Path, family: str, tokenizer, normalize: bool = True,
+                           matryoshka: tuple[int, ...] = ()) -> Path:
+    import transformers
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    config_class, mode = FAMILIES[family]
+    config = getattr(transformers, config_class)(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    body_folder = base / f"{family}-body"
+    model = transformers.AutoModel.from_config(config).to(torch.float32).eval()
+    with torch.no_grad():  # large enough that every layer moves the output
+        for param in model.parameters():
+            param.normal_(0, 0.2)
+    model.save_pretrained(body_folder, safe_serialization=True)
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None  # sentence-transformers 6 renders text through a chat template when there is one
+    plain.save_pretrained(body_folder)
+    body = Transformer(str(body_folder))
+    if body.tokenizer.pad_token is None:
+        body.tokenizer.pad_token = body.tokenizer.eos_token
+    modules = [body, Pooling(64, pooling_mode=mode)] + ([Normalize()] if normalize else [])
+    folder = base / f"{family}-embedder"
+    SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    if matryoshka:
+        raw = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**raw, "matryoshka_dimensions": list(matryoshka)}))
+    return folder
