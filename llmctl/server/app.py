@@ -19,13 +19,17 @@ from starlette.routing import Route
 
 from llmctl.engine.front.client_factory import InProcessEngine
 from llmctl.server.chat import chat_completions
+from llmctl.server.classify import classify_endpoint
 from llmctl.server.completions import completions
 from llmctl.server.embeddings import embeddings
 from llmctl.server.models import load_lora_adapter, models, unload_lora_adapter
 from llmctl.server.openapi import openapi_schema
 from llmctl.server.operability import RequestLog, StatsLogger, request_id_of
+from llmctl.server.pooling_endpoint import pooling
 from llmctl.server.protocol import APIError, bad
+from llmctl.server.rerank import rerank
 from llmctl.server.responses_api.endpoint import create_response
+from llmctl.server.score import score
 from llmctl.server.startup import OnFailure, exit_when_ranks_are_lost, load_engine
 from llmctl.server.state import ServerSettings, ServerState
 from llmctl.server.tokenize import detokenize, tokenize
@@ -35,6 +39,13 @@ from llmctl.version import __version__
 __all__ = ["ServerSettings", "create_app"]
 logger = logging.getLogger("llmctl.server")
 Handler = Callable[[ServerState, Request], Awaitable[Response]]
+
+
+POOLING_ROUTES: dict[str, Handler] = {  # what a pooling model answers (vLLM's paths)
+    "/v1/embeddings": embeddings, "/pooling": pooling, "/classify": classify_endpoint,
+    "/score": score, "/v1/score": score, "/rerank": rerank, "/v1/rerank": rerank, "/v2/rerank": rerank,
+}
+POOLING_HANDLERS = {*POOLING_ROUTES.values(), models}
 
 
 def create_app(settings: ServerSettings, engine: InProcessEngine | None = None,
@@ -93,6 +104,8 @@ def _routes(state: ServerState) -> list[Route]:
         Route("/v1/chat/completions", api(chat_completions), methods=["POST"]),
         Route("/v1/responses", api(create_response), methods=["POST"]),
         Route("/v1/embeddings", api(embeddings), methods=["POST"]),
+        *[Route(path, api(handler), methods=["POST"]) for path, handler in POOLING_ROUTES.items()
+          if handler is not embeddings],
         Route("/tokenize", api(tokenize), methods=["POST"]),
         Route("/detokenize", api(detokenize), methods=["POST"]),
         *([Route("/v1/load_lora_adapter", api(load_lora_adapter), methods=["POST"]),
@@ -126,7 +139,7 @@ def _lifespan(state: ServerState, engine: InProcessEngine | None, on_load_failur
 
 
 def health(state: ServerState) -> Response:
-    if state.embedder is not None or (state.engine is not None and state.engine.is_running):
+    if state.encoder is not None or (state.engine is not None and state.engine.is_running):
         return Response(status_code=200)
     reason = state.load_error or ("the engine stopped" if state.engine else "the model is loading")
     return JSONResponse({"status": reason}, status_code=503)
@@ -136,13 +149,16 @@ async def guarded(state: ServerState, request: Request, handler: Handler) -> Res
     """Auth, readiness, queue limit and error mapping around every API handler."""
     try:
         check_api_key(state.settings.api_key, request)
-        if state.embedder is not None:
-            if handler not in (embeddings, models):
-                raise bad(f"{state.model_name} is an embedding model: it answers /v1/embeddings only")
+        if state.encoder is not None:
+            if handler not in POOLING_HANDLERS:
+                raise bad(f"{state.model_name} is an encoder model: it answers {', '.join(POOLING_ROUTES)} only")
             return await handler(state, request)
         if state.engine is None or not state.engine.is_running:
             why = state.load_error or ("the engine stopped" if state.engine else "the model is still loading")
             raise APIError(f"not ready: {why}", 503, headers={"Retry-After": "5"})
+        if state.engine.pooler is not None and handler not in POOLING_HANDLERS:
+            raise bad(f"{state.model_name} is a pooling model ({state.engine.pooler.describe()}): it serves no text "
+                      f"generation; its endpoints are {', '.join(POOLING_ROUTES)}")
         return await handler(state, request)
     except Exception as exc:
         return error_response(as_api_error(exc, f"{request.url.path} request_id={request_id_of(request.scope)}"))
@@ -151,6 +167,7 @@ async def guarded(state: ServerState, request: Request, handler: Handler) -> Res
 DOCS_PAGE = """<!doctype html><html><head><title>llmctl API</title></head><body>
 <h1>llmctl OpenAI-compatible API</h1>
 <p>Endpoints: <code>GET /v1/models</code>, <code>POST /v1/completions</code>, <code>POST /v1/chat/completions</code>,
-<code>POST /v1/embeddings</code>, <code>POST /tokenize</code>, <code>POST /detokenize</code>, <code>GET /health</code>,
+<code>POST /v1/embeddings</code>, <code>POST /v1/score</code>, <code>POST /v1/rerank</code>, <code>POST /classify</code>,
+<code>POST /pooling</code>, <code>POST /tokenize</code>, <code>POST /detokenize</code>, <code>GET /health</code>,
 <code>GET /metrics</code>, <code>GET /version</code>. Schema: <a href="{root}/openapi.json">{root}/openapi.json</a>.</p>
 </body></html>"""

@@ -30,7 +30,7 @@ async def models(state: ServerState, request: Request) -> Response:
     the LoRA adapters; each card with vLLM's default `permission`."""
     from llmctl.checkpoint.source import DEFAULT_MODEL_ID
 
-    max_len = (state.embedder or state.ready_engine).max_model_len
+    max_len = (state.encoder or state.ready_engine).max_model_len
     root = state.settings.engine_config.model or DEFAULT_MODEL_ID
     data = [{"id": name, "object": "model", "created": state.created, "owned_by": "llmctl", "root": root,
              "parent": None, "max_model_len": max_len, "permission": [model_permission(state.created)]}

@@ -6,6 +6,7 @@ The request bodies are plain JSON objects; each field is checked by type and ran
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import uuid
@@ -97,6 +98,11 @@ class Fields:
 
     def bool(self, name: str, default: bool = False) -> bool:
         return bool(self._get(name, (bool,), "true or false", default))
+
+    def optional_bool(self, name: str) -> builtins.bool | None:
+        """true, false, or None when the field is absent (the model's own default then)."""
+        value = self._get(name, (bool,), "true or false", None)
+        return None if value is None else bool(value)
 
     def str(self, name: str, default: str | None = None) -> str | None:  # last: it shadows the type str below
         value = self._get(name, (str,), "a string", default)

@@ -12,7 +12,7 @@ from llmctl.engine.front.client_factory import InProcessEngine, open_engine_clie
 from llmctl.engine.multimodal.processor import multimodal_processor
 from llmctl.errors import LlmctlError, debug_enabled
 from llmctl.server.chat import chat_template
-from llmctl.server.embeddings import load_embedder
+from llmctl.server.embeddings import load_encoder
 from llmctl.server.lora import AdapterLoadError
 from llmctl.server.state import ServerState
 
@@ -21,16 +21,16 @@ OnFailure = Callable[[BaseException], None]
 
 
 def load_engine(state: ServerState, engine: InProcessEngine | None, on_load_failure: OnFailure | None) -> None:
-    """On the loading thread: the embedder or the engine, the --lora-modules, the chat template."""
+    """On the loading thread: the encoder or the engine, the --lora-modules, the chat template."""
     try:
-        if engine is None and load_embedder(state):
+        if engine is None and load_encoder(state):
             return
         client = open_engine_client(state.settings.engine_config, engine)
         # the processor and the template before the engine is published: /health is 200 from then on
         state.multimodal = multimodal_processor(client.source.path, client.spec.model_type,
                                                 state.settings.engine_config.multimodal)
-        state.template = chat_template(state.settings.chat_template, client)
-        if state.template is None:
+        state.template = chat_template(state.settings.chat_template, client) if client.pooler is None else None
+        if state.template is None and client.pooler is None:
             logger.warning("%s has no chat template: /v1/chat/completions will answer 400 until the server is "
                            "started with --chat-template (a file, or chatml / bloom)", state.model_name)
         state.engine = client

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.front.embedding import EmbeddingModel
+from llmctl.engine.front.encoder_classifier import EncoderClassifier
 from llmctl.engine.front.engine_client import EngineClient
 from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.multimodal.processor import MultimodalProcessor
@@ -57,7 +58,7 @@ class ServerState:
     in_flight: InFlight = field(init=False)  # the queue limit
     metrics: ServerMetrics = field(init=False)
     engine: EngineClient | None = None
-    embedder: EmbeddingModel | None = None  # when the served model is an encoder
+    encoder: EmbeddingModel | EncoderClassifier | None = None  # an encoder model, served through transformers
     template: str | None = None  # the chat template, resolved once at startup
     multimodal: MultimodalProcessor | None = None  # a vision-language model's processor, when images are served
     load_error: str | None = None

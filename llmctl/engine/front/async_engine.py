@@ -24,6 +24,8 @@ from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.multimodal.items import EnginePrompt
+from llmctl.engine.pooling.config import PoolerConfig
+from llmctl.engine.pooling.params import PoolingParams, PoolingRequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
 
@@ -95,6 +97,16 @@ class AsyncLLMEngine:
         if self.engine.executor.healthy() and not isinstance(self.dead_error, WorkerLostError):
             return None
         return str(self.dead_error or "a worker rank exited")
+
+    @property
+    def pooler(self) -> PoolerConfig | None:
+        return self.engine.pooler
+
+    async def encode(self, prompt: str | list[int], params: PoolingParams,
+                     request_id: str | None = None) -> AsyncIterator[PoolingRequestOutput]:
+        """A pooling request: its one output, when its prompt is computed."""
+        async for output in self.generate(prompt, params, request_id):  # type: ignore[arg-type]
+            yield output  # type: ignore[misc]
 
     async def generate(self, prompt: EnginePrompt, params: SamplingParams, request_id: str | None = None,
                        lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:

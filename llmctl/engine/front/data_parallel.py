@@ -28,6 +28,8 @@ from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.multimodal.items import EnginePrompt
+from llmctl.engine.pooling.config import PoolerConfig
+from llmctl.engine.pooling.params import PoolingParams, PoolingRequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.engine.worker.threads import threads_per_rank
@@ -155,9 +157,19 @@ class DataParallelEngine:
         with self._lock:
             return min(candidates, key=lambda i: self._outstanding[i])
 
+    @property
+    def pooler(self) -> PoolerConfig | None:
+        return self.replicas[0].pooler
+
+    async def encode(self, prompt: str | list[int], params: PoolingParams,
+                     request_id: str | None = None) -> AsyncIterator[PoolingRequestOutput]:
+        async for output in self.generate(prompt, params, request_id):  # type: ignore[arg-type]
+            yield output  # type: ignore[misc]
+
     async def generate(self, prompt: EnginePrompt, params: SamplingParams, request_id: str | None = None,
                        lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
-        work = (len(prompt) if isinstance(prompt, list) else 1) + (params.max_tokens or 0) * params.n
+        outputs = (params.max_tokens or 0) * params.n if isinstance(params, SamplingParams) else 0
+        work = (len(prompt) if isinstance(prompt, list) else 1) + outputs
         for _ in self.replicas:
             index = self.pick()
             with self._lock:

@@ -1,4 +1,5 @@
-"""Embedding models (BERT-style encoders such as all-MiniLM-L6-v2) for /v1/embeddings.
+"""Encoder models (BERT-style: all-MiniLM-L6-v2, and cross-encoders through encoder_classifier) for the
+pooling endpoints.
 
 Encoders need no KV cache or scheduler, so they run through transformers' own modules;
 pooling and normalization follow the model's sentence-transformers configuration
@@ -17,6 +18,7 @@ import torch
 from llmctl.checkpoint.pooling import ENCODER_TYPES, GENERATIVE_SUFFIXES, pooling_spec
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.front.encoder_classifier import EncoderClassifier
 from llmctl.engine.pooling.config import dimensions_problem as pooled_dimensions_problem
 from llmctl.errors import LlmctlError
 
@@ -105,8 +107,9 @@ class EmbeddingModel:
         return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
 
 
-def embedding_model_for(config: Any) -> EmbeddingModel | None:
-    """The encoder an EngineConfig names, loaded for embeddings; None for a model the engine generates with."""
+def encoder_model_for(config: Any) -> EmbeddingModel | EncoderClassifier | None:
+    """The encoder an EngineConfig names, loaded for embeddings or classification (cross-encoders); None for a
+    model the engine runs."""
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import resolve_model
 
@@ -117,4 +120,6 @@ def embedding_model_for(config: Any) -> EmbeddingModel | None:
     if not is_embedding_model(spec):
         return None
     source = resolve_model(config.model, config.revision, weights=True, show_progress=False)
+    if any(a.endswith("ForSequenceClassification") for a in spec.architectures):
+        return EncoderClassifier(source, spec, config.max_model_len, allow_pickle_weights=config.allow_pickle_weights)
     return EmbeddingModel(source, spec, config.max_model_len, allow_pickle_weights=config.allow_pickle_weights)

@@ -13,6 +13,8 @@ from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.front.stats import EngineStats
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.multimodal.items import EnginePrompt
+from llmctl.engine.pooling.config import PoolerConfig
+from llmctl.engine.pooling.params import PoolingParams, PoolingRequestOutput
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.structured.params import StructuredOutputsParams
 
@@ -33,8 +35,14 @@ class EngineClient(Protocol):
     @property
     def is_running(self) -> bool: ...
 
+    @property
+    def pooler(self) -> PoolerConfig | None: ...  # a pooling model's pooler (llmctl.engine.pooling); None: it generates
+
     def generate(self, prompt: EnginePrompt, params: SamplingParams, request_id: str | None = None,
                  lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]: ...
+
+    def encode(self, prompt: str | list[int], params: PoolingParams,
+               request_id: str | None = None) -> AsyncIterator[PoolingRequestOutput]: ...  # one output, finished
 
     def abort(self, request_id: str) -> None: ...
 

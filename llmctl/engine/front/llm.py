@@ -9,75 +9,34 @@ from typing import Any
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.front.beam_search import BeamSearch, BeamSearchParams, alternatives_of
-from llmctl.engine.front.embedding import dimensions_problem, embedding_model_for
+from llmctl.engine.front.embedding import encoder_model_for
 from llmctl.engine.front.llm_engine import LLMEngine
+from llmctl.engine.front.llm_pooling import PoolingCalls
 from llmctl.engine.front.outputs import RequestOutput
+from llmctl.engine.front.prompt_lists import is_token_ids, per_prompt
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.multimodal.items import ProcessedPrompt
-from llmctl.engine.pooling.params import (
-    ClassificationOutput,
-    ClassificationRequestOutput,
-    EmbeddingOutput,
-    EmbeddingRequestOutput,
-    PoolingParams,
-    PoolingRequestOutput,
-)
 from llmctl.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]  # vLLM's TextPrompt {"prompt": …} and TokensPrompt {"prompt_token_ids": …}
 
 
-class LLM:
-    """Load a model once, then generate for many prompts with continuous batching."""
+class LLM(PoolingCalls):
+    """Load a model once, then generate for many prompts with continuous batching (or, for a pooling model,
+    embed, classify and score them: PoolingCalls)."""
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         config = EngineConfig(model=model, **engine_args)
-        self.embedder = embedding_model_for(config)  # an encoder: embeddings only (LLM.embed)
-        self._engine = LLMEngine(config) if self.embedder is None else None
+        self.encoder = encoder_model_for(config)  # an encoder: through transformers, pooling calls only
+        self._engine = LLMEngine(config) if self.encoder is None else None
         self._ids = itertools.count()
 
     @property
     def engine(self) -> LLMEngine:
         if self._engine is None:
-            raise ValueError("this is an encoder embedding model: it serves LLM.embed, not generation")
+            raise ValueError("this is an encoder model: it serves LLM.embed, LLM.classify or LLM.score, not "
+                             "generation")
         return self._engine
-
-    def embed(self, prompts: str | list[int] | Sequence[str | list[int]],
-              pooling_params: PoolingParams | None = None) -> list[EmbeddingRequestOutput]:
-        """vLLM's LLM.embed: one embedding per prompt, in order (an encoder, or a decoder on the paged engine)."""
-        batch = _text_prompts(prompts)
-        if self.embedder is None:
-            self._require_task("embed", "LLM.embed")
-            return [EmbeddingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.outputs.data.tolist()))
-                    for o in self.encode(batch, pooling_params)]
-        dimensions = (pooling_params or PoolingParams()).dimensions
-        if dimensions is not None and (problem := dimensions_problem(self.embedder.pooling,
-                                                                      self.embedder.spec.hidden_size, dimensions)):
-            raise ValueError(problem)
-        vectors, _ = self.embedder.embed(batch, dimensions)
-        return [EmbeddingRequestOutput(str(next(self._ids)), self.embedder.token_ids(prompt),
-                                       EmbeddingOutput(vector.tolist())) for prompt, vector in zip(batch, vectors)]
-
-    def encode(self, prompts: str | list[int] | Sequence[str | list[int]],
-               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None) -> list[PoolingRequestOutput]:
-        """vLLM's LLM.encode: each prompt's pooled output as the model's pooler makes it (a pooling model)."""
-        batch = _text_prompts(prompts)
-        if self.engine.pooler is None:
-            raise ValueError("LLM.encode needs a pooling model (--runner pooling); this one generates")
-        params = _per_prompt(pooling_params or PoolingParams(), len(batch), "pooling params")
-        return self._run(batch, params, [None] * len(batch))  # type: ignore[arg-type]
-
-    def classify(self, prompts: str | list[int] | Sequence[str | list[int]]) -> list[ClassificationRequestOutput]:
-        """vLLM's LLM.classify: each prompt's class probabilities."""
-        self._require_task("classify", "LLM.classify")
-        return [ClassificationRequestOutput(o.request_id, o.prompt_token_ids, ClassificationOutput(o.outputs.data.tolist()))
-                for o in self.encode(prompts)]
-
-    def _require_task(self, task: str, call: str) -> None:
-        pooler = self.engine.pooler
-        if pooler is None or pooler.task != task:
-            what = f"runs as a {pooler.task} model" if pooler is not None else "generates"
-            raise ValueError(f"{call} needs a model whose pooling task is {task}; this one {what}")
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
@@ -96,10 +55,10 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Outputs in the order of the prompts; `lora_request` (one, or one per prompt) needs enable_lora=True."""
-        single = isinstance(prompts, (str, dict)) or _is_token_ids(prompts)
+        single = isinstance(prompts, (str, dict)) or is_token_ids(prompts)
         batch = [self._engine_prompt(p) for p in ([prompts] if single else list(prompts))]
-        params_list = _per_prompt(sampling_params or SamplingParams(), len(batch), "sampling params")
-        loras = _per_prompt(lora_request, len(batch), "lora requests")
+        params_list = per_prompt(sampling_params or SamplingParams(), len(batch), "sampling params")
+        loras = per_prompt(lora_request, len(batch), "lora requests")
         return self._run(batch, params_list, loras)  # type: ignore[return-value]
 
     def _run(self, batch: list[Any], params_list: list[Any], loras: list[Any]) -> list[Any]:
@@ -152,31 +111,13 @@ class LLM:
         return [search.output(str(next(self._ids)), tokenizer, None) for search in searches]
 
 
-def _per_prompt(value: Any, count: int, what: str) -> list[Any]:
-    """One value for every prompt, or a list with one per prompt."""
-    if value is None or not isinstance(value, (list, tuple)):
-        return [value] * count
-    if len(value) != count:
-        raise ValueError(f"{len(value)} {what} for {count} prompts")
-    return list(value)
-
-
-def _text_prompts(prompts: str | list[int] | Sequence[str | list[int]]) -> list[str | list[int]]:
-    single = isinstance(prompts, str) or _is_token_ids(prompts)
-    return [prompts] if single else list(prompts)  # type: ignore[list-item]
-
-
 def _plain_prompt(prompt: Prompt) -> str | list[int]:
     """Text or token ids, from any of the forms vLLM's LLM.generate takes."""
     if not isinstance(prompt, dict):
         return prompt
-    if set(prompt) == {"prompt_token_ids"} and _is_token_ids(list(prompt["prompt_token_ids"])):
+    if set(prompt) == {"prompt_token_ids"} and is_token_ids(list(prompt["prompt_token_ids"])):
         return list(prompt["prompt_token_ids"])
     if set(prompt) == {"prompt"} and isinstance(prompt["prompt"], str):
         return prompt["prompt"]
     raise ValueError(f"a prompt dict takes exactly one of 'prompt' (text) or 'prompt_token_ids' (token ids); "
                      f"got the keys {sorted(prompt)}")
-
-
-def _is_token_ids(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(t, int) for t in value)

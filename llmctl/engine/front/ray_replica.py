@@ -33,12 +33,12 @@ class ReplicaActor:
 
         self.engine = LLMEngine(config)
 
-    def facts(self) -> tuple[Any, Any, Any, int, str]:
+    def facts(self) -> tuple[Any, Any, Any, int, str, Any]:
         import ray
 
         loaded = self.engine.loaded
         return self.engine.tokenizer, loaded.source, loaded.spec, self.engine.max_model_len, \
-            ray.util.get_node_ip_address()
+            ray.util.get_node_ip_address(), self.engine.pooler
 
     def add_request(self, request_id: str, prompt: EnginePrompt, params: SamplingParams | None,
                     lora_request: LoRARequest | None) -> None:
@@ -70,7 +70,8 @@ class RayReplicaEngine:
         self.ray, self.actor = ray, actor
         self._lost: str | None = None
         self._last_stats: EngineStats | None = None
-        self.tokenizer, source, spec, self.max_model_len, self.node = self._get(self.actor.facts.remote())
+        self.tokenizer, source, spec, self.max_model_len, self.node, self.pooler = \
+            self._get(self.actor.facts.remote())
         self.loaded = SimpleNamespace(source=source, spec=spec)
         self.structured = SimpleNamespace(matcher=lambda params: self._call("check_structured_outputs", params))
         self.executor = SimpleNamespace(healthy=self._healthy, shutdown=self._shutdown)

@@ -31,6 +31,7 @@ class PoolerConfig:
     dimensions: tuple[int, ...] = ()  # Matryoshka sizes ((): any, when matryoshka)
     matryoshka: bool = False
     labels: int = 0  # classify: the score head's outputs
+    label_names: tuple[str, ...] = ()  # classify: config.json's id2label, in output order
 
     @property
     def whole_prompt(self) -> bool:
@@ -59,7 +60,11 @@ def resolve_pooler(runner: str, convert: str, spec: ModelSpec, folder: Path) -> 
         raise EngineConfigError(f"{spec.model_type} encoders are served through transformers' modules, chosen "
                                 "without --runner or --convert: drop them")
     task = convert if convert not in ("auto", "none") else (found.task if found else "embed")
-    return _pooler(task, found if found is not None and found.task == task else None, spec)
+    pooler = _pooler(task, found if found is not None and found.task == task else None, spec)
+    names = _raw_config(folder).get("id2label") or {}
+    if task == "classify" and isinstance(names, dict) and len(names) == pooler.labels:
+        pooler = replace(pooler, label_names=tuple(str(names.get(str(i), f"LABEL_{i}")) for i in range(pooler.labels)))
+    return pooler
 
 
 def _pooler(task: str, found: PoolingSpec | None, spec: ModelSpec) -> PoolerConfig:

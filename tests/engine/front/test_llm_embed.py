@@ -21,7 +21,7 @@ def test_llm_embed_equals_sentence_transformers():
     outputs = llm.embed(TEXTS)
     reference = SentenceTransformer(folder, device="cpu").encode(TEXTS, normalize_embeddings=True)
     assert np.abs(np.array([o.outputs.embedding for o in outputs]) - reference).max() < 1e-5
-    assert outputs[0].prompt_token_ids == llm.embedder.tokenizer.encode(TEXTS[0])
+    assert outputs[0].prompt_token_ids == llm.encoder.tokenizer.encode(TEXTS[0])
     from llmctl import PoolingParams
 
     with pytest.raises(ValueError, match="Matryoshka"):
@@ -45,5 +45,5 @@ def test_dimensions_cut_a_matryoshka_model_as_truncate_dim(tmp_path):
 def test_a_generator_has_no_embeddings(default_source):
     from llmctl import LLM
 
-    with pytest.raises(ValueError, match="needs an embedding model"):
+    with pytest.raises(ValueError, match="LLM.embed needs a model whose pooling task is embed; this one generates"):
         LLM(str(default_source.path), max_model_len=64).embed("a")

@@ -1,0 +1,44 @@
+"""/pooling (vLLM's): the pooler's raw output per input — an embedding, class scores before the activation, or,
+for a reward model (ALL pooling), every token's hidden state."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from llmctl.engine.pooling.params import PoolingParams
+from llmctl.server.embeddings import embed
+from llmctl.server.models import check_model
+from llmctl.server.operability import request_id_of
+from llmctl.server.pooled import pool_inputs
+from llmctl.server.protocol import bad, prompt_list
+from llmctl.server.scorer import classify
+from llmctl.server.state import ServerState
+from llmctl.server.transport import read_json
+
+
+async def pooling(state: ServerState, request: Request) -> Response:
+    fields = await read_json(request)
+    model = check_model(state, fields)
+    inputs = prompt_list(fields.raw("input"), "input")
+    if any(item == "" for item in inputs):
+        raise bad("input must not contain empty strings", "input")
+    data, tokens = await _pooled(state, request, inputs)
+    return JSONResponse({"id": f"pool-{request_id_of(request.scope)}", "object": "list", "created": int(time.time()),
+                         "model": model, "data": [{"index": i, "object": "pooling", "data": d.tolist()}
+                                                  for i, d in enumerate(data)],
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}})
+
+
+async def _pooled(state: ServerState, request: Request, inputs: list[str | list[int]]) -> tuple[list[torch.Tensor], int]:
+    if state.encoder is None:
+        if state.ready_engine.pooler is None:
+            raise bad(f"{state.model_name} generates text: /pooling needs a pooling model", "model")
+        outputs = await pool_inputs(state, request, inputs, PoolingParams(use_activation=False))
+        return [o.outputs.data for o in outputs], sum(len(o.prompt_token_ids) for o in outputs)
+    if hasattr(state.encoder, "labels"):
+        return await classify(state, request, list(inputs), use_activation=False)
+    return await embed(state, request, inputs, PoolingParams())

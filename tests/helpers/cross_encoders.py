@@ -1,0 +1,42 @@
+"""Tiny cross-encoders saved as sentence-transformers CrossEncoders (random weights, a 31-entry WordPiece
+vocabulary): a BERT reranker (one label, segment ids) and an XLM-R one (bge-reranker-v2-m3's architecture, no
+segment ids), and a three-label BERT classifier."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+WORDS = list("abcdefghijklmnopqrstuvwxyz")
+
+
+def write_cross_encoder(base: Path, family: str, labels: int = 1) -> Path:
+    from sentence_transformers import CrossEncoder
+    from transformers import AutoModelForSequenceClassification, BertConfig, BertTokenizerFast, XLMRobertaConfig
+
+    (base / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]))
+    tokenizer = BertTokenizerFast(vocab_file=str(base / "vocab.txt"))
+    shape = dict(vocab_size=5 + len(WORDS), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=2, num_labels=labels, id2label={i: f"class_{i}" for i in range(labels)},
+                 label2id={f"class_{i}": i for i in range(labels)})
+    if family == "xlm-roberta":
+        config = XLMRobertaConfig(**shape, max_position_embeddings=66, pad_token_id=0, type_vocab_size=1)
+    else:
+        config = BertConfig(**shape, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, 0.3)
+    raw = base / f"{family}-{labels}-raw"
+    model.save_pretrained(raw)
+    tokenizer.save_pretrained(raw)
+    if family == "xlm-roberta":  # its tokenizer gives no segment ids, as XLM-R's own
+        settings = json.loads((raw / "tokenizer_config.json").read_text())
+        settings["model_input_names"] = ["input_ids", "attention_mask"]
+        (raw / "tokenizer_config.json").write_text(json.dumps(settings))
+    folder = base / f"{family}-{labels}-cross-encoder"
+    CrossEncoder(str(raw), device="cpu").save(str(folder))
+    return folder
