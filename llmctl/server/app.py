@@ -148,7 +148,7 @@ def health(state: ServerState) -> Response:
 async def guarded(state: ServerState, request: Request, handler: Handler) -> Response:
     """Auth, readiness, queue limit and error mapping around every API handler."""
     try:
-        check_api_key(state.settings.api_key, request)
+        check_api_key(state.settings.api_key, request, always=request.url.path in POOLING_ROUTES)
         if state.encoder is not None:
             if handler not in POOLING_HANDLERS:
                 raise bad(f"{state.model_name} is an encoder model: it answers {', '.join(POOLING_ROUTES)} only")

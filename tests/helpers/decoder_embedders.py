@@ -45,3 +45,25 @@ def write_decoder_embedder(base: Path, family: str, tokenizer, normalize: bool =
         raw = json.loads((folder / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps({**raw, "matryoshka_dimensions": list(matryoshka)}))
     return folder
+
+
+def write_decoder_classifier(base: Path, family: str, tokenizer, labels: int) -> Path:
+    """A tiny ...ForSequenceClassification (transformers' `score` head on the last token), as Qwen2 and Qwen3
+    classifiers and rerankers ship; its pad token set, as transformers needs to find the last token."""
+    import transformers
+
+    config_class = {"qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}[family]
+    config = getattr(transformers, config_class)(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, num_labels=labels,
+        id2label={i: f"class_{i}" for i in range(labels)}, label2id={f"class_{i}": i for i in range(labels)},
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForSequenceClassification.from_config(config).to(torch.float32).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, 0.2)
+    folder = base / f"{family}-classifier"
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -31,7 +31,6 @@ def pool(model: nn.Module, config: PoolerConfig, hidden: torch.Tensor,
         rows = [end - 1 if config.pooling == "LAST" else start for start, end in spans.values()]
         pooled = hidden[torch.tensor(rows, device=hidden.device)].float()
     if config.task == "classify":
-        score = model.get_submodule("score")
-        assert isinstance(score, nn.Linear)
-        pooled = score(pooled.to(score.weight.dtype)).float()
+        score = model.get_submodule("score")  # an nn.Linear, or the CPU loader's packed form of it
+        pooled = score(pooled.to(hidden.dtype)).float()
     return dict(zip(ids, pooled.cpu()))
