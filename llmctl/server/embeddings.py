@@ -3,7 +3,6 @@ model on the paged engine (Qwen3-Embedding, e5-mistral, gte-Qwen2)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 
@@ -15,7 +14,7 @@ from llmctl.engine.front.embedding import EmbeddingModel, dimensions_problem, en
 from llmctl.engine.pooling.params import PoolingParams
 from llmctl.errors import LlmctlError
 from llmctl.server.models import check_model
-from llmctl.server.pooled import engine_pooler, pool_inputs
+from llmctl.server.pooled import engine_pooler, on_encoder, pool_inputs
 from llmctl.server.protocol import bad, prompt_list
 from llmctl.server.state import ServerState
 from llmctl.server.transport import read_json
@@ -71,7 +70,7 @@ async def embed(state: ServerState, request: Request, inputs: list[str | list[in
         raise bad(f"normalize: this encoder's embeddings are {'' if encoder.pooling.normalize else 'not '}"
                   "normalized, as its layout says; leave normalize out", "normalize")
     try:
-        vectors, tokens = await asyncio.to_thread(encoder.embed, inputs, params.dimensions)
+        vectors, tokens = await on_encoder(state, len(inputs), encoder.embed, inputs, params.dimensions)
     except LlmctlError as exc:
         raise bad(str(exc), "input") from None
     return list(vectors), tokens

@@ -4,6 +4,8 @@ input one request, all queued at once so the scheduler batches them, under the s
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
@@ -12,6 +14,17 @@ from llmctl.engine.pooling.params import PoolingParams, PoolingRequestOutput
 from llmctl.server.operability import request_id_of
 from llmctl.server.protocol import bad
 from llmctl.server.state import ServerState
+
+T = TypeVar("T")
+
+
+async def on_encoder(state: ServerState, count: int, call: Callable[..., T], *args: Any) -> T:
+    """An encoder's call (transformers' modules, on a thread) under the same queue limit as engine requests."""
+    admission = state.in_flight.admit(count)
+    try:
+        return await asyncio.to_thread(call, *args)
+    finally:
+        admission.release()
 
 
 def engine_pooler(state: ServerState, task: str, endpoint: str) -> PoolerConfig:

@@ -5,8 +5,6 @@ the cosine similarity of the two embeddings (vLLM scores both kinds)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import torch
 from starlette.requests import Request
 
@@ -16,7 +14,7 @@ from llmctl.engine.pooling.params import PoolingParams
 from llmctl.engine.pooling.scoring import cosine_scores
 from llmctl.errors import LlmctlError
 from llmctl.server.embeddings import embed
-from llmctl.server.pooled import engine_pooler, pool_inputs
+from llmctl.server.pooled import engine_pooler, on_encoder, pool_inputs
 from llmctl.server.protocol import bad
 from llmctl.server.state import ServerState
 
@@ -41,7 +39,7 @@ async def classify(state: ServerState, request: Request, items: list[str | Pair 
         activation = "none" if not use_activation else \
             encoder.score_activation if scores else encoder.classify_activation
         try:
-            probs, tokens = await asyncio.to_thread(encoder.classify, items, activation)
+            probs, tokens = await on_encoder(state, len(items), encoder.classify, items, activation)
         except LlmctlError as exc:
             raise bad(str(exc), "input") from None
         return list(probs), tokens

@@ -67,3 +67,13 @@ def write_decoder_classifier(base: Path, family: str, tokenizer, labels: int) ->
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def reference(folder, texts, **kwargs):
+    """sentence-transformers' own embeddings of `texts` (its encode keyword arguments passed on)."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device="cpu")
+    if model.tokenizer.pad_token is None:
+        model.tokenizer.pad_token = model.tokenizer.eos_token
+    return model.encode(texts, **kwargs)
