@@ -84,6 +84,10 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                    "generate), generate or pooling"),
     "convert": Flag(("--convert",), str, "a pooling model's task: auto (from its architecture and "
                     "sentence-transformers files), embed, classify or reward"),
+    "hf_overrides": Flag(("--hf-overrides",), Optional[str], "config.json fields replaced at load, as vLLM's JSON: "
+                         "e.g. a Qwen3-Reranker as a classifier of its yes/no logits: '{\"architectures\": "
+                         "[\"Qwen3ForSequenceClassification\"], \"classifier_from_token\": [\"no\", \"yes\"], "
+                         "\"is_original_qwen3_reranker\": true}'"),
     "allow_pickle_weights": Flag(("--allow-pickle-weights",), bool, "load pytorch_model*.bin when a model has no "
                                  "safetensors (torch.load weights_only); off: safetensors only"),
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -30,6 +31,21 @@ if TYPE_CHECKING:
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 2 * GiB  # vLLM's CPU backend reserves VLLM_CPU_KVCACHE_SPACE (4 GiB) the same way
 CPU_KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # vLLM's variable: the CPU KV cache in GiB
+
+
+def parse_json_object(value: str | dict | None, flag: str) -> dict:
+    """A JSON-object flag's value (given as text on the command line, as a dict from Python)."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise EngineConfigError(f"{flag} is not JSON ({exc}): pass an object, e.g. '{{\"architectures\": "
+                                    "[\"Qwen3ForSequenceClassification\"]}'") from None
+    if not isinstance(value, dict):
+        raise EngineConfigError(f"{flag} must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def cpu_kv_cache_default() -> int:
@@ -70,6 +86,7 @@ class EngineConfig:
     model_impl: str = "auto"  # vLLM's --model-impl: auto (native, else transformers), llmctl, transformers
     runner: str = "auto"  # vLLM's --runner: auto (from the checkpoint), generate or pooling
     convert: str = "auto"  # vLLM's --convert: auto, none, embed, classify or reward (a pooling model's task)
+    hf_overrides: str | dict | None = None  # vLLM's JSON: config.json fields replaced at load (e.g. architectures)
     allow_pickle_weights: bool = False  # load pytorch_model*.bin (torch.load weights_only) when no safetensors
     show_progress: bool = False
     tensor_parallel_size: int = 1
@@ -98,6 +115,11 @@ class EngineConfig:
     def speculative(self) -> SpeculativeConfig | None:
         """--speculative-config as validate() parsed it (None: off); parsed here if validate() has not run."""
         return parse_speculative_config(self.speculative_config)
+
+    @property
+    def overrides(self) -> dict:
+        """--hf-overrides as a dict ({} when not given)."""
+        return parse_json_object(self.hf_overrides, "--hf-overrides")
 
     @property
     def multimodal(self) -> MultimodalLimits:
@@ -170,6 +192,7 @@ class EngineConfig:
             bad("runner", f"{self.runner!r} is not one of {', '.join(RUNNERS)}")
         if self.convert not in CONVERTS:
             bad("convert", f"{self.convert!r} is not one of {', '.join(CONVERTS)}")
+        self.overrides  # noqa: B018 — parsed now, so bad JSON fails before any rank starts
         if self.model_impl not in MODEL_IMPLS:
             bad("model_impl", f"{self.model_impl!r} is not one of {', '.join(MODEL_IMPLS)}")
         self.speculative_config = parse_speculative_config(self.speculative_config)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from llmctl.checkpoint.pooling import ENCODER_TYPES, PoolingSpec, pooling_spec
 from llmctl.checkpoint.spec import ModelSpec
@@ -32,6 +33,10 @@ class PoolerConfig:
     matryoshka: bool = False
     labels: int = 0  # classify: the score head's outputs
     label_names: tuple[str, ...] = ()  # classify: config.json's id2label, in output order
+    # classify from LM-head rows (vLLM's classifier_from_token): two tokens give one label, the second's logit
+    # minus the first's (a Qwen3-Reranker's P(yes) after the sigmoid); more give one label each
+    from_tokens: tuple[str, ...] = ()
+    token_ids: tuple[int, ...] = ()  # the tokenizer's ids of from_tokens (with_token_ids)
 
     @property
     def whole_prompt(self) -> bool:
@@ -45,13 +50,16 @@ class PoolerConfig:
         return f"{what}, {self.pooling} pooling" + (", normalized" if self.normalize else "")
 
 
-def resolve_pooler(runner: str, convert: str, spec: ModelSpec, folder: Path) -> PoolerConfig | None:
-    """The pooler a decoder checkpoint runs with, or None to generate with it."""
+def resolve_pooler(runner: str, convert: str, spec: ModelSpec, folder: Path,
+                   raw: dict | None = None) -> PoolerConfig | None:
+    """The pooler a decoder checkpoint runs with, or None to generate with it; `raw`: its config.json as loaded
+    (with --hf-overrides applied)."""
+    raw = _raw_config(folder) if raw is None else raw
     if runner not in RUNNERS:
         raise EngineConfigError(f"--runner {runner!r} is not one of {', '.join(RUNNERS)}")
     if convert not in CONVERTS:
         raise EngineConfigError(f"--convert {convert!r} is not one of {', '.join(CONVERTS)}")
-    found = pooling_spec(folder, _raw_config(folder))
+    found = pooling_spec(folder, raw)
     if runner == "generate" or (runner == "auto" and found is None and convert in ("auto", "none")):
         if convert not in ("auto", "none"):
             raise EngineConfigError(f"--convert {convert} makes a pooling model: drop --runner generate")
@@ -60,8 +68,12 @@ def resolve_pooler(runner: str, convert: str, spec: ModelSpec, folder: Path) -> 
         raise EngineConfigError(f"{spec.model_type} encoders are served through transformers' modules, chosen "
                                 "without --runner or --convert: drop them")
     task = convert if convert not in ("auto", "none") else (found.task if found else "embed")
+    tokens = tuple(str(t) for t in raw.get("classifier_from_token") or ())
+    if tokens and task == "classify":
+        return PoolerConfig(task, "LAST", False, spec.hidden_size, labels=1 if len(tokens) == 2 else len(tokens),
+                            from_tokens=tokens)
     pooler = _pooler(task, found if found is not None and found.task == task else None, spec)
-    names = _raw_config(folder).get("id2label") or {}
+    names = raw.get("id2label") or {}
     if task == "classify" and isinstance(names, dict) and len(names) == pooler.labels:
         pooler = replace(pooler, label_names=tuple(str(names.get(str(i), f"LABEL_{i}")) for i in range(pooler.labels)))
     return pooler
@@ -84,6 +96,17 @@ def _pooler(task: str, found: PoolingSpec | None, spec: ModelSpec) -> PoolerConf
     dimensions = found.dimensions if found is not None else ()
     return PoolerConfig(task, pooling, normalize, spec.hidden_size, dimensions,
                         bool(found and found.matryoshka), labels)
+
+
+def with_token_ids(pooler: PoolerConfig, tokenizer: Any) -> PoolerConfig:
+    """The pooler with its classifier tokens' ids, refused when the tokenizer lacks one."""
+    if not pooler.from_tokens:
+        return pooler
+    ids = [tokenizer.convert_tokens_to_ids(token) for token in pooler.from_tokens]
+    unknown = [t for t, i in zip(pooler.from_tokens, ids) if i is None or i == tokenizer.unk_token_id]
+    if unknown:
+        raise EngineConfigError(f"classifier_from_token: the tokenizer has no token {unknown[0]!r}")
+    return replace(pooler, token_ids=tuple(int(i) for i in ids))
 
 
 def dimensions_problem(matryoshka: bool, allowed: tuple[int, ...], size: int, dimensions: object) -> str | None:

@@ -7,13 +7,42 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.pooling.config import PoolerConfig
 
 
+class TokenRowsHead(nn.Module):
+    """A classifier head made of LM-head rows (vLLM's classifier_from_token), loaded from the checkpoint's
+    lm_head (or tied embedding) rows of those tokens alone: two give one label, the second minus the first."""
+
+    def __init__(self, token_ids: tuple[int, ...], hidden_size: int) -> None:
+        super().__init__()
+        self.token_ids = token_ids
+        self.weight = nn.Parameter(torch.empty(1 if len(token_ids) == 2 else len(token_ids), hidden_size),
+                                   requires_grad=False)
+
+    def expected(self) -> set[tuple[str, int]]:
+        return {("weight", 0)}
+
+    def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int | None = None) -> None:
+        rows = torch.cat([tensor.read(0, token, token + 1) for token in self.token_ids])
+        with torch.no_grad():
+            self.weight.copy_(rows[1:] - rows[:1] if len(self.token_ids) == 2 else rows)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.t()
+
+
 def adapt_for_pooling(model: nn.Module, config: PoolerConfig, last_stage: bool) -> None:
-    """Drop the LM head (a pooling checkpoint has none to load) and, for a classifier, add its score head."""
+    """Drop the LM head (a pooling checkpoint has none to load) and, for a classifier, add its score head: a
+    transformers ...ForSequenceClassification's `score` (no bias), or one made of LM-head rows, which then
+    takes the LM head's place in loading."""
     model.lm_head = None  # type: ignore[assignment]
-    if config.task == "classify" and last_stage:  # transformers' ...ForSequenceClassification: `score`, no bias
+    if config.task != "classify" or not last_stage:
+        return
+    if config.token_ids:
+        model.lm_head = model.score = TokenRowsHead(config.token_ids, config.hidden_size)
+    else:
         model.score = nn.Linear(config.hidden_size, config.labels, bias=False)
 
 

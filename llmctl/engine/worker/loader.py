@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from llmctl.checkpoint.config_file import load_spec
+from llmctl.checkpoint.config_file import load_config
 from llmctl.checkpoint.converted_stream import converted
 from llmctl.checkpoint.quant_converters import converter_for
 from llmctl.checkpoint.source import ModelSource, resolve_model
@@ -35,7 +35,7 @@ from llmctl.engine.lora.slots import attach_lora_slots
 from llmctl.engine.models.common import Shard, WeightMismatchError
 from llmctl.engine.models.registry import create_model, is_supported, layer_form
 from llmctl.engine.multimodal.processor import serves_images
-from llmctl.engine.pooling.config import PoolerConfig, generative_spec, resolve_pooler
+from llmctl.engine.pooling.config import PoolerConfig, generative_spec, resolve_pooler, with_token_ids
 from llmctl.engine.pooling.pooler import adapt_for_pooling
 from llmctl.engine.worker.heap import keep_freed_memory_in_heap, release_loading_garbage
 from llmctl.engine.worker.kv_cache import kv_cache_dtype, set_up_kv_cache
@@ -58,8 +58,9 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     device = device_for(config.device, placement.rank)
     source = resolve_model(config.model, config.revision, weights=True, show_progress=config.show_progress,
                            gguf_coded=runs_gguf_coded(config, device))
-    spec = load_spec(source)
-    pooler = resolve_pooler(config.runner, config.convert, spec, source.path)
+    raw = {**load_config(source), **config.overrides}
+    spec = ModelSpec.from_config(raw)
+    pooler = resolve_pooler(config.runner, config.convert, spec, source.path, raw)
     if pooler is not None:  # the family's generative model carries the layers; the pooler replaces its head
         spec = generative_spec(spec)
     _check_native(spec, source, config.trust_remote_code)
@@ -70,6 +71,11 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     dtype = _dtype(config.dtype, device)
     choice, backend = _attention_backend(config, spec, device, dtype)  # refuses what this GPU cannot run first
     hf_config = _hf_config(source, spec, config.trust_remote_code)
+    for name, value in config.overrides.items():
+        setattr(hf_config, name, value)
+    tokenizer = load_tokenizer(source, trust_remote_code=config.trust_remote_code)
+    if pooler is not None:
+        pooler = with_token_ids(pooler, tokenizer)
     # without images served (a text model, images off, no image processor) no vision tower is built
     hf_config.llmctl_text_only = not serves_images(source.path, spec.model_type, config.multimodal)
     model = _build(spec, hf_config, dtype, device, source, shard, config.allow_pickle_weights, config.model_impl,
@@ -79,7 +85,6 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     lora_step, lora_slots = attach_lora_slots(model, spec, config.max_loras, config.max_lora_rank, dtype, device) \
         if config.enable_lora else (None, {})
     lora_bytes = sum(slots.nbytes for slots in lora_slots.values())
-    tokenizer = load_tokenizer(source, trust_remote_code=config.trust_remote_code)
     defaults = generation_defaults(source)
     max_model_len = _max_model_len(config, spec)
     max_batched = config.max_num_batched_tokens or (8192 if device.type == "cuda" else 2048)

@@ -89,3 +89,29 @@ def test_decoder_cross_encoder_scores_pairs(decoder_classifiers, tokenizer):
     pairs = [tokenizer(QUERY, d)["input_ids"] for d in DOCUMENTS]
     expected = torch.sigmoid(_transformers_logits(folder, pairs))[:, 0].numpy()
     assert np.abs(ours - expected).max() < 1e-4
+
+
+QWEN3_RERANKER = {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"],
+                  "is_original_qwen3_reranker": True}  # vLLM's recipe for Qwen/Qwen3-Reranker-*
+
+
+def test_qwen3_reranker_scores_are_p_yes(tmp_path, tokenizer):
+    """A Qwen3-Reranker-style checkpoint (a plain Qwen3ForCausalLM, tied embeddings) scored from its yes/no
+    logits equals the model card's formula computed with transformers: softmax over (no, yes) at the last token."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from helpers.models import save_random_model
+    from llmctl import LLM
+
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                         tie_word_embeddings=True)
+    folder = save_random_model(config, tmp_path / "qwen3-reranker", tokenizer)
+    llm = LLM(str(folder), runner="pooling", hf_overrides=QWEN3_RERANKER, max_model_len=128)
+    ours = np.array([o.outputs.score for o in llm.score(QUERY, DOCUMENTS)])
+    model = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+    no, yes = tokenizer.convert_tokens_to_ids("no"), tokenizer.convert_tokens_to_ids("yes")
+    with torch.no_grad():
+        expected = [torch.softmax(model(input_ids=torch.tensor([tokenizer(QUERY, d)["input_ids"]])).logits[0, -1, [no, yes]],
+                                  -1)[1].item() for d in DOCUMENTS]
+    assert np.abs(ours - np.array(expected)).max() < 1e-4 and np.ptp(expected) > 0.01
