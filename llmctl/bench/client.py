@@ -23,6 +23,8 @@ from llmctl.bench.multimodal_dataset import image_parts
 
 Clock = Callable[[], float]  # seconds; time.perf_counter unless a test scripts the times
 
+RERANK_DOCUMENTS = 4  # --endpoint /v1/rerank: each prompt split into this many documents, ranked against it
+
 
 @dataclass
 class RequestSettings:
@@ -55,8 +57,13 @@ class RequestOutcome:
 
 
 def request_body(request: SampleRequest, settings: RequestSettings) -> dict[str, Any]:
-    if settings.endpoint.is_embeddings:
+    if settings.endpoint.kind == "embeddings":
         return {"model": settings.model, "input": request.full_prompt}
+    if settings.endpoint.kind == "rerank":  # the prompt is the query, and its quarters the documents to rank
+        words = request.full_prompt.split()
+        quarter = max(1, len(words) // RERANK_DOCUMENTS)
+        documents = [" ".join(words[i:i + quarter]) for i in range(0, len(words), quarter)] or [request.full_prompt]
+        return {"model": settings.model, "query": request.full_prompt, "documents": documents}
     body: dict[str, Any] = {"model": settings.model, "max_tokens": request.expected_output_len, "stream": True,
                             "stream_options": {"include_usage": True}}
     if settings.endpoint.is_chat:
@@ -80,8 +87,8 @@ async def send_request(client: httpx2.AsyncClient, request: SampleRequest, setti
     outcome = RequestOutcome(request.prompt_len, request.expected_output_len)
     url = settings.base_url + settings.endpoint.path
     outcome.start_time = start = clock()
-    if settings.endpoint.is_embeddings:
-        return await _send_embedding(client, url, request, settings, outcome, clock)
+    if settings.endpoint.is_pooling:
+        return await _send_pooling(client, url, request, settings, outcome, clock)
     try:
         async with client.stream("POST", url, json=request_body(request, settings), headers=settings.headers,
                                  timeout=settings.timeout_s) as response:
@@ -95,9 +102,10 @@ async def send_request(client: httpx2.AsyncClient, request: SampleRequest, setti
     return outcome
 
 
-async def _send_embedding(client: httpx2.AsyncClient, url: str, request: SampleRequest, settings: RequestSettings,
-                          outcome: RequestOutcome, clock: Clock) -> RequestOutcome:
-    """One embeddings request, not streamed: its latency is the whole answer's (vLLM's E2EL); no output tokens."""
+async def _send_pooling(client: httpx2.AsyncClient, url: str, request: SampleRequest, settings: RequestSettings,
+                        outcome: RequestOutcome, clock: Clock) -> RequestOutcome:
+    """One embeddings or rerank request, not streamed: its latency is the whole answer's (vLLM's E2EL); no output
+    tokens."""
     try:
         response = await client.post(url, json=request_body(request, settings), headers=settings.headers,
                                      timeout=settings.timeout_s)
@@ -109,7 +117,7 @@ async def _send_embedding(client: httpx2.AsyncClient, url: str, request: SampleR
         outcome.error = f"HTTP {response.status_code}: {_error_message(response.text)}"
         return outcome
     usage = response.json().get("usage") or {}
-    outcome.prompt_len = usage.get("prompt_tokens") or outcome.prompt_len
+    outcome.prompt_len = usage.get("prompt_tokens") or usage.get("total_tokens") or outcome.prompt_len
     outcome.output_tokens, outcome.success = 0, True
     return outcome
 

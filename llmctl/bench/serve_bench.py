@@ -148,7 +148,7 @@ def run_serve_bench(options: ServeBenchOptions,
         if on_warning:
             on_warning(warning)
     requests = sample_requests(options.dataset, counter, words_from.words())
-    if any(request.images for request in requests) and not options.endpoint.is_chat:  # nor to embeddings
+    if any(request.images for request in requests) and not options.endpoint.is_chat:  # nor to embeddings or rerank
         raise LlmctlError("random-mm's images go to the chat endpoint: add --endpoint /v1/chat/completions "
                           "(or --backend openai-chat)")
     points = []
@@ -160,5 +160,5 @@ def run_serve_bench(options: ServeBenchOptions,
         metrics = calculate_metrics(load.outcomes, load.duration, options.goodput,
                                     lambda text: len(counter.encode(text)), options.percentiles)
         points.append(PointResult(load, metrics))
-    reported = ("e2el",) if options.endpoint.is_embeddings else options.percentile_metrics  # nothing streams
+    reported = ("e2el",) if options.endpoint.is_pooling else options.percentile_metrics  # nothing streams
     return ServeBenchRun(model, counter.name, requests, points, warnings, reported)

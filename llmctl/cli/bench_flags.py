@@ -49,10 +49,11 @@ TARGET_FLAGS: dict[str, Flag] = {
                               "the name sent in requests, when it differs from --model (the tokenizer's)"),
     "tokenizer": Flag(("--tokenizer",), Optional[str], "default: the model's"),
     "backend": Flag(("--backend",), Optional[str],
-                    "vllm or openai (the completions API), openai-chat (chat completions), openai-embeddings"),
+                    "vllm or openai (the completions API), openai-chat (chat completions), openai-embeddings, "
+                    "vllm-rerank"),
     "endpoint": Flag(("--endpoint",), Optional[str],
-                     "URL path: /v1/completions (default), /v1/chat/completions or /v1/embeddings; also completions, "
-                     "chat, embeddings"),
+                     "URL path: /v1/completions (default), /v1/chat/completions, /v1/embeddings or /v1/rerank (each "
+                     "prompt ranks its own quarters); also completions, chat, embeddings, rerank"),
 }
 TARGET_GROUP = FlagGroup("target", TARGET_FLAGS, TargetFlags, build_target)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Annotated, Optional
 
@@ -50,7 +51,8 @@ def plan(
     as_json: JsonOpt = False,
 ) -> None:
     """Does it fit, on how many GPUs, with which TP/PP, and how many sequences will the KV cache hold?"""
-    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.config_file import load_config, load_spec
+    from llmctl.checkpoint.pooling import pooling_spec
     from llmctl.checkpoint.source import DEFAULT_MODEL_ID, resolve_model
     from llmctl.display import plan_to_dict, print_json, render_plan
     from llmctl.engine.models.registry import implementation
@@ -61,6 +63,9 @@ def plan(
     hardware = resolve_hardware(gpu, gpus, nodes, gpus_per_node)
     source = resolve_model(model, revision, show_progress=not as_json)
     impl, refusal = implementation(spec := load_spec(source))
+    pooling = pooling_spec(source.path, load_config(source))
+    if pooling is not None:  # no LM head of its own: counted as one sharing the embedding table
+        spec = dataclasses.replace(spec, tie_word_embeddings=True)
     request = PlanRequest(
         gpu=hardware.gpu, gpus=hardware.gpus, nodes=nodes, gpu_memory_utilization=gpu_memory_utilization,
         dtype=dtype, kv_cache_dtype=kv_cache_dtype, quantization=quantization, max_model_len=max_model_len,
@@ -69,6 +74,7 @@ def plan(
         max_loras=max_loras, max_lora_rank=max_lora_rank, llmctl_impl=impl, llmctl_refusal=refusal,
         pp_layer_partition=os.environ.get("VLLM_PP_LAYER_PARTITION"),  # as vLLM reads it
         gguf=gguf_sizes(source.gguf_path) if model and source.gguf_path else None,  # the default model: its hub bf16
+        pooling=pooling.describe() if pooling is not None else None,
     )
     result = build_plan(spec, request, model or DEFAULT_MODEL_ID)
     if as_json:

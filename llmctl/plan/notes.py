@@ -55,6 +55,8 @@ def plan_notes(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, plan: Plan)
         notes.append(f"TP above {spec.attention.num_kv_heads} replicates KV heads: KV per GPU stops shrinking")
     if spec.vision is not None:
         notes.append(vision_note(spec, req, plan))
+    if req.pooling is not None:
+        notes.append(pooling_note(spec, req, plan))
     if req.max_loras and plan.recommended:
         best = plan.recommended
         per_gpu = lora_slot_bytes(spec, req.max_loras, req.max_lora_rank, WEIGHT_DTYPES[plan.dtype], best.tp,
@@ -75,3 +77,11 @@ def vision_note(spec: ModelSpec, req: PlanRequest, plan: Plan) -> str:
             f"first-stage GPU (not split by TP), counted with the weights; the encoder cache holds a step's images "
             f"up to {req.max_num_batched_tokens:,} embeddings ({cache / GiB:.3f} GiB) and keeps each image's until its "
             "request finishes")
+
+
+def pooling_note(spec: ModelSpec, req: PlanRequest, plan: Plan) -> str:
+    """A pooling model holds KV only while a prompt is computed: a step's tokens, not long conversations."""
+    step = req.max_num_batched_tokens * spec.kv_bytes_per_token(plan.kv_dtype_bytes)
+    return (f"{req.pooling}: requests are prefill-only and free their KV as soon as their prompt is computed, so "
+            f"a step's {req.max_num_batched_tokens:,} tokens need {step / GiB:.3f} GiB of KV (the pool above is "
+            "room for prompts waiting, not for long sequences); no LM head is loaded, so it is not counted")

@@ -55,6 +55,7 @@ class PlanRequest:
     pp_layer_partition: str | None = None  # VLLM_PP_LAYER_PARTITION: layers per stage, e.g. "24,40"
     llmctl_impl: str | None = "llmctl"  # what llmctl serve runs it with: llmctl, transformers or None (the CLI asks)
     llmctl_refusal: str = ""  # why llmctl serve cannot run it, when llmctl_impl is None
+    pooling: str | None = None  # a pooling model (embedding, classifier): PoolingSpec.describe(); None: it generates
 
     @property
     def gpus_per_node(self) -> int:

@@ -143,3 +143,19 @@ def test_rerank_refusals(rerank_server):
     assert long.status_code == 400 and "maximum is 64" in long.json()["error"]["message"]
     embeddings = _post(rerank_server, "/v1/embeddings", {"input": "a"})
     assert embeddings.status_code == 400 and "cross-encoder" in embeddings.json()["error"]["message"]
+
+
+def test_bench_serve_measures_the_rerank_endpoint(rerank_server, tmp_path, default_source):
+    import json
+
+    from helpers.cli_process import run_cli
+
+    out = tmp_path / "rerank.json"
+    result = run_cli("bench", "serve", "--base-url", rerank_server.url, "--backend", "vllm-rerank", "--endpoint",
+                     "/v1/rerank", "--model", "reranker", "--tokenizer", str(default_source.path), "--dataset-name",
+                     "random", "--num-prompts", "4", "--random-input-len", "8", "--result-filename", str(out),
+                     "--api-key", KEY)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(out.read_text())
+    assert data["completed"] == 4 and data["failed"] == 0 and data["total_output_tokens"] == 0
+    assert all(length > 0 for length in data["input_lens"]) and data["mean_e2el_ms"] > 0
