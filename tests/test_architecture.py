@@ -123,6 +123,10 @@ SERVER_SEES_OF_THE_ENGINE = ("llmctl.engine.config", "llmctl.engine.errors", "ll
                              "llmctl.engine.front.beam_search", "llmctl.engine.lora.request",
                              "llmctl.engine.structured.params", "llmctl.engine.structured.config",
                              "llmctl.engine.reasoning",
+                             # pooling models: vLLM's PoolingParams and outputs, the pooler's facts, scoring's pure
+                             # functions, and encoders served through transformers (as front.embedding)
+                             "llmctl.engine.pooling.params", "llmctl.engine.pooling.config",
+                             "llmctl.engine.pooling.scoring", "llmctl.engine.front.encoder_classifier",
                              # prompts with images: the processor runs in the server, off the event loop, before
                              # the engine (vLLM's renderer); what it makes is a public prompt type
                              "llmctl.engine.multimodal.items", "llmctl.engine.multimodal.processor")

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from llmctl.cli.common import JsonOpt, ModelArg, RevisionOpt
 from llmctl.settings import DEFAULT_MAX_NUM_SEQS, KV_CACHE_FORMATS, VLLM_ONLY_KV_CACHE_FORMATS
+
+if TYPE_CHECKING:
+    from llmctl.checkpoint.source import ModelSource
+    from llmctl.checkpoint.spec import ModelSpec
 
 KV_HELP = (f"{', '.join(KV_CACHE_FORMATS)} (as llmctl serve takes them), or vLLM's "
            f"{', '.join(VLLM_ONLY_KV_CACHE_FORMATS)} (a vllm serve line only)")
@@ -51,8 +55,6 @@ def plan(
     as_json: JsonOpt = False,
 ) -> None:
     """Does it fit, on how many GPUs, with which TP/PP, and how many sequences will the KV cache hold?"""
-    from llmctl.checkpoint.config_file import load_config, load_spec
-    from llmctl.checkpoint.pooling import pooling_spec
     from llmctl.checkpoint.source import DEFAULT_MODEL_ID, resolve_model
     from llmctl.display import plan_to_dict, print_json, render_plan
     from llmctl.engine.models.registry import implementation
@@ -62,19 +64,16 @@ def plan(
 
     hardware = resolve_hardware(gpu, gpus, nodes, gpus_per_node)
     source = resolve_model(model, revision, show_progress=not as_json)
-    impl, refusal = implementation(spec := load_spec(source))
-    pooling = pooling_spec(source.path, load_config(source))
-    if pooling is not None:  # no LM head of its own: counted as one sharing the embedding table
-        spec = dataclasses.replace(spec, tie_word_embeddings=True)
+    spec, pooling = _as_served(source)
+    impl, refusal = implementation(spec)
     request = PlanRequest(
         gpu=hardware.gpu, gpus=hardware.gpus, nodes=nodes, gpu_memory_utilization=gpu_memory_utilization,
         dtype=dtype, kv_cache_dtype=kv_cache_dtype, quantization=quantization, max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, tp=tp, pp=pp,
         expert_parallel=expert_parallel, enforce_eager=enforce_eager, min_concurrency=min_concurrency,
         max_loras=max_loras, max_lora_rank=max_lora_rank, llmctl_impl=impl, llmctl_refusal=refusal,
-        pp_layer_partition=os.environ.get("VLLM_PP_LAYER_PARTITION"),  # as vLLM reads it
+        pp_layer_partition=os.environ.get("VLLM_PP_LAYER_PARTITION"), pooling=pooling,  # as vLLM reads it
         gguf=gguf_sizes(source.gguf_path) if model and source.gguf_path else None,  # the default model: its hub bf16
-        pooling=pooling.describe() if pooling is not None else None,
     )
     result = build_plan(spec, request, model or DEFAULT_MODEL_ID)
     if as_json:
@@ -83,3 +82,15 @@ def plan(
         render_plan(result, hardware.note)
     if result.recommended is None:
         raise typer.Exit(1)
+
+
+def _as_served(source: ModelSource) -> tuple[ModelSpec, str | None]:
+    """The spec as served, and what a pooling model pools (None for a generator): a pooling model loads no LM
+    head of its own, so it is counted as one sharing the embedding table."""
+    from llmctl.checkpoint.config_file import load_config, load_spec
+    from llmctl.checkpoint.pooling import pooling_spec
+
+    spec, pooling = load_spec(source), pooling_spec(source.path, load_config(source))
+    if pooling is None:
+        return spec, None
+    return dataclasses.replace(spec, tie_word_embeddings=True), pooling.describe()

@@ -140,6 +140,14 @@ class EngineConfig:
                                     "--data-parallel-size replicas yet: their steps run in lockstep rounds; drop "
                                     "--async-scheduling")
 
+    def _validate_pooling(self) -> None:
+        """--runner and --convert are vLLM's names; --hf-overrides is parsed now, before any rank starts."""
+        if self.runner not in RUNNERS:
+            raise EngineConfigError(f"--runner {self.runner!r} is not one of {', '.join(RUNNERS)}")
+        if self.convert not in CONVERTS:
+            raise EngineConfigError(f"--convert {self.convert!r} is not one of {', '.join(CONVERTS)}")
+        self.overrides  # noqa: B018
+
     def _validate_policies(self) -> None:
         """The scheduling policy and the reasoning parser are names llmctl knows."""
         from llmctl.engine.reasoning import ReasoningParserManager
@@ -188,11 +196,7 @@ class EngineConfig:
         self._validate_async_scheduling()
         if self.cpu_threads is not None and self.cpu_threads < 1:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
-        if self.runner not in RUNNERS:
-            bad("runner", f"{self.runner!r} is not one of {', '.join(RUNNERS)}")
-        if self.convert not in CONVERTS:
-            bad("convert", f"{self.convert!r} is not one of {', '.join(CONVERTS)}")
-        self.overrides  # noqa: B018 — parsed now, so bad JSON fails before any rank starts
+        self._validate_pooling()
         if self.model_impl not in MODEL_IMPLS:
             bad("model_impl", f"{self.model_impl!r} is not one of {', '.join(MODEL_IMPLS)}")
         self.speculative_config = parse_speculative_config(self.speculative_config)

@@ -70,7 +70,7 @@ async def embed(state: ServerState, request: Request, inputs: list[str | list[in
         raise bad(f"normalize: this encoder's embeddings are {'' if encoder.pooling.normalize else 'not '}"
                   "normalized, as its layout says; leave normalize out", "normalize")
     try:
-        vectors, tokens = await on_encoder(state, len(inputs), encoder.embed, inputs, params.dimensions)
+        vectors, tokens = await on_encoder(state, len(inputs), lambda: encoder.embed(inputs, params.dimensions))
     except LlmctlError as exc:
         raise bad(str(exc), "input") from None
     return list(vectors), tokens

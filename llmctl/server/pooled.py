@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from starlette.requests import Request
 
@@ -18,11 +18,11 @@ from llmctl.server.state import ServerState
 T = TypeVar("T")
 
 
-async def on_encoder(state: ServerState, count: int, call: Callable[..., T], *args: Any) -> T:
+async def on_encoder(state: ServerState, count: int, call: Callable[[], T]) -> T:
     """An encoder's call (transformers' modules, on a thread) under the same queue limit as engine requests."""
     admission = state.in_flight.admit(count)
     try:
-        return await asyncio.to_thread(call, *args)
+        return await asyncio.to_thread(call)
     finally:
         admission.release()
 

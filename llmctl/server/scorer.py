@@ -39,7 +39,7 @@ async def classify(state: ServerState, request: Request, items: list[str | Pair 
         activation = "none" if not use_activation else \
             encoder.score_activation if scores else encoder.classify_activation
         try:
-            probs, tokens = await on_encoder(state, len(items), encoder.classify, items, activation)
+            probs, tokens = await on_encoder(state, len(items), lambda: encoder.classify(items, activation))
         except LlmctlError as exc:
             raise bad(str(exc), "input") from None
         return list(probs), tokens

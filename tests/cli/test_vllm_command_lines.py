@@ -70,8 +70,9 @@ def test_backends_and_endpoints_resolve_as_vllm_pairs_them() -> None:
     with pytest.raises(Exception, match="--backend tgi: llmctl benchmarks OpenAI-compatible APIs"):
         resolve_endpoint(None, "tgi")
     assert resolve_endpoint("/v1/embeddings", "openai-embeddings").kind == "embeddings"
-    with pytest.raises(Exception, match="must end in /completions, /chat/completions or /embeddings"):
-        resolve_endpoint("/v1/rerank", None)
+    assert resolve_endpoint("/v1/rerank", "vllm-rerank").kind == "rerank"  # vLLM's pair for rerankers
+    with pytest.raises(Exception, match="must end in /completions, /chat/completions, /embeddings or /rerank"):
+        resolve_endpoint("/v1/score", None)
 
 
 def test_served_model_names_run_to_the_next_option_as_vllms_nargs() -> None:

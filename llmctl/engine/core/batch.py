@@ -28,7 +28,6 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
     rows: list[int] = []
     updates: list[TableUpdate] = []
     placeholders: list[tuple[int, int]] = []
-    pool_spans: dict[int, tuple[int, int]] = {}
     for item in sched.scheduled:
         seq, start = item.seq, item.seq.num_computed_tokens
         row0 = len(ids)
@@ -54,9 +53,7 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
         starts.append(len(ids))
         lens.append(start + item.num_new_tokens)
         total_lens.append(seq.num_tokens)
-        if item.samples and seq.pooling is not None:  # the prompt is done: pooled, not sampled
-            pool_spans[seq.seq_id] = (row0, len(ids))
-        elif item.samples:  # with a draft: the last real token's row, then one row per proposed token
+        if item.samples and seq.pooling is None:  # with a draft: the last real token's row, then one row per proposed token
             sample_rows += range(len(ids) - 1 - len(proposed), len(ids))
             sample_seqs.append(seq)
         if seq.params.prompt_logprobs is not None and start < len(seq.prompt_token_ids) - 1:
@@ -67,10 +64,20 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
                       group_slot_mappings=slots[1:], group_block_tables=tables[1:], table_rows=rows,
                       table_updates=updates, placeholders=placeholders,
                       encoder_inputs=[EncoderInput(i.content_hash, i.data) for i in sched.encoder.encode],
-                      encoder_frees=list(sched.encoder.free), pool_spans=pool_spans)
+                      encoder_frees=list(sched.encoder.free), pool_spans=pool_spans(sched))
     batch.embedding_slices, batch.mrope_positions = multimodal_rows(sched)
     batch.both_ways_spans = both_ways_spans(sched)
     return batch, sample_seqs
+
+
+def pool_spans(sched: SchedulerOutput) -> dict[int, tuple[int, int]]:
+    """Each pooling sequence whose prompt this step completes: its rows (first, end); pooled, not sampled."""
+    spans, row0 = {}, 0
+    for item in sched.scheduled:
+        if item.samples and item.seq.pooling is not None:
+            spans[item.seq.seq_id] = (row0, row0 + item.num_new_tokens)
+        row0 += item.num_new_tokens
+    return spans
 
 
 def both_ways_spans(sched: SchedulerOutput) -> list[tuple[int, int, int]]:
