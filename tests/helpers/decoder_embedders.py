@@ -15,22 +15,26 @@ FAMILIES = {  # family -> (transformers config class, sentence-transformers pool
 }
 
 
+TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16)
+
+
 def write_decoder_embedder(base: Path, family: str, tokenizer, normalize: bool = True,
-                           matryoshka: tuple[int, ...] = ()) -> Path:
+                           matryoshka: tuple[int, ...] = (), shape: dict | None = None) -> Path:
+    """`shape`: the transformers config's sizes (TINY by default)."""
     import transformers
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
     config_class, mode = FAMILIES[family]
-    config = getattr(transformers, config_class)(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False)
+    config = getattr(transformers, config_class)(vocab_size=len(tokenizer), max_position_embeddings=512,
+                                                 tie_word_embeddings=False, **(shape or TINY))
     torch.manual_seed(0)
     body_folder = base / f"{family}-body"
     model = transformers.AutoModel.from_config(config).to(torch.float32).eval()
     with torch.no_grad():  # large enough that every layer moves the output
         for param in model.parameters():
-            param.normal_(0, 0.2)
+            param.normal_(0, 0.2 if shape is None else 0.02)
     model.save_pretrained(body_folder, safe_serialization=True)
     plain = copy.deepcopy(tokenizer)
     plain.chat_template = None  # sentence-transformers 6 renders text through a chat template when there is one
@@ -38,7 +42,7 @@ def write_decoder_embedder(base: Path, family: str, tokenizer, normalize: bool =
     body = Transformer(str(body_folder))
     if body.tokenizer.pad_token is None:
         body.tokenizer.pad_token = body.tokenizer.eos_token
-    modules = [body, Pooling(64, pooling_mode=mode)] + ([Normalize()] if normalize else [])
+    modules = [body, Pooling(config.hidden_size, pooling_mode=mode)] + ([Normalize()] if normalize else [])
     folder = base / f"{family}-embedder"
     SentenceTransformer(modules=modules, device="cpu").save(str(folder))
     if matryoshka:

@@ -1,0 +1,100 @@
+"""Embeddings of many short texts: `llmctl serve` against sentence-transformers' `encode` (its default batch
+size, 32) on the same decoder embedding model, in one run. The model is Qwen3-Embedding-0.6B-shaped (random
+weights, last-token pooling, Normalize; --layers cuts its depth for a quicker run), saved in
+sentence-transformers' layout; the texts are 1,000 sentences of 6 to 24 words.
+
+    python benchmarks/embedding_throughput.py [--texts 1000] [--layers 28] [--request-size 32] [--rounds 2]
+
+The server gets the texts as /v1/embeddings requests of --request-size inputs, all sent at once, the vectors
+asked in base64 (as the official openai client asks by default); both sides count
+the same tokens (the model's tokenizer). Prints each side's seconds and tokens/s per round, and the ratio."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test helpers: server, model writer
+
+WORDS = ("the a model server token batch prefix cache engine fast small clear request answer vector text query "
+         "document rank score memory step kernel layer head pool embed search index shard").split()
+
+
+def texts(count: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 24))).capitalize() + "." for _ in range(count)]
+
+
+def qwen3_embedding(folder: Path, layers: int) -> Path:
+    from transformers import AutoTokenizer
+
+    from helpers.decoder_embedders import write_decoder_embedder
+    from llmctl.checkpoint.source import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(None, show_progress=False).path))
+    shape = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128)
+    return write_decoder_embedder(folder, "qwen3", tokenizer, shape=shape)
+
+
+def sentence_transformers_seconds(folder: Path, inputs: list[str]) -> float:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device="cpu")
+    model.encode(inputs[:32])  # warm-up
+    started = time.perf_counter()
+    model.encode(inputs)
+    return time.perf_counter() - started
+
+
+async def _server_seconds(url: str, inputs: list[str], size: int) -> float:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=3600) as client:
+        started = time.perf_counter()
+        answers = await asyncio.gather(*(client.post(url + "/v1/embeddings", json={
+            "input": inputs[i:i + size], "encoding_format": "base64"})  # as the openai client asks by default
+            for i in range(0, len(inputs), size)))
+        seconds = time.perf_counter() - started
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers if a.status_code != 200][:1]
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--texts", type=int, default=1000)
+    parser.add_argument("--layers", type=int, default=28)
+    parser.add_argument("--request-size", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    from helpers.server_helpers import start_server
+
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = qwen3_embedding(Path(scratch), args.layers)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        print(f"model: Qwen3-Embedding-0.6B shape, {args.layers} layers; {args.texts} texts a round, new ones each "
+              "round (none in the server's prefix cache)")
+        server = start_server(str(folder), "--max-model-len", "512", timeout=600)
+        try:
+            asyncio.run(_server_seconds(server.url, texts(64, seed=-1), args.request_size))  # warm-up
+            for round_ in range(args.rounds):
+                inputs = texts(args.texts, seed=round_)
+                tokens = sum(len(ids) for ids in tokenizer(inputs)["input_ids"])
+                ours = asyncio.run(_server_seconds(server.url, inputs, args.request_size))
+                theirs = sentence_transformers_seconds(folder, inputs)
+                print(f"round {round_ + 1} ({tokens:,} tokens): llmctl serve {ours:.2f} s ({tokens / ours:,.0f} tokens/s); "
+                      f"sentence-transformers encode {theirs:.2f} s ({tokens / theirs:,.0f} tokens/s); "
+                      f"ratio {theirs / ours:.2f}x")
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
