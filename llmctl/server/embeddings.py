@@ -15,7 +15,7 @@ from llmctl.engine.pooling.params import PoolingParams
 from llmctl.errors import LlmctlError
 from llmctl.server.models import check_model
 from llmctl.server.pooled import engine_pooler, on_encoder, pool_inputs
-from llmctl.server.protocol import bad, prompt_list
+from llmctl.server.protocol import EMBEDDING_FIELDS, bad, prompt_list, warn_ignored
 from llmctl.server.state import ServerState
 from llmctl.server.transport import read_json
 
@@ -43,6 +43,7 @@ async def embeddings(state: ServerState, request: Request) -> Response:
         engine_pooler(state, "embed", "/v1/embeddings")
     fields = await read_json(request)
     model = check_model(state, fields)
+    warn_ignored(fields, EMBEDDING_FIELDS)
     encoding = fields.str("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise bad(f"encoding_format must be float or base64, got {encoding!r}", "encoding_format")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmctl.server.pooling_fields import CLASSIFY_FIELDS, POOLING_FIELDS, RERANK_FIELDS, SCORE_FIELDS
 from llmctl.server.protocol import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -66,6 +67,13 @@ def openapi_schema(runtime_lora: bool = False) -> dict[str, Any]:
                                ["input"], "a response, or its streaming events when stream is true"),
         "/v1/embeddings": _post("Create embeddings (embedding models only)", EMBEDDING_FIELDS,
                                 REQUIRED_FIELDS["embeddings"], "a list of embeddings"),
+        **{path: _post("Score text pairs (cross-encoders; embedding models: cosine similarity)", SCORE_FIELDS, [],
+                       "a list of scores") for path in ("/score", "/v1/score")},
+        **{path: _post("Rank documents for a query (Jina's and Cohere's shape)", RERANK_FIELDS,
+                       ["query", "documents"], "results, most relevant first") for path in
+           ("/rerank", "/v1/rerank", "/v2/rerank")},
+        "/classify": _post("Classify texts (classifiers)", CLASSIFY_FIELDS, ["input"], "labels and probabilities"),
+        "/pooling": _post("The pooler's raw output per input", POOLING_FIELDS, ["input"], "a list of pooled outputs"),
         "/tokenize": _post("Token ids of a prompt or of chat messages", TOKENIZE_FIELDS, [], "tokens, count"),
         "/detokenize": _post("Text of token ids", DETOKENIZE_FIELDS, REQUIRED_FIELDS["detokenize"], "prompt"),
         "/health": _get("200 when the engine is ready, 503 while loading or after it died"),

@@ -301,6 +301,7 @@ EMBEDDING_FIELDS: dict[str, FieldSpec] = {
     "encoding_format": FieldSpec("custom", "float or base64 (little-endian float32)", "float",
                                  schema={"enum": ["float", "base64"]}),
     "dimensions": FieldSpec("integer", "Matryoshka models only: the first N dimensions, normalized after the cut"),
+    "normalize": FieldSpec("boolean", "decoder embedding models: L2-normalize (default: as the model's layout)"),
 }
 TOKENIZE_FIELDS: dict[str, FieldSpec] = {
     "model": COMMON_FIELDS["model"],

@@ -10,7 +10,8 @@ from starlette.responses import JSONResponse, Response
 
 from llmctl.server.models import check_model
 from llmctl.server.operability import request_id_of
-from llmctl.server.protocol import Fields, bad
+from llmctl.server.pooling_fields import RERANK_FIELDS
+from llmctl.server.protocol import Fields, bad, warn_ignored
 from llmctl.server.scorer import score_pairs
 from llmctl.server.state import ServerState
 from llmctl.server.transport import read_json
@@ -19,6 +20,7 @@ from llmctl.server.transport import read_json
 async def rerank(state: ServerState, request: Request) -> Response:
     fields = await read_json(request)
     model = check_model(state, fields)
+    warn_ignored(fields, RERANK_FIELDS)
     query = fields.str("query")
     if not query:
         raise bad("query must be a non-empty string", "query")

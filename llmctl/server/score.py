@@ -11,7 +11,8 @@ from starlette.responses import JSONResponse, Response
 from llmctl.engine.pooling.scoring import pair_texts
 from llmctl.server.models import check_model
 from llmctl.server.operability import request_id_of
-from llmctl.server.protocol import Fields, bad
+from llmctl.server.pooling_fields import SCORE_FIELDS
+from llmctl.server.protocol import Fields, bad, warn_ignored
 from llmctl.server.scorer import score_pairs
 from llmctl.server.state import ServerState
 from llmctl.server.transport import read_json
@@ -22,6 +23,7 @@ FORMS = (("text_1", "text_2"), ("queries", "documents"))
 async def score(state: ServerState, request: Request) -> Response:
     fields = await read_json(request)
     model = check_model(state, fields)
+    warn_ignored(fields, SCORE_FIELDS)
     pairs = score_request_pairs(fields)
     scores, tokens = await score_pairs(state, request, pairs)
     data = [{"index": i, "object": "score", "score": value} for i, value in enumerate(scores)]

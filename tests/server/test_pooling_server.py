@@ -143,6 +143,9 @@ def test_rerank_refusals(rerank_server):
     assert long.status_code == 400 and "maximum is 64" in long.json()["error"]["message"]
     embeddings = _post(rerank_server, "/v1/embeddings", {"input": "a"})
     assert embeddings.status_code == 400 and "cross-encoder" in embeddings.json()["error"]["message"]
+    paths = httpx.get(rerank_server.url + "/openapi.json").json()["paths"]
+    rerank = paths["/v1/rerank"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert rerank["required"] == ["query", "documents"] and {"/score", "/classify", "/pooling"} <= set(paths)
 
 
 def test_bench_serve_measures_the_rerank_endpoint(rerank_server, tmp_path, default_source):
