@@ -1,23 +1,30 @@
 """Embeddings of many short texts: `llmctl serve` against sentence-transformers' `encode` (its default batch
-size, 32) on the same decoder embedding model, in one run. The model is Qwen3-Embedding-0.6B-shaped (random
-weights, last-token pooling, Normalize; --layers cuts its depth for a quicker run), saved in
-sentence-transformers' layout; the texts are 1,000 sentences of 6 to 24 words.
+size, 32, float32) on the same decoder embedding model, in one run. The model is Qwen3-Embedding-0.6B-shaped
+(random weights, last-token pooling, Normalize; --layers cuts its depth for a quicker run), saved in
+sentence-transformers' layout; the texts are sentences of 6 to 24 words, new ones each round (none in the
+server's prefix cache).
 
     python benchmarks/embedding_throughput.py [--texts 1000] [--layers 28] [--request-size 32] [--rounds 2]
+                                              [--dtypes float32,bfloat16]
 
-The server gets the texts as /v1/embeddings requests of --request-size inputs, all sent at once, the vectors
-asked in base64 (as the official openai client asks by default); both sides count
-the same tokens (the model's tokenizer). Prints each side's seconds and tokens/s per round, and the ratio."""
+One server per --dtypes entry (bfloat16 runs llmctl's AVX512-BF16 GEMM where the CPU has it). Each gets the
+texts as /v1/embeddings requests of --request-size inputs, all sent at once, the vectors asked in base64 (as
+the official openai client asks by default); both sides count the same tokens (the model's tokenizer). Prints
+each side's seconds and tokens/s per round, the ratio, and the lowest cosine between the server's vectors and
+sentence-transformers'."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import random
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test helpers: server, model writer
 
@@ -42,17 +49,13 @@ def qwen3_embedding(folder: Path, layers: int) -> Path:
     return write_decoder_embedder(folder, "qwen3", tokenizer, shape=shape)
 
 
-def sentence_transformers_seconds(folder: Path, inputs: list[str]) -> float:
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(folder), device="cpu")
-    model.encode(inputs[:32])  # warm-up
+def sentence_transformers_run(model, inputs: list[str]) -> tuple[float, np.ndarray]:
     started = time.perf_counter()
-    model.encode(inputs)
-    return time.perf_counter() - started
+    vectors = model.encode(inputs)
+    return time.perf_counter() - started, vectors
 
 
-async def _server_seconds(url: str, inputs: list[str], size: int) -> float:
+async def _server_run(url: str, inputs: list[str], size: int) -> tuple[float, np.ndarray]:
     import httpx
 
     async with httpx.AsyncClient(timeout=3600) as client:
@@ -62,7 +65,8 @@ async def _server_seconds(url: str, inputs: list[str], size: int) -> float:
             for i in range(0, len(inputs), size)))
         seconds = time.perf_counter() - started
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers if a.status_code != 200][:1]
-    return seconds
+    vectors = [np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for a in answers for d in a.json()["data"]]
+    return seconds, np.stack(vectors)
 
 
 def main() -> None:
@@ -71,29 +75,35 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--request-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
     args = parser.parse_args()
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer
+
     from helpers.server_helpers import start_server
 
     with tempfile.TemporaryDirectory() as scratch:
         folder = qwen3_embedding(Path(scratch), args.layers)
-        from transformers import AutoTokenizer
-
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        print(f"model: Qwen3-Embedding-0.6B shape, {args.layers} layers; {args.texts} texts a round, new ones each "
-              "round (none in the server's prefix cache)")
-        server = start_server(str(folder), "--max-model-len", "512", timeout=600)
-        try:
-            asyncio.run(_server_seconds(server.url, texts(64, seed=-1), args.request_size))  # warm-up
-            for round_ in range(args.rounds):
-                inputs = texts(args.texts, seed=round_)
-                tokens = sum(len(ids) for ids in tokenizer(inputs)["input_ids"])
-                ours = asyncio.run(_server_seconds(server.url, inputs, args.request_size))
-                theirs = sentence_transformers_seconds(folder, inputs)
-                print(f"round {round_ + 1} ({tokens:,} tokens): llmctl serve {ours:.2f} s ({tokens / ours:,.0f} tokens/s); "
-                      f"sentence-transformers encode {theirs:.2f} s ({tokens / theirs:,.0f} tokens/s); "
-                      f"ratio {theirs / ours:.2f}x")
-        finally:
-            server.stop()
+        reference = SentenceTransformer(str(folder), device="cpu")
+        reference.encode(texts(32, seed=-1))  # warm-up
+        print(f"model: Qwen3-Embedding-0.6B shape, {args.layers} layers; {args.texts} texts a round")
+        for dtype in args.dtypes.split(","):
+            server = start_server(str(folder), "--max-model-len", "512", "--dtype", dtype, timeout=600)
+            try:
+                asyncio.run(_server_run(server.url, texts(64, seed=-1), args.request_size))  # warm-up
+                for round_ in range(args.rounds):
+                    inputs = texts(args.texts, seed=round_ + 100 * len(dtype))
+                    tokens = sum(len(ids) for ids in tokenizer(inputs)["input_ids"])
+                    ours, vectors = asyncio.run(_server_run(server.url, inputs, args.request_size))
+                    theirs, expected = sentence_transformers_run(reference, inputs)
+                    cosine = (vectors * expected).sum(1) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(expected, axis=1)
+                    print(f"{dtype} round {round_ + 1} ({tokens:,} tokens): llmctl serve {ours:.2f} s "
+                          f"({tokens / ours:,.0f} tokens/s); sentence-transformers encode (float32) {theirs:.2f} s "
+                          f"({tokens / theirs:,.0f} tokens/s); ratio {theirs / ours:.2f}x; lowest cosine "
+                          f"{cosine.min():.6f}")
+            finally:
+                server.stop()
 
 
 if __name__ == "__main__":

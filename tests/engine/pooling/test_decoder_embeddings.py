@@ -36,3 +36,17 @@ def _dims(size):
     from llmctl import PoolingParams
 
     return PoolingParams(dimensions=size)
+
+
+@pytest.mark.parametrize("parallel", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}])
+def test_sharded_pooling_equals_sentence_transformers(embedders, parallel):
+    """TP ranks pool the all-reduced last hidden states; with PP the last stage pools and sends the outputs back
+    with its (absent) sampled tokens."""
+    from llmctl import LLM
+
+    llm = LLM(str(embedders["llama"]), max_model_len=128, **parallel)
+    try:
+        ours = np.array([o.outputs.embedding for o in llm.embed(TEXTS)])
+    finally:
+        llm.shutdown()
+    assert np.abs(ours - reference(embedders["llama"], TEXTS)).max() < 1e-4
