@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "deberta-v2")
+ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "deberta-v2", "modernbert")
 # sentence-transformers' pooling modes -> vLLM's pooling type names (and the modes vLLM has no name for); its
 # Pooling config names them in `pooling_mode` (version 5 and later) or sets `pooling_mode_<key>` flags (before)
 ST_POOLING_MODES = {"cls": "CLS", "lasttoken": "LAST", "mean": "MEAN", "max": "MAX",

@@ -1,6 +1,6 @@
 """Tiny cross-encoders saved as sentence-transformers CrossEncoders (random weights, a 31-entry WordPiece
-vocabulary): a BERT reranker (one label, segment ids) and an XLM-R one (bge-reranker-v2-m3's architecture, no
-segment ids), and a three-label BERT classifier."""
+vocabulary): a BERT reranker (one label, segment ids), an XLM-R one (bge-reranker-v2-m3's architecture) and a
+ModernBERT one (no segment ids), and a three-label BERT classifier."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ WORDS = list("abcdefghijklmnopqrstuvwxyz")
 
 def write_cross_encoder(base: Path, family: str, labels: int = 1) -> Path:
     from sentence_transformers import CrossEncoder
-    from transformers import AutoModelForSequenceClassification, BertConfig, BertTokenizerFast, XLMRobertaConfig
+    from transformers import (
+        AutoModelForSequenceClassification,
+        BertConfig,
+        BertTokenizerFast,
+        ModernBertConfig,
+        XLMRobertaConfig,
+    )
 
     (base / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]))
     tokenizer = BertTokenizerFast(vocab_file=str(base / "vocab.txt"))
@@ -23,6 +29,9 @@ def write_cross_encoder(base: Path, family: str, labels: int = 1) -> Path:
                  label2id={f"class_{i}": i for i in range(labels)})
     if family == "xlm-roberta":
         config = XLMRobertaConfig(**shape, max_position_embeddings=66, pad_token_id=0, type_vocab_size=1)
+    elif family == "modernbert":
+        config = ModernBertConfig(**shape, max_position_embeddings=64, pad_token_id=0, cls_token_id=2,
+                                  sep_token_id=3, bos_token_id=2, eos_token_id=3)
     else:
         config = BertConfig(**shape, max_position_embeddings=64)
     torch.manual_seed(0)
@@ -34,7 +43,7 @@ def write_cross_encoder(base: Path, family: str, labels: int = 1) -> Path:
     raw = base / f"{family}-{labels}-raw"
     model.save_pretrained(raw)
     tokenizer.save_pretrained(raw)
-    if family == "xlm-roberta":  # its tokenizer gives no segment ids, as XLM-R's own
+    if family in ("xlm-roberta", "modernbert"):  # their tokenizers give no segment ids
         settings = json.loads((raw / "tokenizer_config.json").read_text())
         settings["model_input_names"] = ["input_ids", "attention_mask"]
         (raw / "tokenizer_config.json").write_text(json.dumps(settings))

@@ -18,10 +18,10 @@ def cross_encoders(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("cross-encoders")
     return {(family, labels): write_cross_encoder(base, family, labels)
-            for family, labels in (("bert", 1), ("xlm-roberta", 1), ("bert", 3))}
+            for family, labels in (("bert", 1), ("xlm-roberta", 1), ("modernbert", 1), ("bert", 3))}
 
 
-@pytest.mark.parametrize("family", ["bert", "xlm-roberta"])
+@pytest.mark.parametrize("family", ["bert", "xlm-roberta", "modernbert"])
 def test_score_equals_cross_encoder_predict(cross_encoders, family):
     from sentence_transformers import CrossEncoder
 
