@@ -9,8 +9,8 @@ from starlette.responses import JSONResponse, Response
 
 from llmctl.server.models import check_model
 from llmctl.server.operability import request_id_of
-from llmctl.server.pooling_fields import CLASSIFY_FIELDS
-from llmctl.server.protocol import bad, prompt_list, warn_ignored
+from llmctl.server.pooling_fields import CLASSIFY_FIELDS, pooling_inputs
+from llmctl.server.protocol import warn_ignored
 from llmctl.server.scorer import classify, labels_of
 from llmctl.server.state import ServerState
 from llmctl.server.transport import read_json
@@ -21,9 +21,7 @@ async def classify_endpoint(state: ServerState, request: Request) -> Response:
     fields = await read_json(request)
     model = check_model(state, fields)
     warn_ignored(fields, CLASSIFY_FIELDS)
-    inputs = prompt_list(fields.raw("input"), "input")
-    if any(item == "" for item in inputs):
-        raise bad("input must not contain empty strings", "input")
+    inputs = pooling_inputs(fields)
     probs, tokens = await classify(state, request, list(inputs), fields.bool("use_activation", True))
     data = [{"index": i, "label": labels[int(p.argmax())], "probs": p.tolist(), "num_classes": len(labels)}
             for i, p in enumerate(probs)]

@@ -15,7 +15,8 @@ from llmctl.engine.pooling.params import PoolingParams
 from llmctl.errors import LlmctlError
 from llmctl.server.models import check_model
 from llmctl.server.pooled import engine_pooler, on_encoder, pool_inputs
-from llmctl.server.protocol import EMBEDDING_FIELDS, bad, prompt_list, warn_ignored
+from llmctl.server.pooling_fields import pooling_inputs
+from llmctl.server.protocol import EMBEDDING_FIELDS, bad, warn_ignored
 from llmctl.server.state import ServerState
 from llmctl.server.transport import read_json
 
@@ -47,9 +48,7 @@ async def embeddings(state: ServerState, request: Request) -> Response:
     encoding = fields.str("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise bad(f"encoding_format must be float or base64, got {encoding!r}", "encoding_format")
-    inputs = prompt_list(fields.raw("input"), "input")
-    if any(item == "" for item in inputs):
-        raise bad("input must not contain empty strings", "input")
+    inputs = pooling_inputs(fields)
     params = PoolingParams(dimensions=fields.raw("dimensions"), normalize=fields.optional_bool("normalize"))
     vectors, tokens = await embed(state, request, inputs, params)
     data = [{"object": "embedding", "index": i, "embedding": _encode_vector(v, encoding)} for i, v in enumerate(vectors)]

@@ -14,8 +14,8 @@ from llmctl.server.embeddings import embed
 from llmctl.server.models import check_model
 from llmctl.server.operability import request_id_of
 from llmctl.server.pooled import pool_inputs
-from llmctl.server.pooling_fields import POOLING_FIELDS
-from llmctl.server.protocol import bad, prompt_list, warn_ignored
+from llmctl.server.pooling_fields import POOLING_FIELDS, pooling_inputs
+from llmctl.server.protocol import bad, warn_ignored
 from llmctl.server.scorer import classify
 from llmctl.server.state import ServerState
 from llmctl.server.transport import read_json
@@ -25,9 +25,7 @@ async def pooling(state: ServerState, request: Request) -> Response:
     fields = await read_json(request)
     model = check_model(state, fields)
     warn_ignored(fields, POOLING_FIELDS)
-    inputs = prompt_list(fields.raw("input"), "input")
-    if any(item == "" for item in inputs):
-        raise bad("input must not contain empty strings", "input")
+    inputs = pooling_inputs(fields)
     data, tokens = await _pooled(state, request, inputs)
     return JSONResponse({"id": f"pool-{request_id_of(request.scope)}", "object": "list", "created": int(time.time()),
                          "model": model, "data": [{"index": i, "object": "pooling", "data": d.tolist()}

@@ -1,9 +1,9 @@
 """The request fields of the pooling endpoints (vLLM's names), read by their handlers' warnings about unknown
-fields and by /openapi.json."""
+fields and by /openapi.json; and their `input`, read one way."""
 
 from __future__ import annotations
 
-from llmctl.server.protocol import COMMON_FIELDS, COMPLETION_FIELDS, FieldSpec
+from llmctl.server.protocol import COMMON_FIELDS, COMPLETION_FIELDS, Fields, FieldSpec, bad, prompt_list
 
 TEXTS_SCHEMA = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
 INPUT = FieldSpec("custom", "text(s) or token ids", schema=COMPLETION_FIELDS["prompt"].schema)
@@ -30,3 +30,11 @@ CLASSIFY_FIELDS: dict[str, FieldSpec] = {
     "use_activation": FieldSpec("boolean", "probabilities (softmax; sigmoid for one label), or raw scores", True),
 }
 POOLING_FIELDS: dict[str, FieldSpec] = {"model": COMMON_FIELDS["model"], "input": INPUT}
+
+
+def pooling_inputs(fields: Fields) -> list[str | list[int]]:
+    """`input`: text(s) or token ids, none of them empty."""
+    inputs = prompt_list(fields.raw("input"), "input")
+    if any(item == "" for item in inputs):
+        raise bad("input must not contain empty strings", "input")
+    return inputs

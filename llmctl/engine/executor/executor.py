@@ -71,6 +71,8 @@ class LocalExecutor:
         self._ready: deque[StepLogits] = deque()
 
     def submit(self, batch: StepBatch) -> None:
+        if self.governor is not None:
+            self.governor.before_step()
         self._ready.append(self.runner.logits(batch, self.runner.forward(batch)))
         if self.governor is not None:
             self.governor.after_step()

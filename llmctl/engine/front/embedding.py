@@ -19,6 +19,7 @@ from llmctl.checkpoint.pooling import ENCODER_TYPES, GENERATIVE_SUFFIXES, poolin
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.front.encoder_classifier import EncoderClassifier
+from llmctl.engine.front.encoder_loading import load_encoder
 from llmctl.engine.pooling.config import dimensions_problem as pooled_dimensions_problem
 from llmctl.errors import LlmctlError
 
@@ -55,17 +56,10 @@ def dimensions_problem(pooling: Pooling, size: int, dimensions: object) -> str |
 class EmbeddingModel:
     def __init__(self, source: ModelSource, spec: ModelSpec, max_model_len: int | None = None,
                  device: str = "cpu", allow_pickle_weights: bool = False) -> None:
-        from transformers import AutoModel, AutoTokenizer
-
-        from llmctl.checkpoint.weights import safetensors_files
+        from transformers import AutoModel
 
         self.source, self.spec = source, spec
-        if not allow_pickle_weights:
-            safetensors_files(source.path)  # a clear error when only pickled .bin weights are there
-        self.tokenizer = AutoTokenizer.from_pretrained(str(source.path), trust_remote_code=False)
-        self.model = AutoModel.from_pretrained(str(source.path), dtype=torch.float32, trust_remote_code=False,
-                                               use_safetensors=None if allow_pickle_weights else True)
-        self.model = self.model.to(device).eval()
+        self.tokenizer, self.model = load_encoder(source, AutoModel, device, allow_pickle_weights)
         self.device = torch.device(device)
         self.pooling = read_pooling(source.path)
         self.max_model_len = min(max_model_len or spec.max_context, spec.max_context)

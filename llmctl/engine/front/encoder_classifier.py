@@ -13,6 +13,7 @@ import torch
 
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.front.encoder_loading import load_encoder
 from llmctl.errors import LlmctlError
 
 ACTIVATIONS = {"Sigmoid": "sigmoid", "Identity": "none", "Softmax": "softmax", "Tanh": "tanh"}
@@ -23,17 +24,11 @@ Pair = tuple[str, str]
 class EncoderClassifier:
     def __init__(self, source: ModelSource, spec: ModelSpec, max_model_len: int | None = None,
                  device: str = "cpu", allow_pickle_weights: bool = False) -> None:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-        from llmctl.checkpoint.weights import safetensors_files
+        from transformers import AutoModelForSequenceClassification
 
         self.source, self.spec = source, spec
-        if not allow_pickle_weights:
-            safetensors_files(source.path)  # a clear error when only pickled .bin weights are there
-        self.tokenizer = AutoTokenizer.from_pretrained(str(source.path), trust_remote_code=False)
-        self.model = AutoModelForSequenceClassification.from_pretrained(
-            str(source.path), dtype=torch.float32, trust_remote_code=False,
-            use_safetensors=None if allow_pickle_weights else True).to(device).eval()
+        self.tokenizer, self.model = load_encoder(source, AutoModelForSequenceClassification, device,
+                                                  allow_pickle_weights)
         self.device = torch.device(device)
         self.labels = [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
         self.classify_activation = "sigmoid" if len(self.labels) == 1 else "softmax"

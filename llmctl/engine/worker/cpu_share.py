@@ -66,15 +66,23 @@ def threads_to_use(before: CpuSample, after: CpuSample, cores: int, most: int) -
 
 
 class ThreadGovernor:
-    """Called after every step; every CHECK_EVERY_S it sets torch's thread count from the last interval."""
+    """Called around every step; every CHECK_EVERY_S of stepping it sets torch's thread count from the last
+    interval. An interval starts again after the engine sat idle: what other processes did while it waited for
+    requests (a benchmark's other side, a finished job) says nothing about the cores its next steps will find."""
 
     def __init__(self, cpus: set[int], most: int) -> None:
         self.cpus, self.most, self.threads = cpus, most, most
         self._last = read_sample(cpus)
         self._checked = time.monotonic()
+        self._stepped = self._checked  # when the last step ended
+
+    def before_step(self) -> None:
+        now = time.monotonic()
+        if now - self._stepped > CHECK_EVERY_S:  # idle since: measure from here
+            self._last, self._checked = read_sample(self.cpus), now
 
     def after_step(self) -> None:
-        now = time.monotonic()
+        now = self._stepped = time.monotonic()
         if self._last is None or now - self._checked < CHECK_EVERY_S:
             return
         sample = read_sample(self.cpus)

@@ -78,3 +78,23 @@ def test_a_count_the_user_fixed_is_kept(monkeypatch):
     assert thread_governor(EngineConfig(model="m"), 2, cpu) is not None
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert thread_governor(EngineConfig(model="m"), 2, cpu) is None
+
+
+def test_what_neighbours_did_while_the_engine_was_idle_does_not_count(monkeypatch):
+    """Two cores. A neighbour keeps both busy for 100 s while the engine waits for requests, then stops; the
+    engine's next step (0.6 s, both cores its own) keeps both threads: only the time it stepped is measured."""
+    from llmctl.engine.worker import cpu_share
+
+    clock = {"now": 0.0}
+    samples = iter([CpuSample(0, 0, 0),  # at start-up
+                    CpuSample(20_000, 20_000, 0),  # before the step: the neighbour's 100 s on both cores
+                    CpuSample(20_120, 20_120, 120)])  # after it: 0.6 s, all of it ours
+    monkeypatch.setattr(cpu_share.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(cpu_share, "read_sample", lambda cpus: next(samples))
+    monkeypatch.setattr(cpu_share.torch, "set_num_threads", lambda n: pytest.fail(f"set to {n} threads"))
+    governor = cpu_share.ThreadGovernor({0, 1}, most=2)
+    clock["now"] = 100.0
+    governor.before_step()
+    clock["now"] = 100.6
+    governor.after_step()
+    assert governor.threads == 2
