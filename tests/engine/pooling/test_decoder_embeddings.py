@@ -50,3 +50,20 @@ def test_sharded_pooling_equals_sentence_transformers(embedders, parallel):
     finally:
         llm.shutdown()
     assert np.abs(ours - reference(embedders["llama"], TEXTS)).max() < 1e-4
+
+
+def test_reward_conversion_returns_every_tokens_hidden_state(embedders):
+    """--convert reward: ALL pooling, each prompt token's final hidden state, as transformers' last_hidden_state."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from llmctl import LLM
+
+    folder = embedders["llama"]
+    llm = LLM(str(folder), convert="reward", max_model_len=128)
+    output = llm.encode(TEXTS[1])[0]
+    ids = AutoTokenizer.from_pretrained(str(folder))(TEXTS[1])["input_ids"]
+    with torch.no_grad():
+        expected = AutoModel.from_pretrained(str(folder))(input_ids=torch.tensor([ids])).last_hidden_state[0]
+    assert output.prompt_token_ids == ids and output.outputs.data.shape == expected.shape
+    assert (output.outputs.data - expected).abs().max() < 1e-4
