@@ -21,7 +21,9 @@ from llmctl.plan.planner import Plan as PlanResult
 console = Console()
 
 _VERDICT_STYLE = {"yes": "green", "no": "red", "conditional": "yellow"}
-SERVE_VERDICTS = {"llmctl": "runs this architecture with llmctl's own implementation",
+SERVE_VERDICTS = {"encoder": "runs it through transformers' encoder modules: /v1/embeddings for an embedding "
+                            "model, /score, /rerank and /classify for a cross-encoder",
+                  "llmctl": "runs this architecture with llmctl's own implementation",
                   "transformers": "runs it as transformers' modules around llmctl's paged attention "
                                   "(--model-impl transformers: one process, no TP or PP)"}
 

@@ -9,7 +9,7 @@ from llmctl.checkpoint.config_file import load_config, load_spec
 from llmctl.checkpoint.gguf_convert import GgufTensorType, gguf_tensor_types
 from llmctl.checkpoint.license import LicenseReport, detect_license
 from llmctl.checkpoint.params import ConfigParamCount, TensorCount, count_from_config, count_from_tensors
-from llmctl.checkpoint.pooling import PoolingSpec, pooling_spec
+from llmctl.checkpoint.pooling import ENCODER_TYPES, PoolingSpec, pooling_spec
 from llmctl.checkpoint.safetensors import WeightHeaders, read_weight_headers
 from llmctl.checkpoint.source import ModelSource
 from llmctl.checkpoint.spec import ModelSpec
@@ -23,6 +23,7 @@ from llmctl.checkpoint.tokenizer import (
 from llmctl.checkpoint.vision import VisionTower, vision_tower
 from llmctl.engine.attention_selector import BackendChoice, choose_attention_backend
 from llmctl.engine.models.registry import implementation
+from llmctl.engine.pooling.config import generative_spec
 from llmctl.errors import LlmctlError
 
 
@@ -89,19 +90,34 @@ def build_inspect_report(source: ModelSource, *, text: str | None = None,
         warnings.append(f"parameter count from headers ({weights.params_from_headers:,}) differs from the "
                         f"config-derived count ({weights.params_from_config:,})")
     license_report = detect_license(source)
-    impl, why = implementation(spec)
+    pooling = pooling_spec(source.path, load_config(source)) if source.gguf_path is None else None
+    impl, why, backend = served_as(spec, pooling)
     return InspectReport(
         source=source, spec=spec, config_params=config_count, weights=weights,
         kv_bytes_per_token_16bit=spec.kv_bytes_per_token(2),
         kv_bytes_per_token_model_dtype=spec.kv_bytes_per_token(spec.dtype_bytes),
         tokenizer=tokenizer, generation_defaults=generation_defaults(source),
-        license=license_report, backend=choose_attention_backend(spec),
+        license=license_report, backend=backend,
         llmctl_serves=impl is not None, implementation=impl, implementation_note=why,
         text_tokens=text_tokens, warnings=warnings,
         gguf_tensor_types=gguf_tensor_types(source.gguf_path) if source.gguf_path else None,
         vision=vision_tower(load_config(source), headers.tensors) if source.gguf_path is None else None,
-        pooling=pooling_spec(source.path, load_config(source)) if source.gguf_path is None else None,
+        pooling=pooling,
     )
+
+
+ENCODER_BACKEND = BackendChoice("transformers", "an encoder runs whole through transformers' own modules and "
+                                "attention: no paged KV cache")
+
+
+def served_as(spec: ModelSpec, pooling: PoolingSpec | None) -> tuple[str | None, str, BackendChoice]:
+    """How `llmctl serve` runs the checkpoint (implementation, why not, attention backend): an encoder through
+    transformers' modules; a decoder pooling model on the native layers of its generative sibling."""
+    if pooling is not None and spec.model_type in ENCODER_TYPES:
+        return "encoder", "", ENCODER_BACKEND
+    served = generative_spec(spec) if pooling is not None else spec
+    impl, why = implementation(served)
+    return impl, why, choose_attention_backend(served)
 
 
 def summarize_weights(spec: ModelSpec, config_count: ConfigParamCount | None, headers: WeightHeaders) -> WeightsSummary:

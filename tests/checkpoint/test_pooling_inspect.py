@@ -50,8 +50,10 @@ def test_a_decoder_embedding_model_reports_its_sentence_transformers_pooling(tmp
     config_class = {"qwen3": Qwen3Config, "llama": LlamaConfig}[family]
     folder = sentence_transformer(tiny(config_class, tokenizer, tmp_path / family), mode, normalize)
     reference = SentenceTransformer(str(folder), device="cpu")  # what sentence-transformers reads back
-    pooling = report_of(folder).pooling
+    report = report_of(folder)
+    pooling = report.pooling
     assert pooling is not None and pooling.task == "embed" and pooling.origin == "modules.json"
+    assert report.implementation == "llmctl"  # Qwen3Model / LlamaModel on the native layers of their family
     assert pooling.pooling == ST_NAMES[reference[1].pooling_mode]
     assert pooling.normalize == any(isinstance(module, Normalize) for module in reference)
     assert "embedding model" in pooling.describe()
@@ -84,8 +86,10 @@ def test_a_cross_encoder_is_a_one_label_classifier(tmp_path, tokenizer):
     AutoModel.from_config(AutoConfig.from_pretrained(base)).save_pretrained(base)
     reference = CrossEncoder(str(base), num_labels=1, device="cpu")
     reference.save(str(tmp_path / "reranker"))
-    pooling = report_of(tmp_path / "reranker").pooling
+    report = report_of(tmp_path / "reranker")
+    pooling = report.pooling
     assert pooling is not None and pooling.task == "classify"
+    assert report.implementation == "encoder" and "no paged KV cache" in report.backend.reason
     assert pooling.labels == reference.num_labels == 1
     assert pooling.pooling == "CLS"  # BERT's classification head reads its first token
 
