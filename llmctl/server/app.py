@@ -18,6 +18,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from llmctl.engine.front.client_factory import InProcessEngine
+from llmctl.engine.front.embedding import EmbeddingModel
 from llmctl.server.chat import chat_completions
 from llmctl.server.classify import classify_endpoint
 from llmctl.server.completions import completions
@@ -151,7 +152,9 @@ async def guarded(state: ServerState, request: Request, handler: Handler) -> Res
         check_api_key(state.settings.api_key, request, always=request.url.path in POOLING_ROUTES)
         if state.encoder is not None:
             if handler not in POOLING_HANDLERS:
-                raise bad(f"{state.model_name} is an encoder model: it answers {', '.join(POOLING_ROUTES)} only")
+                kind = "an embedding model" if isinstance(state.encoder, EmbeddingModel) else "a cross-encoder"
+                raise bad(f"{state.model_name} is {kind} (an encoder): it serves no text generation; its endpoints "
+                          f"are {', '.join(POOLING_ROUTES)}")
             return await handler(state, request)
         if state.engine is None or not state.engine.is_running:
             why = state.load_error or ("the engine stopped" if state.engine else "the model is still loading")

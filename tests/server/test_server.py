@@ -113,7 +113,7 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, 400,
      "messages[0].content[0]: this model takes no images"),
-    ("/v1/embeddings", {"input": "hi"}, 400, "serves no embeddings"),
+    ("/v1/embeddings", {"input": "hi"}, 400, "generates text: /v1/embeddings needs an embedding model"),
     ("/v1/nothing", {}, 404, "no route /v1/nothing"),
 ]
 
