@@ -73,13 +73,15 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     hf_config = _hf_config(source, spec, config.trust_remote_code)
     for name, value in config.overrides.items():
         setattr(hf_config, name, value)
-    tokenizer = load_tokenizer(source, trust_remote_code=config.trust_remote_code)
-    if pooler is not None:
+    tokenizer = None
+    if pooler is not None and pooler.from_tokens:  # a classifier head made of these tokens' LM-head rows
+        tokenizer = load_tokenizer(source, trust_remote_code=config.trust_remote_code)
         pooler = with_token_ids(pooler, tokenizer)
     # without images served (a text model, images off, no image processor) no vision tower is built
     hf_config.llmctl_text_only = not serves_images(source.path, spec.model_type, config.multimodal)
     model = _build(spec, hf_config, dtype, device, source, shard, config.allow_pickle_weights, config.model_impl,
                    pooler)
+    tokenizer = tokenizer or load_tokenizer(source, trust_remote_code=config.trust_remote_code)
     weights_bytes = model_weight_bytes(model)
     packed_bytes = pack_linears(model) if device.type == "cpu" else 0
     lora_step, lora_slots = attach_lora_slots(model, spec, config.max_loras, config.max_lora_rank, dtype, device) \
