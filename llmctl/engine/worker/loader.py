@@ -282,7 +282,9 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
                 str(loaded.dtype).removeprefix("torch."), loaded.device)
     logger.info("attention backend %s: %s", loaded.backend.name, loaded.attention_reason)
     if loaded.pooler is not None:
-        logger.info("pooling runner: %s (no LM head; requests are prefill-only)", loaded.pooler.describe())
+        head = "a head of the LM-head rows of " + ", ".join(loaded.pooler.from_tokens) if loaded.pooler.from_tokens \
+            else "the LM head dropped"
+        logger.info("pooling runner: %s (%s; requests are prefill-only)", loaded.pooler.describe(), head)
     where = " on rank 0 (every rank is listed below)" if loaded.placement.rank.world_size > 1 else ""
     rows, head_rows = small_batch(), head_small_batch()
     head = f", the LM head from {_rows(head_rows)}" if head_rows and head_rows != rows else ""
