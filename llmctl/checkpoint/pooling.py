@@ -20,6 +20,11 @@ ST_POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_lasttoken": "
                     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
                     "pooling_mode_weightedmean_tokens": "weightedmean"}
 GENERATIVE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+# reward models whose score head llmctl runs: architecture -> (vLLM's default pooling, the head's outputs). Both
+# ship Qwen's remote code's head, Linear(hidden, hidden) -> ReLU -> Linear(hidden, labels), as `score.0`, `score.2`
+REWARD_HEADS = {"Qwen2ForRewardModel": ("ALL", 1), "Qwen2ForProcessRewardModel": ("STEP", 2)}
+# vLLM's step tag of Qwen2ForProcessRewardModel: `<extra_0>`, which Qwen2.5-Math-PRM's prompts put after each step
+PRM_STEP_TAG_ID = 151651
 
 
 @dataclass(frozen=True)
@@ -32,11 +37,16 @@ class PoolingSpec:
     matryoshka: bool = False
     labels: int | None = None  # classifiers: the output size
     dense: bool = False  # a sentence-transformers Dense projection follows the pooling
+    step_tag_id: int | None = None  # STEP pooling: the rows of this token alone
+    reward_head: str | None = None  # the architecture whose reward head the checkpoint holds (REWARD_HEADS)
 
     def describe(self) -> str:
         what = {"embed": "embedding model", "classify": f"classifier ({self.labels or '?'} labels)",
                 "reward": "reward model"}[self.task]
-        parts = [f"{what}: {self.pooling} pooling" + (", normalized" if self.normalize else "")]
+        parts = [f"{what}: {self.pooling} pooling" + (", normalized" if self.normalize else "")
+                 + (f" (the rows of token {self.step_tag_id})" if self.step_tag_id is not None else "")]
+        if self.reward_head:
+            parts.append(f"a score head of {self.labels} output{'s' if self.labels != 1 else ''}")
         if self.dense:
             parts.append("then a Dense projection")
         if self.matryoshka:
@@ -58,8 +68,13 @@ def pooling_spec(folder: Path, raw: dict[str, Any]) -> PoolingSpec | None:
         origin = "modules.json"
     dimensions = tuple(int(d) for d in raw.get("matryoshka_dimensions") or ())
     labels = _labels(raw) if task == "classify" else None
+    head = next((a for a in architectures if a in REWARD_HEADS), None) if task == "reward" else None
+    step_tag_id = None
+    if head is not None:
+        pooling, labels = REWARD_HEADS[head]
+        step_tag_id = PRM_STEP_TAG_ID if pooling == "STEP" else None
     return PoolingSpec(task, pooling, normalize, origin, dimensions, bool(dimensions or raw.get("is_matryoshka")),
-                       labels, dense)
+                       labels, dense, step_tag_id, head)
 
 
 def _task(architectures: list[str], model_type: str, sentence_transformers: bool) -> str | None:

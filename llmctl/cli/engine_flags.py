@@ -88,6 +88,10 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                          "e.g. a Qwen3-Reranker as a classifier of its yes/no logits: '{\"architectures\": "
                          "[\"Qwen3ForSequenceClassification\"], \"classifier_from_token\": [\"no\", \"yes\"], "
                          "\"is_original_qwen3_reranker\": true}'"),
+    "pooler_config": Flag(("--pooler-config", "--override-pooler-config"), Optional[str], "a pooling model's pooling, as vLLM's JSON: "
+                          "pooling_type (LAST, MEAN, CLS; ALL or STEP for reward models), use_activation, "
+                          "step_tag_id and returned_token_ids (STEP), e.g. '{\"pooling_type\": \"STEP\", "
+                          "\"step_tag_id\": 12902}'"),
     "allow_pickle_weights": Flag(("--allow-pickle-weights",), bool, "load pytorch_model*.bin when a model has no "
                                  "safetensors (torch.load weights_only); off: safetensors only"),
 }

@@ -33,7 +33,8 @@ DEFAULT_CPU_KV_CACHE_MEMORY = 2 * GiB  # vLLM's CPU backend reserves VLLM_CPU_KV
 CPU_KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # vLLM's variable: the CPU KV cache in GiB
 
 
-def parse_json_object(value: str | dict | None, flag: str) -> dict:
+def parse_json_object(value: str | dict | None, flag: str,
+                      example: str = '{"architectures": ["Qwen3ForSequenceClassification"]}') -> dict:
     """A JSON-object flag's value (given as text on the command line, as a dict from Python)."""
     if value is None:
         return {}
@@ -41,8 +42,7 @@ def parse_json_object(value: str | dict | None, flag: str) -> dict:
         try:
             value = json.loads(value)
         except ValueError as exc:
-            raise EngineConfigError(f"{flag} is not JSON ({exc}): pass an object, e.g. '{{\"architectures\": "
-                                    "[\"Qwen3ForSequenceClassification\"]}'") from None
+            raise EngineConfigError(f"{flag} is not JSON ({exc}): pass an object, e.g. '{example}'") from None
     if not isinstance(value, dict):
         raise EngineConfigError(f"{flag} must be a JSON object, got {type(value).__name__}")
     return value
@@ -87,6 +87,7 @@ class EngineConfig:
     runner: str = "auto"  # vLLM's --runner: auto (from the checkpoint), generate or pooling
     convert: str = "auto"  # vLLM's --convert: auto, none, embed, classify or reward (a pooling model's task)
     hf_overrides: str | dict | None = None  # vLLM's JSON: config.json fields replaced at load (e.g. architectures)
+    pooler_config: str | dict | None = None  # vLLM's JSON: a pooling model's pooling (pooling_type, step_tag_id, …)
     allow_pickle_weights: bool = False  # load pytorch_model*.bin (torch.load weights_only) when no safetensors
     show_progress: bool = False
     tensor_parallel_size: int = 1
@@ -122,6 +123,11 @@ class EngineConfig:
         return parse_json_object(self.hf_overrides, "--hf-overrides")
 
     @property
+    def pooler_overrides(self) -> dict:
+        """--pooler-config as a dict ({} when not given)."""
+        return parse_json_object(self.pooler_config, "--pooler-config", '{"pooling_type": "MEAN"}')
+
+    @property
     def multimodal(self) -> MultimodalLimits:
         return parse_multimodal_limits(self.limit_mm_per_prompt, self.mm_processor_kwargs)
 
@@ -147,6 +153,7 @@ class EngineConfig:
         if self.convert not in CONVERTS:
             raise EngineConfigError(f"--convert {self.convert!r} is not one of {', '.join(CONVERTS)}")
         self.overrides  # noqa: B018
+        self.pooler_overrides  # noqa: B018
 
     def _validate_policies(self) -> None:
         """The scheduling policy and the reasoning parser are names llmctl knows."""

@@ -1,5 +1,6 @@
-"""/pooling (vLLM's): the pooler's raw output per input — an embedding, class scores before the activation, or,
-for a reward model (ALL pooling), every token's hidden state."""
+"""/pooling (vLLM's): the pooler's output per input — an embedding, class probabilities (raw scores with
+`use_activation: false`), or, for a reward model, one row per token (ALL) or per step tag (STEP): its score head's
+outputs (a process reward model's probabilities), or, without a head, every token's hidden state."""
 
 from __future__ import annotations
 
@@ -26,19 +27,21 @@ async def pooling(state: ServerState, request: Request) -> Response:
     model = check_model(state, fields)
     warn_ignored(fields, POOLING_FIELDS)
     inputs = pooling_inputs(fields)
-    data, tokens = await _pooled(state, request, inputs)
+    data, tokens = await _pooled(state, request, inputs, fields.optional_bool("use_activation"))
     return JSONResponse({"id": f"pool-{request_id_of(request.scope)}", "object": "list", "created": int(time.time()),
                          "model": model, "data": [{"index": i, "object": "pooling", "data": d.tolist()}
                                                   for i, d in enumerate(data)],
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}})
 
 
-async def _pooled(state: ServerState, request: Request, inputs: list[str | list[int]]) -> tuple[list[torch.Tensor], int]:
+async def _pooled(state: ServerState, request: Request, inputs: list[str | list[int]],
+                  use_activation: bool | None) -> tuple[list[torch.Tensor], int]:
+    """use_activation None: the model's default (vLLM's: on for classifiers and process reward models)."""
     if state.encoder is None:
         if state.ready_engine.pooler is None:
             raise bad(f"{state.model_name} generates text: /pooling needs a pooling model", "model")
-        outputs = await pool_inputs(state, request, inputs, PoolingParams(use_activation=False))
+        outputs = await pool_inputs(state, request, inputs, PoolingParams(use_activation=use_activation))
         return [o.outputs.data for o in outputs], sum(len(o.prompt_token_ids) for o in outputs)
     if hasattr(state.encoder, "labels"):
-        return await classify(state, request, list(inputs), use_activation=False)
+        return await classify(state, request, list(inputs), use_activation=use_activation is not False)
     return await embed(state, request, inputs, PoolingParams())

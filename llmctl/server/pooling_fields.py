@@ -29,7 +29,13 @@ CLASSIFY_FIELDS: dict[str, FieldSpec] = {
     "input": INPUT,
     "use_activation": FieldSpec("boolean", "probabilities (softmax; sigmoid for one label), or raw scores", True),
 }
-POOLING_FIELDS: dict[str, FieldSpec] = {"model": COMMON_FIELDS["model"], "input": INPUT}
+POOLING_FIELDS: dict[str, FieldSpec] = {
+    "model": COMMON_FIELDS["model"],
+    "input": INPUT,
+    "use_activation": FieldSpec("boolean", "classifiers and reward heads: probabilities (softmax; sigmoid for one "
+                                "label), or raw scores; absent: the model's default (on, but for a one-output "
+                                "reward model)"),
+}
 
 
 def pooling_inputs(fields: Fields) -> list[str | list[int]]:

@@ -81,3 +81,44 @@ def reference(folder, texts, **kwargs):
     if model.tokenizer.pad_token is None:
         model.tokenizer.pad_token = model.tokenizer.eos_token
     return model.encode(texts, **kwargs)
+
+
+def write_reward_model(base: Path, architecture: str, tokenizer) -> Path:
+    """A tiny Qwen2 reward model as Qwen2.5-Math-PRM (`Qwen2ForProcessRewardModel`, two labels) and
+    Qwen2.5-Math-RM (`Qwen2ForRewardModel`, one) ship it: transformers' Qwen2Model as `model.*` and their remote
+    code's head, Linear → ReLU → Linear, as `score.0`, `score.2`. transformers has no class for either."""
+    import transformers
+    from safetensors.torch import save_file
+
+    labels = {"Qwen2ForProcessRewardModel": 2, "Qwen2ForRewardModel": 1}[architecture]
+    config = transformers.Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=512,
+                                      tie_word_embeddings=False, **{k: v for k, v in TINY.items() if k != "head_dim"})
+    torch.manual_seed(1)
+    body = transformers.Qwen2Model(config).to(torch.float32).eval()
+    head = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, labels))
+    with torch.no_grad():
+        for param in [*body.parameters(), *head.parameters()]:
+            param.normal_(0, 0.2)
+    folder = base / architecture
+    folder.mkdir()
+    tensors = {f"model.{k}": v.contiguous() for k, v in body.state_dict().items()}
+    tensors.update({f"score.{k}": v.contiguous() for k, v in head.state_dict().items()})
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    raw = {**config.to_dict(), "architectures": [architecture]}
+    (folder / "config.json").write_text(json.dumps(raw))
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def reward_reference(folder: Path, token_ids: list[int]) -> torch.Tensor:
+    """Each token's score-head output, as the model card computes it: transformers' Qwen2Model, then the head."""
+    import transformers
+    from safetensors.torch import load_file
+
+    body = transformers.Qwen2Model.from_pretrained(str(folder)).eval()
+    tensors = load_file(str(folder / "model.safetensors"))
+    labels = tensors["score.2.weight"].shape[0]
+    head = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, labels))
+    head.load_state_dict({k.removeprefix("score."): v for k, v in tensors.items() if k.startswith("score.")})
+    with torch.no_grad():
+        return head(body(input_ids=torch.tensor([token_ids])).last_hidden_state[0])

@@ -65,6 +65,13 @@ class PoolingCalls:
         params = per_prompt(pooling_params or PoolingParams(), len(batch), "pooling params")
         return self._run(batch, params, [None] * len(batch))
 
+    def reward(self, prompts: Prompts,
+               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None) -> list[PoolingRequestOutput]:
+        """vLLM's LLM.reward: a reward model's output per prompt — per token (ALL), or per step (STEP: a process
+        reward model's probabilities at each step tag)."""
+        self._require_task("reward", "LLM.reward")
+        return self.encode(prompts, pooling_params)
+
     def classify(self, prompts: Prompts) -> list[ClassificationRequestOutput]:
         """vLLM's LLM.classify: each prompt's class probabilities."""
         batch = text_prompts(prompts)

@@ -124,7 +124,7 @@ class OutputProcessor:
     def _pooling_output(self, request: Request) -> PoolingRequestOutput:
         seq, pooler, params = request.seqs[0], self.pooler, request.pooling
         assert pooler is not None and params is not None  # only a pooling engine takes pooling requests
-        data = finish_pooled(seq.pooled, pooler, params) if isinstance(seq.pooled, torch.Tensor) else None
+        data = finish_pooled(seq.pooled, pooler, params, request.prompt_token_ids) if isinstance(seq.pooled, torch.Tensor) else None
         return PoolingRequestOutput(request.request_id, request.prompt_token_ids, PoolingOutput(data),
                                     finished=request.finished)
 

@@ -1,5 +1,5 @@
-"""The last stage's pooler: each finished prompt's rows of hidden states → one vector (or, ALL, one per token),
-through the classifier's score head where there is one. Normalization, Matryoshka cuts and activations are per
+"""The last stage's pooler: each finished prompt's rows of hidden states → one vector (or, ALL and STEP, one
+per token), through the classifier's or reward model's score head where there is one. Normalization, Matryoshka cuts and activations are per
 request and happen on the driver (llmctl.engine.pooling.outputs)."""
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ def adapt_for_pooling(model: nn.Module, config: PoolerConfig, last_stage: bool) 
     transformers ...ForSequenceClassification's `score` (no bias), or one made of LM-head rows, which then
     takes the LM head's place in loading."""
     model.lm_head = None  # type: ignore[assignment]
+    if config.task == "reward" and config.labels and last_stage:  # REWARD_HEADS: score.0, ReLU, score.2
+        model.score = nn.Sequential(nn.Linear(config.hidden_size, config.hidden_size), nn.ReLU(),
+                                    nn.Linear(config.hidden_size, config.labels))
     if config.task != "classify" or not last_stage:
         return
     if config.token_ids:
@@ -52,8 +55,12 @@ def pool(model: nn.Module, config: PoolerConfig, hidden: torch.Tensor,
     if not spans:
         return {}
     ids = list(spans)
-    if config.pooling == "ALL":
-        return {seq_id: hidden[start:end].float().cpu() for seq_id, (start, end) in spans.items()}
+    if config.pooling in ("ALL", "STEP"):  # every row (STEP's are picked on the driver, where the prompt is)
+        parts = {seq_id: hidden[start:end] for seq_id, (start, end) in spans.items()}
+        if config.labels:  # a reward model's score head, on every row
+            score = model.get_submodule("score")
+            parts = {seq_id: score(part) for seq_id, part in parts.items()}
+        return {seq_id: part.float().cpu() for seq_id, part in parts.items()}
     if config.pooling == "MEAN":
         pooled = torch.stack([hidden[start:end].float().mean(dim=0) for start, end in spans.values()])
     else:  # LAST or CLS: one row each, gathered at once

@@ -60,7 +60,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
                            gguf_coded=runs_gguf_coded(config, device))
     raw = {**load_config(source), **config.overrides}
     spec = ModelSpec.from_config(raw)
-    pooler = resolve_pooler(config.runner, config.convert, spec, source.path, raw)
+    pooler = resolve_pooler(config.runner, config.convert, spec, source.path, raw, config.pooler_overrides)
     if pooler is not None:  # the family's generative model carries the layers; the pooler replaces its head
         spec = generative_spec(spec)
     _check_native(spec, source, config.trust_remote_code)
