@@ -18,7 +18,8 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
     "max_model_len": Flag(("--max-model-len",), Optional[int], "context per sequence"),
     "max_num_seqs": Flag(("--max-num-seqs",), int, "sequences per step"),
     "max_num_batched_tokens": Flag(("--max-num-batched-tokens",), Optional[int], "tokens per step"),
-    "dtype": Flag(("--dtype",), str, f"{', '.join(DTYPES)} (auto: float32 on CPUs, bfloat16 on GPUs)"),
+    "dtype": Flag(("--dtype",), str, f"{', '.join(DTYPES)} (auto: bfloat16 on GPUs; float32 on CPUs, but a "
+                  "bfloat16 pooling checkpoint in bfloat16 where the CPU has AMX or AVX512-BF16)"),
     "gpu_memory_utilization": Flag(("--gpu-memory-utilization",), float),
     "kv_cache_memory": Flag(("--kv-cache-memory-bytes", "--kv-cache-memory"), Optional[str],
                             "KV cache size per rank, e.g. 4GiB or vLLM's 4G (CPU default: VLLM_CPU_KVCACHE_SPACE GiB, else 2GiB)",

@@ -67,7 +67,7 @@ class EngineConfig:
     model: str | None = None  # hub id, folder, .gguf; None: the default model
     revision: str | None = None
     tokenizer: str | None = None  # defaults to the model's
-    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
+    dtype: str = "auto"  # auto: bfloat16 on GPU; float32 on CPU, but bfloat16 pooling checkpoints with a bfloat16 GEMM
     max_model_len: int | None = None  # default: the model's context
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int | None = None  # default: 2048 on CPU, 8192 on GPU

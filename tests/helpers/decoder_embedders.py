@@ -20,8 +20,10 @@ TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atten
 
 
 def write_decoder_embedder(base: Path, family: str, tokenizer, normalize: bool = True,
-                           matryoshka: tuple[int, ...] = (), shape: dict | None = None) -> Path:
-    """`shape`: the transformers config's sizes (TINY by default)."""
+                           matryoshka: tuple[int, ...] = (), shape: dict | None = None,
+                           dtype: torch.dtype = torch.float32) -> Path:
+    """`shape`: the transformers config's sizes (TINY by default); `dtype`: the weights' as saved (bfloat16 as
+    Qwen3-Embedding ships)."""
     import transformers
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
@@ -35,7 +37,7 @@ def write_decoder_embedder(base: Path, family: str, tokenizer, normalize: bool =
     with torch.no_grad():  # large enough that every layer moves the output
         for param in model.parameters():
             param.normal_(0, 0.2 if shape is None else 0.02)
-    model.save_pretrained(body_folder, safe_serialization=True)
+    model.to(dtype).save_pretrained(body_folder, safe_serialization=True)
     plain = copy.deepcopy(tokenizer)
     plain.chat_template = None  # sentence-transformers 6 renders text through a chat template when there is one
     plain.save_pretrained(body_folder)

@@ -68,7 +68,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     if device.type == "cpu":
         keep_freed_memory_in_heap()
     bind_device(device)
-    dtype = _dtype(config.dtype, device)
+    dtype = _dtype(config.dtype, device, spec, pooler)
     choice, backend = _attention_backend(config, spec, device, dtype)  # refuses what this GPU cannot run first
     hf_config = _hf_config(source, spec, config.trust_remote_code)
     for name, value in config.overrides.items():
@@ -155,10 +155,22 @@ def bind_device(device: torch.device) -> None:
         torch.cuda.set_device(device)
 
 
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":  # bfloat16 matmuls are ~200x slower than float32 on CPUs without AMX
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, model_dtype(name).torch_name)
+def _dtype(name: str, device: torch.device, spec: ModelSpec, pooler: PoolerConfig | None) -> torch.dtype:
+    if name != "auto":
+        return getattr(torch, model_dtype(name).torch_name)
+    if device.type == "cuda":
+        return torch.bfloat16
+    if pooler is not None and (spec.torch_dtype or "").lower() == "bfloat16" and _bf16_gemm_here():
+        # a bfloat16 embedding model or reranker: prefill-only, so compute-bound, where llmctl's bfloat16 GEMM
+        # (AMX tiles, or AVX512-BF16) runs 2-3x float32's; sentence-transformers and vLLM load it in bfloat16 too
+        return torch.bfloat16
+    return torch.float32  # bfloat16 matmuls are ~200x slower than float32 on CPUs without AMX or AVX512-BF16
+
+
+def _bf16_gemm_here() -> bool:
+    from llmctl.kernels.cpu import bf16_panels_supported
+
+    return bf16_panels_supported()
 
 
 def _hf_config(source: ModelSource, spec: ModelSpec, trust_remote_code: bool) -> Any:
@@ -275,6 +287,15 @@ def _rows(count: int) -> str:
     return f"{count} row{'' if count == 1 else 's'}"
 
 
+def _pooling_head(pooler: PoolerConfig) -> str:
+    if pooler.from_tokens:
+        return "a head of the LM-head rows of " + ", ".join(pooler.from_tokens)
+    if pooler.labels:
+        return "the LM head dropped, the checkpoint's score head on " + ("each row" if pooler.task == "reward" else
+                                                                         "the pooled state")
+    return "the LM head dropped"
+
+
 def _log_startup(loaded: LoadedModel, seconds: float) -> None:
     pool, geometry = loaded.kv_pool, loaded.kv_geometry
     concurrency = max_concurrency(pool, geometry, loaded.max_model_len, loaded.max_num_batched_tokens)
@@ -282,8 +303,7 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
                 str(loaded.dtype).removeprefix("torch."), loaded.device)
     logger.info("attention backend %s: %s", loaded.backend.name, loaded.attention_reason)
     if loaded.pooler is not None:
-        head = "a head of the LM-head rows of " + ", ".join(loaded.pooler.from_tokens) if loaded.pooler.from_tokens \
-            else "the LM head dropped"
+        head = _pooling_head(loaded.pooler)
         logger.info("pooling runner: %s (%s; requests are prefill-only)", loaded.pooler.describe(), head)
     where = " on rank 0 (every rank is listed below)" if loaded.placement.rank.world_size > 1 else ""
     rows, head_rows = small_batch(), head_small_batch()

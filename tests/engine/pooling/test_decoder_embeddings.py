@@ -67,3 +67,23 @@ def test_reward_conversion_returns_every_tokens_hidden_state(embedders):
         expected = AutoModel.from_pretrained(str(folder))(input_ids=torch.tensor([ids])).last_hidden_state[0]
     assert output.prompt_token_ids == ids and output.outputs.data.shape == expected.shape
     assert (output.outputs.data - expected).abs().max() < 1e-4
+
+
+def test_a_bfloat16_embedding_checkpoint_runs_in_bfloat16_where_the_cpu_has_a_bfloat16_gemm(tmp_path, tokenizer):
+    """dtype auto: a pooling checkpoint saved in bfloat16 (as Qwen3-Embedding ships) runs in bfloat16 on CPUs with
+    llmctl's bfloat16 GEMM (AMX, AVX512-BF16) — as sentence-transformers loads it — else in float32; its vectors
+    match sentence-transformers' own (bfloat16 too) as closely as two bfloat16 computations can."""
+    import torch
+
+    from helpers.decoder_embedders import write_decoder_embedder
+    from llmctl import LLM
+    from llmctl.kernels.cpu import bf16_panels_supported
+
+    folder = write_decoder_embedder(tmp_path, "qwen3", tokenizer, dtype=torch.bfloat16)
+    llm = LLM(str(folder), max_model_len=128)
+    expected_dtype = torch.bfloat16 if bf16_panels_supported() else torch.float32
+    print(f"bfloat16 checkpoint, dtype auto: {llm.engine.loaded.dtype} (bfloat16 GEMM here: {bf16_panels_supported()})")
+    assert llm.engine.loaded.dtype == expected_dtype
+    ours = np.array([o.outputs.embedding for o in llm.embed(TEXTS)])
+    expected = reference(folder, TEXTS)
+    assert (ours * expected).sum(1).min() > 0.999  # both normalized
