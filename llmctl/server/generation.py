@@ -48,7 +48,7 @@ async def respond(state: ServerState, request: Request, endpoint: Endpoint, mode
     if sampling.params.structured_outputs is not None:  # a grammar that cannot compile is a 400 before queueing
         await asyncio.to_thread(engine.check_structured_outputs, sampling.params.structured_outputs)
     admission = state.in_flight.admit(len(prompts) * sampling.params.n)
-    ctx = ResponseContext(endpoint.id_prefix + request_id_of(request.scope), model, state.created, sampling,
+    ctx = ResponseContext(endpoint.id_prefix + request_id_of(request.scope), model, int(time.time()), sampling,
                           engine.tokenizer, prompts)
     number = next(state.engine_ids)
     lora = state.adapters.get(model)

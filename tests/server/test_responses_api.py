@@ -41,6 +41,13 @@ def test_max_output_tokens_makes_an_incomplete_response(client):
     reply = client.responses.create(model=MODEL, input="Tell a long story.", max_output_tokens=3, temperature=0)
     assert reply.status == "incomplete" and reply.incomplete_details.reason == "max_output_tokens"
     assert reply.usage.output_tokens == 3
+    assert [item.status for item in reply.output] == ["incomplete"]  # the message the cut interrupted
+    events = list(client.responses.create(model=MODEL, input="Tell a long story.", max_output_tokens=3,
+                                          temperature=0, stream=True))
+    done = [event.item.status for event in events if event.type == "response.output_item.done"]
+    final = events[-1]  # OpenAI's last event of a cut response: response.incomplete
+    assert done == ["incomplete"] and final.type == "response.incomplete"
+    assert final.response.output[0].status == "incomplete"
 
 
 def test_streaming_events_build_the_same_response(client):

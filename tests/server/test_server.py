@@ -41,12 +41,15 @@ def test_streaming_completion_equals_the_whole(client):
 
 def test_chat_with_the_models_template(client):
     messages = [{"role": "user", "content": "What is the capital of France?"}]
+    asked = int(time.time())  # `created` is the request's time (OpenAI's, vLLM's), not the server's start
     reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
     assert "Paris" in reply.choices[0].message.content and reply.choices[0].message.role == "assistant"
-    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
-                                            stream=True)
+    stream = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
+                                                 stream=True))
     streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert streamed == reply.choices[0].message.content
+    assert asked <= reply.created <= stream[0].created <= int(time.time())
+    assert reply.created >= client.models.list().data[0].created  # the card's is the server's start
     parts = [{"role": "system", "content": [{"type": "text", "text": "Answer briefly."}]}, *messages]
     assert client.chat.completions.create(model=MODEL, messages=parts, max_tokens=4).choices[0].message.content
 

@@ -43,7 +43,8 @@ def responses_endpoint(shell: ResponseShell, calling: ToolCalling | None,
         completion = output.outputs[0]
         message, _ = full_message(completion.text, completion.finish_reason, calling,
                                   reasoning() if reasoning else None)
-        return shell.body("completed", output_items(message), usage(output), completion.finish_reason)
+        return shell.body("completed", output_items(message, completion.finish_reason), usage(output),
+                          completion.finish_reason)
 
     def streamed_message() -> StreamedMessage:
         return StreamedMessage(calling, reasoning() if reasoning else None)

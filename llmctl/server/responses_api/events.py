@@ -16,6 +16,7 @@ from llmctl.server.responses import ResponseContext
 from llmctl.server.responses_api.items import (
     ResponseShell,
     function_call_item,
+    item_status,
     message_item,
     new_id,
     reasoning_item,
@@ -82,12 +83,13 @@ class ItemWriter:
                                      output_index=self.items.index(item), delta=delta))
         return events
 
-    def close(self) -> list[str]:
+    def close(self, status: str = "completed") -> list[str]:
+        """Done events for the open item; `status`: incomplete for the item a max_output_tokens cut ends."""
         item, self.open = self.open, None
         if item is None:
             return []
         index = self.items.index(item)
-        item["status"] = "completed"
+        item["status"] = status
         if item["type"] == "function_call":
             done = [self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                                arguments=item["arguments"])]
@@ -134,7 +136,7 @@ def response_events(shell: ResponseShell, make_message: Callable[[], StreamedMes
                 for event in writer.message_delta(message.delta(completion.text, item.finished)):
                     yield event
                 if item.finished:
-                    for event in writer.close():
+                    for event in writer.close(item_status(completion.finish_reason)):
                         yield event
                     final = shell.body("completed", writer.items, usage(item), completion.finish_reason)
                     yield writer.event(f"response.{final['status']}", response=final)

@@ -34,8 +34,22 @@ def function_call_item(item_id: str, call: dict[str, JSON], status: str = "compl
             "arguments": call["function"]["arguments"], "status": status}
 
 
-def output_items(message: dict[str, JSON]) -> list[dict[str, JSON]]:
-    """The items of one finished chat message, in the order the model wrote them."""
+def item_status(finish_reason: str | None) -> str:
+    """An output item's status when its message ends: cut by max_output_tokens, the item being written is
+    `incomplete` (as the response is), else `completed`."""
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+def output_items(message: dict[str, JSON], finish_reason: str | None = None) -> list[dict[str, JSON]]:
+    """The items of one finished chat message, in the order the model wrote them; the last is the one a
+    max_output_tokens cut interrupted."""
+    items = _items(message)
+    if items:
+        items[-1]["status"] = item_status(finish_reason)
+    return items
+
+
+def _items(message: dict[str, JSON]) -> list[dict[str, JSON]]:
     items = []
     if message.get("reasoning_content"):
         items.append(reasoning_item(new_id("rs"), message["reasoning_content"]))
