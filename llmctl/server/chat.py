@@ -12,7 +12,7 @@ from starlette.responses import Response
 from llmctl.checkpoint.tokenizer import resolve_chat_template
 from llmctl.engine.front.engine_client import EngineClient
 from llmctl.engine.front.outputs import RequestOutput
-from llmctl.engine.reasoning import ReasoningParser
+from llmctl.engine.reasoning import ReasoningFactory
 from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.server.chat_message import StreamedMessage, ToolCalling, finish_reason
 from llmctl.server.content_parts import Message
@@ -41,7 +41,7 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     model = check_model(state, fields)
     warn_ignored(fields, CHAT_FIELDS)
     chat = prepare_chat(state, fields)
-    return await respond_to_chat(state, request, chat_endpoint(chat.calling, state.reasoning_parser), model, chat)
+    return await respond_to_chat(state, request, chat_endpoint(chat.calling, chat.reasoning(state)), model, chat)
 
 
 async def respond_to_chat(state: ServerState, request: Request, endpoint: Endpoint, model: str,
@@ -61,6 +61,12 @@ class PreparedChat:
     prompt: Prompt
     messages: list[Message]  # as the chat template took them (image parts in transformers' form)
     processor_kwargs: dict[str, Any] | None = None  # vLLM's mm_processor_kwargs for the images
+    thinking: bool = True  # False: enable_thinking false, or the prompt ends with </think> (vLLM's check)
+
+    def reasoning(self, state: ServerState) -> ReasoningFactory | None:
+        """The server's --reasoning-parser for this chat's output, told whether its prompt turned thinking off."""
+        parser = state.reasoning_parser
+        return partial(parser, thinking=self.thinking) if parser is not None else None
 
 
 def prepare_chat(state: ServerState, fields: Fields) -> PreparedChat:
@@ -78,7 +84,9 @@ def prepare_chat(state: ServerState, fields: Fields) -> PreparedChat:
                   "add_generation_prompt: false to continue the last assistant message", "continue_final_message")
     messages = chat_messages(fields)
     prompt = render_chat(state, fields, add_generation_prompt, continue_final, tools.tools, messages)
-    return PreparedChat(sampling, tools.calling, prompt, messages, fields.raw("mm_processor_kwargs"))
+    thinking = chat_template_kwargs(fields).get("enable_thinking") is not False and \
+        not (prompt[0] or "").rstrip().endswith("</think>")
+    return PreparedChat(sampling, tools.calling, prompt, messages, fields.raw("mm_processor_kwargs"), thinking)
 
 
 def _constraint(fields: Fields, state: ServerState, tools: ToolRequest) -> StructuredOutputsParams | None:
@@ -128,7 +136,7 @@ class ChatStream:
 
     object_name = "chat.completion.chunk"
 
-    def __init__(self, calling: ToolCalling | None = None, reasoning: type[ReasoningParser] | None = None) -> None:
+    def __init__(self, calling: ToolCalling | None = None, reasoning: ReasoningFactory | None = None) -> None:
         self.calling, self.reasoning = calling, reasoning
         self.messages: dict[int, StreamedMessage] = {}
 
@@ -151,6 +159,6 @@ class ChatStream:
         return chat_chunk(ctx, delta.choice, new, delta, finish_reason(end, self.calling, message.called))
 
 
-def chat_endpoint(calling: ToolCalling | None, reasoning: type[ReasoningParser] | None = None) -> Endpoint:
+def chat_endpoint(calling: ToolCalling | None, reasoning: ReasoningFactory | None = None) -> Endpoint:
     return Endpoint("chatcmpl-", partial(chat_response, calling=calling, reasoning=reasoning),
                     partial(ChatStream, calling, reasoning))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from llmctl.engine.front.outputs import CompletionOutput, RequestOutput, TokenLogprob
-from llmctl.engine.reasoning import ReasoningParser
+from llmctl.engine.reasoning import ReasoningFactory
 from llmctl.server.chat_message import ToolCalling, full_message
 from llmctl.server.protocol import JSON, SamplingRequest
 
@@ -107,7 +107,7 @@ def completion_response(ctx: ResponseContext, outputs: list[RequestOutput]) -> d
 
 
 def chat_response(ctx: ResponseContext, outputs: list[RequestOutput], calling: ToolCalling | None = None,
-                  reasoning: type[ReasoningParser] | None = None) -> dict[str, Any]:
+                  reasoning: ReasoningFactory | None = None) -> dict[str, Any]:
     [output] = outputs
     choices = []
     for c in output.outputs:

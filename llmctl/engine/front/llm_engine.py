@@ -95,7 +95,7 @@ class LLMEngine:
         self.structured = StructuredOutputManager(
             self.tokenizer, self.loaded.spec.vocab_size, self.loaded.eos_token_ids,
             config.structured_outputs,
-            reasoning_end_ids(config.reasoning_parser, self.tokenizer))
+            *reasoning_marker_ids(config.reasoning_parser, self.tokenizer))
         self.sampler = StepSampler(self.loaded.eos_token_ids, generator, self.output_processor.new_sibling,
                                    self.speculator, self.structured)
         if self.speculator is not None:
@@ -144,7 +144,7 @@ class LLMEngine:
             request = self.input_processor.process(request_id, prompt, params, lora=None)
         request.lora = self._adapter(lora_request)
         if request.params.structured_outputs is not None:
-            request.grammar = self.structured.matcher(request.params.structured_outputs)
+            request.grammar = self.structured.matcher(request.params.structured_outputs, request.prompt_token_ids)
         first = self.output_processor.add(request)
         loads = self.scheduler.lane_loads(self.executor.max_in_flight) if self.executor.max_in_flight > 1 else [0]
         first.lane = loads.index(min(loads))
@@ -320,9 +320,11 @@ def _samples_blind(seq: Sequence) -> bool:
         and not params.frequency_penalty and (params.repetition_penalty or 1.0) == 1.0
 
 
-def reasoning_end_ids(parser_name: str | None, tokenizer: Any) -> tuple[int, ...] | None:
-    """The tokens that end a reasoning model's thinking (its parser's end marker), or None."""
+def reasoning_marker_ids(parser_name: str | None, tokenizer: Any) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+    """The tokens that end a reasoning model's thinking (its parser's end marker; None without a parser) and
+    those that start it."""
     if parser_name is None:
-        return None
-    end = ReasoningParserManager.get_reasoning_parser(parser_name).end_token
-    return tuple(tokenizer.encode(end, add_special_tokens=False))
+        return None, ()
+    parser = ReasoningParserManager.get_reasoning_parser(parser_name)
+    return tuple(tokenizer.encode(parser.end_token, add_special_tokens=False)), \
+        tuple(tokenizer.encode(parser.start_token, add_special_tokens=False))

@@ -2,6 +2,6 @@
 begins. The server splits the text into reasoning and content with them; the engine holds a request's
 structured output back until the reasoning has ended (vLLM: the grammar constrains the answer only)."""
 
-from llmctl.engine.reasoning.parsers import ReasoningParser, ReasoningParserManager, ReasoningSplit
+from llmctl.engine.reasoning.parsers import ReasoningFactory, ReasoningParser, ReasoningParserManager, ReasoningSplit
 
-__all__ = ["ReasoningParser", "ReasoningParserManager", "ReasoningSplit"]
+__all__ = ["ReasoningFactory", "ReasoningParser", "ReasoningParserManager", "ReasoningSplit"]

@@ -4,9 +4,12 @@ marker is held back — so a stream sends each piece once.
 
 - `deepseek_r1`: everything up to </think> is reasoning, with or without a leading <think> (DeepSeek-R1's
   template opens <think> in the prompt); an answer that never closes it is all reasoning.
-- `qwen3`: Qwen3 writes <think>…</think> itself; text that does not start with <think> is all answer
-  (enable_thinking: false puts an empty block in the prompt instead). An unclosed block is reasoning
-  (the answer was cut off while thinking), as it is streamed.
+- `qwen3` (vLLM's current one): a leading <think> is dropped (Qwen3 up to 2507 writes it; Qwen3-Thinking-2507 and
+  Qwen3.5 templates put it in the prompt); text up to </think> is reasoning, the rest the answer. Without
+  </think>, a <tool_call> ends the reasoning (Qwen3.5 calls tools from inside it); else everything so far is
+  reasoning (cut off while thinking). With thinking off — the request's chat_template_kwargs say
+  enable_thinking: false, or the prompt already ends with </think> (vLLM's prompt_is_reasoning_end) — text is
+  answer unless it opens <think> itself.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ class ReasoningParser:
     start_token = "<think>"
     end_token = "</think>"
 
+    def __init__(self, thinking: bool = True) -> None:
+        self.thinking = thinking  # False: the prompt turned thinking off (qwen3 reads it)
+
     def split(self, text: str, final: bool) -> ReasoningSplit:
         raise NotImplementedError
 
@@ -48,6 +54,7 @@ class ReasoningParser:
 
 
 P = TypeVar("P", bound=type[ReasoningParser])
+ReasoningFactory = Callable[[], ReasoningParser]  # a parser for one message (a class, or one with `thinking` set)
 
 
 class ReasoningParserManager:
@@ -79,10 +86,21 @@ class DeepSeekR1ReasoningParser(ReasoningParser):
 
 @ReasoningParserManager.register_module("qwen3")
 class Qwen3ReasoningParser(ReasoningParser):
+    tool_call = "<tool_call>"
+
     def split(self, text: str, final: bool) -> ReasoningSplit:
         stripped = text.lstrip()
         if stripped.startswith(self.start_token):
-            return self._after_start(stripped[len(self.start_token):], final)
+            return self._thinking(stripped[len(self.start_token):], final)
         if not final and self.start_token.startswith(stripped):
-            return ReasoningSplit(None, "")  # may still become <think>
-        return ReasoningSplit(None, text)
+            return ReasoningSplit("" if self.thinking else None, "")  # may still become <think>
+        return self._thinking(text, final) if self.thinking else ReasoningSplit(None, text)
+
+    def _thinking(self, body: str, final: bool) -> ReasoningSplit:
+        """Reasoning up to whichever comes first, </think> (dropped) or <tool_call> (the answer's start)."""
+        ends = [(i, marker) for marker in (self.end_token, self.tool_call) if (i := body.find(marker)) >= 0]
+        if ends:
+            at, marker = min(ends)
+            return ReasoningSplit(body[:at], body[at + len(marker):] if marker == self.end_token else body[at:])
+        hold = 0 if final else max(held_back(body, self.end_token), held_back(body, self.tool_call))
+        return ReasoningSplit(body[:len(body) - hold], "")

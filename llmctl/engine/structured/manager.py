@@ -19,7 +19,7 @@ from llmctl.engine.structured.config import StructuredOutputsConfig
 from llmctl.engine.structured.llguidance_backend import LLGuidanceBackend
 from llmctl.engine.structured.matcher import GrammarMatcher
 from llmctl.engine.structured.params import StructuredOutputsParams
-from llmctl.engine.structured.reasoning_gate import ReasoningGate
+from llmctl.engine.structured.reasoning_gate import ReasoningGate, prompt_ends_reasoning
 from llmctl.engine.structured.xgrammar_backend import XgrammarBackend
 
 BACKEND_CLASSES = {"xgrammar": XgrammarBackend, "guidance": LLGuidanceBackend}
@@ -27,12 +27,13 @@ BACKEND_CLASSES = {"xgrammar": XgrammarBackend, "guidance": LLGuidanceBackend}
 
 class StructuredOutputManager:
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int],
-                 config: StructuredOutputsConfig | None = None, reasoning_end_ids: tuple[int, ...] | None = None
-                 ) -> None:
+                 config: StructuredOutputsConfig | None = None, reasoning_end_ids: tuple[int, ...] | None = None,
+                 reasoning_start_ids: tuple[int, ...] = ()) -> None:
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
         self.config = config or StructuredOutputsConfig()
         # with a reasoning parser: the grammar starts after these tokens (unless enable_in_reasoning)
         self.reasoning_end_ids = None if self.config.enable_in_reasoning else reasoning_end_ids
+        self.reasoning_start_ids = reasoning_start_ids
         self._backends: dict[str, XgrammarBackend | LLGuidanceBackend] = {}
         self._lock = threading.Lock()  # the server's handlers and the engine thread both compile
 
@@ -42,11 +43,15 @@ class StructuredOutputManager:
                 self._backends[name] = BACKEND_CLASSES[name](self.tokenizer, self.vocab_size, self.eos_token_ids)
             return self._backends[name]
 
-    def matcher(self, params: StructuredOutputsParams) -> GrammarMatcher:
+    def matcher(self, params: StructuredOutputsParams, prompt_token_ids: list[int] | None = None) -> GrammarMatcher:
         """A matcher at the start of the request's grammar (behind the reasoning when there is a reasoning
-        parser); InvalidRequestError when it cannot be compiled."""
+        parser, unless the prompt has ended it: enable_thinking false); InvalidRequestError when it cannot be
+        compiled."""
         grammar = self._grammar(params)
-        return ReasoningGate(grammar, self.reasoning_end_ids) if self.reasoning_end_ids else grammar
+        if not self.reasoning_end_ids or prompt_ends_reasoning(prompt_token_ids or [], self.reasoning_start_ids,
+                                                               self.reasoning_end_ids):
+            return grammar
+        return ReasoningGate(grammar, self.reasoning_end_ids)
 
     def _grammar(self, params: StructuredOutputsParams) -> GrammarMatcher:
         if self.config.disable_any_whitespace and not params.disable_any_whitespace:

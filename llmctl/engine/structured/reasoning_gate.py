@@ -49,3 +49,14 @@ class ReasoningGate:
             self.grammar.fill_bitmask(bitmask, row)
         else:
             bitmask[row].fill_(-1)
+
+
+def prompt_ends_reasoning(prompt: list[int], start_ids: tuple[int, ...], end_ids: tuple[int, ...]) -> bool:
+    """Whether the prompt's last reasoning marker is the end one (vLLM's is_reasoning_end on the prompt): a
+    template that turns thinking off closes an empty block in the prompt, so the answer starts at once."""
+    for end in range(len(prompt), 0, -1):
+        if start_ids and tuple(prompt[max(0, end - len(start_ids)):end]) == start_ids:
+            return False
+        if tuple(prompt[max(0, end - len(end_ids)):end]) == end_ids:
+            return True
+    return False

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from llmctl.engine.front.outputs import RequestOutput
-from llmctl.engine.reasoning import ReasoningParser
+from llmctl.engine.reasoning import ReasoningFactory
 from llmctl.server.chat import prepare_chat, respond_to_chat
 from llmctl.server.chat_message import StreamedMessage, ToolCalling, full_message
 from llmctl.server.generation import Endpoint
@@ -32,12 +32,12 @@ async def create_response(state: ServerState, request: Request) -> Response:
         raise bad("the Responses API makes one output: use /v1/chat/completions for n > 1", "n")
     chat = prepare_chat(state, Fields(chat_body(fields)))
     shell = ResponseShell("resp_" + request_id_of(request.scope), model, fields)
-    endpoint = responses_endpoint(shell, chat.calling, state.reasoning_parser)
+    endpoint = responses_endpoint(shell, chat.calling, chat.reasoning(state))
     return await respond_to_chat(state, request, endpoint, model, chat)
 
 
 def responses_endpoint(shell: ResponseShell, calling: ToolCalling | None,
-                       reasoning: type[ReasoningParser] | None) -> Endpoint:
+                       reasoning: ReasoningFactory | None) -> Endpoint:
     def full(ctx: ResponseContext, outputs: list[RequestOutput]) -> dict[str, Any]:
         [output] = outputs
         completion = output.outputs[0]
