@@ -1,6 +1,6 @@
 """The tool-call parsers on text in the formats their model families document (Qwen2.5's function-calling
 guide for hermes, Meta's Llama 3.1/3.2 prompt formats, Mistral's [TOOL_CALLS] in both tokenizer
-generations), the expected calls written out by hand; and every answer streamed in pieces of 1, 3 and 7
+generations), the expected calls written out by hand or taken from vLLM's parser tests (named where used); and every answer streamed in pieces of 1, 3 and 7
 characters reassembles (as the openai SDK accumulates deltas) to what the whole text gives."""
 
 from __future__ import annotations
@@ -39,6 +39,12 @@ CASES = {
         ('Sure.[TOOL_CALLS]get_current_weather[ARGS]{"location": "Paris", "format": "celsius"}', "Sure.",
          [("get_current_weather", {"location": "Paris", "format": "celsius"})]),
         ("Plain [TOOL answer.", "Plain [TOOL answer.", []),
+        # vLLM's vectors (tests/tool_parsers/test_mistral_tool_parser.py): v11's name{...} without [ARGS]
+        ('[TOOL_CALLS]add_this_and_that{"a": 3.5, "b": 4}', "", [("add_this_and_that", {"a": 3.5, "b": 4})]),
+        ('[TOOL_CALLS]add{"a": 3.5, "b": 4}[TOOL_CALLS]multiply{"a": 3, "b": 6}', "",
+         [("add", {"a": 3.5, "b": 4}), ("multiply", {"a": 3, "b": 6})]),
+        ('hi{hi[TOOL_CALLS]bash{"command": "print(\\"hello world!\\")\\nre.compile(r\'{}\')"}', "hi{hi",
+         [("bash", {"command": "print(\"hello world!\")\nre.compile(r'{}')"})]),
     ],
     "pythonic": [
         ("[get_user_info(user_id=7890, special='black')]", "",

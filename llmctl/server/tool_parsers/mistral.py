@@ -1,5 +1,6 @@
 """`mistral`: [TOOL_CALLS] then a JSON array of {"name": ..., "arguments": {...}} (Mistral 7B v0.3,
-Mistral Nemo, Small), or [TOOL_CALLS]name[ARGS]{...} per call (tokenizer v11 and later). The marker
+Mistral Nemo, Small), or [TOOL_CALLS]name[ARGS]{...} per call (tokenizer v11 and later; vLLM also reads
+[TOOL_CALLS]name{...}, which v11 models write too). The marker
 is a special token, kept in the text for this parser (as vLLM's adjust_request does); call ids are 9
 letters and digits, as Mistral's chat template requires."""
 
@@ -33,11 +34,14 @@ class MistralToolParser(ToolParser):
 
 
 def _named_call(part: str, final: bool) -> ToolCallDraft:
-    """name[ARGS]{...}: the name is whole once [ARGS] follows it."""
-    at = part.find(ARGS)
-    if at < 0:
+    """name[ARGS]{...} or name{...}: the name is whole once [ARGS] or the arguments' brace follows it."""
+    at, brace = part.find(ARGS), part.find("{")
+    if at >= 0 and (brace < 0 or at < brace):
+        name, body = part[:at].strip(), part[at + len(ARGS):]
+    elif brace > 0 and "[" not in part[:brace]:
+        name, body = part[:brace].strip(), part[brace:]
+    else:
         return ToolCallDraft(None, "", final)
-    name, body = part[:at].strip(), part[at + len(ARGS):]
     start = skip_whitespace(body, 0)
     end, whole = scan_value(body, start)
     return ToolCallDraft(name or None, body[start:end] if body[start:start + 1] == "{" else "", whole or final)
