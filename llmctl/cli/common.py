@@ -18,15 +18,37 @@ RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="hub bran
 JsonOpt = Annotated[bool, typer.Option("--json", help="print machine-readable JSON instead of tables")]
 
 
+def _human_readable_int(value: str) -> int | None:
+    """vLLM's human_readable_int: '32k' is 32,000 (lower case: powers of 1000), '32K' 32,768 (of 1024)."""
+    vllm_form = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value.strip())
+    if vllm_form is None:
+        return None
+    number, letter = vllm_form.groups()
+    power = "kmgt".index(letter.lower()) + 1
+    return int(float(number) * (1000 if letter.islower() else 1024) ** power)
+
+
+def parse_count(value: str | None, flag: str) -> int | None:
+    """A count as vLLM's flags take it: '32768', '32k' or '32K'."""
+    if value is None:
+        return None
+    counted = _human_readable_int(value)
+    if counted is not None:
+        return counted
+    try:
+        return int(value)
+    except ValueError:
+        raise LlmctlError(f"{flag} {value!r} is not a whole number: e.g. 32768, 32k (32,000) or 32K "
+                          "(32,768)") from None
+
+
 def parse_bytes(value: str | None, flag: str) -> int | None:
     """'4GiB', '512MiB', '2e9', plain bytes, or vLLM's human-readable ints: '4G' (binary), '4g' (decimal)."""
     if value is None:
         return None
-    vllm_form = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value.strip())
-    if vllm_form:  # as vLLM's human_readable_int: lower case is powers of 1000, upper case of 1024
-        number, letter = vllm_form.groups()
-        power = "kmgt".index(letter.lower()) + 1
-        return int(float(number) * (1000 if letter.islower() else 1024) ** power)
+    counted = _human_readable_int(value)
+    if counted is not None:
+        return counted
     units = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "b": 1}
     text = value.strip().lower()
     for unit, factor in sorted(units.items(), key=lambda kv: -len(kv[0])):

@@ -9,13 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from llmctl.cli.common import parse_bytes
+from llmctl.cli.common import parse_bytes, parse_count
 from llmctl.cli.flags import F, Flag, FlagGroup, with_flags
 from llmctl.engine.config import EngineConfig
 from llmctl.settings import DTYPES, kv_cache_help
 
 ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help order
-    "max_model_len": Flag(("--max-model-len",), Optional[int], "context per sequence"),
+    "max_model_len": Flag(("--max-model-len",), Optional[str], "context per sequence: tokens, or vLLM's 32k "
+                          "(32,000) or 32K (32,768)", parse=lambda value: parse_count(value, "--max-model-len")),
     "max_num_seqs": Flag(("--max-num-seqs",), int, "sequences per step"),
     "max_num_batched_tokens": Flag(("--max-num-batched-tokens",), Optional[int], "tokens per step"),
     "dtype": Flag(("--dtype",), str, f"{', '.join(DTYPES)} (auto: bfloat16 on GPUs; float32 on CPUs, but a "

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from llmctl.cli.common import JsonOpt, ModelArg, RevisionOpt
+from llmctl.cli.common import JsonOpt, ModelArg, RevisionOpt, parse_count
 from llmctl.settings import DEFAULT_MAX_NUM_SEQS, KV_CACHE_FORMATS, VLLM_ONLY_KV_CACHE_FORMATS
 
 if TYPE_CHECKING:
@@ -37,8 +37,8 @@ def plan(
     kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help=KV_HELP)] = "auto",
     quantization: Annotated[Optional[str], typer.Option("--quantization", "-q",
                                                         help="awq, gptq, fp8 or int8 weights")] = None,
-    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len",
-                                                         help="context per sequence (default: the model's)")] = None,
+    max_model_len: Annotated[Optional[str], typer.Option("--max-model-len", help="context per sequence (default: the "
+                                                         "model's): tokens, or vLLM's 32k or 32K")] = None,
     max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", help="sequences per step")] = DEFAULT_MAX_NUM_SEQS,
     max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens",
                                                         help="tokens per step (sizes activations)")] = 8192,
@@ -68,8 +68,8 @@ def plan(
     impl, refusal = implementation(spec)
     request = PlanRequest(
         gpu=hardware.gpu, gpus=hardware.gpus, nodes=nodes, gpu_memory_utilization=gpu_memory_utilization,
-        dtype=dtype, kv_cache_dtype=kv_cache_dtype, quantization=quantization, max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, tp=tp, pp=pp,
+        dtype=dtype, kv_cache_dtype=kv_cache_dtype, quantization=quantization,
+        max_model_len=parse_count(max_model_len, "--max-model-len"), max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, tp=tp, pp=pp,
         expert_parallel=expert_parallel, enforce_eager=enforce_eager, min_concurrency=min_concurrency,
         max_loras=max_loras, max_lora_rank=max_lora_rank, llmctl_impl=impl, llmctl_refusal=refusal,
         pp_layer_partition=os.environ.get("VLLM_PP_LAYER_PARTITION"), pooling=pooling,  # as vLLM reads it

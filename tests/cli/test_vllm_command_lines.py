@@ -12,7 +12,7 @@ from helpers.command_line import parse
 from helpers.paths import FIXTURES
 from llmctl.bench.endpoint import resolve_endpoint
 from llmctl.cli.app import spread_multi_values
-from llmctl.cli.common import parse_bytes
+from llmctl.cli.common import parse_bytes, parse_count
 from llmctl.cli.serve import parse_origins
 
 LINES = FIXTURES / "vllm_docs" / "command_lines.txt"
@@ -48,6 +48,9 @@ def test_the_values_are_vllms() -> None:
     assert parse_bytes(params["kv_cache_memory"], "--kv-cache-memory-bytes") == 4 * 1024**3  # vLLM: G = 2^30
     assert parse_bytes("4g", "--kv-cache-memory-bytes") == 4 * 10**9  # and g = 10^9
     assert parse_origins(params["allowed_origins"]) == ["https://a.example", "https://b.example"]
+    # --max-model-len's help text in vllm/engine/arg_utils.py: "1k -> 1000, 1K -> 1024, 25.6k -> 25,600"
+    assert [parse_count(v, "--max-model-len") for v in ("1k", "1K", "25.6k", "4096")] == [1000, 1024, 25600, 4096]
+    assert parse(["serve", "m", "--max-model-len", "32K"])["max_model_len"] == "32K"  # parsed as above
     [custom] = [a for a in vllm_lines() if "custom" in a]
     params = parse(without_not_taken(custom))
     assert (params["port"], params["top_p"], params["temperature"]) == (9001, 0.75, 0.3)
