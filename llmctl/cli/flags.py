@@ -70,6 +70,12 @@ def _default(field: dataclasses.Field) -> Any:
     return field.default
 
 
+def with_negation(flag_name: str) -> str:
+    """A boolean flag with its --no- form, as vLLM's argparse BooleanOptionalAction makes every one."""
+    return flag_name if "/" in flag_name else f"{flag_name}/--no-{flag_name.removeprefix('--')}"
+
+
 def _option(name: str, flag: Flag, default: Any) -> inspect.Parameter:
-    annotation = Annotated[flag.type, typer.Option(*flag.names, help=flag.help)]
+    names = (with_negation(flag.names[0]), *flag.names[1:]) if flag.type is bool else flag.names
+    annotation = Annotated[flag.type, typer.Option(*names, help=flag.help)]
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)

@@ -11,7 +11,7 @@ from llmctl.cli.engine_flags import EngineFlags, with_engine_flags
 from llmctl.errors import LlmctlError
 
 AutoToolChoiceOpt = Annotated[bool, typer.Option(
-    "--enable-auto-tool-choice", help="tool_choice \"auto\": find tool calls in the model's text with --tool-call-parser")]
+    "--enable-auto-tool-choice/--no-enable-auto-tool-choice", help="tool_choice \"auto\": find tool calls in the model's text with --tool-call-parser")]
 ToolCallParserOpt = Annotated[Optional[str], typer.Option(
     "--tool-call-parser", help="how the model writes tool calls: hermes (Qwen2.5/Qwen3, Hermes), llama3_json, mistral, "
                                "pythonic, or one a --tool-parser-plugin registers")]
@@ -38,22 +38,22 @@ MaxQueueLenOpt = Annotated[Optional[int], typer.Option(
     "--max-queue-len",
     help="sequences (prompts × n) that may wait beyond max-num-seqs; more get 503 + Retry-After")]
 RuntimeLoRAOpt = Annotated[bool, typer.Option(
-    "--allow-runtime-lora-updating", envvar="VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+    "--allow-runtime-lora-updating/--no-allow-runtime-lora-updating", envvar="VLLM_ALLOW_RUNTIME_LORA_UPDATING",
     help="enable /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING)")]
 MaxRequestBytesOpt = Annotated[str, typer.Option(
     "--max-request-bytes", help="largest request body accepted (413 beyond), e.g. 16MiB")]
 MetricsAuthOpt = Annotated[bool, typer.Option(
-    "--metrics-auth", help="with --api-key, /metrics needs the key too")]
+    "--metrics-auth/--no-metrics-auth", help="with --api-key, /metrics needs the key too")]
 AllowedOriginsOpt = Annotated[Optional[list[str]], typer.Option(
     "--allowed-origins", help="CORS: origins browsers may call the API from, as vLLM's JSON list "
                               "'[\"https://a.example\"]' or repeated (none by default, where vLLM allows all)")]
 NoRequestLogOpt = Annotated[bool, typer.Option(
-    "--disable-log-requests", help="no access-log line per request")]
+    "--disable-log-requests/--no-disable-log-requests", help="no access-log line per request")]
 MetricsPrefixOpt = Annotated[str, typer.Option(
     "--metrics-prefix", help="/metrics names: llmctl (llmctl:…) or vllm (vLLM's vllm:… names, which its Grafana "
                              "dashboard and autoscalers read)")]
 NoStatsLogOpt = Annotated[bool, typer.Option(
-    "--disable-log-stats", help="no periodic engine stats line")]
+    "--disable-log-stats/--no-disable-log-stats", help="no periodic engine stats line")]
 
 
 @with_engine_flags()

@@ -88,3 +88,18 @@ def test_served_model_names_run_to_the_next_option_as_vllms_nargs() -> None:
     # bench serve's --served-model-name is one name, as in vLLM's bench
     bench = ["bench", "serve", "--served-model-name", "a", "b"]
     assert spread_multi_values(bench) == bench
+
+
+def test_every_boolean_flag_of_serve_has_vllms_no_form() -> None:
+    """vLLM's argparse makes each boolean a BooleanOptionalAction: --x and --no-x."""
+    import typer
+
+    from llmctl.cli import app
+
+    serve = typer.main.get_command(app).get_command(None, "serve")  # type: ignore[union-attr]
+    booleans = [option for option in serve.params if getattr(option, "is_flag", False) and option.name != "help"]
+    assert len(booleans) >= 12
+    for option in booleans:
+        assert option.secondary_opts == [option.opts[0].replace("--", "--no-", 1)], option.opts
+        on, off = parse(["serve", "m", option.opts[0]]), parse(["serve", "m", option.secondary_opts[0]])
+        assert on[option.name] is True and off[option.name] is False
