@@ -27,12 +27,14 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                             parse=lambda value: parse_bytes(value, "--kv-cache-memory")),
     "enable_prefix_caching": Flag(("--enable-prefix-caching/--no-enable-prefix-caching",), bool),
     "seed": Flag(("--seed",), int),
+    "block_size": Flag(("--block-size",), int, "tokens per KV-cache block: 8, 16, 32 or 64"),
     "tensor_parallel_size": Flag(("--tensor-parallel-size", "--tp", "-tp"), int, "ranks each layer is split over"),
     "pipeline_parallel_size": Flag(("--pipeline-parallel-size", "--pp", "-pp"), int, "stages the layers are split into"),
     "data_parallel_size": Flag(("--data-parallel-size", "--dp", "-dp"), int, "engine replicas behind one server"),
     "distributed_executor_backend": Flag(("--distributed-executor-backend",), str, "how the TP × PP ranks run: mp "
-                                         "(processes on this machine) or ray (actors on the Ray cluster `ray start` "
-                                         "made, or RAY_ADDRESS's; else a local one)"),
+                                         "(processes on this machine), ray (actors on the Ray cluster `ray start` "
+                                         "made, or RAY_ADDRESS's; else a local one), or uni (one rank, in this "
+                                         "process)"),
     "data_parallel_backend": Flag(("--data-parallel-backend", "-dpb"), str, "where the --dp replicas run: mp (in "
                                   "this process) or ray (as actors on the Ray cluster, across its nodes; a lost "
                                   "replica leaves the others serving)"),

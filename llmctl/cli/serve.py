@@ -47,8 +47,17 @@ MetricsAuthOpt = Annotated[bool, typer.Option(
 AllowedOriginsOpt = Annotated[Optional[list[str]], typer.Option(
     "--allowed-origins", help="CORS: origins browsers may call the API from, as vLLM's JSON list "
                               "'[\"https://a.example\"]' or repeated (none by default, where vLLM allows all)")]
+NoAccessLogOpt = Annotated[bool, typer.Option(
+    "--disable-uvicorn-access-log/--no-disable-uvicorn-access-log", help="no access-log line per request")]
+LogRequestsOpt = Annotated[bool, typer.Option(
+    "--enable-log-requests/--no-enable-log-requests", help="log each generation request as it arrives: its id, "
+                                                          "prompt (its first --max-log-len characters), token count "
+                                                          "and sampling parameters")]
 NoRequestLogOpt = Annotated[bool, typer.Option(
-    "--disable-log-requests/--no-disable-log-requests", help="no access-log line per request")]
+    "--disable-log-requests/--no-disable-log-requests", help="vLLM's older flag: requests are not logged (the "
+                                                            "default; --enable-log-requests logs them)")]
+MaxLogLenOpt = Annotated[Optional[int], typer.Option(
+    "--max-log-len", help="--enable-log-requests: characters of each prompt logged (default: all)")]
 MetricsPrefixOpt = Annotated[str, typer.Option(
     "--metrics-prefix", help="/metrics names: llmctl (llmctl:…) or vllm (vLLM's vllm:… names, which its Grafana "
                              "dashboard and autoscalers read)")]
@@ -71,7 +80,7 @@ def serve(
     served_model_name: Annotated[Optional[list[str]], typer.Option(
         "--served-model-name", help="name(s) clients use in 'model' (default: the model argument); as vLLM's, the "
                                  "names run to the next option, so give MODEL before this flag")] = None,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LLMCTL_API_KEY",
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar=["LLMCTL_API_KEY", "VLLM_API_KEY"],
                                                    help="require 'Authorization: Bearer KEY' on /v1")] = None,
     chat_template: Annotated[Optional[str], typer.Option("--chat-template",
                                                          help="a Jinja file or a built-in name: chatml, bloom")] = None,
@@ -83,6 +92,9 @@ def serve(
     metrics_prefix: MetricsPrefixOpt = "llmctl",
     allowed_origins: AllowedOriginsOpt = None,
     disable_log_requests: NoRequestLogOpt = False,
+    enable_log_requests: LogRequestsOpt = False,
+    max_log_len: MaxLogLenOpt = None,
+    disable_uvicorn_access_log: NoAccessLogOpt = False,
     disable_log_stats: NoStatsLogOpt = False,
     enable_auto_tool_choice: AutoToolChoiceOpt = False,
     tool_call_parser: ToolCallParserOpt = None,
@@ -112,7 +124,8 @@ def serve(
         config, served_model_name or [model or DEFAULT_MODEL_ID], api_key=api_key,
         chat_template=load_chat_template(chat_template), max_queue_len=max_queue_len,
         max_request_bytes=parse_bytes(max_request_bytes, "--max-request-bytes"), metrics_auth=metrics_auth,
-        allowed_origins=parse_origins(allowed_origins or []), log_requests=not disable_log_requests,
+        allowed_origins=parse_origins(allowed_origins or []), access_log=not disable_uvicorn_access_log,
+        log_requests=enable_log_requests and not disable_log_requests, max_log_len=max_log_len,
         stats_interval=None if disable_log_stats else 10.0, lora_modules=adapters,
         allow_runtime_lora_updating=allow_runtime_lora_updating, tool_parser=tool_parser, metrics_prefix=metrics_prefix)
     raise typer.Exit(run_server(settings, listener))

@@ -194,9 +194,12 @@ class EngineConfig:
         for flag in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
             if getattr(self, flag) < 1:
                 bad(flag, f"must be at least 1 (got {getattr(self, flag)})")
-        if self.distributed_executor_backend not in ("mp", "ray"):
+        if self.distributed_executor_backend not in ("mp", "ray", "uni"):
             bad("distributed_executor_backend", f"{self.distributed_executor_backend!r} is not mp (processes "
-                "spawned on this machine) or ray (actors on a Ray cluster)")
+                "spawned on this machine), ray (actors on a Ray cluster) or uni (this one process)")
+        if self.distributed_executor_backend == "uni" and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            bad("distributed_executor_backend", "uni runs the model in this one process: use mp or ray for more "
+                "than one TP or PP rank")
         if self.data_parallel_backend not in ("mp", "ray"):
             bad("data_parallel_backend", f"{self.data_parallel_backend!r} is not mp (replicas in this process) or "
                 "ray (replicas as actors on a Ray cluster)")

@@ -54,7 +54,7 @@ def create_app(settings: ServerSettings, engine: InProcessEngine | None = None,
     """The app; the engine loads on a background thread (or is given), /health says when it is ready."""
     state = ServerState(settings)
     lifespan = _lifespan(state, engine, on_load_failure)
-    middleware = [Middleware(RequestLog, enabled=settings.log_requests)]
+    middleware = [Middleware(RequestLog, enabled=settings.access_log)]
     if settings.allowed_origins:  # CORS only when asked for: browsers elsewhere cannot call the API by default
         middleware.append(Middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["*"],
                                      allow_headers=["*"]))

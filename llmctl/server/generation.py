@@ -5,6 +5,7 @@ stream of events. The endpoint supplies its id prefix, body builder and StreamFo
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from llmctl.server.sse import RecordFinished, StreamFormat, stream_events
 from llmctl.server.state import ServerState
 from llmctl.server.transport import until_disconnect
 
+logger = logging.getLogger("llmctl.server")
 EventStream = Callable[[ResponseContext, list[AsyncIterator[RequestOutput]], RecordFinished], AsyncIterator[str]]
 
 
@@ -51,6 +53,8 @@ async def respond(state: ServerState, request: Request, endpoint: Endpoint, mode
     ctx = ResponseContext(endpoint.id_prefix + request_id_of(request.scope), model, int(time.time()), sampling,
                           engine.tokenizer, prompts)
     number = next(state.engine_ids)
+    if state.settings.log_requests:
+        log_requests(state, ctx.request_id, number, prompts, sampling)
     lora = state.adapters.get(model)
     if lora is not None:
         state.metrics.lora_requests.labels(state.model_name, model).inc()
@@ -78,6 +82,16 @@ async def respond(state: ServerState, request: Request, endpoint: Endpoint, mode
         return JSONResponse(endpoint.full_response(ctx, finals))
     finally:
         admission.release()
+
+
+def log_requests(state: ServerState, request_id: str, number: int, prompts: list[Prompt],
+                 sampling: SamplingRequest) -> None:
+    """vLLM's --enable-log-requests: one line per engine request, its prompt cut to --max-log-len."""
+    limit = state.settings.max_log_len
+    for i, (text, ids) in enumerate(prompts):
+        shown = text if text is None or limit is None else text[:limit]
+        logger.info("Received request %s-%d-%d: prompt: %r, %d prompt tokens, params: %s", request_id, number, i,
+                    shown, len(ids), sampling.params)
 
 
 def beam_search_params(sampling: SamplingRequest, room: int) -> BeamSearchParams:

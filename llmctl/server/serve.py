@@ -21,20 +21,26 @@ logger = logging.getLogger("llmctl.server")
 GRACEFUL_SHUTDOWN_SECONDS = 30  # SIGTERM: in-flight requests get this long to finish
 
 
+JINJA_MARKS = ("{", "}", "\n")  # vLLM's test: a --chat-template value holding one is the template itself
+
+
 def load_chat_template(value: str | None) -> str | None:
-    """A file path, or the name of a template shipped in llmctl/templates (chatml, bloom)."""
+    """A file path, the name of a template shipped in llmctl/templates (chatml, bloom), or, as vLLM takes it,
+    the Jinja template itself."""
     if value is None:
         return None
     path = Path(value)
     if path.is_file():
         return path.read_text()
+    if any(mark in value for mark in JINJA_MARKS):
+        return value
     from llmctl.checkpoint.tokenizer import builtin_template
 
     try:
         return builtin_template(value)
     except Exception:
-        raise LlmctlError(f"--chat-template {value!r} is neither a file nor a built-in template (chatml, bloom)") \
-            from None
+        raise LlmctlError(f"--chat-template {value!r} is neither a file, a built-in template (chatml, bloom) nor "
+                          "a Jinja template") from None
 
 
 def _graceful_server_class() -> type[uvicorn.Server]:  # uvicorn is imported lazily: `llmctl inspect` never pays for it

@@ -36,7 +36,9 @@ class ServerSettings:
     body_timeout: float = 30.0  # seconds a client may take to send its request body (408 after)
     metrics_auth: bool = False  # with api_key: /metrics needs the key too
     allowed_origins: list[str] = field(default_factory=list)  # CORS: off unless origins are given
-    log_requests: bool = True  # one access-log line per request
+    access_log: bool = True  # one access-log line per request
+    log_requests: bool = False  # vLLM's --enable-log-requests: each generation request's prompt and parameters
+    max_log_len: int | None = None  # characters of a logged prompt (None: all)
     stats_interval: float | None = 10.0  # seconds between engine stats lines; None: off
     lora_modules: list[LoRAModulePath] = field(default_factory=list)  # adapters served from startup (--enable-lora)
     allow_runtime_lora_updating: bool = False  # /v1/load_lora_adapter and /v1/unload_lora_adapter

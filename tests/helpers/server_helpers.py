@@ -82,11 +82,12 @@ def terminate_all(processes: list[subprocess.Popen], timeout: float = 60) -> Non
 
 
 def start_server(*args: str, timeout: float = 120, health: Callable[[Server], int] | None = None,
-                 unset: tuple[str, ...] = ()) -> Server:
+                 unset: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Server:
     """health(server) -> the /health status, for servers plain urllib cannot reach (TLS, a Unix socket);
-    `unset`: environment variables of the test run the server must not see."""
+    `unset`: environment variables of the test run the server must not see; `env`: more it sees."""
     port = free_port()
-    env = {name: value for name, value in os.environ.items() if name not in unset} | {"PYTHONUNBUFFERED": "1"}
+    env = {name: value for name, value in os.environ.items() if name not in unset} | {"PYTHONUNBUFFERED": "1"} | \
+        (env or {})
     process = subprocess.Popen([sys.executable, "-m", "llmctl", "serve", *args, "--port", str(port)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     server = Server(process, port)

@@ -125,7 +125,7 @@ def send(url: str, body: dict) -> tuple[int, bytes]:
 
 @pytest.fixture(scope="module")
 def server(default_source):
-    server = start_server("--max-model-len", "256", "--disable-log-requests")
+    server = start_server("--max-model-len", "256", "--disable-uvicorn-access-log")
     yield server
     server.stop()
 
