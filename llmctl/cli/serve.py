@@ -8,10 +8,13 @@ import typer
 
 from llmctl.cli.common import ModelArg, RevisionOpt, parse_bytes
 from llmctl.cli.engine_flags import EngineFlags, with_engine_flags
+from llmctl.cli.listener_flags import with_listener_flags
 from llmctl.errors import LlmctlError
+from llmctl.server.listener import Listener
 
 AutoToolChoiceOpt = Annotated[bool, typer.Option(
-    "--enable-auto-tool-choice/--no-enable-auto-tool-choice", help="tool_choice \"auto\": find tool calls in the model's text with --tool-call-parser")]
+    "--enable-auto-tool-choice/--no-enable-auto-tool-choice",
+    help="tool_choice \"auto\": find tool calls in the model's text with --tool-call-parser")]
 ToolCallParserOpt = Annotated[Optional[str], typer.Option(
     "--tool-call-parser", help="how the model writes tool calls: hermes (Qwen2.5/Qwen3, Hermes), llama3_json, mistral, "
                                "pythonic, or one a --tool-parser-plugin registers")]
@@ -21,18 +24,6 @@ ToolParserPluginOpt = Annotated[Optional[str], typer.Option(
 LoRAModulesOpt = Annotated[Optional[list[str]], typer.Option(
     "--lora-modules", help="adapters served by name: name=path (a folder or hub id) or vLLM's JSON "
                            "{\"name\": …, \"path\": …, \"base_model_name\": …}; several may follow one flag")]
-
-UdsOpt = Annotated[Optional[str], typer.Option("--uds", help="listen on this Unix socket instead of --host/--port")]
-SslKeyfileOpt = Annotated[Optional[str], typer.Option("--ssl-keyfile", help="TLS: the server's private key (PEM)")]
-SslCertfileOpt = Annotated[Optional[str], typer.Option(
-    "--ssl-certfile", help="TLS: the server's certificate chain (PEM); serves https")]
-SslCaCertsOpt = Annotated[Optional[str], typer.Option(
-    "--ssl-ca-certs", help="TLS: CA certificates that client certificates are checked against")]
-SslCertReqsOpt = Annotated[int, typer.Option(
-    "--ssl-cert-reqs", help="client certificates: 0 none, 1 optional, 2 required (Python's ssl.CERT_*)")]
-RootPathOpt = Annotated[str, typer.Option(
-    "--root-path", help="the path prefix a reverse proxy strips before forwarding, e.g. /llm (for /docs and "
-                        "/openapi.json links)")]
 
 MaxQueueLenOpt = Annotated[Optional[int], typer.Option(
     "--max-queue-len",
@@ -66,17 +57,10 @@ NoStatsLogOpt = Annotated[bool, typer.Option(
 
 
 @with_engine_flags()
+@with_listener_flags()
 def serve(
     model: ModelArg = None,
     revision: RevisionOpt = None,
-    host: Annotated[str, typer.Option("--host", help="address to listen on (0.0.0.0: all interfaces)")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="port to listen on")] = 8000,
-    uds: UdsOpt = None,
-    ssl_keyfile: SslKeyfileOpt = None,
-    ssl_certfile: SslCertfileOpt = None,
-    ssl_ca_certs: SslCaCertsOpt = None,
-    ssl_cert_reqs: SslCertReqsOpt = 0,
-    root_path: RootPathOpt = "",
     served_model_name: Annotated[Optional[list[str]], typer.Option(
         "--served-model-name", help="name(s) clients use in 'model' (default: the model argument); as vLLM's, the "
                                  "names run to the next option, so give MODEL before this flag")] = None,
@@ -100,18 +84,16 @@ def serve(
     tool_call_parser: ToolCallParserOpt = None,
     tool_parser_plugin: ToolParserPluginOpt = None,
     *,
+    listener: Listener,
     engine_flags: EngineFlags,
 ) -> None:
     """An OpenAI-compatible server on llmctl's engine (completions, chat, streaming, metrics)."""
     from llmctl.checkpoint.source import DEFAULT_MODEL_ID
     from llmctl.engine.executor.launch import run_torchrun_worker_if_not_driver
-    from llmctl.server.listener import Listener
     from llmctl.server.serve import load_chat_template
     from llmctl.server.serve import serve as run_server
     from llmctl.server.state import ServerSettings
 
-    listener = Listener(host=host, port=port, uds=uds, ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile,
-                        ssl_ca_certs=ssl_ca_certs, ssl_cert_reqs=ssl_cert_reqs, root_path=root_path)
     listener.validate()
     config = engine_flags.config(model=model, revision=revision, show_progress=True)
     config.validate()
@@ -120,13 +102,13 @@ def serve(
         return
     _check_server_flags(max_queue_len, metrics_auth, api_key, metrics_prefix)
     tool_parser = auto_tool_parser(enable_auto_tool_choice, tool_call_parser, tool_parser_plugin)
+    logs = dict(access_log=not disable_uvicorn_access_log, log_requests=enable_log_requests and not disable_log_requests,
+                max_log_len=max_log_len, stats_interval=None if disable_log_stats else 10.0)
     settings = ServerSettings(
         config, served_model_name or [model or DEFAULT_MODEL_ID], api_key=api_key,
         chat_template=load_chat_template(chat_template), max_queue_len=max_queue_len,
         max_request_bytes=parse_bytes(max_request_bytes, "--max-request-bytes"), metrics_auth=metrics_auth,
-        allowed_origins=parse_origins(allowed_origins or []), access_log=not disable_uvicorn_access_log,
-        log_requests=enable_log_requests and not disable_log_requests, max_log_len=max_log_len,
-        stats_interval=None if disable_log_stats else 10.0, lora_modules=adapters,
+        allowed_origins=parse_origins(allowed_origins or []), **logs, lora_modules=adapters,
         allow_runtime_lora_updating=allow_runtime_lora_updating, tool_parser=tool_parser, metrics_prefix=metrics_prefix)
     raise typer.Exit(run_server(settings, listener))
 

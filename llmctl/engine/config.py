@@ -146,6 +146,19 @@ class EngineConfig:
                                     "--data-parallel-size replicas yet: their steps run in lockstep rounds; drop "
                                     "--async-scheduling")
 
+    def _validate_backends(self) -> None:
+        """--distributed-executor-backend and --data-parallel-backend are names llmctl knows (vLLM's)."""
+        if self.distributed_executor_backend not in ("mp", "ray", "uni"):
+            raise EngineConfigError(f"--distributed-executor-backend {self.distributed_executor_backend!r} is not mp "
+                                    "(processes spawned on this machine), ray (actors on a Ray cluster) or uni (this "
+                                    "one process)")
+        if self.distributed_executor_backend == "uni" and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            raise EngineConfigError("--distributed-executor-backend uni runs the model in this one process: use mp or "
+                                    "ray for more than one TP or PP rank")
+        if self.data_parallel_backend not in ("mp", "ray"):
+            raise EngineConfigError(f"--data-parallel-backend {self.data_parallel_backend!r} is not mp (replicas in "
+                                    "this process) or ray (replicas as actors on a Ray cluster)")
+
     def _validate_pooling(self) -> None:
         """--runner and --convert are vLLM's names; --hf-overrides is parsed now, before any rank starts."""
         if self.runner not in RUNNERS:
@@ -194,15 +207,7 @@ class EngineConfig:
         for flag in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
             if getattr(self, flag) < 1:
                 bad(flag, f"must be at least 1 (got {getattr(self, flag)})")
-        if self.distributed_executor_backend not in ("mp", "ray", "uni"):
-            bad("distributed_executor_backend", f"{self.distributed_executor_backend!r} is not mp (processes "
-                "spawned on this machine), ray (actors on a Ray cluster) or uni (this one process)")
-        if self.distributed_executor_backend == "uni" and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
-            bad("distributed_executor_backend", "uni runs the model in this one process: use mp or ray for more "
-                "than one TP or PP rank")
-        if self.data_parallel_backend not in ("mp", "ray"):
-            bad("data_parallel_backend", f"{self.data_parallel_backend!r} is not mp (replicas in this process) or "
-                "ray (replicas as actors on a Ray cluster)")
+        self._validate_backends()
         self._validate_async_scheduling()
         if self.cpu_threads is not None and self.cpu_threads < 1:
             bad("cpu_threads", f"must be at least 1 (got {self.cpu_threads})")
