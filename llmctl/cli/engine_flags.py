@@ -19,6 +19,9 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                           "(32,000) or 32K (32,768)", parse=lambda value: parse_count(value, "--max-model-len")),
     "max_num_seqs": Flag(("--max-num-seqs",), int, "sequences per step"),
     "max_num_batched_tokens": Flag(("--max-num-batched-tokens",), Optional[int], "tokens per step"),
+    "enable_chunked_prefill": Flag(("--enable-chunked-prefill",), bool, "long prompts computed in chunks over steps, "
+                                   "beside other sequences' decodes; off: each prompt in one step (then "
+                                   "--max-num-batched-tokens is at least --max-model-len)"),
     "dtype": Flag(("--dtype",), str, f"{', '.join(DTYPES)} (auto: bfloat16 on GPUs; float32 on CPUs, but a "
                   "bfloat16 pooling checkpoint in bfloat16 where the CPU has AMX or AVX512-BF16)"),
     "gpu_memory_utilization": Flag(("--gpu-memory-utilization",), float),

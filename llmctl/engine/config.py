@@ -70,7 +70,8 @@ class EngineConfig:
     dtype: str = "auto"  # auto: bfloat16 on GPU; float32 on CPU, but bfloat16 pooling checkpoints with a bfloat16 GEMM
     max_model_len: int | None = None  # default: the model's context
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int | None = None  # default: 2048 on CPU, 8192 on GPU
+    max_num_batched_tokens: int | None = None  # default: 2048 on CPU, 8192 on GPU (at least max_model_len unchunked)
+    enable_chunked_prefill: bool = True  # False: each prompt computed in one step, as vLLM's --no-enable-chunked-prefill
     block_size: int = DEFAULT_BLOCK_SIZE
     enable_prefix_caching: bool = True
     kv_cache_memory: int | None = None  # bytes for the KV cache; CPU default 2 GiB (or VLLM_CPU_KVCACHE_SPACE)

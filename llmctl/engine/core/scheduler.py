@@ -103,6 +103,7 @@ class Scheduler:
     scheduling_policy: str = "fcfs"  # "priority": lower SamplingParams.priority first, then arrival (vLLM's)
     encoder: EncoderScheduler | None = None  # vision-language models: the per-step image encoder budget
     pool_whole_prompts: bool = False  # a pooler that reads every prompt row: pooling prompts run whole, uncached
+    chunked_prefill: bool = True  # False (vLLM's --no-enable-chunked-prefill): a prompt's uncached rest in one step
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
     num_preemptions: int = 0
@@ -254,16 +255,17 @@ class Scheduler:
             seq = next((s for s in self.waiting if s.lane == lane and self._adapter_fits(s)), None)
             if seq is None:
                 break
-            whole = self.pool_whole_prompts and seq.pooling is not None
-            if not whole:
+            pooled_whole = self.pool_whole_prompts and seq.pooling is not None
+            if not pooled_whole:
                 self.block_manager.match_prefix(seq)
             self.block_manager.release_slid_out(seq)
+            whole = pooled_whole or not self.chunked_prefill
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if self.long_prefill_token_threshold and not whole:
                 num_new = min(num_new, self.long_prefill_token_threshold)
             num_new, images = self._fit_encoder(seq, num_new, out)
-            if num_new <= 0 or (whole and num_new < seq.num_tokens):
-                break  # a whole-prompt pooling request waits for a step with room for all of it
+            if num_new <= 0 or (whole and num_new < seq.num_tokens - seq.num_computed_tokens):
+                break  # a prompt that runs whole waits for a step with room for all of it
             if not self.block_manager.can_allocate(seq, num_new):
                 if not self.running and not out.scheduled and not whole:
                     # Alone it does not fit a whole prompt: take what fits, chunked.

@@ -77,7 +77,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.loaded.max_num_batched_tokens,
                                    max_loras=config.max_loras if config.enable_lora else 0,
                                    eos_token_ids=self.loaded.eos_token_ids, max_model_len=self.max_model_len,
-                                   rope_switch_length=switch, scheduling_policy=config.scheduling_policy)
+                                   rope_switch_length=switch, scheduling_policy=config.scheduling_policy,
+                                   chunked_prefill=config.enable_chunked_prefill)
         self.lora = LoRAManager(self.loaded.spec, self.loaded.lora_slots, config.max_loras, config.max_lora_rank,
                                 self.loaded.dtype) if config.enable_lora else None
         self.load_unknown_adapters = True  # offline: a new LoRARequest is read on first use; a server registers them

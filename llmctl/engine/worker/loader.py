@@ -89,7 +89,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     lora_bytes = sum(slots.nbytes for slots in lora_slots.values())
     defaults = generation_defaults(source)
     max_model_len = _max_model_len(config, spec)
-    max_batched = config.max_num_batched_tokens or (8192 if device.type == "cuda" else 2048)
+    max_batched = _max_batched(config, device, max_model_len)
     groups = kv_groups(spec)
     if groups.hybrid:  # a backend of the same kind for each further KV group
         backend = GroupedAttention([backend, *(create_backend(backend.name, dtype, spec.attention.head_dim)
@@ -241,6 +241,19 @@ def _say_unused(names: list[str]) -> None:
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     logger.info("not used: %s (static activation or KV-cache scales: llmctl quantizes neither from a checkpoint's "
                 "scales)", shown)
+
+
+def _max_batched(config: EngineConfig, device: torch.device, max_model_len: int) -> int:
+    """Tokens per step: the flag, else 8192 on GPUs and 2048 on CPUs; without chunked prefill, at least one
+    whole sequence (vLLM's default then, and its refusal of a smaller flag)."""
+    default = 8192 if device.type == "cuda" else 2048
+    if config.enable_chunked_prefill:
+        return config.max_num_batched_tokens or default
+    if config.max_num_batched_tokens is not None and config.max_num_batched_tokens < max_model_len:
+        raise EngineConfigError(f"--max-num-batched-tokens {config.max_num_batched_tokens} is less than "
+                                f"--max-model-len {max_model_len}: without chunked prefill a prompt of that length "
+                                "could never run; raise it, lower --max-model-len, or enable chunked prefill")
+    return config.max_num_batched_tokens or max(default, max_model_len)
 
 
 def _max_model_len(config: EngineConfig, spec: ModelSpec) -> int:

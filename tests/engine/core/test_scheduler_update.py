@@ -109,3 +109,22 @@ def test_siblings_share_the_parent_blocks_even_when_the_parent_ends_at_once():
     assert parent.is_finished and child.status == SequenceStatus.RUNNING and child in s2.running
     assert child.num_computed_tokens == 6 and len(child.block_table) == 2  # the prompt's blocks, kept for the child
     assert all(s2.block_manager.blocks[b].ref_count == 1 for b in child.block_table)
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_with_room_for_all_of_it():
+    """vLLM's --no-enable-chunked-prefill: the second prompt is not cut to the budget's rest; it runs next step."""
+    s = Scheduler(BlockManager(32, BS), max_num_seqs=8, max_num_batched_tokens=64, eos_token_ids=[EOS],
+                  max_model_len=64, chunked_prefill=False)
+    first, second = (Sequence(seq_id=i, request_id=str(i), index=0, prompt_token_ids=[5 + i] * 40,
+                              params=SamplingParams()) for i in range(2))  # no shared prefix
+    s.add(first)
+    s.add(second)
+    step = s.schedule()
+    assert [(x.seq.seq_id, x.num_new_tokens) for x in step.scheduled] == [(0, 40)]
+    s.update_from_output(step, [SampledSeq(first, [(11, None)])], CharText())
+    assert [(x.seq.seq_id, x.num_new_tokens) for x in s.schedule().scheduled] == [(0, 1), (1, 40)]
+    chunked = scheduler()  # with chunked prefill the second takes the 24 tokens left at once
+    for i in range(2):
+        chunked.add(Sequence(seq_id=i, request_id=str(i), index=0, prompt_token_ids=[5 + i] * 40,
+                             params=SamplingParams()))
+    assert [x.num_new_tokens for x in chunked.schedule().scheduled] == [40, 24]

@@ -82,6 +82,31 @@ def test_tiny_token_budget_chunks_every_prompt(default_source, reference):
     assert max(scheduled) <= 4
 
 
+def test_without_chunked_prefill_every_prompt_runs_whole(default_source, reference):
+    """vLLM's --no-enable-chunked-prefill: each step computes whole prompts (its budget one max_model_len, as
+    vLLM sets it), tokens identical; a smaller --max-num-batched-tokens is refused at startup."""
+    from llmctl.engine.errors import EngineConfigError
+
+    with pytest.raises(EngineConfigError, match="--max-num-batched-tokens 16 is less than --max-model-len 64"):
+        LLM(str(default_source.path), max_model_len=64, max_num_batched_tokens=16, enable_chunked_prefill=False)
+    assert LLM(str(default_source.path), max_model_len=64, enable_chunked_prefill=False,
+               kv_cache_memory=1 << 22).engine.loaded.max_num_batched_tokens == 2048  # max(CPU default, max_model_len)
+    # the prompts' 57 tokens overrun a 48-token step: chunked, the 7th prompt would get its first 3 tokens
+    llm = LLM(str(default_source.path), max_model_len=48, max_num_batched_tokens=48, enable_chunked_prefill=False)
+    prefills = []
+    original = llm.engine.scheduler.schedule
+
+    def spy(lane=0):
+        out = original(lane)
+        prefills.extend((x.seq.num_computed_tokens, x.num_new_tokens, len(x.seq.prompt_token_ids))
+                        for x in out.scheduled if x.seq.num_computed_tokens == 0)
+        return out
+
+    llm.engine.scheduler.schedule = spy
+    assert_matches(llm.generate(PROMPTS, GREEDY), reference)
+    assert len(prefills) == len(PROMPTS) and all(new == prompt for _, new, prompt in prefills)
+
+
 def test_preemption_under_a_small_kv_pool(default_source, reference):
     block_bytes = 16 * 2 * 30 * 3 * 64 * 4  # SmolLM2, float32
     llm = LLM(str(default_source.path), max_model_len=64, kv_cache_memory=12 * block_bytes)
