@@ -37,7 +37,9 @@ def models(tmp_path_factory, tokenizer) -> dict[str, Path]:
 
 
 def outputs(folder: Path, params, prompts=PROMPTS, **engine) -> tuple[list, LLM]:
-    engine = {"max_model_len": 256, "kv_cache_memory": 32 << 20, **engine}
+    # a fixed thread count: under load the CPU governor may give the two runs different counts, and a GEMM that
+    # splits its sums by thread rounds differently (a random model's near-ties then pick other tokens)
+    engine = {"max_model_len": 256, "kv_cache_memory": 32 << 20, "cpu_threads": 2, **engine}
     llm = LLM(str(folder), **engine)
     try:
         got = llm.generate(prompts, params)
