@@ -37,9 +37,7 @@ def models(tmp_path_factory, tokenizer) -> dict[str, Path]:
 
 
 def outputs(folder: Path, params, prompts=PROMPTS, **engine) -> tuple[list, LLM]:
-    # a fixed thread count: under load the CPU governor may give the two runs different counts, and a GEMM that
-    # splits its sums by thread rounds differently (a random model's near-ties then pick other tokens)
-    engine = {"max_model_len": 256, "kv_cache_memory": 32 << 20, "cpu_threads": 2, **engine}
+    engine = {"max_model_len": 256, "kv_cache_memory": 32 << 20, **engine}
     llm = LLM(str(folder), **engine)
     try:
         got = llm.generate(prompts, params)
@@ -47,6 +45,15 @@ def outputs(folder: Path, params, prompts=PROMPTS, **engine) -> tuple[list, LLM]
         llm.shutdown()
     return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason,
              [lp.logprob for lp in o.outputs[0].logprobs or []]) for o in got], llm
+
+
+def assert_same(ahead: list, waited: list) -> None:
+    """Tokens, text and finish reasons identical; logprobs within float32 rounding: which steps go ahead depends on
+    timing, so a step's rows may be batched differently, and a GEMM may sum a row in another order at another row
+    count (oneDNN's, on CPUs where it is measured faster at some sizes)."""
+    assert [o[:3] for o in ahead] == [o[:3] for o in waited]
+    for (*_, ours), (*_, theirs) in zip(ahead, waited):
+        assert len(ours) == len(theirs) and all(abs(a - b) < 1e-5 for a, b in zip(ours, theirs))
 
 
 def both(folder: Path, params, prompts=PROMPTS, **engine) -> tuple[list, list, LLM]:
@@ -64,7 +71,7 @@ def test_the_same_outputs_with_steps_scheduled_ahead(models, family, monkeypatch
     monkeypatch.setattr(ModelRunner, "_fill_placeholders", lambda self, batch, ids: on_device.append(
         bool(batch.placeholders) and self.previous_tokens is not None) or fill(self, batch, ids))
     waited, ahead, llm = both(models[family], MIXED)
-    assert ahead == waited
+    assert_same(ahead, waited)
     assert llm.engine.steps_ahead > 20  # most decode steps went in while the one before still ran
     assert sum(on_device) >= llm.engine.steps_ahead - 1
     assert any(reason == "stop" for _, _, reason, _ in ahead)  # a stop with a step already in flight after it
@@ -75,7 +82,7 @@ def test_preempted_sequences_come_back_the_same(models):
     of 3-4 blocks each: the steps scheduled without tokens ahead preempt."""
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     waited, ahead, llm = both(models["llama"], params, max_model_len=128, kv_cache_memory=10 * 8192)
-    assert ahead == waited
+    assert_same(ahead, waited)
     assert llm.engine.scheduler.num_preemptions > 0 and llm.engine.steps_ahead > 0
 
 
@@ -88,7 +95,7 @@ def test_structured_outputs_and_penalties_wait_for_their_tokens(models):
               SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
               SamplingParams(temperature=0, max_tokens=20, bad_words=["the"], ignore_eos=True)]
     waited, ahead, _ = both(models["llama"], params)
-    assert ahead == waited
+    assert_same(ahead, waited)
     assert ahead[0][1] in ("yes", "no", "maybe later")
 
 
@@ -99,7 +106,7 @@ def test_speculative_decoding_and_lora_give_the_same_outputs(models, tmp_path):
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     waited, ahead, _ = both(models["llama"], params, speculative_config=ngram)
-    assert ahead == waited
+    assert_same(ahead, waited)
     adapter = make_adapter(models["llama"], tmp_path / "adapter", rank=4, targets=["q_proj", "v_proj", "down_proj"],
                            seed=1)
     lora = LoRARequest("a", 1, str(adapter))
