@@ -159,6 +159,16 @@ def server(default_source):
 
 
 @pytest.fixture(scope="session")
+def tool_server(default_source):
+    """`llmctl serve` of the default model with vLLM's tool flags (hermes), shared by the tool-calling modules."""
+    from helpers.server_helpers import start_server
+
+    server = start_server("--max-model-len", "1024", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def client(server):
     """The official openai client on that server."""
     import openai

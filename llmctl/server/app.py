@@ -23,6 +23,8 @@ from llmctl.server.chat import chat_completions
 from llmctl.server.classify import classify_endpoint
 from llmctl.server.completions import completions
 from llmctl.server.embeddings import embeddings
+from llmctl.server.messages_api.endpoint import count_tokens, create_message
+from llmctl.server.messages_api.errors import anthropic_error_response
 from llmctl.server.models import load_lora_adapter, models, unload_lora_adapter
 from llmctl.server.openapi import openapi_schema
 from llmctl.server.operability import RequestLog, StatsLogger, request_id_of
@@ -104,6 +106,8 @@ def _routes(state: ServerState) -> list[Route]:
         Route("/v1/completions", api(completions), methods=["POST"]),
         Route("/v1/chat/completions", api(chat_completions), methods=["POST"]),
         Route("/v1/responses", api(create_response), methods=["POST"]),
+        Route("/v1/messages", api(create_message), methods=["POST"]),
+        Route("/v1/messages/count_tokens", api(count_tokens), methods=["POST"]),
         Route("/v1/embeddings", api(embeddings), methods=["POST"]),
         *[Route(path, api(handler), methods=["POST"]) for path, handler in POOLING_ROUTES.items()
           if handler is not embeddings],
@@ -164,12 +168,15 @@ async def guarded(state: ServerState, request: Request, handler: Handler) -> Res
                       f"generation; its endpoints are {', '.join(POOLING_ROUTES)}")
         return await handler(state, request)
     except Exception as exc:
-        return error_response(as_api_error(exc, f"{request.url.path} request_id={request_id_of(request.scope)}"))
+        error = as_api_error(exc, f"{request.url.path} request_id={request_id_of(request.scope)}")
+        anthropic = request.url.path.startswith("/v1/messages")  # Anthropic's clients read their own shape
+        return anthropic_error_response(error) if anthropic else error_response(error)
 
 
 DOCS_PAGE = """<!doctype html><html><head><title>llmctl API</title></head><body>
 <h1>llmctl OpenAI-compatible API</h1>
 <p>Endpoints: <code>GET /v1/models</code>, <code>POST /v1/completions</code>, <code>POST /v1/chat/completions</code>,
+<code>POST /v1/responses</code>, <code>POST /v1/messages</code>, <code>POST /v1/messages/count_tokens</code>,
 <code>POST /v1/embeddings</code>, <code>POST /v1/score</code>, <code>POST /v1/rerank</code>, <code>POST /classify</code>,
 <code>POST /pooling</code>, <code>POST /tokenize</code>, <code>POST /detokenize</code>, <code>GET /health</code>,
 <code>GET /metrics</code>, <code>GET /version</code>. Schema: <a href="{root}/openapi.json">{root}/openapi.json</a>.</p>

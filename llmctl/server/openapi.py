@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmctl.server.messages_api.request import COUNT_FIELDS, MESSAGES_FIELDS
 from llmctl.server.pooling_fields import CLASSIFY_FIELDS, POOLING_FIELDS, RERANK_FIELDS, SCORE_FIELDS
 from llmctl.server.protocol import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
     DETOKENIZE_FIELDS,
     EMBEDDING_FIELDS,
+    JSON,
     REQUIRED_FIELDS,
     TOKENIZE_FIELDS,
     FieldSpec,
@@ -22,6 +24,9 @@ ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error":
     "type": "object", "required": ["message", "type"], "properties": {
         "message": {"type": "string"}, "type": {"type": "string"},
         "param": {"type": ["string", "null"]}, "code": {"type": ["string", "integer", "null"]}}}}}
+ANTHROPIC_ERROR_SCHEMA = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
+        "type": {"type": "string"}, "message": {"type": "string"}}}}}
 ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model or route",
           "408": "the request body did not arrive in time", "413": "request body too large",
           "500": "the model step failed", "503": "loading, queue full, or the engine stopped"}
@@ -32,9 +37,10 @@ def request_schema(fields: dict[str, FieldSpec], required: list[str]) -> dict[st
             "properties": {name: spec.json_schema(name) for name, spec in fields.items()}}
 
 
-def _post(summary: str, fields: dict[str, FieldSpec], required: list[str], response: str) -> dict[str, Any]:
+def _post(summary: str, fields: dict[str, FieldSpec], required: list[str], response: str,
+          error_schema: dict[str, JSON] = ERROR_SCHEMA) -> dict[str, Any]:
     responses: dict[str, Any] = {"200": {"description": response}}
-    responses.update({code: {"description": text, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+    responses.update({code: {"description": text, "content": {"application/json": {"schema": error_schema}}}
                       for code, text in ERRORS.items()})
     return {"post": {"summary": summary, "requestBody": {"required": True, "content": {
         "application/json": {"schema": request_schema(fields, required)}}}, "responses": responses}}
@@ -65,6 +71,11 @@ def openapi_schema(runtime_lora: bool = False) -> dict[str, Any]:
                                       "a chat.completion, or server-sent events when stream is true"),
         "/v1/responses": _post("Create a response (OpenAI's Responses API; nothing is stored)", RESPONSES_FIELDS,
                                ["input"], "a response, or its streaming events when stream is true"),
+        "/v1/messages": _post("Create a message (Anthropic's Messages API)", MESSAGES_FIELDS,
+                              ["model", "messages", "max_tokens"], "a message, or its streaming events when stream is true",
+                              ANTHROPIC_ERROR_SCHEMA),
+        "/v1/messages/count_tokens": _post("Count a message request's input tokens (Anthropic's)", COUNT_FIELDS,
+                                           ["model", "messages"], "input_tokens", ANTHROPIC_ERROR_SCHEMA),
         "/v1/embeddings": _post("Create embeddings (embedding models only)", EMBEDDING_FIELDS,
                                 REQUIRED_FIELDS["embeddings"], "a list of embeddings"),
         **{path: _post("Score text pairs (cross-encoders; embedding models: cosine similarity)", SCORE_FIELDS, [],

@@ -46,10 +46,12 @@ def as_api_error(exc: Exception, where: str) -> APIError:
 def check_api_key(api_key: str | None, request: Request, always: bool = False) -> None:
     if not api_key or not (always or request.url.path.startswith("/v1")):
         return
-    header = request.headers.get("authorization", "")
+    bearer = request.headers.get("authorization", "")
+    anthropic = request.headers.get("x-api-key")  # how Anthropic's clients send the key
     # Constant time: how long the comparison takes says nothing about how much of the key was right.
-    if not hmac.compare_digest(header.encode(), f"Bearer {api_key}".encode()):
-        raise APIError("invalid or missing API key: send 'Authorization: Bearer <key>'", 401,
+    given, expected = (anthropic, api_key) if anthropic is not None else (bearer, f"Bearer {api_key}")
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise APIError("invalid or missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')", 401,
                        code="invalid_api_key")
 
 

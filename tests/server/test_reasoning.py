@@ -133,6 +133,7 @@ def test_qwen3_reasoning_is_split_whole_and_streamed(thinking_model):
                                         "chat_template_kwargs": {"enable_thinking": False}})
         message = client.chat.completions.create(**off).choices[0].message.model_dump()
         assert message["reasoning_content"] is None and message["content"] == "Hello!"
+        check_anthropic_thinking(server, str(folder), text)
         status, tokens = post(server, "/tokenize", {"messages": ASK, "chat_template_kwargs": {"enable_thinking": False}})
         assert status == 200
         assert tokenizer.decode(tokens["tokens"]).endswith("assistant<think>\n\n</think>\n\n")
@@ -146,6 +147,27 @@ def test_qwen3_reasoning_is_split_whole_and_streamed(thinking_model):
         assert message.model_dump()["reasoning_content"] is None
     finally:
         server.stop()
+
+
+def check_anthropic_thinking(server, model: str, text: str) -> None:
+    """/v1/messages with the anthropic SDK: the reasoning as a thinking block (streamed too); thinking
+    disabled reaches the template; display "omitted" sends the block empty."""
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=server.url, api_key="unused")
+    request = dict(model=model, max_tokens=60, messages=ASK, extra_body={"structured_outputs": {"regex": re.escape(text)}})
+    reply = claude.messages.create(**request)
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in reply.content] == \
+        [("thinking", "I should greet."), ("text", "Hello there!")] and reply.content[0].signature
+    with claude.messages.stream(**request) as stream:
+        streamed = stream.get_final_message()
+    assert [b.model_dump(exclude={"signature"}) for b in streamed.content] == \
+        [b.model_dump(exclude={"signature"}) for b in reply.content]
+    off = claude.messages.create(**{**request, "extra_body": {"structured_outputs": {"regex": "Hello!"}}},
+                                 thinking={"type": "disabled"})
+    assert [(b.type, b.text) for b in off.content] == [("text", "Hello!")]
+    omitted = claude.messages.create(**request, thinking={"type": "adaptive", "display": "omitted"})
+    assert [(b.type, getattr(b, "thinking", None)) for b in omitted.content] == [("thinking", ""), ("text", None)]
 
 
 def test_structured_outputs_constrain_only_the_answer(thinking_model):

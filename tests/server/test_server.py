@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 
+import anthropic
 import openai
 import pytest
 
@@ -194,6 +195,12 @@ def test_api_key_and_queue_limit(default_source):
     try:
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=server.url + "/v1", api_key="wrong").models.list()
+        # Anthropic's clients send x-api-key: the same key, and its errors in Anthropic's shape
+        ask = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
+        with pytest.raises(anthropic.AuthenticationError):
+            anthropic.Anthropic(base_url=server.url, api_key="wrong").messages.create(**ask)
+        assert anthropic.Anthropic(base_url=server.url, api_key="sekret").messages.count_tokens(
+            model=MODEL, messages=ask["messages"]).input_tokens > 0
         client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="sekret", max_retries=0)
 
         async def main() -> openai.APIStatusError:

@@ -54,12 +54,8 @@ class CallLineParser(ToolParser):
 
 
 @pytest.fixture(scope="module")
-def tool_client(default_source):
-    from helpers.server_helpers import start_server
-
-    server = start_server("--max-model-len", "1024", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
-    yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused"), server
-    server.stop()
+def tool_client(tool_server):
+    return openai.OpenAI(base_url=tool_server.url + "/v1", api_key="unused"), tool_server
 
 
 def check_calls(message, names=None):
