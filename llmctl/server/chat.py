@@ -15,6 +15,7 @@ from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.reasoning import ReasoningFactory
 from llmctl.engine.structured.params import StructuredOutputsParams
 from llmctl.server.chat_message import StreamedMessage, ToolCalling, finish_reason
+from llmctl.server.chat_request import chat_messages, chat_template_kwargs
 from llmctl.server.content_parts import Message
 from llmctl.server.generation import Endpoint, respond
 from llmctl.server.images import check_images, with_images
@@ -24,8 +25,6 @@ from llmctl.server.protocol import (
     Fields,
     SamplingRequest,
     bad,
-    chat_messages,
-    chat_template_kwargs,
     sampling_request,
     warn_ignored,
 )

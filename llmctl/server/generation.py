@@ -18,6 +18,7 @@ from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.front.beam_search import BeamSearchParams, run_beam_search
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.multimodal.items import ProcessedPrompt
+from llmctl.engine.sampling_params import SamplingParams
 from llmctl.server.admission import AdmittedStream
 from llmctl.server.operability import request_id_of
 from llmctl.server.protocol import SamplingRequest, bad
@@ -97,8 +98,7 @@ def log_requests(state: ServerState, request_id: str, number: int, prompts: list
 def beam_search_params(sampling: SamplingRequest, room: int) -> BeamSearchParams:
     """vLLM's use_beam_search: n beams; what beam search does not apply is refused, not ignored."""
     params = sampling.params
-    for name, asked in (("stop", params.stop), ("logprobs", params.logprobs is not None),
-                        ("structured outputs", params.structured_outputs), ("logit_bias", params.logit_bias)):
+    for name, asked in _beam_search_refusals(params).items():
         if asked:
             raise bad(f"use_beam_search does not apply {name}: leave it out or do not use beam search",
                       "use_beam_search")
@@ -107,6 +107,20 @@ def beam_search_params(sampling: SamplingRequest, room: int) -> BeamSearchParams
                                 params.temperature or 0.0, sampling.length_penalty, params.include_stop_str_in_output)
     except InvalidRequestError as exc:
         raise bad(str(exc), exc.param) from None
+
+
+def _beam_search_refusals(params: SamplingParams) -> dict[str, bool]:
+    """What a request asks for that vLLM's beam search (one-token steps scored by cumulative logprob) does not
+    apply: each is a 400 naming it rather than a field without effect."""
+    return {"stop": bool(params.stop), "logprobs": params.logprobs is not None,
+            "prompt_logprobs": params.prompt_logprobs is not None,
+            "structured outputs": params.structured_outputs is not None, "logit_bias": bool(params.logit_bias),
+            "bad_words": bool(params.bad_words), "allowed_token_ids": bool(params.allowed_token_ids),
+            "min_tokens": params.min_tokens > 0, "stop_token_ids": bool(params.stop_token_ids),
+            "repetition_penalty": params.repetition_penalty not in (None, 1.0),
+            "presence_penalty": params.presence_penalty != 0, "frequency_penalty": params.frequency_penalty != 0,
+            "top_k": params.top_k not in (None, 0, -1), "top_p": params.top_p not in (None, 1.0),
+            "min_p": params.min_p != 0, "seed": params.seed is not None, "priority": params.priority != 0}
 
 
 async def last_output(stream: AsyncIterator[RequestOutput],

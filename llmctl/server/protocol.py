@@ -7,7 +7,6 @@ The request bodies are plain JSON objects; each field is checked by type and ran
 from __future__ import annotations
 
 import builtins
-import json
 import logging
 import uuid
 from collections.abc import Callable, Collection
@@ -16,7 +15,6 @@ from typing import Any
 
 from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.sampling_params import RANGES, SamplingParams
-from llmctl.server.content_parts import message_content
 
 logger = logging.getLogger("llmctl.server")
 
@@ -209,7 +207,8 @@ SAMPLING_FIELDS: dict[str, FieldSpec] = {
     "ignore_eos": FieldSpec("boolean", "keep generating past the end-of-sequence token", False),
     "min_tokens": FieldSpec("integer", "tokens to generate before EOS or stop tokens may end the output", 0),
     "priority": FieldSpec("integer", "with --scheduling-policy priority: lower runs first (vLLM's field)", 0),
-    "prompt_logprobs": FieldSpec("integer", "log-probabilities of each prompt token, with this many alternatives"),
+    "prompt_logprobs": FieldSpec("integer", "log-probabilities of each prompt token, with this many alternatives "
+                                 "(answered as vLLM's prompt_logprobs; not with stream)"),
     "skip_special_tokens": FieldSpec("boolean", "leave special tokens out of the text", True),
     "disable_spec_decode": FieldSpec("boolean", "decode this request one token per step on a server started "
                                      "with --speculative-config", False),
@@ -225,8 +224,10 @@ COMMON_FIELDS: dict[str, FieldSpec] = {
     "model": FieldSpec("string", "a served model name (default: the first)"),
     "max_tokens": FieldSpec("integer", "most tokens to generate (completions default 16; chat: up to the context)"),
     "stream": FieldSpec("boolean", "send server-sent events as tokens are generated", False),
-    "stream_options": FieldSpec("custom", "include_usage: a last chunk with token counts", schema={
-        "type": "object", "properties": {"include_usage": {"type": "boolean"}}}),
+    "stream_options": FieldSpec("custom", "include_usage: a last chunk with token counts; continuous_usage_stats: "
+                                "usage in every chunk (vLLM's)", schema={
+        "type": "object", "properties": {"include_usage": {"type": "boolean"},
+                                         "continuous_usage_stats": {"type": "boolean"}}}),
     "stop": FieldSpec("custom", "up to 16 strings that end the output", schema={
         "anyOf": [{"type": "string"}, {**_STRINGS, "maxItems": 16}]}),
     "stop_token_ids": FieldSpec("custom", "token ids that end the output", schema=_TOKEN_IDS),
@@ -286,6 +287,9 @@ CHAT_FIELDS: dict[str, FieldSpec] = {
                                         "(needs add_generation_prompt: false)", False),
     "chat_template_kwargs": FieldSpec("custom", "extra variables for the chat template, e.g. {\"enable_thinking\": "
                                       "false} for Qwen3 (vLLM's field)", schema={"type": "object"}),
+    "reasoning_effort": FieldSpec("custom", "none, minimal, low, medium, high or xhigh: handed to the chat template "
+                                  "(as vLLM does; gpt-oss's template reads it)", schema={"enum": [
+                                      "none", "minimal", "low", "medium", "high", "xhigh"]}),
     "mm_processor_kwargs": FieldSpec("custom", "settings for a vision-language model's processor for this "
                                      "request, e.g. {\"max_pixels\": 200704} (vLLM's field)", schema={"type": "object"}),
     "tools": FieldSpec("custom", "functions the model may call, for the chat template", schema={"type": "array"}),
@@ -310,6 +314,7 @@ TOKENIZE_FIELDS: dict[str, FieldSpec] = {
     "add_special_tokens": FieldSpec("boolean", "add the tokenizer's special tokens (prompt)", True),
     "add_generation_prompt": FieldSpec("boolean", "end with the assistant's turn (messages)", True),
     "chat_template_kwargs": CHAT_FIELDS["chat_template_kwargs"],
+    "tools": CHAT_FIELDS["tools"],
 }
 DETOKENIZE_FIELDS: dict[str, FieldSpec] = {
     "model": COMMON_FIELDS["model"],
@@ -326,6 +331,8 @@ class SamplingRequest:
     echo: bool = False
     use_beam_search: bool = False
     length_penalty: float = 1.0
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
+    prompt_logprobs_asked: bool = False  # the request's own prompt_logprobs (echo's are answered in logprobs)
 
 
 def sampling_request(fields: Fields, *, chat: bool) -> SamplingRequest:
@@ -348,11 +355,28 @@ def sampling_request(fields: Fields, *, chat: bool) -> SamplingRequest:
                                 or None, bad_words=string_list(fields, "bad_words") or None)
     except InvalidRequestError as exc:
         raise bad(str(exc), exc.param) from None
-    include_usage = bool(options and options.get("include_usage"))
+    include_usage, continuous_usage = _stream_options(options, stream)
+    if stream and params.prompt_logprobs is not None:
+        raise bad("prompt_logprobs are not available when stream is enabled (as in vLLM): leave out stream or "
+                  "prompt_logprobs", "prompt_logprobs")
     length_penalty = fields.float("length_penalty")
     return SamplingRequest(params, stream, include_usage, echo=fields.bool("echo"),
                            use_beam_search=fields.bool("use_beam_search"),
-                           length_penalty=1.0 if length_penalty is None else length_penalty)
+                           length_penalty=1.0 if length_penalty is None else length_penalty,
+                           continuous_usage=continuous_usage, prompt_logprobs_asked=params.prompt_logprobs is not None)
+
+
+def _stream_options(options: dict[str, JSON] | None, stream: bool) -> tuple[bool, bool]:
+    """include_usage and continuous_usage_stats; vLLM's rule: stream_options only with stream."""
+    if not options:
+        return False, False
+    if not stream:
+        raise bad("stream_options can only be set when stream is true", "stream_options")
+    unknown = set(options) - {"include_usage", "continuous_usage_stats"}
+    if unknown:
+        raise bad(f"stream_options takes include_usage and continuous_usage_stats, not {', '.join(sorted(unknown))}",
+                  "stream_options")
+    return bool(options.get("include_usage")), bool(options.get("continuous_usage_stats"))
 
 
 def completion_sampling_request(fields: Fields) -> SamplingRequest:
@@ -417,65 +441,6 @@ def _is_token(value: JSON) -> bool:
 
 
 # apply_chat_template's own arguments: a template variable may not replace them
-RESERVED_TEMPLATE_NAMES = ("conversation", "messages", "chat_template", "tokenize", "add_generation_prompt",
-                           "continue_final_message", "return_dict", "return_assistant_tokens_mask", "tools",
-                           "documents", "padding", "truncation", "max_length", "return_tensors", "tokenizer_kwargs")
-
-
-def chat_template_kwargs(fields: Fields) -> dict[str, JSON]:
-    """vLLM's chat_template_kwargs: variables handed to the template (Qwen3's enable_thinking)."""
-    kwargs = fields.raw("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise bad("chat_template_kwargs must be an object of template variables", "chat_template_kwargs")
-    reserved = sorted(set(kwargs) & set(RESERVED_TEMPLATE_NAMES))
-    if reserved:
-        raise bad(f"chat_template_kwargs may not set {', '.join(reserved)}: those are arguments of the "
-                  "request itself", "chat_template_kwargs")
-    return kwargs
-
-
-def chat_messages(fields: Fields) -> list[dict[str, Any]]:
-    """messages with roles system/user/assistant (also developer/tool); content a string, or transformers' part
-    list where it holds images (llmctl.server.content_parts)."""
-    messages = fields.raw("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad("messages must be a non-empty list", "messages")
-    result = []
-    for index, message in enumerate(messages):
-        where = f"messages[{index}]"
-        if not isinstance(message, dict):
-            raise bad(f"{where} must be an object with role and content", "messages")
-        role = message.get("role")
-        if role not in ("system", "user", "assistant", "developer", "tool"):
-            raise bad(f"{where}.role must be system, user or assistant, got {role!r}", "messages")
-        entry: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                                 "content": message_content(message.get("content"), where)}
-        entry.update(_tool_fields(message, where))
-        result.append(entry)
-    return result
-
-
-def _tool_fields(message: dict[str, JSON], where: str) -> dict[str, Any]:
-    """An assistant's tool_calls (their JSON arguments parsed, as chat templates and vLLM take them) and a
-    tool message's tool_call_id / name, for the chat template."""
-    fields: dict[str, Any] = {key: message[key] for key in ("tool_call_id", "name") if isinstance(message.get(key), str)}
-    calls = message.get("tool_calls")
-    if calls is None:
-        return fields
-    if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
-                                              for c in calls):
-        raise bad(f"{where}.tool_calls must be a list of {{\"function\": {{\"name\", \"arguments\"}}}}", "messages")
-    parsed = []
-    for call in calls:
-        arguments = call["function"].get("arguments", "{}")
-        try:
-            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except json.JSONDecodeError:
-            raise bad(f"{where}.tool_calls: arguments must be a JSON object (as text)", "messages") from None
-        parsed.append({**call, "function": {**call["function"], "arguments": arguments}})
-    return fields | {"tool_calls": parsed}
-
-
 def model_permission(created: int) -> dict[str, Any]:
     """The `permission` entry vLLM's /v1/models gives every card (its ModelPermission defaults)."""
     return {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": created,

@@ -89,9 +89,27 @@ def chat_logprobs(entries: list[TokenLogprob], tokenizer: Tokenizer) -> dict[str
                          "top_logprobs": [item(t, lp) for t, lp in e.top.items()]} for e in entries]}
 
 
+def prompt_logprobs(output: RequestOutput, tokenizer: Tokenizer) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's prompt_logprobs: per prompt token (the first: null, it has no context) the token and its top
+    alternatives by id, each with its logprob, rank (alternatives: 1, 2, … by likelihood) and decoded text."""
+    def item(token: int, logprob: float, rank: int) -> dict[str, Any]:
+        return {"logprob": logprob, "rank": rank, "decoded_token": _piece(tokenizer, token)}
+
+    entries: list[dict[str, dict[str, Any]] | None] = []
+    for entry in output.prompt_logprobs or []:
+        if entry is None:
+            entries.append(None)
+            continue
+        ranked = sorted(entry.top.items(), key=lambda pair: -pair[1])
+        alternatives = {str(t): item(t, lp, rank) for rank, (t, lp) in enumerate(ranked, start=1)}
+        entries.append({str(entry.token_id): item(entry.token_id, entry.logprob, entry.rank), **alternatives})
+    return entries
+
+
 def completion_response(ctx: ResponseContext, outputs: list[RequestOutput]) -> dict[str, Any]:
     choices = []
     n, echo, tokenizer = ctx.sampling.params.n, ctx.sampling.echo, ctx.tokenizer
+    asked = ctx.sampling.prompt_logprobs_asked
     for p, output in enumerate(outputs):
         prompt_text = ctx.prompt_text(p, output)
         for completion in output.outputs:
@@ -101,7 +119,8 @@ def completion_response(ctx: ResponseContext, outputs: list[RequestOutput]) -> d
                 logprobs = echo_logprobs(output, completion.logprobs, tokenizer) if echo else \
                     completion_logprobs(completion.logprobs, tokenizer)
             choices.append({"index": p * n + completion.index, "text": text, "logprobs": logprobs,
-                            "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason})
+                            "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason,
+                            "prompt_logprobs": prompt_logprobs(output, tokenizer) if asked else None})
     return {"id": ctx.request_id, "object": "text_completion", "created": ctx.created, "model": ctx.model,
             "choices": choices, "usage": usage(outputs)}
 
@@ -115,8 +134,10 @@ def chat_response(ctx: ResponseContext, outputs: list[RequestOutput], calling: T
         choices.append({"index": c.index, "message": message,
                         "logprobs": chat_logprobs(c.logprobs, ctx.tokenizer) if c.logprobs is not None else None,
                         "finish_reason": finish_reason, "stop_reason": c.stop_reason})
+    asked = ctx.sampling.prompt_logprobs_asked
     return {"id": ctx.request_id, "object": "chat.completion", "created": ctx.created, "model": ctx.model,
-            "choices": choices, "usage": usage(outputs)}
+            "choices": choices, "usage": usage(outputs),
+            "prompt_logprobs": prompt_logprobs(output, ctx.tokenizer) if asked else None}
 
 
 def completion_chunk(ctx: ResponseContext, index: int, text: str, delta: Delta | None = None) -> dict[str, Any]:

@@ -111,6 +111,8 @@ async def stream_events(ctx: ResponseContext, streams: list[AsyncIterator[Reques
                 delta = tracker.delta(index * n + completion.index, completion)
                 text_chunk = fmt.chunk(ctx, index, delta) if delta is not None else None
                 if text_chunk is not None:
+                    if ctx.sampling.continuous_usage:  # vLLM's: this choice's counts so far
+                        text_chunk["usage"] = choice_usage(item, completion)
                     yield sse(text_chunk)
         if ctx.sampling.include_usage and finished:
             yield sse({"id": ctx.request_id, "object": fmt.object_name, "created": ctx.created, "model": ctx.model,
@@ -118,6 +120,11 @@ async def stream_events(ctx: ResponseContext, streams: list[AsyncIterator[Reques
         yield "data: [DONE]\n\n"
     finally:
         merger.cancel()
+
+
+def choice_usage(output: RequestOutput, completion: CompletionOutput) -> dict[str, int]:
+    prompt, generated = len(output.prompt_token_ids), len(completion.token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
 
 
 # Characters JSON leaves raw but that many line readers (str.splitlines, httpx's iter_lines) take for line

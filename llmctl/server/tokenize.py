@@ -7,7 +7,7 @@ from starlette.responses import JSONResponse, Response
 
 from llmctl.server.chat import render_chat
 from llmctl.server.models import check_model
-from llmctl.server.protocol import bad
+from llmctl.server.protocol import DETOKENIZE_FIELDS, TOKENIZE_FIELDS, bad, warn_ignored
 from llmctl.server.state import ServerState
 from llmctl.server.tools import template_tools
 from llmctl.server.transport import read_json
@@ -16,6 +16,7 @@ from llmctl.server.transport import read_json
 async def tokenize(state: ServerState, request: Request) -> Response:
     fields = await read_json(request)
     check_model(state, fields)
+    warn_ignored(fields, TOKENIZE_FIELDS)
     engine = state.ready_engine
     if fields.raw("messages") is not None:
         _, ids = render_chat(state, fields, fields.bool("add_generation_prompt", True), tools=template_tools(fields))
@@ -30,6 +31,7 @@ async def tokenize(state: ServerState, request: Request) -> Response:
 async def detokenize(state: ServerState, request: Request) -> Response:
     fields = await read_json(request)
     check_model(state, fields)
+    warn_ignored(fields, DETOKENIZE_FIELDS)
     tokens = fields.raw("tokens")
     vocab = state.ready_engine.spec.vocab_size
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):

@@ -116,6 +116,9 @@ def test_a_conversation_with_function_calls_and_outputs(client):
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]}, "input"),
     ({"input": []}, "input"),
     ({"text": {"format": {"type": "yaml"}}}, "text"),
+    ({"include": ["message.output_text.logprobs"]}, "include"),  # output llmctl does not add
+    ({"truncation": "auto"}, "truncation"),  # llmctl drops no input
+    ({"reasoning": {"effort": "low", "summary": "auto"}}, "reasoning"),  # nor summarises reasoning
 ])
 def test_what_is_not_answered_is_a_400_naming_the_field(server, body, param):
     status, answer = post(server, "/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 2, **body})

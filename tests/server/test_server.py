@@ -447,3 +447,38 @@ def test_echo_logprobs_score_every_prompt_token(client, server, prompt_scorer, d
     assert streamed[0] is None and streamed[1:] == pytest.approx(whole.choices[0].logprobs.token_logprobs[1:])
     offsets = [o for c in chunks if c.logprobs for o in c.logprobs.text_offset]
     assert offsets == whole.choices[0].logprobs.text_offset
+
+
+def test_prompt_logprobs_are_vllms_field(client, server, prompt_scorer, tokenizer):
+    """prompt_logprobs (vLLM's): per prompt token its logprob (transformers' value), rank and alternatives."""
+    text = "The capital of France is"
+    ids = tokenizer.encode(text)
+    reference = prompt_scorer(ids)
+    choice = client.completions.create(model=MODEL, prompt=text, max_tokens=1, temperature=0,
+                                       extra_body={"prompt_logprobs": 2}).choices[0]
+    entries = choice.model_extra["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == len(ids)
+    for position, entry in enumerate(entries[1:], start=1):
+        actual = entry[str(ids[position])]
+        assert actual["logprob"] == pytest.approx(reference[position - 1], abs=1e-3)
+        assert actual["decoded_token"] == tokenizer.decode([ids[position]])
+        alternatives = sorted((item for item in entry.values() if item["rank"] <= 2), key=lambda item: item["rank"])
+        assert [item["rank"] for item in alternatives] == [1, 2]
+        assert alternatives[0]["logprob"] >= alternatives[1]["logprob"] >= min(item["logprob"] for item in entry.values())
+        assert (actual["rank"] <= 2) == (len(entry) == 2)  # the prompt's token is one of the two, or a third entry
+    chat = client.chat.completions.create(model=MODEL, max_tokens=1, messages=[{"role": "user", "content": text}],
+                                          extra_body={"prompt_logprobs": 0})
+    entries = chat.model_extra["prompt_logprobs"]
+    assert len(entries) == chat.usage.prompt_tokens and entries[0] is None and all(len(e) == 1 for e in entries[1:])
+    for body in ({"prompt_logprobs": 1, "stream": True}, {"stream_options": {"include_usage": True}}):
+        status, answer = post(server, "/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": 1, **body})
+        assert status == 400 and answer["error"]["param"] == next(iter(body)), answer
+
+
+def test_continuous_usage_stats_count_every_chunk(client):
+    chunks = list(client.chat.completions.create(
+        model=MODEL, max_tokens=6, temperature=0, stream=True, messages=[{"role": "user", "content": "Count to nine."}],
+        stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body={"ignore_eos": True}))
+    counted = [chunk.usage.completion_tokens for chunk in chunks if chunk.choices and chunk.choices[0].delta.content]
+    assert counted == sorted(counted) and counted[-1] == chunks[-1].usage.completion_tokens == 6
+    assert all(chunk.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for chunk in chunks[1:])

@@ -1,6 +1,6 @@
 """vLLM's serve flags with vLLM's meaning, on one real server: VLLM_API_KEY, an inline Jinja --chat-template,
 --enable-log-requests with --max-log-len, --disable-uvicorn-access-log, --distributed-executor-backend uni and
---block-size."""
+--block-size; reasoning_effort handed to the template."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from helpers.server_helpers import start_server
 
 pytestmark = pytest.mark.subprocess
 
-TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+TEMPLATE = ("{% if reasoning_effort %}<|im_start|>system\nReasoning: {{ reasoning_effort }}<|im_end|>\n{% endif %}"
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
 
 
 def test_vllms_flags_have_vllms_meaning(default_source):
@@ -25,6 +26,13 @@ def test_vllms_flags_have_vllms_meaning(default_source):
         reply = client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=4, temperature=0,
                                                messages=[{"role": "user", "content": "Name a colour, please."}])
         assert reply.usage.prompt_tokens == len(default_source_tokens(TEMPLATE, "Name a colour, please."))
+        # reasoning_effort (chat) and reasoning.effort (/v1/responses) reach the template, as vLLM hands them over
+        expected = len(default_source_tokens(TEMPLATE, "Name a colour, please.", reasoning_effort="high"))
+        effortful = client.chat.completions.create(model=reply.model, max_tokens=1, reasoning_effort="high",
+                                                   messages=[{"role": "user", "content": "Name a colour, please."}])
+        response = client.responses.create(model=reply.model, max_output_tokens=1, input="Name a colour, please.",
+                                           reasoning={"effort": "high"})
+        assert effortful.usage.prompt_tokens == response.usage.input_tokens == expected > reply.usage.prompt_tokens
     finally:
         server.stop()
     log = server.log
@@ -33,7 +41,7 @@ def test_vllms_flags_have_vllms_meaning(default_source):
     assert "KV cache:" in log and "blocks of 32 tokens" in log
 
 
-def default_source_tokens(template: str, content: str) -> list[int]:
+def default_source_tokens(template: str, content: str, **kwargs: str) -> list[int]:
     """The prompt's token ids as transformers renders the same template."""
     from transformers import AutoTokenizer
 
@@ -41,5 +49,5 @@ def default_source_tokens(template: str, content: str) -> list[int]:
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(None, show_progress=False).path))
     text = tokenizer.apply_chat_template([{"role": "user", "content": content}], chat_template=template,
-                                         tokenize=False)
+                                         tokenize=False, **kwargs)
     return tokenizer.encode(text, add_special_tokens=False)

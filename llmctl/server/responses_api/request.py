@@ -16,6 +16,8 @@ REFUSED = {"previous_response_id": "llmctl keeps no responses (nothing is stored
            "conversation": "llmctl keeps no conversations: send the whole conversation in input",
            "background": "background responses are not supported: leave background false",
            "prompt": "stored prompt templates are not supported: send input and instructions"}
+# Identifiers with no effect on the answer (user, safety_identifier: for the caller's own records), and
+# prompt_cache_key, a hint for the prefix caching llmctl does for every request
 ACCEPTED = {"input", "instructions", "tools", "tool_choice", "text", "max_output_tokens", "store", "metadata",
             "user", "include", "truncation", "reasoning", "service_tier", "safety_identifier", "prompt_cache_key",
             *PASSED_ON, *REFUSED}
@@ -45,6 +47,7 @@ def chat_body(fields: Fields) -> dict[str, JSON]:
             raise bad(f"{name}: {why}", name)
     if fields.raw("store") not in (None, False, True):
         raise bad("store must be a boolean", "store")
+    _refuse_what_is_not_made(fields)
     body: dict[str, JSON] = {name: fields.raw(name) for name in PASSED_ON if fields.raw(name) is not None}
     body["messages"] = _instructions(fields) + _messages(fields.raw("input"))
     if fields.raw("max_output_tokens") is not None:
@@ -56,7 +59,33 @@ def chat_body(fields: Fields) -> dict[str, JSON]:
     text_format = fields.raw("text")
     if text_format is not None:
         body["response_format"] = _response_format(text_format)
+    effort = _reasoning_effort(fields.raw("reasoning"))
+    if effort is not None:
+        body["reasoning_effort"] = effort
     return body
+
+
+def _refuse_what_is_not_made(fields: Fields) -> None:
+    """include (extra output llmctl does not produce) and automatic truncation: 400s, not silent no-ops."""
+    include = fields.raw("include")
+    if include not in (None, []):
+        raise bad(f"include: llmctl adds no extra output ({include!r}): leave include out (reasoning comes as "
+                  "reasoning items with --reasoning-parser)", "include")
+    if fields.raw("truncation") not in (None, "disabled"):
+        raise bad("truncation: llmctl does not drop earlier input (a prompt longer than the context is a 400): "
+                  "leave truncation out or \"disabled\"", "truncation")
+
+
+def _reasoning_effort(reasoning: JSON) -> JSON:
+    """reasoning.effort, as chat's reasoning_effort (handed to the template); summaries are not made."""
+    if reasoning is None:
+        return None
+    if not isinstance(reasoning, dict) or set(reasoning) - {"effort", "summary", "generate_summary"}:
+        raise bad("reasoning takes effort (and summary)", "reasoning")
+    if reasoning.get("summary") is not None or reasoning.get("generate_summary") is not None:
+        raise bad("reasoning.summary: llmctl does not summarise reasoning (reasoning items carry the whole "
+                  "reasoning text): leave summary out", "reasoning")
+    return reasoning.get("effort")
 
 
 def _instructions(fields: Fields) -> list[dict[str, JSON]]:

@@ -67,7 +67,12 @@ def test_use_beam_search_through_the_server(server, client, default_source):
 
 @pytest.mark.parametrize("extra,words", [({"stop": ["x"]}, "stop"), ({"logprobs": 1}, "logprobs"),
                                          ({"n": 11}, "at most 10"),
-                                         ({"structured_outputs": {"choice": ["a"]}}, "structured outputs")])
+                                         ({"structured_outputs": {"choice": ["a"]}}, "structured outputs"),
+                                         *[({name: value}, name) for name, value in (
+                                             ("bad_words", ["x"]), ("allowed_token_ids", [1, 2]), ("min_tokens", 2),
+                                             ("stop_token_ids", [2]), ("repetition_penalty", 1.2), ("top_k", 5),
+                                             ("seed", 3), ("priority", 1), ("prompt_logprobs", 1), ("top_p", 0.5),
+                                             ("min_p", 0.1), ("presence_penalty", 0.5))]])
 def test_what_beam_search_does_not_apply_is_refused(server, extra, words):
     status, answer = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 3, "use_beam_search": True, **extra})
     assert status == 400 and words in answer["error"]["message"], answer
