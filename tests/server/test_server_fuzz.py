@@ -74,6 +74,9 @@ def valid_value(name: str, spec: FieldSpec) -> st.SearchStrategy:
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+BEAM_SEARCH_REFUSES = ("stop", "logprobs", "top_logprobs", "logit_bias", "tool_choice", "tools", "bad_words",
+                       "allowed_token_ids", "min_tokens", "stop_token_ids", "repetition_penalty", "presence_penalty",
+                       "frequency_penalty", "top_k", "top_p", "min_p", "seed", "priority", "prompt_logprobs")
 STRUCTURED = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
               "guided_grammar")
 
@@ -98,8 +101,12 @@ def bodies(fields: dict[str, FieldSpec], required: str) -> st.SearchStrategy:
             if body.get("priority"):  # the fuzzed server runs fcfs: only priority 0 is valid there
                 body["priority"] = 0
             if body.get("use_beam_search"):  # what beam search does not apply is refused
-                for name in ("stop", "logprobs", "top_logprobs", "logit_bias", "tool_choice", "tools", *STRUCTURED):
+                for name in (*BEAM_SEARCH_REFUSES, *STRUCTURED):
                     body.pop(name, None)
+            if not body.get("stream"):  # vLLM's rule: stream_options only with stream
+                body.pop("stream_options", None)
+            else:  # and no prompt_logprobs with stream
+                body.pop("prompt_logprobs", None)
             if "tools" in body or "tool_choice" in body:  # a choice needs tools; auto (the default) a parser
                 body["tools"], body["tool_choice"] = [WEATHER], body.get("tool_choice", "none")
                 if body["tool_choice"] != "none":  # a forced choice is the constraint itself
