@@ -63,6 +63,13 @@ VLLM_ONLY_KV_CACHE_FORMATS: dict[str, KVCacheFormat] = {
 }
 
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
+# vLLM's --attention-backend names for what llmctl has (vLLM's CPU backend was TORCH_SDPA before CPU_ATTN)
+VLLM_ATTENTION_BACKENDS = {"TRITON_ATTN": "triton", "CPU_ATTN": "cpu", "TORCH_SDPA": "cpu"}
+# vLLM's --load-format values llmctl reads: auto (safetensors, else GGUF; pickles with --allow-pickle-weights),
+# safetensors only, pt (PyTorch .bin pickles, read with torch.load weights_only), gguf, dummy (random weights)
+LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
+# vLLM's -q names that mean a method llmctl reads from the checkpoint (vLLM's marlin kernels are its own)
+QUANTIZATION_ALIASES = {"awq_marlin": "awq", "gptq_marlin": "gptq", "compressed_tensors": "compressed-tensors"}
 MODEL_IMPLS = ("auto", "llmctl", "vllm", "transformers")  # "vllm": vLLM's name for the native implementation
 
 
@@ -74,9 +81,24 @@ def model_dtype(name: str) -> ModelDtype:
     return found
 
 
+def attention_backend(name: str) -> str:
+    """`--attention-backend NAME`: llmctl's names, or vLLM's for the same kernels."""
+    if name in ATTENTION_BACKENDS:
+        return name
+    mapped = VLLM_ATTENTION_BACKENDS.get(name.upper())
+    if mapped is None:
+        vllms = "vLLM's " + name if name.isupper() else repr(name)
+        raise SettingError(f"--attention-backend {vllms} is not a backend llmctl has: use {', '.join(ATTENTION_BACKENDS)} "
+                           f"(or vLLM's {', '.join(VLLM_ATTENTION_BACKENDS)})")
+    return mapped
+
+
 def kv_cache_format(name: str) -> KVCacheFormat:
     """`--kv-cache-dtype NAME`."""
     found = KV_CACHE_FORMATS.get(name)
+    if found is None and name in VLLM_ONLY_KV_CACHE_FORMATS:
+        raise SettingError(f"--kv-cache-dtype {name} is {VLLM_ONLY_KV_CACHE_FORMATS[name].help}, which llmctl's kernels "
+                           f"do not read: use fp8 (e4m3, the same bytes), or one of {', '.join(KV_CACHE_FORMATS)}")
     if found is None:
         raise SettingError(f"--kv-cache-dtype {name!r} is not supported; use {', '.join(KV_CACHE_FORMATS)}")
     return found

@@ -168,8 +168,11 @@ def builtin_template(name: str) -> str:
 def generation_defaults(source: ModelSource) -> dict[str, Any]:
     """generation_config.json without bookkeeping keys."""
     path = source.file("generation_config.json")
-    if path is None:
-        return {}
+    return generation_file_defaults(path) if path is not None else {}
+
+
+def generation_file_defaults(path: Path) -> dict[str, Any]:
+    """One generation_config.json's settings, without bookkeeping keys."""
     data = read_json(path)
     return {k: v for k, v in data.items() if not k.startswith("_") and k != "transformers_version"}
 

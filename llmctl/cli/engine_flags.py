@@ -83,7 +83,20 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                                      "read only below this folder (refused without it)"),
     "allowed_media_domains": Flag(("--allowed-media-domains",), Optional[list[str]], "http(s) image URLs only from "
                                   "these hosts (repeat the flag; default: any host)"),
-    "trust_remote_code": Flag(("--trust-remote-code",), bool),
+    "trust_remote_code": Flag(("--trust-remote-code",), bool, "allow a model whose repository ships Python code "
+                              "(auto_map); llmctl never runs that code: it serves such a model only with its own "
+                              "implementation of the architecture"),
+    "tokenizer": Flag(("--tokenizer",), Optional[str], "a hub id or folder whose tokenizer (and chat template) "
+                      "to use instead of the model's"),
+    "load_format": Flag(("--load-format",), str, "auto (safetensors, or the GGUF given), safetensors, pt (the "
+                        "pickled .bin files, read with torch.load weights_only), gguf, or dummy (random weights, "
+                        "nothing downloaded but config and tokenizer: for planning and benchmarks)"),
+    "quantization": Flag(("--quantization", "-q"), Optional[str], "the checkpoint's quantization method (awq, gptq, "
+                         "fp8, compressed-tensors, gguf; vLLM's awq_marlin/gptq_marlin accepted): checked against "
+                         "the checkpoint; llmctl quantizes no model while loading (see llmctl quantize)"),
+    "generation_config": Flag(("--generation-config",), str, "sampling defaults: auto (the model's "
+                              "generation_config.json), vllm (none), or a folder holding a generation_config.json"),
+    "max_logprobs": Flag(("--max-logprobs",), int, "the most logprobs / prompt_logprobs a request may ask for"),
     "model_impl": Flag(("--model-impl",), str, "auto (llmctl's own implementation, else transformers' modules "
                                                "around llmctl's paged attention), llmctl (or vLLM's 'vllm') or "
                                                "transformers"),

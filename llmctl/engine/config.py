@@ -16,11 +16,12 @@ from llmctl.engine.structured.config import StructuredOutputsConfig, parse_struc
 from llmctl.errors import LlmctlError
 from llmctl.kernels.limits import SUPPORTED_BLOCK_SIZES
 from llmctl.settings import (
-    ATTENTION_BACKENDS,
     DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_NUM_SEQS,
+    LOAD_FORMATS,
     MODEL_IMPLS,
     SettingError,
+    attention_backend,
     kv_cache_format,
     model_dtype,
 )
@@ -66,7 +67,11 @@ def cpu_kv_cache_default() -> int:
 class EngineConfig:
     model: str | None = None  # hub id, folder, .gguf; None: the default model
     revision: str | None = None
-    tokenizer: str | None = None  # defaults to the model's
+    tokenizer: str | None = None  # vLLM's --tokenizer: a hub id or folder whose tokenizer (and chat template) serve
+    load_format: str = "auto"  # vLLM's: auto, safetensors, pt, gguf or dummy (random weights, nothing downloaded)
+    quantization: str | None = None  # vLLM's -q: must name the checkpoint's method (llmctl quantizes nothing at load)
+    generation_config: str = "auto"  # vLLM's: auto (the model's generation_config.json), vllm (none) or a folder
+    max_logprobs: int = 20  # vLLM's: the most logprobs / prompt_logprobs a request may ask for
     dtype: str = "auto"  # auto: bfloat16 on GPU; float32 on CPU, but bfloat16 pooling checkpoints with a bfloat16 GEMM
     max_model_len: int | None = None  # default: the model's context
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
@@ -160,6 +165,16 @@ class EngineConfig:
             raise EngineConfigError(f"--data-parallel-backend {self.data_parallel_backend!r} is not mp (replicas in "
                                     "this process) or ray (replicas as actors on a Ray cluster)")
 
+    def _validate_loading(self) -> None:
+        """--load-format, --max-logprobs: vLLM's values."""
+        if self.load_format not in LOAD_FORMATS:
+            raise EngineConfigError(f"--load-format {self.load_format!r} is not one llmctl reads: use "
+                                    f"{', '.join(LOAD_FORMATS)}")
+        if self.load_format == "pt":  # vLLM's name for the pickled .bin weights
+            self.allow_pickle_weights = True
+        if self.max_logprobs < 0:
+            raise EngineConfigError(f"--max-logprobs must be at least 0 (got {self.max_logprobs}); 20 is the default")
+
     def _validate_pooling(self) -> None:
         """--runner and --convert are vLLM's names; --hf-overrides is parsed now, before any rank starts."""
         if self.runner not in RUNNERS:
@@ -189,6 +204,7 @@ class EngineConfig:
         try:
             self.dtype = model_dtype(self.dtype).name  # vLLM's aliases (half, float) become the names
             kv_cache_format(self.kv_cache_dtype)
+            self.attention_backend = attention_backend(self.attention_backend)
         except SettingError as exc:
             raise EngineConfigError(str(exc)) from None
         if self.block_size not in SUPPORTED_BLOCK_SIZES:
@@ -234,5 +250,4 @@ class EngineConfig:
             if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
                 bad("enable_lora", "runs with --tensor-parallel-size 1 and --pipeline-parallel-size 1 for now; use "
                     "--data-parallel-size to scale out")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            bad("attention_backend", f"{self.attention_backend!r} is not a backend; use {', '.join(ATTENTION_BACKENDS)}")
+        self._validate_loading()

@@ -54,8 +54,8 @@ RANGES: dict[str, Range] = {
     "frequency_penalty": Range(-2, 2),
     "max_tokens": Range(1),
     "min_tokens": Range(0),
-    "logprobs": Range(0, MAX_LOGPROBS),
-    "prompt_logprobs": Range(0, MAX_LOGPROBS),
+    "logprobs": Range(0),  # at most the engine's --max-logprobs (checked when the request arrives)
+    "prompt_logprobs": Range(0),
     "seed": Range(-(2**63), 2**64 - 1),
 }
 

@@ -12,13 +12,14 @@ from llmctl.engine.multimodal.items import ProcessedPrompt
 from llmctl.engine.pooling.config import PoolerConfig, dimensions_problem
 from llmctl.engine.pooling.params import PoolingParams
 from llmctl.engine.sample.bad_words import bad_words_token_ids
-from llmctl.engine.sampling_params import SamplingParams
+from llmctl.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 
 class InputProcessor:
     def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int,
-                 generation_defaults: dict[str, Any]) -> None:
+                 generation_defaults: dict[str, Any], max_logprobs: int = MAX_LOGPROBS) -> None:
         self.tokenizer = tokenizer
+        self.max_logprobs = max_logprobs
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.generation_defaults = generation_defaults
@@ -40,6 +41,7 @@ class InputProcessor:
         params = (params or SamplingParams()).with_defaults(self.generation_defaults)
         self._check_lengths(ids, params)
         self._check_token_ids(params)
+        self._check_logprobs(params)
         if params.bad_words:
             params.bad_words_token_ids = bad_words_token_ids(params.bad_words, self.tokenizer)
         if isinstance(prompt, ProcessedPrompt):
@@ -64,6 +66,14 @@ class InputProcessor:
                 pooler.matryoshka, pooler.dimensions, pooler.hidden_size, params.dimensions)):
             raise InvalidRequestError(problem, "dimensions")
         return Request(request_id, text, ids, SamplingParams(max_tokens=1), pooling=params)
+
+    def _check_logprobs(self, params: SamplingParams) -> None:
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and asked > self.max_logprobs:
+                raise InvalidRequestError(f"{name} {asked} is more than this server's --max-logprobs "
+                                          f"{self.max_logprobs}: ask for fewer, or start it with a larger "
+                                          "--max-logprobs", name)
 
     def _check_token_ids(self, params: SamplingParams) -> None:
         for name, ids in (("logit_bias", list(params.logit_bias or {})), ("allowed_token_ids",

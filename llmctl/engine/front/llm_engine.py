@@ -83,7 +83,7 @@ class LLMEngine:
                                 self.loaded.dtype) if config.enable_lora else None
         self.load_unknown_adapters = True  # offline: a new LoRARequest is read on first use; a server registers them
         self.input_processor = InputProcessor(self.tokenizer, self.loaded.spec.vocab_size, self.max_model_len,
-                                              self.loaded.generation_defaults)
+                                              self.loaded.generation_defaults, config.max_logprobs)
         self.output_processor = OutputProcessor(self.tokenizer, self.loaded.pooler)
         self.pooler = self.loaded.pooler  # a pooling model: it takes PoolingParams, not SamplingParams
         self.scheduler.pool_whole_prompts = self.pooler is not None and self.pooler.whole_prompt

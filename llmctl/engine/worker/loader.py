@@ -17,7 +17,7 @@ from llmctl.checkpoint.converted_stream import converted
 from llmctl.checkpoint.quant_converters import converter_for
 from llmctl.checkpoint.source import ModelSource, resolve_model
 from llmctl.checkpoint.spec import ModelSpec
-from llmctl.checkpoint.tokenizer import generation_defaults, load_tokenizer
+from llmctl.checkpoint.tokenizer import load_tokenizer
 from llmctl.checkpoint.weights import iterate_tensors, stored_dtypes
 from llmctl.engine.attention_selector import BackendChoice, create_backend, engine_backend, torch_fallback
 from llmctl.engine.config import EngineConfig
@@ -39,6 +39,7 @@ from llmctl.engine.pooling.config import PoolerConfig, generative_spec, resolve_
 from llmctl.engine.pooling.pooler import adapt_for_pooling
 from llmctl.engine.worker.heap import keep_freed_memory_in_heap, release_loading_garbage
 from llmctl.engine.worker.kv_cache import kv_cache_dtype, set_up_kv_cache
+from llmctl.engine.worker.load_flags import check_load_flags, fill_dummy, sampling_defaults, tokenizer_source
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
 from llmctl.engine.worker.memory_reservation import MemoryReservation
 from llmctl.errors import CorruptModelError, UnsupportedModelError
@@ -56,14 +57,15 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     started = time.perf_counter()
     placement = placement or Placement()
     device = device_for(config.device, placement.rank)
-    source = resolve_model(config.model, config.revision, weights=True, show_progress=config.show_progress,
-                           gguf_coded=runs_gguf_coded(config, device))
+    source = resolve_model(config.model, config.revision, weights=config.load_format != "dummy",
+                           show_progress=config.show_progress, gguf_coded=runs_gguf_coded(config, device))
     raw = {**load_config(source), **config.overrides}
     spec = ModelSpec.from_config(raw)
     pooler = resolve_pooler(config.runner, config.convert, spec, source.path, raw, config.pooler_overrides)
     if pooler is not None:  # the family's generative model carries the layers; the pooler replaces its head
         spec = generative_spec(spec)
     _check_native(spec, source, config.trust_remote_code)
+    check_load_flags(config, source, spec)
     shard, rank = placement.shard(spec), placement.rank
     if device.type == "cpu":
         keep_freed_memory_in_heap()
@@ -75,19 +77,18 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
         setattr(hf_config, name, value)
     tokenizer = None
     if pooler is not None and pooler.from_tokens:  # a classifier head made of these tokens' LM-head rows
-        tokenizer = load_tokenizer(source, trust_remote_code=config.trust_remote_code)
+        tokenizer = load_tokenizer(tokenizer_source(config, source), trust_remote_code=config.trust_remote_code)
         pooler = with_token_ids(pooler, tokenizer)
     # without images served (a text model, images off, no image processor) no vision tower is built
     hf_config.llmctl_text_only = not serves_images(source.path, spec.model_type, config.multimodal)
-    model = _build(spec, hf_config, dtype, device, source, shard, config.allow_pickle_weights, config.model_impl,
-                   pooler)
-    tokenizer = tokenizer or load_tokenizer(source, trust_remote_code=config.trust_remote_code)
+    model = _build(spec, hf_config, dtype, device, source, shard, config, pooler)
+    tokenizer = tokenizer or load_tokenizer(tokenizer_source(config, source), trust_remote_code=config.trust_remote_code)
     weights_bytes = model_weight_bytes(model)
     packed_bytes = pack_linears(model) if device.type == "cpu" else 0
     lora_step, lora_slots = attach_lora_slots(model, spec, config.max_loras, config.max_lora_rank, dtype, device) \
         if config.enable_lora else (None, {})
     lora_bytes = sum(slots.nbytes for slots in lora_slots.values())
-    defaults = generation_defaults(source)
+    defaults = sampling_defaults(config, source)
     max_model_len = _max_model_len(config, spec)
     max_batched = _max_batched(config, device, max_model_len)
     groups = kv_groups(spec)
@@ -216,20 +217,24 @@ def qwen1_config(source: ModelSource) -> Any:
 
 
 def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.device, source: ModelSource,
-           shard: Shard, allow_pickle: bool = False, impl: str = "auto", pooler: PoolerConfig | None = None
-           ) -> nn.Module:
-    tensors = iterate_tensors(source.path, dtype, allow_pickle)  # no weight files: fail before building
+           shard: Shard, config: EngineConfig, pooler: PoolerConfig | None = None) -> nn.Module:
+    impl, dummy = config.model_impl, config.load_format == "dummy"
+    # no weight files: fail before building
+    tensors = None if dummy else iterate_tensors(source.path, dtype, config.allow_pickle_weights)
     stored = stored_dtypes(source.path) if spec.quantization is not None and source.gguf_path is None else {}
     form = layer_form(spec, device.type, impl, shard)
     converter, what = converter_for(source.path, spec.quantization, form, set(stored), dtype, spec.moe is not None) \
         if stored else (None, "")
-    if converter is not None:
+    if converter is not None and tensors is not None:
         logger.info("%s", what)
         tensors = converted(tensors, converter, stored, dtype, _say_unused)
     with _no_init(dtype, device):
         model = create_model(spec, hf_config, shard, impl, device.type)
         if pooler is not None:
             adapt_for_pooling(model, pooler, shard.is_last)
+    if tensors is None:
+        fill_dummy(model)
+        return model.eval()
     try:
         model.load_weights(tensors)
     except WeightMismatchError as exc:
