@@ -359,8 +359,10 @@ def generate_through_graphs(folder: Path, tokenizer, capture: bool, max_tokens: 
     return llm
 
 
-GRAPH_FAMILIES = {"llama-gqa": 5, "bloom-alibi": 5, "gemma3-hybrid": 28, "phi3-longrope": 30}  # tokens: gemma3's pass block 0 out of
-# the window (8) of its sliding group, which then gives the block back while the full group keeps it
+# tokens, engine settings: gemma3's 5-token prompts pass their block 0 (blocks of 8) out of the window (8) of the
+# sliding group by token 12, which then gives the block back while the full group keeps it
+GRAPH_FAMILIES = {"llama-gqa": (5, {}), "bloom-alibi": (5, {}), "gemma3-hybrid": (12, {"block_size": 8}),
+                  "phi3-longrope": (30, {})}
 
 
 @pytest.mark.parametrize("family", list(GRAPH_FAMILIES))
@@ -368,8 +370,9 @@ def test_decode_steps_through_the_cuda_graph_buffers_match_transformers(tmp_path
     from llmctl.engine.worker.cuda_graphs import capture_sizes
 
     assert capture_sizes(20) == [1, 2, 4, 8, 16, 20] and capture_sizes(256)[-2:] == [248, 256]
+    max_tokens, engine = GRAPH_FAMILIES[family]
     generate_through_graphs(graph_test_model(tmp_path, tokenizer, family), tokenizer, capture=False,
-                            max_tokens=GRAPH_FAMILIES[family])
+                            max_tokens=max_tokens, **engine)
 
 
 def test_async_scheduling_through_the_cuda_graph_buffers_matches_transformers(tmp_path, tokenizer):
@@ -397,8 +400,9 @@ def test_speculative_verification_through_the_cuda_graph_buffers_matches_transfo
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 @pytest.mark.parametrize("family", list(GRAPH_FAMILIES))
 def test_captured_cuda_graphs_replay_what_transformers_generates(tmp_path, tokenizer, family):
+    max_tokens, engine = GRAPH_FAMILIES[family]
     generate_through_graphs(graph_test_model(tmp_path, tokenizer, family), tokenizer, capture=True,
-                            max_tokens=GRAPH_FAMILIES[family])
+                            max_tokens=max_tokens, **engine)
 
 
 @pytest.mark.gpu
