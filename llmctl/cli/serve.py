@@ -17,7 +17,8 @@ AutoToolChoiceOpt = Annotated[bool, typer.Option(
     help="tool_choice \"auto\": find tool calls in the model's text with --tool-call-parser")]
 ToolCallParserOpt = Annotated[Optional[str], typer.Option(
     "--tool-call-parser", help="how the model writes tool calls: hermes (Qwen2.5/Qwen3, Hermes), llama3_json, mistral, "
-                               "pythonic, or one a --tool-parser-plugin registers")]
+                               "pythonic, qwen3_coder (qwen3_xml), glm45 (glm4_moe), kimi_k2, deepseek_v31, "
+                               "deepseek_v3, or one a --tool-parser-plugin registers")]
 ToolParserPluginOpt = Annotated[Optional[str], typer.Option(
     "--tool-parser-plugin", help="a Python file whose @ToolParserManager.register_module(\"name\") classes become "
                                  "--tool-call-parser names")]
@@ -141,7 +142,7 @@ def auto_tool_parser(enable: bool, name: str | None, plugin: str | None):
         ToolParserManager.import_tool_parser(plugin)
     if enable and name is None:
         raise LlmctlError("--enable-auto-tool-choice needs --tool-call-parser NAME (hermes, llama3_json, mistral, "
-                          "pythonic): how the model writes its tool calls")
+                          "pythonic, qwen3_coder, glm45, kimi_k2, deepseek_v31, …): how the model writes its tool calls")
     parser = ToolParserManager.get_tool_parser(name) if name is not None else None
     return parser if enable else None
 

@@ -53,7 +53,7 @@ def full_message(text: str, reason: str | None, calling: ToolCalling | None,
     parsed = parser.extract(answer)
     if not parsed.calls:
         return message | {"content": parsed.content if reasoning is None else parsed.content or None}, reason
-    calls = [tool_call(parser.new_call_id(), call) for call in calling.calls_of(parsed)]
+    calls = [tool_call(call.call_id or parser.new_call_id(), call) for call in calling.calls_of(parsed)]
     return message | {"content": parsed.content or None, "tool_calls": calls}, finish_reason(reason, calling, True)
 
 
@@ -106,7 +106,7 @@ class StreamedMessage:
             if call.name is None:
                 return None
             assert self.parser is not None  # calls come from the parser
-            self.calls.append(_SentCall(self.parser.new_call_id(), len(call.arguments)))
+            self.calls.append(_SentCall(call.call_id or self.parser.new_call_id(), len(call.arguments)))
             return {"index": index, **tool_call(self.calls[index].call_id, call)}
         if index > len(self.calls):
             return None

@@ -45,7 +45,7 @@ def read_tools(fields: Fields, auto_parser: type[ToolParser] | None, tokenizer: 
             raise bad('"auto" tool choice (the default when tools are given) requires the server to be started with '
                       "--enable-auto-tool-choice and --tool-call-parser NAME; or pass tool_choice \"required\", a "
                       "named function, or \"none\"", "tool_choice")
-        return ToolRequest(tools, ToolCalling(lambda: auto_parser(tokenizer), True, single), None)
+        return ToolRequest(tools, ToolCalling(lambda: _parser_for(auto_parser, tokenizer, tools), True, single), None)
     if choice == "required":
         return ToolRequest(tools, ToolCalling(RequiredToolCalls, True, single), required_schema(tools, not single))
     name = _named_function(choice)
@@ -54,6 +54,13 @@ def read_tools(fields: Fields, auto_parser: type[ToolParser] | None, tokenizer: 
         raise bad(f"tool_choice names the function {name!r}, which is not among the request's tools", "tool_choice")
     return ToolRequest(tools, ToolCalling(lambda: NamedToolCall(name), False, True),
                        function.get("parameters") or NO_PARAMETERS)
+
+
+def _parser_for(parser: type[ToolParser], tokenizer: Tokenizer | None, tools: list[dict[str, JSON]]) -> ToolParser:
+    """A fresh parser that knows the request's tools (XML formats type their values by the tools' schemas)."""
+    made = parser(tokenizer)
+    made.tools = tools
+    return made
 
 
 def template_tools(fields: Fields) -> list[dict[str, Any]] | None:

@@ -1,7 +1,17 @@
 """Tool-call parsers (`--tool-call-parser`) and the readers of forced tool choices. Importing the
 package registers the built-in parsers."""
 
-from llmctl.server.tool_parsers import hermes, llama3_json, mistral, pythonic  # registers them
+from llmctl.server.tool_parsers import (  # registers them
+    deepseek,
+    glm45,
+    hermes,
+    kimi_k2,
+    llama3_json,
+    mistral,
+    pythonic,
+    qwen3_coder,
+)
 from llmctl.server.tool_parsers.base import ParsedText, ToolCallDraft, ToolParser, ToolParserManager
 
-__all__ = ["ParsedText", "ToolCallDraft", "ToolParser", "ToolParserManager", "hermes", "llama3_json", "mistral", "pythonic"]
+__all__ = ["ParsedText", "ToolCallDraft", "ToolParser", "ToolParserManager", "deepseek", "glm45", "hermes", "kimi_k2",
+           "llama3_json", "mistral", "pythonic", "qwen3_coder"]

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from llmctl.engine.reasoning.parsers import held_back
 from llmctl.errors import LlmctlError
@@ -28,6 +28,7 @@ class ToolCallDraft:
     name: str | None  # None until the name is whole
     arguments: str  # the raw JSON text of the arguments so far
     complete: bool  # the call's text has ended
+    call_id: str | None = None  # the model's own id for the call (Kimi K2's functions.NAME:N), else one is made
 
     def valid(self) -> bool:
         if not self.complete or not self.name:
@@ -52,6 +53,7 @@ class ToolParser:
 
     def __init__(self, tokenizer: Tokenizer | None = None) -> None:
         self.tokenizer = tokenizer
+        self.tools: list[dict[str, Any]] = []  # the request's tools (chat's shape): parsers that type values read them
 
     def parse(self, text: str, final: bool) -> ParsedText:
         return self.extract_tool_calls(text) if final else ParsedText("")
