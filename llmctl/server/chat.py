@@ -74,8 +74,10 @@ def prepare_chat(state: ServerState, fields: Fields) -> PreparedChat:
     sampling = sampling_request(fields, chat=True)
     tools = read_tools(fields, state.tool_parser, state.ready_engine.tokenizer)
     sampling.params.structured_outputs = _constraint(fields, state, tools)
-    if tools.calling is not None and tools.calling.make_parser().keep_special_tokens:
-        sampling.params.skip_special_tokens = False  # the parser's markers are special tokens
+    reasoning = state.reasoning_parser
+    if (tools.calling is not None and tools.calling.make_parser().keep_special_tokens) or \
+            (reasoning is not None and reasoning.keep_special_tokens):
+        sampling.params.skip_special_tokens = False  # the parsers' markers are special tokens
     continue_final = fields.bool("continue_final_message")
     add_generation_prompt = fields.bool("add_generation_prompt", True)
     if continue_final and add_generation_prompt:

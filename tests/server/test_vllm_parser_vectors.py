@@ -107,3 +107,23 @@ def test_each_format_through_llmctl_serve(default_source):
             assert call.id == "functions.get_weather:0" if parser == "kimi_k2" else call.id.startswith("chatcmpl-tool-")
         finally:
             server.stop()
+
+
+REASONING_VECTORS = json.loads((FIXTURES / "vllm_parser_vectors" / "reasoning.json").read_text())["vectors"]
+
+
+@pytest.mark.parametrize("vector", REASONING_VECTORS, ids=lambda v: f"{v['parser']}-{v['case']}")
+def test_vllms_reasoning_vectors_whole_and_streamed(vector):
+    from llmctl.engine.reasoning import ReasoningParserManager
+
+    parser = ReasoningParserManager.get_reasoning_parser(vector["parser"])
+    message, _ = full_message(vector["output"], "stop", None, parser())
+    assert (message["reasoning_content"], message["content"]) == (vector["reasoning"], vector["content"])
+    for step in (1, 3, 7):
+        streamed_message = StreamedMessage(None, parser())
+        reasoning, content, text = "", "", vector["output"]
+        for end in list(range(step, len(text), step)) + [len(text)]:
+            delta = streamed_message.delta(text[:end], final=end == len(text))
+            reasoning += delta.get("reasoning_content", "")
+            content += delta.get("content", "")
+        assert (reasoning, content or None) == (vector["reasoning"], vector["content"]), step

@@ -38,6 +38,7 @@ def held_back(text: str, marker: str) -> int:
 class ReasoningParser:
     start_token = "<think>"
     end_token = "</think>"
+    keep_special_tokens = False  # the markers are special tokens the detokenizer would otherwise drop
 
     def __init__(self, thinking: bool = True) -> None:
         self.thinking = thinking  # False: the prompt turned thinking off (qwen3 reads it)
@@ -104,3 +105,38 @@ class Qwen3ReasoningParser(ReasoningParser):
             return ReasoningSplit(body[:at], body[at + len(marker):] if marker == self.end_token else body[at:])
         hold = 0 if final else max(held_back(body, self.end_token), held_back(body, self.tool_call))
         return ReasoningSplit(body[:len(body) - hold], "")
+
+
+@ReasoningParserManager.register_module("seed_oss")
+class SeedOssReasoningParser(DeepSeekR1ReasoningParser):
+    """Seed-OSS: deepseek_r1's rule with <seed:think> and </seed:think>."""
+
+    start_token, end_token = "<seed:think>", "</seed:think>"
+
+
+@ReasoningParserManager.register_module("mistral")
+class MistralReasoningParser(DeepSeekR1ReasoningParser):
+    """Magistral: deepseek_r1's rule with [THINK] and [/THINK], special tokens kept in the text for it."""
+
+    start_token, end_token = "[THINK]", "[/THINK]"
+    keep_special_tokens = True
+
+
+@ReasoningParserManager.register_module("step3")
+class Step3ReasoningParser(ReasoningParser):
+    """Step 3: the template opens the thinking, so everything up to </think> is reasoning."""
+
+    def split(self, text: str, final: bool) -> ReasoningSplit:
+        return self._after_start(text, final)
+
+
+@ReasoningParserManager.register_module("minimax_m2")
+class MiniMaxM2ReasoningParser(ReasoningParser):
+    """MiniMax-M2: everything up to </think> is reasoning (the model writes no <think>); a </think> the
+    model writes again inside its answer is dropped from the content (vLLM's rule)."""
+
+    def split(self, text: str, final: bool) -> ReasoningSplit:
+        split = self._after_start(text, final)
+        content = split.content.replace(self.end_token, "")
+        return ReasoningSplit(split.reasoning, content if final else content[:len(content) - held_back(
+            content, self.end_token)])
