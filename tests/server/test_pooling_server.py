@@ -53,6 +53,10 @@ def test_openai_embeddings_equal_sentence_transformers(embedding_server, referen
     assert np.abs(np.frombuffer(base64.b64decode(packed), "<f4") - ours[0]).max() < 1e-6  # the client decodes it
     by_ids = client.embeddings.create(model="emb", input=[tokenizer.encode(TEXTS[1])]).data[0].embedding
     assert np.abs(np.array(by_ids) - ours[1]).max() < 1e-5
+    raw = client.embeddings.create(model="emb", input=TEXTS, extra_body={"normalize": False}).data
+    raw_norms = [float(np.linalg.norm(d.embedding)) for d in raw]  # the pooled vectors before the layout's Normalize
+    assert all(abs(norm - 1) > 1e-3 for norm in raw_norms) and np.allclose(np.linalg.norm(ours, axis=1), 1, atol=1e-5)
+    assert np.abs(np.array([d.embedding for d in raw]) / np.array(raw_norms)[:, None] - ours).max() < 1e-4
     cut = np.array([d.embedding for d in client.embeddings.create(model="emb", input=TEXTS, dimensions=16).data])
     assert np.abs(cut - reference.encode(TEXTS, truncate_dim=16, normalize_embeddings=True)).max() < 1e-4
 
