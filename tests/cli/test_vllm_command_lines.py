@@ -21,6 +21,14 @@ NOT_TAKEN = {  # vLLM flags in those lines that llmctl does not take, the comman
                                              "nothing to skip"),
     "--hf-config-path": ("serve", "llmctl reads a GGUF's config from the file itself (or its folder's config.json)"),
     "--kv-cache-dtype-skip-layers": ("serve", "llmctl's fp8 KV cache covers every layer or none"),
+    **{flag: ("serve", "llmctl runs TP x PP across nodes under torchrun or Ray (docs/parallel.md), not vLLM's "
+                       "per-node launches") for flag in ("--nnodes", "--node-rank", "--master-addr", "--headless")},
+    **{flag: ("serve", "llmctl spreads --dp replicas across nodes with --data-parallel-backend ray from one "
+                       "command, not vLLM's per-node DP launches") for flag in (
+        "--data-parallel-size-local", "--data-parallel-address", "--data-parallel-rpc-port",
+        "--data-parallel-start-rank", "--data-parallel-rank")},
+    "--default_mm_loras": ("serve", "llmctl serves no audio models, which those default adapters are for"),
+    "--task": ("serve", "vLLM's older flag: llmctl takes vLLM's current --runner pooling --convert embed"),
 }
 
 
@@ -47,6 +55,10 @@ def test_vllm_docs_command_lines_parse(args: list[str]) -> None:
         endpoint = resolve_endpoint(params["endpoint"], params["backend"])
         assert (endpoint.kind, endpoint.path) == ("completions", "/v1/completions")
         assert params["base_url"] is None and params["host"] == "127.0.0.1"  # vLLM's defaults
+
+
+def test_forty_lines_from_vllms_docs() -> None:
+    assert len(vllm_lines()) >= 40
 
 
 def test_the_values_are_vllms() -> None:

@@ -140,6 +140,10 @@ def test_count_tokens_is_the_prompts_length(served):
     expected = chat.chat.completions.create(model=MODEL, max_tokens=1, messages=[
         {"role": "system", "content": "Be brief."}, *messages]).usage.prompt_tokens
     assert claude.messages.count_tokens(model=MODEL, system="Be brief.", messages=messages).input_tokens == expected
+    # Claude Code's per-request attribution block is dropped, as vLLM drops it, so the prefix stays cacheable
+    billed = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=ab12;"},
+              {"type": "text", "text": "Be brief."}]
+    assert claude.messages.count_tokens(model=MODEL, system=billed, messages=messages).input_tokens == expected
 
 
 def test_errors_are_anthropics_and_the_sdk_raises_its_own(served):

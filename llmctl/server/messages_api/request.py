@@ -53,6 +53,7 @@ MESSAGES_FIELDS: dict[str, FieldSpec] = {
     **{name: CHAT_FIELDS[name] for name in PASSED_ON if name in CHAT_FIELDS and name not in ("model", "max_tokens",
                                                                                              "stream")},
 }
+BILLING_HEADER = "x-anthropic-billing-header"
 SKIPPED_BLOCKS = ("thinking", "redacted_thinking")  # earlier reasoning: not shown again
 
 
@@ -95,7 +96,9 @@ def _system(system: JSON) -> list[dict[str, JSON]]:
     blocks = _list(system, "system")
     if not all(isinstance(block, dict) and block.get("type") == "text" for block in blocks):
         raise bad("system must be text or a list of text blocks ({\"type\": \"text\", \"text\": ...})", "system")
-    return [{"role": "system", "content": "\n".join(str(block.get("text", "")) for block in blocks)}]
+    texts = [str(block.get("text", "")) for block in blocks]
+    # Claude Code's attribution header changes every request and would defeat prefix caching (vLLM drops it too)
+    return [{"role": "system", "content": "\n".join(t for t in texts if not t.startswith(BILLING_HEADER))}]
 
 
 def _messages(given: JSON) -> list[dict[str, JSON]]:
