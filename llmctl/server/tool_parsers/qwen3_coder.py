@@ -1,4 +1,4 @@
-"""`qwen3_coder` (also vLLM's `qwen3_xml`): Qwen3-Coder's XML calls, each
+"""`qwen3_coder` (also vLLM's `qwen3_xml`) and `seed_oss`: Qwen3-Coder's XML calls, each
 <tool_call><function=NAME><parameter=KEY>value</parameter>…</function></tool_call> (vLLM also reads a
 <function=…> block without the <tool_call> around it). Values are typed by the request's tool schema
 (typed_values); a parameter the schema does not name stays text. The content is the text before the
@@ -16,16 +16,30 @@ PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
 
 @ToolParserManager.register_module(["qwen3_coder", "qwen3_xml"])
 class Qwen3CoderToolParser(ToolParser):
+    call_start = CALL
+    thinking: tuple[str, str] | None = None  # (start, end): calls written while thinking are not calls
+
     def parse(self, text: str, final: bool) -> ParsedText:
-        starts = [at for at in (text.find(CALL), text.find(FUNCTION)) if at >= 0]
+        after = self._after_thinking(text)
+        if after is None:  # still thinking: everything is content so far
+            return ParsedText(text)
+        starts = [at for at in (text.find(self.call_start, after), text.find(FUNCTION, after)) if at >= 0]
         if not starts:
-            held = 0 if final else max(held_back(text, CALL), held_back(text, FUNCTION))
+            held = 0 if final else max(held_back(text, self.call_start), held_back(text, FUNCTION))
             return ParsedText(text[:len(text) - held])
         content, rest = text[:min(starts)], text[min(starts):]
         calls = [self._call(block, final) for block in rest.split(FUNCTION)[1:]]
         if final and not calls:
             return ParsedText(text)  # a marker with no function after it: the answer is text
         return ParsedText(content, calls)
+
+    def _after_thinking(self, text: str) -> int | None:
+        """Where calls may start: after the thinking's end marker (None while the thinking is open)."""
+        if self.thinking is None or self.thinking[0] not in text:
+            return 0
+        end = text.find(self.thinking[1])
+        return None if end < 0 else end + len(self.thinking[1])
+
 
     def _call(self, block: str, final: bool) -> ToolCallDraft:
         name_end = block.find(">")
@@ -45,6 +59,15 @@ class Qwen3CoderToolParser(ToolParser):
             value = _trimmed(part[key_end + 1:value_end])
             pairs.append((key, typed_value(value, properties.get(key), unknown_as_text=True)))
         return ToolCallDraft(name or None, arguments_text(pairs, complete), complete)
+
+
+@ToolParserManager.register_module("seed_oss")
+class SeedOssToolParser(Qwen3CoderToolParser):
+    """Seed-OSS: the same XML inside <seed:tool_call>…</seed:tool_call>; a call written inside
+    <seed:think>…</seed:think> is part of the thinking, not a call (vLLM's rule)."""
+
+    call_start = "<seed:tool_call>"
+    thinking = ("<seed:think>", "</seed:think>")
 
 
 def _trimmed(value: str) -> str:
