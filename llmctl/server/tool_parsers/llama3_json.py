@@ -10,7 +10,7 @@ from llmctl.server.tool_parsers.json_scan import skip_whitespace
 PYTHON_TAG = "<|python_tag|>"
 
 
-@ToolParserManager.register_module("llama3_json")
+@ToolParserManager.register_module(["llama3_json", "llama4_json"])
 class Llama3JsonToolParser(ToolParser):
     def parse(self, text: str, final: bool) -> ParsedText:
         body = text[len(PYTHON_TAG):] if text.startswith(PYTHON_TAG) else text

@@ -12,7 +12,7 @@ from llmctl.server.tool_parsers.base import ParsedText, ToolCallDraft, ToolParse
 START, END = "<|python_start|>", "<|python_end|>"
 
 
-@ToolParserManager.register_module("pythonic")
+@ToolParserManager.register_module(["pythonic", "llama4_pythonic"])
 class PythonicToolParser(ToolParser):
     def parse(self, text: str, final: bool) -> ParsedText:
         body = text.strip()
@@ -45,5 +45,8 @@ def _calls(body: str) -> list[ToolCallDraft] | None:
         name = call.func.id if isinstance(call.func, ast.Name) else None
         if name is None or call.args or any(kw.arg is None for kw in call.keywords):
             return None
-        calls.append(ToolCallDraft(name, json.dumps(arguments, ensure_ascii=False), True))
+        try:  # bytes, sets or an overflow to inf are not JSON: the answer is no list of calls
+            calls.append(ToolCallDraft(name, json.dumps(arguments, ensure_ascii=False, allow_nan=False), True))
+        except (TypeError, ValueError):
+            return None
     return calls
