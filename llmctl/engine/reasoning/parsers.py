@@ -123,8 +123,10 @@ class MistralReasoningParser(DeepSeekR1ReasoningParser):
 
 
 @ReasoningParserManager.register_module("step3")
+@ReasoningParserManager.register_module("ernie45")
 class Step3ReasoningParser(ReasoningParser):
-    """Step 3: the template opens the thinking, so everything up to </think> is reasoning."""
+    """Step 3 and ERNIE-4.5-Thinking: the template opens the thinking, so everything up to </think> is
+    reasoning."""
 
     def split(self, text: str, final: bool) -> ReasoningSplit:
         return self._after_start(text, final)
