@@ -130,5 +130,5 @@ def test_the_required_schema_is_vllms():
 def test_unknown_parser_names_the_known_ones():
     from llmctl.errors import LlmctlError
 
-    with pytest.raises(LlmctlError, match="glm45, glm4_moe, hermes, kimi_k2, llama3_json, llama4_json, llama4_pythonic, mistral, pythonic"):
+    with pytest.raises(LlmctlError, match="glm45, glm4_moe, hermes, internlm, jamba, kimi_k2, llama3_json, llama4_json, llama4_pythonic, mistral"):
         ToolParserManager.get_tool_parser("nope")

@@ -64,7 +64,8 @@ def test_vllms_vectors_whole_and_streamed(vector):
 
 def test_the_vectors_cover_each_new_parser():
     counts = Counter(vector["parser"] for vector in VECTORS)
-    assert set(counts) == {"kimi_k2", "deepseek_v31", "glm45", "qwen3_coder", "seed_oss", "llama4_pythonic", "jamba"} and \
+    assert set(counts) == {"kimi_k2", "deepseek_v31", "glm45", "qwen3_coder", "seed_oss", "llama4_pythonic", "jamba",
+                           "internlm"} and \
         min(counts.values()) >= 4
     print("vLLM parser vectors:", dict(counts))
 

@@ -5,6 +5,7 @@ from llmctl.server.tool_parsers import (  # registers them
     deepseek,
     glm45,
     hermes,
+    internlm,
     jamba,
     kimi_k2,
     llama3_json,
@@ -14,5 +15,5 @@ from llmctl.server.tool_parsers import (  # registers them
 )
 from llmctl.server.tool_parsers.base import ParsedText, ToolCallDraft, ToolParser, ToolParserManager
 
-__all__ = ["ParsedText", "ToolCallDraft", "ToolParser", "ToolParserManager", "deepseek", "glm45", "hermes", "jamba", "kimi_k2",
+__all__ = ["ParsedText", "ToolCallDraft", "ToolParser", "ToolParserManager", "deepseek", "glm45", "hermes", "internlm", "jamba", "kimi_k2",
            "llama3_json", "mistral", "pythonic", "qwen3_coder"]
