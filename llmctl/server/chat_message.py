@@ -11,7 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmctl.engine.reasoning import ReasoningParser, ReasoningSplit
+from llmctl.engine.front.outputs import RequestOutput
+from llmctl.engine.reasoning import ReasoningFactory, ReasoningParser, ReasoningSplit
+from llmctl.server.protocol import JSON
 from llmctl.server.tool_parsers import ParsedText, ToolCallDraft, ToolParser
 
 
@@ -55,6 +57,25 @@ def full_message(text: str, reason: str | None, calling: ToolCalling | None,
         return message | {"content": parsed.content if reasoning is None else parsed.content or None}, reason
     calls = [tool_call(call.call_id or parser.new_call_id(), call) for call in calling.calls_of(parsed)]
     return message | {"content": parsed.content or None, "tool_calls": calls}, finish_reason(reason, calling, True)
+
+
+def only_message(outputs: list[RequestOutput], calling: ToolCalling | None,
+                 reasoning: ReasoningFactory | None) -> tuple[RequestOutput, dict[str, Any]]:
+    """The one output of a single-choice request (/v1/responses, /v1/messages) and its whole message."""
+    [output] = outputs
+    completion = output.outputs[0]
+    message, _ = full_message(completion.text, completion.finish_reason, calling, reasoning() if reasoning else None)
+    return output, message
+
+
+def each_part(delta: dict[str, JSON], reasoning: Callable[[str], list[str]], content: Callable[[str], list[str]],
+              call: Callable[[dict[str, JSON]], list[str]]) -> list[str]:
+    """A streamed message delta's events, in the order the model wrote its parts: thinking, answer, calls."""
+    events = reasoning(delta["reasoning_content"]) if delta.get("reasoning_content") else []
+    events += content(delta["content"]) if delta.get("content") else []
+    for fragment in delta.get("tool_calls", []):
+        events += call(fragment)
+    return events
 
 
 @dataclass

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from llmctl.server.chat_message import StreamedMessage, ToolCalling, full_message
+from helpers.streamed_calls import streamed_calls
+from llmctl.server.chat_message import ToolCalling, full_message
 from llmctl.server.tool_parsers import ToolParserManager
 from llmctl.server.tool_parsers.forced import NamedToolCall, RequiredToolCalls, required_schema
 
@@ -58,16 +59,8 @@ CASES = {
 
 def reassemble(calling: ToolCalling, text: str, step: int) -> tuple[str, list[tuple[str, str]], bool]:
     """Stream text in pieces of `step` characters; accumulate the deltas as the openai SDK does."""
-    message = StreamedMessage(calling)
-    content, calls = "", {}
-    for end in list(range(step, len(text), step)) + [len(text)]:
-        delta = message.delta(text[:end], final=end == len(text))
-        content += delta.get("content", "")
-        for fragment in delta.get("tool_calls", []):
-            call = calls.setdefault(fragment["index"], {"name": None, "arguments": ""})
-            call["name"] = fragment["function"].get("name") or call["name"]
-            call["arguments"] += fragment["function"]["arguments"]
-    return content, [(c["name"], c["arguments"]) for _, c in sorted(calls.items())], message.called
+    content, calls, called = streamed_calls(calling, text, step)
+    return content, [(name, arguments) for _, name, arguments in calls], called
 
 
 @pytest.mark.parametrize("name,text,content,calls", [(name, *case) for name, cases in CASES.items() for case in cases])

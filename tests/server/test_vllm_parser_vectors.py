@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 
 from helpers.paths import FIXTURES
+from helpers.streamed_calls import streamed_calls
 from llmctl.server.chat_message import StreamedMessage, ToolCalling, full_message
 from llmctl.server.tool_parsers import ToolParserManager
 
@@ -24,19 +25,6 @@ def calling_for(vector: dict) -> ToolCalling:
         return parser
 
     return ToolCalling(make, True)
-
-
-def streamed(calling: ToolCalling, text: str, step: int) -> tuple[str, list[tuple[str, str, str]]]:
-    message = StreamedMessage(calling)
-    content, calls = "", {}
-    for end in list(range(step, len(text), step)) + [len(text)]:
-        delta = message.delta(text[:end], final=end == len(text))
-        content += delta.get("content", "")
-        for fragment in delta.get("tool_calls", []):
-            call = calls.setdefault(fragment["index"], {"id": fragment.get("id"), "name": None, "arguments": ""})
-            call["name"] = fragment["function"].get("name") or call["name"]
-            call["arguments"] += fragment["function"]["arguments"]
-    return content, [(c["id"], c["name"], c["arguments"]) for _, c in sorted(calls.items())]
 
 
 @pytest.mark.parametrize("vector", VECTORS, ids=lambda v: f"{v['parser']}-{v['case']}")
@@ -53,7 +41,7 @@ def test_vllms_vectors_whole_and_streamed(vector):
         assert message["content"] == vector["content"]
     whole = [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
     for step in (1, 3, 7):
-        content, pieces = streamed(calling, vector["output"], step)
+        content, pieces, _ = streamed_calls(calling, vector["output"], step)
         if vector.get("stream_sends_the_broken_call"):  # sent before it could be known to be broken
             assert pieces and vector["output"].startswith(content), step
             continue

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.reasoning import ReasoningFactory
 from llmctl.server.chat import prepare_chat, render_chat, respond_to_chat
-from llmctl.server.chat_message import StreamedMessage, ToolCalling, full_message
+from llmctl.server.chat_message import StreamedMessage, ToolCalling, only_message
 from llmctl.server.generation import Endpoint
 from llmctl.server.messages_api.events import message_events
 from llmctl.server.messages_api.message import MessageShell, content_blocks, stop_reason, usage
@@ -49,12 +49,9 @@ async def count_tokens(state: ServerState, request: Request) -> Response:
 def messages_endpoint(shell: MessageShell, calling: ToolCalling | None,
                       reasoning: ReasoningFactory | None) -> Endpoint:
     def full(ctx: ResponseContext, outputs: list[RequestOutput]) -> dict[str, Any]:
-        [output] = outputs
-        completion = output.outputs[0]
-        message, _ = full_message(completion.text, completion.finish_reason, calling,
-                                  reasoning() if reasoning else None)
-        return shell.body(content_blocks(message, shell.thinking_shown), stop_reason(completion, bool(message.get("tool_calls"))),
-                          usage(output))
+        output, message = only_message(outputs, calling, reasoning)
+        return shell.body(content_blocks(message, shell.thinking_shown),
+                          stop_reason(output.outputs[0], bool(message.get("tool_calls"))), usage(output))
 
     def streamed_message() -> StreamedMessage:
         return StreamedMessage(calling, reasoning() if reasoning else None)

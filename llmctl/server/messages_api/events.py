@@ -10,7 +10,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 
 from llmctl.engine.front.outputs import RequestOutput
-from llmctl.server.chat_message import StreamedMessage
+from llmctl.server.chat_message import StreamedMessage, each_part
 from llmctl.server.messages_api.errors import anthropic_error_body
 from llmctl.server.messages_api.message import MessageShell, stop_reason, thinking_block, usage
 from llmctl.server.protocol import JSON
@@ -72,14 +72,7 @@ class BlockWriter:
         return events + [event("content_block_stop", index=self.count - 1)]
 
     def message_delta(self, delta: dict[str, JSON]) -> list[str]:
-        events = []
-        if delta.get("reasoning_content"):
-            events += self.thinking(delta["reasoning_content"])
-        if delta.get("content"):
-            events += self.text(delta["content"])
-        for fragment in delta.get("tool_calls", []):
-            events += self.call(fragment)
-        return events
+        return each_part(delta, self.thinking, self.text, self.call)
 
 
 def message_events(shell: MessageShell, make_message: Callable[[], StreamedMessage]

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.reasoning import ReasoningFactory
 from llmctl.server.chat import prepare_chat, respond_to_chat
-from llmctl.server.chat_message import StreamedMessage, ToolCalling, full_message
+from llmctl.server.chat_message import StreamedMessage, ToolCalling, only_message
 from llmctl.server.generation import Endpoint
 from llmctl.server.models import check_model
 from llmctl.server.operability import request_id_of
@@ -39,12 +39,9 @@ async def create_response(state: ServerState, request: Request) -> Response:
 def responses_endpoint(shell: ResponseShell, calling: ToolCalling | None,
                        reasoning: ReasoningFactory | None) -> Endpoint:
     def full(ctx: ResponseContext, outputs: list[RequestOutput]) -> dict[str, Any]:
-        [output] = outputs
-        completion = output.outputs[0]
-        message, _ = full_message(completion.text, completion.finish_reason, calling,
-                                  reasoning() if reasoning else None)
-        return shell.body("completed", output_items(message, completion.finish_reason), usage(output),
-                          completion.finish_reason)
+        output, message = only_message(outputs, calling, reasoning)
+        finish = output.outputs[0].finish_reason
+        return shell.body("completed", output_items(message, finish), usage(output), finish)
 
     def streamed_message() -> StreamedMessage:
         return StreamedMessage(calling, reasoning() if reasoning else None)

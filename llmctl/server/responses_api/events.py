@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 from llmctl.engine.front.outputs import RequestOutput
-from llmctl.server.chat_message import StreamedMessage
+from llmctl.server.chat_message import StreamedMessage, each_part
 from llmctl.server.protocol import JSON
 from llmctl.server.responses import ResponseContext
 from llmctl.server.responses_api.items import (
@@ -105,14 +106,7 @@ class ItemWriter:
         return done + [self.event("response.output_item.done", output_index=index, item=item)]
 
     def message_delta(self, delta: dict[str, JSON]) -> list[str]:
-        events = []
-        if delta.get("reasoning_content"):
-            events += self.text("reasoning", delta["reasoning_content"])
-        if delta.get("content"):
-            events += self.text("message", delta["content"])
-        for fragment in delta.get("tool_calls", []):
-            events += self.call(fragment)
-        return events
+        return each_part(delta, partial(self.text, "reasoning"), partial(self.text, "message"), self.call)
 
 
 def response_events(shell: ResponseShell, make_message: Callable[[], StreamedMessage]
