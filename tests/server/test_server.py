@@ -252,15 +252,15 @@ def test_sigterm_under_load_loses_no_accepted_request(default_source):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
     def streamed() -> str | None:
-        stream = client.completions.create(model=MODEL, prompt="Tell a story", max_tokens=12, stream=True,
+        stream = client.completions.create(model=MODEL, prompt="Tell a story", max_tokens=150, stream=True,
                                            extra_body={"ignore_eos": True})
         return [c for c in stream if c.choices][-1].choices[0].finish_reason
 
     def whole() -> str | None:
-        return client.completions.create(model=MODEL, prompt="Count to ten", max_tokens=12,
+        return client.completions.create(model=MODEL, prompt="Count to ten", max_tokens=150,
                                          extra_body={"ignore_eos": True}).choices[0].finish_reason
 
-    with ThreadPoolExecutor(6) as pool:
+    with ThreadPoolExecutor(6) as pool:  # 150 tokens each: every request is still in the engine when the last arrives
         futures = [pool.submit(streamed) for _ in range(3)] + [pool.submit(whole) for _ in range(3)]
         deadline, in_flight = time.time() + 60, 0.0
         while time.time() < deadline:  # all six accepted: two running, four queued behind max-num-seqs

@@ -51,6 +51,7 @@ def valid_value(name: str, spec: FieldSpec) -> st.SearchStrategy:
         "stop_token_ids": st.lists(st.integers(0, 49151), max_size=3),
         "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
         "top_logprobs": st.integers(0, 5),
+        "reasoning_effort": st.sampled_from(["none", "minimal", "low", "medium", "high", "xhigh"]),
         "mm_processor_kwargs": st.dictionaries(st.sampled_from(["max_pixels", "do_resize"]),
                                                st.one_of(st.booleans(), st.integers(0, 10)), max_size=2),
         "chat_template_kwargs": st.dictionaries(st.sampled_from(["enable_thinking", "date_string", "x"]),
