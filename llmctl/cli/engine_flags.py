@@ -85,8 +85,8 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
     "allowed_media_domains": Flag(("--allowed-media-domains",), Optional[list[str]], "http(s) image URLs only from "
                                   "these hosts (repeat the flag; default: any host)"),
     "trust_remote_code": Flag(("--trust-remote-code",), bool, "allow a model whose repository ships Python code "
-                              "(auto_map); llmctl never runs that code: it serves such a model only with its own "
-                              "implementation of the architecture"),
+                              "(auto_map): transformers may run its config and tokenizer code; its model code is "
+                              "never run (llmctl serves such a model only with its own implementation)"),
     "tokenizer": Flag(("--tokenizer",), Optional[str], "a hub id or folder whose tokenizer (and chat template) "
                       "to use instead of the model's"),
     "load_format": Flag(("--load-format",), str, "auto (safetensors, or the GGUF given), safetensors, pt (the "
