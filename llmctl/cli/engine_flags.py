@@ -68,8 +68,9 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
     "scheduling_policy": Flag(("--scheduling-policy",), str, "fcfs (first come, first served) or priority (a "
                               "request's priority field: lower first, then arrival; preemption takes the least urgent)"),
     "reasoning_parser": Flag(("--reasoning-parser",), Optional[str], "a reasoning model's thinking goes to "
-                             "reasoning_content: deepseek_r1, qwen3, mistral, seed_oss, step3, ernie45 or minimax_m2 (structured "
-                             "outputs constrain the answer)"),
+                             "reasoning_content: deepseek_r1, qwen3, mistral, seed_oss, step3, ernie45, minimax_m2, "
+                             "granite, glm45, deepseek_v3, olmo3 or hunyuan_a13b (structured outputs constrain the "
+                             "answer)"),
     "enable_lora": Flag(("--enable-lora",), bool, "serve PEFT LoRA adapters on the base model, chosen per request by "
                                                   "its 'model' field"),
     "max_loras": Flag(("--max-loras",), int, "adapters resident (and running) at once; more are swapped in from "

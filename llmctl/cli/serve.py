@@ -18,7 +18,8 @@ AutoToolChoiceOpt = Annotated[bool, typer.Option(
 ToolCallParserOpt = Annotated[Optional[str], typer.Option(
     "--tool-call-parser", help="how the model writes tool calls: hermes (Qwen2.5/Qwen3, Hermes), llama3_json, mistral, "
                                "pythonic (llama4_pythonic), llama4_json, qwen3_coder (qwen3_xml), seed_oss, glm45 (glm4_moe), kimi_k2, deepseek_v31, "
-                               "deepseek_v3, jamba, internlm, or one a --tool-parser-plugin registers")]
+                               "deepseek_v3, jamba, internlm, granite, granite-20b-fc, phi4_mini_json, xlam, minimax_m2, "
+                               "hunyuan_a13b, or one a --tool-parser-plugin registers")]
 ToolParserPluginOpt = Annotated[Optional[str], typer.Option(
     "--tool-parser-plugin", help="a Python file whose @ToolParserManager.register_module(\"name\") classes become "
                                  "--tool-call-parser names")]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -22,6 +22,7 @@ from llmctl.server.images import check_images, with_images
 from llmctl.server.models import check_model
 from llmctl.server.protocol import (
     CHAT_FIELDS,
+    JSON,
     Fields,
     SamplingRequest,
     bad,
@@ -61,11 +62,13 @@ class PreparedChat:
     messages: list[Message]  # as the chat template took them (image parts in transformers' form)
     processor_kwargs: dict[str, Any] | None = None  # vLLM's mm_processor_kwargs for the images
     thinking: bool = True  # False: enable_thinking false, or the prompt ends with </think> (vLLM's check)
+    template_kwargs: dict[str, JSON] = field(default_factory=dict)  # the request's chat_template_kwargs
 
     def reasoning(self, state: ServerState) -> ReasoningFactory | None:
-        """The server's --reasoning-parser for this chat's output, told whether its prompt turned thinking off."""
+        """The server's --reasoning-parser for this chat's output, told whether its prompt turned thinking off
+        and what the request asked of the template."""
         parser = state.reasoning_parser
-        return partial(parser, thinking=self.thinking) if parser is not None else None
+        return partial(parser, thinking=self.thinking, template_kwargs=self.template_kwargs) if parser else None
 
 
 def prepare_chat(state: ServerState, fields: Fields) -> PreparedChat:
@@ -85,9 +88,10 @@ def prepare_chat(state: ServerState, fields: Fields) -> PreparedChat:
                   "add_generation_prompt: false to continue the last assistant message", "continue_final_message")
     messages = chat_messages(fields)
     prompt = render_chat(state, fields, add_generation_prompt, continue_final, tools.tools, messages)
-    thinking = chat_template_kwargs(fields).get("enable_thinking") is not False and \
-        not (prompt[0] or "").rstrip().endswith("</think>")
-    return PreparedChat(sampling, tools.calling, prompt, messages, fields.raw("mm_processor_kwargs"), thinking)
+    template_kwargs = chat_template_kwargs(fields)
+    thinking = template_kwargs.get("enable_thinking") is not False and not (prompt[0] or "").rstrip().endswith("</think>")
+    return PreparedChat(sampling, tools.calling, prompt, messages, fields.raw("mm_processor_kwargs"), thinking,
+                        template_kwargs)
 
 
 def _constraint(fields: Fields, state: ServerState, tools: ToolRequest) -> StructuredOutputsParams | None:

@@ -170,6 +170,25 @@ def check_anthropic_thinking(server, model: str, text: str) -> None:
     assert [(b.type, getattr(b, "thinking", None)) for b in omitted.content] == [("thinking", ""), ("text", None)]
 
 
+def test_deepseek_v3_thinks_only_when_the_request_turns_thinking_on(thinking_model):
+    """vLLM's deepseek_v3 parser: deepseek_r1's split when chat_template_kwargs say thinking (or
+    enable_thinking) true, else the whole text is the answer — the request's kwargs reach the parser."""
+    folder, _ = thinking_model
+    server, client = serve(folder, "--reasoning-parser", "deepseek_v3",
+                           "--structured-outputs-config", '{"enable_in_reasoning": true, "disable_any_whitespace": true}')
+    try:
+        forced = {"structured_outputs": {"regex": re.escape("<think>a</think>b")}}
+        request = dict(model=str(folder), messages=ASK, max_tokens=30)
+        for kwargs, expected in [(None, (None, "<think>a</think>b")), ({"thinking": True}, ("a", "b")),
+                                 ({"enable_thinking": True}, ("a", "b"))]:
+            body = forced | ({"chat_template_kwargs": kwargs} if kwargs else {})
+            message = client.chat.completions.create(**request, extra_body=body).choices[0].message.model_dump()
+            assert (message["reasoning_content"], message["content"]) == expected, kwargs
+            assert streamed(client, **request, extra_body=body) == (expected[0] or "", expected[1]), kwargs
+    finally:
+        server.stop()
+
+
 def test_structured_outputs_constrain_only_the_answer(thinking_model):
     folder, tokenizer = thinking_model
     # a random model writes JSON whitespace without end: none allowed, as vLLM's option says
@@ -193,7 +212,7 @@ def test_an_unknown_reasoning_parser_is_one_line():
     from helpers.cli_process import run_cli
 
     result = run_cli("serve", "--port", "0", "--reasoning-parser", "nope")
-    assert result.returncode == 2 and "deepseek_r1, ernie45, minimax_m2, mistral, qwen3, seed_oss, step3" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "deepseek_r1, deepseek_v3, ernie45, glm45, granite, hunyuan_a13b, minimax_m2, mistral, olmo3, qwen3, seed_oss, step3" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_bitmask_rows_of_thinking_requests_allow_everything():

@@ -123,5 +123,6 @@ def test_the_required_schema_is_vllms():
 def test_unknown_parser_names_the_known_ones():
     from llmctl.errors import LlmctlError
 
-    with pytest.raises(LlmctlError, match="glm45, glm4_moe, hermes, internlm, jamba, kimi_k2, llama3_json, llama4_json, llama4_pythonic, mistral"):
+    with pytest.raises(LlmctlError, match="glm45, glm4_moe, granite, granite-20b-fc, hermes, hunyuan_a13b, internlm, jamba, kimi_k2, llama3_json, "
+                       "llama4_json, llama4_pythonic, minimax_m2, mistral, phi4_mini_json"):
         ToolParserManager.get_tool_parser("nope")

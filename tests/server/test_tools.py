@@ -207,7 +207,7 @@ def test_flags_that_do_not_fit_are_one_line(tmp_path):
     notes.write_text("not code")
 
     for flags, words in ((["--enable-auto-tool-choice"], "needs --tool-call-parser"),
-                         (["--enable-auto-tool-choice", "--tool-call-parser", "nope"], "hermes, internlm, jamba, kimi_k2"),
+                         (["--enable-auto-tool-choice", "--tool-call-parser", "nope"], "hermes, hunyuan_a13b, internlm, jamba, kimi_k2"),
                          (["--tool-parser-plugin", str(tmp_path / "missing.py")], "no such file"),
                          (["--tool-parser-plugin", str(notes)], "not a Python file")):
         result = run_cli("serve", "--port", "0", *flags)

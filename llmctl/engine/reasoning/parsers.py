@@ -10,13 +10,16 @@ marker is held back — so a stream sends each piece once.
   reasoning (cut off while thinking). With thinking off — the request's chat_template_kwargs say
   enable_thinking: false, or the prompt already ends with </think> (vLLM's prompt_is_reasoning_end) — text is
   answer unless it opens <think> itself.
+
+The others (seed_oss, mistral, step3, ernie45, minimax_m2, deepseek_v3, olmo3, glm45, hunyuan_a13b, granite)
+say their rule where they are defined.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from llmctl.errors import LlmctlError
 
@@ -40,11 +43,22 @@ class ReasoningParser:
     end_token = "</think>"
     keep_special_tokens = False  # the markers are special tokens the detokenizer would otherwise drop
 
-    def __init__(self, thinking: bool = True) -> None:
+    def __init__(self, thinking: bool = True, template_kwargs: dict[str, Any] | None = None) -> None:
         self.thinking = thinking  # False: the prompt turned thinking off (qwen3 reads it)
+        self.template_kwargs = template_kwargs or {}  # the request's chat_template_kwargs (deepseek_v3 reads them)
 
     def split(self, text: str, final: bool) -> ReasoningSplit:
         raise NotImplementedError
+
+    def _in_block(self, text: str, final: bool) -> ReasoningSplit:
+        """Reasoning only inside a block the model opens at its start (leading whitespace allowed); an empty
+        block is no reasoning; text that does not open one is answer."""
+        if text.lstrip().startswith(self.start_token):
+            split = self._after_start(text.lstrip()[len(self.start_token):], final)
+            return ReasoningSplit(split.reasoning or None, split.content)
+        if not final and self.start_token.startswith(text.lstrip()):
+            return ReasoningSplit(None, "")  # blank so far, or the start of the opening marker
+        return ReasoningSplit(None, text)
 
     def _after_start(self, body: str, final: bool) -> ReasoningSplit:
         """body: the text after an opening <think> (or from the start where the prompt opened it)."""
@@ -142,3 +156,73 @@ class MiniMaxM2ReasoningParser(ReasoningParser):
         content = split.content.replace(self.end_token, "")
         return ReasoningSplit(split.reasoning, content if final else content[:len(content) - held_back(
             content, self.end_token)])
+
+
+@ReasoningParserManager.register_module("deepseek_v3")
+class DeepSeekV3ReasoningParser(DeepSeekR1ReasoningParser):
+    """DeepSeek-V3.1 / V3.2: deepseek_r1's rule when the request's chat_template_kwargs turn thinking on
+    (`thinking` or `enable_thinking` true, as their templates read it); otherwise everything is answer."""
+
+    def split(self, text: str, final: bool) -> ReasoningSplit:
+        if self.template_kwargs.get("thinking") or self.template_kwargs.get("enable_thinking"):
+            return super().split(text, final)
+        return ReasoningSplit(None, text)
+
+
+@ReasoningParserManager.register_module("olmo3")
+class Olmo3ReasoningParser(DeepSeekR1ReasoningParser):
+    """OLMo 3 Think: deepseek_r1's rule, an empty reasoning being none."""
+
+    def split(self, text: str, final: bool) -> ReasoningSplit:
+        split = super().split(text, final)
+        return ReasoningSplit(split.reasoning or None, split.content)
+
+
+@ReasoningParserManager.register_module("glm45")
+class Glm45ReasoningParser(ReasoningParser):
+    """GLM-4.5 / 4.6: reasoning only inside the <think>…</think> the model writes. An unclosed block is
+    reasoning (vLLM's stream; its whole answer calls it content)."""
+
+    def split(self, text: str, final: bool) -> ReasoningSplit:
+        return self._in_block(text, final)
+
+
+@ReasoningParserManager.register_module("hunyuan_a13b")
+class HunyuanA13bReasoningParser(ReasoningParser):
+    """Hunyuan-A13B: <think>\n reasoning \n</think>\n<answer>\n answer \n</answer>; the answer's closing
+    marker is dropped."""
+
+    start_token, end_token, answer_end = "<think>\n", "\n</think>\n<answer>\n", "\n</answer>"
+
+    def split(self, text: str, final: bool) -> ReasoningSplit:
+        split = self._in_block(text, final)
+        if not text.lstrip().startswith(self.start_token):
+            return split  # no thinking: all answer
+        content, closed, _ = split.content.partition(self.answer_end)
+        if not closed and not final:
+            content = content[:len(content) - held_back(content, self.answer_end)]
+        return ReasoningSplit(split.reasoning, content)
+
+
+@ReasoningParserManager.register_module("granite")
+class GraniteReasoningParser(ReasoningParser):
+    """Granite 3.2: "Here is my thought process:" opens the reasoning and "Here is my response:" the answer
+    (or "Here's …", which vLLM also matches); text that does not open with it is answer. A reasoning never
+    answered is reasoning (vLLM's stream; its whole answer calls it content)."""
+
+    starts = ("Here is my thought process:", "Here's my thought process:")
+    ends = ("Here is my response:", "Here's my response:")
+    start_token, end_token = starts[0], ends[0]
+
+    def split(self, text: str, final: bool) -> ReasoningSplit:
+        opening = next((start for start in self.starts if text.startswith(start)), None)
+        if opening is None:
+            undecided = not final and any(start.startswith(text) for start in self.starts)
+            return ReasoningSplit(None, "" if undecided else text)
+        body = text[len(opening):]
+        found = [(at, end) for end in self.ends if (at := body.find(end)) >= 0]
+        if found:
+            at, end = min(found)
+            return ReasoningSplit(body[:at], body[at + len(end):])
+        hold = 0 if final else max(held_back(body, end) for end in self.ends)
+        return ReasoningSplit(body[:len(body) - hold], "")

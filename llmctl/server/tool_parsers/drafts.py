@@ -26,23 +26,23 @@ def call_from_object(text: str, start: int, argument_keys: tuple[str, ...] = ARG
     return ToolCallDraft(name, arguments, scanned.end is not None), scanned.end
 
 
-def calls_in_array(text: str, start: int) -> tuple[list[ToolCallDraft], bool]:
-    """The calls of the JSON array whose "[" is at start; whether the array is whole and well formed."""
+def calls_in_array(text: str, start: int) -> tuple[list[ToolCallDraft], int | None]:
+    """The calls of the JSON array whose "[" is at start, and one past its "]" (None while it is open)."""
     calls: list[ToolCallDraft] = []
     i = skip_whitespace(text, start + 1)
     while i < len(text):
         if text[i] == "]":
-            return calls, True
+            return calls, i + 1
         if text[i] != "{":
-            return calls + [ToolCallDraft(None, "", True)], True  # not a call: the whole answer is invalid
+            return calls + [ToolCallDraft(None, "", True)], len(text)  # not a call: the whole answer is invalid
         call, end = call_from_object(text, i)
         calls.append(call)
         if end is None:
-            return calls, False
+            return calls, None
         i = skip_whitespace(text, end)
         if i < len(text) and text[i] == ",":
             i = skip_whitespace(text, i + 1)
-    return calls, False
+    return calls, None
 
 
 def calls_in_sequence(text: str, start: int, separators: str = ";") -> list[ToolCallDraft]:
