@@ -15,6 +15,7 @@ from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.reasoning import ReasoningFactory, ReasoningParser, ReasoningSplit
 from llmctl.server.protocol import JSON
 from llmctl.server.tool_parsers import ParsedText, ToolCallDraft, ToolParser
+from llmctl.server.tool_parsers.json_scan import ScanMemo, incremental
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class StreamedMessage:
     reasoning_sent: int = 0
     content_sent: int = 0
     calls: list[_SentCall] = field(default_factory=list)
+    scan_memo: ScanMemo = field(default_factory=ScanMemo)
 
     def __post_init__(self) -> None:
         self.parser = self.calling.make_parser() if self.calling is not None else None
@@ -109,7 +111,8 @@ class StreamedMessage:
             message["reasoning_content"] = message["reasoning"] = split.reasoning[self.reasoning_sent:]
             self.reasoning_sent = len(split.reasoning)
         answer = split.content
-        parsed = self.parser.parse(answer, final) if self.parser is not None else ParsedText(answer)
+        with incremental(self.scan_memo):  # the answer grows: JSON scans resume where they stopped
+            parsed = self.parser.parse(answer, final) if self.parser is not None else ParsedText(answer)
         if final and not self.calls and not all(call.valid() for call in parsed.calls):
             parsed = ParsedText(answer)  # no call was whole: the text was an answer after all
         if len(parsed.content) > self.content_sent:

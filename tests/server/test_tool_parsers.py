@@ -126,3 +126,36 @@ def test_unknown_parser_names_the_known_ones():
     with pytest.raises(LlmctlError, match="glm45, glm4_moe, granite, granite-20b-fc, hermes, hunyuan_a13b, internlm, jamba, kimi_k2, llama3_json, "
                        "llama4_json, llama4_pythonic, minimax_m2, mistral, phi4_mini_json"):
         ToolParserManager.get_tool_parser("nope")
+
+
+def test_a_long_streamed_call_is_scanned_once_not_from_its_start_at_every_delta():
+    """The JSON scanner resumes where the last delta's scan stopped: the Python lines it runs over a call
+    streamed one character at a time grow with the call's length, not with its square (counted, not timed:
+    ~120 lines per delta here; re-reading from the start would run ~n²/2 lines, ~40 million for this call),
+    and the streamed call is the whole one."""
+    import sys
+    from pathlib import Path
+
+    import llmctl.server.tool_parsers.json_scan as json_scan
+
+    content = 'print("a \\"quoted\\" line")\n' * 150  # ~4 KB of escapes, quotes and brackets in one argument
+    call = {"name": "write_file", "arguments": {"path": "a.py", "content": content, "modes": [[1, 2], {"x": [3]}]}}
+    text = "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
+    scanner_file, lines = str(Path(json_scan.__file__)), 0
+
+    def count(frame, event, arg):
+        nonlocal lines
+        if frame.f_code.co_filename == scanner_file:
+            lines += event == "line"
+            return count
+        return None
+
+    calling = ToolCalling(lambda: ToolParserManager.get_tool_parser("hermes")(), True)
+    sys.settrace(count)
+    try:
+        _, pieces, _ = streamed_calls(calling, text, 1)
+    finally:
+        sys.settrace(None)
+    assert [(name, json.loads(arguments)) for _, name, arguments in pieces] == [("write_file", call["arguments"])]
+    assert lines < 200 * len(text), f"{lines} scanner lines for {len(text)} characters"
+    print(f"scanner lines for a {len(text)}-character call streamed in 1-character deltas: {lines}")
