@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from llmctl.kernels.fp8 import fp8_format
 from llmctl.kernels.limits import MIN_KEY_TILE, SMALLEST_SHARED_MEMORY, attention_shared_bytes
 from llmctl.kernels.transfer import to_device
 
@@ -210,7 +211,7 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
         return out
     constexprs = kernel_constexprs(
         dim=dim, block_size=block_size, group=layout.group, rows=layout.rows, segments=segments,
-        decode_only=layout.decode_only, dtype=query.dtype, kv_fp8=kv_cache.dtype == torch.float8_e4m3fn,
+        decode_only=layout.decode_only, dtype=query.dtype, kv_fp8=fp8_format(kv_cache.dtype) is not None,
         window=bool(options.sliding_window), alibi=options.alibi_slopes is not None, softcap=bool(options.softcap),
         preferred_key_tile=layout.preferred_key_tile, key_limits=options.key_limits is not None)
     padded_dim = constexprs["PADDED_DIM"]

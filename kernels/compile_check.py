@@ -32,12 +32,14 @@ from pathlib import Path
 
 import torch
 
+from llmctl.kernels.fp8 import E4M3, E5M2, Fp8Format
 from llmctl.kernels.limits import SUPPORTED_BLOCK_SIZES, attention_shared_bytes, kernel_refusal, shared_memory_limit
 
 ARCHES = (80, 89, 90)
 FLOAT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # head dims of the families served (64: Llama-2 7B, SmolLM; 80: Phi-2; 96: Phi-3; 128: Llama-3;
 # 256: Gemma) and two under 16 (tests' tiny models); groups (query heads per KV head) from MHA to MQA
+FP8_CACHES = ("fp8e4nv", "fp8e5")  # --kv-cache-dtype fp8 and fp8_e5m2, as Triton names their types
 HEAD_DIMS = (8, 64, 80, 96, 128, 256)
 GROUPS = (1, 3, 8, 16, 32, 71)
 
@@ -48,12 +50,13 @@ class KernelCase:
     # gated_activation | fp8 | fp8_dequantize
     kernel: str
     dtype: str  # the activations' (query's) dtype
-    kv_dtype: str  # the cache's dtype (fp8e4nv for --kv-cache-dtype fp8); "" where there is none
+    kv_dtype: str  # the cache's dtype (fp8e4nv for --kv-cache-dtype fp8, fp8e5 for fp8_e5m2); "" where there is none
     constexprs: tuple[tuple[str, object], ...]
 
     @property
     def label(self) -> str:
-        shown = ", ".join(f"{k}={v}" for k, v in self.constexprs if k not in ("DOT_PRECISION", "LIMIT"))
+        shown = ", ".join(f"{k}={v}" for k, v in self.constexprs
+                          if k not in ("DOT_PRECISION", "LIMIT", "MANTISSA", "MIN_EXPONENT"))
         kv = f" kv {self.kv_dtype}" if self.kv_dtype and self.kv_dtype != self.dtype else ""
         return f"{self.kernel} {self.dtype}{kv} {shown}"
 
@@ -66,6 +69,11 @@ class Outcome:
     shared_bytes: int = 0
     seconds: float = 0.0
     refusal: str | None = field(default=None)  # what the engine says on this GPU instead of running it
+
+
+def _fp8(kv_dtype: str) -> Fp8Format | None:
+    """The fp8 cache format a Triton cache type names (None: a float cache)."""
+    return {"fp8e4nv": E4M3, "fp8e5": E5M2}.get(kv_dtype)
 
 
 def _case(kernel: str, dtype: str, kv_dtype: str, constexprs: dict) -> KernelCase:
@@ -93,12 +101,14 @@ def attention_cases(full: bool = False) -> list[KernelCase]:
         decode_only, segments = step
         return _case("attention", dtype, kv, kernel_constexprs(
             dim=dim, block_size=block_size, group=group, rows=program_rows(group, decode_only), segments=segments,
-            decode_only=decode_only, dtype=FLOAT_DTYPES[dtype], kv_fp8=kv == "fp8e4nv",
+            decode_only=decode_only, dtype=FLOAT_DTYPES[dtype], kv_fp8=_fp8(kv) is not None,
             window=features, alibi=features, softcap=features, key_limits=features))
 
     cases = [case(dtype, kv, block_size, step)
              for (dtype, kv), block_size, step in itertools.product(kinds, SUPPORTED_BLOCK_SIZES, steps)]
     cases += [case(dtype, kv, 16, step, features=True) for (dtype, kv), step in itertools.product(kinds, steps)]
+    # e5m2 differs from e4m3 in the pointer's type only: each step kind at the default block size
+    cases += [case(dtype, "fp8e5", 16, step) for dtype, step in itertools.product(FLOAT_DTYPES, steps)]
     shape_kinds = kinds if full else [("bf16", "bf16"), ("fp32", "fp32")]  # element sizes 2 and 4
     block_sizes = SUPPORTED_BLOCK_SIZES if full else (16,)
     for (dtype, kv), block_size, step, dim, group in itertools.product(
@@ -116,8 +126,8 @@ def attention_cases(full: bool = False) -> list[KernelCase]:
 def store_cases() -> list[KernelCase]:
     from llmctl.kernels.kv_store import store_constexprs
 
-    return [_case("store", dtype, kv, store_constexprs(kv_heads * dim, kv == "fp8e4nv"))
-            for dtype in FLOAT_DTYPES for kv in (dtype, "fp8e4nv") for kv_heads, dim in ((1, 8), (8, 128), (2, 80))]
+    return [_case("store", dtype, kv, store_constexprs(kv_heads * dim, _fp8(kv)))
+            for dtype in FLOAT_DTYPES for kv in (dtype, *FP8_CACHES) for kv_heads, dim in ((1, 8), (8, 128), (2, 80))]
 
 
 def w4a16_cases() -> list[KernelCase]:
@@ -181,8 +191,8 @@ def rotary_store_cases() -> list[KernelCase]:
     from llmctl.kernels.rotary_store import rotary_constexprs
 
     shapes = ((32, 8, 128, 128), (14, 2, 64, 64), (32, 32, 96, 32))  # heads, KV heads, head dim, rotary
-    return [_case("rotary_store", dtype, kv, rotary_constexprs(*shape, kv == "fp8e4nv"))
-            for dtype in FLOAT_DTYPES for kv in (dtype, "fp8e4nv") for shape in shapes]
+    return [_case("rotary_store", dtype, kv, rotary_constexprs(*shape, _fp8(kv)))
+            for dtype in FLOAT_DTYPES for kv in (dtype, *FP8_CACHES) for shape in shapes]
 
 
 def fp8_cases() -> list[KernelCase]:

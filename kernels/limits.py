@@ -40,9 +40,9 @@ def shared_memory_limit(arch: int) -> int:
 
 def kernel_refusal(arch: int, dtype: str, kv_dtype: str, padded_dim: int = 0, rows: int = 0) -> str | None:
     """One line saying why this GPU cannot run the kernels for these settings; None when it can."""
-    if kv_dtype == "fp8e4nv" and arch < FP8_FROM_ARCH:
+    if kv_dtype == "fp8e4nv" and arch < FP8_FROM_ARCH:  # e5m2 (fp8e5) compiles for sm_80 too
         return (f"--kv-cache-dtype fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper) for e4m3; "
-                f"this one is {arch // 10}.{arch % 10}: use --kv-cache-dtype auto")
+                f"this one is {arch // 10}.{arch % 10}: use --kv-cache-dtype fp8_e5m2 or auto")
     element_bytes = 4 if dtype == "fp32" else 2
     if attention_shared_bytes(padded_dim, rows, MIN_KEY_TILE, element_bytes) > shared_memory_limit(arch):
         return (f"--dtype float32: attention over {rows} query rows of head dim {padded_dim} needs more shared memory "

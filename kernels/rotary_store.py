@@ -6,7 +6,7 @@ Rotation is transformers' rotate-half layout over the first `rotary` dimensions 
 x·cos + rotate_half(x)·sin, with cos/sin per token as `llmctl.engine.layers.positions.RotaryEmbedding`
 computes them (scaling rules, LongRoPE and attention scaling already in). Each product and the sum are
 rounded to the model's dtype as torch's three ops round them. The cache side is `kv_store`'s: slot -1
-stores nothing, fp8 caches store value / scale rounded to e4m3.
+stores nothing, fp8 caches store value / scale rounded to their format (e4m3 or e5m2).
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
-from llmctl.kernels.fp8 import FP8, FP8_MAX
-from llmctl.kernels.kv_store import _round_to_e4m3
+from llmctl.kernels.fp8 import Fp8Format, fp8_format
+from llmctl.kernels.kv_store import _round_to_fp8, fp8_constexprs
 
 
-def rotary_constexprs(heads: int, kv_heads: int, head_dim: int, rotary: int, kv_fp8: bool) -> dict:
+def rotary_constexprs(heads: int, kv_heads: int, head_dim: int, rotary: int, fp8: Fp8Format | None) -> dict:
     """The kernel's compile-time parameters (shared with `llmctl.kernels.compile_check`)."""
     return dict(HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, ROTARY=rotary,
                 PADDED_HEADS=triton.next_power_of_2(heads), PADDED_KV_HEADS=triton.next_power_of_2(kv_heads),
-                PADDED_DIM=triton.next_power_of_2(head_dim), FP8=kv_fp8, LIMIT=FP8_MAX)
+                PADDED_DIM=triton.next_power_of_2(head_dim), **fp8_constexprs(fp8))
 
 
 def rotary_store(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -41,7 +41,7 @@ def rotary_store(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, co
         out, query, key, value, cos, sin, kv_cache, slots, 1.0 / k_scale, 1.0 / v_scale,
         query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         cos.stride(0), sin.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        **rotary_constexprs(heads, key.shape[1], head_dim, cos.shape[1], kv_cache.dtype == FP8))
+        **rotary_constexprs(heads, key.shape[1], head_dim, cos.shape[1], fp8_format(kv_cache.dtype)))
     return out
 
 
@@ -70,7 +70,8 @@ def _rotary_store_kernel(out_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cache_p
                          stride_slot, stride_kv, stride_cache_head,
                          HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, ROTARY: tl.constexpr,
                          PADDED_HEADS: tl.constexpr, PADDED_KV_HEADS: tl.constexpr, PADDED_DIM: tl.constexpr,
-                         FP8: tl.constexpr, LIMIT: tl.constexpr):
+                         FP8: tl.constexpr, LIMIT: tl.constexpr, MANTISSA: tl.constexpr,
+                         MIN_EXPONENT: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)  # token × stride passes 2^31 in a long prefill
     dim = tl.arange(0, PADDED_DIM)[None, :]
     on_rotary = dim < ROTARY
@@ -87,8 +88,8 @@ def _rotary_store_kernel(out_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cache_p
     slot = tl.load(slot_ptr + token).to(tl.int64)
     ok = ok & (dim < tl.where(slot >= 0, HEAD_DIM, 0))  # slot -1: store nothing
     if FP8:
-        key = _round_to_e4m3(key.to(tl.float32) * k_inverse, LIMIT)
-        value = _round_to_e4m3(value.to(tl.float32) * v_inverse, LIMIT)
+        key = _round_to_fp8(key.to(tl.float32) * k_inverse, LIMIT, MANTISSA, MIN_EXPONENT)
+        value = _round_to_fp8(value.to(tl.float32) * v_inverse, LIMIT, MANTISSA, MIN_EXPONENT)
     destination = cache_ptr + slot * stride_slot + head * stride_cache_head + dim
     tl.store(destination, key.to(cache_ptr.dtype.element_ty), mask=ok)
     tl.store(destination + stride_kv, value.to(cache_ptr.dtype.element_ty), mask=ok)

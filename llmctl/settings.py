@@ -35,7 +35,7 @@ class KVCacheFormat:
 
     @property
     def fp8(self) -> bool:
-        return self.torch_name == "float8_e4m3fn"
+        return self.torch_name in ("float8_e4m3fn", "float8_e5m2")
 
     def element_bytes(self, model_dtype_bytes: int) -> int:
         return self.bytes if self.bytes is not None else model_dtype_bytes
@@ -55,12 +55,9 @@ KV_CACHE_FORMATS: dict[str, KVCacheFormat] = {f.name: f for f in (
     KVCacheFormat("float16", "float16", 2, "half of a float32 model's KV bytes"),
     KVCacheFormat("fp8", "float8_e4m3fn", 1, "e4m3 with a scale of 1.0: half of bfloat16's"),
     KVCacheFormat("fp8_e4m3", "float8_e4m3fn", 1, "the same as fp8"),
+    KVCacheFormat("fp8_e5m2", "float8_e5m2", 1, "e5m2 with a scale of 1.0: a wider range (±57344) than e4m3, one "
+                                                "mantissa bit fewer"),
 )}
-
-# vLLM serves these and llmctl does not yet: `plan` sizes them and prints only the `vllm serve` line
-VLLM_ONLY_KV_CACHE_FORMATS: dict[str, KVCacheFormat] = {
-    "fp8_e5m2": KVCacheFormat("fp8_e5m2", "float8_e5m2", 1, "vLLM's e5m2 cache"),
-}
 
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "triton")
 # vLLM's --attention-backend names for what llmctl has (vLLM's CPU backend was TORCH_SDPA before CPU_ATTN)
@@ -96,9 +93,6 @@ def attention_backend(name: str) -> str:
 def kv_cache_format(name: str) -> KVCacheFormat:
     """`--kv-cache-dtype NAME`."""
     found = KV_CACHE_FORMATS.get(name)
-    if found is None and name in VLLM_ONLY_KV_CACHE_FORMATS:
-        raise SettingError(f"--kv-cache-dtype {name} is {VLLM_ONLY_KV_CACHE_FORMATS[name].help}, which llmctl's kernels "
-                           f"do not read: use fp8 (e4m3, the same bytes), or one of {', '.join(KV_CACHE_FORMATS)}")
     if found is None:
         raise SettingError(f"--kv-cache-dtype {name!r} is not supported; use {', '.join(KV_CACHE_FORMATS)}")
     return found

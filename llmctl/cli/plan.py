@@ -9,14 +9,13 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from llmctl.cli.common import JsonOpt, ModelArg, RevisionOpt, parse_count
-from llmctl.settings import DEFAULT_MAX_NUM_SEQS, KV_CACHE_FORMATS, VLLM_ONLY_KV_CACHE_FORMATS
+from llmctl.settings import DEFAULT_MAX_NUM_SEQS, KV_CACHE_FORMATS
 
 if TYPE_CHECKING:
     from llmctl.checkpoint.source import ModelSource
     from llmctl.checkpoint.spec import ModelSpec
 
-KV_HELP = (f"{', '.join(KV_CACHE_FORMATS)} (as llmctl serve takes them), or vLLM's "
-           f"{', '.join(VLLM_ONLY_KV_CACHE_FORMATS)} (a vllm serve line only)")
+KV_HELP = f"{', '.join(KV_CACHE_FORMATS)} (vLLM's names, as llmctl serve takes them)"
 
 ENFORCE_EAGER_HELP = ("pass --enforce-eager on to the vllm serve lines (vLLM captures CUDA graphs outside the "
                       "--gpu-memory-utilization budget, so the KV pool is the same)")

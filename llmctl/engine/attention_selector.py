@@ -129,7 +129,8 @@ def engine_backend(config: EngineConfig, spec: ModelSpec, cuda: bool, dtype: str
     if choice.backend == "triton":
         if other_width:
             raise EngineConfigError(f"--kv-cache-dtype {kv.name}: the Triton kernels read a cache in the model's "
-                                    f"dtype ({dtype}) or fp8; use --kv-cache-dtype auto or fp8, or --dtype to match")
+                                    f"dtype ({dtype}) or fp8; use --kv-cache-dtype auto, fp8 or fp8_e5m2, or --dtype "
+                                    "to match")
         if problem := triton_usable(cuda):
             raise EngineConfigError(f"--attention-backend triton: {problem}")
     if choice.backend != "cpu":
@@ -139,7 +140,7 @@ def engine_backend(config: EngineConfig, spec: ModelSpec, cuda: bool, dtype: str
                                 "(the default) or torch")
     if kv.fp8:
         raise EngineConfigError("--attention-backend cpu: the C++ kernel reads caches in the model's dtype; "
-                                "with --kv-cache-dtype fp8 use --attention-backend torch")
+                                f"with --kv-cache-dtype {kv.name} use --attention-backend torch")
     if other_width and dtype != "float32":  # the kernel narrows float32 rows only
         why = f"the C++ CPU kernel reads a {kv.name} cache under float32 models only"
         if config.attention_backend == "cpu":

@@ -15,7 +15,7 @@ def check_this_gpu(device: torch.device, dtype: torch.dtype, kv_cache_dtype: str
     (`rows`: the largest program's query rows, `padded_dim`: the head dim as the kernel pads it)."""
     major, minor = torch.cuda.get_device_capability(device)
     name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
-    kv = "fp8e4nv" if kv_cache_format(kv_cache_dtype).fp8 else name
+    kv = {"float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5"}.get(kv_cache_format(kv_cache_dtype).torch_name or "", name)
     problem = kernel_refusal(10 * major + minor, name, kv, padded_dim, rows)
     if problem:
         raise EngineConfigError(problem)

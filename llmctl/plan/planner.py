@@ -13,7 +13,7 @@ from llmctl.errors import LlmctlError
 from llmctl.plan.gguf_sizes import GgufSizes
 from llmctl.plan.gpus import GPU_CATALOG, GpuType
 from llmctl.plan.notes import plan_notes
-from llmctl.settings import DEFAULT_MAX_NUM_SEQS, VLLM_ONLY_KV_CACHE_FORMATS
+from llmctl.settings import DEFAULT_MAX_NUM_SEQS
 from llmctl.sizing.kv import BLOCK_SIZE, StageKV, kv_dtype_bytes, planned_kv_format, stage_kv
 from llmctl.sizing.layout import structural_problems
 from llmctl.sizing.lora import lora_slot_bytes, lora_targets
@@ -403,8 +403,6 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
     if req.max_loras:
         flags.append(f"--enable-lora --max-loras {req.max_loras} --max-lora-rank {req.max_lora_rank}")
     unsupported = [f for f in flags if f.split()[0] in LLMCTL_SERVE_LACKS]
-    if req.kv_cache_dtype in VLLM_ONLY_KV_CACHE_FORMATS:
-        unsupported.append(f"--kv-cache-dtype {req.kv_cache_dtype}")
     if req.llmctl_impl is None:
         unsupported.insert(0, req.llmctl_refusal or
                            f"its architecture {', '.join(plan.spec.architectures) or plan.spec.model_type}")

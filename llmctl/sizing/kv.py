@@ -13,19 +13,14 @@ import math
 from dataclasses import dataclass
 
 from llmctl.checkpoint.spec import ModelSpec
-from llmctl.settings import DEFAULT_BLOCK_SIZE, VLLM_ONLY_KV_CACHE_FORMATS, KVCacheFormat, SettingError, kv_cache_format
+from llmctl.settings import DEFAULT_BLOCK_SIZE, KVCacheFormat, kv_cache_format
 from llmctl.sizing.weights import kv_heads_per_rank
 
 BLOCK_SIZE = DEFAULT_BLOCK_SIZE  # the block size plan sizes with: serve's default
 UNBOUNDED = 2**62  # a max length that no context reaches
 def planned_kv_format(kv_cache_dtype: str) -> KVCacheFormat:
-    """`plan --kv-cache-dtype`: what llmctl serves (llmctl.settings), and the formats only vLLM serves."""
-    if kv_cache_dtype in VLLM_ONLY_KV_CACHE_FORMATS:
-        return VLLM_ONLY_KV_CACHE_FORMATS[kv_cache_dtype]
-    try:
-        return kv_cache_format(kv_cache_dtype)
-    except SettingError as exc:
-        raise SettingError(f"{exc} (or vLLM's {', '.join(VLLM_ONLY_KV_CACHE_FORMATS)})") from None
+    """`plan --kv-cache-dtype`: the formats llmctl serves (llmctl.settings; vLLM's names)."""
+    return kv_cache_format(kv_cache_dtype)
 
 
 def kv_dtype_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:

@@ -13,11 +13,11 @@ from typer.testing import CliRunner
 from helpers.command_line import engine_config, parse_line
 from llmctl.cli import app
 from llmctl.errors import LlmctlError
-from llmctl.settings import KV_CACHE_FORMATS, VLLM_ONLY_KV_CACHE_FORMATS
+from llmctl.settings import KV_CACHE_FORMATS
 
 MODELS = ["", "meta-llama/Llama-2-7b-hf", "bigscience/bloom",
           "mistralai/Mixtral-8x7B-v0.1", "Qwen/Qwen-72B", "TheBloke/Llama-2-13B-chat-GPTQ"]
-KV = [*KV_CACHE_FORMATS, *VLLM_ONLY_KV_CACHE_FORMATS]
+KV = list(KV_CACHE_FORMATS)
 DTYPES = ["auto", "bfloat16", "float16", "float32", "half"]
 QUANTIZATION = [None, "awq", "gptq", "fp8", "int8"]
 GPUS = [("1", ()), ("8", ()), ("16", ("--nodes", "2")), ("8", ("--enable-expert-parallel",)),

@@ -148,7 +148,7 @@ def test_softcap():
     check([5, 1], [5, 30], heads=4, kv_heads=4, dim=64, block_size=16, softcap=2.0)
 
 
-@pytest.mark.parametrize("dtype", [DTYPE, torch.float8_e4m3fn])
+@pytest.mark.parametrize("dtype", [DTYPE, torch.float8_e4m3fn, torch.float8_e5m2])
 def test_kv_store_writes_slots_and_skips_minus_one(dtype):
     from llmctl.kernels.kv_store import store_kv, store_kv_reference
 
@@ -157,19 +157,22 @@ def test_kv_store_writes_slots_and_skips_minus_one(dtype):
     slots = torch.tensor([5, 17, -1, 0, 63, 40], dtype=torch.int64, device=DEVICE)
     expected = torch.zeros(4, 16, 2, 3, 80, dtype=dtype, device=DEVICE)
     got = expected.clone()
-    scales = (0.02, 0.03) if dtype == torch.float8_e4m3fn else (1.0, 1.0)
-    store_kv_reference(key, value, expected, slots, *scales)
+    fp8 = dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    scales = (0.02, 0.03) if fp8 else (1.0, 1.0)
+    store_kv_reference(key, value, expected, slots, *scales)  # torch's own rounding to the format
     store_kv(key, value, got, slots, *scales)
     assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))  # bit for bit, fp8 included
-    if dtype == torch.float8_e4m3fn:  # the round trip loses only e4m3's precision (3 mantissa bits)
+    if fp8:  # the round trip loses only the format's precision: 3 mantissa bits for e4m3, 2 for e5m2
         back = got.view(-1, 2, 3, 80)[slots[slots >= 0]].float()
-        torch.testing.assert_close(back[:, 0] * scales[0], key[slots >= 0].float(), atol=0.02 * 8, rtol=0.07)
+        relative = 0.07 if dtype == torch.float8_e4m3fn else 0.13
+        torch.testing.assert_close(back[:, 0] * scales[0], key[slots >= 0].float(), atol=0.02 * 8, rtol=relative)
     assert not got.view(-1, 2, 3, 80)[1:5].float().any()  # untouched slots stay as they were
 
 
-def test_attention_over_an_fp8_cache():
+@pytest.mark.parametrize("fp8_dtype,limit", [(torch.float8_e4m3fn, 448), (torch.float8_e5m2, 57344)])
+def test_attention_over_an_fp8_cache(fp8_dtype, limit):
     query, cache, tables, lens, starts = paged_step([4, 1], [4, 40], heads=4, kv_heads=2, dim=64, block_size=16)
-    fp8 = (cache.float() / 0.05).clamp(-448, 448).to(torch.float8_e4m3fn)
+    fp8 = (cache.float() / 0.05).clamp(-limit, limit).to(fp8_dtype)
     opts = AttentionOptions(scale=0.125, k_scale=0.05, v_scale=0.05)
     expected = paged_attention_reference(query, fp8, tables, lens, torch.tensor(starts), opts)
     got = paged_attention(query, fp8, tables, lens, plan_step(starts, 4, 2, query.device), opts)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from llmctl.engine.layers.attention import AttentionMetadata, KVCache, soft_cap
-from llmctl.kernels.fp8 import FP8, FP8_MAX
+from llmctl.kernels.fp8 import fp8_format
 
 
 @dataclass
@@ -98,7 +98,7 @@ class TorchAttention:
         gqa = query.shape[1] != key.shape[1]
         for p in prefills:
             q = query[p.tokens].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-            if p.fresh and alibi_slopes is None and not softcap and cache.kv.dtype != FP8:  # fp8: read what is stored
+            if p.fresh and alibi_slopes is None and not softcap and fp8_format(cache.kv.dtype) is None:  # fp8: read what is stored
                 k, v = key[p.tokens].transpose(0, 1).unsqueeze(0), value[p.tokens].transpose(0, 1).unsqueeze(0)
                 out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=scale,
                                                      enable_gqa=gqa)
@@ -130,10 +130,11 @@ class TorchAttention:
 
 def _store(flat: torch.Tensor, slots: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
     """New K/V into their slots of flat [slots, 2, KVH, D]; fp8 caches are written as bytes
-    (torch has no fp8 index_copy on CPUs), clamped to e4m3's range."""
+    (torch has no fp8 index_copy on CPUs), clamped to their format's range."""
+    fp8 = fp8_format(flat.dtype)
     for index, new in enumerate((key, value)):
-        if flat.dtype == FP8:
-            new = new.float().clamp(-FP8_MAX, FP8_MAX).to(FP8).view(torch.uint8)
+        if fp8 is not None:
+            new = new.float().clamp(-fp8.limit, fp8.limit).to(fp8.dtype).view(torch.uint8)
             flat.view(torch.uint8)[:, index].index_copy_(0, slots, new)
         else:
             flat[:, index].index_copy_(0, slots, new.to(flat.dtype))

@@ -75,7 +75,8 @@ def set_up_kv_cache(config: EngineConfig, spec: ModelSpec, model: nn.Module, bac
 def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     """auto: the model's dtype; bfloat16/float16: K and V rounded to that as they are stored (half the
     bytes of a float32 model's cache, which a decode step reads whole); fp8: e4m3 with a scale of 1.0,
-    as vLLM uses when a checkpoint carries no KV scales (values beyond ±448 are clamped)."""
+    as vLLM uses when a checkpoint carries no KV scales (values beyond ±448 are clamped); fp8_e5m2: e5m2,
+    likewise (±57344, one mantissa bit fewer)."""
     stored = kv_cache_format(name).torch_name
     return model_dtype if stored is None else getattr(torch, stored)
 

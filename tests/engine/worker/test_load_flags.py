@@ -81,7 +81,7 @@ def test_quantization_must_name_the_checkpoints_method(folders):
     ({"load_format": "tensorizer"}, "auto, safetensors, pt, gguf, dummy"),
     ({"attention_backend": "FLASH_ATTN"}, "vLLM's FLASH_ATTN is not a backend llmctl has"),
     ({"max_logprobs": -1}, "at least 0"),
-    ({"kv_cache_dtype": "fp8_e5m2"}, "vLLM's e5m2 cache, which llmctl's kernels do not read"),
+    ({"kv_cache_dtype": "fp8_e5m3"}, "not supported; use auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2"),
 ])
 def test_what_llmctl_does_not_load_is_refused_by_name(fields, words):
     with pytest.raises(LlmctlError, match=words):
