@@ -38,9 +38,9 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                                          "(processes on this machine), ray (actors on the Ray cluster `ray start` "
                                          "made, or RAY_ADDRESS's; else a local one), or uni (one rank, in this "
                                          "process)"),
-    "data_parallel_backend": Flag(("--data-parallel-backend", "-dpb"), str, "where the --dp replicas run: mp (in "
-                                  "this process) or ray (as actors on the Ray cluster, across its nodes; a lost "
-                                  "replica leaves the others serving)"),
+    "data_parallel_backend": Flag(("--data-parallel-backend", "-dpb"), str, "where the --dp replicas run: mp (a "
+                                  "process each, on this machine) or ray (as actors on the Ray cluster, across its "
+                                  "nodes; a lost replica leaves the others serving)"),
     "enable_expert_parallel": Flag(("--enable-expert-parallel",), bool, "mixture-of-experts models: whole experts "
                                    "spread over the TP × DP ranks instead of every expert split (EP = TP × DP, as "
                                    "vLLM; with --dp the replicas step together)"),

@@ -100,7 +100,7 @@ class EngineConfig:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1  # replicas behind one server (llmctl.engine.front.data_parallel)
     distributed_executor_backend: str = "mp"  # TP × PP ranks as spawned processes (mp) or Ray actors (ray)
-    data_parallel_backend: str = "mp"  # DP replicas in this process (mp) or as Ray actors (ray)
+    data_parallel_backend: str = "mp"  # DP replicas as processes of their own (mp) or as Ray actors (ray)
     enable_expert_parallel: bool = False  # MoE: whole experts spread over TP × DP ranks (EP = TP × DP, as vLLM)
     cpu_threads: int | None = None  # torch threads per rank; default: the cores shared evenly
     # vLLM's JSON flags, as given; validate() parses each once into its dataclass (read through the properties)
@@ -162,8 +162,8 @@ class EngineConfig:
             raise EngineConfigError("--distributed-executor-backend uni runs the model in this one process: use mp or "
                                     "ray for more than one TP or PP rank")
         if self.data_parallel_backend not in ("mp", "ray"):
-            raise EngineConfigError(f"--data-parallel-backend {self.data_parallel_backend!r} is not mp (replicas in "
-                                    "this process) or ray (replicas as actors on a Ray cluster)")
+            raise EngineConfigError(f"--data-parallel-backend {self.data_parallel_backend!r} is not mp (a process per "
+                                    "replica) or ray (replicas as actors on a Ray cluster)")
 
     def _validate_loading(self) -> None:
         """--load-format, --max-logprobs: vLLM's values."""

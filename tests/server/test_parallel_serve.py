@@ -76,15 +76,39 @@ def test_smollm2_at_tp3_through_serve_and_the_openai_client(single_tokens):
 
 
 def test_pp2_and_dp2_through_serve(single_tokens):
-    for flags in (["--pp", "2"], ["--dp", "2"]):
-        server = start_server(*flags, "--max-model-len", "256", "--disable-log-stats", timeout=240)
-        try:
-            assert complete(server.url) == single_tokens
-            status, metrics = server.get("/metrics")
-            if "--dp" in flags:
-                assert 'engine="1"' in metrics
-        finally:
-            assert server.stop() == 0
+    server = start_server("--pp", "2", "--max-model-len", "256", "--disable-log-stats", timeout=240)
+    try:
+        assert complete(server.url) == single_tokens
+    finally:
+        assert server.stop() == 0
+    # --dp 2 (--data-parallel-backend mp, vLLM's default): a process per replica, gone with the server
+    server = start_server("--dp", "2", "--max-model-len", "256", "--disable-log-stats", timeout=240)
+    try:
+        assert complete(server.url) == single_tokens
+        assert 'engine="1"' in server.get("/metrics")[1]
+        replicas = [pid for pid in child_pids(server.process.pid) if alive(pid) and is_spawned(pid)]
+        assert len(replicas) == 2
+    finally:
+        assert server.stop() == 0
+    wait_until(lambda: not [p for p in replicas if alive(p)], "the replica processes to exit with the server", timeout=30)
+
+
+def test_a_killed_replica_process_makes_the_server_unhealthy():
+    server = start_server("--dp", "2", "--max-model-len", "256", "--disable-log-stats", timeout=240)
+    try:
+        replicas = [pid for pid in child_pids(server.process.pid) if alive(pid) and is_spawned(pid)]
+        os.kill(replicas[0], signal.SIGKILL)  # idle: no call of the server's finds it, its liveness does
+        wait_until(lambda: server.get("/health")[0] == 503, "/health to say a replica is lost", timeout=30)
+        assert server.process.wait(timeout=30) != 0  # the server stops itself, as for a lost worker rank
+        wait_until(lambda: not alive(replicas[1]), "the other replica to exit with the server", timeout=30)
+    finally:
+        server.stop()
+
+
+def is_spawned(pid: int) -> bool:
+    """A process started by multiprocessing's spawn (a replica; not its resource tracker)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as handle:
+        return b"spawn_main" in handle.read()
 
 
 def test_a_killed_worker_fails_requests_and_stops_the_server():

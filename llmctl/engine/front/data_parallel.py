@@ -2,9 +2,10 @@
 
 Each request goes to the replica with the least outstanding work (prompt tokens plus the
 tokens still to generate of the requests it is serving), as vLLM's DP coordinator
-balances by queue length. Replicas share nothing — except with --enable-expert-parallel, where
+balances by queue length. Each replica is a process of its own (process_replica; Ray actors with
+`--data-parallel-backend ray`) and they share nothing — except with --enable-expert-parallel, where
 a MoE model's experts spread over every replica's ranks (EP = TP × DP) and the replicas step
-together (llmctl.engine.front.lockstep). A local replica that dies makes the whole server unhealthy,
+together in this process (llmctl.engine.front.lockstep). A local replica that dies makes the whole server unhealthy,
 as one engine would; Ray replicas (`--data-parallel-backend ray`) survive each other's loss: requests,
 tokenization, grammar checks and adapters go to those still running.
 """
@@ -78,11 +79,15 @@ class DataParallelEngine:
             from llmctl.engine.front.ray_replica import ray_replicas
 
             engines, self._store, self._rounds = ray_replicas(config), None, None
-        else:
+        elif config.enable_expert_parallel:
+            # the replicas' MoE layers exchange tokens: they step together, in this process
             configs, self._store = replica_configs(config)
             engines = [LLMEngine(one) for one in configs]
-            # with expert parallelism the replicas' MoE layers exchange tokens: they step together
-            self._rounds = in_lockstep(engines) if self._store is not None else None
+            self._rounds = in_lockstep(engines)
+        else:  # a process per replica, as vLLM's engine-core processes
+            from llmctl.engine.front.process_replica import process_replicas
+
+            engines, self._store, self._rounds = process_replicas(replica_configs(config)[0]), None, None
         self.replicas = [AsyncLLMEngine(engine) for engine in engines]
         self._outstanding = [0] * len(self.replicas)
         self._serving: dict[str, int] = {}  # request id -> the replica generating it

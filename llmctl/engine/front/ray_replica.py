@@ -11,122 +11,43 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from types import SimpleNamespace
 from typing import Any
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.errors import WorkerLostError
-from llmctl.engine.front.outputs import RequestOutput
-from llmctl.engine.front.stats import EngineStats
-from llmctl.engine.lora.request import LoRARequest
-from llmctl.engine.multimodal.items import EnginePrompt
-from llmctl.engine.sampling_params import SamplingParams
+from llmctl.engine.front.remote_replica import RemoteReplicaEngine, ReplicaServer
 
 logger = logging.getLogger("llmctl.engine")
 
 
-class ReplicaActor:
-    """The remote side: an LLMEngine and the calls the API server makes of it."""
+class ReplicaActor(ReplicaServer):
+    """The Ray actor: a ReplicaServer that also says which node it runs on."""
 
-    def __init__(self, config: EngineConfig) -> None:
-        from llmctl.engine.front.llm_engine import LLMEngine
-
-        self.engine = LLMEngine(config)
-
-    def facts(self) -> tuple[Any, Any, Any, int, str, Any]:
+    def node(self) -> str:
         import ray
 
-        loaded = self.engine.loaded
-        return self.engine.tokenizer, loaded.source, loaded.spec, self.engine.max_model_len, \
-            ray.util.get_node_ip_address(), self.engine.pooler
-
-    def add_request(self, request_id: str, prompt: EnginePrompt, params: SamplingParams | None,
-                    lora_request: LoRARequest | None) -> None:
-        self.engine.add_request(request_id, prompt, params, lora_request)
-
-    def abort(self, request_id: str) -> None:
-        self.engine.abort(request_id)
-
-    def step(self) -> list[RequestOutput]:
-        return self.engine.step()
-
-    def has_unfinished_requests(self) -> bool:
-        return self.engine.has_unfinished_requests
-
-    def call(self, name: str, *args: Any) -> Any:
-        """stats, tokenize, add_lora, remove_lora, and the structured-output check."""
-        if name == "check_structured_outputs":
-            return self.engine.structured.matcher(*args) and None
-        return getattr(self.engine, name)(*args)
-
-    def shutdown(self) -> None:
-        self.engine.executor.shutdown()
+        return ray.util.get_node_ip_address()
 
 
-class RayReplicaEngine:
+class RayReplicaEngine(RemoteReplicaEngine):
     """The LLMEngine surface AsyncLLMEngine uses, over a ReplicaActor."""
 
     def __init__(self, actor: Any, ray: Any) -> None:
+        super().__init__()
         self.ray, self.actor = ray, actor
-        self._lost: str | None = None
-        self._last_stats: EngineStats | None = None
-        self.tokenizer, source, spec, self.max_model_len, self.node, self.pooler = \
-            self._get(self.actor.facts.remote())
-        self.loaded = SimpleNamespace(source=source, spec=spec)
-        self.structured = SimpleNamespace(matcher=lambda params: self._call("check_structured_outputs", params))
-        self.executor = SimpleNamespace(healthy=self._healthy, shutdown=self._shutdown)
+        self._take_facts()
+        self.node = self._invoke("node")
 
-    def _get(self, ref: Any) -> Any:
+    def _invoke(self, method: str, *args: Any) -> Any:
         """The call's result; the replica's own errors as they are, a lost actor or node as WorkerLostError."""
         ray = self.ray
         try:
-            return ray.get(ref)
+            return ray.get(getattr(self.actor, method).remote(*args))
         except ray.exceptions.RayTaskError as exc:
             raise exc.as_instanceof_cause() from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
             self._lost = f"the Ray replica's actor was lost ({str(exc).splitlines()[0][:200]})"
             raise WorkerLostError(self._lost) from None
-
-    def _call(self, name: str, *args: Any) -> Any:
-        return self._get(self.actor.call.remote(name, *args))
-
-    def add_request(self, request_id: str, prompt: EnginePrompt, params: SamplingParams | None = None,
-                    lora_request: LoRARequest | None = None) -> None:
-        self._get(self.actor.add_request.remote(request_id, prompt, params, lora_request))
-
-    def abort(self, request_id: str) -> None:
-        self._get(self.actor.abort.remote(request_id))
-
-    def step(self) -> list[RequestOutput]:
-        return self._get(self.actor.step.remote())
-
-    @property
-    def has_unfinished_requests(self) -> bool:
-        return self._get(self.actor.has_unfinished_requests.remote())
-
-    def stats(self) -> EngineStats:
-        """The replica's counters; once it is lost, the last ones read with nothing running or waiting, so
-        /metrics keeps each replica's label and its counters never go back."""
-        if self._lost is None:
-            try:
-                self._last_stats = self._call("stats")
-                return self._last_stats
-            except WorkerLostError:
-                pass
-        last = self._last_stats or EngineStats(0, 0, 0.0, 0, 0, 0, 0, 0)
-        return dataclasses.replace(last, num_running=0, num_waiting=0, kv_cache_usage=0.0)
-
-    def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
-        return self._call("tokenize", prompt)
-
-    def add_lora(self, lora_request: LoRARequest) -> None:
-        self._call("add_lora", lora_request)
-
-    def remove_lora(self, lora_int_id: int) -> bool:
-        return self._call("remove_lora", lora_int_id)
-
-    def _healthy(self) -> bool:
-        return self._lost is None
 
     def _shutdown(self) -> None:
         if self._lost is None:

@@ -198,7 +198,7 @@ def test_speculation_and_data_parallel_replicas_run_adapters_unchanged(tiny):
             return await asyncio.gather(generate(0), generate(1))
 
         assert asyncio.run(both()) == [expected[0], expected[0]]
-        assert all(engine.lora.num_slot_loads == 1 for engine in replicas.engines)  # each replica ran one
+        assert all(engine.stats().generation_tokens > 0 for engine in replicas.engines)  # each replica ran one
 
         async def unregistered() -> None:  # behind a server only registered adapters run (no lazy reload)
             async for _ in replicas.generate(repeat, GREEDY, "dp-x", lora("gone", 9, models["a2"])):
