@@ -26,7 +26,7 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 class ThreadReplicas(DataParallelEngine):
     """The replicas as engine threads of this process (the layout before a process per replica)."""
 
-    def __init__(self, config: EngineConfig) -> None:  # noqa: super() would start processes
+    def __init__(self, config: EngineConfig) -> None:  # not super().__init__: that starts processes
         import threading
 
         self.on_ray, self._store, self._rounds = False, None, None
