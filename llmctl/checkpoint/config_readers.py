@@ -168,6 +168,13 @@ def _read_deepseek(reader: ConfigReader, model_type: str) -> dict[str, Any]:
     return facts
 
 
+def _read_glm4_moe(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    """GLM-4.5: attention_bias biases q, k and v only (o_proj has none)."""
+    facts = read_llama_like(reader, model_type)
+    facts["layout"] = LayerLayout(qkv_bias=bool(reader.config.get("attention_bias", False)), o_bias=False)
+    return facts
+
+
 FAMILY_READERS = {
     "qwen": _read_qwen1,
     "bloom": _read_bloom,
@@ -178,6 +185,7 @@ FAMILY_READERS = {
     "phi": _read_phi,
     "deepseek_v2": _read_deepseek,
     "deepseek_v3": _read_deepseek,
+    "glm4_moe": _read_glm4_moe,
 }
 
 
@@ -190,7 +198,7 @@ def read_moe(reader: ConfigReader, model_type: str, num_layers: int) -> MoESpec 
     top_k = int(cfg.get("num_experts_per_tok") or cfg.get("moe_topk") or 2)
     expert_size = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
     layers = list(range(num_layers))
-    if model_type.startswith("deepseek"):
+    if model_type.startswith("deepseek") or model_type == "glm4_moe":  # GLM-4.5: DeepSeek-V3's experts
         first_dense = int(cfg.get("first_k_dense_replace") or 0)
         freq = int(cfg.get("moe_layer_freq") or 1)
         moe_layers = [i for i in layers if i >= first_dense and i % freq == 0]
@@ -199,7 +207,7 @@ def read_moe(reader: ConfigReader, model_type: str, num_layers: int) -> MoESpec 
             num_experts=experts, top_k=top_k, expert_intermediate_size=expert_size,
             num_shared_experts=shared, shared_expert_intermediate_size=shared * expert_size,
             moe_layers=tuple(moe_layers), dense_layers=tuple(i for i in layers if i not in moe_layers),
-            router_bias=cfg.get("topk_method") == "noaux_tc" or model_type == "deepseek_v3",
+            router_bias=cfg.get("topk_method") == "noaux_tc" or model_type in ("deepseek_v3", "glm4_moe"),
         )
     if model_type in ("qwen2_moe", "qwen3_moe"):
         step = int(cfg.get("decoder_sparse_step") or 1)
@@ -221,7 +229,8 @@ def read_attention(reader: ConfigReader, model_type: str, facts: dict[str, Any],
     heads, kv_heads = facts["heads"], facts["kv_heads"]
     window = _sliding_window(cfg, model_type)
     layer_types = _layer_types(cfg, model_type, num_layers, window)
-    qk_norm = model_type in ("qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_text", "gemma3", "gemma3_text", "olmo2")
+    qk_norm = model_type in ("qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_text", "gemma3", "gemma3_text", "olmo2") \
+        or (model_type == "glm4_moe" and bool(cfg.get("use_qk_norm")))
     if cfg.get("kv_lora_rank"):
         return AttentionSpec(
             kind="MLA", num_heads=heads, num_kv_heads=heads,

@@ -28,6 +28,7 @@ SUPPORTED = {
     "Qwen3MoeForCausalLM": "moe",  # Qwen3 attention (QK-norm), routed experts
     "DeepseekV2ForCausalLM": "deepseek",  # multi-head latent attention, routed + shared experts
     "DeepseekV3ForCausalLM": "deepseek",  # as V2, with sigmoid routing and its correction bias
+    "Glm4MoeForCausalLM": "glm4_moe",  # GLM-4.5/4.6: Llama attention (QK-norm, partial rotary), DeepSeek-V3 experts
     "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma",
@@ -77,6 +78,8 @@ def native_problem(spec: ModelSpec) -> str | None:
         return _unsupported(spec)
     family = next(SUPPORTED[arch] for arch in spec.architectures if arch in SUPPORTED)
     method = spec.quantization.method if spec.quantization is not None else None
+    if family == "glm4_moe" and method is not None:
+        return f"a {method} GLM-4.5 checkpoint is not served by llmctl's own layers yet (its unquantized one is)"
     if family == "deepseek" and method == "gguf":
         return ("GGUF DeepSeek files are not served yet: use the Hugging Face checkpoint, or an FP8, GPTQ, AWQ or "
                 "compressed-tensors one")
@@ -144,6 +147,7 @@ FAMILY_CLASSES = {
     "llama": ("llama", "LlamaForCausalLM"),
     "moe": ("moe", "MixtureOfExpertsForCausalLM"),
     "deepseek": ("deepseek", "DeepseekForCausalLM"),
+    "glm4_moe": ("glm4_moe", "Glm4MoeForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma": ("gemma", "GemmaForCausalLM"),
     "olmo2": ("olmo2", "Olmo2ForCausalLM"),
