@@ -186,6 +186,24 @@ def assert_peft_adapter_matches(folder: Path, tokenizer, tmp_path: Path, targets
     assert_matches(outputs, reference(folder, adapter, tokenizer, LORA_PROMPTS, 12))
 
 
+def save_routed_moe(config, folder: Path, tokenizer) -> Path:
+    """A DeepSeek-V3-style mixture of experts with random weights, its router's correction bias (a buffer, zero
+    when built) random too, so it steers routing."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0, 0.2)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0, 0.5)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def moe_config(family: str, vocab: int):
     from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 

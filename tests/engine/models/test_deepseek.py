@@ -14,6 +14,7 @@ from helpers.families import (
     assert_ranks_hold_what_plan_says,
     assert_served_like_transformers,
     engine_outputs,
+    save_routed_moe,
     transformers_reference,
 )
 from llmctl.engine.layers.moe import Routing, route
@@ -44,20 +45,7 @@ def deepseek_config(family: str, vocab: int):
 
 
 def save_deepseek(family: str, folder: Path, tokenizer) -> Path:
-    """Random weights, and V3's correction bias (a buffer, zero when built) random too, so it steers routing."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(deepseek_config(family, len(tokenizer))).to(torch.float32).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0, 0.2)
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.normal_(0, 0.5)
-    model.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_routed_moe(deepseek_config(family, len(tokenizer)), folder, tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from helpers.families import assert_close, assert_ranks_hold_what_plan_says, engine_outputs, transformers_reference
+from helpers.families import (
+    assert_close,
+    assert_ranks_hold_what_plan_says,
+    engine_outputs,
+    save_routed_moe,
+    transformers_reference,
+)
 
 
 def glm4_moe_config(vocab: int):
@@ -25,21 +30,7 @@ def glm4_moe_config(vocab: int):
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory, tokenizer) -> Path:
-    """Random weights, the correction bias (a zero buffer when built) random too, so it steers routing."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(glm4_moe_config(len(tokenizer))).to(torch.float32).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.normal_(0, 0.2)
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.normal_(0, 0.5)
-    path = tmp_path_factory.mktemp("glm4_moe") / "glm4_moe"
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_routed_moe(glm4_moe_config(len(tokenizer)), tmp_path_factory.mktemp("glm4_moe") / "glm4_moe", tokenizer)
 
 
 def test_glm4_moe_matches_transformers_natively(folder, tokenizer):
