@@ -16,6 +16,7 @@ from llmctl.checkpoint.config_readers import (
     read_positional,
 )
 from llmctl.checkpoint.quant_schemes import group_schemes
+from llmctl.checkpoint.recurrent import RecurrentLayers, recurrent_layers
 from llmctl.checkpoint.vision import VisionParams, vision_params
 
 # Where each family deviates from the Llama naming, see FAMILY_READERS below.
@@ -62,6 +63,7 @@ class ModelSpec:
     requires_remote_code: bool = False
     mtp_layers: int = 0  # DeepSeek's multi-token-prediction layers, shipped beside the model
     vision: VisionParams | None = None  # a vision-language model's image tower and projector
+    recurrent: RecurrentLayers | None = None  # layers with a recurrent state (Mamba, linear attention)
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
@@ -121,6 +123,11 @@ def build_spec(raw_config: dict[str, Any]) -> ModelSpec:
         notes.append(f"config names no context length; {DEFAULT_CONTEXT} assumed (vLLM's default)")
     if reader.missing:
         warnings.append("could not find: " + "; ".join(reader.missing))
+    recurrent = recurrent_layers(config, text_type, num_layers)
+    if recurrent is not None:
+        warnings.append(f"{recurrent.describe()}: a per-sequence recurrent state, not per-token K/V, which "
+                        "llmctl neither serves nor sizes yet — the parameter count and KV bytes here treat those "
+                        "layers as attention and are not right")
     auto_map = raw_config.get("auto_map")
     return ModelSpec(
         model_type=model_type,
@@ -144,6 +151,7 @@ def build_spec(raw_config: dict[str, Any]) -> ModelSpec:
         requires_remote_code=bool(auto_map) and not _transformers_knows(model_type),
         mtp_layers=int(config.get("num_nextn_predict_layers") or 0),
         vision=vision_params(raw_config),
+        recurrent=recurrent,
         notes=tuple(notes),
         warnings=tuple(warnings),
     )

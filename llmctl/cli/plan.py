@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from llmctl.cli.common import JsonOpt, ModelArg, RevisionOpt, parse_count
+from llmctl.errors import LlmctlError
 from llmctl.settings import DEFAULT_MAX_NUM_SEQS, KV_CACHE_FORMATS
 
 if TYPE_CHECKING:
@@ -85,11 +86,16 @@ def plan(
 
 def _as_served(source: ModelSource) -> tuple[ModelSpec, str | None]:
     """The spec as served, and what a pooling model pools (None for a generator): a pooling model loads no LM
-    head of its own, so it is counted as one sharing the embedding table."""
+    head of its own, so it is counted as one sharing the embedding table. A model with recurrent layers is
+    refused: plan does not size their state yet."""
     from llmctl.checkpoint.config_file import load_config, load_spec
     from llmctl.checkpoint.pooling import pooling_spec
 
     spec, pooling = load_spec(source), pooling_spec(source.path, load_config(source))
+    if spec.recurrent is not None:
+        raise LlmctlError(f"plan does not size this model yet: {spec.recurrent.describe()}, which keep a "
+                          "recurrent state per sequence, not K/V per token; plan's weights and KV cache would count "
+                          "them as attention layers (vLLM sizes them with its hybrid allocator)")
     if pooling is None:
         return spec, None
     return dataclasses.replace(spec, tie_word_embeddings=True), pooling.describe()

@@ -375,3 +375,34 @@ def test_a_gguf_file_is_planned_in_its_quantized_blocks():
     assert any("5.00 bits per weight in the layers, 8.50 in the vocabulary tables" in n for n in plan["notes"])
     default = json.loads(run_cli("plan", "--gpus", "1", "--gpu", "l4", "--json").stdout)
     assert default["recommended"]["weights_bytes_per_gpu"] > 2 * 134_000_000  # bf16, not the GGUF's blocks
+
+
+def test_recurrent_layers_are_found_and_plan_refuses_to_size_them(tmp_path):
+    """Mamba/Mamba2 mixers and linear attention keep a state per sequence, not K/V per token: read from each
+    family's config (transformers' own config classes; Granite 4.0-H and Nemotron-H as their hub configs write
+    them), they make plan refuse in one line instead of sizing them as attention layers (it printed 8.86B
+    parameters and 2 MB of KV per token for a 2.7B Mamba2 before)."""
+    from transformers import FalconH1Config, JambaConfig, LlamaConfig, Mamba2Config, Qwen3NextConfig
+
+    def recurrent(config: dict) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
+        found = ModelSpec.from_config(config).recurrent
+        return (found.layers, found.kinds) if found is not None else None
+
+    granite_h = {"model_type": "granitemoehybrid", "num_hidden_layers": 4, "hidden_size": 64,
+                 "num_attention_heads": 4, "layer_types": ["mamba", "mamba", "mamba", "attention"]}
+    nemotron_h = {"model_type": "nemotron_h", "num_hidden_layers": 6, "hidden_size": 64, "num_attention_heads": 4,
+                  "hybrid_override_pattern": "M-M*-E"}
+    assert recurrent(Mamba2Config(num_hidden_layers=3).to_dict()) == ((0, 1, 2), ("Mamba2",))
+    assert recurrent(granite_h) == ((0, 1, 2), ("mamba",))
+    assert recurrent(nemotron_h) == ((0, 2), ("mamba",))
+    assert recurrent(Qwen3NextConfig(num_hidden_layers=4).to_dict()) == ((0, 1, 2), ("linear_attention",))
+    assert recurrent(JambaConfig(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1).to_dict()) == \
+        ((0, 2), ("mamba",))
+    assert recurrent(FalconH1Config(num_hidden_layers=2).to_dict())[0] == (0, 1)
+    assert recurrent(LlamaConfig().to_dict()) is None
+    folder = tmp_path / "mamba2"
+    folder.mkdir()
+    (folder / "config.json").write_text(Mamba2Config(architectures=["Mamba2ForCausalLM"]).to_json_string())
+    result = run_cli("plan", str(folder), "--gpus", "1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "plan does not size this model yet: 64 of 64 layers" in result.stderr and "Mamba2" in result.stderr
