@@ -65,6 +65,7 @@ class AttentionOptions:
     # [T] int32: the last key position each query sees (its own, but past it inside an image of Gemma 3's,
     # whose tokens attend to each other both ways); None: causal. Never decreases along a sequence's tokens.
     key_limits: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None  # [H] float32: a logit per head in the softmax's denominator (gpt-oss)
 
 
 def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -95,7 +96,12 @@ def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, block
         if options.sliding_window:
             allowed &= key_pos.view(1, -1) > query_pos.view(-1, 1) - options.sliding_window
         scores = scores.masked_fill(~allowed, float("-inf"))
-        out[start:stop] = torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), values)
+        if options.sinks is not None:  # one more logit per head, weighing no value
+            sink = options.sinks.float().view(-1, 1, 1).expand(heads, stop - start, 1)
+            probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+        else:
+            probs = scores.softmax(dim=-1)
+        out[start:stop] = torch.einsum("hqk,khd->qhd", probs, values)
     return out.to(query.dtype)
 
 
@@ -155,7 +161,7 @@ def key_tile(decode_only: bool, padded_dim: int, rows: int, element_bytes: int,
 
 def kernel_constexprs(*, dim: int, block_size: int, group: int, rows: int, segments: int, decode_only: bool,
                       dtype: torch.dtype, kv_fp8: bool, window: bool, alibi: bool, softcap: bool,
-                      preferred_key_tile: int | None = None, key_limits: bool = False) -> dict:
+                      preferred_key_tile: int | None = None, key_limits: bool = False, sinks: bool = False) -> dict:
     """The attention kernel's compile-time parameters: the launcher and the ahead-of-time compile check
     (`llmctl.kernels.compile_check`) both build them here, so the check covers what runs."""
     padded_dim = padded_head_dim(dim)
@@ -163,7 +169,7 @@ def kernel_constexprs(*, dim: int, block_size: int, group: int, rows: int, segme
     tile = key_tile(decode_only, padded_dim, rows, element_bytes, preferred_key_tile)
     return dict(GROUP=group, HEAD_DIM=dim, PADDED_DIM=padded_dim, BLOCK_SIZE=block_size, ROWS=rows,
                 PER_BLOCK=rows // group, KEY_TILE=tile, WINDOW=window, ALIBI=alibi,
-                SOFTCAP=softcap, KEY_LIMITS=key_limits, SEGMENTS=segments, KV_FP8=kv_fp8, DOT_PRECISION=dot_precision(dtype))
+                SOFTCAP=softcap, KEY_LIMITS=key_limits, SINKS=sinks, SEGMENTS=segments, KV_FP8=kv_fp8, DOT_PRECISION=dot_precision(dtype))
 
 
 def program_rows(group: int, decode_only: bool) -> int:
@@ -213,7 +219,8 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
         dim=dim, block_size=block_size, group=layout.group, rows=layout.rows, segments=segments,
         decode_only=layout.decode_only, dtype=query.dtype, kv_fp8=fp8_format(kv_cache.dtype) is not None,
         window=bool(options.sliding_window), alibi=options.alibi_slopes is not None, softcap=bool(options.softcap),
-        preferred_key_tile=layout.preferred_key_tile, key_limits=options.key_limits is not None)
+        preferred_key_tile=layout.preferred_key_tile, key_limits=options.key_limits is not None,
+        sinks=options.sinks is not None)
     padded_dim = constexprs["PADDED_DIM"]
     if segments > 1:
         partial = torch.empty(tokens, heads, segments, padded_dim, dtype=torch.float32, device=query.device)
@@ -224,30 +231,31 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
         partial = maxes = sums = used = out  # unused
     slopes = options.alibi_slopes if options.alibi_slopes is not None else out
     limits = options.key_limits if options.key_limits is not None else seq_lens  # unread without KEY_LIMITS
+    sinks = options.sinks if options.sinks is not None else slopes  # unread without SINKS
     _attention_kernel[(programs, kv_heads, segments)](
         out, partial, maxes, sums, used, query, kv_cache, block_tables, seq_lens, layout.query_start_loc,
-        layout.block_seq, layout.block_first, slopes, limits,
+        layout.block_seq, layout.block_first, slopes, limits, sinks,
         options.scale, options.softcap or 0.0, options.k_scale, options.v_scale, options.sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), block_tables.stride(0),
         **constexprs)
     if segments > 1:
         _merge_kernel[(tokens, heads)](
-            out, partial, maxes, sums, used, out.stride(0), out.stride(1),
-            HEAD_DIM=dim, PADDED_DIM=padded_dim, SEGMENTS=segments)
+            out, partial, maxes, sums, used, sinks, out.stride(0), out.stride(1),
+            HEAD_DIM=dim, PADDED_DIM=padded_dim, SEGMENTS=segments, SINKS=options.sinks is not None)
     return out
 
 
 @triton.jit
 def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, q_ptr, kv_ptr, tables_ptr, lens_ptr, starts_ptr,
-              block_seq_ptr, block_first_ptr, slopes_ptr, limits_ptr,
+              block_seq_ptr, block_first_ptr, slopes_ptr, limits_ptr, sinks_ptr,
               scale, softcap, k_scale, v_scale, window,
               stride_qt, stride_qh, stride_ot, stride_oh,
               stride_block, stride_slot, stride_kv, stride_head, stride_table,
               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PADDED_DIM: tl.constexpr,
               BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, PER_BLOCK: tl.constexpr, KEY_TILE: tl.constexpr,
               WINDOW: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SEGMENTS: tl.constexpr,
-              KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, KEY_LIMITS: tl.constexpr):
+              KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, KEY_LIMITS: tl.constexpr, SINKS: tl.constexpr):
     program, kv_head, segment = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq = tl.load(block_seq_ptr + program)
     first = tl.load(block_first_ptr + program)
@@ -325,6 +333,11 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, q_ptr, k
         best = new_best
 
     if SEGMENTS == 1:
+        if SINKS:  # the head's sink logit joins the denominator (a split context adds it in the merge)
+            sink = tl.load(sinks_ptr + head, mask=valid, other=0.0).to(tl.float32)
+            top = tl.maximum(best, sink)
+            acc = acc * tl.exp(best - top)[:, None]
+            total = total * tl.exp(best - top) + tl.exp(sink - top)
         result = acc / tl.where(total > 0, total, 1.0)[:, None]
         tl.store(out_ptr + token[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + dims[None, :],
                  result.to(out_ptr.dtype.element_ty), mask=valid[:, None] & dim_ok[None, :])
@@ -339,8 +352,8 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, q_ptr, k
         tl.store(partial_ptr + at[:, None] * PADDED_DIM + dims[None, :], acc, mask=valid[:, None])
 
 @triton.jit
-def _merge_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, stride_ot, stride_oh,
-          HEAD_DIM: tl.constexpr, PADDED_DIM: tl.constexpr, SEGMENTS: tl.constexpr):
+def _merge_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, sinks_ptr, stride_ot, stride_oh,
+          HEAD_DIM: tl.constexpr, PADDED_DIM: tl.constexpr, SEGMENTS: tl.constexpr, SINKS: tl.constexpr):
     token, head = tl.program_id(0), tl.program_id(1)
     token_head = token.to(tl.int64) * tl.num_programs(1) + head
     base = token_head * SEGMENTS
@@ -348,8 +361,13 @@ def _merge_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, stride_ot, s
     used = segment < tl.load(used_ptr + token_head)  # the segments past the context wrote nothing
     maxes = tl.load(max_ptr + base + segment, mask=used, other=float("-inf"))
     best = tl.max(maxes, 0)
+    if SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32)
+        best = tl.maximum(best, sink)
     weight = tl.where(maxes == float("-inf"), 0.0, tl.exp(maxes - best))  # segments that saw no key weigh nothing
     total = tl.sum(tl.load(sum_ptr + base + segment, mask=used, other=0.0) * weight, 0)
+    if SINKS:
+        total += tl.exp(sink - best)
     dims = tl.arange(0, PADDED_DIM)
     parts = tl.load(partial_ptr + (base + segment)[:, None] * PADDED_DIM + dims[None, :], mask=used[:, None],
                     other=0.0)

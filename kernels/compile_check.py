@@ -102,7 +102,7 @@ def attention_cases(full: bool = False) -> list[KernelCase]:
         return _case("attention", dtype, kv, kernel_constexprs(
             dim=dim, block_size=block_size, group=group, rows=program_rows(group, decode_only), segments=segments,
             decode_only=decode_only, dtype=FLOAT_DTYPES[dtype], kv_fp8=_fp8(kv) is not None,
-            window=features, alibi=features, softcap=features, key_limits=features))
+            window=features, alibi=features, softcap=features, key_limits=features, sinks=features))
 
     cases = [case(dtype, kv, block_size, step)
              for (dtype, kv), block_size, step in itertools.product(kinds, SUPPORTED_BLOCK_SIZES, steps)]
@@ -114,10 +114,11 @@ def attention_cases(full: bool = False) -> list[KernelCase]:
     for (dtype, kv), block_size, step, dim, group in itertools.product(
             shape_kinds, block_sizes, steps[:2], HEAD_DIMS, GROUPS if full else (1, 16, 71)):
         cases.append(case(dtype, kv, block_size, step, dim=dim, group=group))
-    cases += [_case("merge", dtype, "", dict(HEAD_DIM=dim, PADDED_DIM=padded_head_dim(dim), SEGMENTS=SEGMENTS))
-              for dtype, dim in itertools.product(FLOAT_DTYPES, HEAD_DIMS)]
+    cases += [_case("merge", dtype, "", dict(HEAD_DIM=dim, PADDED_DIM=padded_head_dim(dim), SEGMENTS=SEGMENTS,
+                                             SINKS=sinks))
+              for dtype, dim, sinks in itertools.product(FLOAT_DTYPES, HEAD_DIMS, (False, True))]
     # the split counts choose_segments sizes by SM count: each one's merge, and the largest split's attention
-    cases += [_case("merge", dtype, "", dict(HEAD_DIM=128, PADDED_DIM=128, SEGMENTS=segments))
+    cases += [_case("merge", dtype, "", dict(HEAD_DIM=128, PADDED_DIM=128, SEGMENTS=segments, SINKS=False))
               for dtype, segments in itertools.product(FLOAT_DTYPES, SEGMENT_COUNTS)]
     cases += [case(dtype, dtype, 16, (True, MAX_SEGMENTS), dim=128) for dtype in FLOAT_DTYPES]
     return list(dict.fromkeys(cases))
@@ -221,9 +222,10 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
         return attention._attention_kernel, dict(
             out_ptr=act, partial_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", used_ptr="*i32", q_ptr=act, kv_ptr=kv,
             tables_ptr="*i32", lens_ptr="*i32", starts_ptr="*i32", block_seq_ptr="*i32", block_first_ptr="*i32",
-            slopes_ptr="*fp32", limits_ptr="*i32")
+            slopes_ptr="*fp32", limits_ptr="*i32", sinks_ptr="*fp32")
     if case.kernel == "merge":
-        return attention._merge_kernel, dict(out_ptr=act, partial_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", used_ptr="*i32")
+        return attention._merge_kernel, dict(out_ptr=act, partial_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32",
+                                             used_ptr="*i32", sinks_ptr="*fp32")
     if case.kernel == "rms_norm":
         return fused_layers._rms_norm_kernel, dict(out_ptr=act, x_ptr=act, residual_ptr=act, weight_ptr=act)
     if case.kernel == "gated_activation":

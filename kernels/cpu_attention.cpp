@@ -59,16 +59,18 @@ inline void add_scaled(float* acc, float p, const float* v, int64_t dim) {
 }
 
 // Scores of one query head -> unnormalized probabilities in place; returns their sum.
-inline float exponentiate(float* row, int64_t n) {
+// `sink` (gpt-oss): a logit of no key's, in the softmax's denominator only; nullptr: none.
+inline float exponentiate(float* row, int64_t n, const float* sink) {
   float top = row[0];
   for (int64_t j = 1; j < n; ++j) top = std::max(top, row[j]);
+  if (sink) top = std::max(top, *sink);
   float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < n; ++j) {
     row[j] = std::exp(row[j] - top);  // vectorized through libmvec (-ffast-math)
     sum += row[j];
   }
-  return sum;
+  return sink ? sum + std::exp(*sink - top) : sum;
 }
 
 // A row as float32: float rows are read in place, others converted into `buffer`.
@@ -257,7 +259,8 @@ int64_t kv_heads_per_item(int64_t kv_heads, int64_t items) {
 template <typename T, typename C, int DIM>
 void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
             const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale,
-            const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window, double softcap) {
+            const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window, double softcap,
+            const c10::optional<at::Tensor>& sinks) {
   const int64_t heads = query.size(1), dim = query.size(2);
   const float cap = static_cast<float>(softcap);
   const int64_t block_size = kv_cache.size(1), kv_heads = kv_cache.size(3);
@@ -270,6 +273,7 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
   const float* slopes = alibi_slopes.has_value() ? alibi_slopes->data_ptr<float>() : nullptr;
+  const float* sink_logits = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   const int64_t q_token_stride = query.stride(0), q_head_stride = query.stride(1);
   const int64_t o_token_stride = out.stride(0), o_head_stride = out.stride(1);
   const int64_t slot_stride = 2 * kv_heads * dim;  // one token's K and V
@@ -332,7 +336,7 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
             const float slope = slopes[first_head + h];
             for (int64_t j = 0; j < num_keys; ++j) head_scores[j] += slope * static_cast<float>(first_key + j);
           }
-          sums[h] = exponentiate(head_scores, num_keys);
+          sums[h] = exponentiate(head_scores, num_keys, sink_logits ? sink_logits + first_head + h : nullptr);
         }
         std::fill(acc.begin(), acc.end(), 0.f);
         if constexpr (vector_rows) {
@@ -368,10 +372,10 @@ template <typename T, typename C>
 void attend_any_dim(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                     const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
                     double scale, const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
-                    double softcap) {
+                    double softcap, const c10::optional<at::Tensor>& sinks) {
   auto run = [&](auto dim) {
     attend<T, C, decltype(dim)::value>(out, query, kv_cache, block_tables, seq_lens, query_start_loc, scale,
-                                    alibi_slopes, sliding_window, softcap);
+                                    alibi_slopes, sliding_window, softcap, sinks);
   };
   switch (query.size(2)) {
     case 64: run(std::integral_constant<int, 64>{}); break;
@@ -399,7 +403,7 @@ void narrow_row(const float* src, C* dst, int64_t n) {
 void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& kv_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
                      double scale, const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
-                     double softcap) {
+                     double softcap, const c10::optional<at::Tensor>& sinks) {
   check(query.dim() == 3 && out.sizes() == query.sizes(), "query and out are [T, H, D]");
   check(query.stride(2) == 1 && out.stride(2) == 1, "query and out rows must be contiguous");
   check(kv_cache.dim() == 5 && kv_cache.is_contiguous(), "kv_cache is a contiguous [blocks, block_size, 2, KVH, D]");
@@ -412,10 +416,12 @@ void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& 
   }
   check(!alibi_slopes.has_value() || (alibi_slopes->scalar_type() == at::kFloat && alibi_slopes->numel() == query.size(1)),
         "alibi_slopes is float32 [H]");
+  check(!sinks.has_value() || (sinks->scalar_type() == at::kFloat && sinks->is_contiguous() &&
+                               sinks->numel() == query.size(1)), "sinks is a contiguous float32 [H]");
   auto run = [&](auto query_type, auto cache_type) {
     attend_any_dim<decltype(query_type), decltype(cache_type)>(out, query, kv_cache, block_tables, seq_lens,
                                                                 query_start_loc, scale, alibi_slopes, sliding_window,
-                                                                softcap);
+                                                                softcap, sinks);
   };
   if (kv_cache.scalar_type() == at::kHalf && query.scalar_type() == at::kFloat) return run(float{}, c10::Half{});
   if (kv_cache.scalar_type() == at::kBFloat16 && query.scalar_type() == at::kFloat)
@@ -479,7 +485,8 @@ void store_kv(at::Tensor kv_cache, const at::Tensor& slots, const at::Tensor& ke
 
 TORCH_LIBRARY(llmctl_cpu, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, "
-        "Tensor query_start_loc, float scale, Tensor? alibi_slopes, int sliding_window, float softcap) -> ()");
+        "Tensor query_start_loc, float scale, Tensor? alibi_slopes, int sliding_window, float softcap, "
+        "Tensor? sinks=None) -> ()");
   m.def("store_kv(Tensor(a!) kv_cache, Tensor slots, Tensor key, Tensor value) -> ()");
 }
 

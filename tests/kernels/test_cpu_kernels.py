@@ -35,7 +35,7 @@ def check(query_lens, seq_lens, *, heads, kv_heads, dim, block_size=16, dtype=to
     expected = paged_attention_reference(query, cache, tables, lens, torch.tensor(starts), opts)
     got = cpu.paged_attention(torch.empty_like(query), query, cache, tables, lens,
                               torch.tensor(starts, dtype=torch.int32), opts.scale, opts.alibi_slopes,
-                              opts.sliding_window, opts.softcap)
+                              opts.sliding_window, opts.softcap, opts.sinks)
     assert torch.isfinite(got).all()  # never a NaN page past a sequence's end
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
@@ -45,6 +45,14 @@ def check(query_lens, seq_lens, *, heads, kv_heads, dim, block_size=16, dtype=to
 def test_paged_attention_on_decodes_and_chunks(dim, group):
     # decodes of several lengths, a chunk of 5 new tokens on top of 13 cached, a fresh prefill
     check([1, 5, 1, 1, 7], [1, 18, 33, 70, 7], heads=2 * group, kv_heads=2, dim=dim)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_with_sinks(dtype):
+    """gpt-oss: a logit per head in each softmax's denominator, on its full and 128-token sliding layers."""
+    sinks = torch.tensor([2.0, -1.0, 0.5, 8.0, -30.0, 0.0, 1.5, 3.0])
+    check([1, 5, 1, 7], [1, 18, 70, 7], heads=8, kv_heads=2, dim=64, dtype=dtype, sinks=sinks)
+    check([1, 5, 1, 7], [1, 18, 70, 7], heads=8, kv_heads=2, dim=72, dtype=dtype, sinks=sinks, sliding_window=16)
 
 
 @pytest.mark.parametrize("dim", [64, 80])

@@ -55,6 +55,31 @@ def test_long_chunk_and_block_sizes(block_size):
     check([1, 1, 1], [9, 100, 17], heads=4, kv_heads=2, dim=64, block_size=block_size, segments=1)
 
 
+@pytest.mark.parametrize("segments", [1, 4])
+def test_attention_sinks_whole_and_split(segments):
+    """gpt-oss's sinks: added where a program ends (one segment) or where the merge joins the segments."""
+    sinks = torch.tensor([2.0, -1.0, 0.5, 8.0, -30.0, 0.0, 1.5, 3.0], device=DEVICE)
+    check([1, 1, 1], [9, 100, 17], heads=8, kv_heads=2, dim=64, block_size=16, segments=segments, sinks=sinks)
+    check([6, 1], [6, 40], heads=8, kv_heads=2, dim=64, block_size=16, sinks=sinks, sliding_window=8)
+
+
+def test_the_sinks_reference_is_transformers_gpt_oss_attention():
+    """The kernels' reference against transformers' eager gpt-oss attention, an independent definition."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    query, cache, tables, lens, starts = paged_step([9], [9], heads=4, kv_heads=2, dim=16, block_size=16)
+    sinks = torch.tensor([1.0, -2.0, 4.0, 0.0], device=DEVICE)
+    opts = AttentionOptions(scale=0.25, sinks=sinks)
+    ours = paged_attention_reference(query, cache, tables, lens, torch.tensor(starts), opts)
+    keys = cache[tables[0, 0].long(), :9]  # [9, 2, KVH, D]: the sequence's one page
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.sinks = 2, torch.nn.Parameter(sinks.to(DTYPE))
+    causal = torch.full((9, 9), float("-inf"), device=DEVICE).triu(1)
+    theirs, _ = eager_attention_forward(module, query.transpose(0, 1)[None], keys[:, 0].transpose(0, 1)[None],
+                                        keys[:, 1].transpose(0, 1)[None], causal[None, None], scaling=0.25)
+    torch.testing.assert_close(ours.float(), theirs[0].float(), atol=TOLERANCE, rtol=TOLERANCE)
+
+
 def test_head_dims_below_sixteen_are_padded():
     check([5, 1], [5, 40], heads=4, kv_heads=2, dim=8, block_size=8)
 

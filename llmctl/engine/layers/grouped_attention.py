@@ -34,10 +34,10 @@ class GroupedAttention:
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
-                softcap: float | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         backend = self.backends[self._group_of_cache[id(cache)]]
         return backend.forward(query, key, value, cache, scale=scale, alibi_slopes=alibi_slopes, window=window,
-                               softcap=softcap)
+                               softcap=softcap, sinks=sinks)
 
     @property
     def rotates_on_store(self) -> bool:
@@ -45,7 +45,7 @@ class GroupedAttention:
 
     def forward_rotated(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor,
                         sin: torch.Tensor, cache: KVCache, *, scale: float, window: int | None = None,
-                        softcap: float | None = None) -> torch.Tensor:
+                        softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         backend = self.backends[self._group_of_cache[id(cache)]]
         return backend.forward_rotated(query, key, value, cos, sin, cache, scale=scale, window=window,  # type: ignore[attr-defined]
-                                       softcap=softcap)
+                                       softcap=softcap, sinks=sinks)

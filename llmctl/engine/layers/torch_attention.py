@@ -83,22 +83,23 @@ class TorchAttention:
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
-                softcap: float | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         assert self.meta is not None, "prepare() runs before forward()"
         _store(cache.flat_slots(), self.meta.slot_mapping, key, value)
         return self.attend(query, key, value, cache, scale=scale, alibi_slopes=alibi_slopes, window=window,
-                           softcap=softcap)
+                           softcap=softcap, sinks=sinks)
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
-               softcap: float | None = None) -> torch.Tensor:
+               softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Attention for the prepared sequences, their new K/V already stored; other rows are left unset."""
         prefills, decodes = self._plan(window or self.meta.sliding_window)
         output = torch.empty_like(query)
         gqa = query.shape[1] != key.shape[1]
+        scored = bool(softcap) or sinks is not None  # what SDPA does not compute: the scores made explicitly
         for p in prefills:
             q = query[p.tokens].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-            if p.fresh and alibi_slopes is None and not softcap and fp8_format(cache.kv.dtype) is None:  # fp8: read what is stored
+            if p.fresh and alibi_slopes is None and not scored and fp8_format(cache.kv.dtype) is None:  # fp8: read what is stored
                 k, v = key[p.tokens].transpose(0, 1).unsqueeze(0), value[p.tokens].transpose(0, 1).unsqueeze(0)
                 out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True, scale=scale,
                                                      enable_gqa=gqa)
@@ -106,14 +107,14 @@ class TorchAttention:
                 continue
             k, v = self._gather(cache.kv, p.blocks.unsqueeze(0), q.dtype)  # [1, KVH, L, D] each
             mask = _bias(p.mask, p.key_positions, alibi_slopes, q.dtype)
-            out = softcapped_attention(q, k, v, mask, scale, softcap) if softcap else \
+            out = scored_attention(q, k, v, mask, scale, softcap, sinks) if scored else \
                 F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
             output[p.tokens] = out.squeeze(0).transpose(0, 1)
         for d in decodes:
             k, v = self._gather(cache.kv, d.blocks, query.dtype)  # [B, KVH, L, D] each
             rows = query.index_select(0, d.rows)
-            out = softcapped_attention(rows.unsqueeze(2), k, v, d.mask, scale, softcap).squeeze(2) if softcap else \
-                _decode(rows, k, v, d, scale, alibi_slopes)
+            out = scored_attention(rows.unsqueeze(2), k, v, d.mask, scale, softcap, sinks).squeeze(2) if scored \
+                else _decode(rows, k, v, d, scale, alibi_slopes)
             output.index_copy_(0, d.rows, out)
         return output
 
@@ -154,17 +155,23 @@ def _decode(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d: _Decodes, 
     return out.squeeze(2)
 
 
-def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-                         softcap: float) -> torch.Tensor:
-    """q [B, H, q, D], K/V [B, KVH, L, D], mask boolean [.., q, L]: softmax(cap · tanh(q·kᵀ·scale / cap)) · v,
-    as transformers' eager Gemma 2 attention computes it (SDPA has no soft-cap)."""
+def scored_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+                     softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, H, q, D], K/V [B, KVH, L, D], mask boolean [.., q, L]: softmax(cap · tanh(q·kᵀ·scale / cap)) · v
+    as transformers' eager Gemma 2 attention computes it, and with `sinks` [H] one more logit per head in
+    each softmax that weighs no value, as its eager gpt-oss attention does (SDPA has neither)."""
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = soft_cap(scores, softcap)
+    if softcap:
+        scores = soft_cap(scores, softcap)
     scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+    if sinks is None:
+        return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+    sink = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    probs = torch.softmax(torch.cat([scores.float(), sink], dim=-1), dim=-1)[..., :-1]
+    return torch.matmul(probs.to(q.dtype), v)
 
 
 def _length_groups(lengths: list[int], ratio: float = 0.6) -> list[list[int]]:

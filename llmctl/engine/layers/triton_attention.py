@@ -81,26 +81,26 @@ class TritonAttention:
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
-                softcap: float | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         step = self.step
         assert step is not None, "prepare() or use_static() runs before forward()"
         self._kv_store.store_kv(key.contiguous(), value.contiguous(), cache.kv, step.slot_mapping)
         return self._attend(query.contiguous(), key.shape[1], cache, scale=scale, alibi_slopes=alibi_slopes,
-                            window=window, softcap=softcap)
+                            window=window, softcap=softcap, sinks=sinks)
 
     def forward_rotated(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor,
                         sin: torch.Tensor, cache: KVCache, *, scale: float, window: int | None = None,
-                        softcap: float | None = None) -> torch.Tensor:
+                        softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """forward() for q and k not yet rotated: one launch rotates q, rotates k into the cache and stores v
         (`kernels.rotary_store`), reading all three through their strides (views of the qkv projection)."""
         step = self.step
         assert step is not None, "prepare() or use_static() runs before forward()"
         query = attention_ops.rotary_store(query, key, value, cos, sin, cache.kv, step.slot_mapping)
-        return self._attend(query, key.shape[1], cache, scale=scale, window=window, softcap=softcap)
+        return self._attend(query, key.shape[1], cache, scale=scale, window=window, softcap=softcap, sinks=sinks)
 
     def _attend(self, query: torch.Tensor, kv_heads: int, cache: KVCache, *, scale: float,
                 alibi_slopes: torch.Tensor | None = None, window: int | None = None,
-                softcap: float | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """The paged attention of the stored step (query contiguous)."""
         step = self.step
         assert step is not None
@@ -109,5 +109,6 @@ class TritonAttention:
                                                     context=step.context)
         options = self._attention.AttentionOptions(
             scale=scale, alibi_slopes=None if alibi_slopes is None else alibi_slopes.float().contiguous(),
-            sliding_window=window or step.sliding_window, softcap=softcap, key_limits=step.key_limits)
+            sliding_window=window or step.sliding_window, softcap=softcap, key_limits=step.key_limits,
+            sinks=None if sinks is None else sinks.float().contiguous())
         return attention_ops.paged_attention(query, cache.kv, step.block_tables, step.seq_lens, step.layout, options)
