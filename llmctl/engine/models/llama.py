@@ -81,12 +81,17 @@ class LlamaAttention(nn.Module):
         if getattr(ctx.backend, "rotates_on_store", False):  # Triton: RoPE inside the KV store's launch
             cos, sin = self.rotary.cos_sin(ctx.positions, q.dtype, ctx.lengths)
             out = ctx.backend.forward_rotated(q, k, v, cos, sin, ctx.kv_caches[layer],  # type: ignore[attr-defined]
-                                              scale=self.scale, window=self.window, softcap=self.softcap)
+                                              scale=self.scale, window=self.window, softcap=self.softcap,
+                                              sinks=self.sink_logits())
         else:
             q, k = self.rotary(ctx.positions, q, k, ctx.lengths)
             out = ctx.backend.forward(q, k, v, ctx.kv_caches[layer], scale=self.scale, window=self.window,
-                                      softcap=self.softcap)
+                                      softcap=self.softcap, sinks=self.sink_logits())
         return self.o_proj(out.reshape(-1, self.q_size))
+
+    def sink_logits(self) -> torch.Tensor | None:
+        """This rank's heads' attention-sink logits (gpt-oss), or None."""
+        return None
 
 
 class LlamaMLP(nn.Module):

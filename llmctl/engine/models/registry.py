@@ -29,6 +29,7 @@ SUPPORTED = {
     "DeepseekV2ForCausalLM": "deepseek",  # multi-head latent attention, routed + shared experts
     "DeepseekV3ForCausalLM": "deepseek",  # as V2, with sigmoid routing and its correction bias
     "Glm4MoeForCausalLM": "glm4_moe",  # GLM-4.5/4.6: Llama attention (QK-norm, partial rotary), DeepSeek-V3 experts
+    "GptOssForCausalLM": "gpt_oss",  # sinks, sliding/full layers, biased experts with a clamped SwiGLU
     "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma",
@@ -78,6 +79,9 @@ def native_problem(spec: ModelSpec) -> str | None:
         return _unsupported(spec)
     family = next(SUPPORTED[arch] for arch in spec.architectures if arch in SUPPORTED)
     method = spec.quantization.method if spec.quantization is not None else None
+    if family == "gpt_oss" and method is not None:
+        return (f"a {method} gpt-oss checkpoint is not served by llmctl's own layers yet (its unquantized bfloat16 "
+                "one is)")
     if family == "glm4_moe" and method is not None:
         return f"a {method} GLM-4.5 checkpoint is not served by llmctl's own layers yet (its unquantized one is)"
     if family == "deepseek" and method == "gguf":
@@ -148,6 +152,7 @@ FAMILY_CLASSES = {
     "moe": ("moe", "MixtureOfExpertsForCausalLM"),
     "deepseek": ("deepseek", "DeepseekForCausalLM"),
     "glm4_moe": ("glm4_moe", "Glm4MoeForCausalLM"),
+    "gpt_oss": ("gpt_oss", "GptOssForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma": ("gemma", "GemmaForCausalLM"),
     "olmo2": ("olmo2", "Olmo2ForCausalLM"),
