@@ -231,6 +231,11 @@ def converter_for(folder: Path, quant: QuantizationSpec | None, form: Quantizati
     are). `names`: every tensor name in the checkpoint."""
     if quant is not None and quant.method in ("gptq", "awq") and moe:
         return _experts_converter(quant, form, names, dtype)
+    if quant is not None and quant.method == "mxfp4":
+        from llmctl.checkpoint.mxfp4 import Mxfp4ExpertsDequantizer
+
+        return Mxfp4ExpertsDequantizer(names, dtype), (f"gpt-oss's MXFP4 experts dequantized once at load into "
+                                                       f"{str(dtype).removeprefix('torch.')}")
     if quant is None or quant.method not in ("fp8", "compressed-tensors"):
         return None, ""  # read as stored (GPTQ, AWQ, GGUF), or refused by name (llmctl.engine.models.registry)
     try:

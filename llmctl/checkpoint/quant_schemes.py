@@ -24,7 +24,7 @@ from llmctl.checkpoint.architecture import QuantizationSpec
 READ_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "naive-quantized", "mxfp4-pack-quantized",
                 "nvfp4-pack-quantized")
 FP8_CHANNEL_ROWS = 128  # inputs per scale row of a per-channel or per-tensor fp8 weight kept as float8 (Fp8ToColumns)
-SERVED_METHODS = ("gptq", "awq", "gguf", "fp8", "compressed-tensors")
+SERVED_METHODS = ("gptq", "awq", "gguf", "fp8", "compressed-tensors", "mxfp4")  # mxfp4: gpt-oss's own
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,8 @@ def describe(quant: QuantizationSpec) -> str:
 
 def unread_problem(quant: QuantizationSpec) -> str | None:
     """Why llmctl cannot read this checkpoint's quantized weights, or None."""
-    supported = "GPTQ, AWQ, GGUF, FP8 and compressed-tensors (pack-, int-, float- and naive-quantized) checkpoints"
+    supported = ("GPTQ, AWQ, GGUF, FP8 and compressed-tensors (pack-, int-, float- and naive-quantized) checkpoints, "
+                 "and gpt-oss's MXFP4")
     if quant.method not in SERVED_METHODS:
         return (f"quantization_config.quant_method {quant.method!r} is not supported (llmctl serves {supported}): "
                 "use the unquantized model, or `llmctl quantize MODEL --gptq|--awq`")

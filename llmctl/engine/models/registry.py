@@ -79,9 +79,11 @@ def native_problem(spec: ModelSpec) -> str | None:
         return _unsupported(spec)
     family = next(SUPPORTED[arch] for arch in spec.architectures if arch in SUPPORTED)
     method = spec.quantization.method if spec.quantization is not None else None
-    if family == "gpt_oss" and method is not None:
-        return (f"a {method} gpt-oss checkpoint is not served by llmctl's own layers yet (its unquantized bfloat16 "
-                "one is)")
+    if family == "gpt_oss" and method not in (None, "mxfp4"):
+        return (f"a {method} gpt-oss checkpoint is not served by llmctl's own layers yet (its published MXFP4 one "
+                "and bfloat16 ones are)")
+    if family != "gpt_oss" and method == "mxfp4":
+        return "quant_method mxfp4 is gpt-oss's own format: llmctl reads it for gpt-oss checkpoints only"
     if family == "glm4_moe" and method is not None:
         return f"a {method} GLM-4.5 checkpoint is not served by llmctl's own layers yet (its unquantized one is)"
     if family == "deepseek" and method == "gguf":

@@ -53,3 +53,37 @@ def test_sinks_through_the_triton_and_torch_backends(folder, tokenizer, backend)
     prompts = ["The capital of France is", "def fibonacci(n):"]
     ours, _ = engine_outputs(folder, prompts, tokens=6, attention_backend=backend)
     assert_close(transformers_reference(folder, tokenizer, prompts=prompts, max_tokens=6), ours, prompts)
+
+
+def save_mxfp4(folder: Path, into: Path) -> Path:
+    """The random model as gpt-oss publishes its checkpoints: the experts' projections as MXFP4 blocks and scales
+    (random codes, exponents around 2^-4), everything else as it is, `quant_method: mxfp4` in config.json."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    generator = torch.Generator().manual_seed(1)
+    tensors = load_file(str(folder / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, inputs, outputs = tensors.pop(name).shape  # stored [E, in, out]; blocks are [E, out, in / 32, 16]
+        tensors[f"{name}_blocks"] = torch.randint(0, 256, (experts, outputs, inputs // 32, 16), dtype=torch.uint8,
+                                                  generator=generator)
+        tensors[f"{name}_scales"] = torch.randint(121, 125, (experts, outputs, inputs // 32), dtype=torch.uint8,
+                                                  generator=generator)
+    shutil.copytree(folder, into)
+    save_file(tensors, str(into / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((into / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (into / "config.json").write_text(json.dumps(config))
+    return into
+
+
+def test_published_mxfp4_experts_are_read(folder, tokenizer, tmp_path):
+    """Dequantized at load as transformers' own MXFP4 loader does on a CPU (its reference): the same tokens."""
+    mxfp4 = save_mxfp4(folder, tmp_path / "gpt_oss_mxfp4")
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    ours, _ = engine_outputs(mxfp4, prompts, tokens=12)
+    assert_close(transformers_reference(mxfp4, tokenizer, prompts=prompts, max_tokens=12), ours, prompts)

@@ -103,6 +103,6 @@ def test_layers_the_fallback_cannot_reproduce_are_refused_by_layer(tmp_path, tok
     config, what = unservable_configs(len(tokenizer))[family]
     folder = save_random_model(config, tmp_path / family, tokenizer)
     with pytest.raises(UnsupportedModelError) as error:
-        LLM(str(folder), max_model_len=64, kv_cache_memory=16 << 20)
+        LLM(str(folder), max_model_len=64, kv_cache_memory=16 << 20, model_impl="transformers")  # gpt-oss: native too
     message = str(error.value)
     assert "--model-impl transformers:" in message and what in message, message
