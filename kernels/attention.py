@@ -66,6 +66,7 @@ class AttentionOptions:
     # whose tokens attend to each other both ways); None: causal. Never decreases along a sequence's tokens.
     key_limits: torch.Tensor | None = None
     sinks: torch.Tensor | None = None  # [H] float32: a logit per head in the softmax's denominator (gpt-oss)
+    chunk: int | None = None  # a query sees only keys of its own aligned chunk of this many positions (Llama 4)
 
 
 def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -95,6 +96,8 @@ def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, block
         allowed = key_pos.view(1, -1) <= limits.view(-1, 1)
         if options.sliding_window:
             allowed &= key_pos.view(1, -1) > query_pos.view(-1, 1) - options.sliding_window
+        if options.chunk:
+            allowed &= key_pos.view(1, -1) >= (query_pos // options.chunk * options.chunk).view(-1, 1)
         scores = scores.masked_fill(~allowed, float("-inf"))
         if options.sinks is not None:  # one more logit per head, weighing no value
             sink = options.sinks.float().view(-1, 1, 1).expand(heads, stop - start, 1)
@@ -161,7 +164,8 @@ def key_tile(decode_only: bool, padded_dim: int, rows: int, element_bytes: int,
 
 def kernel_constexprs(*, dim: int, block_size: int, group: int, rows: int, segments: int, decode_only: bool,
                       dtype: torch.dtype, kv_fp8: bool, window: bool, alibi: bool, softcap: bool,
-                      preferred_key_tile: int | None = None, key_limits: bool = False, sinks: bool = False) -> dict:
+                      preferred_key_tile: int | None = None, key_limits: bool = False, sinks: bool = False,
+                      chunked: bool = False) -> dict:
     """The attention kernel's compile-time parameters: the launcher and the ahead-of-time compile check
     (`llmctl.kernels.compile_check`) both build them here, so the check covers what runs."""
     padded_dim = padded_head_dim(dim)
@@ -169,7 +173,7 @@ def kernel_constexprs(*, dim: int, block_size: int, group: int, rows: int, segme
     tile = key_tile(decode_only, padded_dim, rows, element_bytes, preferred_key_tile)
     return dict(GROUP=group, HEAD_DIM=dim, PADDED_DIM=padded_dim, BLOCK_SIZE=block_size, ROWS=rows,
                 PER_BLOCK=rows // group, KEY_TILE=tile, WINDOW=window, ALIBI=alibi,
-                SOFTCAP=softcap, KEY_LIMITS=key_limits, SINKS=sinks, SEGMENTS=segments, KV_FP8=kv_fp8, DOT_PRECISION=dot_precision(dtype))
+                SOFTCAP=softcap, KEY_LIMITS=key_limits, SINKS=sinks, CHUNKED=chunked, SEGMENTS=segments, KV_FP8=kv_fp8, DOT_PRECISION=dot_precision(dtype))
 
 
 def program_rows(group: int, decode_only: bool) -> int:
@@ -220,7 +224,7 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
         decode_only=layout.decode_only, dtype=query.dtype, kv_fp8=fp8_format(kv_cache.dtype) is not None,
         window=bool(options.sliding_window), alibi=options.alibi_slopes is not None, softcap=bool(options.softcap),
         preferred_key_tile=layout.preferred_key_tile, key_limits=options.key_limits is not None,
-        sinks=options.sinks is not None)
+        sinks=options.sinks is not None, chunked=bool(options.chunk))
     padded_dim = constexprs["PADDED_DIM"]
     if segments > 1:
         partial = torch.empty(tokens, heads, segments, padded_dim, dtype=torch.float32, device=query.device)
@@ -236,7 +240,7 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
         out, partial, maxes, sums, used, query, kv_cache, block_tables, seq_lens, layout.query_start_loc,
         layout.block_seq, layout.block_first, slopes, limits, sinks,
         options.scale, options.softcap or 0.0, options.k_scale, options.v_scale, options.sliding_window or 0,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        options.chunk or 0, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), block_tables.stride(0),
         **constexprs)
     if segments > 1:
@@ -249,13 +253,14 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
 @triton.jit
 def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, q_ptr, kv_ptr, tables_ptr, lens_ptr, starts_ptr,
               block_seq_ptr, block_first_ptr, slopes_ptr, limits_ptr, sinks_ptr,
-              scale, softcap, k_scale, v_scale, window,
+              scale, softcap, k_scale, v_scale, window, chunk,
               stride_qt, stride_qh, stride_ot, stride_oh,
               stride_block, stride_slot, stride_kv, stride_head, stride_table,
               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PADDED_DIM: tl.constexpr,
               BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, PER_BLOCK: tl.constexpr, KEY_TILE: tl.constexpr,
               WINDOW: tl.constexpr, ALIBI: tl.constexpr, SOFTCAP: tl.constexpr, SEGMENTS: tl.constexpr,
-              KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, KEY_LIMITS: tl.constexpr, SINKS: tl.constexpr):
+              KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, KEY_LIMITS: tl.constexpr, SINKS: tl.constexpr,
+              CHUNKED: tl.constexpr):
     program, kv_head, segment = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq = tl.load(block_seq_ptr + program)
     first = tl.load(block_first_ptr + program)
@@ -272,6 +277,8 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, q_ptr, k
     first_key = 0
     if WINDOW:
         first_key = tl.maximum(seq_len - seq_stop + first - window + 1, 0)
+    if CHUNKED:  # the block's first token starts the earliest chunk any of its rows sees
+        first_key = tl.maximum(first_key, (seq_len - seq_stop + first) // chunk * chunk)
     first_tile = first_key // KEY_TILE
     tiles = last_key // KEY_TILE + 1 - first_tile
     per_segment = (tiles + SEGMENTS - 1) // SEGMENTS
@@ -323,6 +330,8 @@ def _attention_kernel(out_ptr, partial_ptr, max_ptr, sum_ptr, used_ptr, q_ptr, k
             allowed = valid[:, None] & key_ok[None, :] & (key_pos[None, :] <= position[:, None])
         if WINDOW:
             allowed = allowed & (key_pos[None, :] > position[:, None] - window)
+        if CHUNKED:
+            allowed = allowed & (key_pos[None, :] >= position[:, None] // chunk * chunk)
         score = tl.where(allowed, score, float("-inf"))
         new_best = tl.maximum(best, tl.max(score, 1))
         shift = tl.where(new_best == float("-inf"), 0.0, new_best)  # rows that saw nothing yet

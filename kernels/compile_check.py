@@ -102,7 +102,8 @@ def attention_cases(full: bool = False) -> list[KernelCase]:
         return _case("attention", dtype, kv, kernel_constexprs(
             dim=dim, block_size=block_size, group=group, rows=program_rows(group, decode_only), segments=segments,
             decode_only=decode_only, dtype=FLOAT_DTYPES[dtype], kv_fp8=_fp8(kv) is not None,
-            window=features, alibi=features, softcap=features, key_limits=features, sinks=features))
+            window=features, alibi=features, softcap=features, key_limits=features, sinks=features,
+            chunked=features))
 
     cases = [case(dtype, kv, block_size, step)
              for (dtype, kv), block_size, step in itertools.product(kinds, SUPPORTED_BLOCK_SIZES, steps)]

@@ -112,15 +112,18 @@ def fused_layers_for(x: torch.Tensor) -> bool:
 def paged_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                     alibi_slopes: torch.Tensor | None = None, sliding_window: int | None = None,
-                    softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    softcap: float | None = None, sinks: torch.Tensor | None = None,
+                    chunk: int | None = None) -> torch.Tensor:
     """Causal attention of flat queries [T, H, D] over each sequence's cached tokens, into `out`.
     block_tables [B, n], seq_lens [B] and query_start_loc [B + 1] are int32; `softcap`: scores =
-    softcap · tanh(scores / softcap); `sinks` [H]: a logit per head in the softmax's denominator (gpt-oss)."""
+    softcap · tanh(scores / softcap); `sinks` [H]: a logit per head in the softmax's denominator (gpt-oss);
+    `chunk`: a query sees only the keys of its own aligned chunk of that many positions (Llama 4)."""
     load()
     slopes = alibi_slopes.float().contiguous() if alibi_slopes is not None else None
     sinks = sinks.float().contiguous() if sinks is not None else None
     torch.ops.llmctl_cpu.paged_attention(out, query, kv_cache, block_tables, seq_lens, query_start_loc, scale,
-                                         slopes, sliding_window or 0, softcap or 0.0, sinks)
+                                         slopes, sliding_window or 0, softcap or 0.0, sinks,
+                                         chunk or 0)
     return out
 
 

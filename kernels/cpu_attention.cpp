@@ -260,7 +260,7 @@ template <typename T, typename C, int DIM>
 void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache, const at::Tensor& block_tables,
             const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale,
             const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window, double softcap,
-            const c10::optional<at::Tensor>& sinks) {
+            const c10::optional<at::Tensor>& sinks, int64_t chunk) {
   const int64_t heads = query.size(1), dim = query.size(2);
   const float cap = static_cast<float>(softcap);
   const int64_t block_size = kv_cache.size(1), kv_heads = kv_cache.size(3);
@@ -302,7 +302,8 @@ void attend(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache
       auto v_row = [&](int64_t h) { return kv_ptr + (kv_heads + (first_head + h) / group) * dim; };
       for (int64_t token = item.token_begin; token < item.token_end; ++token) {
         const int64_t pos = first_query_pos + (token - starts[item.seq]);
-        const int64_t first_key = sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
+        int64_t first_key = sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
+        if (chunk > 0) first_key = std::max<int64_t>(first_key, pos / chunk * chunk);  // Llama 4: its own chunk
         const int64_t num_keys = pos + 1 - first_key;
         scores.resize(q_heads * num_keys);
         for (int64_t h = 0; h < q_heads; ++h) {  // the scale folded into q
@@ -372,10 +373,10 @@ template <typename T, typename C>
 void attend_any_dim(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                     const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
                     double scale, const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
-                    double softcap, const c10::optional<at::Tensor>& sinks) {
+                    double softcap, const c10::optional<at::Tensor>& sinks, int64_t chunk) {
   auto run = [&](auto dim) {
     attend<T, C, decltype(dim)::value>(out, query, kv_cache, block_tables, seq_lens, query_start_loc, scale,
-                                    alibi_slopes, sliding_window, softcap, sinks);
+                                    alibi_slopes, sliding_window, softcap, sinks, chunk);
   };
   switch (query.size(2)) {
     case 64: run(std::integral_constant<int, 64>{}); break;
@@ -403,7 +404,7 @@ void narrow_row(const float* src, C* dst, int64_t n) {
 void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& kv_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
                      double scale, const c10::optional<at::Tensor>& alibi_slopes, int64_t sliding_window,
-                     double softcap, const c10::optional<at::Tensor>& sinks) {
+                     double softcap, const c10::optional<at::Tensor>& sinks, int64_t chunk) {
   check(query.dim() == 3 && out.sizes() == query.sizes(), "query and out are [T, H, D]");
   check(query.stride(2) == 1 && out.stride(2) == 1, "query and out rows must be contiguous");
   check(kv_cache.dim() == 5 && kv_cache.is_contiguous(), "kv_cache is a contiguous [blocks, block_size, 2, KVH, D]");
@@ -421,7 +422,7 @@ void paged_attention(at::Tensor out, const at::Tensor& query, const at::Tensor& 
   auto run = [&](auto query_type, auto cache_type) {
     attend_any_dim<decltype(query_type), decltype(cache_type)>(out, query, kv_cache, block_tables, seq_lens,
                                                                 query_start_loc, scale, alibi_slopes, sliding_window,
-                                                                softcap, sinks);
+                                                                softcap, sinks, chunk);
   };
   if (kv_cache.scalar_type() == at::kHalf && query.scalar_type() == at::kFloat) return run(float{}, c10::Half{});
   if (kv_cache.scalar_type() == at::kBFloat16 && query.scalar_type() == at::kFloat)
@@ -486,7 +487,7 @@ void store_kv(at::Tensor kv_cache, const at::Tensor& slots, const at::Tensor& ke
 TORCH_LIBRARY(llmctl_cpu, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, "
         "Tensor query_start_loc, float scale, Tensor? alibi_slopes, int sliding_window, float softcap, "
-        "Tensor? sinks=None) -> ()");
+        "Tensor? sinks=None, int chunk=0) -> ()");
   m.def("store_kv(Tensor(a!) kv_cache, Tensor slots, Tensor key, Tensor value) -> ()");
 }
 

@@ -76,7 +76,7 @@ at::Tensor attend(const at::Tensor& h, at::TensorList qkv, at::TensorList o, at:
       "llmctl_cpu::store_kv");
   static const auto paged = op<void(at::Tensor, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                     const at::Tensor&, const at::Tensor&, double, const OptionalTensor&, int64_t,
-                                    double, const OptionalTensor&)>("llmctl_cpu::paged_attention");
+                                    double, const OptionalTensor&, int64_t)>("llmctl_cpu::paged_attention");
   TORCH_CHECK(attention.size() == 7 && heads.size() == 3,
               "llmctl coded_decoder_layer: attention is [kv_cache, slots, block_tables, seq_lens, query_start_loc, "
               "cos, sin] and heads [query heads, KV heads, head size]");
@@ -90,7 +90,7 @@ at::Tensor attend(const at::Tensor& h, at::TensorList qkv, at::TensorList o, at:
   store.call(cache, attention[1], k, v);
   at::Tensor out = at::empty({tokens, num_heads, dim}, h.options());
   paged.call(out, q, cache, attention[2], attention[3], attention[4], scale, c10::nullopt, window, 0.0,
-              c10::nullopt);
+              c10::nullopt, 0);
   return linear(out.view({tokens, num_heads * dim}), o, kernels[1], c10::nullopt);
 }
 

@@ -35,7 +35,7 @@ def check(query_lens, seq_lens, *, heads, kv_heads, dim, block_size=16, dtype=to
     expected = paged_attention_reference(query, cache, tables, lens, torch.tensor(starts), opts)
     got = cpu.paged_attention(torch.empty_like(query), query, cache, tables, lens,
                               torch.tensor(starts, dtype=torch.int32), opts.scale, opts.alibi_slopes,
-                              opts.sliding_window, opts.softcap, opts.sinks)
+                              opts.sliding_window, opts.softcap, opts.sinks, opts.chunk)
     assert torch.isfinite(got).all()  # never a NaN page past a sequence's end
     torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
@@ -53,6 +53,13 @@ def test_paged_attention_with_sinks(dtype):
     sinks = torch.tensor([2.0, -1.0, 0.5, 8.0, -30.0, 0.0, 1.5, 3.0])
     check([1, 5, 1, 7], [1, 18, 70, 7], heads=8, kv_heads=2, dim=64, dtype=dtype, sinks=sinks)
     check([1, 5, 1, 7], [1, 18, 70, 7], heads=8, kv_heads=2, dim=72, dtype=dtype, sinks=sinks, sliding_window=16)
+
+
+@pytest.mark.parametrize("dim", [64, 72])
+def test_paged_attention_in_chunks(dim):
+    """Llama 4: each query sees its own aligned chunk only (chunks of 16 here; one of 7 tokens inside a chunk)."""
+    check([1, 5, 1, 37, 1], [1, 18, 70, 37, 33], heads=8, kv_heads=2, dim=dim, chunk=16)
+    check([1, 5, 1], [1, 18, 70], heads=4, kv_heads=4, dim=dim, chunk=7, sliding_window=7)
 
 
 @pytest.mark.parametrize("dim", [64, 80])

@@ -63,6 +63,31 @@ def test_attention_sinks_whole_and_split(segments):
     check([6, 1], [6, 40], heads=8, kv_heads=2, dim=64, block_size=16, sinks=sinks, sliding_window=8)
 
 
+@pytest.mark.parametrize("segments", [1, 4])
+def test_chunked_attention(segments):
+    """Llama 4's chunks: a prompt crossing chunk boundaries, decodes at and past them, whole and split."""
+    check([1, 1, 1], [16, 100, 17], heads=8, kv_heads=2, dim=64, block_size=16, segments=segments, chunk=16)
+    check([40, 1], [40, 70], heads=4, kv_heads=1, dim=64, block_size=16, chunk=24, sliding_window=24)
+
+
+def test_the_chunk_reference_is_transformers_chunked_mask():
+    """The kernels' reference mask against transformers' own chunked causal mask (Llama 4's)."""
+    from transformers.masking_utils import chunked_causal_mask_function
+
+    query, cache, tables, lens, starts = paged_step([20], [20], heads=2, kv_heads=2, dim=16, block_size=16)
+    values = torch.zeros_like(cache)
+    values[..., 1, :, :] = torch.eye(16)[torch.arange(cache.shape[1]) % 16].view(1, -1, 1, 16)  # v = one-hot of slot
+    ours = paged_attention_reference(torch.zeros_like(query), values, tables, lens, torch.tensor(starts),
+                                     AttentionOptions(scale=1.0, chunk=8))[:, 0]  # uniform weights over seen keys
+    allowed = chunked_causal_mask_function(8, torch.zeros(1, dtype=torch.long))
+    for q in range(20):
+        seen = [k for k in range(20) if allowed(0, 0, torch.tensor(q), torch.tensor(k))]
+        expected = torch.zeros(16)
+        for k in seen:
+            expected[k % 16] += 1 / len(seen)
+        torch.testing.assert_close(ours[q].float().cpu(), expected, atol=1e-5, rtol=0)
+
+
 def test_the_sinks_reference_is_transformers_gpt_oss_attention():
     """The kernels' reference against transformers' eager gpt-oss attention, an independent definition."""
     from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward

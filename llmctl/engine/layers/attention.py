@@ -77,9 +77,11 @@ class AttentionBackend(Protocol):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
-                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None,
+                chunk: int | None = None) -> torch.Tensor:
         """query [T, H, D], key/value [T, KVH, D] (new tokens) -> output [T, H, D]. `window`: this layer's
         sliding window where layers differ (Gemma; None: the step's `sliding_window`); `softcap`: scores =
         softcap · tanh(scores / softcap) (Gemma 2); `sinks` [H]: a logit per head that joins the softmax's
-        denominator and attends to nothing (gpt-oss's attention sinks)."""
+        denominator and attends to nothing (gpt-oss's attention sinks); `chunk`: a query sees only the keys of its
+        own aligned chunk of that many positions, [⌊p / chunk⌋ · chunk, p] (Llama 4's chunked attention)."""
         ...

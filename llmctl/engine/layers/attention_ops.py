@@ -34,13 +34,14 @@ def _paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: 
                      block_first: torch.Tensor, rows: int, group: int, segments: int, decode_only: bool,
                      key_tile: int | None, scale: float, alibi_slopes: torch.Tensor | None, window: int,
                      softcap: float, key_limits: torch.Tensor | None = None,
-                     sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     sinks: torch.Tensor | None = None, chunk: int = 0) -> torch.Tensor:
     from llmctl.kernels import attention
 
     layout = attention.StepLayout(query_start_loc, block_seq, block_first, rows, group, segments, decode_only,
                                   key_tile)
     options = attention.AttentionOptions(scale=scale, alibi_slopes=alibi_slopes, sliding_window=window or None,
-                                         softcap=softcap or None, key_limits=key_limits, sinks=sinks)
+                                         softcap=softcap or None, key_limits=key_limits, sinks=sinks,
+                                         chunk=chunk or None)
     return attention.paged_attention(query, kv_cache, block_tables, seq_lens, layout, options)
 
 
@@ -53,7 +54,7 @@ define("rotary_store(Tensor query, Tensor key, Tensor value, Tensor cos, Tensor 
 define("paged_attention(Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, "
        "Tensor query_start_loc, Tensor block_seq, Tensor block_first, int rows, int group, int segments, "
        "bool decode_only, int? key_tile, float scale, Tensor? alibi_slopes, int window, float softcap, "
-       "Tensor? key_limits=None, Tensor? sinks=None) -> Tensor",
+       "Tensor? key_limits=None, Tensor? sinks=None, int chunk=0) -> Tensor",
        _paged_attention, _paged_attention_fake)
 
 
@@ -70,4 +71,4 @@ def paged_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: t
         query, kv_cache, block_tables, seq_lens, layout.query_start_loc, layout.block_seq, layout.block_first,
         layout.rows, layout.group, layout.num_segments, layout.decode_only, layout.preferred_key_tile,
         options.scale, options.alibi_slopes, options.sliding_window or 0, options.softcap or 0.0, options.key_limits,
-        options.sinks)
+        options.sinks, options.chunk or 0)

@@ -76,11 +76,12 @@ class CPUAttention:
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
-                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None,
+                chunk: int | None = None) -> torch.Tensor:
         assert self.meta is not None, "prepare() runs before forward()"
         cpu_kernels.store_kv(cache.kv, self.meta.slot_mapping, _token_rows(key), _token_rows(value))
         output = self.torch.attend(query, key, value, cache, scale=scale, alibi_slopes=alibi_slopes, window=window,
-                                   softcap=softcap, sinks=sinks)
+                                   softcap=softcap, sinks=sinks, chunk=chunk)
         if self.paged is None:
             return output
         tables, lens, starts = self.paged
@@ -88,7 +89,7 @@ class CPUAttention:
         q = query if rows is None else query.index_select(0, rows)
         out = torch.empty_like(q)
         cpu_kernels.paged_attention(out, q, cache.kv, tables, lens, starts, scale, alibi_slopes,
-                                    window or self.meta.sliding_window, softcap, sinks)
+                                    window or self.meta.sliding_window, softcap, sinks, chunk)
         if rows is None:
             return out
         output.index_copy_(0, rows, out)

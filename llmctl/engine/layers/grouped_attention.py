@@ -34,10 +34,11 @@ class GroupedAttention:
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
-                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None,
+                chunk: int | None = None) -> torch.Tensor:
         backend = self.backends[self._group_of_cache[id(cache)]]
         return backend.forward(query, key, value, cache, scale=scale, alibi_slopes=alibi_slopes, window=window,
-                               softcap=softcap, sinks=sinks)
+                               softcap=softcap, sinks=sinks, chunk=chunk)
 
     @property
     def rotates_on_store(self) -> bool:

@@ -41,7 +41,7 @@ class TorchAttention:
 
     def __init__(self) -> None:
         self.meta: AttentionMetadata | None = None
-        self._plans: dict[int | None, tuple[list[_Prefill], list[_Decodes]]] = {}  # by sliding window
+        self._plans: dict[tuple[int | None, int | None], tuple[list[_Prefill], list[_Decodes]]] = {}  # by window, chunk
         self._device: torch.device | None = None
         self._only: list[int] | None = None
         self._workspace: torch.Tensor | None = None  # reused gather buffer: fresh large buffers cost page faults
@@ -51,11 +51,11 @@ class TorchAttention:
         self.meta, self._device, self._only, self._plans = meta, device, only, {}
         self._plan(meta.sliding_window)
 
-    def _plan(self, window: int | None) -> tuple[list[_Prefill], list[_Decodes]]:
-        """Masks for one sliding window (None: full attention), made once per step: models that mix
-        sliding and full layers (Gemma) use two."""
-        if window in self._plans:
-            return self._plans[window]
+    def _plan(self, window: int | None, chunk: int | None = None) -> tuple[list[_Prefill], list[_Decodes]]:
+        """Masks for one sliding window (None: full attention) or chunk size, made once per step: models that mix
+        sliding and full layers (Gemma) use two, Llama 4 a chunked and a full one."""
+        if (window, chunk) in self._plans:
+            return self._plans[window, chunk]
         meta, device = self.meta, self._device
         size = meta.block_size
         prefills, decodes = [], []
@@ -70,30 +70,34 @@ class TorchAttention:
             mask = key_pos <= query_pos
             if window:
                 mask &= key_pos > query_pos - window
+            if chunk:
+                mask &= key_pos >= query_pos // chunk * chunk
             spans = [(first, last) for seq, first, last in meta.both_ways_spans if seq == i]
             for first, last in spans:  # an image's tokens also see its later tokens
                 mask |= (key_pos > query_pos) & (query_pos >= first) & (key_pos <= last)
-            fresh = q_len == length and not window and not spans
+            fresh = q_len == length and not window and not chunk and not spans
             prefills.append(_Prefill(slice(start, start + q_len), fresh, torch.tensor(blocks, device=device),
                                      mask.to(device), torch.arange(len(blocks) * size, device=device)))
-        batches = [_decode_batch([decodes[i] for i in group], size, device, window)
+        batches = [_decode_batch([decodes[i] for i in group], size, device, window, chunk)
                    for group in _length_groups([length for _, _, length in decodes])]
-        self._plans[window] = prefills, batches
-        return self._plans[window]
+        self._plans[window, chunk] = prefills, batches
+        return self._plans[window, chunk]
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
-                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None,
+                chunk: int | None = None) -> torch.Tensor:
         assert self.meta is not None, "prepare() runs before forward()"
         _store(cache.flat_slots(), self.meta.slot_mapping, key, value)
         return self.attend(query, key, value, cache, scale=scale, alibi_slopes=alibi_slopes, window=window,
-                           softcap=softcap, sinks=sinks)
+                           softcap=softcap, sinks=sinks, chunk=chunk)
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
-               softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+               softcap: float | None = None, sinks: torch.Tensor | None = None,
+               chunk: int | None = None) -> torch.Tensor:
         """Attention for the prepared sequences, their new K/V already stored; other rows are left unset."""
-        prefills, decodes = self._plan(window or self.meta.sliding_window)
+        prefills, decodes = self._plan(window or self.meta.sliding_window, chunk)
         output = torch.empty_like(query)
         gqa = query.shape[1] != key.shape[1]
         scored = bool(softcap) or sinks is not None  # what SDPA does not compute: the scores made explicitly
@@ -187,7 +191,7 @@ def _length_groups(lengths: list[int], ratio: float = 0.6) -> list[list[int]]:
 
 
 def _decode_batch(items: list[tuple[int, list[int], int]], size: int, device: torch.device,
-                  window: int | None) -> _Decodes:
+                  window: int | None, chunk: int | None = None) -> _Decodes:
     count = max(len(blocks) for _, blocks, _ in items)
     padded = torch.zeros(len(items), count, dtype=torch.long)
     for row, (_, blocks, _) in enumerate(items):
@@ -197,6 +201,8 @@ def _decode_batch(items: list[tuple[int, list[int], int]], size: int, device: to
     valid = key_pos < lengths.unsqueeze(1)
     if window:
         valid &= key_pos > lengths.unsqueeze(1) - 1 - window
+    if chunk:
+        valid &= key_pos >= (lengths.unsqueeze(1) - 1) // chunk * chunk
     return _Decodes(torch.tensor([row for row, _, _ in items], device=device), padded.to(device),
                     valid[:, None, None, :].to(device), torch.arange(count * size, device=device))
 

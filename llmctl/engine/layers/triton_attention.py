@@ -81,12 +81,13 @@ class TritonAttention:
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, *,
                 scale: float, alibi_slopes: torch.Tensor | None = None, window: int | None = None,
-                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None,
+                chunk: int | None = None) -> torch.Tensor:
         step = self.step
         assert step is not None, "prepare() or use_static() runs before forward()"
         self._kv_store.store_kv(key.contiguous(), value.contiguous(), cache.kv, step.slot_mapping)
         return self._attend(query.contiguous(), key.shape[1], cache, scale=scale, alibi_slopes=alibi_slopes,
-                            window=window, softcap=softcap, sinks=sinks)
+                            window=window, softcap=softcap, sinks=sinks, chunk=chunk)
 
     def forward_rotated(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cos: torch.Tensor,
                         sin: torch.Tensor, cache: KVCache, *, scale: float, window: int | None = None,
@@ -100,7 +101,8 @@ class TritonAttention:
 
     def _attend(self, query: torch.Tensor, kv_heads: int, cache: KVCache, *, scale: float,
                 alibi_slopes: torch.Tensor | None = None, window: int | None = None,
-                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                softcap: float | None = None, sinks: torch.Tensor | None = None,
+                chunk: int | None = None) -> torch.Tensor:
         """The paged attention of the stored step (query contiguous)."""
         step = self.step
         assert step is not None
@@ -110,5 +112,5 @@ class TritonAttention:
         options = self._attention.AttentionOptions(
             scale=scale, alibi_slopes=None if alibi_slopes is None else alibi_slopes.float().contiguous(),
             sliding_window=window or step.sliding_window, softcap=softcap, key_limits=step.key_limits,
-            sinks=None if sinks is None else sinks.float().contiguous())
+            sinks=None if sinks is None else sinks.float().contiguous(), chunk=chunk)
         return attention_ops.paged_attention(query, cache.kv, step.block_tables, step.seq_lens, step.layout, options)
