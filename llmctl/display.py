@@ -125,7 +125,8 @@ def _architecture_table(report: InspectReport) -> Table:
         table.add_row("MLA ranks", f"q_lora {att.q_lora_rank}, kv_lora {att.kv_lora_rank}, qk_nope "
                                    f"{att.qk_nope_head_dim}, qk_rope {att.qk_rope_head_dim}, v {att.v_head_dim}")
     if att.sliding_window:
-        table.add_row("sliding window", f"{att.sliding_window} tokens on {att.sliding_layers} of "
+        table.add_row("chunked attention" if att.chunked else "sliding window",
+                      f"{att.sliding_window} tokens on {att.sliding_layers} of "
                                         f"{len(att.layer_types)} layers")
     if att.qk_norm:
         table.add_row("QK norm", "over the whole q and k projections" if att.qk_norm_whole else "per head")

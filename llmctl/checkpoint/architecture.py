@@ -67,6 +67,9 @@ class AttentionSpec:
     qk_norm: bool = False
     qk_norm_whole: bool = False  # OLMo 2: over the whole q and k projections, not one head's
     logit_softcap: float | None = None  # Gemma 2: scores = cap · tanh(scores / cap)
+    # Llama 4: the "sliding" layers attend within aligned chunks of sliding_window tokens (never more than that
+    # many back, so their KV group keeps what a window would)
+    chunked: bool = False
 
     @property
     def qk_norm_params(self) -> int:

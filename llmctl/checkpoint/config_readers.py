@@ -61,6 +61,8 @@ def read_llama_like(reader: ConfigReader, model_type: str) -> dict[str, Any]:
         layout["norms_per_layer"] = 4
     if model_type == "phi3":
         layout.update(qkv_bias=False, o_bias=False)
+    if model_type == "llama4_text":  # the dense layers' MLP; intermediate_size is each expert's
+        facts["intermediate"] = int(cfg.get("intermediate_size_mlp") or facts["intermediate"])
     facts["layout"] = LayerLayout(**layout)
     facts["moe"] = read_moe(reader, model_type, facts["num_layers"])
     if facts["moe"] is not None and model_type == "mixtral":
@@ -209,6 +211,11 @@ def read_moe(reader: ConfigReader, model_type: str, num_layers: int) -> MoESpec 
             moe_layers=tuple(moe_layers), dense_layers=tuple(i for i in layers if i not in moe_layers),
             router_bias=cfg.get("topk_method") == "noaux_tc" or model_type in ("deepseek_v3", "glm4_moe"),
         )
+    if model_type == "llama4_text":  # interleaved MoE and dense layers; a shared expert as wide as a routed one
+        moe_layers = [i for i in layers if i in set(cfg.get("moe_layers") or layers)]
+        return MoESpec(num_experts=experts, top_k=top_k, expert_intermediate_size=expert_size, num_shared_experts=1,
+                       shared_expert_intermediate_size=expert_size, moe_layers=tuple(moe_layers),
+                       dense_layers=tuple(i for i in layers if i not in moe_layers))
     if model_type in ("qwen2_moe", "qwen3_moe"):
         step = int(cfg.get("decoder_sparse_step") or 1)
         mlp_only = set(cfg.get("mlp_only_layers") or [])
@@ -247,11 +254,12 @@ def read_attention(reader: ConfigReader, model_type: str, facts: dict[str, Any],
         kind = "GQA"
     return AttentionSpec(kind=kind, num_heads=heads, num_kv_heads=kv_heads, head_dim=facts["head_dim"],
                          sliding_window=window, layer_types=layer_types, qk_norm=qk_norm,
-                         qk_norm_whole=model_type == "olmo2", logit_softcap=cfg.get("attn_logit_softcapping"))
+                         qk_norm_whole=model_type == "olmo2", logit_softcap=cfg.get("attn_logit_softcapping"),
+                         chunked=model_type == "llama4_text" and "sliding" in layer_types)
 
 
 def _sliding_window(cfg: dict[str, Any], model_type: str) -> int | None:
-    window = cfg.get("sliding_window")
+    window = cfg.get("attention_chunk_size") if model_type == "llama4_text" else cfg.get("sliding_window")
     if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_text") \
             and not cfg.get("use_sliding_window", False):
         return None
@@ -261,7 +269,7 @@ def _sliding_window(cfg: dict[str, Any], model_type: str) -> int | None:
 def _layer_types(cfg: dict[str, Any], model_type: str, num_layers: int, window: int | None) -> tuple[str, ...]:
     explicit = cfg.get("layer_types")
     if isinstance(explicit, list) and len(explicit) == num_layers:
-        return tuple("sliding" if "sliding" in str(kind) else "full" for kind in explicit)
+        return tuple("sliding" if "sliding" in str(kind) or "chunked" in str(kind) else "full" for kind in explicit)
     if window is None:
         return ("full",) * num_layers
     if model_type == "gemma2":  # even layers slide, odd layers are global

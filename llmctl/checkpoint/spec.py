@@ -92,7 +92,7 @@ KNOWN_MODEL_TYPES = (
     "llama", "mistral", "mixtral", "qwen", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
     "bloom", "opt", "gpt2", "gpt_neox", "falcon", "phi", "phi3", "gemma", "gemma2",
     "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "granite", "olmo2", "qwen2_vl", "qwen2_vl_text",
-    "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl", "qwen3_vl_text", "glm4_moe", "gpt_oss",
+    "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl", "qwen3_vl_text", "glm4_moe", "gpt_oss", "llama4_text",
 )
 
 

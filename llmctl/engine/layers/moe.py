@@ -87,9 +87,11 @@ def dense_expert(w13: torch.Tensor, w2: torch.Tensor, packed: list[PackedPair] |
 
 
 def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_local: int,
-                    project: Callable[[int, torch.Tensor], torch.Tensor], first_expert: int = 0) -> torch.Tensor:
+                    project: Callable[[int, torch.Tensor], torch.Tensor], first_expert: int = 0,
+                    scale_inputs: bool = False) -> torch.Tensor:
     """Σ_k weight_k · expert_k(x) for each token: [T, H] -> [T, H], over the `num_local` experts this rank holds
-    (local expert i is expert first_expert + i, `project(i, tokens)` its MLP): a partial sum under TP or EP."""
+    (local expert i is expert first_expert + i, `project(i, tokens)` its MLP): a partial sum under TP or EP.
+    `scale_inputs`: Σ_k expert_k(weight_k · x) instead (Llama 4)."""
     tokens, top_k = ids.shape
     local = ids.flatten() - first_expert
     pairs = ((local >= 0) & (local < num_local)).nonzero().squeeze(1)  # expert parallel: experts held here
@@ -103,8 +105,13 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, n
     for expert, count in enumerate(counts):
         if count == 0:
             continue
-        y = project(expert, gathered[start:start + count])
-        out.index_add_(0, rows[start:start + count], y.float() * scale[start:start + count, None])
+        weight = scale[start:start + count, None]
+        if scale_inputs:
+            y = project(expert, (gathered[start:start + count].float() * weight).to(x.dtype))
+            out.index_add_(0, rows[start:start + count], y.float())
+        else:
+            y = project(expert, gathered[start:start + count])
+            out.index_add_(0, rows[start:start + count], y.float() * weight)
         start += count
     return out.to(x.dtype)
 

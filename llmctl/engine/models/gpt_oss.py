@@ -3,7 +3,7 @@ learned logit per head that joins each softmax's denominator and weighs no value
 a 128-token sliding window and full attention (config.json's layer_types: two KV groups, the sliding one giving
 back the blocks its window has passed), and a mixture of experts in every layer: a biased router whose top-k
 logits are softmaxed — the same weights as softmax, top-k, renormalise — and experts with biases and a clamped
-SwiGLU (llmctl.engine.layers.clamped_experts)."""
+SwiGLU (llmctl.engine.layers.stacked_experts)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from torch import nn
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.distributed.group import TPGroup
-from llmctl.engine.layers.clamped_experts import ClampedSwigluExperts
 from llmctl.engine.layers.linear import LoadError, Part
 from llmctl.engine.layers.moe import Routing
 from llmctl.engine.layers.positions import RotaryEmbedding
+from llmctl.engine.layers.stacked_experts import ClampedSwigluExperts
 from llmctl.engine.models.common import Shard, Target, layer_index
 from llmctl.engine.models.llama import LlamaAttention, LlamaForCausalLM
 

@@ -30,6 +30,7 @@ SUPPORTED = {
     "DeepseekV3ForCausalLM": "deepseek",  # as V2, with sigmoid routing and its correction bias
     "Glm4MoeForCausalLM": "glm4_moe",  # GLM-4.5/4.6: Llama attention (QK-norm, partial rotary), DeepSeek-V3 experts
     "GptOssForCausalLM": "gpt_oss",  # sinks, sliding/full layers, biased experts with a clamped SwiGLU
+    "Llama4ForCausalLM": "llama4",  # chunked attention, NoPE layers with temperature tuning, interleaved MoE
     "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma",
@@ -84,8 +85,9 @@ def native_problem(spec: ModelSpec) -> str | None:
                 "and bfloat16 ones are)")
     if family != "gpt_oss" and method == "mxfp4":
         return "quant_method mxfp4 is gpt-oss's own format: llmctl reads it for gpt-oss checkpoints only"
-    if family == "glm4_moe" and method is not None:
-        return f"a {method} GLM-4.5 checkpoint is not served by llmctl's own layers yet (its unquantized one is)"
+    if family in ("glm4_moe", "llama4") and method is not None:
+        name = "GLM-4.5" if family == "glm4_moe" else "Llama 4"
+        return f"a {method} {name} checkpoint is not served by llmctl's own layers yet (its unquantized one is)"
     if family == "deepseek" and method == "gguf":
         return ("GGUF DeepSeek files are not served yet: use the Hugging Face checkpoint, or an FP8, GPTQ, AWQ or "
                 "compressed-tensors one")
@@ -155,6 +157,7 @@ FAMILY_CLASSES = {
     "deepseek": ("deepseek", "DeepseekForCausalLM"),
     "glm4_moe": ("glm4_moe", "Glm4MoeForCausalLM"),
     "gpt_oss": ("gpt_oss", "GptOssForCausalLM"),
+    "llama4": ("llama4", "Llama4ForCausalLM"),
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma": ("gemma", "GemmaForCausalLM"),
     "olmo2": ("olmo2", "Olmo2ForCausalLM"),
