@@ -186,13 +186,13 @@ def assert_peft_adapter_matches(folder: Path, tokenizer, tmp_path: Path, targets
     assert_matches(outputs, reference(folder, adapter, tokenizer, LORA_PROMPTS, 12))
 
 
-def save_routed_moe(config, folder: Path, tokenizer) -> Path:
-    """A DeepSeek-V3-style mixture of experts with random weights, its router's correction bias (a buffer, zero
-    when built) random too, so it steers routing."""
+def save_routed_moe(config, folder: Path, tokenizer, model_class=None) -> Path:
+    """A mixture of experts with random weights (`model_class`, else the causal LM of its config), a DeepSeek-V3-style
+    router's correction bias (a buffer, zero when built) random too, so it steers routing."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
+    model = (model_class(config) if model_class else AutoModelForCausalLM.from_config(config)).to(torch.float32).eval()
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0, 0.2)

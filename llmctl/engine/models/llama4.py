@@ -7,10 +7,14 @@
 - MoE layers (`moe_layers`, interleaved with dense ones of `intermediate_size_mlp`) route each token to its
   top-k experts by sigmoid(logit), weigh the expert's *input* by it, and add a shared expert.
 The pairs are rotated as llmctl's rotate-half RoPE after q and k are permuted within each head (even dimensions
-first): the same dot products, since q and k move alike, and the same norms."""
+first): the same dot products, since q and k move alike, and the same norms.
+
+The published checkpoints are `Llama4ForConditionalGeneration`: the language model under text_config and
+`language_model.`, beside a vision tower that is not built yet — they are served text-only (said at load)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -23,6 +27,10 @@ from llmctl.engine.layers.positions import RotaryEmbedding
 from llmctl.engine.layers.stacked_experts import StackedExperts
 from llmctl.engine.models.common import Shard, StepContext, Target
 from llmctl.engine.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+
+logger = logging.getLogger(__name__)
+LANGUAGE_PREFIXES = ("language_model.", "model.language_model.")  # as published, and as transformers 5 writes it
+VISION_PREFIXES = ("vision_model.", "multi_modal_projector.", "model.vision_model.", "model.multi_modal_projector.")
 
 
 def halves_first(x: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -82,6 +90,13 @@ class Llama4MoE(nn.Module):
 class Llama4ForCausalLM(LlamaForCausalLM):
     supports_lora = False  # adapters on experts are not loaded yet
 
+    def __init__(self, spec: ModelSpec, hf_config: Any, shard: Shard | None = None) -> None:
+        text = getattr(hf_config, "text_config", None)
+        if text is not None:
+            logger.warning("%s: served text-only — llmctl does not build Llama 4's vision tower yet, so requests "
+                           "with images are refused", (spec.architectures or ["Llama 4"])[0])
+        super().__init__(spec, text or hf_config, shard)
+
     def make_layer(self, index: int, hf_config: Any, rotary: RotaryEmbedding, eps: float) -> nn.Module:
         assert self.spec.moe is not None
         attention = Llama4Attention(self.spec, rotary, eps, self.shard.group, hf_config, index)
@@ -89,5 +104,13 @@ class Llama4ForCausalLM(LlamaForCausalLM):
         return self.decoder_layer(self.spec, rotary, eps, self.shard.group, self.multipliers, mlp, attention)
 
     def targets(self, name: str) -> list[Target]:
-        """Meta's feed_forward is our mlp; the rest as Llama's."""
+        """Meta's feed_forward is our mlp; a multimodal checkpoint's language model by its own names, its vision
+        tower left on disk; the rest as Llama's."""
+        if name.startswith(VISION_PREFIXES):
+            return []
+        for prefix in LANGUAGE_PREFIXES:
+            if name.startswith(prefix):
+                name = name.removeprefix(prefix)
+                name = name if name.startswith(("model.", "lm_head.")) else f"model.{name}"
+                break
         return super().targets(name.replace(".feed_forward.", ".mlp."))

@@ -31,6 +31,7 @@ SUPPORTED = {
     "Glm4MoeForCausalLM": "glm4_moe",  # GLM-4.5/4.6: Llama attention (QK-norm, partial rotary), DeepSeek-V3 experts
     "GptOssForCausalLM": "gpt_oss",  # sinks, sliding/full layers, biased experts with a clamped SwiGLU
     "Llama4ForCausalLM": "llama4",  # chunked attention, NoPE layers with temperature tuning, interleaved MoE
+    "Llama4ForConditionalGeneration": "llama4",  # Scout / Maverick as published: the language model, text-only
     "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma",

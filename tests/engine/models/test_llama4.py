@@ -59,3 +59,27 @@ def test_tp2_equals_tp1(folder, expert_parallel):
     spread, _ = engine_outputs(folder, prompts, tokens=24, tensor_parallel_size=2,
                                enable_expert_parallel=expert_parallel)
     assert_close(single, spread, prompts)
+
+
+def test_the_published_multimodal_checkpoint_serves_its_language_model(tmp_path, tokenizer, caplog):
+    """Scout and Maverick are published as Llama4ForConditionalGeneration: the language model under text_config and
+    `language_model.`, beside a vision tower not built yet — served text-only, and said so at load."""
+    import torch
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    text = llama4_config(len(tokenizer)).to_dict()
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=56,
+                  patch_size=14, vision_output_dim=64, projector_input_dim=64, projector_output_dim=64)
+    config = Llama4Config(text_config=text, vision_config=vision, architectures=["Llama4ForConditionalGeneration"])
+    folder = save_routed_moe(config, tmp_path / "llama4_multimodal", tokenizer, Llama4ForConditionalGeneration)
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    ours, _ = engine_outputs(folder, prompts, tokens=12)
+    assert "served text-only" in caplog.text
+    # transformers' generate crashes on the multimodal class without images: its own language model, taken out
+    text_only = tmp_path / "language_model"
+    whole = Llama4ForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32)
+    language = whole.language_model  # a Llama4ForCausalLM inside it
+    language.config.architectures = ["Llama4ForCausalLM"]
+    language.save_pretrained(text_only)
+    tokenizer.save_pretrained(text_only)
+    assert_close(transformers_reference(text_only, tokenizer, prompts=prompts, max_tokens=12), ours, prompts)
