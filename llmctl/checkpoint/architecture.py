@@ -70,6 +70,7 @@ class AttentionSpec:
     # Llama 4: the "sliding" layers attend within aligned chunks of sliding_window tokens (never more than that
     # many back, so their KV group keeps what a window would)
     chunked: bool = False
+    sinks: bool = False  # gpt-oss: one learned logit per head in each softmax's denominator
 
     @property
     def qk_norm_params(self) -> int:
@@ -94,6 +95,7 @@ class MoESpec:
     dense_layers: tuple[int, ...] = ()
     shared_expert_gate: bool = False  # Qwen-MoE gates its shared expert with a 1-wide linear
     router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias
+    expert_biases: bool = False  # gpt-oss: biases on the router's linear and on both projections of every expert
 
 
 @dataclass(frozen=True)

@@ -228,7 +228,7 @@ def read_moe(reader: ConfigReader, model_type: str, num_layers: int) -> MoESpec 
             shared_expert_gate=bool(shared_size),
         )
     return MoESpec(num_experts=experts, top_k=top_k, expert_intermediate_size=expert_size,
-                   moe_layers=tuple(layers))
+                   moe_layers=tuple(layers), expert_biases=model_type == "gpt_oss")
 
 
 def read_attention(reader: ConfigReader, model_type: str, facts: dict[str, Any], num_layers: int) -> AttentionSpec:
@@ -255,7 +255,8 @@ def read_attention(reader: ConfigReader, model_type: str, facts: dict[str, Any],
     return AttentionSpec(kind=kind, num_heads=heads, num_kv_heads=kv_heads, head_dim=facts["head_dim"],
                          sliding_window=window, layer_types=layer_types, qk_norm=qk_norm,
                          qk_norm_whole=model_type == "olmo2", logit_softcap=cfg.get("attn_logit_softcapping"),
-                         chunked=model_type == "llama4_text" and "sliding" in layer_types)
+                         chunked=model_type == "llama4_text" and "sliding" in layer_types,
+                         sinks=model_type == "gpt_oss")
 
 
 def _sliding_window(cfg: dict[str, Any], model_type: str) -> int | None:

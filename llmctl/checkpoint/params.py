@@ -111,7 +111,7 @@ def _attention_params(spec: ModelSpec) -> int:
         params += q_dim + 2 * kv_dim
     if lay.o_bias:
         params += h
-    return params
+    return params + (att.num_heads if att.sinks else 0)  # gpt-oss: a sink logit per head
 
 
 def _mlp_params(hidden: int, intermediate: int, gated: bool, bias: bool) -> int:
@@ -123,8 +123,9 @@ def _mlp_params(hidden: int, intermediate: int, gated: bool, bias: bool) -> int:
 def _moe_params(spec: ModelSpec) -> tuple[int, int]:
     moe, h = spec.moe, spec.hidden_size
     assert moe is not None
-    expert = _mlp_params(h, moe.expert_intermediate_size, spec.layout.gated_mlp, False)
-    router = h * moe.num_experts  # router_bias is a buffer, reported apart from parameters
+    expert = _mlp_params(h, moe.expert_intermediate_size, spec.layout.gated_mlp, moe.expert_biases)
+    # router_bias (DeepSeek-V3's) is a buffer, reported apart from parameters; gpt-oss's router linear has a bias
+    router = (h + 1 if moe.expert_biases else h) * moe.num_experts
     shared = 0
     if moe.shared_expert_intermediate_size:
         shared = _mlp_params(h, moe.shared_expert_intermediate_size, spec.layout.gated_mlp, False)

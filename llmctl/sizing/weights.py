@@ -123,7 +123,8 @@ def _attention_rank_tensors(spec: ModelSpec, tp: int) -> RankTensors:
         return RankTensors(tuple(linears), other)
     kv = kv_heads_per_rank(spec, tp)
     q_out, kv_out = heads * att.head_dim, kv * att.head_dim
-    other = (q_out + 2 * kv_out if spec.layout.qkv_bias else 0) + (h if spec.layout.o_bias else 0)
+    other = (q_out + 2 * kv_out if spec.layout.qkv_bias else 0) + (h if spec.layout.o_bias else 0) + \
+        (heads if att.sinks else 0)  # gpt-oss's sinks: one per head
     return RankTensors(((h, q_out + 2 * kv_out), (q_out, h)), other)
 
 
@@ -139,16 +140,16 @@ def _mlp_rank_tensors(spec: ModelSpec, layer: int, tp: int, expert_ranks: int) -
     if moe is None or layer not in moe.moe_layers:
         return _dense_mlp(h, spec.intermediate_size, lay.gated_mlp, lay.mlp_bias, tp)
     if expert_ranks:  # whole experts spread over the expert-parallel ranks
-        expert = _dense_mlp(h, moe.expert_intermediate_size, lay.gated_mlp, False, 1)
+        expert = _dense_mlp(h, moe.expert_intermediate_size, lay.gated_mlp, moe.expert_biases, 1)
         copies = math.ceil(moe.num_experts / expert_ranks)
-    else:  # every expert split by TP
-        expert = _dense_mlp(h, moe.expert_intermediate_size, lay.gated_mlp, False, tp)
+    else:  # every expert split by TP (gpt-oss: each rank keeps a whole down bias per expert)
+        expert = _dense_mlp(h, moe.expert_intermediate_size, lay.gated_mlp, moe.expert_biases, tp)
         copies = moe.num_experts
     linears = expert.linears * copies
     if moe.shared_expert_intermediate_size:
         linears += _dense_mlp(h, moe.shared_expert_intermediate_size, lay.gated_mlp, False, tp).linears
-    other = h * moe.num_experts + (h if moe.shared_expert_gate else 0)  # router (never quantized)
-    return RankTensors(linears, other)
+    router = (h + 1 if moe.expert_biases else h) * moe.num_experts  # never quantized
+    return RankTensors(linears, router + (h if moe.shared_expert_gate else 0) + expert.other_params * copies)
 
 
 @dataclass(frozen=True)

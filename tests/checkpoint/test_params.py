@@ -46,6 +46,11 @@ TINY = {
                         num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=32,
                         kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_group=1,
                         topk_group=1),
+    "gpt_oss": dict(hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, vocab_size=200, num_local_experts=4, num_experts_per_tok=2),
+    "llama4_text": dict(hidden_size=64, intermediate_size=32, intermediate_size_mlp=96, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=200,
+                        num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2),
 }
 
 
@@ -116,3 +121,15 @@ def test_fp8_scale_tensors_are_reported_apart() -> None:
     counted = count_from_tensors(tensors, spec)
     assert counted.total == 512 * 256 and counted.quant_metadata == 8
     assert counted.bytes_by_dtype == {"F8_E4M3": 512 * 256, "F32": 32}
+
+
+def test_gpt_oss_120b_counts_its_published_parameters() -> None:
+    """openai/gpt-oss-120b's config.json (its published fields) against its model card's 116.83B total."""
+    layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(36)]
+    config = dict(architectures=["GptOssForCausalLM"], model_type="gpt_oss", attention_bias=True, head_dim=64,
+                  hidden_size=2880, intermediate_size=2880, layer_types=layer_types, num_attention_heads=64,
+                  num_experts_per_tok=4, num_hidden_layers=36, num_key_value_heads=8, num_local_experts=128,
+                  sliding_window=128, tie_word_embeddings=False, vocab_size=201088,
+                  quantization_config={"quant_method": "mxfp4"})
+    total = count_from_config(ModelSpec.from_config(config)).total
+    assert abs(total - 116.83e9) / 116.83e9 < 1e-3, total

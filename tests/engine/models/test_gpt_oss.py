@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers.families import assert_close, engine_outputs, save_routed_moe, transformers_reference
+from helpers.families import (
+    assert_close,
+    assert_ranks_hold_what_plan_says,
+    engine_outputs,
+    save_routed_moe,
+    transformers_reference,
+)
 
 
 def gpt_oss_config(vocab: int):
@@ -42,9 +48,10 @@ def test_gpt_oss_matches_transformers_natively(folder, tokenizer):
 def test_tp2_equals_tp1(folder, expert_parallel):
     prompts = ["The capital of France is", "Hello, my name is", "def fibonacci(n):"]
     single, _ = engine_outputs(folder, prompts, tokens=24)
-    spread, _ = engine_outputs(folder, prompts, tokens=24, tensor_parallel_size=2,
-                               enable_expert_parallel=expert_parallel)
+    spread, memory = engine_outputs(folder, prompts, tokens=24, tensor_parallel_size=2,
+                                    enable_expert_parallel=expert_parallel)
     assert_close(single, spread, prompts)
+    assert_ranks_hold_what_plan_says(folder, memory, expert_ranks=2 if expert_parallel else 0)
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])

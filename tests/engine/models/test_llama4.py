@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers.families import assert_close, engine_outputs, save_routed_moe, transformers_reference
+from helpers.families import (
+    assert_close,
+    assert_ranks_hold_what_plan_says,
+    engine_outputs,
+    save_routed_moe,
+    transformers_reference,
+)
 
 
 def llama4_config(vocab: int):
@@ -56,9 +62,10 @@ def test_chunks_through_the_triton_and_torch_backends(folder, tokenizer, backend
 def test_tp2_equals_tp1(folder, expert_parallel):
     prompts = ["The capital of France is", "Hello, my name is", "def fibonacci(n):"]
     single, _ = engine_outputs(folder, prompts, tokens=24)
-    spread, _ = engine_outputs(folder, prompts, tokens=24, tensor_parallel_size=2,
-                               enable_expert_parallel=expert_parallel)
+    spread, memory = engine_outputs(folder, prompts, tokens=24, tensor_parallel_size=2,
+                                    enable_expert_parallel=expert_parallel)
     assert_close(single, spread, prompts)
+    assert_ranks_hold_what_plan_says(folder, memory, expert_ranks=2 if expert_parallel else 0)
 
 
 def test_the_published_multimodal_checkpoint_serves_its_language_model(tmp_path, tokenizer, caplog):
