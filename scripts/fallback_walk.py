@@ -1,10 +1,10 @@
 """Every causal-LM config class transformers ships, as a tiny random model through `--model-impl transformers`:
 refused in one line naming why, or served with transformers' own greedy tokens? Prints one line per model type and
-a summary; `--json FILE` keeps them. Each type runs in a process of its own with a time limit (some of transformers'
-default configs build large or hang), so one cannot stop the walk. Minutes on a 2-core CPU: run by hand, not in CI
+a summary; `--json FILE` keeps them. Each type runs under a time limit (some of transformers' default configs build
+large), in this process or, with `--isolated`, in one of its own. Minutes on a 2-core CPU: run by hand, not in CI
 (tests/engine/models/test_transformers_impl.py holds the cases it found).
 
-    python scripts/fallback_walk.py [--json results.json] [model_type ...]
+    python scripts/fallback_walk.py [--json results.json] [--isolated] [model_type ...]
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,24 @@ def verdict(model_type: str, folder: Path) -> tuple[str, str]:
     return ("exact", "") if list(ours[0].outputs[0].token_ids) == theirs else ("MISMATCH", f"{ours} vs {theirs}")
 
 
+def run_here(model_type: str, timeout: int) -> tuple[str, str]:
+    """In this process (seconds instead of a new interpreter's imports), timed by SIGALRM; a crash of the
+    interpreter itself ends the walk, so `--isolated` runs each type apart."""
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(timeout)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            return verdict(model_type, Path(tmp) / "model")
+    except TimeoutError:
+        return "timeout", f"over {timeout} s (building or serving)"
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def run_one(model_type: str, timeout: int) -> tuple[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -103,6 +122,8 @@ def main() -> int:
     parser.add_argument("types", nargs="*")
     parser.add_argument("--json")
     parser.add_argument("--timeout", type=int, default=120)
+    parser.add_argument("--isolated", action="store_true", help="each type in a process of its own")
+    parser.add_argument("--skip", nargs="*", default=[], help="types not to walk")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -110,8 +131,8 @@ def main() -> int:
         print(json.dumps({"verdict": found, "detail": detail}))
         return 0
     results = {}
-    for model_type in args.types or causal_lm_types():
-        results[model_type] = run_one(model_type, args.timeout)
+    for model_type in [t for t in args.types or causal_lm_types() if t not in args.skip]:
+        results[model_type] = (run_one if args.isolated else run_here)(model_type, args.timeout)
         print(f"{model_type:28} {results[model_type][0]:12} {results[model_type][1][:160]}", flush=True)
     print(dict(Counter(found for found, _ in results.values())))
     if args.json:

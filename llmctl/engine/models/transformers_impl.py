@@ -23,6 +23,7 @@ from llmctl.errors import UnsupportedModelError
 
 ATTENTION_NAME = "llmctl_paged"
 BIDIRECTIONAL = "<bidirectional>"  # what the probe records of a layer whose attention is not causal
+REPEATED = "<called twice>"  # ... and of a layer that calls attention more than once per step
 _STEP: contextvars.ContextVar[StepContext] = contextvars.ContextVar("llmctl_step")
 _PROBE: contextvars.ContextVar[dict[int, set[str]]] = contextvars.ContextVar("llmctl_probe")
 # config.json's layer_types that are attention over a K/V cache llmctl's paged attention holds
@@ -73,9 +74,12 @@ def paged_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     """transformers' attention call, [1, H, T, D] in and [1, T, H, D] out, on llmctl's paged cache."""
     probe = _PROBE.get(None)
     if probe is not None:  # a load-time probe: which layers attend, and with what
-        probe[module.layer_idx] = {name for name, value in kwargs.items() if value is not None}
+        seen = probe.setdefault(module.layer_idx, set())
+        if seen:  # a second call of one layer (DiffLlama): each would store its own V into the layer's one cache
+            seen.add(REPEATED)
+        seen.update(name for name, value in kwargs.items() if value is not None)
         if kwargs.get("is_causal", getattr(module, "is_causal", True)) is False:
-            probe[module.layer_idx].add(BIDIRECTIONAL)
+            seen.add(BIDIRECTIONAL)
         return torch.zeros(*query.shape[:1], query.shape[2], query.shape[1], value.shape[-1], dtype=query.dtype,
                            device=query.device), None
     ctx = _STEP.get()
@@ -145,11 +149,15 @@ class TransformersForCausalLM(nn.Module):
         if silent:
             return (f"{name}'s layers {silent[:8]} do not attend through transformers' attention interface (a "
                     "recurrent or convolutional state llmctl's KV cache does not hold)")
+        twice = sorted(layer for layer, names in calls.items() if REPEATED in names)
+        if twice:
+            return (f"{name}'s layers {twice[:8]} call attention more than once per step (over one K/V cache llmctl "
+                    "would overwrite between the calls)")
         both_ways = sorted(layer for layer, names in calls.items() if BIDIRECTIONAL in names)
         if both_ways:
             return (f"{name}'s attention in layers {both_ways[:8]} is bidirectional (is_causal false: an encoder, or "
                     "a decoder whose config lacks is_decoder true), and llmctl's paged attention is causal")
-        extra = sorted(set().union(*calls.values()) - IMPLEMENTED_ATTENTION_ARGS)
+        extra = sorted(set().union(*calls.values()) - IMPLEMENTED_ATTENTION_ARGS - {REPEATED, BIDIRECTIONAL})
         if extra:
             sinks = " (attention sinks)" if "s_aux" in extra else ""
             return (f"{name} passes {', '.join(extra)}{sinks} to its attention function, which llmctl's paged "
