@@ -126,8 +126,9 @@ def _architecture_table(report: InspectReport) -> Table:
                                    f"{att.qk_nope_head_dim}, qk_rope {att.qk_rope_head_dim}, v {att.v_head_dim}")
     if att.sliding_window:
         table.add_row("chunked attention" if att.chunked else "sliding window",
-                      f"{att.sliding_window} tokens on {att.sliding_layers} of "
-                                        f"{len(att.layer_types)} layers")
+                      f"{att.sliding_window} tokens on {att.sliding_layers} of {len(att.layer_types)} layers")
+    if att.sinks:
+        table.add_row("attention sinks", "a learned logit per head in every softmax")
     if att.qk_norm:
         table.add_row("QK norm", "over the whole q and k projections" if att.qk_norm_whole else "per head")
     table.add_row("positional encoding", spec.positional.describe())

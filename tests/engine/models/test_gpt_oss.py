@@ -39,7 +39,7 @@ def test_gpt_oss_matches_transformers_natively(folder, tokenizer):
 
     spec = load_spec(resolve_model(str(folder), weights=False))
     assert implementation(spec) == ("llmctl", "")  # not the transformers fallback, which refuses the sinks
-    assert spec.attention.layer_types == ("sliding", "full", "sliding") and spec.layout.o_bias
+    assert spec.attention.layer_types == ("sliding", "full", "sliding") and spec.layout.o_bias and spec.attention.sinks
     single, _ = engine_outputs(folder)
     assert_close(transformers_reference(folder, tokenizer), single)
 
