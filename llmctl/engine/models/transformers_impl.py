@@ -125,7 +125,7 @@ class TransformersForCausalLM(nn.Module):
     def _check_layer_indices(self) -> None:
         indices = {getattr(m, "layer_idx", None) for m in self.hf.modules() if hasattr(m, "layer_idx")}
         if indices != set(self.stage_layers):
-            raise UnsupportedModelError(f"{type(self.hf).__name__}'s attention modules do not carry layer "
+            raise UnsupportedModelError(f"--model-impl transformers: {type(self.hf).__name__}'s attention modules do not carry layer "
                                         "indices llmctl can map to its KV cache")
 
     def _probe_attention(self) -> str:
