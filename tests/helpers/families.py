@@ -237,3 +237,24 @@ def gemma3_text_config(vocab: int):
                                                                 "full_attention"],
                             rope_parameters=rope, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
                             eos_token_id=2)
+
+
+TP_PROMPTS = ["The capital of France is", "Hello, my name is", "def fibonacci(n):"]
+
+
+def assert_tp2_equals_tp1(folder: Path, expert_parallel: bool) -> None:
+    """TP 2 — every expert sliced, or whole experts spread (expert parallel) — gives TP 1's tokens, each rank
+    holding the bytes plan says."""
+    single, _ = engine_outputs(folder, TP_PROMPTS, tokens=24)
+    spread, memory = engine_outputs(folder, TP_PROMPTS, tokens=24, tensor_parallel_size=2,
+                                    enable_expert_parallel=expert_parallel)
+    assert_close(single, spread, TP_PROMPTS)
+    assert_ranks_hold_what_plan_says(folder, memory, expert_ranks=2 if expert_parallel else 0)
+
+
+def assert_backend_matches_transformers(folder: Path, tokenizer, backend: str) -> None:
+    """Two prompts × 6 tokens through one attention backend (Triton under the interpreter here) against
+    transformers."""
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    ours, _ = engine_outputs(folder, prompts, tokens=6, attention_backend=backend)
+    assert_close(transformers_reference(folder, tokenizer, prompts=prompts, max_tokens=6), ours, prompts)

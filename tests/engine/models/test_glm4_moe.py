@@ -11,7 +11,7 @@ import pytest
 
 from helpers.families import (
     assert_close,
-    assert_ranks_hold_what_plan_says,
+    assert_tp2_equals_tp1,
     engine_outputs,
     save_routed_moe,
     transformers_reference,
@@ -46,8 +46,4 @@ def test_glm4_moe_matches_transformers_natively(folder, tokenizer):
 
 
 def test_expert_parallel_tp2_equals_tp1(folder):
-    prompts = ["The capital of France is", "Hello, my name is", "def fibonacci(n):"]
-    single, _ = engine_outputs(folder, prompts, tokens=24)
-    spread, memory = engine_outputs(folder, prompts, tokens=24, tensor_parallel_size=2, enable_expert_parallel=True)
-    assert_close(single, spread, prompts)
-    assert_ranks_hold_what_plan_says(folder, memory, expert_ranks=2)
+    assert_tp2_equals_tp1(folder, expert_parallel=True)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from helpers.families import (
+    assert_backend_matches_transformers,
     assert_close,
-    assert_ranks_hold_what_plan_says,
+    assert_tp2_equals_tp1,
     engine_outputs,
     save_routed_moe,
     transformers_reference,
@@ -46,20 +47,13 @@ def test_gpt_oss_matches_transformers_natively(folder, tokenizer):
 
 @pytest.mark.parametrize("expert_parallel", [True, False])
 def test_tp2_equals_tp1(folder, expert_parallel):
-    prompts = ["The capital of France is", "Hello, my name is", "def fibonacci(n):"]
-    single, _ = engine_outputs(folder, prompts, tokens=24)
-    spread, memory = engine_outputs(folder, prompts, tokens=24, tensor_parallel_size=2,
-                                    enable_expert_parallel=expert_parallel)
-    assert_close(single, spread, prompts)
-    assert_ranks_hold_what_plan_says(folder, memory, expert_ranks=2 if expert_parallel else 0)
+    assert_tp2_equals_tp1(folder, expert_parallel)
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_sinks_through_the_triton_and_torch_backends(folder, tokenizer, backend):
     """The Triton kernel (under the interpreter here) and the torch backend's explicit scores: the same tokens."""
-    prompts = ["The capital of France is", "def fibonacci(n):"]
-    ours, _ = engine_outputs(folder, prompts, tokens=6, attention_backend=backend)
-    assert_close(transformers_reference(folder, tokenizer, prompts=prompts, max_tokens=6), ours, prompts)
+    assert_backend_matches_transformers(folder, tokenizer, backend)
 
 
 def save_mxfp4(folder: Path, into: Path) -> Path:
