@@ -24,6 +24,11 @@ from llmctl.errors import UnsupportedModelError
 ATTENTION_NAME = "llmctl_paged"
 BIDIRECTIONAL = "<bidirectional>"  # what the probe records of a layer whose attention is not causal
 REPEATED = "<called twice>"  # ... and of a layer that calls attention more than once per step
+
+
+def kv_shape(kv_heads: int, head_dim: int) -> str:
+    """What the probe records of the K a layer attends with."""
+    return f"<kv {kv_heads} x {head_dim}>"
 _STEP: contextvars.ContextVar[StepContext] = contextvars.ContextVar("llmctl_step")
 _PROBE: contextvars.ContextVar[dict[int, set[str]]] = contextvars.ContextVar("llmctl_probe")
 # config.json's layer_types that are attention over a K/V cache llmctl's paged attention holds
@@ -80,6 +85,7 @@ def paged_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
         seen.update(name for name, value in kwargs.items() if value is not None)
         if kwargs.get("is_causal", getattr(module, "is_causal", True)) is False:
             seen.add(BIDIRECTIONAL)
+        seen.add(kv_shape(key.shape[1], key.shape[-1]))
         return torch.zeros(*query.shape[:1], query.shape[2], query.shape[1], value.shape[-1], dtype=query.dtype,
                            device=query.device), None
     ctx = _STEP.get()
@@ -145,6 +151,10 @@ class TransformersForCausalLM(nn.Module):
             _PROBE.reset(token)
         if not hasattr(out, "last_hidden_state"):
             return f"{name}'s base model returns no hidden states ({type(out).__name__})"
+        return self._refusal(name, calls)
+
+    def _refusal(self, name: str, calls: dict[int, set[str]]) -> str:
+        """What the probe's record of the attention calls says llmctl's paged attention cannot reproduce, or ''."""
         silent = sorted(set(self.stage_layers) - set(calls))
         if silent:
             return (f"{name}'s layers {silent[:8]} do not attend through transformers' attention interface (a "
@@ -157,7 +167,14 @@ class TransformersForCausalLM(nn.Module):
         if both_ways:
             return (f"{name}'s attention in layers {both_ways[:8]} is bidirectional (is_causal false: an encoder, or "
                     "a decoder whose config lacks is_decoder true), and llmctl's paged attention is causal")
-        extra = sorted(set().union(*calls.values()) - IMPLEMENTED_ATTENTION_ARGS - {REPEATED, BIDIRECTIONAL})
+        cache = kv_shape(self.spec.attention.num_kv_heads, self.spec.attention.head_dim)
+        other_shape = sorted(layer for layer, names in calls.items() if cache not in names)
+        if other_shape:
+            return (f"{name}'s layers {other_shape[:8]} attend with K/V heads of another count or size than the "
+                    f"cache's {self.spec.attention.num_kv_heads} × {self.spec.attention.head_dim} (heads sized per kind of "
+                    "layer; the paged cache has one size)")
+        markers = {REPEATED, BIDIRECTIONAL} | {n for names in calls.values() for n in names if n.startswith("<kv ")}
+        extra = sorted(set().union(*calls.values()) - IMPLEMENTED_ATTENTION_ARGS - markers)
         if extra:
             sinks = " (attention sinks)" if "s_aux" in extra else ""
             return (f"{name} passes {', '.join(extra)}{sinks} to its attention function, which llmctl's paged "

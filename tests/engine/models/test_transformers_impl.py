@@ -79,7 +79,14 @@ def test_transformers_impl_is_one_process(models):
 def unservable_configs(vocab: int) -> dict:
     """Families whose layers the fallback cannot reproduce (each generated other tokens than transformers, or
     crashed, before they were refused): attention sinks, recurrent layers, chunked attention."""
-    from transformers import BertConfig, DiffLlamaConfig, GptOssConfig, GraniteMoeHybridConfig, Llama4TextConfig
+    from transformers import (
+        BertConfig,
+        DiffLlamaConfig,
+        Gemma4TextConfig,
+        GptOssConfig,
+        GraniteMoeHybridConfig,
+        Llama4TextConfig,
+    )
 
     small = dict(vocab_size=vocab, hidden_size=64, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
     return {
@@ -98,10 +105,12 @@ def unservable_configs(vocab: int) -> dict:
                             num_hidden_layers=2, architectures=["BertLMHeadModel"]), "is bidirectional"),
         # differential attention: two attention calls per layer, each with half of V (also found by the walk)
         "diffllama": (DiffLlamaConfig(**small, num_hidden_layers=2), "more than once per step"),
+        # Gemma 4: its full-attention layers' heads are larger than its sliding ones' (the walk: a crash mid-request)
+        "gemma4_text": (Gemma4TextConfig(**small, num_hidden_layers=2, head_dim=16), "another count or size"),
     }
 
 
-@pytest.mark.parametrize("family", ["gpt_oss", "granitemoehybrid", "llama4_text", "bert", "diffllama"])
+@pytest.mark.parametrize("family", ["gpt_oss", "granitemoehybrid", "llama4_text", "bert", "diffllama", "gemma4_text"])
 def test_layers_the_fallback_cannot_reproduce_are_refused_by_layer(tmp_path, tokenizer, family):
     """Decided per layer from what the layers do (config layer_types, a one-token probe of the attention calls),
     not from a list of names: each of these loaded and answered wrongly (or crashed mid-request) before."""
