@@ -35,8 +35,11 @@ def paged_query_limit(dtype: torch.dtype, head_dim: int) -> int:
 
 
 def _token_rows(x: torch.Tensor) -> torch.Tensor:
-    """x [T, KVH, D] as store_kv takes it: each token's row contiguous (views of the QKV output are)."""
-    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
+    """x [T, KVH, D] as store_kv takes it: each token's row contiguous (views of the QKV output are). A fresh
+    copy, not .contiguous(): torch counts a tensor of one KV head contiguous whatever that dim's stride (MQA)."""
+    if x.stride(2) == 1 and x.stride(1) == x.shape[2]:
+        return x
+    return torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
 
 
 class CPUAttention:

@@ -12,7 +12,7 @@ from llmctl.errors import UnsupportedModelError
 
 
 def configs(vocab: int) -> dict:
-    from transformers import GPT2Config, GPTJConfig, GPTNeoXConfig
+    from transformers import GPT2Config, GPTBigCodeConfig, GPTJConfig, GPTNeoXConfig
 
     return {
         # Pythia's layout: parallel attention and MLP, partial rotary
@@ -23,6 +23,9 @@ def configs(vocab: int) -> dict:
         "gpt2": GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=256),
         # interleaved rotary on part of each head
         "gptj": GPTJConfig(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=256),
+        # one K/V head (multi-query): its K rows reach the store as views torch calls contiguous (the walk: a crash)
+        "gpt_bigcode": GPTBigCodeConfig(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                        multi_query=True),
     }
 
 
@@ -32,7 +35,7 @@ def models(tmp_path_factory, tokenizer):
     return {name: save_random_model(config, tmp / name, tokenizer) for name, config in configs(len(tokenizer)).items()}
 
 
-@pytest.mark.parametrize("family", ["gpt_neox", "gpt2", "gptj"])
+@pytest.mark.parametrize("family", ["gpt_neox", "gpt2", "gptj", "gpt_bigcode"])
 def test_greedy_tokens_and_logprobs_equal_transformers(models, tokenizer, family):
     ours, _ = engine_outputs(models[family])  # --model-impl auto picks transformers for these
     assert_close(transformers_reference(models[family], tokenizer), ours)
