@@ -16,6 +16,7 @@ from llmctl.checkpoint.config_readers import (
     read_positional,
 )
 from llmctl.checkpoint.quant_schemes import group_schemes
+from llmctl.checkpoint.mamba import Mamba2MixerSpec, mamba2_mixer
 from llmctl.checkpoint.recurrent import RecurrentLayers, recurrent_layers
 from llmctl.checkpoint.vision import VisionParams, vision_params
 
@@ -64,6 +65,7 @@ class ModelSpec:
     mtp_layers: int = 0  # DeepSeek's multi-token-prediction layers, shipped beside the model
     vision: VisionParams | None = None  # a vision-language model's image tower and projector
     recurrent: RecurrentLayers | None = None  # layers with a recurrent state (Mamba, linear attention)
+    mamba2: Mamba2MixerSpec | None = None  # the recurrent layers' Mamba2 mixer, when that is what they are
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
@@ -78,6 +80,12 @@ class ModelSpec:
         if att.kind == "MLA":
             return ((att.kv_lora_rank or 0) + (att.qk_rope_head_dim or 0)) * dtype_bytes
         return 2 * (att.num_kv_heads if kv_heads is None else kv_heads) * att.head_dim * dtype_bytes
+
+    def state_bytes_per_sequence(self, dtype_bytes: int) -> int:
+        """The recurrent layers' state one sequence holds, whatever its length (0: no such layers)."""
+        if self.recurrent is None or self.mamba2 is None:
+            return 0
+        return len(self.recurrent.layers) * self.mamba2.state_bytes(dtype_bytes)
 
     @property
     def dtype_bytes(self) -> int:
@@ -124,7 +132,8 @@ def build_spec(raw_config: dict[str, Any]) -> ModelSpec:
     if reader.missing:
         warnings.append("could not find: " + "; ".join(reader.missing))
     recurrent = recurrent_layers(config, text_type, num_layers)
-    if recurrent is not None:
+    mamba2 = mamba2_mixer(config, text_type) if recurrent is not None else None
+    if recurrent is not None and mamba2 is None:
         warnings.append(f"{recurrent.describe()}: a per-sequence recurrent state, not per-token K/V, which "
                         "llmctl neither serves nor sizes yet — the parameter count and KV bytes here treat those "
                         "layers as attention and are not right")
@@ -152,6 +161,7 @@ def build_spec(raw_config: dict[str, Any]) -> ModelSpec:
         mtp_layers=int(config.get("num_nextn_predict_layers") or 0),
         vision=vision_params(raw_config),
         recurrent=recurrent,
+        mamba2=mamba2,
         notes=tuple(notes),
         warnings=tuple(warnings),
     )

@@ -67,15 +67,24 @@ class KVGroups:
         return next(g for g, group in enumerate(self.groups) if layer in group)
 
 
+def attention_layers(spec: ModelSpec) -> list[int]:
+    """The layers that keep K/V per token: all but those with a recurrent state (Mamba mixers)."""
+    recurrent = set(spec.recurrent.layers) if spec.recurrent is not None else set()
+    return [i for i in range(spec.num_layers) if i not in recurrent]
+
+
 def kv_groups(spec: ModelSpec) -> KVGroups:
     """vLLM's grouping (kv_cache_utils._get_kv_cache_groups_uniform_page_size): the group size is the
     smaller kind's layer count (the larger's when it has under 1.5× as many); a kind with n groups gives
     group i its layers i, i + n, i + 2n … so pipeline stages get whole slots."""
     window = spec.attention.sliding_window
     kinds = spec.attention.layer_types
-    sliding = [i for i in range(spec.num_layers) if window and i < len(kinds) and kinds[i] == "sliding"]
-    full = [i for i in range(spec.num_layers) if i not in set(sliding)]
+    attending = attention_layers(spec)
+    sliding = [i for i in attending if window and i < len(kinds) and kinds[i] == "sliding"]
+    full = [i for i in attending if i not in set(sliding)]
     buckets = [(layers, kind_window) for layers, kind_window in ((full, None), (sliding, window)) if layers]
+    if not buckets:  # every layer keeps a recurrent state (Mamba): one group of no layers, no K/V at all
+        return KVGroups(((),), (None,), 0)
     size = min(len(layers) for layers, _ in buckets)
     largest = max(len(layers) for layers, _ in buckets)
     if largest < size * 1.5:
@@ -142,8 +151,9 @@ class StageKV:
 
 def stage_kv(spec: ModelSpec, tp: int, layers: range, dtype_bytes: int, block_size: int = BLOCK_SIZE) -> StageKV:
     groups = kv_groups(spec)
-    sliding = sum(1 for i in layers if groups.windows[groups.group_of(i)] is not None)
-    return StageKV(full_layers=len(layers) - sliding, sliding_layers=sliding, window=spec.attention.sliding_window,
+    attending = [i for i in layers if i in set(attention_layers(spec))]
+    sliding = sum(1 for i in attending if groups.windows[groups.group_of(i)] is not None)
+    return StageKV(full_layers=len(attending) - sliding, sliding_layers=sliding, window=spec.attention.sliding_window,
                    bytes_per_token_layer=kv_bytes_per_token_per_layer(spec, tp, dtype_bytes), block_size=block_size,
-                   slots=len({groups.slot(i) for i in layers}), full_groups=groups.full_groups,
+                   slots=len({groups.slot(i) for i in attending}), full_groups=groups.full_groups,
                    sliding_groups=groups.sliding_groups)

@@ -64,7 +64,8 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
                       group_slot_mappings=slots[1:], group_block_tables=tables[1:], table_rows=rows,
                       table_updates=updates, placeholders=placeholders,
                       encoder_inputs=[EncoderInput(i.content_hash, i.data) for i in sched.encoder.encode],
-                      encoder_frees=list(sched.encoder.free), pool_spans=pool_spans(sched))
+                      encoder_frees=list(sched.encoder.free), pool_spans=pool_spans(sched),
+                      state_slots=[item.seq.state_slot for item in sched.scheduled])
     batch.embedding_slices, batch.mrope_positions = multimodal_rows(sched)
     batch.both_ways_spans = both_ways_spans(sched)
     return batch, sample_seqs

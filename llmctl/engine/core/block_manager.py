@@ -1,4 +1,5 @@
-"""KV block pool: block tables, reference counts, prefix caching, copy-on-write.
+"""KV block pool: block tables, reference counts, prefix caching, copy-on-write; and the recurrent layers'
+state slots (llmctl.engine.layers.recurrent_state), taken with a sequence's first blocks and freed with them.
 
 A sequence holds one block table per KV group (llmctl.sizing.kv.KVGroups: one group for most
 models; a full-attention group and sliding-window groups for models that mix them, as vLLM's
@@ -53,6 +54,8 @@ class BlockManager:
     cached: dict[tuple[int, int], int] = field(init=False)  # (group, hash) -> block id
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     freed_seq_ids: list[int] = field(default_factory=list)  # since the last step was built (table_updates)
+    state_slots: int = 0  # recurrent layers' state cache: one slot per running sequence (0: no such layers)
+    free_states: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
         windows = self.group_windows or (self.sliding_window,)
@@ -64,6 +67,7 @@ class BlockManager:
         self.free_ids = list(range(self.num_blocks - 1, -1, -1))
         self.evictable = OrderedDict()
         self.cached = {}
+        self.free_states = list(range(self.state_slots - 1, -1, -1))
 
     # -- accounting ---------------------------------------------------------------------
     @property
@@ -180,6 +184,8 @@ class BlockManager:
         for copy-on-write: a shared, partly filled last block is copied before it is written."""
         copies = []
         tables = self.tables(seq)
+        if self.state_slots and seq.state_slot < 0:  # the scheduler admits at most max_num_seqs: one is free
+            seq.state_slot = self.free_states.pop()
         for table in tables:
             if self._shared_last(table, seq):
                 shared = table[-1]
@@ -204,7 +210,9 @@ class BlockManager:
         return last < len(table) and table[last] != SLID_OUT and self.blocks[table[last]].ref_count > 1
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """The child shares all of the parent's blocks (n > 1 completions of one prompt)."""
+        """The child shares all of the parent's blocks (n > 1 completions of one prompt). Not with recurrent
+        layers: their requests' n sequences are separate from the start (LLMEngine.add_request)."""
+        assert not self.state_slots, "a sequence's recurrent state is its own: it cannot be forked"
         for table in self.tables(parent):
             for block_id in table:
                 if block_id != SLID_OUT:
@@ -224,6 +232,9 @@ class BlockManager:
                     self._release(block_id)
         seq.block_table = []
         seq.group_tables = []
+        if seq.state_slot >= 0:
+            self.free_states.append(seq.state_slot)
+            seq.state_slot = -1
         seq.tables_changed_from = 0
         self.freed_seq_ids.append(seq.seq_id)  # its workers' table row can go to another sequence
         seq.num_slid_out_blocks = 0

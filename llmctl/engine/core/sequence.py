@@ -60,6 +60,7 @@ class Sequence:
     # (llmctl.engine.core.table_updates): copy-on-write, slid out, trimmed, freed
     tables_changed_from: int = 0
     block_hashes: list[int] = field(default_factory=list)  # hashes of the full blocks registered so far
+    state_slot: int = -1  # recurrent layers (Mamba2): its slot in the state cache while it holds blocks
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     finish_reason: str | None = None

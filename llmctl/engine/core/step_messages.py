@@ -91,6 +91,7 @@ class StepBatch:
     mrope_positions: list[list[int]] = field(default_factory=list)  # M-RoPE: [3][T] (t, h, w); empty: positions
     both_ways_spans: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, first, last) attending both ways
     pool_spans: dict[int, tuple[int, int]] = field(default_factory=dict)  # pooling: seq_id -> its rows (first, end)
+    state_slots: list[int] = field(default_factory=list)  # [B] recurrent layers: each sequence's state slot
 
     @property
     def num_tokens(self) -> int:

@@ -68,12 +68,17 @@ class LLMEngine:
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = self.loaded.max_model_len
         switch = self.loaded.spec.positional.long_rope_switch
+        self.stateful = self.loaded.spec.state_bytes_per_sequence(1) > 0  # recurrent layers (Mamba2)
         self.block_manager = BlockManager(self.loaded.kv_pool.num_blocks, config.block_size,
-                                          config.enable_prefix_caching and switch is None,
-                                          group_windows=self.loaded.kv_groups.windows)
+                                          config.enable_prefix_caching and switch is None and not self.stateful,
+                                          group_windows=self.loaded.kv_groups.windows,
+                                          state_slots=config.max_num_seqs if self.stateful else 0)
         self.table_rows = TableRows()  # each live sequence's row in the workers' block tables
         if config.enable_prefix_caching and switch is not None:
             logger.info("prefix caching is off: with LongRoPE a token's keys depend on its sequence's length")
+        if config.enable_prefix_caching and self.stateful:
+            logger.info("prefix caching is off: the recurrent layers' state is kept per sequence, not per block "
+                        "(as vLLM without --mamba-cache-mode align)")
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.loaded.max_num_batched_tokens,
                                    max_loras=config.max_loras if config.enable_lora else 0,
                                    eos_token_ids=self.loaded.eos_token_ids, max_model_len=self.max_model_len,
@@ -149,8 +154,13 @@ class LLMEngine:
         first = self.output_processor.add(request)
         loads = self.scheduler.lane_loads(self.executor.max_in_flight) if self.executor.max_in_flight > 1 else [0]
         first.lane = loads.index(min(loads))
-        first.waiting_to_fork = request.params.n > 1
+        first.waiting_to_fork = request.params.n > 1 and not self.stateful
         self.scheduler.add(first)
+        if request.params.n > 1 and self.stateful:  # each its own state: n sequences, each computing the prompt
+            for index in range(1, request.params.n):
+                sibling = self.output_processor.new_sibling(first, index)
+                sibling.lane = first.lane
+                self.scheduler.add(sibling)
 
     @staticmethod
     def _text_or_ids(prompt: EnginePrompt) -> str | list[int]:

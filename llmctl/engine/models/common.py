@@ -13,6 +13,7 @@ from llmctl.engine.distributed.expert_exchange import ExpertPlacement
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers.attention import AttentionBackend, KVCache
 from llmctl.engine.layers.linear import LoadError
+from llmctl.engine.layers.recurrent_state import StateStep
 
 
 @dataclass
@@ -25,6 +26,7 @@ class StepContext:
     lengths: torch.Tensor | None = None  # [T] each token's sequence length after the step (LongRoPE models)
     input_embeds: torch.Tensor | None = None  # [T, hidden] in place of the token embeddings (images merged in)
     deepstack: torch.Tensor | None = None  # [T, k · hidden] image features added after the first k layers (Qwen3-VL)
+    states: StateStep | None = None  # recurrent layers' per-sequence state slots (Mamba2 mixers)
 
 
 @dataclass(frozen=True)

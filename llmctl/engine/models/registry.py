@@ -32,6 +32,7 @@ SUPPORTED = {
     "GptOssForCausalLM": "gpt_oss",  # sinks, sliding/full layers, biased experts with a clamped SwiGLU
     "Llama4ForCausalLM": "llama4",  # chunked attention, NoPE layers with temperature tuning, interleaved MoE
     "Llama4ForConditionalGeneration": "llama4",  # Scout / Maverick as published: the language model, text-only
+    "Mamba2ForCausalLM": "mamba2",  # no attention: a Mamba2 mixer per layer, a state per sequence
     "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma",
@@ -162,6 +163,7 @@ FAMILY_CLASSES = {
     "phi3": ("phi3", "Phi3ForCausalLM"),
     "gemma": ("gemma", "GemmaForCausalLM"),
     "olmo2": ("olmo2", "Olmo2ForCausalLM"),
+    "mamba2": ("mamba2", "Mamba2ForCausalLM"),
     "bloom": ("bloom", "BloomForCausalLM"),
     "opt": ("opt", "OPTForCausalLM"),
     "gemma3_vision": ("gemma3_vision", "Gemma3ForConditionalGeneration"),

@@ -15,12 +15,13 @@ from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.config import EngineConfig, cpu_kv_cache_default
 from llmctl.engine.errors import EngineConfigError
 from llmctl.engine.layers.attention import AttentionBackend, KVCache
+from llmctl.engine.layers.recurrent_state import StateCache, allocate_states
 from llmctl.engine.worker.loaded_model import Placement
 from llmctl.engine.worker.memory_reservation import MemoryReservation
 from llmctl.engine.worker.profile import dummy_prefill, measure_activation_peak, run_dummy_step
 from llmctl.kernels.huge_pages import zeros_on_huge_pages
 from llmctl.settings import kv_cache_format
-from llmctl.sizing.kv import StageKV, kv_groups, stage_kv
+from llmctl.sizing.kv import StageKV, attention_layers, kv_groups, stage_kv
 from llmctl.sizing.memory import KVPool, MemoryBudget, kv_pool
 from llmctl.sizing.weights import kv_heads_per_rank
 from llmctl.units import GiB
@@ -32,8 +33,9 @@ logger = logging.getLogger("llmctl.engine")
 class KVCacheSetup:
     geometry: StageKV
     pool: KVPool
-    caches: dict[int, KVCache]  # by layer: the layers this process runs
+    caches: dict[int, KVCache]  # by layer: the attention layers this process runs
     activation_peak_bytes: int  # measured on GPUs before sizing the pool; 0 elsewhere
+    states: StateCache | None = None  # the recurrent layers' per-sequence states (Mamba2)
 
 
 def set_up_kv_cache(config: EngineConfig, spec: ModelSpec, model: nn.Module, backend: AttentionBackend,
@@ -59,17 +61,37 @@ def set_up_kv_cache(config: EngineConfig, spec: ModelSpec, model: nn.Module, bac
             model, caches, backend, batch, config.block_size, device, spec.hidden_size, shard.is_first,
             shard.is_last, sampler_rows=config.max_num_seqs))
     available = _kv_memory(config, device, resident_bytes, activation, max_batched)
+    states = _allocate_states(config, spec, layers, dtype, device)
+    if states is not None:  # the state slots come out of the same budget, before the KV pool
+        logger.info("recurrent state %.2f MiB: %d slots (--max-num-seqs) × %d layers", states.nbytes / 2**20,
+                    config.max_num_seqs, len(states.layers))
+        available -= states.nbytes
     if device.type == "cuda" and config.kv_cache_memory is None and reserved.what:
         share = reserved.kv_bytes_beside(available, geometry.block_bytes)
         logger.info("KV cache %.2f GiB of %.2f GiB: the rest is kept for the %s (weights %.2f GiB, and its KV "
                     "of each block)", share / GiB, available / GiB, reserved.what, reserved.fixed_bytes / GiB)
         available = share
-    pool = kv_pool(available, geometry)
+    pool = kv_pool(available, geometry) if geometry.block_bytes else _tables_only(config, max_model_len, geometry)
     agreed = placement.agree_on_blocks(pool.num_blocks)
     if agreed != pool.num_blocks:  # the KV pool is the smallest that every rank holds
         pool = kv_pool(agreed * geometry.block_bytes, geometry)
     _check_fits(config, device, geometry, pool, max_model_len, max_batched, available)
-    return KVCacheSetup(geometry, pool, make_caches(pool.num_blocks), activation)
+    return KVCacheSetup(geometry, pool, make_caches(pool.num_blocks), activation, states)
+
+
+def _allocate_states(config: EngineConfig, spec: ModelSpec, layers: range, dtype: torch.dtype,
+                     device: torch.device) -> StateCache | None:
+    if spec.recurrent is None or spec.mamba2 is None:
+        return None
+    mine = [layer for layer in spec.recurrent.layers if layer in layers]
+    return allocate_states(spec.mamba2, mine, config.max_num_seqs, dtype, device)
+
+
+def _tables_only(config: EngineConfig, max_model_len: int, geometry: StageKV) -> KVPool:
+    """A model with no attention layer (Mamba2) keeps no K/V, but the scheduler still counts each sequence's
+    tokens in blocks: as many empty blocks as --max-num-seqs sequences of max_model_len tokens take."""
+    blocks = config.max_num_seqs * -(-max_model_len // geometry.block_size)
+    return KVPool(available_bytes=0, num_blocks=blocks, block_size=geometry.block_size, bytes_per_block=0)
 
 
 def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -151,12 +173,15 @@ def token_shape(spec: ModelSpec, kv_heads: int) -> tuple[int, int, int]:
     return 2, kv_heads, att.head_dim
 
 
-def allocate(spec: ModelSpec, num_blocks: int, block_size: int, layers: range, kv_heads: int, dtype: torch.dtype,
-              device: torch.device) -> dict[int, KVCache]:
+def allocate(spec: ModelSpec, num_blocks: int, block_size: int, layers: range | list[int], kv_heads: int,
+             dtype: torch.dtype, device: torch.device) -> dict[int, KVCache]:
     """One tensor per slot of the KV groups (llmctl.sizing.kv.KVGroups): per layer where layers are of one kind;
     shared by the j-th layers of every group where sliding and full layers mix."""
     groups = kv_groups(spec)
+    layers = [layer for layer in layers if layer in set(attention_layers(spec))]
     slots = sorted({groups.slot(layer) for layer in layers})
+    if not slots:  # no attention layer here: nothing to hold
+        return {}
     shape = (num_blocks, block_size, *token_shape(spec, kv_heads))
     if device.type == "cpu":  # one buffer on huge pages: decoding walks all of it every step
         pool = zeros_on_huge_pages((len(slots), *shape), dtype)

@@ -15,6 +15,7 @@ from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.distributed.expert_exchange import ExpertPlacement
 from llmctl.engine.distributed.group import Rank, TPGroup
 from llmctl.engine.layers.attention import AttentionBackend, KVCache
+from llmctl.engine.layers.recurrent_state import StateCache
 from llmctl.engine.lora.slots import LoRASlots, LoRAStep
 from llmctl.engine.models.common import Shard
 from llmctl.engine.pooling.config import PoolerConfig
@@ -48,6 +49,7 @@ class LoadedModel:
     lora_step: LoRAStep | None = None  # --enable-lora: which tokens use which slot, set every step
     lora_slots: dict[tuple[int, str], LoRASlots] = field(default_factory=dict)  # (layer, module) -> slots
     pooler: PoolerConfig | None = None  # a pooling model (--runner pooling): what its last stage returns
+    states: StateCache | None = None  # the recurrent layers' per-sequence states (Mamba2)
 
     @property
     def lora_bytes(self) -> int:

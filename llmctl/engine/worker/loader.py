@@ -101,7 +101,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     loaded = LoadedModel(source, spec, hf_config, model, tokenizer, device, dtype, backend, kv.geometry, kv.pool,
                          kv.caches, max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes,
                          placement, choice.reason, kv.activation_peak_bytes, packed_bytes, lora_step, lora_slots,
-                         pooler)
+                         pooler, kv.states)
     if device.type == "cpu":
         release_loading_garbage()
     if rank.rank == 0:

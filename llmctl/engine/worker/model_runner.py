@@ -12,6 +12,7 @@ from llmctl.engine.distributed.expert_exchange import ReplicaExchange
 from llmctl.engine.layers.attention import AttentionBackend, AttentionMetadata, KVCache
 from llmctl.engine.layers.grouped_attention import GroupedAttention
 from llmctl.engine.layers.moe import FusedMoE
+from llmctl.engine.layers.recurrent_state import StateCache, StateStep
 from llmctl.engine.layers.triton_attention import TritonAttention
 from llmctl.engine.lora.slots import NO_ADAPTER, LoRAStep
 from llmctl.engine.models.common import StepContext
@@ -31,8 +32,10 @@ class ModelRunner:
 
     def __init__(self, model: nn.Module, kv_caches: dict[int, KVCache], backend: AttentionBackend,
                  block_size: int, device: torch.device, sliding_window: int | None = None,
-                 lora_step: LoRAStep | None = None, pooler: PoolerConfig | None = None) -> None:
+                 lora_step: LoRAStep | None = None, pooler: PoolerConfig | None = None,
+                 states: StateCache | None = None) -> None:
         self.model = model
+        self.states = states  # recurrent layers' per-sequence states (Mamba2), or None
         self.pooler = pooler  # a pooling model: the last stage returns pooled outputs, no logits
         self.lora_step = lora_step
         self.sliding_window = sliding_window
@@ -82,8 +85,12 @@ class ModelRunner:
         embeds = deepstack = None
         if batch.embedding_slices and self.encoder_cache is not None and hidden is None:
             embeds, deepstack = self.encoder_cache.merge(batch, self.model.embed(input_ids))
-        return self.model(input_ids, StepContext(positions, self.kv_caches, self.backend, lengths, embeds, deepstack),
-                          hidden)
+        states = StateStep(self.states, batch.query_start_loc, batch.state_slots,
+                           [length == end - start for length, start, end in
+                            zip(batch.seq_lens, batch.query_start_loc, batch.query_start_loc[1:])],
+                           device) if self.states is not None else None
+        return self.model(input_ids, StepContext(positions, self.kv_caches, self.backend, lengths, embeds, deepstack,
+                                                 states), hidden)
 
     def _fill_placeholders(self, batch: StepBatch, input_ids: torch.Tensor) -> None:
         """Async scheduling: each placeholder's token from the step before's samples, on the device."""
@@ -139,7 +146,7 @@ class ModelRunner:
 
 def make_runner(loaded: LoadedModel, block_size: int) -> ModelRunner:
     runner = ModelRunner(loaded.model, loaded.kv_caches, loaded.backend, block_size, loaded.device,
-                         loaded.sliding_window, loaded.lora_step, loaded.pooler)
+                         loaded.sliding_window, loaded.lora_step, loaded.pooler, loaded.states)
     runner.exchange = loaded.placement.experts.exchange if loaded.placement.experts else None
     return runner
 

@@ -1,0 +1,93 @@
+"""The Mamba2 mixer's shape as each family's config.json names it (Mamba2, Granite 4.0-H, Nemotron-H, Falcon-H1),
+and the state one sequence keeps in each such layer: the causal convolution's last `conv_kernel - 1` inputs and the
+SSM state, held per sequence instead of K/V per token (vLLM's MambaStateShapeCalculator.mamba2_state_shape)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# config key of each field, per naming: Mamba2's own, then the hybrids' `mamba_` prefixed names
+_NAMES = {
+    "num_heads": ("num_heads", "mamba_n_heads", "mamba_num_heads"),
+    "head_dim": ("head_dim", "mamba_d_head", "mamba_head_dim"),
+    "state_size": ("state_size", "mamba_d_state", "ssm_state_size"),
+    "n_groups": ("n_groups", "mamba_n_groups"),
+    "conv_kernel": ("conv_kernel", "mamba_d_conv"),
+    "expand": ("expand", "mamba_expand"),
+    "chunk_size": ("chunk_size", "mamba_chunk_size"),
+    "conv_bias": ("use_conv_bias", "mamba_conv_bias"),
+    "proj_bias": ("use_bias", "mamba_proj_bias"),
+}
+_PREFIXED_FIRST = ("granitemoehybrid", "falcon_h1", "nemotron_h")  # their plain `head_dim` is attention's
+
+
+@dataclass(frozen=True)
+class Mamba2MixerSpec:
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    state_size: int
+    n_groups: int
+    conv_kernel: int
+    chunk_size: int
+    conv_bias: bool
+    proj_bias: bool
+    ssm_state_dtype: str | None = None  # None: the model's dtype (vLLM's --mamba-ssm-cache-dtype auto)
+    time_step_limit: tuple[float, float] = (0.0, float("inf"))
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels the causal convolution runs over: x, B and C."""
+        return self.intermediate_size + 2 * self.n_groups * self.state_size
+
+    @property
+    def projection_size(self) -> int:
+        """in_proj's rows: the gate z, then x, B, C, then one dt per head."""
+        return self.intermediate_size + self.conv_dim + self.num_heads
+
+    def conv_state_shape(self) -> tuple[int, int]:
+        return self.conv_dim, self.conv_kernel - 1
+
+    def ssm_state_shape(self) -> tuple[int, int, int]:
+        return self.num_heads, self.head_dim, self.state_size
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        """One sequence, one layer: the convolution's window and the SSM state."""
+        conv = self.conv_dim * (self.conv_kernel - 1)
+        ssm = self.num_heads * self.head_dim * self.state_size
+        ssm_bytes = 4 if self.ssm_state_dtype == "float32" else dtype_bytes
+        return conv * dtype_bytes + ssm * ssm_bytes
+
+
+def _read(cfg: dict[str, Any], field: str, prefixed_first: bool) -> Any:
+    names = _NAMES[field]
+    order = names[1:] + names[:1] if prefixed_first else names
+    return next((cfg[name] for name in order if cfg.get(name) is not None), None)
+
+
+def _number(value: Any) -> float:
+    """A float as config.json holds it: a number, or transformers' {"__float__": "Infinity"} for infinities."""
+    return float(value["__float__"]) if isinstance(value, dict) else float(value)
+
+
+def mamba2_mixer(cfg: dict[str, Any], model_type: str) -> Mamba2MixerSpec | None:
+    """The Mamba2 mixer of a config that has one, or None (Mamba 1, gated DeltaNet and others are not Mamba2)."""
+    if model_type not in ("mamba2", *_PREFIXED_FIRST):
+        return None
+    prefixed = model_type in _PREFIXED_FIRST
+    values = {field: _read(cfg, field, prefixed) for field in _NAMES}
+    if any(values[field] is None for field in ("num_heads", "head_dim", "state_size", "conv_kernel")):
+        return None
+    limit = [_number(v) for v in cfg.get("time_step_limit") or (0.0, float("inf"))]
+    return Mamba2MixerSpec(
+        hidden_size=int(cfg["hidden_size"]), num_heads=int(values["num_heads"]), head_dim=int(values["head_dim"]),
+        state_size=int(values["state_size"]), n_groups=int(values["n_groups"] or 1),
+        conv_kernel=int(values["conv_kernel"]), chunk_size=int(values["chunk_size"] or 256),
+        conv_bias=bool(values["conv_bias"] if values["conv_bias"] is not None else True),
+        proj_bias=bool(values["proj_bias"] or False), ssm_state_dtype=cfg.get("mamba_ssm_cache_dtype"),
+        time_step_limit=(float(limit[0]), float(limit[1])))

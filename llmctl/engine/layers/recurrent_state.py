@@ -1,0 +1,65 @@
+"""The state cache beside the paged KV cache (vLLM's Mamba state, one slot per running sequence): each Mamba2
+layer keeps, per slot, the causal convolution's last inputs and the SSM state. A sequence takes a slot when it
+is admitted and gives it back when it finishes or is preempted (llmctl.engine.core.block_manager); a preempted
+sequence is recomputed from its first token, so its state starts again from zeros. A step's StateStep says
+which slot each sequence uses and whether its state starts fresh (the first chunk of its prompt)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from llmctl.checkpoint.mamba import Mamba2MixerSpec
+
+
+@dataclass
+class MambaState:
+    conv: torch.Tensor  # [slots, conv_dim, conv_kernel - 1]: the last inputs of the convolution
+    ssm: torch.Tensor  # [slots, heads, head_dim, state_size]
+
+
+@dataclass
+class StateCache:
+    layers: dict[int, MambaState]  # by layer index: this process's recurrent layers
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.conv.nbytes + s.ssm.nbytes for s in self.layers.values())
+
+
+def allocate_states(mixer: Mamba2MixerSpec, layers: list[int], slots: int, dtype: torch.dtype,
+                    device: torch.device) -> StateCache:
+    ssm_dtype = getattr(torch, mixer.ssm_state_dtype) if mixer.ssm_state_dtype else dtype
+    return StateCache({layer: MambaState(torch.zeros((slots, *mixer.conv_state_shape()), dtype=dtype, device=device),
+                                         torch.zeros((slots, *mixer.ssm_state_shape()), dtype=ssm_dtype,
+                                                     device=device))
+                       for layer in layers})
+
+
+@dataclass
+class StateStep:
+    """One step as the recurrent layers see it: per scheduled sequence, its rows, its slot, a fresh start."""
+
+    cache: StateCache
+    query_start_loc: list[int]  # [S + 1]
+    slots: list[int]  # [S]
+    fresh: list[bool]  # [S]: no token of the sequence was computed before this step
+    device: torch.device
+    decode_slots: torch.Tensor = field(init=False)  # sequences continuing by one token: batched together
+    decode_rows: torch.Tensor = field(init=False)
+    prefills: list[int] = field(init=False)  # the others, one at a time
+
+    def __post_init__(self) -> None:
+        starts = self.query_start_loc
+        decodes = [i for i in range(len(self.slots)) if starts[i + 1] - starts[i] == 1 and not self.fresh[i]]
+        self.prefills = [i for i in range(len(self.slots))
+                         if starts[i + 1] > starts[i] and i not in set(decodes)]
+        self.decode_slots = torch.tensor([self.slots[i] for i in decodes], dtype=torch.long, device=self.device)
+        self.decode_rows = torch.tensor([starts[i] for i in decodes], dtype=torch.long, device=self.device)
+
+    def layer(self, index: int) -> MambaState:
+        return self.cache.layers[index]
+
+    def rows(self, seq: int) -> slice:
+        return slice(self.query_start_loc[seq], self.query_start_loc[seq + 1])
