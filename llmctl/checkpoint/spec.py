@@ -15,8 +15,8 @@ from llmctl.checkpoint.config_readers import (
     read_llama_like,
     read_positional,
 )
-from llmctl.checkpoint.quant_schemes import group_schemes
 from llmctl.checkpoint.mamba import Mamba2MixerSpec, mamba2_mixer
+from llmctl.checkpoint.quant_schemes import group_schemes
 from llmctl.checkpoint.recurrent import RecurrentLayers, recurrent_layers
 from llmctl.checkpoint.vision import VisionParams, vision_params
 
@@ -101,6 +101,7 @@ KNOWN_MODEL_TYPES = (
     "bloom", "opt", "gpt2", "gpt_neox", "falcon", "phi", "phi3", "gemma", "gemma2",
     "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "granite", "olmo2", "qwen2_vl", "qwen2_vl_text",
     "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl", "qwen3_vl_text", "glm4_moe", "gpt_oss", "llama4_text",
+    "mamba2", "granitemoehybrid",
 )
 
 

@@ -22,6 +22,7 @@ class MambaState:
 @dataclass
 class StateCache:
     layers: dict[int, MambaState]  # by layer index: this process's recurrent layers
+    slots: int  # sequences it holds states for
 
     @property
     def nbytes(self) -> int:
@@ -34,7 +35,7 @@ def allocate_states(mixer: Mamba2MixerSpec, layers: list[int], slots: int, dtype
     return StateCache({layer: MambaState(torch.zeros((slots, *mixer.conv_state_shape()), dtype=dtype, device=device),
                                          torch.zeros((slots, *mixer.ssm_state_shape()), dtype=ssm_dtype,
                                                      device=device))
-                       for layer in layers})
+                       for layer in layers}, slots)
 
 
 @dataclass

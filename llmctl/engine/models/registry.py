@@ -33,6 +33,7 @@ SUPPORTED = {
     "Llama4ForCausalLM": "llama4",  # chunked attention, NoPE layers with temperature tuning, interleaved MoE
     "Llama4ForConditionalGeneration": "llama4",  # Scout / Maverick as published: the language model, text-only
     "Mamba2ForCausalLM": "mamba2",  # no attention: a Mamba2 mixer per layer, a state per sequence
+    "GraniteMoeHybridForCausalLM": "granite_hybrid",  # Granite 4.0-H: Mamba2 and NoPE attention, shared MLP + experts
     "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma",
@@ -87,8 +88,8 @@ def native_problem(spec: ModelSpec) -> str | None:
                 "and bfloat16 ones are)")
     if family != "gpt_oss" and method == "mxfp4":
         return "quant_method mxfp4 is gpt-oss's own format: llmctl reads it for gpt-oss checkpoints only"
-    if family in ("glm4_moe", "llama4") and method is not None:
-        name = "GLM-4.5" if family == "glm4_moe" else "Llama 4"
+    if family in ("glm4_moe", "llama4", "mamba2", "granite_hybrid") and method is not None:
+        name = {"glm4_moe": "GLM-4.5", "llama4": "Llama 4", "mamba2": "Mamba2", "granite_hybrid": "Granite 4.0-H"}[family]
         return f"a {method} {name} checkpoint is not served by llmctl's own layers yet (its unquantized one is)"
     if family == "deepseek" and method == "gguf":
         return ("GGUF DeepSeek files are not served yet: use the Hugging Face checkpoint, or an FP8, GPTQ, AWQ or "
@@ -164,6 +165,7 @@ FAMILY_CLASSES = {
     "gemma": ("gemma", "GemmaForCausalLM"),
     "olmo2": ("olmo2", "Olmo2ForCausalLM"),
     "mamba2": ("mamba2", "Mamba2ForCausalLM"),
+    "granite_hybrid": ("granite_hybrid", "GraniteMoeHybridForCausalLM"),
     "bloom": ("bloom", "BloomForCausalLM"),
     "opt": ("opt", "OPTForCausalLM"),
     "gemma3_vision": ("gemma3_vision", "Gemma3ForConditionalGeneration"),

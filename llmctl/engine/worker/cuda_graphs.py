@@ -230,6 +230,8 @@ def step_graphs(loaded: LoadedModel, config: EngineConfig) -> StepGraphs | None:
         return None  # CPUs have no graphs to capture: nothing to say
     elif not all(isinstance(b, TritonAttention) for b in getattr(loaded.backend, "backends", [loaded.backend])):
         why_not = f"the {loaded.backend.name} attention backend cannot be captured (it reads host-side lists)"
+    elif loaded.states is not None:
+        why_not = "recurrent layers (their prompt chunks scan one sequence at a time, on the host's lists)"
     elif rank.pp > 1:
         why_not = "pipeline parallelism (a later stage's input arrives from another process)"
     elif loaded.placement.experts is not None and loaded.placement.experts.exchange is not None:

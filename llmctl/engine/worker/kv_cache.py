@@ -63,8 +63,6 @@ def set_up_kv_cache(config: EngineConfig, spec: ModelSpec, model: nn.Module, bac
     available = _kv_memory(config, device, resident_bytes, activation, max_batched)
     states = _allocate_states(config, spec, layers, dtype, device)
     if states is not None:  # the state slots come out of the same budget, before the KV pool
-        logger.info("recurrent state %.2f MiB: %d slots (--max-num-seqs) × %d layers", states.nbytes / 2**20,
-                    config.max_num_seqs, len(states.layers))
         available -= states.nbytes
     if device.type == "cuda" and config.kv_cache_memory is None and reserved.what:
         share = reserved.kv_bytes_beside(available, geometry.block_bytes)

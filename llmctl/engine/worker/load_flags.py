@@ -1,7 +1,7 @@
 """What vLLM's loading flags ask of a model load: --load-format (which weight files, or random
 weights), -q/--quantization (checked against the checkpoint's method: llmctl quantizes nothing at
 load), --tokenizer (another tokenizer and chat template) and --generation-config (the sampling
-defaults' source)."""
+defaults' source); and what models with recurrent layers cannot be run with yet."""
 
 from __future__ import annotations
 
@@ -80,3 +80,19 @@ def fill_dummy(model: nn.Module) -> None:
         finish = getattr(module, "finish_loading", None)
         if callable(finish):
             finish()
+
+
+def check_recurrent_flags(config: EngineConfig, spec: ModelSpec) -> None:
+    """What a model with Mamba2 layers is not run with yet: one line naming the flag to drop."""
+    if spec.recurrent is None:
+        return
+    if spec.mamba2 is None:  # the registry refuses such models first; a guard for the ones to come
+        raise EngineConfigError(f"{spec.recurrent.describe()}: llmctl keeps no state for those layers yet")
+    refused = {"--tensor-parallel-size": config.tensor_parallel_size > 1,
+               "--speculative-config": config.speculative_config is not None,
+               "--async-scheduling": config.async_scheduling, "--enable-lora": config.enable_lora}
+    for flag, asked in refused.items():
+        if asked:
+            raise EngineConfigError(f"{flag}: the Mamba2 layers of this model run without it in llmctl yet (each "
+                                    "sequence's state is whole on one rank, advanced one scheduled step at a time); "
+                                    f"leave {flag} out{' (--pipeline-parallel-size splits the layers instead)' if flag.startswith('--tensor') else ''}")

@@ -39,7 +39,13 @@ from llmctl.engine.pooling.config import PoolerConfig, generative_spec, resolve_
 from llmctl.engine.pooling.pooler import adapt_for_pooling
 from llmctl.engine.worker.heap import keep_freed_memory_in_heap, release_loading_garbage
 from llmctl.engine.worker.kv_cache import kv_cache_dtype, set_up_kv_cache
-from llmctl.engine.worker.load_flags import check_load_flags, fill_dummy, sampling_defaults, tokenizer_source
+from llmctl.engine.worker.load_flags import (
+    check_load_flags,
+    check_recurrent_flags,
+    fill_dummy,
+    sampling_defaults,
+    tokenizer_source,
+)
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
 from llmctl.engine.worker.memory_reservation import MemoryReservation
 from llmctl.errors import CorruptModelError, UnsupportedModelError
@@ -66,6 +72,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
         spec = generative_spec(spec)
     _check_native(spec, source, config.trust_remote_code)
     check_load_flags(config, source, spec)
+    check_recurrent_flags(config, spec)
     shard, rank = placement.shard(spec), placement.rank
     if device.type == "cpu":
         keep_freed_memory_in_heap()
@@ -319,7 +326,8 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
     concurrency = max_concurrency(pool, geometry, loaded.max_model_len, loaded.max_num_batched_tokens)
     logger.info("model %s (%s), dtype %s on %s", loaded.source.name, ", ".join(loaded.spec.architectures),
                 str(loaded.dtype).removeprefix("torch."), loaded.device)
-    logger.info("attention backend %s: %s", loaded.backend.name, loaded.attention_reason)
+    if loaded.kv_caches:
+        logger.info("attention backend %s: %s", loaded.backend.name, loaded.attention_reason)
     if loaded.pooler is not None:
         head = _pooling_head(loaded.pooler)
         logger.info("pooling runner: %s (%s; requests are prefill-only)", loaded.pooler.describe(), head)
@@ -340,6 +348,15 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
         max_loras, max_rank = config_slots.a.shape[0], config_slots.a.shape[2]
         logger.info("LoRA: %d adapter slot%s of rank ≤ %d take %.3f GiB (q/k/v/o and gate/up/down of every layer)",
                     max_loras, "" if max_loras == 1 else "s", max_rank, loaded.lora_bytes / GiB)
+    slots = loaded.states.slots if loaded.states is not None else 0
+    if loaded.states is not None:
+        logger.info("recurrent state%s: %.3f GiB = %d sequence slots (--max-num-seqs) in %d Mamba2 layers, a "
+                    "fixed state per sequence whatever its length", where, loaded.states.nbytes / GiB, slots,
+                    len(loaded.states.layers))
+    if not loaded.kv_caches:
+        logger.info("KV cache: none (no attention layers); at most %d sequences at once", slots)
+        logger.info("loaded in %.2f s", seconds)
+        return
     logger.info("KV cache%s: %.2f GiB = %d blocks of %d tokens in %s; %s KV cache size: %s tokens", where,
                 pool.allocated_bytes / GiB, pool.num_blocks, pool.block_size,
                 _cache_dtype_name(loaded),
