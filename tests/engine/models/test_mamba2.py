@@ -1,0 +1,118 @@
+"""Models with Mamba2 layers natively — Mamba2 (no attention at all) and Granite 4.0-H (Mamba2 with NoPE attention, a
+shared MLP and experts) — against transformers on the same random weights: greedy tokens identical and
+log-probabilities within 1e-3, with prompts chunked at 16 tokens across an 8-token scan chunk (so each sequence's
+convolution window and SSM state are carried between steps), preempted and recomputed, as n > 1 sequences, and split
+over two pipeline stages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers.families import (
+    PROMPTS,
+    assert_backend_matches_transformers,
+    assert_close,
+    engine_outputs,
+    save_routed_moe,
+    transformers_reference,
+)
+from llmctl import LLM, SamplingParams
+
+TOKENS = 40
+MIXER = dict(n_groups=2, chunk_size=8)  # two B/C groups: heads share them in pairs
+
+
+def mamba2_config(vocab: int):
+    from transformers import Mamba2Config
+
+    return Mamba2Config(vocab_size=vocab, hidden_size=64, num_hidden_layers=3, num_heads=8, head_dim=16,
+                        state_size=16, expand=2, conv_kernel=4, tie_word_embeddings=False, **MIXER)
+
+
+def granite_hybrid_config(vocab: int, experts: int):
+    from transformers import GraniteMoeHybridConfig
+
+    # Granite 4.0-H's shape: Mamba2 layers around one NoPE attention layer; multipliers far from 1
+    return GraniteMoeHybridConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=32, shared_intermediate_size=48, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=experts, num_experts_per_tok=2,
+        layer_types=["mamba", "attention", "mamba", "mamba"], mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16,
+        mamba_n_groups=2, mamba_chunk_size=8, mamba_expand=2, position_embedding_type="nope",
+        embedding_multiplier=6.0, residual_multiplier=0.3, attention_multiplier=0.05, logits_scaling=3.0,
+        max_position_embeddings=512)
+
+
+@pytest.fixture(scope="module")
+def mamba2(tmp_path_factory, tokenizer) -> Path:
+    return save_routed_moe(mamba2_config(len(tokenizer)), tmp_path_factory.mktemp("mamba2") / "m", tokenizer)
+
+
+@pytest.fixture(scope="module")
+def granite(tmp_path_factory, tokenizer) -> Path:
+    config = granite_hybrid_config(len(tokenizer), experts=4)
+    return save_routed_moe(config, tmp_path_factory.mktemp("granite_hybrid") / "m", tokenizer)
+
+
+@pytest.fixture(scope="module")
+def mamba2_reference(mamba2, tokenizer):
+    return transformers_reference(mamba2, tokenizer, max_tokens=TOKENS)
+
+
+def test_mamba2_matches_transformers(mamba2, mamba2_reference):
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
+    from llmctl.engine.models.registry import implementation
+
+    spec = load_spec(resolve_model(str(mamba2), weights=False))
+    assert implementation(spec) == ("llmctl", "") and spec.mamba2 is not None
+    ours, _ = engine_outputs(mamba2, tokens=TOKENS)
+    assert_close(mamba2_reference, ours)
+
+
+def test_mamba2_n_sequences_and_two_stages(mamba2, mamba2_reference):
+    """n = 3 runs as three sequences with their own states (vLLM's fan-out); two pipeline stages hold their own
+    layers' states."""
+    llm = LLM(str(mamba2), max_model_len=256, max_num_batched_tokens=16, max_num_seqs=4)
+    try:
+        outputs = llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True, n=3))
+    finally:
+        llm.shutdown()
+    for output, (tokens, _, _) in zip(outputs, mamba2_reference):
+        assert [list(c.token_ids) for c in output.outputs] == [tokens] * 3
+    staged, _ = engine_outputs(mamba2, PROMPTS[:3], tokens=TOKENS, pipeline_parallel_size=2)
+    assert [t for t, _, _ in staged] == [t for t, _, _ in mamba2_reference[:3]]
+
+
+def test_granite_hybrid_matches_transformers_with_preemption(granite, tokenizer):
+    """A KV pool of 24 blocks for 8 sequences: some are preempted, their states freed and recomputed from zeros."""
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.source import resolve_model
+
+    spec = load_spec(resolve_model(str(granite), weights=False))
+    assert spec.recurrent is not None and spec.recurrent.layers == (0, 2, 3)
+    reference = transformers_reference(granite, tokenizer, max_tokens=TOKENS)
+    ours, _ = engine_outputs(granite, tokens=TOKENS)
+    assert_close(reference, ours)
+    block = 16 * 2 * 2 * 16 * 4  # one attention layer: 16 tokens × K and V × 2 heads × 16 dims × float32
+    llm = LLM(str(granite), max_model_len=256, max_num_batched_tokens=16, max_num_seqs=8,
+              kv_cache_memory=spec.state_bytes_per_sequence(4) * 8 + 24 * block)
+    try:
+        outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True))
+        assert llm.engine.scheduler.num_preemptions > 0
+    finally:
+        llm.shutdown()
+    assert [list(o.outputs[0].token_ids) for o in outputs] == [t for t, _, _ in reference]
+
+
+def test_granite_hybrid_attention_through_triton(granite, tokenizer):
+    assert_backend_matches_transformers(granite, tokenizer, "triton")
+
+
+@pytest.mark.parametrize("flag", [{"tensor_parallel_size": 2}, {"async_scheduling": True}])
+def test_what_recurrent_layers_refuse_is_named(mamba2, flag):
+    from llmctl.engine.errors import EngineConfigError
+
+    with pytest.raises(EngineConfigError, match="Mamba2 layers"):
+        LLM(str(mamba2), max_model_len=256, **flag)
