@@ -48,7 +48,7 @@ class PositionalEncoding:
             return "ALiBi"
         if self.kind == "learned":
             return f"learned absolute ({self.learned_positions} positions)"
-        return self.kind
+        return "none (no positional encoding)" if self.kind == "none" else self.kind
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from llmctl.checkpoint.architecture import AttentionSpec, LayerLayout, MoESpec, PositionalEncoding, RopeSpec
@@ -177,7 +178,28 @@ def _read_glm4_moe(reader: ConfigReader, model_type: str) -> dict[str, Any]:
     return facts
 
 
+def _read_mamba2(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    """Mamba2: one norm and one mixer per layer (llmctl.checkpoint.mamba), no MLP, no attention."""
+    facts = read_llama_like(reader, model_type)
+    facts.update(intermediate=0, moe=None, layout=LayerLayout(norms_per_layer=1))
+    return facts
+
+
+def _read_granite_hybrid(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    """Granite 4.0-H: every layer's MLP is the shared one (shared_intermediate_size); intermediate_size is each
+    expert's, in the MoE sizes."""
+    cfg = reader.config
+    facts = read_llama_like(reader, model_type)
+    shared = int(cfg.get("shared_intermediate_size") or 0)
+    facts["intermediate"] = shared
+    if facts["moe"] is not None:
+        facts["moe"] = replace(facts["moe"], num_shared_experts=1, shared_expert_intermediate_size=shared)
+    return facts
+
+
 FAMILY_READERS = {
+    "mamba2": _read_mamba2,
+    "granitemoehybrid": _read_granite_hybrid,
     "qwen": _read_qwen1,
     "bloom": _read_bloom,
     "opt": _read_opt,
@@ -292,6 +314,8 @@ def read_positional(reader: ConfigReader, model_type: str, facts: dict[str, Any]
         return PositionalEncoding(kind="learned", learned_positions=int(cfg.get("max_position_embeddings", 2048)) + 2)
     if model_type == "gpt2":
         return PositionalEncoding(kind="learned", learned_positions=int(cfg.get("n_positions", 1024)))
+    if model_type == "mamba2" or (model_type == "granitemoehybrid" and cfg.get("position_embedding_type") != "rope"):
+        return PositionalEncoding(kind="none")  # Mamba2 has no attention; Granite 4.0-H's attends without positions
     return PositionalEncoding(kind="rope", rope=_rope(cfg))
 
 

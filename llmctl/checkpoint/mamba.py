@@ -50,6 +50,13 @@ class Mamba2MixerSpec:
         """in_proj's rows: the gate z, then x, B, C, then one dt per head."""
         return self.intermediate_size + self.conv_dim + self.num_heads
 
+    @property
+    def params(self) -> int:
+        """in_proj, the convolution, dt_bias / A_log / D, the gated norm and out_proj of one layer."""
+        h, inner = self.hidden_size, self.intermediate_size
+        projections = (h + self.proj_bias) * self.projection_size + (inner + self.proj_bias) * h
+        return projections + self.conv_dim * (self.conv_kernel + self.conv_bias) + 3 * self.num_heads + inner
+
     def conv_state_shape(self) -> tuple[int, int]:
         return self.conv_dim, self.conv_kernel - 1
 

@@ -84,7 +84,8 @@ def count_from_config(spec: ModelSpec) -> ConfigParamCount | None:
             total = active = _mlp_params(h, spec.intermediate_size, lay.gated_mlp, lay.mlp_bias)
         mlp_total += total
         mlp_active += active
-    attention = attention_per_layer * spec.num_layers
+    mixers = len(spec.recurrent.layers) if spec.recurrent is not None and spec.mamba2 is not None else 0
+    attention = attention_per_layer * (spec.num_layers - mixers) + (spec.mamba2.params * mixers if mixers else 0)
     norms = norms_per_layer * spec.num_layers + norms_outside
     vision = spec.vision.in_checkpoint if spec.vision is not None else 0  # the image tower and its projector
     total = embedding + attention + mlp_total + norms + lm_head + vision

@@ -70,8 +70,10 @@ class ModelSpec:
     warnings: tuple[str, ...] = ()
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        """KV cache bytes for one token across all layers, before any parallelism."""
-        return self.num_layers * self.kv_bytes_per_token_layer(dtype_bytes)
+        """KV cache bytes for one token across all attention layers (recurrent ones keep none), before any
+        parallelism."""
+        recurrent = len(self.recurrent.layers) if self.recurrent is not None else 0
+        return (self.num_layers - recurrent) * self.kv_bytes_per_token_layer(dtype_bytes)
 
     def kv_bytes_per_token_layer(self, dtype_bytes: int, kv_heads: int | None = None) -> int:
         """One token, one layer: 2 · kv_heads · head_dim · dtype bytes (kv_heads: per TP rank when given);
@@ -86,6 +88,25 @@ class ModelSpec:
         if self.recurrent is None or self.mamba2 is None:
             return 0
         return len(self.recurrent.layers) * self.mamba2.state_bytes(dtype_bytes)
+
+    def layer_pattern(self) -> str:
+        """Each layer's kind, run-length coded: "5 mamba2, attention, 9 mamba2 …" (+MoE where its MLP routes)."""
+        recurrent = dict.fromkeys(self.recurrent.layers) if self.recurrent is not None else {}
+        mixer = "mamba2" if self.mamba2 is not None else "recurrent"
+        types = self.attention.layer_types
+        moe = set(self.moe.moe_layers) if self.moe is not None else set()
+        kinds = []
+        for layer in range(self.num_layers):
+            kind = mixer if layer in recurrent else {"sliding": "chunked" if self.attention.chunked else "sliding"}.get(
+                types[layer] if layer < len(types) else "full", "attention")
+            kinds.append(kind + ("+MoE" if layer in moe else ""))
+        runs: list[list[Any]] = []
+        for kind in kinds:
+            if runs and runs[-1][1] == kind:
+                runs[-1][0] += 1
+            else:
+                runs.append([1, kind])
+        return ", ".join(kind if count == 1 else f"{count} {kind}" for count, kind in runs)
 
     @property
     def dtype_bytes(self) -> int:

@@ -86,13 +86,13 @@ def plan(
 
 def _as_served(source: ModelSource) -> tuple[ModelSpec, str | None]:
     """The spec as served, and what a pooling model pools (None for a generator): a pooling model loads no LM
-    head of its own, so it is counted as one sharing the embedding table. A model with recurrent layers is
-    refused: plan does not size their state yet."""
+    head of its own, so it is counted as one sharing the embedding table. A model with recurrent layers other than
+    Mamba2 mixers is refused: plan does not size their state yet."""
     from llmctl.checkpoint.config_file import load_config, load_spec
     from llmctl.checkpoint.pooling import pooling_spec
 
     spec, pooling = load_spec(source), pooling_spec(source.path, load_config(source))
-    if spec.recurrent is not None:
+    if spec.recurrent is not None and spec.mamba2 is None:
         raise LlmctlError(f"plan does not size this model yet: {spec.recurrent.describe()}, which keep a "
                           "recurrent state per sequence, not K/V per token; plan's weights and KV cache would count "
                           "them as attention layers (vLLM sizes them with its hybrid allocator)")

@@ -53,6 +53,8 @@ def plan_notes(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, plan: Plan)
                      "KV per GPU")
     elif spec.attention.num_kv_heads and any(l.tp > spec.attention.num_kv_heads for l in plan.layouts):
         notes.append(f"TP above {spec.attention.num_kv_heads} replicates KV heads: KV per GPU stops shrinking")
+    if spec.recurrent is not None and spec.mamba2 is not None:
+        notes.append(state_note(spec, plan))
     if spec.vision is not None:
         notes.append(vision_note(spec, req, plan))
     if req.pooling is not None:
@@ -85,3 +87,19 @@ def pooling_note(spec: ModelSpec, req: PlanRequest, plan: Plan) -> str:
     return (f"{req.pooling}: requests are prefill-only and free their KV as soon as their prompt is computed, so "
             f"a step's {req.max_num_batched_tokens:,} tokens need {step / GiB:.3f} GiB of KV (the pool above is "
             "room for prompts waiting, not for long sequences); no LM head is loaded, so it is not counted")
+
+
+def state_note(spec: ModelSpec, plan: Plan) -> str:
+    """Mamba2 layers: their state per sequence, and the slots the recommended layout holds."""
+    assert spec.recurrent is not None
+    per_sequence = plan.state_bytes_per_sequence
+    note = (f"{len(spec.recurrent.layers)} of {spec.num_layers} layers are Mamba2 mixers: no KV per token, a state "
+            f"of {per_sequence / 2**20:.1f} MiB per sequence (the convolution's last inputs and the SSM state) "
+            "whatever its length")
+    best = plan.recommended
+    if best is not None and best.stages:
+        slots = max(stage.state_bytes for stage in best.stages)
+        note += (f"; llmctl holds a slot for each sequence it runs at once ({slots / GiB:.2f} GiB per GPU, beside "
+                 "the KV cache), as many as --max-num-seqs or the memory allows with each slot's sequence at "
+                 "max-model-len")
+    return note

@@ -14,7 +14,7 @@ from llmctl.plan.gguf_sizes import GgufSizes
 from llmctl.plan.gpus import GPU_CATALOG, GpuType
 from llmctl.plan.notes import plan_notes
 from llmctl.settings import DEFAULT_MAX_NUM_SEQS
-from llmctl.sizing.kv import BLOCK_SIZE, StageKV, kv_dtype_bytes, planned_kv_format, stage_kv
+from llmctl.sizing.kv import BLOCK_SIZE, UNBOUNDED, StageKV, kv_dtype_bytes, planned_kv_format, stage_kv
 from llmctl.sizing.layout import structural_problems
 from llmctl.sizing.lora import lora_slot_bytes, lora_targets
 from llmctl.sizing.memory import (
@@ -24,6 +24,7 @@ from llmctl.sizing.memory import (
     kv_pool,
     max_concurrency,
     runtime_overhead_bytes,
+    state_slots,
 )
 from llmctl.sizing.weights import WEIGHT_DTYPES, WeightFormat, stage_weights, vllm_pipeline_stages, weight_format
 from llmctl.units import GiB
@@ -84,6 +85,7 @@ class StagePlan:
     kv_bytes_per_token: int  # this GPU, all of its layers
     max_concurrency: float
     max_model_len_that_fits: int
+    state_bytes: int = 0  # recurrent layers (Mamba2): their state for --max-num-seqs sequences, beside the KV
 
 
 @dataclass
@@ -148,6 +150,7 @@ class Plan:
     suggestions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
+    state_bytes_per_sequence: int = 0  # recurrent layers (Mamba2), all of them, whatever the sequence's length
     vllm_log: list[str] = field(default_factory=list)
 
 
@@ -212,16 +215,33 @@ def _plan_stage(spec: ModelSpec, req: PlanRequest, index: int, layers: range, we
         overhead_bytes=_pick(measured.overhead_bytes, runtime_overhead_bytes(tp, pp)),
     )
     geometry: StageKV = stage_kv(spec, tp, layers, kv_bytes, req.block_size)
-    pool = kv_pool(budget.kv_bytes, geometry)
+    # llmctl holds a state slot per --max-num-seqs sequence, taken from the budget before the KV pool
     step = req.max_num_batched_tokens
+    per_sequence = stage_state_bytes(spec, layers, dtype_bytes)
+    slots = state_slots(budget.kv_bytes, per_sequence, geometry.sequence_bytes(max_model_len, step),
+                        req.max_num_seqs) if per_sequence else 0
+    states = slots * per_sequence
+    available = budget.kv_bytes - states
+    pool = kv_pool(available, geometry)
+    concurrency = max_concurrency(pool, geometry, max_model_len, step)
+    fits = geometry.max_length(pool.allocated_bytes, step)
+    if per_sequence:  # a sequence needs a state slot as well as its blocks; with no attention layer, only that
+        concurrency = min(concurrency, slots) if geometry.block_bytes else float(slots)
+        fits = fits if geometry.block_bytes else (UNBOUNDED if slots else 0)
     return StagePlan(
         stage=index, layers=len(layers), weights_bytes=budget.weights_bytes,
         activation_bytes=budget.activation_bytes, overhead_bytes=budget.overhead_bytes,
-        kv_available_bytes=budget.kv_bytes, kv_blocks=pool.num_blocks, kv_tokens=pool.tokens,
-        kv_bytes_per_token=geometry.bytes_per_token,
-        max_concurrency=max_concurrency(pool, geometry, max_model_len, step),
-        max_model_len_that_fits=geometry.max_length(pool.allocated_bytes, step),
+        kv_available_bytes=available, kv_blocks=pool.num_blocks, kv_tokens=pool.tokens,
+        kv_bytes_per_token=geometry.bytes_per_token, max_concurrency=concurrency, max_model_len_that_fits=fits,
+        state_bytes=states,
     )
+
+
+def stage_state_bytes(spec: ModelSpec, layers: range, dtype_bytes: int) -> int:
+    """One sequence's state in this stage's recurrent layers (llmctl.checkpoint.mamba)."""
+    if spec.recurrent is None or spec.mamba2 is None:
+        return 0
+    return sum(1 for layer in spec.recurrent.layers if layer in layers) * spec.mamba2.state_bytes(dtype_bytes)
 
 
 def _pick(measured: int | None, estimate: int) -> int:
@@ -286,6 +306,7 @@ def build_plan(spec: ModelSpec, req: PlanRequest, model: str, measured: Measured
         kv_dtype_bytes=kv_bytes, max_model_len=max_model_len,
         total_params=counts.total if counts else None, active_params=counts.active if counts else None,
         kv_bytes_per_token_model=spec.kv_bytes_per_token(kv_bytes), layouts=layouts,
+        state_bytes_per_sequence=spec.state_bytes_per_sequence(dtype_bytes),
         recommended=recommend(layouts, req.min_concurrency),
     )
     plan.notes = plan_notes(spec, req, fmt, plan)
@@ -408,6 +429,8 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
                            f"its architecture {', '.join(plan.spec.architectures) or plan.spec.model_type}")
     elif req.llmctl_impl == "transformers" and best.tp * best.pp > 1:
         unsupported.insert(0, "--model-impl transformers with TP × PP > 1")
+    if plan.state_bytes_per_sequence and best.tp > 1:
+        unsupported.append("Mamba2 layers with TP > 1 (llmctl splits them over PP only)")
     if req.max_loras and best.tp * best.pp > 1:
         unsupported.append("--enable-lora with TP × PP > 1")
     if req.expert_parallel and best.pp > 1 and best.replicas > 1:

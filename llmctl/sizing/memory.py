@@ -152,3 +152,12 @@ def max_concurrency(pool: KVPool, stage: StageKV, max_model_len: int, step_token
     """vLLM's "Maximum concurrency for N tokens per request": pool ÷ one full-length request."""
     need = stage.sequence_bytes(max_model_len, step_tokens)
     return pool.allocated_bytes / need if need else 0.0
+
+
+def state_slots(available_bytes: int, state_bytes: int, sequence_kv_bytes: int, max_num_seqs: int) -> int:
+    """Recurrent layers (Mamba2): how many sequences get a state slot — --max-num-seqs, or fewer where the budget
+    cannot hold that many states each beside one full-length sequence's KV (so the slots never leave the KV pool
+    short of what a slot's sequence may need)."""
+    if not state_bytes:  # no recurrent layer here (a pipeline stage of attention layers): no limit of its own
+        return max_num_seqs
+    return max(0, min(max_num_seqs, available_bytes // (state_bytes + sequence_kv_bytes)))

@@ -51,6 +51,12 @@ TINY = {
     "llama4_text": dict(hidden_size=64, intermediate_size=32, intermediate_size_mlp=96, num_hidden_layers=4,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=200,
                         num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2),
+    "mamba2": dict(hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, state_size=16, n_groups=2,
+                   expand=2, vocab_size=200, use_bias=True),
+    "granitemoehybrid": dict(hidden_size=64, intermediate_size=32, shared_intermediate_size=48, num_hidden_layers=3,
+                             num_attention_heads=4, num_key_value_heads=2, vocab_size=200, num_local_experts=4,
+                             num_experts_per_tok=2, layer_types=["mamba", "attention", "mamba"], mamba_n_heads=8,
+                             mamba_d_head=16, mamba_d_state=16, mamba_n_groups=2, mamba_expand=2),
 }
 
 
@@ -133,3 +139,21 @@ def test_gpt_oss_120b_counts_its_published_parameters() -> None:
                   quantization_config={"quant_method": "mxfp4"})
     total = count_from_config(ModelSpec.from_config(config)).total
     assert abs(total - 116.83e9) / 116.83e9 < 1e-3, total
+
+
+def test_granite_4_h_tiny_counts_its_published_parameters() -> None:
+    """ibm-granite/granite-4.0-h-tiny's config.json (its published fields): 6.94B parameters on its model page;
+    Mamba2 mixers on 36 layers, NoPE attention on 4, 64 experts and a shared MLP on all 40."""
+    layer_types = (["mamba"] * 5 + ["attention"] + ["mamba"] * 9 + ["attention"] + ["mamba"] * 9 + ["attention"]
+                   + ["mamba"] * 9 + ["attention"] + ["mamba"] * 4)
+    config = dict(architectures=["GraniteMoeHybridForCausalLM"], model_type="granitemoehybrid", hidden_size=1536,
+                  num_hidden_layers=40, num_attention_heads=12, num_key_value_heads=4, intermediate_size=512,
+                  shared_intermediate_size=1024, num_local_experts=64, num_experts_per_tok=6, vocab_size=100352,
+                  tie_word_embeddings=True, mamba_d_state=128, mamba_n_groups=1, mamba_n_heads=48, mamba_d_head=64,
+                  mamba_expand=2, mamba_d_conv=4, mamba_chunk_size=256, position_embedding_type="nope",
+                  layer_types=layer_types)
+    spec = ModelSpec.from_config(config)
+    total = count_from_config(spec).total
+    assert abs(total - 6.94e9) / 6.94e9 < 1e-3, total
+    assert spec.kv_bytes_per_token(2) == 4 * 2 * 4 * 128 * 2  # the 4 attention layers only
+    assert spec.layer_pattern().startswith("5 mamba2+MoE, attention+MoE, 9 mamba2+MoE")

@@ -377,11 +377,11 @@ def test_a_gguf_file_is_planned_in_its_quantized_blocks():
     assert default["recommended"]["weights_bytes_per_gpu"] > 2 * 134_000_000  # bf16, not the GGUF's blocks
 
 
-def test_recurrent_layers_are_found_and_plan_refuses_to_size_them(tmp_path):
+def test_recurrent_layers_are_found_and_plan_refuses_what_it_cannot_size(tmp_path):
     """Mamba/Mamba2 mixers and linear attention keep a state per sequence, not K/V per token: read from each
     family's config (transformers' own config classes; Granite 4.0-H and Nemotron-H as their hub configs write
-    them), they make plan refuse in one line instead of sizing them as attention layers (it printed 8.86B
-    parameters and 2 MB of KV per token for a 2.7B Mamba2 before)."""
+    them). Those that are not Mamba2 mixers (Qwen3-Next's gated DeltaNet) make plan refuse in one line instead of
+    sizing them as attention layers."""
     from transformers import FalconH1Config, JambaConfig, LlamaConfig, Mamba2Config, Qwen3NextConfig
 
     def recurrent(config: dict) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
@@ -400,9 +400,34 @@ def test_recurrent_layers_are_found_and_plan_refuses_to_size_them(tmp_path):
         ((0, 2), ("mamba",))
     assert recurrent(FalconH1Config(num_hidden_layers=2).to_dict())[0] == (0, 1)
     assert recurrent(LlamaConfig().to_dict()) is None
-    folder = tmp_path / "mamba2"
+    folder = tmp_path / "qwen3_next"
     folder.mkdir()
-    (folder / "config.json").write_text(Mamba2Config(architectures=["Mamba2ForCausalLM"]).to_json_string())
+    (folder / "config.json").write_text(Qwen3NextConfig(architectures=["Qwen3NextForCausalLM"]).to_json_string())
     result = run_cli("plan", str(folder), "--gpus", "1")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "plan does not size this model yet: 64 of 64 layers" in result.stderr and "Mamba2" in result.stderr
+    assert "plan does not size this model yet: 36 of 48 layers" in result.stderr and "linear_attention" in result.stderr
+
+
+# Mamba-Codestral-7B-v0.1's config.json (its published fields): 7,285,403,648 parameters on its model card
+CODESTRAL = dict(architectures=["Mamba2ForCausalLM"], model_type="mamba2", hidden_size=4096, num_hidden_layers=64,
+                 vocab_size=32768, num_heads=128, head_dim=64, state_size=128, n_groups=8, expand=2, conv_kernel=4,
+                 use_bias=False, use_conv_bias=True, tie_word_embeddings=False, torch_dtype="bfloat16")
+
+
+def test_mamba2_state_is_planned_per_sequence_not_per_token(tmp_path):
+    """A Mamba2 needs no KV per token but a fixed state per sequence: vLLM's shapes per layer (mamba2_state_shape:
+    conv (conv_kernel - 1) × (inner + 2 · groups · state), SSM heads × head_dim × state), 16-bit. plan holds
+    --max-num-seqs of them and says so, where it printed "KV 0 bytes/token … No layout fits" before."""
+    spec = ModelSpec.from_config(CODESTRAL)
+    assert count_from_config(spec).total == 7_285_403_648
+    per_layer = 3 * (8192 + 2 * 8 * 128) + 128 * 64 * 128
+    assert spec.state_bytes_per_sequence(2) == 64 * per_layer * 2 and spec.kv_bytes_per_token(2) == 0
+    (tmp_path / "config.json").write_text(json.dumps(CODESTRAL))
+    result = run_cli("plan", str(tmp_path), "--gpus", "1", "--gpu", "h100", "--max-num-seqs", "64", "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    best = plan["recommended"]
+    assert best["tp"] == 1 and best["max_concurrency"] == 64
+    assert any("64 of 64 layers are Mamba2 mixers" in note and "131.8 MiB per sequence" in note
+               for note in plan["notes"])
+    assert any(c.startswith(f"llmctl serve {tmp_path} --tp 1") for c in plan["commands"])

@@ -72,14 +72,15 @@ class LLMEngine:
         self.block_manager = BlockManager(self.loaded.kv_pool.num_blocks, config.block_size,
                                           config.enable_prefix_caching and switch is None and not self.stateful,
                                           group_windows=self.loaded.kv_groups.windows,
-                                          state_slots=config.max_num_seqs if self.stateful else 0)
+                                          state_slots=self.loaded.states.slots if self.loaded.states else 0)
         self.table_rows = TableRows()  # each live sequence's row in the workers' block tables
         if config.enable_prefix_caching and switch is not None:
             logger.info("prefix caching is off: with LongRoPE a token's keys depend on its sequence's length")
         if config.enable_prefix_caching and self.stateful:
             logger.info("prefix caching is off: the recurrent layers' state is kept per sequence, not per block "
                         "(as vLLM without --mamba-cache-mode align)")
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.loaded.max_num_batched_tokens,
+        max_num_seqs = self.loaded.states.slots if self.loaded.states else config.max_num_seqs  # a slot each
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, self.loaded.max_num_batched_tokens,
                                    max_loras=config.max_loras if config.enable_lora else 0,
                                    eos_token_ids=self.loaded.eos_token_ids, max_model_len=self.max_model_len,
                                    rope_switch_length=switch, scheduling_policy=config.scheduling_policy,

@@ -22,7 +22,7 @@ from llmctl.engine.worker.profile import dummy_prefill, measure_activation_peak,
 from llmctl.kernels.huge_pages import zeros_on_huge_pages
 from llmctl.settings import kv_cache_format
 from llmctl.sizing.kv import StageKV, attention_layers, kv_groups, stage_kv
-from llmctl.sizing.memory import KVPool, MemoryBudget, kv_pool
+from llmctl.sizing.memory import KVPool, MemoryBudget, kv_pool, state_slots
 from llmctl.sizing.weights import kv_heads_per_rank
 from llmctl.units import GiB
 
@@ -61,7 +61,8 @@ def set_up_kv_cache(config: EngineConfig, spec: ModelSpec, model: nn.Module, bac
             model, caches, backend, batch, config.block_size, device, spec.hidden_size, shard.is_first,
             shard.is_last, sampler_rows=config.max_num_seqs))
     available = _kv_memory(config, device, resident_bytes, activation, max_batched)
-    states = _allocate_states(config, spec, layers, dtype, device)
+    states = _allocate_states(config, spec, layers, dtype, device, placement, available,
+                              geometry.sequence_bytes(max_model_len, max_batched))
     if states is not None:  # the state slots come out of the same budget, before the KV pool
         available -= states.nbytes
     if device.type == "cuda" and config.kv_cache_memory is None and reserved.what:
@@ -77,12 +78,24 @@ def set_up_kv_cache(config: EngineConfig, spec: ModelSpec, model: nn.Module, bac
     return KVCacheSetup(geometry, pool, make_caches(pool.num_blocks), activation, states)
 
 
-def _allocate_states(config: EngineConfig, spec: ModelSpec, layers: range, dtype: torch.dtype,
-                     device: torch.device) -> StateCache | None:
+def _allocate_states(config: EngineConfig, spec: ModelSpec, layers: range, dtype: torch.dtype, device: torch.device,
+                     placement: Placement, available: int, sequence_kv_bytes: int) -> StateCache | None:
+    """A state slot for each of --max-num-seqs sequences, or as many as the budget holds (every stage agreeing)."""
     if spec.recurrent is None or spec.mamba2 is None:
         return None
     mine = [layer for layer in spec.recurrent.layers if layer in layers]
-    return allocate_states(spec.mamba2, mine, config.max_num_seqs, dtype, device)
+    per_sequence = len(mine) * spec.mamba2.state_bytes(torch.tensor([], dtype=dtype).element_size())
+    slots = placement.agree_on_blocks(state_slots(available, per_sequence, sequence_kv_bytes, config.max_num_seqs))
+    if slots == 0:
+        raise EngineConfigError(
+            f"one sequence's recurrent state ({per_sequence / 2**20:.1f} MiB) and KV cache "
+            f"({sequence_kv_bytes / 2**20:.1f} MiB at max_model_len) need more than the "
+            f"{max(available, 0) / GiB:.2f} GiB available: give more memory (--kv-cache-memory-bytes, or "
+            "--gpu-memory-utilization on GPUs) or a shorter --max-model-len")
+    if slots < config.max_num_seqs:
+        logger.info("recurrent state: %d sequences at once, not --max-num-seqs %d: that is what the memory for the "
+                    "state and KV cache holds", slots, config.max_num_seqs)
+    return allocate_states(spec.mamba2, mine, slots, dtype, device)
 
 
 def _tables_only(config: EngineConfig, max_model_len: int, geometry: StageKV) -> KVPool:
