@@ -30,7 +30,7 @@ class ConfigParamCount:
     """Parameters computed from config.json, by component."""
 
     embedding: int
-    attention: int
+    attention: int  # attention, and the Mamba2 mixers in their layers
     mlp: int
     norms: int
     lm_head: int
@@ -85,7 +85,8 @@ def count_from_config(spec: ModelSpec) -> ConfigParamCount | None:
         mlp_total += total
         mlp_active += active
     mixers = len(spec.recurrent.layers) if spec.recurrent is not None and spec.mamba2 is not None else 0
-    attention = attention_per_layer * (spec.num_layers - mixers) + (spec.mamba2.params * mixers if mixers else 0)
+    mixer_params = spec.mamba2.params * mixers if spec.mamba2 is not None else 0
+    attention = attention_per_layer * (spec.num_layers - mixers) + mixer_params
     norms = norms_per_layer * spec.num_layers + norms_outside
     vision = spec.vision.in_checkpoint if spec.vision is not None else 0  # the image tower and its projector
     total = embedding + attention + mlp_total + norms + lm_head + vision

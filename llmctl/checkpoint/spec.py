@@ -153,12 +153,7 @@ def build_spec(raw_config: dict[str, Any]) -> ModelSpec:
         notes.append(f"config names no context length; {DEFAULT_CONTEXT} assumed (vLLM's default)")
     if reader.missing:
         warnings.append("could not find: " + "; ".join(reader.missing))
-    recurrent = recurrent_layers(config, text_type, num_layers)
-    mamba2 = mamba2_mixer(config, text_type) if recurrent is not None else None
-    if recurrent is not None and mamba2 is None:
-        warnings.append(f"{recurrent.describe()}: a per-sequence recurrent state, not per-token K/V, which "
-                        "llmctl neither serves nor sizes yet — the parameter count and KV bytes here treat those "
-                        "layers as attention and are not right")
+    recurrent, mamba2 = _recurrent(config, text_type, num_layers, warnings)
     auto_map = raw_config.get("auto_map")
     return ModelSpec(
         model_type=model_type,
@@ -187,6 +182,18 @@ def build_spec(raw_config: dict[str, Any]) -> ModelSpec:
         notes=tuple(notes),
         warnings=tuple(warnings),
     )
+
+
+def _recurrent(config: dict[str, Any], model_type: str, num_layers: int, warnings: list[str]
+               ) -> tuple[RecurrentLayers | None, Mamba2MixerSpec | None]:
+    """The layers with a recurrent state and, when they are Mamba2 mixers, their shape (else a warning)."""
+    recurrent = recurrent_layers(config, model_type, num_layers)
+    mamba2 = mamba2_mixer(config, model_type) if recurrent is not None else None
+    if recurrent is not None and mamba2 is None:
+        warnings.append(f"{recurrent.describe()}: a per-sequence recurrent state, not per-token K/V, which "
+                        "llmctl neither serves nor sizes yet — the parameter count and KV bytes here treat those "
+                        "layers as attention and are not right")
+    return recurrent, mamba2
 
 
 def _language_config(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

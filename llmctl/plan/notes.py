@@ -100,6 +100,6 @@ def state_note(spec: ModelSpec, plan: Plan) -> str:
     if best is not None and best.stages:
         slots = max(stage.state_bytes for stage in best.stages)
         note += (f"; llmctl holds a slot for each sequence it runs at once ({slots / GiB:.2f} GiB per GPU, beside "
-                 "the KV cache), as many as --max-num-seqs or the memory allows with each slot's sequence at "
-                 "max-model-len")
+                 "the KV cache), as many as --max-num-seqs or the memory allows: all of it less one "
+                 "max-model-len sequence's KV, at most half of it beside attention layers")
     return note

@@ -155,9 +155,12 @@ def max_concurrency(pool: KVPool, stage: StageKV, max_model_len: int, step_token
 
 
 def state_slots(available_bytes: int, state_bytes: int, sequence_kv_bytes: int, max_num_seqs: int) -> int:
-    """Recurrent layers (Mamba2): how many sequences get a state slot — --max-num-seqs, or fewer where the budget
-    cannot hold that many states each beside one full-length sequence's KV (so the slots never leave the KV pool
-    short of what a slot's sequence may need)."""
+    """Recurrent layers (Mamba2): how many sequences get a state slot — --max-num-seqs, or as many as fit in the
+    budget beside one full-length sequence's KV, and in at most half of it where attention layers need KV too (the
+    other half left to the KV pool, which short sequences share)."""
     if not state_bytes:  # no recurrent layer here (a pipeline stage of attention layers): no limit of its own
         return max_num_seqs
-    return max(0, min(max_num_seqs, available_bytes // (state_bytes + sequence_kv_bytes)))
+    budget = available_bytes - sequence_kv_bytes
+    if sequence_kv_bytes:
+        budget = min(budget, available_bytes // 2)
+    return max(0, min(max_num_seqs, budget // state_bytes))

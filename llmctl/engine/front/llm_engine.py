@@ -68,17 +68,9 @@ class LLMEngine:
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = self.loaded.max_model_len
         switch = self.loaded.spec.positional.long_rope_switch
-        self.stateful = self.loaded.spec.state_bytes_per_sequence(1) > 0  # recurrent layers (Mamba2)
-        self.block_manager = BlockManager(self.loaded.kv_pool.num_blocks, config.block_size,
-                                          config.enable_prefix_caching and switch is None and not self.stateful,
-                                          group_windows=self.loaded.kv_groups.windows,
-                                          state_slots=self.loaded.states.slots if self.loaded.states else 0)
+        self.stateful = self.loaded.states is not None  # recurrent layers (Mamba2): a state slot per sequence
+        self.block_manager = block_manager(config, self.loaded)
         self.table_rows = TableRows()  # each live sequence's row in the workers' block tables
-        if config.enable_prefix_caching and switch is not None:
-            logger.info("prefix caching is off: with LongRoPE a token's keys depend on its sequence's length")
-        if config.enable_prefix_caching and self.stateful:
-            logger.info("prefix caching is off: the recurrent layers' state is kept per sequence, not per block "
-                        "(as vLLM without --mamba-cache-mode align)")
         max_num_seqs = self.loaded.states.slots if self.loaded.states else config.max_num_seqs  # a slot each
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, self.loaded.max_num_batched_tokens,
                                    max_loras=config.max_loras if config.enable_lora else 0,
@@ -309,6 +301,20 @@ class LLMEngine:
         """A snapshot of the counters and queues (safe to call from another thread)."""
         max_loras = self.config.max_loras if self.lora is not None else 0
         return snapshot(self.scheduler, self.speculator.stats if self.speculator else None, max_loras)
+
+
+def block_manager(config: EngineConfig, loaded: LoadedModel) -> BlockManager:
+    """The KV pool's blocks, its KV groups, and the recurrent layers' state slots; prefix caching unless a token's
+    K/V depends on its sequence's length (LongRoPE) or recurrent layers keep a state per sequence, not per block."""
+    long_rope = loaded.spec.positional.long_rope_switch is not None
+    caching = config.enable_prefix_caching and not long_rope and loaded.states is None
+    if config.enable_prefix_caching and long_rope:
+        logger.info("prefix caching is off: with LongRoPE a token's keys depend on its sequence's length")
+    elif config.enable_prefix_caching and loaded.states is not None:
+        logger.info("prefix caching is off: the recurrent layers' state is kept per sequence, not per block "
+                    "(as vLLM without --mamba-cache-mode align)")
+    return BlockManager(loaded.kv_pool.num_blocks, config.block_size, caching, group_windows=loaded.kv_groups.windows,
+                        state_slots=loaded.states.slots if loaded.states is not None else 0)
 
 
 def _runner_mismatch(pooler: PoolerConfig | None) -> str:

@@ -59,11 +59,11 @@ class Mamba2Mixer(nn.Module):
             rows, slots = states.decode_rows, states.decode_slots
             y[rows] = self._decode(xbc[rows], dt[rows], state.conv, state.ssm, slots)
         for seq in states.prefills:
-            rows, slot = states.rows(seq), states.slots[seq]
+            span, slot = states.rows(seq), states.slots[seq]
             if states.fresh[seq]:
                 state.conv[slot].zero_()
                 state.ssm[slot].zero_()
-            y[rows] = self._prefill(xbc[rows], dt[rows], state.conv, state.ssm, slot)
+            y[span] = self._prefill(xbc[span], dt[span], state.conv, state.ssm, slot)
         out = self.norm(y.view(x.shape[0], spec.intermediate_size), gate)
         return self.out_proj(out.to(x.dtype))
 

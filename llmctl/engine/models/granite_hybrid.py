@@ -88,6 +88,7 @@ class GraniteMoeHybridForCausalLM(LlamaForCausalLM):
     supports_lora = False  # PEFT targets of the Mamba layers (in_proj, out_proj) have no LoRA slots
 
     def make_layer(self, index: int, hf_config: Any, rotary: RotaryEmbedding, eps: float) -> nn.Module:
+        self.hf_shared_intermediate = int(hf_config.shared_intermediate_size)  # where up starts in input_linear
         mamba = self.spec.recurrent is not None and index in self.spec.recurrent.layers
         return GraniteHybridLayer(self.spec, rotary, eps, self.shard.group, self.multipliers, hf_config, mamba,
                                   self.shard)
@@ -100,7 +101,7 @@ class GraniteMoeHybridForCausalLM(LlamaForCausalLM):
             return super().targets(name)
         prefix = f"layers.{layer}."
         if ".shared_mlp.input_linear." in short:
-            half = int(self.layers[layer].shared_mlp.gate_up_proj.parts[0].total)
+            half = int(self.hf_shared_intermediate)
             path = prefix + "shared_mlp.gate_up_proj." + short.rsplit(".", 1)[1]
             return [Target(path, 0, 0), Target(path, 1, half)]
         if ".shared_mlp.output_linear." in short:

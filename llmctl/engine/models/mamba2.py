@@ -48,11 +48,13 @@ class Mamba2ForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext, hidden: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embeddings(input_ids) if self.embeddings is not None else hidden
+        assert x is not None
         for index in self.stage_layers:
             x = self.layers[index](x, ctx, index)
         return self.norm_f(x) if self.norm_f is not None else x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        assert self.lm_head is not None  # the last stage's
         return self.lm_head.logits(hidden)
 
     def load_weights(self, tensors: Any) -> None:

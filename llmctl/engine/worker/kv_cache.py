@@ -80,7 +80,8 @@ def set_up_kv_cache(config: EngineConfig, spec: ModelSpec, model: nn.Module, bac
 
 def _allocate_states(config: EngineConfig, spec: ModelSpec, layers: range, dtype: torch.dtype, device: torch.device,
                      placement: Placement, available: int, sequence_kv_bytes: int) -> StateCache | None:
-    """A state slot for each of --max-num-seqs sequences, or as many as the budget holds (every stage agreeing)."""
+    """A state slot for each of --max-num-seqs sequences, or as many as the budget holds (sizing.memory.state_slots;
+    every stage agreeing)."""
     if spec.recurrent is None or spec.mamba2 is None:
         return None
     mine = [layer for layer in spec.recurrent.layers if layer in layers]
@@ -93,8 +94,9 @@ def _allocate_states(config: EngineConfig, spec: ModelSpec, layers: range, dtype
             f"{max(available, 0) / GiB:.2f} GiB available: give more memory (--kv-cache-memory-bytes, or "
             "--gpu-memory-utilization on GPUs) or a shorter --max-model-len")
     if slots < config.max_num_seqs:
-        logger.info("recurrent state: %d sequences at once, not --max-num-seqs %d: that is what the memory for the "
-                    "state and KV cache holds", slots, config.max_num_seqs)
+        logger.info("recurrent state: %d sequences at once, not --max-num-seqs %d: the states may take the budget "
+                    "less one max_model_len sequence's KV, at most half of it beside attention layers", slots,
+                    config.max_num_seqs)
     return allocate_states(spec.mamba2, mine, slots, dtype, device)
 
 

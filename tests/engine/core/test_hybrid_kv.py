@@ -22,7 +22,8 @@ BS = 16
 def layout(kinds: str, window: int = 8) -> SimpleNamespace:
     """A spec of layers given as 'f' (full) and 's' (sliding)."""
     types = tuple("full" if kind == "f" else "sliding" for kind in kinds)
-    return SimpleNamespace(num_layers=len(kinds), attention=SimpleNamespace(layer_types=types, sliding_window=window))
+    return SimpleNamespace(num_layers=len(kinds), attention=SimpleNamespace(layer_types=types, sliding_window=window),
+                           recurrent=None)
 
 
 def test_groups_follow_vllms_rule():
