@@ -119,10 +119,8 @@ def _architecture_table(report: InspectReport) -> Table:
     table.add_row("layers", str(spec.num_layers))
     if spec.recurrent is not None or (spec.moe and spec.moe.dense_layers) or spec.attention.sliding_layers:
         table.add_row("layer pattern", spec.layer_pattern())
-    if spec.mamba2 is not None:
-        mixer = spec.mamba2
-        table.add_row("Mamba2 mixer", f"{mixer.num_heads} heads × {mixer.head_dim}, state {mixer.state_size}, "
-                                      f"{mixer.n_groups} B/C groups, conv kernel {mixer.conv_kernel}")
+    if spec.mixer is not None:
+        table.add_row(spec.mixer.label, spec.mixer.describe())
     table.add_row("hidden size", str(spec.hidden_size))
     table.add_row("intermediate size", str(spec.intermediate_size))
     heads = f"{att.num_heads} query / {att.num_kv_heads} KV, head_dim {att.head_dim}"
@@ -191,10 +189,11 @@ def _size_table(report: InspectReport) -> Table:
     if report.spec.dtype_bytes != 2:
         kv += f", {report.kv_bytes_per_token_model_dtype:,} B at {report.spec.torch_dtype}"
     table.add_row("KV cache per token", kv)
-    if report.spec.mamba2 is not None:
+    if report.spec.mixer is not None:
         state = report.spec.state_bytes_per_sequence(2)
         table.add_row("state per sequence", f"{state:,} B at 16-bit ({human_bytes(state)}), whatever its length: "
-                                            "each Mamba2 layer's convolution window and SSM state")
+                                            f"each {report.spec.mixer.label} layer's convolution window and "
+                                            "recurrent state")
     return table
 
 

@@ -71,6 +71,7 @@ class AttentionSpec:
     # many back, so their KV group keeps what a window would)
     chunked: bool = False
     sinks: bool = False  # gpt-oss: one learned logit per head in each softmax's denominator
+    output_gate: bool = False  # Qwen3-Next: q_proj also gives a gate per head, sigmoid(gate) · attention output
 
     @property
     def qk_norm_params(self) -> int:

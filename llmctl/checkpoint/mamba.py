@@ -35,6 +35,8 @@ class Mamba2MixerSpec:
     proj_bias: bool
     ssm_state_dtype: str | None = None  # None: the model's dtype (vLLM's --mamba-ssm-cache-dtype auto)
     time_step_limit: tuple[float, float] = (0.0, float("inf"))
+    kind: str = "mamba2"
+    label: str = "Mamba2"
 
     @property
     def intermediate_size(self) -> int:
@@ -56,6 +58,24 @@ class Mamba2MixerSpec:
         h, inner = self.hidden_size, self.intermediate_size
         projections = (h + self.proj_bias) * self.projection_size + (inner + self.proj_bias) * h
         return projections + self.conv_dim * (self.conv_kernel + self.conv_bias) + 3 * self.num_heads + inner
+
+    def rank_linears(self, tp: int) -> tuple[tuple[int, int], ...]:
+        """(in, out) of in_proj and out_proj on one TP rank (split by heads, as vLLM)."""
+        return (self.hidden_size, self.projection_size // tp), (self.intermediate_size // tp, self.hidden_size)
+
+    def rank_other_params(self, tp: int) -> int:
+        bias = (self.projection_size + self.hidden_size) if self.proj_bias else 0
+        return (self.conv_dim * (self.conv_kernel + self.conv_bias) + 3 * self.num_heads + self.intermediate_size
+                + bias) // tp
+
+    def tp_problem(self, tp: int) -> str | None:
+        if self.num_heads % tp or (self.n_groups % tp and tp % self.n_groups):
+            return f"{self.num_heads} Mamba2 heads in {self.n_groups} groups cannot be split over TP {tp}"
+        return None
+
+    def describe(self) -> str:
+        return (f"{self.num_heads} heads × {self.head_dim}, state {self.state_size}, {self.n_groups} B/C groups, "
+                f"conv kernel {self.conv_kernel}")
 
     def conv_state_shape(self) -> tuple[int, int]:
         return self.conv_dim, self.conv_kernel - 1

@@ -84,8 +84,8 @@ def count_from_config(spec: ModelSpec) -> ConfigParamCount | None:
             total = active = _mlp_params(h, spec.intermediate_size, lay.gated_mlp, lay.mlp_bias)
         mlp_total += total
         mlp_active += active
-    mixers = len(spec.recurrent.layers) if spec.recurrent is not None and spec.mamba2 is not None else 0
-    mixer_params = spec.mamba2.params * mixers if spec.mamba2 is not None else 0
+    mixers = len(spec.recurrent.layers) if spec.recurrent is not None and spec.mixer is not None else 0
+    mixer_params = spec.mixer.params * mixers if spec.mixer is not None else 0
     attention = attention_per_layer * (spec.num_layers - mixers) + mixer_params
     norms = norms_per_layer * spec.num_layers + norms_outside
     vision = spec.vision.in_checkpoint if spec.vision is not None else 0  # the image tower and its projector
@@ -108,7 +108,7 @@ def _attention_params(spec: ModelSpec) -> int:
         return q + kv + att.num_heads * v * h
     q_dim = att.num_heads * att.head_dim
     kv_dim = att.num_kv_heads * att.head_dim
-    params = h * (q_dim + 2 * kv_dim) + q_dim * h
+    params = h * (q_dim * (2 if att.output_gate else 1) + 2 * kv_dim) + q_dim * h
     if lay.qkv_bias:
         params += q_dim + 2 * kv_dim
     if lay.o_bias:

@@ -15,6 +15,7 @@ from llmctl.checkpoint.config_readers import (
     read_llama_like,
     read_positional,
 )
+from llmctl.checkpoint.delta_net import GatedDeltaNetSpec, gated_delta_net
 from llmctl.checkpoint.mamba import Mamba2MixerSpec, mamba2_mixer
 from llmctl.checkpoint.quant_schemes import group_schemes
 from llmctl.checkpoint.recurrent import RecurrentLayers, recurrent_layers
@@ -39,6 +40,8 @@ DTYPE_BYTES = {
     "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1,
 }
 
+
+StateMixer = Mamba2MixerSpec | GatedDeltaNetSpec  # a recurrent layer's shape and state
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class ModelSpec:
     mtp_layers: int = 0  # DeepSeek's multi-token-prediction layers, shipped beside the model
     vision: VisionParams | None = None  # a vision-language model's image tower and projector
     recurrent: RecurrentLayers | None = None  # layers with a recurrent state (Mamba, linear attention)
-    mamba2: Mamba2MixerSpec | None = None  # the recurrent layers' Mamba2 mixer, when that is what they are
+    mixer: StateMixer | None = None  # what the recurrent layers are, when llmctl knows them (Mamba2, gated DeltaNet)
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
@@ -85,14 +88,14 @@ class ModelSpec:
 
     def state_bytes_per_sequence(self, dtype_bytes: int) -> int:
         """The recurrent layers' state one sequence holds, whatever its length (0: no such layers)."""
-        if self.recurrent is None or self.mamba2 is None:
+        if self.recurrent is None or self.mixer is None:
             return 0
-        return len(self.recurrent.layers) * self.mamba2.state_bytes(dtype_bytes)
+        return len(self.recurrent.layers) * self.mixer.state_bytes(dtype_bytes)
 
     def layer_pattern(self) -> str:
         """Each layer's kind, run-length coded: "5 mamba2, attention, 9 mamba2 …" (+MoE where its MLP routes)."""
         recurrent = dict.fromkeys(self.recurrent.layers) if self.recurrent is not None else {}
-        mixer = "mamba2" if self.mamba2 is not None else "recurrent"
+        mixer = self.mixer.kind if self.mixer is not None else "recurrent"
         types = self.attention.layer_types
         moe = set(self.moe.moe_layers) if self.moe is not None else set()
         kinds = []
@@ -122,7 +125,7 @@ KNOWN_MODEL_TYPES = (
     "bloom", "opt", "gpt2", "gpt_neox", "falcon", "phi", "phi3", "gemma", "gemma2",
     "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "granite", "olmo2", "qwen2_vl", "qwen2_vl_text",
     "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl", "qwen3_vl_text", "glm4_moe", "gpt_oss", "llama4_text",
-    "mamba2", "granitemoehybrid",
+    "mamba2", "granitemoehybrid", "qwen3_next",
 )
 
 
@@ -153,7 +156,7 @@ def build_spec(raw_config: dict[str, Any]) -> ModelSpec:
         notes.append(f"config names no context length; {DEFAULT_CONTEXT} assumed (vLLM's default)")
     if reader.missing:
         warnings.append("could not find: " + "; ".join(reader.missing))
-    recurrent, mamba2 = _recurrent(config, text_type, num_layers, warnings)
+    recurrent, mixer = _recurrent(config, text_type, num_layers, warnings)
     auto_map = raw_config.get("auto_map")
     return ModelSpec(
         model_type=model_type,
@@ -178,22 +181,23 @@ def build_spec(raw_config: dict[str, Any]) -> ModelSpec:
         mtp_layers=int(config.get("num_nextn_predict_layers") or 0),
         vision=vision_params(raw_config),
         recurrent=recurrent,
-        mamba2=mamba2,
+        mixer=mixer,
         notes=tuple(notes),
         warnings=tuple(warnings),
     )
 
 
 def _recurrent(config: dict[str, Any], model_type: str, num_layers: int, warnings: list[str]
-               ) -> tuple[RecurrentLayers | None, Mamba2MixerSpec | None]:
-    """The layers with a recurrent state and, when they are Mamba2 mixers, their shape (else a warning)."""
+               ) -> tuple[RecurrentLayers | None, StateMixer | None]:
+    """The layers with a recurrent state and, when llmctl knows them (Mamba2, gated DeltaNet), their shape (else a
+    warning)."""
     recurrent = recurrent_layers(config, model_type, num_layers)
-    mamba2 = mamba2_mixer(config, model_type) if recurrent is not None else None
-    if recurrent is not None and mamba2 is None:
+    mixer = (mamba2_mixer(config, model_type) or gated_delta_net(config, model_type)) if recurrent is not None else None
+    if recurrent is not None and mixer is None:
         warnings.append(f"{recurrent.describe()}: a per-sequence recurrent state, not per-token K/V, which "
                         "llmctl neither serves nor sizes yet — the parameter count and KV bytes here treat those "
                         "layers as attention and are not right")
-    return recurrent, mamba2
+    return recurrent, mixer
 
 
 def _language_config(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

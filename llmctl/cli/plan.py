@@ -92,7 +92,7 @@ def _as_served(source: ModelSource) -> tuple[ModelSpec, str | None]:
     from llmctl.checkpoint.pooling import pooling_spec
 
     spec, pooling = load_spec(source), pooling_spec(source.path, load_config(source))
-    if spec.recurrent is not None and spec.mamba2 is None:
+    if spec.recurrent is not None and spec.mixer is None:
         raise LlmctlError(f"plan does not size this model yet: {spec.recurrent.describe()}, which keep a "
                           "recurrent state per sequence, not K/V per token; plan's weights and KV cache would count "
                           "them as attention layers (vLLM sizes them with its hybrid allocator)")

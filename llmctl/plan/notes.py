@@ -53,7 +53,7 @@ def plan_notes(spec: ModelSpec, req: PlanRequest, fmt: WeightFormat, plan: Plan)
                      "KV per GPU")
     elif spec.attention.num_kv_heads and any(l.tp > spec.attention.num_kv_heads for l in plan.layouts):
         notes.append(f"TP above {spec.attention.num_kv_heads} replicates KV heads: KV per GPU stops shrinking")
-    if spec.recurrent is not None and spec.mamba2 is not None:
+    if spec.recurrent is not None and spec.mixer is not None:
         notes.append(state_note(spec, plan))
     if spec.vision is not None:
         notes.append(vision_note(spec, req, plan))
@@ -90,12 +90,12 @@ def pooling_note(spec: ModelSpec, req: PlanRequest, plan: Plan) -> str:
 
 
 def state_note(spec: ModelSpec, plan: Plan) -> str:
-    """Mamba2 layers: their state per sequence, and the slots the recommended layout holds."""
-    assert spec.recurrent is not None
+    """Recurrent layers: their state per sequence, and the slots the recommended layout holds."""
+    assert spec.recurrent is not None and spec.mixer is not None
     per_sequence = plan.state_bytes_per_sequence
-    note = (f"{len(spec.recurrent.layers)} of {spec.num_layers} layers are Mamba2 mixers: no KV per token, a state "
-            f"of {per_sequence / 2**20:.1f} MiB per sequence (the convolution's last inputs and the SSM state) "
-            "whatever its length")
+    note = (f"{len(spec.recurrent.layers)} of {spec.num_layers} layers are {spec.mixer.label} layers: no KV per "
+            f"token, a state of {per_sequence / 2**20:.1f} MiB per sequence (the convolution's last inputs and the "
+            "recurrent state) whatever its length")
     best = plan.recommended
     if best is not None and best.stages:
         slots = max(stage.state_bytes for stage in best.stages)

@@ -239,9 +239,9 @@ def _plan_stage(spec: ModelSpec, req: PlanRequest, index: int, layers: range, we
 
 def stage_state_bytes(spec: ModelSpec, layers: range, dtype_bytes: int) -> int:
     """One sequence's state in this stage's recurrent layers (llmctl.checkpoint.mamba)."""
-    if spec.recurrent is None or spec.mamba2 is None:
+    if spec.recurrent is None or spec.mixer is None:
         return 0
-    return sum(1 for layer in spec.recurrent.layers if layer in layers) * spec.mamba2.state_bytes(dtype_bytes)
+    return sum(1 for layer in spec.recurrent.layers if layer in layers) * spec.mixer.state_bytes(dtype_bytes)
 
 
 def _pick(measured: int | None, estimate: int) -> int:
@@ -430,7 +430,7 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
     elif req.llmctl_impl == "transformers" and best.tp * best.pp > 1:
         unsupported.insert(0, "--model-impl transformers with TP × PP > 1")
     if plan.state_bytes_per_sequence and best.tp > 1:
-        unsupported.append("Mamba2 layers with TP > 1 (llmctl splits them over PP only)")
+        unsupported.append(f"{plan.spec.mixer.label} layers with TP > 1 (llmctl splits them over PP only)")
     if req.max_loras and best.tp * best.pp > 1:
         unsupported.append("--enable-lora with TP × PP > 1")
     if req.expert_parallel and best.pp > 1 and best.replicas > 1:

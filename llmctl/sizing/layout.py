@@ -22,9 +22,9 @@ def structural_problems(spec: ModelSpec, fmt: WeightFormat, tp: int, pp: int, gp
     if tp > gpus_per_node:
         problems.append(f"TP {tp} would cross nodes ({gpus_per_node} GPUs per node): keep TP inside a node "
                         "and use PP across nodes")
-    mixer = spec.mamba2
-    if mixer is not None and (mixer.num_heads % tp or (mixer.n_groups % tp and tp % mixer.n_groups)):
-        problems.append(f"{mixer.num_heads} Mamba2 heads in {mixer.n_groups} groups cannot be split over TP {tp}")
+    mixer_problem = spec.mixer.tp_problem(tp) if spec.mixer is not None else None
+    if mixer_problem:
+        problems.append(mixer_problem)
     moe = spec.moe
     if spec.intermediate_size and spec.intermediate_size % tp and not (moe and not moe.dense_layers):
         problems.append(f"intermediate size {spec.intermediate_size} is not divisible by TP {tp}")

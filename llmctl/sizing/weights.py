@@ -99,8 +99,8 @@ def padded_vocab_per_rank(vocab: int, tp: int) -> int:
 def layer_rank_tensors(spec: ModelSpec, layer: int, tp: int, expert_ranks: int = 0) -> RankTensors:
     """One GPU's tensors of one layer; `expert_ranks` > 0: whole experts spread over that many ranks
     (expert parallelism: TP × DP, as vLLM spreads them), else every expert split by TP."""
-    mixer = spec.mamba2 is not None and spec.recurrent is not None and layer in spec.recurrent.layers
-    attention = _mamba2_rank_tensors(spec, tp) if mixer else _attention_rank_tensors(spec, tp)
+    mixer = spec.mixer is not None and spec.recurrent is not None and layer in spec.recurrent.layers
+    attention = _mixer_rank_tensors(spec, tp) if mixer else _attention_rank_tensors(spec, tp)
     mlp = _mlp_rank_tensors(spec, layer, tp, expert_ranks)
     norm_size = 2 * spec.hidden_size if spec.layout.norm == "layernorm" else spec.hidden_size
     norms = spec.layout.norms_per_layer * norm_size + spec.attention.qk_norm_params  # replicated on every rank
@@ -126,17 +126,15 @@ def _attention_rank_tensors(spec: ModelSpec, tp: int) -> RankTensors:
     q_out, kv_out = heads * att.head_dim, kv * att.head_dim
     other = (q_out + 2 * kv_out if spec.layout.qkv_bias else 0) + (h if spec.layout.o_bias else 0) + \
         (heads if att.sinks else 0)  # gpt-oss's sinks: one per head
-    return RankTensors(((h, q_out + 2 * kv_out), (q_out, h)), other)
+    gate = q_out if att.output_gate else 0  # Qwen3-Next: q_proj gives a gate beside each query head
+    return RankTensors(((h, q_out + gate + 2 * kv_out), (q_out, h)), other)
 
 
-def _mamba2_rank_tensors(spec: ModelSpec, tp: int) -> RankTensors:
-    """A Mamba2 mixer's rank: in_proj and out_proj split by TP (as vLLM), the rest per head and channel."""
-    mixer = spec.mamba2
+def _mixer_rank_tensors(spec: ModelSpec, tp: int) -> RankTensors:
+    """A recurrent layer's rank (Mamba2, gated DeltaNet): its projections split by TP (as vLLM), the rest per head."""
+    mixer = spec.mixer
     assert mixer is not None
-    h, inner = spec.hidden_size, mixer.intermediate_size
-    bias = (mixer.projection_size + h) if mixer.proj_bias else 0
-    other = mixer.conv_dim * (mixer.conv_kernel + mixer.conv_bias) + 3 * mixer.num_heads + inner + bias
-    return RankTensors(((h, mixer.projection_size // tp), (inner // tp, h)), other // tp)
+    return RankTensors(mixer.rank_linears(tp), mixer.rank_other_params(tp))
 
 
 def _dense_mlp(h: int, inter: int, gated: bool, bias: bool, tp: int) -> RankTensors:

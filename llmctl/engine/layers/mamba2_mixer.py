@@ -13,9 +13,9 @@ from torch import nn
 from llmctl.checkpoint.architecture import QuantizationSpec
 from llmctl.checkpoint.mamba import Mamba2MixerSpec
 from llmctl.engine.distributed.group import TPGroup
-from llmctl.engine.layers import ssd
+from llmctl.engine.layers import causal_conv, ssd
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear
-from llmctl.engine.layers.recurrent_state import StateStep
+from llmctl.engine.layers.recurrent_state import StateStep, run_by_sequence
 
 
 class GatedGroupRMSNorm(nn.Module):
@@ -42,7 +42,7 @@ class Mamba2Mixer(nn.Module):
         self.in_proj = ColumnParallelLinear(mixer.hidden_size, [Part.split(mixer.projection_size, whole)],
                                             mixer.proj_bias, quant)
         self.conv1d = nn.Conv1d(mixer.conv_dim, mixer.conv_dim, mixer.conv_kernel, groups=mixer.conv_dim,
-                                bias=mixer.conv_bias)  # holds the weights; the convolution runs in ssd
+                                bias=mixer.conv_bias)  # holds the weights (causal_conv runs it)
         self.dt_bias = nn.Parameter(torch.zeros(mixer.num_heads))
         self.A_log = nn.Parameter(torch.zeros(mixer.num_heads))
         self.D = nn.Parameter(torch.ones(mixer.num_heads))
@@ -54,16 +54,9 @@ class Mamba2Mixer(nn.Module):
         spec = self.spec
         gate, xbc, dt = self.in_proj(x).split([spec.intermediate_size, spec.conv_dim, spec.num_heads], dim=-1)
         y = torch.empty(x.shape[0], spec.num_heads, spec.head_dim, dtype=torch.float32, device=x.device)
-        state = states.layer(layer)
-        if states.decode_rows.numel():
-            rows, slots = states.decode_rows, states.decode_slots
-            y[rows] = self._decode(xbc[rows], dt[rows], state.conv, state.ssm, slots)
-        for seq in states.prefills:
-            span, slot = states.rows(seq), states.slots[seq]
-            if states.fresh[seq]:
-                state.conv[slot].zero_()
-                state.ssm[slot].zero_()
-            y[span] = self._prefill(xbc[span], dt[span], state.conv, state.ssm, slot)
+        run_by_sequence(states, layer, y,
+                        lambda rows, state, slots: self._decode(xbc[rows], dt[rows], state.conv, state.ssm, slots),
+                        lambda span, state, slot: self._prefill(xbc[span], dt[span], state.conv, state.ssm, slot))
         out = self.norm(y.view(x.shape[0], spec.intermediate_size), gate)
         return self.out_proj(out.to(x.dtype))
 
@@ -76,7 +69,7 @@ class Mamba2Mixer(nn.Module):
 
     def _decode(self, xbc: torch.Tensor, dt: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
                 slots: torch.Tensor) -> torch.Tensor:
-        out, conv[slots] = ssd.conv_step(xbc, conv[slots], self.conv1d.weight[:, 0], self.conv1d.bias)
+        out, conv[slots] = causal_conv.conv_step(xbc, conv[slots], self.conv1d.weight[:, 0], self.conv1d.bias)
         x, B, C = self._split(out)
         y, new = ssd.state_step(ssm[slots], x, dt, -torch.exp(self.A_log.float()), B, C, self.D, self.dt_bias,
                                 self.spec.time_step_limit)
@@ -85,7 +78,7 @@ class Mamba2Mixer(nn.Module):
 
     def _prefill(self, xbc: torch.Tensor, dt: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
                  slot: int) -> torch.Tensor:
-        out, conv[slot] = ssd.conv_chunk(xbc, conv[slot], self.conv1d.weight[:, 0], self.conv1d.bias)
+        out, conv[slot] = causal_conv.conv_chunk(xbc, conv[slot], self.conv1d.weight[:, 0], self.conv1d.bias)
         x, B, C = self._split(out)
         y, final = ssd.chunk_scan(x, dt, -torch.exp(self.A_log.float()), B, C, self.D, self.dt_bias,
                                  self.spec.chunk_size, ssm[slot], self.spec.time_step_limit)

@@ -6,11 +6,12 @@ which slot each sequence uses and whether its state starts fresh (the first chun
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from llmctl.checkpoint.mamba import Mamba2MixerSpec
+from llmctl.checkpoint.spec import StateMixer
 
 
 @dataclass
@@ -29,7 +30,7 @@ class StateCache:
         return sum(s.conv.nbytes + s.ssm.nbytes for s in self.layers.values())
 
 
-def allocate_states(mixer: Mamba2MixerSpec, layers: list[int], slots: int, dtype: torch.dtype,
+def allocate_states(mixer: StateMixer, layers: list[int], slots: int, dtype: torch.dtype,
                     device: torch.device) -> StateCache:
     ssm_dtype = getattr(torch, mixer.ssm_state_dtype) if mixer.ssm_state_dtype else dtype
     return StateCache({layer: MambaState(torch.zeros((slots, *mixer.conv_state_shape()), dtype=dtype, device=device),
@@ -64,3 +65,21 @@ class StateStep:
 
     def rows(self, seq: int) -> slice:
         return slice(self.query_start_loc[seq], self.query_start_loc[seq + 1])
+
+
+Decode = Callable[[torch.Tensor, MambaState, torch.Tensor], torch.Tensor]  # (rows, layer state, slots) -> outputs
+Prefill = Callable[[slice, MambaState, int], torch.Tensor]  # (one sequence's rows, layer state, slot) -> outputs
+
+
+def run_by_sequence(states: StateStep, layer: int, out: torch.Tensor, decode: Decode, prefill: Prefill) -> None:
+    """A recurrent layer over the step: the decodes together, then each prompt chunk from its sequence's state
+    (zeroed first for a first chunk); each writes its rows of `out`."""
+    state = states.layer(layer)
+    if states.decode_rows.numel():
+        out[states.decode_rows] = decode(states.decode_rows, state, states.decode_slots)
+    for seq in states.prefills:
+        span, slot = states.rows(seq), states.slots[seq]
+        if states.fresh[seq]:
+            state.conv[slot].zero_()
+            state.ssm[slot].zero_()
+        out[span] = prefill(span, state, slot)

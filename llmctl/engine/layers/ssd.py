@@ -1,29 +1,11 @@
-"""Mamba2's state-space duality in torch (the reference path on every device): the causal depthwise convolution
-with its window carried between steps (causal-conv1d's algorithm), the chunked scan for a prompt chunk that
-starts from a carried SSM state, and the one-token state update of a decode (mamba_ssm's ssd_combined and
+"""Mamba2's state-space duality in torch (the reference path on every device): the chunked scan for a prompt chunk
+that starts from a carried SSM state, and the one-token state update of a decode (mamba_ssm's ssd_combined and
 selective_state_update algorithms, as transformers' torch path writes them). All in float32."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-
-def conv_chunk(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [L, C] after the window `state` [C, K-1] of earlier inputs: the convolution's outputs [L, C] and the new
-    window (its last K-1 inputs)."""
-    window = torch.cat([state.to(x.dtype), x.t()], dim=1)  # [C, K-1+L]
-    out = F.conv1d(window[None], weight[:, None, :], bias, groups=weight.shape[0])[0]  # [C, L]
-    return out.t(), window[:, -state.shape[1]:]
-
-
-def conv_step(x: torch.Tensor, states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One new input per sequence, x [B, C], after windows [B, C, K-1]: outputs [B, C] and the new windows."""
-    window = torch.cat([states.to(x.dtype), x[:, :, None]], dim=2)  # [B, C, K]
-    out = (window * weight).sum(-1)
-    return (out + bias if bias is not None else out), window[:, :, 1:]
 
 
 def _discretized_dt(dt: torch.Tensor, dt_bias: torch.Tensor, limit: tuple[float, float]) -> torch.Tensor:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from llmctl.checkpoint.mamba import Mamba2MixerSpec
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers.mamba2_mixer import Mamba2Mixer
@@ -63,7 +64,8 @@ class GraniteHybridLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps)
-        self.mamba = Mamba2Mixer(spec.mamba2, eps, spec.quantization) if mamba and spec.mamba2 else None
+        self.mamba = Mamba2Mixer(spec.mixer, eps, spec.quantization) \
+            if mamba and isinstance(spec.mixer, Mamba2MixerSpec) else None
         if self.mamba is None:
             nope = getattr(hf_config, "position_embedding_type", None) != "rope"
             attention = NoPEAttention if nope else LlamaAttention

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from llmctl.checkpoint.mamba import Mamba2MixerSpec
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.layers.linear import VocabParallelEmbedding
 from llmctl.engine.layers.mamba2_mixer import Mamba2Mixer
@@ -18,9 +19,9 @@ from llmctl.engine.models.common import Shard, StepContext, Target, embedding_ta
 class Mamba2Block(nn.Module):
     def __init__(self, spec: ModelSpec, eps: float) -> None:
         super().__init__()
-        assert spec.mamba2 is not None
+        assert isinstance(spec.mixer, Mamba2MixerSpec)
         self.norm = RMSNorm(spec.hidden_size, eps)
-        self.mixer = Mamba2Mixer(spec.mamba2, eps, spec.quantization)
+        self.mixer = Mamba2Mixer(spec.mixer, eps, spec.quantization)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, layer: int) -> torch.Tensor:
         assert ctx.states is not None

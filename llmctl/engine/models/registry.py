@@ -33,6 +33,7 @@ SUPPORTED = {
     "Llama4ForCausalLM": "llama4",  # chunked attention, NoPE layers with temperature tuning, interleaved MoE
     "Llama4ForConditionalGeneration": "llama4",  # Scout / Maverick as published: the language model, text-only
     "Mamba2ForCausalLM": "mamba2",  # no attention: a Mamba2 mixer per layer, a state per sequence
+    "Qwen3NextForCausalLM": "qwen3_next",  # gated DeltaNet and gated attention, Qwen2-MoE experts
     "GraniteMoeHybridForCausalLM": "granite_hybrid",  # Granite 4.0-H: Mamba2 and NoPE attention, shared MLP + experts
     "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
@@ -48,6 +49,11 @@ SUPPORTED = {
     "Qwen3VLForConditionalGeneration": "qwen3_vl",  # learned positions, DeepStack, interleaved M-RoPE, Qwen3 LM
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl",  # as Qwen2-VL, its tower windowed, RMSNorm, gated MLP
 }
+
+
+# families whose own layers read no quantized checkpoint yet
+NOT_QUANTIZED_YET = {"glm4_moe": "GLM-4.5", "llama4": "Llama 4", "mamba2": "Mamba2", "granite_hybrid": "Granite 4.0-H",
+                     "qwen3_next": "Qwen3-Next"}
 
 
 def quantization_problem(spec: ModelSpec) -> str | None:
@@ -88,8 +94,8 @@ def native_problem(spec: ModelSpec) -> str | None:
                 "and bfloat16 ones are)")
     if family != "gpt_oss" and method == "mxfp4":
         return "quant_method mxfp4 is gpt-oss's own format: llmctl reads it for gpt-oss checkpoints only"
-    if family in ("glm4_moe", "llama4", "mamba2", "granite_hybrid") and method is not None:
-        name = {"glm4_moe": "GLM-4.5", "llama4": "Llama 4", "mamba2": "Mamba2", "granite_hybrid": "Granite 4.0-H"}[family]
+    if family in NOT_QUANTIZED_YET and method is not None:
+        name = NOT_QUANTIZED_YET[family]
         return f"a {method} {name} checkpoint is not served by llmctl's own layers yet (its unquantized one is)"
     if family == "deepseek" and method == "gguf":
         return ("GGUF DeepSeek files are not served yet: use the Hugging Face checkpoint, or an FP8, GPTQ, AWQ or "
@@ -166,6 +172,7 @@ FAMILY_CLASSES = {
     "olmo2": ("olmo2", "Olmo2ForCausalLM"),
     "mamba2": ("mamba2", "Mamba2ForCausalLM"),
     "granite_hybrid": ("granite_hybrid", "GraniteMoeHybridForCausalLM"),
+    "qwen3_next": ("qwen3_next", "Qwen3NextForCausalLM"),
     "bloom": ("bloom", "BloomForCausalLM"),
     "opt": ("opt", "OPTForCausalLM"),
     "gemma3_vision": ("gemma3_vision", "Gemma3ForConditionalGeneration"),

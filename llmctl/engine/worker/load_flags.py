@@ -83,16 +83,16 @@ def fill_dummy(model: nn.Module) -> None:
 
 
 def check_recurrent_flags(config: EngineConfig, spec: ModelSpec) -> None:
-    """What a model with Mamba2 layers is not run with yet: one line naming the flag to drop."""
+    """What a model with recurrent layers (Mamba2, gated DeltaNet) is not run with yet: one line naming the flag."""
     if spec.recurrent is None:
         return
-    if spec.mamba2 is None:  # the registry refuses such models first; a guard for the ones to come
+    if spec.mixer is None:  # the registry refuses such models first; a guard for the ones to come
         raise EngineConfigError(f"{spec.recurrent.describe()}: llmctl keeps no state for those layers yet")
     refused = {"--tensor-parallel-size": config.tensor_parallel_size > 1,
                "--speculative-config": config.speculative_config is not None,
                "--async-scheduling": config.async_scheduling, "--enable-lora": config.enable_lora}
     for flag, asked in refused.items():
         if asked:
-            raise EngineConfigError(f"{flag}: the Mamba2 layers of this model run without it in llmctl yet (each "
+            raise EngineConfigError(f"{flag}: the {spec.mixer.label} layers of this model run without it in llmctl yet (each "
                                     "sequence's state is whole on one rank, advanced one scheduled step at a time); "
                                     f"leave {flag} out{' (--pipeline-parallel-size splits the layers instead)' if flag.startswith('--tensor') else ''}")

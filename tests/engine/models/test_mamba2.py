@@ -66,7 +66,7 @@ def test_mamba2_matches_transformers(mamba2, mamba2_reference):
     from llmctl.engine.models.registry import implementation
 
     spec = load_spec(resolve_model(str(mamba2), weights=False))
-    assert implementation(spec) == ("llmctl", "") and spec.mamba2 is not None
+    assert implementation(spec) == ("llmctl", "") and spec.mixer is not None
     ours, _ = engine_outputs(mamba2, tokens=TOKENS)
     assert_close(mamba2_reference, ours)
 

@@ -1,0 +1,68 @@
+"""The gated delta rule in torch (the reference path on every device; flash-linear-attention's algorithms, as
+transformers' torch path writes them): for a prompt chunk, the chunked form (a UT transform per 64-token chunk,
+then a scan over chunks) from a carried state; for decodes, one recurrent step per sequence. q and k are
+L2-normalized and q scaled by 1/√d_k inside, as the kernels do. All in float32.
+
+State S [heads_v, d_k, d_v]: per token, S ← exp(g)·S; S ← S + k ⊗ β(v − Sᵀk); output Sᵀq."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+CHUNK = 64
+
+
+def _prepare(q: torch.Tensor, k: torch.Tensor, v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k [..., Hk, dk] -> [..., Hv, dk] float32, L2-normalized, q scaled by 1/√dk; heads shared in groups."""
+    repeat = v_heads // q.shape[-2]
+    q, k = (x.float().repeat_interleave(repeat, dim=-2) for x in (q, k))
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    return q * q.shape[-1] ** -0.5, k
+
+
+def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     initial: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's chunk of L tokens: q, k [L, Hk, dk], v [L, Hv, dv], g and beta [L, Hv], from `initial`
+    [Hv, dk, dv]. Returns the outputs [L, Hv, dv] and the state after the last token."""
+    length, v_heads, _ = v.shape
+    q, k = _prepare(q, k, v_heads)
+    q, k, v = (x.transpose(0, 1) for x in (q, k, v.float()))  # [H, L, d]
+    g, beta = g.float().t(), beta.float().t()  # [H, L]
+    pad = (CHUNK - length % CHUNK) % CHUNK
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
+    heads = q.shape[0]
+    v_beta, k_beta = v * beta[..., None], k * beta[..., None]
+    q, k, k_beta, v_beta = (x.reshape(heads, -1, CHUNK, x.shape[-1]) for x in (q, k, k_beta, v_beta))
+    decay = g.reshape(heads, -1, CHUNK).cumsum(-1)  # [H, C, T]
+    upper = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).triu(1)
+    pairwise = (decay[..., :, None] - decay[..., None, :]).masked_fill(upper, float("-inf")).exp()
+    system = (k_beta @ k.transpose(-1, -2)) * pairwise  # the UT transform's unit lower-triangular system
+    intra = (q @ k.transpose(-1, -2)) * pairwise
+    new_values = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    k_cumdecay = torch.linalg.solve_triangular(system, k_beta * decay.exp()[..., None], upper=False,
+                                               unitriangular=True)
+    state = initial.float()
+    out = torch.zeros_like(new_values)
+    q = q * decay.exp()[..., None]
+    k = k * (decay[..., -1:] - decay).exp()[..., None]
+    chunk_decay = decay[..., -1].exp()[..., None, None]
+    for c in range(q.shape[1]):
+        v_new = new_values[:, c] - k_cumdecay[:, c] @ state
+        out[:, c] = q[:, c] @ state + intra[:, c] @ v_new
+        state = state * chunk_decay[:, c] + k[:, c].transpose(-1, -2) @ v_new
+    return out.reshape(heads, -1, out.shape[-1])[:, :length].transpose(0, 1), state
+
+
+def step_delta_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                    beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per sequence: states [S, Hv, dk, dv], q and k [S, Hk, dk], v [S, Hv, dv], g and beta [S, Hv].
+    Returns the outputs [S, Hv, dv] and the new states."""
+    q, k = _prepare(q, k, v.shape[1])
+    state = state.float() * g.float().exp()[..., None, None]
+    remembered = (state * k[..., None]).sum(-2)  # Sᵀk: [S, Hv, dv]
+    delta = (v.float() - remembered) * beta.float()[..., None]
+    state = state + k[..., None] * delta[..., None, :]
+    return (state * q[..., None]).sum(-2), state

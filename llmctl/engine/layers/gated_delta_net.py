@@ -1,0 +1,96 @@
+"""Qwen3-Next's gated DeltaNet (linear attention) on the engine's flat batch: in_proj_qkvz gives q, k, v and the output
+gate z grouped per key head (transformers' fix_query_key_value_ordering), in_proj_ba gives β and the decay's input a
+per value head; a causal depthwise convolution over q·k·v with SiLU; the gated delta rule with β = σ(b) and
+g = −exp(A_log)·softplus(a + dt_bias); an RMSNorm per value head, times SiLU(z); out_proj. Each sequence's convolution
+window and delta-rule state live in the state cache (llmctl.engine.layers.recurrent_state)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmctl.checkpoint.architecture import QuantizationSpec
+from llmctl.checkpoint.delta_net import GatedDeltaNetSpec
+from llmctl.engine.distributed.group import TPGroup
+from llmctl.engine.layers import causal_conv, delta_rule
+from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear
+from llmctl.engine.layers.recurrent_state import StateStep, run_by_sequence
+
+
+class NormThenGate(nn.Module):
+    """RMSNorm(x) · weight, then × SiLU(gate), in float32 (Qwen3NextRMSNormGated: norm before gate)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return ((self.weight * normed.to(dtype)) * F.silu(gate.float())).to(dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, mixer: GatedDeltaNetSpec, eps: float, quant: QuantizationSpec | None = None) -> None:
+        super().__init__()
+        self.spec = mixer
+        whole = TPGroup()  # one rank: the engine refuses TP for these layers (llmctl.engine.worker.load_flags)
+        qkvz = 2 * mixer.key_dim + 2 * mixer.value_dim
+        self.in_proj_qkvz = ColumnParallelLinear(mixer.hidden_size, [Part.split(qkvz, whole)], False, quant)
+        self.in_proj_ba = ColumnParallelLinear(mixer.hidden_size, [Part.split(2 * mixer.num_v_heads, whole)], False)
+        self.conv1d = nn.Conv1d(mixer.conv_dim, mixer.conv_dim, mixer.conv_kernel, groups=mixer.conv_dim,
+                                bias=False)  # holds the weights (causal_conv runs it)
+        self.dt_bias = nn.Parameter(torch.ones(mixer.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(mixer.num_v_heads))
+        self.norm = NormThenGate(mixer.head_v_dim, eps)
+        self.out_proj = RowParallelLinear(Part.split(mixer.value_dim, whole), mixer.hidden_size, False, whole, quant)
+
+    def forward(self, x: torch.Tensor, states: StateStep, layer: int) -> torch.Tensor:
+        spec = self.spec
+        qkv, z, b, a = self._split(self.in_proj_qkvz(x), self.in_proj_ba(x))
+        beta = torch.sigmoid(b.float())
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        y = torch.empty(x.shape[0], spec.num_v_heads, spec.head_v_dim, dtype=torch.float32, device=x.device)
+        run_by_sequence(states, layer, y,
+                        lambda rows, state, slots: self._decode(qkv[rows], g[rows], beta[rows], state.conv,
+                                                                state.ssm, slots),
+                        lambda span, state, slot: self._prefill(qkv[span], g[span], beta[span], state.conv,
+                                                                state.ssm, slot))
+        out = self.norm(y.to(x.dtype), z)
+        return self.out_proj(out.reshape(x.shape[0], spec.value_dim))
+
+    def _split(self, qkvz: torch.Tensor, ba: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[T, ·] grouped per key head (q, k, v…, z… of its value heads; b…, a…) -> q·k·v [T, conv_dim] as the
+        convolution takes it, z [T, Hv, dv], b and a [T, Hv]."""
+        spec = self.spec
+        tokens, per_key = qkvz.shape[0], spec.num_v_heads // spec.num_k_heads
+        grouped = qkvz.view(tokens, spec.num_k_heads, -1)
+        q, k, v, z = grouped.split([spec.head_k_dim, spec.head_k_dim, per_key * spec.head_v_dim,
+                                    per_key * spec.head_v_dim], dim=-1)
+        b, a = ba.view(tokens, spec.num_k_heads, -1).split([per_key, per_key], dim=-1)
+        qkv = torch.cat([q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1)], dim=-1)
+        return (qkv, z.reshape(tokens, spec.num_v_heads, spec.head_v_dim), b.reshape(tokens, -1),
+                a.reshape(tokens, -1))
+
+    def _heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        spec = self.spec
+        q, k, v = F.silu(qkv).split([spec.key_dim, spec.key_dim, spec.value_dim], dim=-1)
+        return (q.reshape(-1, spec.num_k_heads, spec.head_k_dim), k.reshape(-1, spec.num_k_heads, spec.head_k_dim),
+                v.reshape(-1, spec.num_v_heads, spec.head_v_dim))
+
+    def _decode(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
+                slots: torch.Tensor) -> torch.Tensor:
+        out, conv[slots] = causal_conv.conv_step(qkv, conv[slots], self.conv1d.weight[:, 0], None)
+        y, new = delta_rule.step_delta_rule(ssm[slots], *self._heads(out), g, beta)
+        ssm[slots] = new.to(ssm.dtype)
+        return y
+
+    def _prefill(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
+                 slot: int) -> torch.Tensor:
+        out, conv[slot] = causal_conv.conv_chunk(qkv, conv[slot], self.conv1d.weight[:, 0], None)
+        y, final = delta_rule.chunk_delta_rule(*self._heads(out), g, beta, ssm[slot])
+        ssm[slot] = final.to(ssm.dtype)
+        return y
