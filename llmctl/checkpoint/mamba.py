@@ -1,6 +1,7 @@
-"""The Mamba2 mixer's shape as each family's config.json names it (Mamba2, Granite 4.0-H, Nemotron-H, Falcon-H1),
-and the state one sequence keeps in each such layer: the causal convolution's last `conv_kernel - 1` inputs and the
-SSM state, held per sequence instead of K/V per token (vLLM's MambaStateShapeCalculator.mamba2_state_shape)."""
+"""The Mamba2 mixer's shape as each family's config.json names it (Mamba2, Granite 4.0-H; the names Nemotron-H and
+Falcon-H1 use are known too), and the state one sequence keeps in each such layer: the causal convolution's last
+`conv_kernel - 1` inputs and the SSM state, held per sequence instead of K/V per token (vLLM's
+MambaStateShapeCalculator.mamba2_state_shape)."""
 
 from __future__ import annotations
 
@@ -104,8 +105,8 @@ def _number(value: Any) -> float:
 
 def mamba2_mixer(cfg: dict[str, Any], model_type: str) -> Mamba2MixerSpec | None:
     """The Mamba2 mixer of a config that has one, or None (Mamba 1, gated DeltaNet and others are not Mamba2)."""
-    if model_type not in ("mamba2", *_PREFIXED_FIRST):
-        return None
+    if model_type not in ("mamba2", "granitemoehybrid"):  # Nemotron-H's MLP-only blocks and Falcon-H1's attention
+        return None  # beside every mixer are not sized yet: their models stay refused by plan
     prefixed = model_type in _PREFIXED_FIRST
     values = {field: _read(cfg, field, prefixed) for field in _NAMES}
     if any(values[field] is None for field in ("num_heads", "head_dim", "state_size", "conv_kernel")):

@@ -74,7 +74,7 @@ def count_from_config(spec: ModelSpec) -> ConfigParamCount | None:
         lm_head += spec.vocab_size
 
     attention_per_layer = _attention_params(spec)
-    norms_per_layer = lay.norms_per_layer * norm_size + spec.attention.qk_norm_params
+    norms_per_layer = lay.norms_per_layer * norm_size
     mlp_total = mlp_active = 0
     moe = spec.moe
     for layer in range(spec.num_layers):
@@ -87,7 +87,8 @@ def count_from_config(spec: ModelSpec) -> ConfigParamCount | None:
     mixers = len(spec.recurrent.layers) if spec.recurrent is not None and spec.mixer is not None else 0
     mixer_params = spec.mixer.params * mixers if spec.mixer is not None else 0
     attention = attention_per_layer * (spec.num_layers - mixers) + mixer_params
-    norms = norms_per_layer * spec.num_layers + norms_outside
+    qk_norms = spec.attention.qk_norm_params * (spec.num_layers - mixers)  # attention layers only
+    norms = norms_per_layer * spec.num_layers + qk_norms + norms_outside
     vision = spec.vision.in_checkpoint if spec.vision is not None else 0  # the image tower and its projector
     total = embedding + attention + mlp_total + norms + lm_head + vision
     active = embedding + attention + mlp_active + norms + lm_head + vision

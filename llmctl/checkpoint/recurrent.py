@@ -36,6 +36,10 @@ def recurrent_layers(cfg: dict[str, Any], model_type: str, num_layers: int) -> R
     found: dict[int, str] = {}
     total = num_layers
     layer_types = cfg.get("layer_types")
+    interval = cfg.get("full_attention_interval")
+    if not isinstance(layer_types, list) and model_type == "qwen3_next" and isinstance(interval, int) and interval > 0:
+        # Qwen3-Next's published configs: every interval-th layer attends, the others are linear attention
+        layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
     if isinstance(layer_types, list):
         found = {i: str(kind) for i, kind in enumerate(layer_types) if _is_recurrent(str(kind))}
     pattern = cfg.get("hybrid_override_pattern")

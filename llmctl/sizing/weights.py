@@ -103,7 +103,7 @@ def layer_rank_tensors(spec: ModelSpec, layer: int, tp: int, expert_ranks: int =
     attention = _mixer_rank_tensors(spec, tp) if mixer else _attention_rank_tensors(spec, tp)
     mlp = _mlp_rank_tensors(spec, layer, tp, expert_ranks)
     norm_size = 2 * spec.hidden_size if spec.layout.norm == "layernorm" else spec.hidden_size
-    norms = spec.layout.norms_per_layer * norm_size + spec.attention.qk_norm_params  # replicated on every rank
+    norms = spec.layout.norms_per_layer * norm_size + (0 if mixer else spec.attention.qk_norm_params)  # on every rank
     return RankTensors(attention.linears + mlp.linears, attention.other_params + mlp.other_params + norms)
 
 

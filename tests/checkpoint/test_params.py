@@ -57,6 +57,11 @@ TINY = {
                              num_attention_heads=4, num_key_value_heads=2, vocab_size=200, num_local_experts=4,
                              num_experts_per_tok=2, layer_types=["mamba", "attention", "mamba"], mamba_n_heads=8,
                              mamba_d_head=16, mamba_d_state=16, mamba_n_groups=2, mamba_expand=2),
+    "qwen3_next": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, vocab_size=200, linear_num_key_heads=2,
+                       linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
+                       num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                       mlp_only_layers=[3], full_attention_interval=2),
 }
 
 
@@ -157,3 +162,21 @@ def test_granite_4_h_tiny_counts_its_published_parameters() -> None:
     assert abs(total - 6.94e9) / 6.94e9 < 1e-3, total
     assert spec.kv_bytes_per_token(2) == 4 * 2 * 4 * 128 * 2  # the 4 attention layers only
     assert spec.layer_pattern().startswith("5 mamba2+MoE, attention+MoE, 9 mamba2+MoE")
+
+
+def test_qwen3_next_80b_counts_its_published_parameters() -> None:
+    """Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (its published fields; no layer_types: every
+    full_attention_interval-th layer attends) against its model card's 80B total; 36 gated DeltaNet layers."""
+    config = dict(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", hidden_size=2048,
+                  num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                  intermediate_size=5120, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                  num_experts=512, num_experts_per_tok=10, vocab_size=151936, linear_num_key_heads=16,
+                  linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+                  linear_conv_kernel_dim=4, full_attention_interval=4, tie_word_embeddings=False,
+                  partial_rotary_factor=0.25, decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+    spec = ModelSpec.from_config(config)
+    assert spec.recurrent is not None and len(spec.recurrent.layers) == 36
+    total = count_from_config(spec).total
+    assert abs(total - 80e9) / 80e9 < 1e-2, total
+    # vLLM's gated_delta_net_state_shape per layer: conv (kernel - 1) × (2 · 16 · 128 + 32 · 128), state 32 × 128 × 128
+    assert spec.state_bytes_per_sequence(2) == 36 * (3 * (2 * 16 * 128 + 32 * 128) + 32 * 128 * 128) * 2

@@ -71,8 +71,8 @@ def transformers_reference(folder: Path, tokenizer, model_class=None, prompts: l
 
 
 def engine_outputs(folder: Path, prompts: list[str] = PROMPTS, tokens: int = TOKENS, **engine_args):
-    llm = LLM(str(folder), max_model_len=256, max_num_batched_tokens=16, kv_cache_memory=64 * 1024**2,
-              **engine_args)  # chunked prefill as well
+    settings = {"max_model_len": 256, "max_num_batched_tokens": 16, "kv_cache_memory": 64 * 1024**2} | engine_args
+    llm = LLM(str(folder), **settings)  # chunked prefill as well, unless engine_args say otherwise
     try:
         params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, logprobs=0, prompt_logprobs=0)
         outputs = llm.generate(prompts, params)

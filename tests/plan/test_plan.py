@@ -380,9 +380,9 @@ def test_a_gguf_file_is_planned_in_its_quantized_blocks():
 def test_recurrent_layers_are_found_and_plan_refuses_what_it_cannot_size(tmp_path):
     """Mamba/Mamba2 mixers and linear attention keep a state per sequence, not K/V per token: read from each
     family's config (transformers' own config classes; Granite 4.0-H and Nemotron-H as their hub configs write
-    them). Those that are not Mamba2 mixers (Qwen3-Next's gated DeltaNet) make plan refuse in one line instead of
-    sizing them as attention layers."""
-    from transformers import FalconH1Config, JambaConfig, LlamaConfig, Mamba2Config, Qwen3NextConfig
+    them). Those llmctl cannot size yet (Mamba 1's mixers) make plan refuse in one line instead of sizing them as
+    attention layers."""
+    from transformers import FalconH1Config, JambaConfig, LlamaConfig, Mamba2Config, MambaConfig, Qwen3NextConfig
 
     def recurrent(config: dict) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
         found = ModelSpec.from_config(config).recurrent
@@ -400,12 +400,12 @@ def test_recurrent_layers_are_found_and_plan_refuses_what_it_cannot_size(tmp_pat
         ((0, 2), ("mamba",))
     assert recurrent(FalconH1Config(num_hidden_layers=2).to_dict())[0] == (0, 1)
     assert recurrent(LlamaConfig().to_dict()) is None
-    folder = tmp_path / "qwen3_next"
+    folder = tmp_path / "mamba"
     folder.mkdir()
-    (folder / "config.json").write_text(Qwen3NextConfig(architectures=["Qwen3NextForCausalLM"]).to_json_string())
+    (folder / "config.json").write_text(MambaConfig(architectures=["MambaForCausalLM"]).to_json_string())
     result = run_cli("plan", str(folder), "--gpus", "1")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "plan does not size this model yet: 36 of 48 layers" in result.stderr and "linear_attention" in result.stderr
+    assert "plan does not size this model yet: 32 of 32 layers" in result.stderr and "Mamba" in result.stderr
 
 
 # Mamba-Codestral-7B-v0.1's config.json (its published fields): 7,285,403,648 parameters on its model card
@@ -428,6 +428,6 @@ def test_mamba2_state_is_planned_per_sequence_not_per_token(tmp_path):
     plan = json.loads(result.stdout)
     best = plan["recommended"]
     assert best["tp"] == 1 and best["max_concurrency"] == 64
-    assert any("64 of 64 layers are Mamba2 mixers" in note and "131.8 MiB per sequence" in note
+    assert any("64 of 64 layers are Mamba2 layers" in note and "131.8 MiB per sequence" in note
                for note in plan["notes"])
     assert any(c.startswith(f"llmctl serve {tmp_path} --tp 1") for c in plan["commands"])
