@@ -48,20 +48,20 @@ class GatedDeltaNetSpec:
     def rank_other_params(self, tp: int) -> int:
         return (self.conv_dim * self.conv_kernel + 2 * self.num_v_heads) // tp + self.head_v_dim
 
-    def conv_state_shape(self) -> tuple[int, int]:
-        return self.conv_dim, self.conv_kernel - 1
+    def conv_state_shape(self, tp: int = 1) -> tuple[int, int]:
+        return self.conv_dim // tp, self.conv_kernel - 1
 
-    def ssm_state_shape(self) -> tuple[int, int, int]:
-        return self.num_v_heads, self.head_k_dim, self.head_v_dim
+    def ssm_state_shape(self, tp: int = 1) -> tuple[int, int, int]:
+        return self.num_v_heads // tp, self.head_k_dim, self.head_v_dim
 
     @property
     def ssm_state_dtype(self) -> str | None:
         return None  # the model's dtype, as vLLM's default
 
-    def state_bytes(self, dtype_bytes: int) -> int:
-        """One sequence, one layer: the convolution's window and the delta rule's state."""
-        conv = self.conv_dim * (self.conv_kernel - 1)
-        return (conv + self.num_v_heads * self.head_k_dim * self.head_v_dim) * dtype_bytes
+    def state_bytes(self, dtype_bytes: int, tp: int = 1) -> int:
+        """One sequence, one layer, on one TP rank: the convolution's window and the delta rule's state."""
+        conv = self.conv_dim // tp * (self.conv_kernel - 1)
+        return (conv + self.num_v_heads // tp * self.head_k_dim * self.head_v_dim) * dtype_bytes
 
     def tp_problem(self, tp: int) -> str | None:
         if self.num_k_heads % tp or self.num_v_heads % tp:

@@ -70,24 +70,24 @@ class Mamba2MixerSpec:
                 + bias) // tp
 
     def tp_problem(self, tp: int) -> str | None:
-        if self.num_heads % tp or (self.n_groups % tp and tp % self.n_groups):
-            return f"{self.num_heads} Mamba2 heads in {self.n_groups} groups cannot be split over TP {tp}"
+        if self.num_heads % tp or self.n_groups % tp:  # (vLLM also replicates groups; llmctl splits them)
+            return f"{self.num_heads} Mamba2 heads in {self.n_groups} B/C groups cannot be split over TP {tp}"
         return None
 
     def describe(self) -> str:
         return (f"{self.num_heads} heads × {self.head_dim}, state {self.state_size}, {self.n_groups} B/C groups, "
                 f"conv kernel {self.conv_kernel}")
 
-    def conv_state_shape(self) -> tuple[int, int]:
-        return self.conv_dim, self.conv_kernel - 1
+    def conv_state_shape(self, tp: int = 1) -> tuple[int, int]:
+        return self.conv_dim // tp, self.conv_kernel - 1
 
-    def ssm_state_shape(self) -> tuple[int, int, int]:
-        return self.num_heads, self.head_dim, self.state_size
+    def ssm_state_shape(self, tp: int = 1) -> tuple[int, int, int]:
+        return self.num_heads // tp, self.head_dim, self.state_size
 
-    def state_bytes(self, dtype_bytes: int) -> int:
-        """One sequence, one layer: the convolution's window and the SSM state."""
-        conv = self.conv_dim * (self.conv_kernel - 1)
-        ssm = self.num_heads * self.head_dim * self.state_size
+    def state_bytes(self, dtype_bytes: int, tp: int = 1) -> int:
+        """One sequence, one layer, on one TP rank: the convolution's window and the SSM state."""
+        conv = self.conv_dim // tp * (self.conv_kernel - 1)
+        ssm = self.num_heads // tp * self.head_dim * self.state_size
         ssm_bytes = 4 if self.ssm_state_dtype == "float32" else dtype_bytes
         return conv * dtype_bytes + ssm * ssm_bytes
 

@@ -217,7 +217,7 @@ def _plan_stage(spec: ModelSpec, req: PlanRequest, index: int, layers: range, we
     geometry: StageKV = stage_kv(spec, tp, layers, kv_bytes, req.block_size)
     # llmctl holds a state slot per --max-num-seqs sequence, taken from the budget before the KV pool
     step = req.max_num_batched_tokens
-    per_sequence = stage_state_bytes(spec, layers, dtype_bytes)
+    per_sequence = stage_state_bytes(spec, layers, dtype_bytes, tp)
     slots = state_slots(budget.kv_bytes, per_sequence, geometry.sequence_bytes(max_model_len, step),
                         req.max_num_seqs) if per_sequence else 0
     states = slots * per_sequence
@@ -237,11 +237,11 @@ def _plan_stage(spec: ModelSpec, req: PlanRequest, index: int, layers: range, we
     )
 
 
-def stage_state_bytes(spec: ModelSpec, layers: range, dtype_bytes: int) -> int:
-    """One sequence's state in this stage's recurrent layers (llmctl.checkpoint.mamba)."""
+def stage_state_bytes(spec: ModelSpec, layers: range, dtype_bytes: int, tp: int = 1) -> int:
+    """One sequence's state in this stage's recurrent layers, on one TP rank (Mamba2, gated DeltaNet)."""
     if spec.recurrent is None or spec.mixer is None:
         return 0
-    return sum(1 for layer in spec.recurrent.layers if layer in layers) * spec.mixer.state_bytes(dtype_bytes)
+    return sum(1 for layer in spec.recurrent.layers if layer in layers) * spec.mixer.state_bytes(dtype_bytes, tp)
 
 
 def _pick(measured: int | None, estimate: int) -> int:
@@ -429,8 +429,6 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
                            f"its architecture {', '.join(plan.spec.architectures) or plan.spec.model_type}")
     elif req.llmctl_impl == "transformers" and best.tp * best.pp > 1:
         unsupported.insert(0, "--model-impl transformers with TP × PP > 1")
-    if plan.state_bytes_per_sequence and best.tp > 1:
-        unsupported.append(f"{plan.spec.mixer.label} layers with TP > 1 (llmctl splits them over PP only)")
     if req.max_loras and best.tp * best.pp > 1:
         unsupported.append("--enable-lora with TP × PP > 1")
     if req.expert_parallel and best.pp > 1 and best.replicas > 1:

@@ -99,8 +99,9 @@ def assert_ranks_hold_what_plan_says(folder: Path, memory: list[tuple[int, int]]
     from llmctl.checkpoint.config_file import load_spec
     from llmctl.checkpoint.source import resolve_model
     from llmctl.engine.models.registry import is_supported
+    from llmctl.plan.planner import stage_state_bytes
     from llmctl.sizing.kv import stage_kv
-    from llmctl.sizing.memory import kv_pool
+    from llmctl.sizing.memory import kv_pool, state_slots
     from llmctl.sizing.weights import pipeline_stages, stage_weights, weight_format
 
     spec = load_spec(resolve_model(str(folder)))
@@ -109,8 +110,12 @@ def assert_ranks_hold_what_plan_says(folder: Path, memory: list[tuple[int, int]]
         _, memory = engine_outputs(folder, tensor_parallel_size=2)
     [weights] = stage_weights(spec, weight_format(4, None, spec), 2, 1, expert_ranks)
     [layers] = pipeline_stages(spec, 1)
-    block_bytes = stage_kv(spec, 2, layers, 4, 16).block_bytes
-    blocks = kv_pool(64 * 1024**2, stage_kv(spec, 2, layers, 4, 16)).num_blocks
+    geometry = stage_kv(spec, 2, layers, 4, 16)
+    block_bytes = geometry.block_bytes
+    # recurrent layers: plan's state slots come out of the budget first (256 sequences of 256 tokens asked)
+    per_sequence = stage_state_bytes(spec, layers, 4, tp=2)
+    states = state_slots(64 * 1024**2, per_sequence, geometry.sequence_bytes(256, 16), 256) * per_sequence
+    blocks = kv_pool(64 * 1024**2 - states, geometry).num_blocks
     for weights_bytes, kv_bytes in memory:
         assert weights_bytes == weights.total_bytes
         assert kv_bytes == blocks * block_bytes
@@ -129,8 +134,9 @@ def config_kv_bytes_per_token(folder: Path, tp: int, dtype_bytes: int = 4) -> in
 
     config = json.loads((folder / "config.json").read_text())
     if (config.get("sliding_window") and config.get("use_sliding_window", True)) or \
-            set(config.get("layer_types") or ["full_attention"]) != {"full_attention"}:
-        return None
+            set(config.get("layer_types") or ["full_attention"]) != {"full_attention"} or \
+            config.get("model_type") in ("mamba2", "granitemoehybrid", "qwen3_next"):
+        return None  # layers that share pages, or keep a state instead of K/V
     layers = config["num_hidden_layers"]
     if config.get("kv_lora_rank"):
         return layers * (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * dtype_bytes

@@ -12,18 +12,20 @@ from torch import nn
 
 from llmctl.checkpoint.architecture import QuantizationSpec
 from llmctl.checkpoint.delta_net import GatedDeltaNetSpec
+from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import causal_conv, delta_rule
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear
 from llmctl.engine.layers.recurrent_state import StateStep, run_by_sequence
+from llmctl.engine.layers.stacked_rows import ShardedRows, rows_of
 
 
-class NormThenGate(nn.Module):
-    """RMSNorm(x) · weight, then × SiLU(gate), in float32 (Qwen3NextRMSNormGated: norm before gate)."""
+class NormThenGate(ShardedRows):
+    """RMSNorm(x) · weight, then × SiLU(gate), in float32 (Qwen3NextRMSNormGated: norm before gate); the weight is
+    per value-head dimension, whole on every rank."""
 
     def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
+        super().__init__([Part(size, 0, size)], {"weight": ()}, fill=1.0)
         self.eps = eps
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -32,34 +34,52 @@ class NormThenGate(nn.Module):
         return ((self.weight * normed.to(dtype)) * F.silu(gate.float())).to(dtype)
 
 
+HEAD_VECTORS = ("dt_bias", "A_log")
+
+
 class GatedDeltaNet(nn.Module):
-    def __init__(self, mixer: GatedDeltaNetSpec, eps: float, quant: QuantizationSpec | None = None) -> None:
+    """TP splits the key heads, each with its value heads: in_proj_qkvz and in_proj_ba hold their rows grouped per
+    key head, so a rank's rows are whole groups; the convolution's q, k and v rows and the value heads' vectors
+    are split likewise, out_proj by its input columns."""
+
+    def __init__(self, mixer: GatedDeltaNetSpec, eps: float, group: TPGroup, quant: QuantizationSpec | None = None
+                 ) -> None:
         super().__init__()
         self.spec = mixer
-        whole = TPGroup()  # one rank: the engine refuses TP for these layers (llmctl.engine.worker.load_flags)
+        tp = group.size
+        self.k_heads, self.v_heads = mixer.num_k_heads // tp, mixer.num_v_heads // tp
+        self.key_dim, self.value_dim = mixer.key_dim // tp, mixer.value_dim // tp
         qkvz = 2 * mixer.key_dim + 2 * mixer.value_dim
-        self.in_proj_qkvz = ColumnParallelLinear(mixer.hidden_size, [Part.split(qkvz, whole)], False, quant)
-        self.in_proj_ba = ColumnParallelLinear(mixer.hidden_size, [Part.split(2 * mixer.num_v_heads, whole)], False)
-        self.conv1d = nn.Conv1d(mixer.conv_dim, mixer.conv_dim, mixer.conv_kernel, groups=mixer.conv_dim,
-                                bias=False)  # holds the weights (causal_conv runs it)
-        self.dt_bias = nn.Parameter(torch.ones(mixer.num_v_heads))
-        self.A_log = nn.Parameter(torch.zeros(mixer.num_v_heads))
+        self.in_proj_qkvz = ColumnParallelLinear(mixer.hidden_size, [Part.split(qkvz, group)], False, quant)
+        self.in_proj_ba = ColumnParallelLinear(mixer.hidden_size, [Part.split(2 * mixer.num_v_heads, group)], False)
+        keys, values = Part.split(mixer.key_dim, group), Part.split(mixer.value_dim, group)
+        self.conv1d = ShardedRows([keys, keys, values], {"weight": (1, mixer.conv_kernel)})  # causal_conv runs it
+        self.head_part = Part.split(mixer.num_v_heads, group)
+        self.dt_bias = nn.Parameter(torch.ones(self.v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.v_heads))
         self.norm = NormThenGate(mixer.head_v_dim, eps)
-        self.out_proj = RowParallelLinear(Part.split(mixer.value_dim, whole), mixer.hidden_size, False, whole, quant)
+        self.out_proj = RowParallelLinear(values, mixer.hidden_size, False, group, quant)
+
+    def expected(self) -> set[tuple[str, int]]:
+        return {(kind, 0) for kind in HEAD_VECTORS}
+
+    def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int | None = None) -> None:
+        """dt_bias, A_log: this rank's value heads."""
+        with torch.no_grad():
+            getattr(self, kind).copy_(rows_of(tensor, [self.head_part]))
 
     def forward(self, x: torch.Tensor, states: StateStep, layer: int) -> torch.Tensor:
-        spec = self.spec
         qkv, z, b, a = self._split(self.in_proj_qkvz(x), self.in_proj_ba(x))
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        y = torch.empty(x.shape[0], spec.num_v_heads, spec.head_v_dim, dtype=torch.float32, device=x.device)
+        y = torch.empty(x.shape[0], self.v_heads, self.spec.head_v_dim, dtype=torch.float32, device=x.device)
         run_by_sequence(states, layer, y,
                         lambda rows, state, slots: self._decode(qkv[rows], g[rows], beta[rows], state.conv,
                                                                 state.ssm, slots),
                         lambda span, state, slot: self._prefill(qkv[span], g[span], beta[span], state.conv,
                                                                 state.ssm, slot))
         out = self.norm(y.to(x.dtype), z)
-        return self.out_proj(out.reshape(x.shape[0], spec.value_dim))
+        return self.out_proj(out.reshape(x.shape[0], self.value_dim))
 
     def _split(self, qkvz: torch.Tensor, ba: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -67,19 +87,19 @@ class GatedDeltaNet(nn.Module):
         convolution takes it, z [T, Hv, dv], b and a [T, Hv]."""
         spec = self.spec
         tokens, per_key = qkvz.shape[0], spec.num_v_heads // spec.num_k_heads
-        grouped = qkvz.view(tokens, spec.num_k_heads, -1)
+        grouped = qkvz.view(tokens, self.k_heads, -1)
         q, k, v, z = grouped.split([spec.head_k_dim, spec.head_k_dim, per_key * spec.head_v_dim,
                                     per_key * spec.head_v_dim], dim=-1)
-        b, a = ba.view(tokens, spec.num_k_heads, -1).split([per_key, per_key], dim=-1)
+        b, a = ba.view(tokens, self.k_heads, -1).split([per_key, per_key], dim=-1)
         qkv = torch.cat([q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1)], dim=-1)
-        return (qkv, z.reshape(tokens, spec.num_v_heads, spec.head_v_dim), b.reshape(tokens, -1),
+        return (qkv, z.reshape(tokens, self.v_heads, spec.head_v_dim), b.reshape(tokens, -1),
                 a.reshape(tokens, -1))
 
     def _heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         spec = self.spec
-        q, k, v = F.silu(qkv).split([spec.key_dim, spec.key_dim, spec.value_dim], dim=-1)
-        return (q.reshape(-1, spec.num_k_heads, spec.head_k_dim), k.reshape(-1, spec.num_k_heads, spec.head_k_dim),
-                v.reshape(-1, spec.num_v_heads, spec.head_v_dim))
+        q, k, v = F.silu(qkv).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        return (q.reshape(-1, self.k_heads, spec.head_k_dim), k.reshape(-1, self.k_heads, spec.head_k_dim),
+                v.reshape(-1, self.v_heads, spec.head_v_dim))
 
     def _decode(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
                 slots: torch.Tensor) -> torch.Tensor:

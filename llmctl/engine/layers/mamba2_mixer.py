@@ -12,18 +12,20 @@ from torch import nn
 
 from llmctl.checkpoint.architecture import QuantizationSpec
 from llmctl.checkpoint.mamba import Mamba2MixerSpec
+from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import causal_conv, ssd
-from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear
+from llmctl.engine.layers.linear import Part, RowParallelLinear
 from llmctl.engine.layers.recurrent_state import StateStep, run_by_sequence
+from llmctl.engine.layers.stacked_rows import ShardedRows, StackedColumnLinear, rows_of
 
 
-class GatedGroupRMSNorm(nn.Module):
-    """y = RMSNorm(x · silu(z)) over each of `groups` slices (norm_before_gate=False), in float32."""
+class GatedGroupRMSNorm(ShardedRows):
+    """y = RMSNorm(x · silu(z)) over each of `groups` slices (norm_before_gate=False), in float32; a TP rank holds
+    its groups whole."""
 
-    def __init__(self, size: int, groups: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
+    def __init__(self, part: Part, groups: int, eps: float) -> None:
+        super().__init__([part], {"weight": ()}, fill=1.0)
         self.groups, self.eps = groups, eps
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -34,42 +36,63 @@ class GatedGroupRMSNorm(nn.Module):
         return self.weight * grouped.view(x.shape).to(dtype)
 
 
+HEAD_VECTORS = ("dt_bias", "A_log", "D")
+
+
 class Mamba2Mixer(nn.Module):
-    def __init__(self, mixer: Mamba2MixerSpec, eps: float, quant: QuantizationSpec | None = None) -> None:
+    """TP splits the heads and the B/C groups: each rank holds its rows of z, x, B, C and dt in in_proj (and of x, B,
+    C in the convolution), its heads' vectors, its groups of the norm, and out_proj's matching columns."""
+
+    def __init__(self, mixer: Mamba2MixerSpec, eps: float, group: TPGroup, quant: QuantizationSpec | None = None
+                 ) -> None:
         super().__init__()
         self.spec = mixer
-        whole = TPGroup()  # one rank: the engine refuses TP for these layers (llmctl.engine.worker.load_flags)
-        self.in_proj = ColumnParallelLinear(mixer.hidden_size, [Part.split(mixer.projection_size, whole)],
-                                            mixer.proj_bias, quant)
-        self.conv1d = nn.Conv1d(mixer.conv_dim, mixer.conv_dim, mixer.conv_kernel, groups=mixer.conv_dim,
-                                bias=mixer.conv_bias)  # holds the weights (causal_conv runs it)
-        self.dt_bias = nn.Parameter(torch.zeros(mixer.num_heads))
-        self.A_log = nn.Parameter(torch.zeros(mixer.num_heads))
-        self.D = nn.Parameter(torch.ones(mixer.num_heads))
-        self.norm = GatedGroupRMSNorm(mixer.intermediate_size, mixer.n_groups, eps)
-        self.out_proj = RowParallelLinear(Part.split(mixer.intermediate_size, whole), mixer.hidden_size,
-                                          mixer.proj_bias, whole, quant)
+        tp = group.size
+        self.heads, self.groups = mixer.num_heads // tp, mixer.n_groups // tp
+        self.inner = mixer.intermediate_size // tp
+        inner, bc, heads = (Part.split(mixer.intermediate_size, group), Part.split(mixer.n_groups * mixer.state_size,
+                                                                                     group), Part.split(mixer.num_heads, group))
+        self.in_proj = StackedColumnLinear(mixer.hidden_size, [inner, inner, bc, bc, heads], mixer.proj_bias, quant)
+        conv_kinds = {"weight": (1, mixer.conv_kernel), **({"bias": ()} if mixer.conv_bias else {})}
+        self.conv1d = ShardedRows([inner, bc, bc], conv_kinds)  # depthwise: causal_conv runs it
+        self.head_part = heads
+        self.dt_bias = nn.Parameter(torch.zeros(self.heads))
+        self.A_log = nn.Parameter(torch.zeros(self.heads))
+        self.D = nn.Parameter(torch.ones(self.heads))
+        self.norm = GatedGroupRMSNorm(inner, self.groups, eps)
+        self.out_proj = RowParallelLinear(inner, mixer.hidden_size, mixer.proj_bias, group, quant)
+
+    def expected(self) -> set[tuple[str, int]]:
+        return {(kind, 0) for kind in HEAD_VECTORS}
+
+    def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int | None = None) -> None:
+        """dt_bias, A_log, D: this rank's heads."""
+        with torch.no_grad():
+            getattr(self, kind).copy_(rows_of(tensor, [self.head_part]))
+
+    @property
+    def conv_dim(self) -> int:
+        return self.inner + 2 * self.groups * self.spec.state_size
 
     def forward(self, x: torch.Tensor, states: StateStep, layer: int) -> torch.Tensor:
-        spec = self.spec
-        gate, xbc, dt = self.in_proj(x).split([spec.intermediate_size, spec.conv_dim, spec.num_heads], dim=-1)
-        y = torch.empty(x.shape[0], spec.num_heads, spec.head_dim, dtype=torch.float32, device=x.device)
+        gate, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.heads], dim=-1)
+        y = torch.empty(x.shape[0], self.heads, self.spec.head_dim, dtype=torch.float32, device=x.device)
         run_by_sequence(states, layer, y,
                         lambda rows, state, slots: self._decode(xbc[rows], dt[rows], state.conv, state.ssm, slots),
                         lambda span, state, slot: self._prefill(xbc[span], dt[span], state.conv, state.ssm, slot))
-        out = self.norm(y.view(x.shape[0], spec.intermediate_size), gate)
+        out = self.norm(y.view(x.shape[0], self.inner), gate)
         return self.out_proj(out.to(x.dtype))
 
     def _split(self, xbc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         spec = self.spec
-        groups = spec.n_groups * spec.state_size
-        x, B, C = F.silu(xbc).split([spec.intermediate_size, groups, groups], dim=-1)
-        return (x.reshape(-1, spec.num_heads, spec.head_dim), B.reshape(-1, spec.n_groups, spec.state_size),
-                C.reshape(-1, spec.n_groups, spec.state_size))
+        groups = self.groups * spec.state_size
+        x, B, C = F.silu(xbc).split([self.inner, groups, groups], dim=-1)
+        return (x.reshape(-1, self.heads, spec.head_dim), B.reshape(-1, self.groups, spec.state_size),
+                C.reshape(-1, self.groups, spec.state_size))
 
     def _decode(self, xbc: torch.Tensor, dt: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
                 slots: torch.Tensor) -> torch.Tensor:
-        out, conv[slots] = causal_conv.conv_step(xbc, conv[slots], self.conv1d.weight[:, 0], self.conv1d.bias)
+        out, conv[slots] = causal_conv.conv_step(xbc, conv[slots], self.conv1d.weight[:, 0], getattr(self.conv1d, "bias", None))
         x, B, C = self._split(out)
         y, new = ssd.state_step(ssm[slots], x, dt, -torch.exp(self.A_log.float()), B, C, self.D, self.dt_bias,
                                 self.spec.time_step_limit)
@@ -78,7 +101,7 @@ class Mamba2Mixer(nn.Module):
 
     def _prefill(self, xbc: torch.Tensor, dt: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
                  slot: int) -> torch.Tensor:
-        out, conv[slot] = causal_conv.conv_chunk(xbc, conv[slot], self.conv1d.weight[:, 0], self.conv1d.bias)
+        out, conv[slot] = causal_conv.conv_chunk(xbc, conv[slot], self.conv1d.weight[:, 0], getattr(self.conv1d, "bias", None))
         x, B, C = self._split(out)
         y, final = ssd.chunk_scan(x, dt, -torch.exp(self.A_log.float()), B, C, self.D, self.dt_bias,
                                  self.spec.chunk_size, ssm[slot], self.spec.time_step_limit)

@@ -30,11 +30,12 @@ class StateCache:
         return sum(s.conv.nbytes + s.ssm.nbytes for s in self.layers.values())
 
 
-def allocate_states(mixer: StateMixer, layers: list[int], slots: int, dtype: torch.dtype,
-                    device: torch.device) -> StateCache:
+def allocate_states(mixer: StateMixer, layers: list[int], slots: int, dtype: torch.dtype, device: torch.device,
+                    tp: int = 1) -> StateCache:
+    """Each layer's states for `slots` sequences, this TP rank's heads and channels."""
     ssm_dtype = getattr(torch, mixer.ssm_state_dtype) if mixer.ssm_state_dtype else dtype
-    return StateCache({layer: MambaState(torch.zeros((slots, *mixer.conv_state_shape()), dtype=dtype, device=device),
-                                         torch.zeros((slots, *mixer.ssm_state_shape()), dtype=ssm_dtype,
+    return StateCache({layer: MambaState(torch.zeros((slots, *mixer.conv_state_shape(tp)), dtype=dtype, device=device),
+                                         torch.zeros((slots, *mixer.ssm_state_shape(tp)), dtype=ssm_dtype,
                                                      device=device))
                        for layer in layers}, slots)
 

@@ -64,7 +64,7 @@ class GraniteHybridLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps)
-        self.mamba = Mamba2Mixer(spec.mixer, eps, spec.quantization) \
+        self.mamba = Mamba2Mixer(spec.mixer, eps, group, spec.quantization) \
             if mamba and isinstance(spec.mixer, Mamba2MixerSpec) else None
         if self.mamba is None:
             nope = getattr(hf_config, "position_embedding_type", None) != "rope"

@@ -10,6 +10,7 @@ from torch import nn
 
 from llmctl.checkpoint.mamba import Mamba2MixerSpec
 from llmctl.checkpoint.spec import ModelSpec
+from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers.linear import VocabParallelEmbedding
 from llmctl.engine.layers.mamba2_mixer import Mamba2Mixer
 from llmctl.engine.layers.norms import RMSNorm
@@ -17,11 +18,11 @@ from llmctl.engine.models.common import Shard, StepContext, Target, embedding_ta
 
 
 class Mamba2Block(nn.Module):
-    def __init__(self, spec: ModelSpec, eps: float) -> None:
+    def __init__(self, spec: ModelSpec, eps: float, group: TPGroup) -> None:
         super().__init__()
         assert isinstance(spec.mixer, Mamba2MixerSpec)
         self.norm = RMSNorm(spec.hidden_size, eps)
-        self.mixer = Mamba2Mixer(spec.mixer, eps, spec.quantization)
+        self.mixer = Mamba2Mixer(spec.mixer, eps, group, spec.quantization)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, layer: int) -> torch.Tensor:
         assert ctx.states is not None
@@ -38,7 +39,7 @@ class Mamba2ForCausalLM(nn.Module):
         eps = float(getattr(hf_config, "layer_norm_epsilon", 1e-5))
         group = shard.group
         self.embeddings = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, group) if shard.is_first else None
-        self.layers = nn.ModuleList(Mamba2Block(spec, eps) if i in self.stage_layers else nn.Identity()
+        self.layers = nn.ModuleList(Mamba2Block(spec, eps, group) if i in self.stage_layers else nn.Identity()
                                     for i in range(spec.num_layers))
         self.norm_f = RMSNorm(spec.hidden_size, eps) if shard.is_last else None
         self.lm_head = None

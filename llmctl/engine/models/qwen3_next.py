@@ -59,7 +59,7 @@ class Qwen3NextLayer(nn.Module):
         self.post_attention_layernorm = GemmaRMSNorm(spec.hidden_size, eps)
         if linear:
             assert isinstance(spec.mixer, GatedDeltaNetSpec)
-            self.linear_attn = GatedDeltaNet(spec.mixer, eps, spec.quantization)
+            self.linear_attn = GatedDeltaNet(spec.mixer, eps, shard.group, spec.quantization)
         else:
             self.self_attn = GatedAttention(spec, rotary, eps, shard.group)
         self.linear = linear

@@ -85,7 +85,7 @@ def _allocate_states(config: EngineConfig, spec: ModelSpec, layers: range, dtype
     if spec.recurrent is None or spec.mixer is None:
         return None
     mine = [layer for layer in spec.recurrent.layers if layer in layers]
-    per_sequence = len(mine) * spec.mixer.state_bytes(torch.tensor([], dtype=dtype).element_size())
+    per_sequence = len(mine) * spec.mixer.state_bytes(torch.tensor([], dtype=dtype).element_size(), placement.rank.tp)
     slots = placement.agree_on_blocks(state_slots(available, per_sequence, sequence_kv_bytes, config.max_num_seqs))
     if slots == 0:
         raise EngineConfigError(
@@ -97,7 +97,7 @@ def _allocate_states(config: EngineConfig, spec: ModelSpec, layers: range, dtype
         logger.info("recurrent state: %d sequences at once, not --max-num-seqs %d: the states may take the budget "
                     "less one max_model_len sequence's KV, at most half of it beside attention layers", slots,
                     config.max_num_seqs)
-    return allocate_states(spec.mixer, mine, slots, dtype, device)
+    return allocate_states(spec.mixer, mine, slots, dtype, device, placement.rank.tp)
 
 
 def _tables_only(config: EngineConfig, max_model_len: int, geometry: StageKV) -> KVPool:

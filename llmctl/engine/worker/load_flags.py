@@ -88,11 +88,10 @@ def check_recurrent_flags(config: EngineConfig, spec: ModelSpec) -> None:
         return
     if spec.mixer is None:  # the registry refuses such models first; a guard for the ones to come
         raise EngineConfigError(f"{spec.recurrent.describe()}: llmctl keeps no state for those layers yet")
-    refused = {"--tensor-parallel-size": config.tensor_parallel_size > 1,
-               "--speculative-config": config.speculative_config is not None,
+    refused = {"--speculative-config": config.speculative_config is not None,
                "--async-scheduling": config.async_scheduling, "--enable-lora": config.enable_lora}
     for flag, asked in refused.items():
         if asked:
             raise EngineConfigError(f"{flag}: the {spec.mixer.label} layers of this model run without it in llmctl yet (each "
                                     "sequence's state is whole on one rank, advanced one scheduled step at a time); "
-                                    f"leave {flag} out{' (--pipeline-parallel-size splits the layers instead)' if flag.startswith('--tensor') else ''}")
+                                    f"leave {flag} out")

@@ -1,8 +1,8 @@
 """Models with Mamba2 layers natively — Mamba2 (no attention at all) and Granite 4.0-H (Mamba2 with NoPE attention, a
 shared MLP and experts) — against transformers on the same random weights: greedy tokens identical and
 log-probabilities within 1e-3, with prompts chunked at 16 tokens across an 8-token scan chunk (so each sequence's
-convolution window and SSM state are carried between steps), preempted and recomputed, as n > 1 sequences, and split
-over two pipeline stages."""
+convolution window and SSM state are carried between steps), preempted and recomputed, as n > 1 sequences, split
+over two pipeline stages and over two tensor-parallel ranks."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from helpers.families import (
     PROMPTS,
     assert_backend_matches_transformers,
     assert_close,
+    assert_tp2_equals_tp1,
     engine_outputs,
     save_routed_moe,
     transformers_reference,
@@ -110,11 +111,18 @@ def test_granite_hybrid_matches_transformers_and_preempts_alike(granite, tokeniz
     assert [list(o.outputs[0].token_ids) for o in outputs] == [t for t, _, _ in roomy]
 
 
+@pytest.mark.parametrize("model", ["mamba2", "granite"])
+def test_tp2_equals_tp1(model, request):
+    """Heads, B/C groups and their rows of in_proj, the convolution and the norm split over two ranks; each rank
+    holds the weights and states plan says."""
+    assert_tp2_equals_tp1(request.getfixturevalue(model), expert_parallel=False)
+
+
 def test_granite_hybrid_attention_through_triton(granite, tokenizer):
     assert_backend_matches_transformers(granite, tokenizer, "triton")
 
 
-@pytest.mark.parametrize("flag", [{"tensor_parallel_size": 2}, {"async_scheduling": True}])
+@pytest.mark.parametrize("flag", [{"enable_lora": True}, {"async_scheduling": True}])
 def test_what_recurrent_layers_refuse_is_named(mamba2, flag):
     from llmctl.engine.errors import EngineConfigError
 

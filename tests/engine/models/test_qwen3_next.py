@@ -2,7 +2,7 @@
 QK-norms, a quarter of each head rotated), Qwen2-MoE experts with a gated shared expert — against transformers on
 the same random weights: greedy tokens identical and log-probabilities within 1e-3, with prompts chunked at 16
 tokens (each sequence's delta-rule state carried between steps) and, in one step, a prompt over two of the delta
-rule's 64-token chunks; the attention through the Triton interpreter too."""
+rule's 64-token chunks; the attention through the Triton interpreter too; TP 2 as TP 1."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from helpers.families import (
     assert_backend_matches_transformers,
     assert_close,
+    assert_tp2_equals_tp1,
     engine_outputs,
     save_routed_moe,
     transformers_reference,
@@ -63,3 +64,9 @@ def test_a_prompt_over_several_delta_rule_chunks_in_one_step(folder, tokenizer):
 
 def test_qwen3_next_attention_through_triton(folder, tokenizer):
     assert_backend_matches_transformers(folder, tokenizer, "triton")
+
+
+def test_tp2_equals_tp1(folder):
+    """Key heads with their value heads, the attention's heads and every expert split over two ranks; each rank
+    holds the weights and states plan says."""
+    assert_tp2_equals_tp1(folder, expert_parallel=False)
