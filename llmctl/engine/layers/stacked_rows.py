@@ -34,6 +34,8 @@ class StackedColumnLinear(ColumnParallelLinear):
 class ShardedRows(nn.Module):
     """Parameters named `kinds`, each this rank's rows of `parts` (trailing dimensions whole)."""
 
+    weight: nn.Parameter  # every user has one (registered with the other kinds below)
+
     def __init__(self, parts: list[Part], kinds: dict[str, tuple[int, ...]], fill: float = 0.0) -> None:
         super().__init__()
         self.parts = parts
