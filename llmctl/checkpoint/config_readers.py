@@ -238,7 +238,7 @@ def read_moe(reader: ConfigReader, model_type: str, num_layers: int) -> MoESpec 
         return MoESpec(num_experts=experts, top_k=top_k, expert_intermediate_size=expert_size, num_shared_experts=1,
                        shared_expert_intermediate_size=expert_size, moe_layers=tuple(moe_layers),
                        dense_layers=tuple(i for i in layers if i not in moe_layers))
-    if model_type in ("qwen2_moe", "qwen3_moe", "qwen3_next"):
+    if model_type in ("qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe_text"):
         step = int(cfg.get("decoder_sparse_step") or 1)
         mlp_only = set(cfg.get("mlp_only_layers") or [])
         moe_layers = [i for i in layers if i not in mlp_only and (i + 1) % step == 0]
@@ -258,7 +258,7 @@ def read_attention(reader: ConfigReader, model_type: str, facts: dict[str, Any],
     heads, kv_heads = facts["heads"], facts["kv_heads"]
     window = _sliding_window(cfg, model_type)
     layer_types = _layer_types(cfg, model_type, num_layers, window)
-    qk_norm = model_type in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_text", "gemma3", "gemma3_text",
+    qk_norm = model_type in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_vl", "qwen3_vl_text", "gemma3", "gemma3_text",
                              "olmo2") \
         or (model_type == "glm4_moe" and bool(cfg.get("use_qk_norm")))
     if cfg.get("kv_lora_rank"):
@@ -279,7 +279,8 @@ def read_attention(reader: ConfigReader, model_type: str, facts: dict[str, Any],
                          sliding_window=window, layer_types=layer_types, qk_norm=qk_norm,
                          qk_norm_whole=model_type == "olmo2", logit_softcap=cfg.get("attn_logit_softcapping"),
                          chunked=model_type == "llama4_text" and "sliding" in layer_types,
-                         sinks=model_type == "gpt_oss", output_gate=model_type == "qwen3_next")
+                         sinks=model_type == "gpt_oss",
+                         output_gate=model_type in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"))
 
 
 def _sliding_window(cfg: dict[str, Any], model_type: str) -> int | None:

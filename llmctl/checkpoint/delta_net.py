@@ -1,4 +1,4 @@
-"""The gated DeltaNet linear attention of Qwen3-Next (and Qwen3.5) as config.json names it (`linear_*` keys), and the
+"""The gated DeltaNet linear attention of Qwen3-Next and Qwen3.5 as config.json names it (`linear_*` keys), and the
 state one sequence keeps in each such layer: the causal convolution's last `conv_kernel - 1` inputs of q, k and v,
 and the delta rule's state, a k_dim × v_dim matrix per value head (vLLM's gated_delta_net_state_shape)."""
 
@@ -16,6 +16,7 @@ class GatedDeltaNetSpec:
     head_k_dim: int
     head_v_dim: int
     conv_kernel: int
+    grouped: bool = True  # Qwen3-Next: in_proj_qkvz / in_proj_ba grouped per key head; Qwen3.5: in_proj_qkv, _z, _b, _a
     kind: str = "gated_deltanet"
     label: str = "gated DeltaNet"
 
@@ -80,4 +81,5 @@ def gated_delta_net(cfg: dict[str, Any], model_type: str) -> GatedDeltaNetSpec |
     if any(cfg.get(name) is None for name in names):
         return None
     k_heads, v_heads, k_dim, v_dim, kernel = (int(cfg[name]) for name in names)
-    return GatedDeltaNetSpec(int(cfg["hidden_size"]), k_heads, v_heads, k_dim, v_dim, kernel)
+    return GatedDeltaNetSpec(int(cfg["hidden_size"]), k_heads, v_heads, k_dim, v_dim, kernel,
+                             grouped=not model_type.startswith("qwen3_5"))

@@ -1,6 +1,7 @@
-"""Qwen3-Next's gated DeltaNet (linear attention) on the engine's flat batch: in_proj_qkvz gives q, k, v and the output
-gate z grouped per key head (transformers' fix_query_key_value_ordering), in_proj_ba gives β and the decay's input a
-per value head; a causal depthwise convolution over q·k·v with SiLU; the gated delta rule with β = σ(b) and
+"""The gated DeltaNet (linear attention) of Qwen3-Next and Qwen3.5 on the engine's flat batch: Qwen3-Next's
+in_proj_qkvz gives q, k, v and the output gate z grouped per key head (transformers' fix_query_key_value_ordering),
+its in_proj_ba β's input b and the decay's input a per value head; Qwen3.5 projects q·k·v, z, b and a apart. Then a
+causal depthwise convolution over q·k·v with SiLU; the gated delta rule with β = σ(b) and
 g = −exp(A_log)·softplus(a + dt_bias); an RMSNorm per value head, times SiLU(z); out_proj. Each sequence's convolution
 window and delta-rule state live in the state cache (llmctl.engine.layers.recurrent_state)."""
 
@@ -17,7 +18,7 @@ from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import causal_conv, delta_rule
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear
 from llmctl.engine.layers.recurrent_state import StateStep, run_by_sequence
-from llmctl.engine.layers.stacked_rows import ShardedRows, rows_of
+from llmctl.engine.layers.stacked_rows import ShardedRows, StackedColumnLinear, rows_of
 
 
 class NormThenGate(ShardedRows):
@@ -49,10 +50,17 @@ class GatedDeltaNet(nn.Module):
         tp = group.size
         self.k_heads, self.v_heads = mixer.num_k_heads // tp, mixer.num_v_heads // tp
         self.key_dim, self.value_dim = mixer.key_dim // tp, mixer.value_dim // tp
-        qkvz = 2 * mixer.key_dim + 2 * mixer.value_dim
-        self.in_proj_qkvz = ColumnParallelLinear(mixer.hidden_size, [Part.split(qkvz, group)], False, quant)
-        self.in_proj_ba = ColumnParallelLinear(mixer.hidden_size, [Part.split(2 * mixer.num_v_heads, group)], False)
         keys, values = Part.split(mixer.key_dim, group), Part.split(mixer.value_dim, group)
+        h, heads = mixer.hidden_size, Part.split(mixer.num_v_heads, group)
+        if mixer.grouped:  # Qwen3-Next: one projection, its rows grouped per key head
+            qkvz = 2 * mixer.key_dim + 2 * mixer.value_dim
+            self.in_proj_qkvz = ColumnParallelLinear(h, [Part.split(qkvz, group)], False, quant)
+            self.in_proj_ba = ColumnParallelLinear(h, [Part.split(2 * mixer.num_v_heads, group)], False)
+        else:  # Qwen3.5: q, k, v of every head in one projection, z, b and a in their own
+            self.in_proj_qkv = StackedColumnLinear(h, [keys, keys, values], False, quant)
+            self.in_proj_z = ColumnParallelLinear(h, [values], False, quant)
+            self.in_proj_b = ColumnParallelLinear(h, [heads], False)
+            self.in_proj_a = ColumnParallelLinear(h, [heads], False)
         self.conv1d = ShardedRows([keys, keys, values], {"weight": (1, mixer.conv_kernel)})  # causal_conv runs it
         self.head_part = Part.split(mixer.num_v_heads, group)
         self.dt_bias = nn.Parameter(torch.ones(self.v_heads))
@@ -69,7 +77,9 @@ class GatedDeltaNet(nn.Module):
             getattr(self, kind).copy_(rows_of(tensor, [self.head_part]))
 
     def forward(self, x: torch.Tensor, states: StateStep, layer: int) -> torch.Tensor:
-        qkv, z, b, a = self._split(self.in_proj_qkvz(x), self.in_proj_ba(x))
+        qkv, z, b, a = self._split(self.in_proj_qkvz(x), self.in_proj_ba(x)) if self.spec.grouped else \
+            (self.in_proj_qkv(x), self.in_proj_z(x).view(x.shape[0], self.v_heads, -1), self.in_proj_b(x),
+             self.in_proj_a(x))
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         y = torch.empty(x.shape[0], self.v_heads, self.spec.head_v_dim, dtype=torch.float32, device=x.device)

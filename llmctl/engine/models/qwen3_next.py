@@ -6,21 +6,27 @@ by (1 + weight), Gemma's form."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from torch import nn
 
 from llmctl.checkpoint.delta_net import GatedDeltaNetSpec
+from llmctl.checkpoint.fused_experts import per_expert
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers.gated_delta_net import GatedDeltaNet
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part
+from llmctl.engine.layers.moe import Routing
 from llmctl.engine.layers.positions import RotaryEmbedding
-from llmctl.engine.models.common import Shard, StepContext, Target
+from llmctl.engine.models.common import Shard, StepContext, Target, load_checkpoint
 from llmctl.engine.models.gemma import GemmaRMSNorm
-from llmctl.engine.models.llama import LlamaAttention
+from llmctl.engine.models.llama import LlamaAttention, LlamaMLP
 from llmctl.engine.models.moe import MixtureOfExpertsForCausalLM, SparseMoeBlock
+
+logger = logging.getLogger(__name__)
+SKIPPED_PREFIXES = ("model.visual.", "visual.", "mtp.", "model.mtp.")  # Qwen3.5's vision tower, its MTP layers
 
 
 class GatedAttention(LlamaAttention):
@@ -77,25 +83,39 @@ class Qwen3NextLayer(nn.Module):
 
 
 class Qwen3NextForCausalLM(MixtureOfExpertsForCausalLM):
+    """Also Qwen3.5 (dense, `Qwen3_5ForCausalLM`, and MoE) — its DeltaNet projects q·k·v, z, b and a apart — and the
+    published multimodal Qwen3.5 checkpoints, served text-only (said at load), their experts whole-layer tensors."""
+
     def __init__(self, spec: ModelSpec, hf_config: Any, shard: Shard | None = None) -> None:
-        super().__init__(spec, hf_config, shard)
+        text = getattr(hf_config, "text_config", None)
+        if text is not None:
+            logger.warning("%s: served text-only — llmctl does not build Qwen3.5's vision tower yet, so requests "
+                           "with images are refused", (spec.architectures or ["Qwen3.5"])[0])
+        super().__init__(spec, text or hf_config, shard)
         if self.norm is not None:
             self.norm = GemmaRMSNorm(spec.hidden_size, self.norm.eps)
 
+    @staticmethod
+    def routing_for(spec: ModelSpec, hf_config: Any) -> Routing:
+        return MixtureOfExpertsForCausalLM.routing_for(spec, hf_config) if spec.moe else Routing(1, False)
+
     def make_layer(self, index: int, hf_config: Any, rotary: RotaryEmbedding, eps: float) -> nn.Module:
-        assert self.spec.moe is not None and self.spec.recurrent is not None
-        mlp = SparseMoeBlock(self.spec, self.routing, self.shard.group, self.shard.experts) \
-            if index in self.spec.moe.moe_layers else self.dense_mlp()
+        assert self.spec.recurrent is not None
+        sparse = self.spec.moe is not None and index in self.spec.moe.moe_layers
+        mlp = SparseMoeBlock(self.spec, self.routing, self.shard.group, self.shard.experts) if sparse else \
+            LlamaMLP(self.spec.hidden_size, self.spec.intermediate_size, False, self.shard.group,
+                     self.spec.quantization)
         return Qwen3NextLayer(self.spec, rotary, eps, self.shard, mlp, index in self.spec.recurrent.layers)
 
-    def dense_mlp(self) -> nn.Module:
-        from llmctl.engine.models.llama import LlamaMLP
-
-        spec = self.spec
-        return LlamaMLP(spec.hidden_size, spec.intermediate_size, False, self.shard.group, spec.quantization)
+    def load_weights(self, tensors: Any) -> None:
+        load_checkpoint(self, per_expert(tensors), self.targets)
 
     def targets(self, name: str) -> list[Target]:
-        """The attention's q_proj holds q and the gate (one part); the DeltaNet's tensors by their own names."""
+        """The attention's q_proj holds q and the gate (one part); the DeltaNet's tensors by their own names; a
+        multimodal checkpoint's language model by its own names, its vision tower and MTP layers left on disk."""
+        if name.startswith(SKIPPED_PREFIXES):
+            return []
+        name = name.replace("model.language_model.", "model.", 1)
         if ".self_attn.q_proj." in name:
             short = name.removeprefix("model.")
             return [Target(short.replace(".q_proj.", ".qkv_proj."), 0)]

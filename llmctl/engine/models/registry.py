@@ -34,6 +34,10 @@ SUPPORTED = {
     "Llama4ForConditionalGeneration": "llama4",  # Scout / Maverick as published: the language model, text-only
     "Mamba2ForCausalLM": "mamba2",  # no attention: a Mamba2 mixer per layer, a state per sequence
     "Qwen3NextForCausalLM": "qwen3_next",  # gated DeltaNet and gated attention, Qwen2-MoE experts
+    "Qwen3_5ForCausalLM": "qwen3_next",  # Qwen3.5: Qwen3-Next's layers, the DeltaNet's projections apart, a dense MLP
+    "Qwen3_5MoeForCausalLM": "qwen3_next",
+    "Qwen3_5ForConditionalGeneration": "qwen3_next",  # as published: the language model, text-only
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_next",
     "GraniteMoeHybridForCausalLM": "granite_hybrid",  # Granite 4.0-H: Mamba2 and NoPE attention, shared MLP + experts
     "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
@@ -53,7 +57,7 @@ SUPPORTED = {
 
 # families whose own layers read no quantized checkpoint yet
 NOT_QUANTIZED_YET = {"glm4_moe": "GLM-4.5", "llama4": "Llama 4", "mamba2": "Mamba2", "granite_hybrid": "Granite 4.0-H",
-                     "qwen3_next": "Qwen3-Next"}
+                     "qwen3_next": "Qwen3-Next / Qwen3.5"}
 
 
 def quantization_problem(spec: ModelSpec) -> str | None:
