@@ -1,9 +1,11 @@
 """Native families against a Llama of the same size: `llmctl bench offline` on random-weight models with
-SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads / 3 KV heads of 64, MLP 1536), runs alternating
+SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads / 3 KV heads of 64, MLP 1536; the recurrent families' mixers
+of the same width), runs alternating
 between the models so that machine noise spreads over all of them; prints each model's median output
 tok/s and its ratio to the Llama's.
 
-    python benchmarks/families.py [--families gemma2 gemma3] [--runs 5] [--workdir /tmp/llmctl-families]
+    python benchmarks/families.py [--families gemma2 gemma3 mamba2 granite_h qwen3_5] [--runs 5]
+        [--workdir /tmp/llmctl-families]
 """
 
 from __future__ import annotations
@@ -31,6 +33,21 @@ def config(family: str):
         return transformers.Gemma3TextConfig(**SHAPE, query_pre_attn_scalar=64, sliding_window=512)
     if family == "qwen3":
         return transformers.Qwen3Config(**SHAPE)
+    layers = SHAPE["num_hidden_layers"]
+    if family == "mamba2":  # every layer a mixer of 18 heads × 64 (expand 2), state 64, one B/C group
+        return transformers.Mamba2Config(vocab_size=SHAPE["vocab_size"], hidden_size=576, num_hidden_layers=layers,
+                                         num_heads=18, head_dim=64, state_size=64, n_groups=1, expand=2)
+    if family == "granite_h":  # Granite 4.0-H's pattern (one attention layer in ten), dense, NoPE
+        kinds = ["attention" if i % 10 == 5 else "mamba" for i in range(layers)]
+        return transformers.GraniteMoeHybridConfig(**SHAPE, shared_intermediate_size=1536, num_local_experts=0,
+                                                   layer_types=kinds, mamba_n_heads=18, mamba_d_head=64,
+                                                   mamba_d_state=64, mamba_n_groups=1, mamba_expand=2,
+                                                   position_embedding_type="nope")
+    if family == "qwen3_5":  # three gated DeltaNet layers per attention layer, 3 key / 6 value heads of 64
+        kinds = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
+        return transformers.Qwen3_5TextConfig(**SHAPE, layer_types=kinds, linear_num_key_heads=3,
+                                              linear_num_value_heads=6, linear_key_head_dim=64,
+                                              linear_value_head_dim=64)
     raise SystemExit(f"unknown family {family}")
 
 

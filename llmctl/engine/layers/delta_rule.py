@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from llmctl.engine.layers.ssd import fitted_chunk
+
 CHUNK = 64
 
 
@@ -27,17 +29,18 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     """One sequence's chunk of L tokens: q, k [L, Hk, dk], v [L, Hv, dv], g and beta [L, Hv], from `initial`
     [Hv, dk, dv]. Returns the outputs [L, Hv, dv] and the state after the last token."""
     length, v_heads, _ = v.shape
+    chunk = fitted_chunk(length, CHUNK)
     q, k = _prepare(q, k, v_heads)
     q, k, v = (x.transpose(0, 1) for x in (q, k, v.float()))  # [H, L, d]
     g, beta = g.float().t(), beta.float().t()  # [H, L]
-    pad = (CHUNK - length % CHUNK) % CHUNK
+    pad = (chunk - length % chunk) % chunk
     q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
     g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
     heads = q.shape[0]
     v_beta, k_beta = v * beta[..., None], k * beta[..., None]
-    q, k, k_beta, v_beta = (x.reshape(heads, -1, CHUNK, x.shape[-1]) for x in (q, k, k_beta, v_beta))
-    decay = g.reshape(heads, -1, CHUNK).cumsum(-1)  # [H, C, T]
-    upper = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).triu(1)
+    q, k, k_beta, v_beta = (x.reshape(heads, -1, chunk, x.shape[-1]) for x in (q, k, k_beta, v_beta))
+    decay = g.reshape(heads, -1, chunk).cumsum(-1)  # [H, C, T]
+    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
     pairwise = (decay[..., :, None] - decay[..., None, :]).masked_fill(upper, float("-inf")).exp()
     system = (k_beta @ k.transpose(-1, -2)) * pairwise  # the UT transform's unit lower-triangular system
     intra = (q @ k.transpose(-1, -2)) * pairwise
@@ -59,10 +62,13 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
 def step_delta_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                     beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence: states [S, Hv, dk, dv], q and k [S, Hk, dk], v [S, Hv, dv], g and beta [S, Hv].
-    Returns the outputs [S, Hv, dv] and the new states."""
+    Returns the outputs [S, Hv, dv] and the new states — float32 states updated in place (pass a view of the
+    cache, or a copy)."""
     q, k = _prepare(q, k, v.shape[1])
-    state = state.float() * g.float().exp()[..., None, None]
-    remembered = (state * k[..., None]).sum(-2)  # Sᵀk: [S, Hv, dv]
+    decay = g.float().exp()[..., None, None]
+    state = state.mul_(decay) if state.dtype == torch.float32 else state.float() * decay
+    remembered = (k[..., None, :] @ state)[..., 0, :]  # Sᵀk: [S, Hv, dv]
     delta = (v.float() - remembered) * beta.float()[..., None]
-    state = state + k[..., None] * delta[..., None, :]
-    return (state * q[..., None]).sum(-2), state
+    flat = state.view(-1, *state.shape[-2:])
+    flat.baddbmm_(k.reshape(-1, k.shape[-1], 1), delta.reshape(-1, 1, delta.shape[-1]))  # + k ⊗ δ
+    return (q[..., None, :] @ state)[..., 0, :], state

@@ -112,10 +112,11 @@ class GatedDeltaNet(nn.Module):
                 v.reshape(-1, self.v_heads, spec.head_v_dim))
 
     def _decode(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
-                slots: torch.Tensor) -> torch.Tensor:
+                slots: torch.Tensor | slice) -> torch.Tensor:
         out, conv[slots] = causal_conv.conv_step(qkv, conv[slots], self.conv1d.weight[:, 0], None)
         y, new = delta_rule.step_delta_rule(ssm[slots], *self._heads(out), g, beta)
-        ssm[slots] = new.to(ssm.dtype)
+        if isinstance(slots, torch.Tensor) or new.dtype != ssm.dtype:  # a gathered copy, or another dtype
+            ssm[slots] = new.to(ssm.dtype)
         return y
 
     def _prefill(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,

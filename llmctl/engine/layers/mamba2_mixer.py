@@ -91,17 +91,20 @@ class Mamba2Mixer(nn.Module):
                 C.reshape(-1, self.groups, spec.state_size))
 
     def _decode(self, xbc: torch.Tensor, dt: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
-                slots: torch.Tensor) -> torch.Tensor:
-        out, conv[slots] = causal_conv.conv_step(xbc, conv[slots], self.conv1d.weight[:, 0], getattr(self.conv1d, "bias", None))
+                slots: torch.Tensor | slice) -> torch.Tensor:
+        bias = getattr(self.conv1d, "bias", None)
+        out, conv[slots] = causal_conv.conv_step(xbc, conv[slots], self.conv1d.weight[:, 0], bias)
         x, B, C = self._split(out)
         y, new = ssd.state_step(ssm[slots], x, dt, -torch.exp(self.A_log.float()), B, C, self.D, self.dt_bias,
                                 self.spec.time_step_limit)
-        ssm[slots] = new.to(ssm.dtype)
+        if isinstance(slots, torch.Tensor) or new.dtype != ssm.dtype:  # a gathered copy, or another dtype
+            ssm[slots] = new.to(ssm.dtype)
         return y
 
     def _prefill(self, xbc: torch.Tensor, dt: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
                  slot: int) -> torch.Tensor:
-        out, conv[slot] = causal_conv.conv_chunk(xbc, conv[slot], self.conv1d.weight[:, 0], getattr(self.conv1d, "bias", None))
+        bias = getattr(self.conv1d, "bias", None)
+        out, conv[slot] = causal_conv.conv_chunk(xbc, conv[slot], self.conv1d.weight[:, 0], bias)
         x, B, C = self._split(out)
         y, final = ssd.chunk_scan(x, dt, -torch.exp(self.A_log.float()), B, C, self.D, self.dt_bias,
                                  self.spec.chunk_size, ssm[slot], self.spec.time_step_limit)

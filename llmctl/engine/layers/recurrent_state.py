@@ -49,8 +49,10 @@ class StateStep:
     slots: list[int]  # [S]
     fresh: list[bool]  # [S]: no token of the sequence was computed before this step
     device: torch.device
-    decode_slots: torch.Tensor = field(init=False)  # sequences continuing by one token: batched together
-    decode_rows: torch.Tensor = field(init=False)
+    decode_slots: torch.Tensor | slice = field(init=False)  # sequences continuing by one token, batched together:
+    # their slots, a slice where they are consecutive (views of the state, no gather or scatter)
+    decode_rows: torch.Tensor | slice = field(init=False)  # their rows of the step, likewise
+    decoding: bool = field(init=False)
     prefills: list[int] = field(init=False)  # the others, one at a time
 
     def __post_init__(self) -> None:
@@ -58,8 +60,15 @@ class StateStep:
         decodes = [i for i in range(len(self.slots)) if starts[i + 1] - starts[i] == 1 and not self.fresh[i]]
         self.prefills = [i for i in range(len(self.slots))
                          if starts[i + 1] > starts[i] and i not in set(decodes)]
-        self.decode_slots = torch.tensor([self.slots[i] for i in decodes], dtype=torch.long, device=self.device)
-        self.decode_rows = torch.tensor([starts[i] for i in decodes], dtype=torch.long, device=self.device)
+        self.decode_slots = self._indexer([self.slots[i] for i in decodes])
+        self.decode_rows = self._indexer([starts[i] for i in decodes])
+        self.decoding = bool(decodes)
+
+    def _indexer(self, indices: list[int]) -> torch.Tensor | slice:
+        """A slice where the indices are consecutive (a view: no gather, no scatter), else an index tensor."""
+        if indices and indices == list(range(indices[0], indices[0] + len(indices))):
+            return slice(indices[0], indices[0] + len(indices))
+        return torch.tensor(indices, dtype=torch.long, device=self.device)
 
     def layer(self, index: int) -> MambaState:
         return self.cache.layers[index]
@@ -68,7 +77,7 @@ class StateStep:
         return slice(self.query_start_loc[seq], self.query_start_loc[seq + 1])
 
 
-Decode = Callable[[torch.Tensor, MambaState, torch.Tensor], torch.Tensor]  # (rows, layer state, slots) -> outputs
+Decode = Callable[[torch.Tensor | slice, MambaState, torch.Tensor | slice], torch.Tensor]  # (rows, state, slots) -> y
 Prefill = Callable[[slice, MambaState, int], torch.Tensor]  # (one sequence's rows, layer state, slot) -> outputs
 
 
@@ -76,7 +85,7 @@ def run_by_sequence(states: StateStep, layer: int, out: torch.Tensor, decode: De
     """A recurrent layer over the step: the decodes together, then each prompt chunk from its sequence's state
     (zeroed first for a first chunk); each writes its rows of `out`."""
     state = states.layer(layer)
-    if states.decode_rows.numel():
+    if states.decoding:
         out[states.decode_rows] = decode(states.decode_rows, state, states.decode_slots)
     for seq in states.prefills:
         span, slot = states.rows(seq), states.slots[seq]
