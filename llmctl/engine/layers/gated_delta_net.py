@@ -13,12 +13,11 @@ from torch import nn
 
 from llmctl.checkpoint.architecture import QuantizationSpec
 from llmctl.checkpoint.delta_net import GatedDeltaNetSpec
-from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import causal_conv, delta_rule
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear
 from llmctl.engine.layers.recurrent_state import StateStep, run_by_sequence
-from llmctl.engine.layers.stacked_rows import ShardedRows, StackedColumnLinear, rows_of
+from llmctl.engine.layers.stacked_rows import HeadVectors, ShardedRows, StackedColumnLinear
 
 
 class NormThenGate(ShardedRows):
@@ -35,10 +34,7 @@ class NormThenGate(ShardedRows):
         return ((self.weight * normed.to(dtype)) * F.silu(gate.float())).to(dtype)
 
 
-HEAD_VECTORS = ("dt_bias", "A_log")
-
-
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(HeadVectors, nn.Module):
     """TP splits the key heads, each with its value heads: in_proj_qkvz and in_proj_ba hold their rows grouped per
     key head, so a rank's rows are whole groups; the convolution's q, k and v rows and the value heads' vectors
     are split likewise, out_proj by its input columns."""
@@ -47,6 +43,7 @@ class GatedDeltaNet(nn.Module):
                  ) -> None:
         super().__init__()
         self.spec = mixer
+        self.head_vectors = ("dt_bias", "A_log")  # loaded as this rank's heads (HeadVectors)
         tp = group.size
         self.k_heads, self.v_heads = mixer.num_k_heads // tp, mixer.num_v_heads // tp
         self.key_dim, self.value_dim = mixer.key_dim // tp, mixer.value_dim // tp
@@ -67,14 +64,6 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.v_heads))
         self.norm = NormThenGate(mixer.head_v_dim, eps)
         self.out_proj = RowParallelLinear(values, mixer.hidden_size, False, group, quant)
-
-    def expected(self) -> set[tuple[str, int]]:
-        return {(kind, 0) for kind in HEAD_VECTORS}
-
-    def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int | None = None) -> None:
-        """dt_bias, A_log: this rank's value heads."""
-        with torch.no_grad():
-            getattr(self, kind).copy_(rows_of(tensor, [self.head_part]))
 
     def forward(self, x: torch.Tensor, states: StateStep, layer: int) -> torch.Tensor:
         qkv, z, b, a = self._split(self.in_proj_qkvz(x), self.in_proj_ba(x)) if self.spec.grouped else \

@@ -12,12 +12,11 @@ from torch import nn
 
 from llmctl.checkpoint.architecture import QuantizationSpec
 from llmctl.checkpoint.mamba import Mamba2MixerSpec
-from llmctl.checkpoint.weights import CheckpointTensor
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import causal_conv, ssd
 from llmctl.engine.layers.linear import Part, RowParallelLinear
 from llmctl.engine.layers.recurrent_state import StateStep, run_by_sequence
-from llmctl.engine.layers.stacked_rows import ShardedRows, StackedColumnLinear, rows_of
+from llmctl.engine.layers.stacked_rows import HeadVectors, ShardedRows, StackedColumnLinear
 
 
 class GatedGroupRMSNorm(ShardedRows):
@@ -36,10 +35,7 @@ class GatedGroupRMSNorm(ShardedRows):
         return self.weight * grouped.view(x.shape).to(dtype)
 
 
-HEAD_VECTORS = ("dt_bias", "A_log", "D")
-
-
-class Mamba2Mixer(nn.Module):
+class Mamba2Mixer(HeadVectors, nn.Module):
     """TP splits the heads and the B/C groups: each rank holds its rows of z, x, B, C and dt in in_proj (and of x, B,
     C in the convolution), its heads' vectors, its groups of the norm, and out_proj's matching columns."""
 
@@ -47,6 +43,7 @@ class Mamba2Mixer(nn.Module):
                  ) -> None:
         super().__init__()
         self.spec = mixer
+        self.head_vectors = ("dt_bias", "A_log", "D")  # loaded as this rank's heads (HeadVectors)
         tp = group.size
         self.heads, self.groups = mixer.num_heads // tp, mixer.n_groups // tp
         self.inner = mixer.intermediate_size // tp
@@ -61,14 +58,6 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(self.heads))
         self.norm = GatedGroupRMSNorm(inner, self.groups, eps)
         self.out_proj = RowParallelLinear(inner, mixer.hidden_size, mixer.proj_bias, group, quant)
-
-    def expected(self) -> set[tuple[str, int]]:
-        return {(kind, 0) for kind in HEAD_VECTORS}
-
-    def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int | None = None) -> None:
-        """dt_bias, A_log, D: this rank's heads."""
-        with torch.no_grad():
-            getattr(self, kind).copy_(rows_of(tensor, [self.head_part]))
 
     @property
     def conv_dim(self) -> int:

@@ -3,7 +3,8 @@ mixers' in_proj — z, x, B, C, dt — their convolution over x·B·C or q·k·v
 rows of every part, concatenated, as vLLM's MergedColumnParallelLinear and its sharded Mamba weights do.
 
 - `StackedColumnLinear`: a ColumnParallelLinear whose one checkpoint tensor holds all its parts.
-- `ShardedRows`: plain parameters (a depthwise convolution's weight and bias, per-head vectors) read the same way."""
+- `ShardedRows`: plain parameters (a depthwise convolution's weight and bias, a norm's groups) read the same way.
+- `HeadVectors`: a module's own per-head parameters (dt_bias, A_log, D), this rank's heads."""
 
 from __future__ import annotations
 
@@ -60,3 +61,18 @@ def rows_of(tensor: CheckpointTensor, parts: list[Part]) -> torch.Tensor:
     """This rank's rows of each part of a tensor that holds them back to back, concatenated."""
     return torch.cat([tensor.read(0, start + p.start, start + p.start + p.size)
                       for p, start in zip(parts, _starts(parts))])
+
+
+class HeadVectors:
+    """For a module whose own parameters named `head_vectors` hold one value per head: it loads this rank's heads
+    (`head_part`) of each and says they are expected."""
+
+    head_vectors: tuple[str, ...] = ()
+    head_part: Part
+
+    def expected(self) -> set[tuple[str, int]]:
+        return {(kind, 0) for kind in self.head_vectors}
+
+    def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int | None = None) -> None:
+        with torch.no_grad():
+            getattr(self, kind).copy_(rows_of(tensor, [self.head_part]))
