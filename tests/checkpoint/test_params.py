@@ -62,9 +62,6 @@ TINY = {
                        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
                        num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
                        mlp_only_layers=[3], full_attention_interval=2),
-    "qwen3_5_text": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, vocab_size=200, linear_num_key_heads=2,
-                         linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16),
 }
 
 

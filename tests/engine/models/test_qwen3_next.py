@@ -82,10 +82,19 @@ QWEN3_5_TEXT = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, n
 
 
 def test_qwen3_5_dense_matches_transformers(tmp_path, tokenizer):
-    """Qwen3.5's DeltaNet projects q·k·v, z, b and a apart; a dense MLP on every layer."""
-    from transformers import Qwen3_5TextConfig
+    """Qwen3.5's DeltaNet projects q·k·v, z, b and a apart; a dense MLP on every layer. Its parameters as
+    transformers counts them (here, not in tests/checkpoint/test_params.py: transformers' floor has no Qwen3.5)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
+
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.params import count_from_config
+    from llmctl.checkpoint.source import resolve_model
 
     folder = save_routed_moe(Qwen3_5TextConfig(vocab_size=len(tokenizer), **QWEN3_5_TEXT), tmp_path / "q35", tokenizer)
+    spec = load_spec(resolve_model(str(folder), weights=False))
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)  # (its floor's transformers lacks it)
+    assert count_from_config(spec).total == sum(p.numel() for p in hf.parameters())
     prompts = PROMPTS[:4]
     reference = transformers_reference(folder, tokenizer, prompts=prompts, max_tokens=24)
     ours, _ = engine_outputs(folder, prompts, tokens=24)
