@@ -1,5 +1,5 @@
-"""The state cache beside the paged KV cache (vLLM's Mamba state, one slot per running sequence): each Mamba2
-layer keeps, per slot, the causal convolution's last inputs and the SSM state. A sequence takes a slot when it
+"""The state cache beside the paged KV cache (vLLM's Mamba state, one slot per running sequence): each recurrent
+layer (Mamba2, gated DeltaNet) keeps, per slot, the causal convolution's last inputs and its recurrent state. A sequence takes a slot when it
 is admitted and gives it back when it finishes or is preempted (llmctl.engine.core.block_manager); a preempted
 sequence is recomputed from its first token, so its state starts again from zeros. A step's StateStep says
 which slot each sequence uses and whether its state starts fresh (the first chunk of its prompt)."""

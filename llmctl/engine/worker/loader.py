@@ -350,9 +350,9 @@ def _log_startup(loaded: LoadedModel, seconds: float) -> None:
                     max_loras, "" if max_loras == 1 else "s", max_rank, loaded.lora_bytes / GiB)
     slots = loaded.states.slots if loaded.states is not None else 0
     if loaded.states is not None:
-        logger.info("recurrent state%s: %.3f GiB = %d sequence slots (--max-num-seqs) in %d Mamba2 layers, a "
-                    "fixed state per sequence whatever its length", where, loaded.states.nbytes / GiB, slots,
-                    len(loaded.states.layers))
+        label = loaded.spec.mixer.label if loaded.spec.mixer is not None else "recurrent"
+        logger.info("recurrent state%s: %.3f GiB = %d sequence slots in %d %s layers, a fixed state per sequence "
+                    "whatever its length", where, loaded.states.nbytes / GiB, slots, len(loaded.states.layers), label)
     if not loaded.kv_caches:
         logger.info("KV cache: none (no attention layers); at most %d sequences at once", slots)
         logger.info("loaded in %.2f s", seconds)
