@@ -97,6 +97,7 @@ class MoESpec:
     shared_expert_gate: bool = False  # Qwen-MoE gates its shared expert with a 1-wide linear
     router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias
     expert_biases: bool = False  # gpt-oss: biases on the router's linear and on both projections of every expert
+    latent_size: int | None = None  # Nemotron-H: experts work in a narrower latent, projected in and out around them
 
 
 @dataclass(frozen=True)
@@ -133,3 +134,6 @@ class LayerLayout:
     final_norm: bool = True
     word_embed_proj_dim: int | None = None  # OPT-350m projects embeddings in/out
     parallel_residual: bool = False
+    # Nemotron-H: every layer is one block — "mamba", "attention", "mlp" or "moe" — behind one norm (None: each
+    # layer has its token mixer and an MLP)
+    blocks: tuple[str, ...] | None = None

@@ -197,9 +197,55 @@ def _read_granite_hybrid(reader: ConfigReader, model_type: str) -> dict[str, Any
     return facts
 
 
+# Nemotron-H's block kinds: hybrid_override_pattern's letters (published configs), layers_block_type's words
+# (as transformers writes them)
+NEMOTRON_BLOCKS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "mamba": "mamba",
+                   "linear_attention": "mamba", "attention": "attention", "full_attention": "attention",
+                   "mlp": "mlp", "moe": "moe"}
+
+
+def nemotron_blocks(cfg: dict[str, Any]) -> tuple[str, ...]:
+    """Each layer's block kind (an unknown one kept as written, for the engine to refuse by name)."""
+    listed, pattern = cfg.get("layers_block_type"), cfg.get("hybrid_override_pattern")
+    kinds = listed if isinstance(listed, list) else list(pattern) if isinstance(pattern, str) else []
+    return tuple(NEMOTRON_BLOCKS.get(str(kind), str(kind)) for kind in kinds)
+
+
+def _read_nemotron_h(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    """Nemotron-H: one block per layer behind one RMSNorm — Mamba2, NoPE attention, a ReLU² MLP (up, down) or
+    DeepSeek-V3-routed ReLU² experts beside a shared one; transformers writes no num_hidden_layers."""
+    cfg = reader.config
+    blocks = nemotron_blocks(cfg)
+    if blocks:
+        cfg.setdefault("num_hidden_layers", len(blocks))
+    if cfg.get("head_dim") is None and cfg.get("attention_head_dim"):  # the remote-code configs' name
+        cfg["head_dim"] = cfg["attention_head_dim"]
+    facts = read_llama_like(reader, model_type)
+    bias = bool(cfg.get("attention_bias", False))
+    facts["layout"] = LayerLayout(norms_per_layer=1, gated_mlp=False, qkv_bias=bias, o_bias=bias,
+                                  mlp_bias=bool(cfg.get("mlp_bias", False)), blocks=blocks)
+    facts["activation"] = cfg.get("mlp_hidden_act") or "relu2"
+    facts["moe"] = _nemotron_moe(cfg, blocks)
+    return facts
+
+
+def _nemotron_moe(cfg: dict[str, Any], blocks: tuple[str, ...]) -> MoESpec | None:
+    moe_layers = tuple(i for i, kind in enumerate(blocks) if kind == "moe")
+    if not moe_layers:  # the dense sizes' configs still carry transformers' MoE defaults
+        return None
+    shared = int(cfg.get("moe_shared_expert_intermediate_size") or 0) if cfg.get("n_shared_experts", 1) else 0
+    latent = cfg.get("moe_latent_size")
+    return MoESpec(num_experts=int(cfg.get("n_routed_experts") or 0), top_k=int(cfg.get("num_experts_per_tok") or 1),
+                   expert_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+                   num_shared_experts=1 if shared else 0, shared_expert_intermediate_size=shared,
+                   moe_layers=moe_layers, dense_layers=tuple(i for i, kind in enumerate(blocks) if kind == "mlp"),
+                   router_bias=True, latent_size=int(latent) if latent else None)
+
+
 FAMILY_READERS = {
     "mamba2": _read_mamba2,
     "granitemoehybrid": _read_granite_hybrid,
+    "nemotron_h": _read_nemotron_h,
     "qwen": _read_qwen1,
     "bloom": _read_bloom,
     "opt": _read_opt,
@@ -316,8 +362,10 @@ def read_positional(reader: ConfigReader, model_type: str, facts: dict[str, Any]
         return PositionalEncoding(kind="learned", learned_positions=int(cfg.get("max_position_embeddings", 2048)) + 2)
     if model_type == "gpt2":
         return PositionalEncoding(kind="learned", learned_positions=int(cfg.get("n_positions", 1024)))
-    if model_type == "mamba2" or (model_type == "granitemoehybrid" and cfg.get("position_embedding_type") != "rope"):
-        return PositionalEncoding(kind="none")  # Mamba2 has no attention; Granite 4.0-H's attends without positions
+    if model_type in ("mamba2", "nemotron_h") or (model_type == "granitemoehybrid"
+                                                  and cfg.get("position_embedding_type") != "rope"):
+        return PositionalEncoding(kind="none")  # Mamba2 has no attention; Granite 4.0-H's and Nemotron-H's attend
+        # without positions
     return PositionalEncoding(kind="rope", rope=_rope(cfg))
 
 

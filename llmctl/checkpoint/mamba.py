@@ -105,10 +105,12 @@ def _number(value: Any) -> float:
 
 def mamba2_mixer(cfg: dict[str, Any], model_type: str) -> Mamba2MixerSpec | None:
     """The Mamba2 mixer of a config that has one, or None (Mamba 1, gated DeltaNet and others are not Mamba2)."""
-    if model_type not in ("mamba2", "granitemoehybrid"):  # Nemotron-H's MLP-only blocks and Falcon-H1's attention
-        return None  # beside every mixer are not sized yet: their models stay refused by plan
+    if model_type not in ("mamba2", "granitemoehybrid", "nemotron_h"):  # Falcon-H1's attention beside every mixer
+        return None  # is not sized yet: its models stay refused by plan
     prefixed = model_type in _PREFIXED_FIRST
     values = {field: _read(cfg, field, prefixed) for field in _NAMES}
+    if model_type == "nemotron_h":  # its mixer's projections take the model's use_bias, not mamba_proj_bias
+        values["proj_bias"] = cfg.get("use_bias")
     if any(values[field] is None for field in ("num_heads", "head_dim", "state_size", "conv_kernel")):
         return None
     limit = [_number(v) for v in cfg.get("time_step_limit") or (0.0, float("inf"))]

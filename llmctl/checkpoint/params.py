@@ -77,7 +77,7 @@ def count_from_config(spec: ModelSpec) -> ConfigParamCount | None:
     norms_per_layer = lay.norms_per_layer * norm_size
     mlp_total = mlp_active = 0
     moe = spec.moe
-    for layer in range(spec.num_layers):
+    for layer in filter(spec.has_mlp, range(spec.num_layers)):
         if moe is not None and layer in moe.moe_layers:
             total, active = _moe_params(spec)
         else:
@@ -86,8 +86,9 @@ def count_from_config(spec: ModelSpec) -> ConfigParamCount | None:
         mlp_active += active
     mixers = len(spec.recurrent.layers) if spec.recurrent is not None and spec.mixer is not None else 0
     mixer_params = spec.mixer.params * mixers if spec.mixer is not None else 0
-    attention = attention_per_layer * (spec.num_layers - mixers) + mixer_params
-    qk_norms = spec.attention.qk_norm_params * (spec.num_layers - mixers)  # attention layers only
+    attending = sum(map(spec.attends, range(spec.num_layers)))
+    attention = attention_per_layer * attending + mixer_params
+    qk_norms = spec.attention.qk_norm_params * attending  # attention layers only
     norms = norms_per_layer * spec.num_layers + qk_norms + norms_outside
     vision = spec.vision.in_checkpoint if spec.vision is not None else 0  # the image tower and its projector
     total = embedding + attention + mlp_total + norms + lm_head + vision
@@ -126,9 +127,12 @@ def _mlp_params(hidden: int, intermediate: int, gated: bool, bias: bool) -> int:
 def _moe_params(spec: ModelSpec) -> tuple[int, int]:
     moe, h = spec.moe, spec.hidden_size
     assert moe is not None
-    expert = _mlp_params(h, moe.expert_intermediate_size, spec.layout.gated_mlp, moe.expert_biases)
+    width = moe.latent_size or h  # Nemotron-H's latent experts: projected in and out around them
+    expert = _mlp_params(width, moe.expert_intermediate_size, spec.layout.gated_mlp, moe.expert_biases)
     # router_bias (DeepSeek-V3's) is a buffer, reported apart from parameters; gpt-oss's router linear has a bias
     router = (h + 1 if moe.expert_biases else h) * moe.num_experts
+    if moe.latent_size:
+        router += 2 * h * moe.latent_size + ((h + moe.latent_size) if spec.layout.mlp_bias else 0)
     shared = 0
     if moe.shared_expert_intermediate_size:
         shared = _mlp_params(h, moe.shared_expert_intermediate_size, spec.layout.gated_mlp, False)

@@ -75,8 +75,20 @@ class ModelSpec:
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """KV cache bytes for one token across all attention layers (recurrent ones keep none), before any
         parallelism."""
-        recurrent = len(self.recurrent.layers) if self.recurrent is not None else 0
-        return (self.num_layers - recurrent) * self.kv_bytes_per_token_layer(dtype_bytes)
+        return sum(map(self.attends, range(self.num_layers))) * self.kv_bytes_per_token_layer(dtype_bytes)
+
+    def attends(self, layer: int) -> bool:
+        """Whether a layer keeps K/V per token: not one with a recurrent state, nor (Nemotron-H) an MLP block."""
+        if self.recurrent is not None and layer in self.recurrent.layers:
+            return False
+        blocks = self.layout.blocks
+        return blocks is None or (layer < len(blocks) and blocks[layer] == "attention")
+
+    def has_mlp(self, layer: int) -> bool:
+        """Whether a layer has an MLP (dense, or experts where moe.moe_layers names it): all but Nemotron-H's
+        Mamba and attention blocks."""
+        blocks = self.layout.blocks
+        return blocks is None or (layer < len(blocks) and blocks[layer] in ("mlp", "moe"))
 
     def kv_bytes_per_token_layer(self, dtype_bytes: int, kv_heads: int | None = None) -> int:
         """One token, one layer: 2 · kv_heads · head_dim · dtype bytes (kv_heads: per TP rank when given);
@@ -100,9 +112,12 @@ class ModelSpec:
         moe = set(self.moe.moe_layers) if self.moe is not None else set()
         kinds = []
         for layer in range(self.num_layers):
+            if not self.attends(layer) and layer not in recurrent:  # Nemotron-H's MLP and MoE blocks
+                kinds.append("MoE" if layer in moe else "MLP")
+                continue
             kind = mixer if layer in recurrent else {"sliding": "chunked" if self.attention.chunked else "sliding"}.get(
                 types[layer] if layer < len(types) else "full", "attention")
-            kinds.append(kind + ("+MoE" if layer in moe else ""))
+            kinds.append(kind + ("+MoE" if layer in moe and self.has_mlp(layer) else ""))
         runs: list[list[Any]] = []
         for kind in kinds:
             if runs and runs[-1][1] == kind:
@@ -125,7 +140,7 @@ KNOWN_MODEL_TYPES = (
     "bloom", "opt", "gpt2", "gpt_neox", "falcon", "phi", "phi3", "gemma", "gemma2",
     "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "granite", "olmo2", "qwen2_vl", "qwen2_vl_text",
     "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl", "qwen3_vl_text", "glm4_moe", "gpt_oss", "llama4_text",
-    "mamba2", "granitemoehybrid", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+    "mamba2", "granitemoehybrid", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
 )
 
 

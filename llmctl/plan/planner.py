@@ -116,13 +116,18 @@ class LayoutPlan:
     def kv_bytes(self) -> int:
         return self._worst("kv_available_bytes", min)
 
+    def _attending(self) -> list[StagePlan]:
+        """The stages that keep K/V: one of recurrent or MLP layers only (Nemotron-H, Mamba2) holds none and
+        limits nothing."""
+        return [s for s in self.stages if s.kv_bytes_per_token] or self.stages
+
     @property
     def kv_blocks(self) -> int:
-        return self._worst("kv_blocks", min)
+        return min((s.kv_blocks for s in self._attending()), default=0)
 
     @property
     def kv_tokens(self) -> int:
-        return self._worst("kv_tokens", min)
+        return min((s.kv_tokens for s in self._attending()), default=0)
 
     @property
     def max_concurrency(self) -> float:

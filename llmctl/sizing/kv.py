@@ -68,9 +68,9 @@ class KVGroups:
 
 
 def attention_layers(spec: ModelSpec) -> list[int]:
-    """The layers that keep K/V per token: all but those with a recurrent state (Mamba mixers)."""
-    recurrent = set(spec.recurrent.layers) if spec.recurrent is not None else set()
-    return [i for i in range(spec.num_layers) if i not in recurrent]
+    """The layers that keep K/V per token: all but those with a recurrent state (Mamba mixers) and Nemotron-H's
+    MLP blocks."""
+    return [i for i in range(spec.num_layers) if spec.attends(i)]
 
 
 def kv_groups(spec: ModelSpec) -> KVGroups:

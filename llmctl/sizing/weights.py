@@ -100,10 +100,12 @@ def layer_rank_tensors(spec: ModelSpec, layer: int, tp: int, expert_ranks: int =
     """One GPU's tensors of one layer; `expert_ranks` > 0: whole experts spread over that many ranks
     (expert parallelism: TP × DP, as vLLM spreads them), else every expert split by TP."""
     mixer = spec.mixer is not None and spec.recurrent is not None and layer in spec.recurrent.layers
-    attention = _mixer_rank_tensors(spec, tp) if mixer else _attention_rank_tensors(spec, tp)
-    mlp = _mlp_rank_tensors(spec, layer, tp, expert_ranks)
+    attends = spec.attends(layer)
+    none = RankTensors((), 0)
+    attention = _mixer_rank_tensors(spec, tp) if mixer else _attention_rank_tensors(spec, tp) if attends else none
+    mlp = _mlp_rank_tensors(spec, layer, tp, expert_ranks) if spec.has_mlp(layer) else none
     norm_size = 2 * spec.hidden_size if spec.layout.norm == "layernorm" else spec.hidden_size
-    norms = spec.layout.norms_per_layer * norm_size + (0 if mixer else spec.attention.qk_norm_params)  # on every rank
+    norms = spec.layout.norms_per_layer * norm_size + (spec.attention.qk_norm_params if attends else 0)  # every rank
     return RankTensors(attention.linears + mlp.linears, attention.other_params + mlp.other_params + norms)
 
 
@@ -148,17 +150,22 @@ def _mlp_rank_tensors(spec: ModelSpec, layer: int, tp: int, expert_ranks: int) -
     h, lay, moe = spec.hidden_size, spec.layout, spec.moe
     if moe is None or layer not in moe.moe_layers:
         return _dense_mlp(h, spec.intermediate_size, lay.gated_mlp, lay.mlp_bias, tp)
+    width = moe.latent_size or h  # Nemotron-H's latent experts, projected in and out (on every rank)
     if expert_ranks:  # whole experts spread over the expert-parallel ranks
-        expert = _dense_mlp(h, moe.expert_intermediate_size, lay.gated_mlp, moe.expert_biases, 1)
+        expert = _dense_mlp(width, moe.expert_intermediate_size, lay.gated_mlp, moe.expert_biases, 1)
         copies = math.ceil(moe.num_experts / expert_ranks)
     else:  # every expert split by TP (gpt-oss: each rank keeps a whole down bias per expert)
-        expert = _dense_mlp(h, moe.expert_intermediate_size, lay.gated_mlp, moe.expert_biases, tp)
+        expert = _dense_mlp(width, moe.expert_intermediate_size, lay.gated_mlp, moe.expert_biases, tp)
         copies = moe.num_experts
     linears = expert.linears * copies
+    if moe.latent_size:
+        linears += ((h, width), (width, h))
     if moe.shared_expert_intermediate_size:
         linears += _dense_mlp(h, moe.shared_expert_intermediate_size, lay.gated_mlp, False, tp).linears
     router = (h + 1 if moe.expert_biases else h) * moe.num_experts  # never quantized
-    return RankTensors(linears, router + (h if moe.shared_expert_gate else 0) + expert.other_params * copies)
+    latent_biases = h + width if moe.latent_size and lay.mlp_bias else 0
+    return RankTensors(linears, router + (h if moe.shared_expert_gate else 0) + expert.other_params * copies
+                       + latent_biases)
 
 
 @dataclass(frozen=True)

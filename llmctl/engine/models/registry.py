@@ -39,6 +39,7 @@ SUPPORTED = {
     "Qwen3_5ForConditionalGeneration": "qwen3_next",  # as published: the language model, text-only
     "Qwen3_5MoeForConditionalGeneration": "qwen3_next",
     "GraniteMoeHybridForCausalLM": "granite_hybrid",  # Granite 4.0-H: Mamba2 and NoPE attention, shared MLP + experts
+    "NemotronHForCausalLM": "nemotron_h",  # one block per layer: Mamba2, NoPE attention, ReLU² MLP or ReLU² experts
     "Olmo2ForCausalLM": "olmo2",
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma",
@@ -55,9 +56,11 @@ SUPPORTED = {
 }
 
 
+NEMOTRON_BLOCK_KINDS = {"mamba", "attention", "mlp", "moe"}  # llmctl.engine.models.nemotron_h's blocks
+
 # families whose own layers read no quantized checkpoint yet
 NOT_QUANTIZED_YET = {"glm4_moe": "GLM-4.5", "llama4": "Llama 4", "mamba2": "Mamba2", "granite_hybrid": "Granite 4.0-H",
-                     "qwen3_next": "Qwen3-Next / Qwen3.5"}
+                     "qwen3_next": "Qwen3-Next / Qwen3.5", "nemotron_h": "Nemotron-H"}
 
 
 def quantization_problem(spec: ModelSpec) -> str | None:
@@ -101,6 +104,9 @@ def native_problem(spec: ModelSpec) -> str | None:
     if family in NOT_QUANTIZED_YET and method is not None:
         name = NOT_QUANTIZED_YET[family]
         return f"a {method} {name} checkpoint is not served by llmctl's own layers yet (its unquantized one is)"
+    if family == "nemotron_h" and (unknown := sorted(set(spec.layout.blocks or ()) - NEMOTRON_BLOCK_KINDS)):
+        return (f"Nemotron-H block kinds {', '.join(unknown)} are not ones llmctl runs (it runs "
+                f"{', '.join(sorted(NEMOTRON_BLOCK_KINDS))})")
     if family == "deepseek" and method == "gguf":
         return ("GGUF DeepSeek files are not served yet: use the Hugging Face checkpoint, or an FP8, GPTQ, AWQ or "
                 "compressed-tensors one")
@@ -176,6 +182,7 @@ FAMILY_CLASSES = {
     "olmo2": ("olmo2", "Olmo2ForCausalLM"),
     "mamba2": ("mamba2", "Mamba2ForCausalLM"),
     "granite_hybrid": ("granite_hybrid", "GraniteMoeHybridForCausalLM"),
+    "nemotron_h": ("nemotron_h", "NemotronHForCausalLM"),
     "qwen3_next": ("qwen3_next", "Qwen3NextForCausalLM"),
     "bloom": ("bloom", "BloomForCausalLM"),
     "opt": ("opt", "OPTForCausalLM"),
