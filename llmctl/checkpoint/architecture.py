@@ -137,3 +137,4 @@ class LayerLayout:
     # Nemotron-H: every layer is one block — "mamba", "attention", "mlp" or "moe" — behind one norm (None: each
     # layer has its token mixer and an MLP)
     blocks: tuple[str, ...] | None = None
+    mixer_beside_attention: bool = False  # Falcon-H1: each layer's Mamba2 mixer and attention read the same input

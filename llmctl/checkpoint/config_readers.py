@@ -242,7 +242,15 @@ def _nemotron_moe(cfg: dict[str, Any], blocks: tuple[str, ...]) -> MoESpec | Non
                    router_bias=True, latent_size=int(latent) if latent else None)
 
 
+def _read_falcon_h1(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    """Falcon-H1: Llama's attention and SwiGLU MLP, and a Mamba2 mixer beside the attention in every layer."""
+    facts = read_llama_like(reader, model_type)
+    facts["layout"] = replace(facts["layout"], mixer_beside_attention=True)
+    return facts
+
+
 FAMILY_READERS = {
+    "falcon_h1": _read_falcon_h1,
     "mamba2": _read_mamba2,
     "granitemoehybrid": _read_granite_hybrid,
     "nemotron_h": _read_nemotron_h,

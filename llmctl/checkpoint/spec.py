@@ -79,7 +79,7 @@ class ModelSpec:
 
     def attends(self, layer: int) -> bool:
         """Whether a layer keeps K/V per token: not one with a recurrent state, nor (Nemotron-H) an MLP block."""
-        if self.recurrent is not None and layer in self.recurrent.layers:
+        if self.recurrent is not None and layer in self.recurrent.layers and not self.layout.mixer_beside_attention:
             return False
         blocks = self.layout.blocks
         return blocks is None or (layer < len(blocks) and blocks[layer] == "attention")
@@ -115,8 +115,10 @@ class ModelSpec:
             if not self.attends(layer) and layer not in recurrent:  # Nemotron-H's MLP and MoE blocks
                 kinds.append("MoE" if layer in moe else "MLP")
                 continue
-            kind = mixer if layer in recurrent else {"sliding": "chunked" if self.attention.chunked else "sliding"}.get(
+            kind = {"sliding": "chunked" if self.attention.chunked else "sliding"}.get(
                 types[layer] if layer < len(types) else "full", "attention")
+            if layer in recurrent:
+                kind = f"{mixer}+{kind}" if self.attends(layer) else mixer
             kinds.append(kind + ("+MoE" if layer in moe and self.has_mlp(layer) else ""))
         runs: list[list[Any]] = []
         for kind in kinds:
@@ -140,7 +142,7 @@ KNOWN_MODEL_TYPES = (
     "bloom", "opt", "gpt2", "gpt_neox", "falcon", "phi", "phi3", "gemma", "gemma2",
     "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "granite", "olmo2", "qwen2_vl", "qwen2_vl_text",
     "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl", "qwen3_vl_text", "glm4_moe", "gpt_oss", "llama4_text",
-    "mamba2", "granitemoehybrid", "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+    "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
 )
 
 

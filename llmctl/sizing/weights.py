@@ -101,12 +101,13 @@ def layer_rank_tensors(spec: ModelSpec, layer: int, tp: int, expert_ranks: int =
     (expert parallelism: TP × DP, as vLLM spreads them), else every expert split by TP."""
     mixer = spec.mixer is not None and spec.recurrent is not None and layer in spec.recurrent.layers
     attends = spec.attends(layer)
-    none = RankTensors((), 0)
-    attention = _mixer_rank_tensors(spec, tp) if mixer else _attention_rank_tensors(spec, tp) if attends else none
-    mlp = _mlp_rank_tensors(spec, layer, tp, expert_ranks) if spec.has_mlp(layer) else none
+    parts = [_mixer_rank_tensors(spec, tp)] if mixer else []  # Falcon-H1: a mixer and attention in each layer
+    parts += [_attention_rank_tensors(spec, tp)] if attends else []
+    parts += [_mlp_rank_tensors(spec, layer, tp, expert_ranks)] if spec.has_mlp(layer) else []
     norm_size = 2 * spec.hidden_size if spec.layout.norm == "layernorm" else spec.hidden_size
     norms = spec.layout.norms_per_layer * norm_size + (spec.attention.qk_norm_params if attends else 0)  # every rank
-    return RankTensors(attention.linears + mlp.linears, attention.other_params + mlp.other_params + norms)
+    return RankTensors(tuple(linear for part in parts for linear in part.linears),
+                       sum(part.other_params for part in parts) + norms)
 
 
 def _attention_rank_tensors(spec: ModelSpec, tp: int) -> RankTensors:

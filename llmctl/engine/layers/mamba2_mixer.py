@@ -20,19 +20,26 @@ from llmctl.engine.layers.stacked_rows import HeadVectors, ShardedRows, StackedC
 
 
 class GatedGroupRMSNorm(ShardedRows):
-    """y = RMSNorm(x · silu(z)) over each of `groups` slices (norm_before_gate=False), in float32; a TP rank holds
-    its groups whole."""
+    """y = RMSNorm(x · silu(z)) over each of `groups` slices (norm_before_gate=False), or RMSNorm(x) · silu(z)
+    (`gate_after`: Falcon-H1's norm_before_gate=True), in float32; a TP rank holds its groups whole."""
 
-    def __init__(self, part: Part, groups: int, eps: float) -> None:
+    def __init__(self, part: Part, groups: int, eps: float, gate_after: bool = False) -> None:
         super().__init__([part], {"weight": ()}, fill=1.0)
-        self.groups, self.eps = groups, eps
+        self.groups, self.eps, self.gate_after = groups, eps, gate_after
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = x.float() * F.silu(gate.float())
+        x = x.float() if self.gate_after else x.float() * F.silu(gate.float())
         grouped = x.view(*x.shape[:-1], self.groups, -1)
         grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.gate_after:
+            return (self.weight * grouped.view(x.shape) * F.silu(gate.float())).to(dtype)
         return self.weight * grouped.view(x.shape).to(dtype)
+
+
+def gate_only(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """y · silu(z) with no norm (Falcon-H1 without mamba_rms_norm)."""
+    return (x.float() * F.silu(gate.float())).to(x.dtype)
 
 
 class Mamba2Mixer(HeadVectors, nn.Module):
@@ -56,15 +63,23 @@ class Mamba2Mixer(HeadVectors, nn.Module):
         self.dt_bias = nn.Parameter(torch.zeros(self.heads))
         self.A_log = nn.Parameter(torch.zeros(self.heads))
         self.D = nn.Parameter(torch.ones(self.heads))
-        self.norm = GatedGroupRMSNorm(inner, self.groups, eps)
-        self.out_proj = RowParallelLinear(inner, mixer.hidden_size, mixer.proj_bias, group, quant)
+        self.norm = GatedGroupRMSNorm(inner, self.groups, eps, mixer.norm == "gated_after") \
+            if mixer.norm != "none" else gate_only
+        self.out_proj = RowParallelLinear(inner, mixer.hidden_size, mixer.has_out_bias, group, quant)
+        # Falcon-H1's µP scales of in_proj's z, x, B, C and dt rows, over this rank's rows of each
+        scales = [torch.full((part.size,), scale) for part, scale in zip([inner, inner, bc, bc, heads],
+                                                                          mixer.projection_scales)]
+        self.register_buffer("projection_scales", torch.cat(scales) if scales else None, persistent=False)
 
     @property
     def conv_dim(self) -> int:
         return self.inner + 2 * self.groups * self.spec.state_size
 
     def forward(self, x: torch.Tensor, states: StateStep, layer: int) -> torch.Tensor:
-        gate, xbc, dt = self.in_proj(x).split([self.inner, self.conv_dim, self.heads], dim=-1)
+        projected = self.in_proj(x * self.spec.input_scale if self.spec.input_scale != 1.0 else x)
+        if self.projection_scales is not None:
+            projected = projected * self.projection_scales.to(projected.dtype)
+        gate, xbc, dt = projected.split([self.inner, self.conv_dim, self.heads], dim=-1)
         y = torch.empty(x.shape[0], self.heads, self.spec.head_dim, dtype=torch.float32, device=x.device)
         run_by_sequence(states, layer, y,
                         lambda rows, state, slots: self._decode(xbc[rows], dt[rows], state.conv, state.ssm, slots),

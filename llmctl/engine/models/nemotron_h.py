@@ -25,6 +25,7 @@ from llmctl.engine.models.deepseek import Router
 from llmctl.engine.models.granite_hybrid import NoPEAttention
 from llmctl.engine.models.llama import LlamaForCausalLM
 
+
 class NemotronHMoE(nn.Module):
     def __init__(self, spec: ModelSpec, routing: Routing, group: TPGroup, experts: ExpertPlacement | None) -> None:
         super().__init__()
@@ -105,7 +106,9 @@ class NemotronHForCausalLM(LlamaForCausalLM):
             return super().targets(name)
         if kind == "moe" and ".mixer.experts." in name:
             expert, projection, suffix = name.split(".mixer.experts.", 1)[1].split(".")
-            if suffix != "weight" or not self.layers[layer].mixer.experts.holds(int(expert)):
+            moe = self.layers[layer].mixer
+            assert isinstance(moe, NemotronHMoE)
+            if suffix != "weight" or not moe.experts.holds(int(expert)):
                 return []  # expert parallel: another rank's expert
             stacked = {"up_proj": "w13", "down_proj": "w2"}[projection]
             return [Target(f"layers.{layer}.mixer.experts.{stacked}", int(expert))]
