@@ -185,6 +185,15 @@ def _read_mamba2(reader: ConfigReader, model_type: str) -> dict[str, Any]:
     return facts
 
 
+def _read_mamba1(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    """Mamba, Falcon-Mamba: one norm and one mixer per layer (llmctl.checkpoint.mamba1), no attention heads at all."""
+    facts = {"num_layers": int(reader.get("num_layers", ("num_hidden_layers", "n_layer"), 0)),
+             "hidden": int(reader.get("hidden_size", ("hidden_size", "d_model"), 0)), "heads": 0, "kv_heads": 0,
+             "head_dim": 0, "intermediate": 0, "moe": None, "layout": LayerLayout(norms_per_layer=1),
+             "tied_default": True}
+    return facts
+
+
 def _read_granite_hybrid(reader: ConfigReader, model_type: str) -> dict[str, Any]:
     """Granite 4.0-H: every layer's MLP is the shared one (shared_intermediate_size); intermediate_size is each
     expert's, in the MoE sizes."""
@@ -250,6 +259,8 @@ def _read_falcon_h1(reader: ConfigReader, model_type: str) -> dict[str, Any]:
 
 
 FAMILY_READERS = {
+    "mamba": _read_mamba1,
+    "falcon_mamba": _read_mamba1,
     "falcon_h1": _read_falcon_h1,
     "mamba2": _read_mamba2,
     "granitemoehybrid": _read_granite_hybrid,
@@ -370,7 +381,7 @@ def read_positional(reader: ConfigReader, model_type: str, facts: dict[str, Any]
         return PositionalEncoding(kind="learned", learned_positions=int(cfg.get("max_position_embeddings", 2048)) + 2)
     if model_type == "gpt2":
         return PositionalEncoding(kind="learned", learned_positions=int(cfg.get("n_positions", 1024)))
-    if model_type in ("mamba2", "nemotron_h") or (model_type == "granitemoehybrid"
+    if model_type in ("mamba", "falcon_mamba", "mamba2", "nemotron_h") or (model_type == "granitemoehybrid"
                                                   and cfg.get("position_embedding_type") != "rope"):
         return PositionalEncoding(kind="none")  # Mamba2 has no attention; Granite 4.0-H's and Nemotron-H's attend
         # without positions

@@ -60,7 +60,8 @@ class TensorCount:
 
 def count_from_config(spec: ModelSpec) -> ConfigParamCount | None:
     """Exact for the architectures llmctl knows; None when the config lacks core facts."""
-    if not (spec.num_layers and spec.hidden_size and spec.vocab_size and spec.attention.num_heads):
+    attends = any(map(spec.attends, range(spec.num_layers)))
+    if not (spec.num_layers and spec.hidden_size and spec.vocab_size and (spec.attention.num_heads or not attends)):
         return None
     h, lay = spec.hidden_size, spec.layout
     norm_size = 2 * h if lay.norm == "layernorm" else h

@@ -17,6 +17,7 @@ from llmctl.checkpoint.config_readers import (
 )
 from llmctl.checkpoint.delta_net import GatedDeltaNetSpec, gated_delta_net
 from llmctl.checkpoint.mamba import Mamba2MixerSpec, mamba2_mixer
+from llmctl.checkpoint.mamba1 import Mamba1MixerSpec, mamba1_mixer
 from llmctl.checkpoint.quant_schemes import group_schemes
 from llmctl.checkpoint.recurrent import RecurrentLayers, recurrent_layers
 from llmctl.checkpoint.vision import VisionParams, vision_params
@@ -41,7 +42,7 @@ DTYPE_BYTES = {
 }
 
 
-StateMixer = Mamba2MixerSpec | GatedDeltaNetSpec  # a recurrent layer's shape and state
+StateMixer = Mamba2MixerSpec | Mamba1MixerSpec | GatedDeltaNetSpec  # a recurrent layer's shape and state
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ KNOWN_MODEL_TYPES = (
     "bloom", "opt", "gpt2", "gpt_neox", "falcon", "phi", "phi3", "gemma", "gemma2",
     "gemma3", "gemma3_text", "deepseek_v2", "deepseek_v3", "granite", "olmo2", "qwen2_vl", "qwen2_vl_text",
     "qwen2_5_vl", "qwen2_5_vl_text", "qwen3_vl", "qwen3_vl_text", "glm4_moe", "gpt_oss", "llama4_text",
-    "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+    "mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
 )
 
 
@@ -209,7 +210,8 @@ def _recurrent(config: dict[str, Any], model_type: str, num_layers: int, warning
     """The layers with a recurrent state and, when llmctl knows them (Mamba2, gated DeltaNet), their shape (else a
     warning)."""
     recurrent = recurrent_layers(config, model_type, num_layers)
-    mixer = (mamba2_mixer(config, model_type) or gated_delta_net(config, model_type)) if recurrent is not None else None
+    mixer = (mamba2_mixer(config, model_type) or mamba1_mixer(config, model_type)
+             or gated_delta_net(config, model_type)) if recurrent is not None else None
     if recurrent is not None and mixer is None:
         warnings.append(f"{recurrent.describe()}: a per-sequence recurrent state, not per-token K/V, which "
                         "llmctl neither serves nor sizes yet — the parameter count and KV bytes here treat those "

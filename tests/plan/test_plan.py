@@ -380,9 +380,9 @@ def test_a_gguf_file_is_planned_in_its_quantized_blocks():
 def test_recurrent_layers_are_found_and_plan_refuses_what_it_cannot_size(tmp_path):
     """Mamba/Mamba2 mixers and linear attention keep a state per sequence, not K/V per token: read from each
     family's config (transformers' own config classes; Granite 4.0-H and Nemotron-H as their hub configs write
-    them). Those llmctl cannot size yet (Mamba 1's mixers) make plan refuse in one line instead of sizing them as
-    attention layers."""
-    from transformers import FalconH1Config, JambaConfig, LlamaConfig, Mamba2Config, MambaConfig, Qwen3NextConfig
+    them). Those llmctl cannot size yet (Jamba's Mamba layers) make plan refuse in one line instead of sizing them
+    as attention layers."""
+    from transformers import FalconH1Config, JambaConfig, LlamaConfig, Mamba2Config, Qwen3NextConfig
 
     def recurrent(config: dict) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
         found = ModelSpec.from_config(config).recurrent
@@ -400,12 +400,14 @@ def test_recurrent_layers_are_found_and_plan_refuses_what_it_cannot_size(tmp_pat
         ((0, 2), ("mamba",))
     assert recurrent(FalconH1Config(num_hidden_layers=2).to_dict())[0] == (0, 1)
     assert recurrent(LlamaConfig().to_dict()) is None
-    folder = tmp_path / "mamba"
+    folder = tmp_path / "jamba"
     folder.mkdir()
-    (folder / "config.json").write_text(MambaConfig(architectures=["MambaForCausalLM"]).to_json_string())
+    jamba = JambaConfig(architectures=["JambaForCausalLM"], num_hidden_layers=8, attn_layer_period=4,
+                        attn_layer_offset=2)
+    (folder / "config.json").write_text(jamba.to_json_string())
     result = run_cli("plan", str(folder), "--gpus", "1")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "plan does not size this model yet: 32 of 32 layers" in result.stderr and "Mamba" in result.stderr
+    assert "plan does not size this model yet: 6 of 8 layers" in result.stderr and "mamba" in result.stderr
 
 
 # Mamba-Codestral-7B-v0.1's config.json (its published fields): 7,285,403,648 parameters on its model card
@@ -431,3 +433,17 @@ def test_mamba2_state_is_planned_per_sequence_not_per_token(tmp_path):
     assert any("64 of 64 layers are Mamba2 layers" in note and "131.8 MiB per sequence" in note
                for note in plan["notes"])
     assert any(c.startswith(f"llmctl serve {tmp_path} --tp 1") for c in plan["commands"])
+
+
+def test_mamba1_state_is_planned_per_sequence():
+    """state-spaces/mamba-2.8b-hf's config.json (its published fields): vLLM's mamba1_state_shape per layer, conv
+    inner × (conv_kernel - 1) and the scan's inner × state, 16-bit; no KV; split by inner channel under TP."""
+    from transformers import MambaConfig
+
+    config = MambaConfig(architectures=["MambaForCausalLM"], hidden_size=2560, num_hidden_layers=64, vocab_size=50280,
+                         intermediate_size=5120, state_size=16, conv_kernel=4, time_step_rank=160,
+                         tie_word_embeddings=True).to_dict()
+    spec = ModelSpec.from_config(config)
+    assert spec.kv_bytes_per_token(2) == 0 and spec.layer_pattern() == "64 mamba"
+    assert spec.state_bytes_per_sequence(2) == 64 * (5120 * 3 + 5120 * 16) * 2
+    assert spec.mixer is not None and spec.mixer.state_bytes(2, tp=2) == (2560 * 3 + 2560 * 16) * 2

@@ -1,5 +1,6 @@
-"""Mamba2 (Mamba-Codestral, mamba2-*): every layer a pre-norm Mamba2 mixer with its residual, no attention and
-no MLP; the model keeps no K/V, only each sequence's state (llmctl.engine.layers.recurrent_state)."""
+"""Mamba2 (Mamba-Codestral, mamba2-*) and Mamba (state-spaces/mamba-*, Falcon-Mamba): every layer a pre-norm
+mixer — Mamba2's SSD or Mamba (1)'s selective scan — with its residual, no attention and no MLP; the model keeps no
+K/V, only each sequence's state (llmctl.engine.layers.recurrent_state)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import torch
 from torch import nn
 
 from llmctl.checkpoint.mamba import Mamba2MixerSpec
+from llmctl.checkpoint.mamba1 import Mamba1MixerSpec
 from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers.linear import VocabParallelEmbedding
+from llmctl.engine.layers.mamba1_mixer import Mamba1Mixer
 from llmctl.engine.layers.mamba2_mixer import Mamba2Mixer
 from llmctl.engine.layers.norms import RMSNorm
 from llmctl.engine.models.common import Shard, StepContext, Target, embedding_targets, layer_index, load_checkpoint
@@ -20,9 +23,13 @@ from llmctl.engine.models.common import Shard, StepContext, Target, embedding_ta
 class Mamba2Block(nn.Module):
     def __init__(self, spec: ModelSpec, eps: float, group: TPGroup) -> None:
         super().__init__()
-        assert isinstance(spec.mixer, Mamba2MixerSpec)
         self.norm = RMSNorm(spec.hidden_size, eps)
-        self.mixer = Mamba2Mixer(spec.mixer, eps, group, spec.quantization)
+        self.mixer: nn.Module
+        if isinstance(spec.mixer, Mamba2MixerSpec):
+            self.mixer = Mamba2Mixer(spec.mixer, eps, group, spec.quantization)
+        else:
+            assert isinstance(spec.mixer, Mamba1MixerSpec)
+            self.mixer = Mamba1Mixer(spec.mixer, group, spec.quantization)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, layer: int) -> torch.Tensor:
         assert ctx.states is not None

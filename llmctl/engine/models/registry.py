@@ -33,6 +33,8 @@ SUPPORTED = {
     "Llama4ForCausalLM": "llama4",  # chunked attention, NoPE layers with temperature tuning, interleaved MoE
     "Llama4ForConditionalGeneration": "llama4",  # Scout / Maverick as published: the language model, text-only
     "Mamba2ForCausalLM": "mamba2",  # no attention: a Mamba2 mixer per layer, a state per sequence
+    "MambaForCausalLM": "mamba2",  # the same with Mamba (1)'s selective scan
+    "FalconMambaForCausalLM": "mamba2",  # Mamba (1) with dt, B and C normed
     "Qwen3NextForCausalLM": "qwen3_next",  # gated DeltaNet and gated attention, Qwen2-MoE experts
     "Qwen3_5ForCausalLM": "qwen3_next",  # Qwen3.5: Qwen3-Next's layers, the DeltaNet's projections apart, a dense MLP
     "Qwen3_5MoeForCausalLM": "qwen3_next",
@@ -60,7 +62,7 @@ SUPPORTED = {
 NEMOTRON_BLOCK_KINDS = {"mamba", "attention", "mlp", "moe"}  # llmctl.engine.models.nemotron_h's blocks
 
 # families whose own layers read no quantized checkpoint yet
-NOT_QUANTIZED_YET = {"glm4_moe": "GLM-4.5", "llama4": "Llama 4", "mamba2": "Mamba2", "granite_hybrid": "Granite 4.0-H",
+NOT_QUANTIZED_YET = {"glm4_moe": "GLM-4.5", "llama4": "Llama 4", "mamba2": "Mamba / Mamba2", "granite_hybrid": "Granite 4.0-H",
                      "qwen3_next": "Qwen3-Next / Qwen3.5", "nemotron_h": "Nemotron-H",
                      "falcon_h1": "Falcon-H1"}
 

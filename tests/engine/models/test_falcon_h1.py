@@ -1,6 +1,7 @@
 """Falcon-H1 natively — a Mamba2 mixer beside Llama's attention in every layer, with µP multipliers far from 1
 everywhere transformers applies them — against transformers on the same random weights: greedy tokens identical and
-log-probabilities within 1e-3, prompts chunked at 16 tokens across an 8-token scan chunk; the mixer's gated norm
+log-probabilities within 1e-3, prompts chunked at 16 tokens across an 8-token scan chunk, the attention through the Triton interpreter too; the
+mixer's gated norm
 before the gate (norm_before_gate) and no norm at all (mamba_rms_norm false, the published models' setting); TP 2 as
 TP 1. Parameter counts as transformers counts them (here: the floor's transformers runs
 tests/checkpoint/test_params.py)."""
@@ -13,6 +14,7 @@ import pytest
 
 from helpers.families import (
     PROMPTS,
+    assert_backend_matches_transformers,
     assert_close,
     assert_tp2_equals_tp1,
     engine_outputs,
@@ -54,9 +56,14 @@ def test_falcon_h1_matches_transformers(folder, tokenizer):
     assert implementation(spec) == ("llmctl", "") and spec.layer_pattern() == "3 mamba2+attention"
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     assert count_from_config(spec).total == sum(p.numel() for p in hf.parameters())
-    reference = transformers_reference(folder, tokenizer, max_tokens=24)
-    ours, _ = engine_outputs(folder, tokens=24)
+    reference = transformers_reference(folder, tokenizer, max_tokens=40)
+    ours, _ = engine_outputs(folder, tokens=40)
     assert_close(reference, ours, PROMPTS)
+
+
+def test_falcon_h1_attention_through_triton(folder, tokenizer):
+    """RoPE applied as the keys are stored, the key multiplier in the softmax scale."""
+    assert_backend_matches_transformers(folder, tokenizer, "triton")
 
 
 def test_tp2_equals_tp1(folder):

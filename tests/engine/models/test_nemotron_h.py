@@ -1,7 +1,8 @@
 """Nemotron-H natively — one block per layer: Mamba2 mixers, NoPE attention, a squared-ReLU MLP, and squared-ReLU
 experts routed as DeepSeek-V3's (sigmoid scores, a correction bias, two expert groups, a scaling factor) beside a
 shared expert — against transformers on the same random weights: greedy tokens identical and log-probabilities
-within 1e-3, prompts chunked at 16 tokens across an 8-token scan chunk; TP 2 and expert parallelism as TP 1; the
+within 1e-3, prompts chunked at 16 tokens across an 8-token scan chunk, the attention through the Triton
+interpreter too; TP 2 and expert parallelism as TP 1; the
 latent experts of `moe_latent_size`. Parameter counts as transformers counts them (here, not in
 tests/checkpoint/test_params.py, which the floor's transformers also runs)."""
 
@@ -13,6 +14,7 @@ import pytest
 
 from helpers.families import (
     PROMPTS,
+    assert_backend_matches_transformers,
     assert_close,
     assert_tp2_equals_tp1,
     engine_outputs,
@@ -20,7 +22,7 @@ from helpers.families import (
     transformers_reference,
 )
 
-TOKENS = 32
+TOKENS = 40
 BLOCKS = ["mamba", "moe", "attention", "mlp", "mamba", "moe"]
 
 
@@ -66,6 +68,10 @@ def test_nemotron_h_matches_transformers(folder, tokenizer):
     reference = transformers_reference(folder, tokenizer, max_tokens=TOKENS)
     ours, _ = engine_outputs(folder, tokens=TOKENS)
     assert_close(reference, ours)
+
+
+def test_nemotron_h_attention_through_triton(folder, tokenizer):
+    assert_backend_matches_transformers(folder, tokenizer, "triton")
 
 
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp2", "ep2"])
