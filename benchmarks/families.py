@@ -4,7 +4,8 @@ of the same width), runs alternating
 between the models so that machine noise spreads over all of them; prints each model's median output
 tok/s and its ratio to the Llama's.
 
-    python benchmarks/families.py [--families gemma2 gemma3 mamba2 granite_h qwen3_5] [--runs 5]
+    python benchmarks/families.py [--families gemma2 gemma3 mamba mamba2 granite_h nemotron_h falcon_h1 qwen3_5]
+        [--runs 5]
         [--workdir /tmp/llmctl-families]
 """
 
@@ -48,6 +49,17 @@ def config(family: str):
         return transformers.Qwen3_5TextConfig(**SHAPE, layer_types=kinds, linear_num_key_heads=3,
                                               linear_num_value_heads=6, linear_key_head_dim=64,
                                               linear_value_head_dim=64)
+    if family == "nemotron_h":  # Nemotron-H's blocks: a mixer (attention in one of ten) then a ReLU² MLP, 60 blocks
+        blocks = [kind for i in range(layers) for kind in ("*" if i % 10 == 5 else "M", "-")]
+        return transformers.NemotronHConfig(**{k: v for k, v in SHAPE.items() if k != "num_hidden_layers"},
+                                            hybrid_override_pattern="".join(blocks), mamba_num_heads=18,
+                                            mamba_head_dim=64, ssm_state_size=64, n_groups=1)
+    if family == "falcon_h1":  # a mixer of 18 heads × 64 beside the attention in every layer
+        return transformers.FalconH1Config(**SHAPE, mamba_d_ssm=1152, mamba_n_heads=18, mamba_d_head=64,
+                                           mamba_d_state=64, mamba_n_groups=1)
+    if family == "mamba":  # Mamba (1): inner 1152, state 16, dt rank 36 — mamba-130m's shape at this width
+        return transformers.MambaConfig(vocab_size=SHAPE["vocab_size"], hidden_size=576, num_hidden_layers=layers,
+                                        state_size=16, expand=2, time_step_rank=36)
     raise SystemExit(f"unknown family {family}")
 
 

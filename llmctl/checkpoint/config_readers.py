@@ -194,6 +194,21 @@ def _read_mamba1(reader: ConfigReader, model_type: str) -> dict[str, Any]:
     return facts
 
 
+def _read_jamba(reader: ConfigReader, model_type: str) -> dict[str, Any]:
+    """Jamba: Mamba (1) layers around attention every attn_layer_period-th layer, experts every
+    expert_layer_period-th (softmax top-k, unnormalized), a SwiGLU MLP on the others."""
+    cfg = reader.config
+    facts = read_llama_like(reader, model_type)
+    experts = int(cfg.get("num_experts") or 1)
+    period, offset = int(cfg.get("expert_layer_period") or 1), int(cfg.get("expert_layer_offset") or 0)
+    layers = range(facts["num_layers"])
+    moe_layers = tuple(i for i in layers if i % period == offset) if experts > 1 else ()
+    facts["moe"] = MoESpec(num_experts=experts, top_k=int(cfg.get("num_experts_per_tok") or 2),
+                           expert_intermediate_size=facts["intermediate"], moe_layers=moe_layers,
+                           dense_layers=tuple(i for i in layers if i not in moe_layers)) if moe_layers else None
+    return facts
+
+
 def _read_granite_hybrid(reader: ConfigReader, model_type: str) -> dict[str, Any]:
     """Granite 4.0-H: every layer's MLP is the shared one (shared_intermediate_size); intermediate_size is each
     expert's, in the MoE sizes."""
@@ -261,6 +276,7 @@ def _read_falcon_h1(reader: ConfigReader, model_type: str) -> dict[str, Any]:
 FAMILY_READERS = {
     "mamba": _read_mamba1,
     "falcon_mamba": _read_mamba1,
+    "jamba": _read_jamba,
     "falcon_h1": _read_falcon_h1,
     "mamba2": _read_mamba2,
     "granitemoehybrid": _read_granite_hybrid,
@@ -381,7 +397,7 @@ def read_positional(reader: ConfigReader, model_type: str, facts: dict[str, Any]
         return PositionalEncoding(kind="learned", learned_positions=int(cfg.get("max_position_embeddings", 2048)) + 2)
     if model_type == "gpt2":
         return PositionalEncoding(kind="learned", learned_positions=int(cfg.get("n_positions", 1024)))
-    if model_type in ("mamba", "falcon_mamba", "mamba2", "nemotron_h") or (model_type == "granitemoehybrid"
+    if model_type in ("mamba", "falcon_mamba", "jamba", "mamba2", "nemotron_h") or (model_type == "granitemoehybrid"
                                                   and cfg.get("position_embedding_type") != "rope"):
         return PositionalEncoding(kind="none")  # Mamba2 has no attention; Granite 4.0-H's and Nemotron-H's attend
         # without positions

@@ -1,4 +1,4 @@
-"""The Mamba (1) mixer's shape as config.json names it (Mamba, Falcon-Mamba; Jamba's `mamba_` keys), and the state
+"""The Mamba (1) mixer's shape as config.json names it (Mamba, Falcon-Mamba, and Jamba's `mamba_` keys), and the state
 one sequence keeps in each such layer: the causal convolution's last `conv_kernel - 1` inputs and the selective
 scan's state, `state_size` values per inner channel (vLLM's MambaStateShapeCalculator.mamba1_state_shape)."""
 
@@ -79,6 +79,8 @@ class Mamba1MixerSpec:
 
 def mamba1_mixer(cfg: dict[str, Any], model_type: str) -> Mamba1MixerSpec | None:
     """The Mamba (1) mixer of a config that has one, or None."""
+    if model_type == "jamba":
+        return _jamba(cfg)
     if model_type not in ("mamba", "falcon_mamba"):
         return None
     hidden = int(cfg["hidden_size"])
@@ -91,3 +93,15 @@ def mamba1_mixer(cfg: dict[str, Any], model_type: str) -> Mamba1MixerSpec | None
         conv_kernel=int(cfg.get("conv_kernel") or 4), dt_rank=dt_rank, conv_bias=bool(cfg.get("use_conv_bias", True)),
         proj_bias=bool(cfg.get("use_bias", False)), bc_dt_norm="weightless" if falcon else "none",
         norm_eps=float(cfg.get("mixer_rms_eps") or 1e-6), ssm_state_dtype=cfg.get("mamba_ssm_cache_dtype"))
+
+
+def _jamba(cfg: dict[str, Any]) -> Mamba1MixerSpec:
+    """Jamba's `mamba_` keys; its dt, B and C normed with weights (rms_norm_eps)."""
+    hidden = int(cfg["hidden_size"])
+    rank = cfg.get("mamba_dt_rank")
+    return Mamba1MixerSpec(
+        hidden_size=hidden, intermediate_size=int(cfg.get("mamba_expand") or 2) * hidden,
+        state_size=int(cfg.get("mamba_d_state") or 16), conv_kernel=int(cfg.get("mamba_d_conv") or 4),
+        dt_rank=math.ceil(hidden / 16) if rank in (None, "auto") else int(rank),
+        conv_bias=bool(cfg.get("mamba_conv_bias", True)), proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+        bc_dt_norm="weighted", norm_eps=float(cfg.get("rms_norm_eps") or 1e-6))

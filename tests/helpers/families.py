@@ -135,7 +135,7 @@ def config_kv_bytes_per_token(folder: Path, tp: int, dtype_bytes: int = 4) -> in
     config = json.loads((folder / "config.json").read_text())
     if (config.get("sliding_window") and config.get("use_sliding_window", True)) or \
             set(config.get("layer_types") or ["full_attention"]) != {"full_attention"} or \
-            config.get("model_type") in ("mamba", "falcon_mamba", "mamba2", "granitemoehybrid", "qwen3_next", "nemotron_h",
+            config.get("model_type") in ("mamba", "falcon_mamba", "jamba", "mamba2", "granitemoehybrid", "qwen3_next", "nemotron_h",
                                           "falcon_h1"):
         return None  # layers that share pages, or keep a state instead of K/V
     layers = config["num_hidden_layers"]

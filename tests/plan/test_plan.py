@@ -380,9 +380,9 @@ def test_a_gguf_file_is_planned_in_its_quantized_blocks():
 def test_recurrent_layers_are_found_and_plan_refuses_what_it_cannot_size(tmp_path):
     """Mamba/Mamba2 mixers and linear attention keep a state per sequence, not K/V per token: read from each
     family's config (transformers' own config classes; Granite 4.0-H and Nemotron-H as their hub configs write
-    them). Those llmctl cannot size yet (Jamba's Mamba layers) make plan refuse in one line instead of sizing them
+    them). Those llmctl cannot size yet (LFM2's short convolutions) make plan refuse in one line instead of sizing them
     as attention layers."""
-    from transformers import FalconH1Config, JambaConfig, LlamaConfig, Mamba2Config, Qwen3NextConfig
+    from transformers import FalconH1Config, JambaConfig, Lfm2Config, LlamaConfig, Mamba2Config, Qwen3NextConfig
 
     def recurrent(config: dict) -> tuple[tuple[int, ...], tuple[str, ...]] | None:
         found = ModelSpec.from_config(config).recurrent
@@ -400,14 +400,14 @@ def test_recurrent_layers_are_found_and_plan_refuses_what_it_cannot_size(tmp_pat
         ((0, 2), ("mamba",))
     assert recurrent(FalconH1Config(num_hidden_layers=2).to_dict())[0] == (0, 1)
     assert recurrent(LlamaConfig().to_dict()) is None
-    folder = tmp_path / "jamba"
+    folder = tmp_path / "lfm2"
     folder.mkdir()
-    jamba = JambaConfig(architectures=["JambaForCausalLM"], num_hidden_layers=8, attn_layer_period=4,
-                        attn_layer_offset=2)
-    (folder / "config.json").write_text(jamba.to_json_string())
+    lfm2 = Lfm2Config(architectures=["Lfm2ForCausalLM"], num_hidden_layers=6,
+                      layer_types=["conv", "conv", "full_attention", "conv", "conv", "full_attention"])
+    (folder / "config.json").write_text(lfm2.to_json_string())
     result = run_cli("plan", str(folder), "--gpus", "1")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "plan does not size this model yet: 6 of 8 layers" in result.stderr and "mamba" in result.stderr
+    assert "plan does not size this model yet: 4 of 6 layers" in result.stderr and "conv" in result.stderr
 
 
 # Mamba-Codestral-7B-v0.1's config.json (its published fields): 7,285,403,648 parameters on its model card

@@ -41,6 +41,7 @@ SUPPORTED = {
     "Qwen3_5ForConditionalGeneration": "qwen3_next",  # as published: the language model, text-only
     "Qwen3_5MoeForConditionalGeneration": "qwen3_next",
     "GraniteMoeHybridForCausalLM": "granite_hybrid",  # Granite 4.0-H: Mamba2 and NoPE attention, shared MLP + experts
+    "JambaForCausalLM": "jamba",  # Mamba (1) layers around NoPE attention, SwiGLU or Mixtral-style experts
     "FalconH1ForCausalLM": "falcon_h1",  # a Mamba2 mixer beside Llama's attention in every layer, µP multipliers
     "NemotronHForCausalLM": "nemotron_h",  # one block per layer: Mamba2, NoPE attention, ReLU² MLP or ReLU² experts
     "Olmo2ForCausalLM": "olmo2",
@@ -64,7 +65,7 @@ NEMOTRON_BLOCK_KINDS = {"mamba", "attention", "mlp", "moe"}  # llmctl.engine.mod
 # families whose own layers read no quantized checkpoint yet
 NOT_QUANTIZED_YET = {"glm4_moe": "GLM-4.5", "llama4": "Llama 4", "mamba2": "Mamba / Mamba2", "granite_hybrid": "Granite 4.0-H",
                      "qwen3_next": "Qwen3-Next / Qwen3.5", "nemotron_h": "Nemotron-H",
-                     "falcon_h1": "Falcon-H1"}
+                     "falcon_h1": "Falcon-H1", "jamba": "Jamba"}
 
 
 def quantization_problem(spec: ModelSpec) -> str | None:
@@ -188,6 +189,7 @@ FAMILY_CLASSES = {
     "granite_hybrid": ("granite_hybrid", "GraniteMoeHybridForCausalLM"),
     "nemotron_h": ("nemotron_h", "NemotronHForCausalLM"),
     "falcon_h1": ("falcon_h1", "FalconH1ForCausalLM"),
+    "jamba": ("jamba", "JambaForCausalLM"),
     "qwen3_next": ("qwen3_next", "Qwen3NextForCausalLM"),
     "bloom": ("bloom", "BloomForCausalLM"),
     "opt": ("opt", "OPTForCausalLM"),
