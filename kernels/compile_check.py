@@ -47,7 +47,7 @@ GROUPS = (1, 3, 8, 16, 32, 71)
 @dataclass(frozen=True)
 class KernelCase:
     # attention | merge | store | rotary_store | w4a16 | dequantize | gemv_gptq | gemv_awq | fused_moe | rms_norm |
-    # gated_activation | fp8 | fp8_dequantize
+    # gated_activation | fp8 | fp8_dequantize | ssd_decode | delta_rule_decode | selective_scan_decode
     kernel: str
     dtype: str  # the activations' (query's) dtype
     kv_dtype: str  # the cache's dtype (fp8e4nv for --kv-cache-dtype fp8, fp8e5 for fp8_e5m2); "" where there is none
@@ -209,9 +209,24 @@ def fp8_cases() -> list[KernelCase]:
     return list(dict.fromkeys(cases))
 
 
+def recurrent_cases() -> list[KernelCase]:
+    """The recurrent layers' decode kernels at the published shapes (Mamba2: Codestral's and Nemotron-H's heads and
+    groups; the gated DeltaNet's 128 × 128 heads; Mamba (1): Falcon-Mamba-7B's 8192 channels), their states in
+    float32 (mamba_ssm_cache_dtype) and in the model's dtype."""
+    from llmctl.kernels.recurrent_decode import delta_rule_constexprs, selective_scan_constexprs, ssd_constexprs
+
+    states = ("fp32", "bf16")
+    cases = [_case("ssd_decode", dtype, state, ssd_constexprs(*shape)) for dtype in FLOAT_DTYPES for state in states
+             for shape in ((64, 128, 16), (80, 128, 16), (64, 64, 18))]
+    cases += [_case("delta_rule_decode", dtype, state, delta_rule_constexprs(128, 128))
+              for dtype in FLOAT_DTYPES for state in states]
+    cases += [_case("selective_scan_decode", "fp32", state, selective_scan_constexprs(8192, 16)) for state in states]
+    return cases
+
+
 def all_cases(full: bool = False) -> list[KernelCase]:
     return (attention_cases(full) + store_cases() + w4a16_cases() + gemv_cases() + moe_cases() + fused_layer_cases()
-            + rotary_store_cases() + fp8_cases())
+            + rotary_store_cases() + fp8_cases() + recurrent_cases())
 
 
 def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
@@ -239,6 +254,8 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
     if case.kernel == "fused_moe":
         return fused_moe._fused_moe_kernel, dict(a_ptr=act, b_ptr=act, out_ptr=act, routing_ptr="*fp32",
                                                  sorted_ids_ptr="*i32", block_expert_ptr="*i32", total_ptr="*i32")
+    if case.kernel.endswith("_decode") and case.kernel != "fp8_dequantize":
+        return _recurrent_kernel_and_types(case)
     if case.kernel == "fp8":
         return fp8_w8a16._fp8_kernel, dict(x_ptr=act, qweight_ptr="*u8", scales_ptr="*fp32", out_ptr=act)
     if case.kernel == "fp8_dequantize":
@@ -254,8 +271,24 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
     return w4a16._dequantize_kernel, dict(packed, out_ptr=act)
 
 
+def _recurrent_kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
+    from llmctl.kernels import recurrent_decode
+
+    act, state, fp32 = f"*{case.dtype}", f"*{case.kv_dtype}", "*fp32"
+    common = dict(states_ptr=state, slots_ptr="*i64", y_ptr=fp32)
+    if case.kernel == "ssd_decode":
+        return recurrent_decode._ssd_decode_kernel, dict(common, x_ptr=act, dt_ptr=act, a_ptr=fp32, b_ptr=act,
+                                                         c_ptr=act, d_ptr=fp32, dt_bias_ptr=fp32)
+    if case.kernel == "delta_rule_decode":
+        return recurrent_decode._delta_rule_decode_kernel, dict(common, q_ptr=fp32, k_ptr=fp32, v_ptr=act,
+                                                                g_ptr=fp32, beta_ptr=fp32)
+    return recurrent_decode._selective_scan_decode_kernel, dict(common, x_ptr=fp32, dt_ptr=fp32, a_ptr=fp32,
+                                                                b_ptr=fp32, c_ptr=fp32, d_ptr=fp32)
+
+
 def _scalar_type(name: str) -> str:
-    return "fp32" if name in ("scale", "softcap", "k_scale", "v_scale", "k_inverse", "v_inverse", "eps") else "i32"
+    floats = ("scale", "softcap", "k_scale", "v_scale", "k_inverse", "v_inverse", "eps", "dt_min", "dt_max")
+    return "fp32" if name in floats else "i32"
 
 
 def compiled_kernel(case: KernelCase, arch: int, aligned: bool = False, **options):

@@ -15,7 +15,7 @@ from llmctl.engine.layers.ssd import fitted_chunk
 CHUNK = 64
 
 
-def _prepare(q: torch.Tensor, k: torch.Tensor, v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def prepare_heads(q: torch.Tensor, k: torch.Tensor, v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k [..., Hk, dk] -> [..., Hv, dk] float32, L2-normalized, q scaled by 1/√dk; heads shared in groups."""
     repeat = v_heads // q.shape[-2]
     q, k = (x.float().repeat_interleave(repeat, dim=-2) for x in (q, k))
@@ -30,7 +30,7 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     [Hv, dk, dv]. Returns the outputs [L, Hv, dv] and the state after the last token."""
     length, v_heads, _ = v.shape
     chunk = fitted_chunk(length, CHUNK)
-    q, k = _prepare(q, k, v_heads)
+    q, k = prepare_heads(q, k, v_heads)
     q, k, v = (x.transpose(0, 1) for x in (q, k, v.float()))  # [H, L, d]
     g, beta = g.float().t(), beta.float().t()  # [H, L]
     pad = (chunk - length % chunk) % chunk
@@ -64,7 +64,7 @@ def step_delta_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     """One token per sequence: states [S, Hv, dk, dv], q and k [S, Hk, dk], v [S, Hv, dv], g and beta [S, Hv].
     Returns the outputs [S, Hv, dv] and the new states — float32 states updated in place (pass a view of the
     cache, or a copy)."""
-    q, k = _prepare(q, k, v.shape[1])
+    q, k = prepare_heads(q, k, v.shape[1])
     decay = g.float().exp()[..., None, None]
     state = state.mul_(decay) if state.dtype == torch.float32 else state.float() * decay
     remembered = (k[..., None, :] @ state)[..., 0, :]  # Sᵀk: [S, Hv, dv]

@@ -16,7 +16,7 @@ from llmctl.checkpoint.delta_net import GatedDeltaNetSpec
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import causal_conv, delta_rule
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear
-from llmctl.engine.layers.recurrent_state import StateStep, run_by_sequence
+from llmctl.engine.layers.recurrent_state import StateStep, decode_kernels_apply, run_by_sequence
 from llmctl.engine.layers.stacked_rows import HeadVectors, ShardedRows, StackedColumnLinear
 
 
@@ -103,6 +103,12 @@ class GatedDeltaNet(HeadVectors, nn.Module):
     def _decode(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
                 slots: torch.Tensor | slice) -> torch.Tensor:
         out, conv[slots] = causal_conv.conv_step(qkv, conv[slots], self.conv1d.weight[:, 0], None)
+        if decode_kernels_apply(out):  # one pass over each state, in place in its slot (kernels/recurrent_decode.py)
+            from llmctl.kernels.recurrent_decode import delta_rule_decode, slot_indices
+
+            q, k, v = self._heads(out)
+            q, k = delta_rule.prepare_heads(q, k, v.shape[1])
+            return delta_rule_decode(ssm, slot_indices(slots, v.shape[0], v.device), q, k, v, g, beta)
         y, new = delta_rule.step_delta_rule(ssm[slots], *self._heads(out), g, beta)
         if isinstance(slots, torch.Tensor) or new.dtype != ssm.dtype:  # a gathered copy, or another dtype
             ssm[slots] = new.to(ssm.dtype)

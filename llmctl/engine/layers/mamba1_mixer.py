@@ -17,7 +17,7 @@ from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import causal_conv, selective_scan
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear
 from llmctl.engine.layers.norms import RMSNorm
-from llmctl.engine.layers.recurrent_state import StateStep, run_by_sequence
+from llmctl.engine.layers.recurrent_state import StateStep, decode_kernels_apply, run_by_sequence
 from llmctl.engine.layers.stacked_rows import HeadVectors, ShardedRows, StackedColumnLinear
 
 
@@ -68,6 +68,11 @@ class Mamba1Mixer(HeadVectors, nn.Module):
         bias = getattr(self.conv1d, "bias", None)
         out, conv[slots] = causal_conv.conv_step(xs, conv[slots], self.conv1d.weight[:, 0], bias)
         u, dt, B, C = self._scan_inputs(F.silu(out))
+        if decode_kernels_apply(u):  # one pass over each state, in place in its slot (kernels/recurrent_decode.py)
+            from llmctl.kernels.recurrent_decode import selective_scan_decode, slot_indices
+
+            return selective_scan_decode(ssm, slot_indices(slots, u.shape[0], u.device), u, dt,
+                                         -torch.exp(self.A_log.float()), B, C, self.D)
         current = ssm[slots] if ssm.dtype == torch.float32 else ssm[slots].float()
         y, new = selective_scan.step(u, dt, -torch.exp(self.A_log.float()), B, C, self.D.float(), current)
         if isinstance(slots, torch.Tensor) or new.dtype != ssm.dtype:  # a gathered copy, or another dtype

@@ -15,7 +15,7 @@ from llmctl.checkpoint.mamba import Mamba2MixerSpec
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import causal_conv, ssd
 from llmctl.engine.layers.linear import Part, RowParallelLinear
-from llmctl.engine.layers.recurrent_state import StateStep, run_by_sequence
+from llmctl.engine.layers.recurrent_state import StateStep, decode_kernels_apply, run_by_sequence
 from llmctl.engine.layers.stacked_rows import HeadVectors, ShardedRows, StackedColumnLinear
 
 
@@ -99,6 +99,11 @@ class Mamba2Mixer(HeadVectors, nn.Module):
         bias = getattr(self.conv1d, "bias", None)
         out, conv[slots] = causal_conv.conv_step(xbc, conv[slots], self.conv1d.weight[:, 0], bias)
         x, B, C = self._split(out)
+        if decode_kernels_apply(x):  # one pass over each state, in place in its slot (kernels/recurrent_decode.py)
+            from llmctl.kernels.recurrent_decode import slot_indices, ssd_decode
+
+            return ssd_decode(ssm, slot_indices(slots, x.shape[0], x.device), x, dt, -torch.exp(self.A_log.float()),
+                              B, C, self.D, self.dt_bias, self.spec.time_step_limit)
         y, new = ssd.state_step(ssm[slots], x, dt, -torch.exp(self.A_log.float()), B, C, self.D, self.dt_bias,
                                 self.spec.time_step_limit)
         if isinstance(slots, torch.Tensor) or new.dtype != ssm.dtype:  # a gathered copy, or another dtype

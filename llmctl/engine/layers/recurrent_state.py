@@ -1,17 +1,27 @@
 """The state cache beside the paged KV cache (vLLM's Mamba state, one slot per running sequence): each recurrent
-layer (Mamba2, gated DeltaNet) keeps, per slot, the causal convolution's last inputs and its recurrent state. A sequence takes a slot when it
+layer (Mamba, Mamba2, gated DeltaNet) keeps, per slot, the causal convolution's last inputs and its recurrent state. A sequence takes a slot when it
 is admitted and gives it back when it finishes or is preempted (llmctl.engine.core.block_manager); a preempted
 sequence is recomputed from its first token, so its state starts again from zeros. A step's StateStep says
 which slot each sequence uses and whether its state starts fresh (the first chunk of its prompt)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from llmctl.checkpoint.spec import StateMixer
+
+
+KERNELS_ON_CPU = "LLMCTL_RECURRENT_DECODE_KERNELS"  # "1": the GPU decode kernels on CPU tensors (interpreter tests)
+
+
+def decode_kernels_apply(x: torch.Tensor) -> bool:
+    """Whether decodes take the Triton kernels of kernels/recurrent_decode.py: on CUDA tensors; on CPU ones under
+    Triton's interpreter when KERNELS_ON_CPU says so (how the tests run the layers' kernel path here)."""
+    return x.is_cuda or (os.environ.get(KERNELS_ON_CPU) == "1" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @dataclass

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers.families import (
+    PROMPTS,
     assert_close,
     assert_tp2_equals_tp1,
     engine_outputs,
@@ -65,3 +66,13 @@ def test_a_prompt_over_two_scan_spans_in_one_step(folder, tokenizer):
 
 def test_tp2_equals_tp1(folder):
     assert_tp2_equals_tp1(folder, expert_parallel=False)
+
+
+def test_decodes_through_the_gpu_kernel(folder, tokenizer, monkeypatch):
+    """Mamba (1)'s decode path on GPUs (kernels/recurrent_decode.py) under Triton's interpreter."""
+    from llmctl.engine.layers.recurrent_state import KERNELS_ON_CPU
+
+    monkeypatch.setenv(KERNELS_ON_CPU, "1")
+    prompts = PROMPTS[:3]
+    ours, _ = engine_outputs(folder, prompts, tokens=8)
+    assert_close(transformers_reference(folder, tokenizer, prompts=prompts, max_tokens=8), ours, prompts)

@@ -128,3 +128,13 @@ def test_what_recurrent_layers_refuse_is_named(mamba2, flag):
 
     with pytest.raises(EngineConfigError, match="Mamba2 layers"):
         LLM(str(mamba2), max_model_len=256, **flag)
+
+
+def test_mamba2_decodes_through_the_gpu_kernel(mamba2, mamba2_reference, monkeypatch):
+    """The decode path GPUs take — kernels/recurrent_decode.py's in-place state update — under Triton's interpreter:
+    transformers' tokens."""
+    from llmctl.engine.layers.recurrent_state import KERNELS_ON_CPU
+
+    monkeypatch.setenv(KERNELS_ON_CPU, "1")
+    ours, _ = engine_outputs(mamba2, PROMPTS[:3], tokens=8)
+    assert_close([(t[:8], s[:8], p) for t, s, p in mamba2_reference[:3]], ours, PROMPTS[:3])

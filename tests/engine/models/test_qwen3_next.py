@@ -68,6 +68,16 @@ def test_qwen3_next_attention_through_triton(folder, tokenizer):
     assert_backend_matches_transformers(folder, tokenizer, "triton")
 
 
+def test_qwen3_next_decodes_through_the_gpu_kernel(folder, tokenizer, monkeypatch):
+    """The delta rule's decode path on GPUs (kernels/recurrent_decode.py) under Triton's interpreter."""
+    from llmctl.engine.layers.recurrent_state import KERNELS_ON_CPU
+
+    monkeypatch.setenv(KERNELS_ON_CPU, "1")
+    prompts = PROMPTS[:3]
+    ours, _ = engine_outputs(folder, prompts, tokens=8)
+    assert_close(transformers_reference(folder, tokenizer, prompts=prompts, max_tokens=8), ours, prompts)
+
+
 def test_tp2_equals_tp1(folder):
     """Key heads with their value heads, the attention's heads and every expert split over two ranks; each rank
     holds the weights and states plan says."""
