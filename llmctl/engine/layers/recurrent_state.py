@@ -14,7 +14,6 @@ import torch
 
 from llmctl.checkpoint.spec import StateMixer
 
-
 KERNELS_ON_CPU = "LLMCTL_RECURRENT_DECODE_KERNELS"  # "1": the GPU decode kernels on CPU tensors (interpreter tests)
 
 
