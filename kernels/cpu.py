@@ -16,7 +16,10 @@ time (scripts/setup.sh does). The ops, each tested against a torch reference:
 - `int4_linear` (cpu_int4.cpp, 4-bit weights kept packed; AVX-512, AVX2 and plain paths): reference the
   weight dequantized in torch;
 - `int8_linear` (cpu_int8.cpp, signed byte codes with a scale and offset per group of 16+: GGUF's Q5/Q6/Q8
-  types; the same three paths): reference the same.
+  types; the same three paths): reference the same;
+- `ssd_decode`, `delta_rule_decode`, `selective_scan_decode` (cpu_recurrent.cpp, the recurrent layers' decode step
+  in place in each state's slot): references llmctl.engine.layers.ssd.state_step, delta_rule.step_delta_rule,
+  selective_scan.step.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from llmctl.kernels.build_tools import missing_tools
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("cpu_attention.cpp", "cpu_layers.cpp", "cpu_gemm.cpp", "cpu_int4.cpp", "cpu_int8.cpp",
-                        "cpu_q8.cpp", "cpu_decode_layer.cpp")]
+                        "cpu_q8.cpp", "cpu_decode_layer.cpp", "cpu_recurrent.cpp")]
 HEADERS = [Path(__file__).with_name(name) for name in ("cpu_coded.h", "cpu_attention_avx2.h", "cpu_q8_quantize.h")]  # included: part of the build key
 LIBRARY = "llmctl_cpu"
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp"]  # fast-math: vectorized exp (libmvec)
@@ -292,3 +295,32 @@ if __name__ == "__main__":
     if reason:
         sys.exit(reason)
     print(f"llmctl C++ CPU kernels ready in {build_directory()}")
+
+
+def ssd_decode(states: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor,
+               b: torch.Tensor, c: torch.Tensor, d: torch.Tensor, dt_bias: torch.Tensor,
+               limit: tuple[float, float]) -> torch.Tensor:
+    """Mamba2's decode step in place in `states` [slots, h, p, n] -> y [S, h, p] float32 (cpu_recurrent.cpp)."""
+    load()
+    y = torch.empty(x.shape, dtype=torch.float32)
+    f32 = [t.float().contiguous() for t in (x, dt, a, b, c, d, dt_bias)]
+    torch.ops.llmctl_cpu.ssd_decode(states, slots, *f32, float(limit[0]), min(float(limit[1]), 3.0e38), y)
+    return y
+
+
+def delta_rule_decode(states: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """The gated delta rule's decode step in place in `states` [slots, Hv, dk, dv] -> y [S, Hv, dv] float32."""
+    load()
+    y = torch.empty(v.shape, dtype=torch.float32)
+    torch.ops.llmctl_cpu.delta_rule_decode(states, slots, *[t.float().contiguous() for t in (q, k, v, g, beta)], y)
+    return y
+
+
+def selective_scan_decode(states: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, dt: torch.Tensor,
+                          a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Mamba (1)'s decode step in place in `states` [slots, I, n] -> y [S, I] float32."""
+    load()
+    y = torch.empty(x.shape, dtype=torch.float32)
+    torch.ops.llmctl_cpu.selective_scan_decode(states, slots, *[t.float().contiguous() for t in (x, dt, a, b, c, d)], y)
+    return y

@@ -19,13 +19,6 @@ import triton
 import triton.language as tl
 
 
-def slot_indices(slots: torch.Tensor | slice, count: int, device: torch.device) -> torch.Tensor:
-    """The decodes' state slots as an index tensor (StateStep gives a slice where they are consecutive)."""
-    if isinstance(slots, slice):
-        return torch.arange(slots.start or 0, (slots.start or 0) + count, dtype=torch.int64, device=device)
-    return slots.to(device=device, dtype=torch.int64)
-
-
 def ssd_constexprs(head_dim: int, state_size: int, heads_per_group: int) -> dict:
     return dict(BLOCK_P=min(32, triton.next_power_of_2(head_dim)), HEAD_DIM=head_dim,
                 STATE=state_size, BLOCK_N=triton.next_power_of_2(state_size), HEADS_PER_GROUP=heads_per_group)

@@ -1,14 +1,19 @@
-"""The recurrent layers' decode kernels (kernels/recurrent_decode.py) against the torch paths they replace
-(llmctl.engine.layers.ssd.state_step, delta_rule.step_delta_rule, selective_scan.step): under Triton's interpreter
-on CPU tensors in float32 here. Sizes that are not powers of two (masked tiles), slots out of order (the kernel reads
-and writes them in place, the torch path on a gathered copy), the other slots untouched."""
+"""The recurrent layers' decode kernels — Triton's for GPUs (kernels/recurrent_decode.py, under the interpreter here)
+and the C++ ones for CPUs (kernels/cpu_recurrent.cpp) — against the torch paths they replace
+(llmctl.engine.layers.ssd.state_step, delta_rule.step_delta_rule, selective_scan.step), in float32 (and a bfloat16
+state cache): sizes that are not powers of two (masked tiles), slots out of order (the kernels read and write them
+in place, the torch path on a gathered copy), the other slots untouched."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from llmctl.engine.layers import delta_rule, selective_scan, ssd
-from llmctl.kernels.recurrent_decode import delta_rule_decode, selective_scan_decode, slot_indices, ssd_decode
+from llmctl.engine.layers.recurrent_state import slot_indices
+from llmctl.kernels import cpu, recurrent_decode
+
+KERNELS = {"triton": recurrent_decode, "cpu": cpu}
 
 SLOTS = torch.tensor([4, 1, 2])  # three decodes in a cache of 6 slots
 
@@ -18,26 +23,29 @@ def random(*shape: int, seed: int) -> torch.Tensor:
 
 
 def assert_updated_like(cache: torch.Tensor, before: torch.Tensor, expected_states: torch.Tensor) -> None:
-    torch.testing.assert_close(cache[SLOTS], expected_states, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cache[SLOTS], expected_states.to(cache.dtype), atol=1e-5, rtol=1e-5)
     untouched = [i for i in range(cache.shape[0]) if i not in SLOTS.tolist()]
     assert torch.equal(cache[untouched], before[untouched])
 
 
-def test_ssd_decode_matches_the_torch_state_step():
+@pytest.mark.parametrize(("kind", "dtype"), [("triton", torch.float32), ("cpu", torch.float32),
+                                             ("cpu", torch.bfloat16)])
+def test_ssd_decode_matches_the_torch_state_step(kind, dtype):
     heads, head_dim, groups, state = 4, 24, 2, 20
-    cache = random(6, heads, head_dim, state, seed=0)
+    cache = random(6, heads, head_dim, state, seed=0).to(dtype)
     before = cache.clone()
     x, dt, B, C = random(3, heads, head_dim, seed=1), random(3, heads, seed=2), random(3, groups, state, seed=3), \
         random(3, groups, state, seed=4)
     A, D, bias = -random(heads, seed=5).abs(), random(heads, seed=6), random(heads, seed=7)
     limit = (0.2, 1.5)  # both bounds bite on these values
     expected_y, expected_states = ssd.state_step(cache[SLOTS].clone(), x, dt, A, B, C, D, bias, limit)
-    y = ssd_decode(cache, SLOTS, x, dt, A, B, C, D, bias, limit)
+    y = KERNELS[kind].ssd_decode(cache, SLOTS, x, dt, A, B, C, D, bias, limit)
     torch.testing.assert_close(y, expected_y, atol=1e-5, rtol=1e-5)
     assert_updated_like(cache, before, expected_states)
 
 
-def test_delta_rule_decode_matches_the_torch_step():
+@pytest.mark.parametrize("kind", KERNELS)
+def test_delta_rule_decode_matches_the_torch_step(kind):
     k_heads, v_heads, key_dim, value_dim = 1, 3, 24, 40
     cache = random(6, v_heads, key_dim, value_dim, seed=0) * 0.1
     before = cache.clone()
@@ -46,12 +54,13 @@ def test_delta_rule_decode_matches_the_torch_step():
     g, beta = -random(3, v_heads, seed=4).abs(), torch.sigmoid(random(3, v_heads, seed=5))
     expected_y, expected_states = delta_rule.step_delta_rule(cache[SLOTS].clone(), q, k, v, g, beta)
     prepared_q, prepared_k = delta_rule.prepare_heads(q, k, v_heads)
-    y = delta_rule_decode(cache, SLOTS, prepared_q, prepared_k, v, g, beta)
+    y = KERNELS[kind].delta_rule_decode(cache, SLOTS, prepared_q, prepared_k, v, g, beta)
     torch.testing.assert_close(y, expected_y, atol=1e-5, rtol=1e-5)
     assert_updated_like(cache, before, expected_states)
 
 
-def test_selective_scan_decode_matches_the_torch_step():
+@pytest.mark.parametrize("kind", KERNELS)
+def test_selective_scan_decode_matches_the_torch_step(kind):
     channels, state = 70, 12
     cache = random(6, channels, state, seed=0)
     before = cache.clone()
@@ -59,7 +68,7 @@ def test_selective_scan_decode_matches_the_torch_step():
     B, C = random(3, state, seed=3), random(3, state, seed=4)
     A, D = -random(channels, state, seed=5).abs(), random(channels, seed=6)
     expected_y, expected_states = selective_scan.step(x, dt, A, B, C, D, cache[SLOTS].clone())
-    y = selective_scan_decode(cache, SLOTS, x, dt, A, B, C, D)
+    y = KERNELS[kind].selective_scan_decode(cache, SLOTS, x, dt, A, B, C, D)
     torch.testing.assert_close(y, expected_y, atol=1e-5, rtol=1e-5)
     assert_updated_like(cache, before, expected_states)
 
@@ -67,3 +76,23 @@ def test_selective_scan_decode_matches_the_torch_step():
 def test_consecutive_slots_given_as_a_slice_become_indices():
     assert slot_indices(slice(2, None), 3, torch.device("cpu")).tolist() == [2, 3, 4]
     assert slot_indices(torch.tensor([5, 0], dtype=torch.int32), 2, torch.device("cpu")).dtype == torch.int64
+
+
+def test_decodes_split_into_runs_of_consecutive_slots_for_the_torch_path():
+    """Without the kernels, decodes update views of the state cache: one per run of consecutive slots (in slot
+    order), all gathered at once past MAX_DECODE_RUNS runs; a prompt chunk is never among them."""
+    from llmctl.engine.layers.recurrent_state import MAX_DECODE_RUNS, StateCache, StateStep
+
+    def step(slots: list[int], prompt_at: int | None = None) -> StateStep:
+        lengths = [5 if i == prompt_at else 1 for i in range(len(slots))]
+        starts = [sum(lengths[:i]) for i in range(len(slots) + 1)]
+        return StateStep(StateCache({}, 16), starts, slots, [i == prompt_at for i in range(len(slots))],
+                         torch.device("cpu"))
+
+    reversed_run = step([3, 2, 1, 0])
+    assert [(rows.tolist(), slots) for rows, slots in reversed_run.decode_runs] == [([3, 2, 1, 0], slice(0, 4))]
+    holes = step([0, 1, 7, 5, 8, 2], prompt_at=3)  # slot 5 prefills: runs 0-2 and 7-8
+    assert [slots for _, slots in holes.decode_runs] == [slice(0, 3), slice(7, 9)] and holes.prefills == [3]
+    assert holes.all_decodes[0][1].tolist() == [0, 1, 2, 7, 8]
+    scattered = step(list(range(0, 2 * (MAX_DECODE_RUNS + 1), 2)))
+    assert len(scattered.decode_runs) == 1 and scattered.decode_runs[0][1].tolist() == scattered.slots

@@ -15,6 +15,7 @@ findable until they are reused, least recently freed first.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -67,7 +68,8 @@ class BlockManager:
         self.free_ids = list(range(self.num_blocks - 1, -1, -1))
         self.evictable = OrderedDict()
         self.cached = {}
-        self.free_states = list(range(self.state_slots - 1, -1, -1))
+        self.free_states = list(range(self.state_slots))  # a heap: the lowest slot first, so that the running
+        # sequences' slots stay consecutive (their decodes update views of the state cache)
 
     # -- accounting ---------------------------------------------------------------------
     @property
@@ -185,7 +187,7 @@ class BlockManager:
         copies = []
         tables = self.tables(seq)
         if self.state_slots and seq.state_slot < 0:  # the scheduler admits at most max_num_seqs: one is free
-            seq.state_slot = self.free_states.pop()
+            seq.state_slot = heapq.heappop(self.free_states)
         for table in tables:
             if self._shared_last(table, seq):
                 shared = table[-1]
@@ -233,7 +235,7 @@ class BlockManager:
         seq.block_table = []
         seq.group_tables = []
         if seq.state_slot >= 0:
-            self.free_states.append(seq.state_slot)
+            heapq.heappush(self.free_states, seq.state_slot)
             seq.state_slot = -1
         seq.tables_changed_from = 0
         self.freed_seq_ids.append(seq.seq_id)  # its workers' table row can go to another sequence

@@ -7,6 +7,8 @@ window and delta-rule state live in the state cache (llmctl.engine.layers.recurr
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,7 +18,7 @@ from llmctl.checkpoint.delta_net import GatedDeltaNetSpec
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import causal_conv, delta_rule
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear
-from llmctl.engine.layers.recurrent_state import StateStep, decode_kernels_apply, run_by_sequence
+from llmctl.engine.layers.recurrent_state import StateStep, decode_kernel, run_by_sequence
 from llmctl.engine.layers.stacked_rows import HeadVectors, ShardedRows, StackedColumnLinear
 
 
@@ -72,11 +74,13 @@ class GatedDeltaNet(HeadVectors, nn.Module):
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         y = torch.empty(x.shape[0], self.v_heads, self.spec.head_v_dim, dtype=torch.float32, device=x.device)
+        kernels = decode_kernel(x, states.layer(layer).ssm)
         run_by_sequence(states, layer, y,
                         lambda rows, state, slots: self._decode(qkv[rows], g[rows], beta[rows], state.conv,
-                                                                state.ssm, slots),
+                                                                state.ssm, slots, kernels),
                         lambda span, state, slot: self._prefill(qkv[span], g[span], beta[span], state.conv,
-                                                                state.ssm, slot))
+                                                                state.ssm, slot),
+                        indexed=kernels is not None)
         out = self.norm(y.to(x.dtype), z)
         return self.out_proj(out.reshape(x.shape[0], self.value_dim))
 
@@ -101,14 +105,12 @@ class GatedDeltaNet(HeadVectors, nn.Module):
                 v.reshape(-1, self.v_heads, spec.head_v_dim))
 
     def _decode(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
-                slots: torch.Tensor | slice) -> torch.Tensor:
+                slots: torch.Tensor | slice, kernels: ModuleType | None) -> torch.Tensor:
         out, conv[slots] = causal_conv.conv_step(qkv, conv[slots], self.conv1d.weight[:, 0], None)
-        if decode_kernels_apply(out):  # one pass over each state, in place in its slot (kernels/recurrent_decode.py)
-            from llmctl.kernels.recurrent_decode import delta_rule_decode, slot_indices
-
+        if kernels is not None:  # one pass over each state, in place in its slot
             q, k, v = self._heads(out)
             q, k = delta_rule.prepare_heads(q, k, v.shape[1])
-            return delta_rule_decode(ssm, slot_indices(slots, v.shape[0], v.device), q, k, v, g, beta)
+            return kernels.delta_rule_decode(ssm, slots, q, k, v, g, beta)
         y, new = delta_rule.step_delta_rule(ssm[slots], *self._heads(out), g, beta)
         if isinstance(slots, torch.Tensor) or new.dtype != ssm.dtype:  # a gathered copy, or another dtype
             ssm[slots] = new.to(ssm.dtype)

@@ -7,6 +7,8 @@ C are whole on every rank."""
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,7 +19,7 @@ from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import causal_conv, selective_scan
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear
 from llmctl.engine.layers.norms import RMSNorm
-from llmctl.engine.layers.recurrent_state import StateStep, decode_kernels_apply, run_by_sequence
+from llmctl.engine.layers.recurrent_state import StateStep, decode_kernel, run_by_sequence
 from llmctl.engine.layers.stacked_rows import HeadVectors, ShardedRows, StackedColumnLinear
 
 
@@ -48,9 +50,11 @@ class Mamba1Mixer(HeadVectors, nn.Module):
     def forward(self, x: torch.Tensor, states: StateStep, layer: int) -> torch.Tensor:
         xs, gate = self.in_proj(x).split([self.inner, self.inner], dim=-1)
         y = torch.empty(x.shape[0], self.inner, dtype=torch.float32, device=x.device)
+        kernels = decode_kernel(x, states.layer(layer).ssm)
         run_by_sequence(states, layer, y,
-                        lambda rows, state, slots: self._decode(xs[rows], state.conv, state.ssm, slots),
-                        lambda span, state, slot: self._prefill(xs[span], state.conv, state.ssm, slot))
+                        lambda rows, state, slots: self._decode(xs[rows], state.conv, state.ssm, slots, kernels),
+                        lambda span, state, slot: self._prefill(xs[span], state.conv, state.ssm, slot),
+                        indexed=kernels is not None)
         return self.out_proj((y * F.silu(gate.float())).to(x.dtype))
 
     def _scan_inputs(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -63,16 +67,13 @@ class Mamba1Mixer(HeadVectors, nn.Module):
             low, B, C = self.dt_layernorm(low), self.b_layernorm(B), self.c_layernorm(C)
         return u.float(), F.softplus(self.dt_proj(low).float()), B.float(), C.float()
 
-    def _decode(self, xs: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
-                slots: torch.Tensor | slice) -> torch.Tensor:
+    def _decode(self, xs: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, slots: torch.Tensor | slice,
+                kernels: ModuleType | None) -> torch.Tensor:
         bias = getattr(self.conv1d, "bias", None)
         out, conv[slots] = causal_conv.conv_step(xs, conv[slots], self.conv1d.weight[:, 0], bias)
         u, dt, B, C = self._scan_inputs(F.silu(out))
-        if decode_kernels_apply(u):  # one pass over each state, in place in its slot (kernels/recurrent_decode.py)
-            from llmctl.kernels.recurrent_decode import selective_scan_decode, slot_indices
-
-            return selective_scan_decode(ssm, slot_indices(slots, u.shape[0], u.device), u, dt,
-                                         -torch.exp(self.A_log.float()), B, C, self.D)
+        if kernels is not None:  # one pass over each state, in place in its slot
+            return kernels.selective_scan_decode(ssm, slots, u, dt, -torch.exp(self.A_log.float()), B, C, self.D)
         current = ssm[slots] if ssm.dtype == torch.float32 else ssm[slots].float()
         y, new = selective_scan.step(u, dt, -torch.exp(self.A_log.float()), B, C, self.D.float(), current)
         if isinstance(slots, torch.Tensor) or new.dtype != ssm.dtype:  # a gathered copy, or another dtype

@@ -6,6 +6,8 @@ from the state their previous chunk left (zeros for a first chunk)."""
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,7 +17,7 @@ from llmctl.checkpoint.mamba import Mamba2MixerSpec
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import causal_conv, ssd
 from llmctl.engine.layers.linear import Part, RowParallelLinear
-from llmctl.engine.layers.recurrent_state import StateStep, decode_kernels_apply, run_by_sequence
+from llmctl.engine.layers.recurrent_state import StateStep, decode_kernel, run_by_sequence
 from llmctl.engine.layers.stacked_rows import HeadVectors, ShardedRows, StackedColumnLinear
 
 
@@ -81,9 +83,12 @@ class Mamba2Mixer(HeadVectors, nn.Module):
             projected = projected * self.projection_scales.to(projected.dtype)
         gate, xbc, dt = projected.split([self.inner, self.conv_dim, self.heads], dim=-1)
         y = torch.empty(x.shape[0], self.heads, self.spec.head_dim, dtype=torch.float32, device=x.device)
+        kernels = decode_kernel(x, states.layer(layer).ssm)
         run_by_sequence(states, layer, y,
-                        lambda rows, state, slots: self._decode(xbc[rows], dt[rows], state.conv, state.ssm, slots),
-                        lambda span, state, slot: self._prefill(xbc[span], dt[span], state.conv, state.ssm, slot))
+                        lambda rows, state, slots: self._decode(xbc[rows], dt[rows], state.conv, state.ssm, slots,
+                                                                kernels),
+                        lambda span, state, slot: self._prefill(xbc[span], dt[span], state.conv, state.ssm, slot),
+                        indexed=kernels is not None)
         out = self.norm(y.view(x.shape[0], self.inner), gate)
         return self.out_proj(out.to(x.dtype))
 
@@ -95,15 +100,13 @@ class Mamba2Mixer(HeadVectors, nn.Module):
                 C.reshape(-1, self.groups, spec.state_size))
 
     def _decode(self, xbc: torch.Tensor, dt: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
-                slots: torch.Tensor | slice) -> torch.Tensor:
+                slots: torch.Tensor | slice, kernels: ModuleType | None) -> torch.Tensor:
         bias = getattr(self.conv1d, "bias", None)
         out, conv[slots] = causal_conv.conv_step(xbc, conv[slots], self.conv1d.weight[:, 0], bias)
         x, B, C = self._split(out)
-        if decode_kernels_apply(x):  # one pass over each state, in place in its slot (kernels/recurrent_decode.py)
-            from llmctl.kernels.recurrent_decode import slot_indices, ssd_decode
-
-            return ssd_decode(ssm, slot_indices(slots, x.shape[0], x.device), x, dt, -torch.exp(self.A_log.float()),
-                              B, C, self.D, self.dt_bias, self.spec.time_step_limit)
+        if kernels is not None:  # one pass over each state, in place in its slot
+            return kernels.ssd_decode(ssm, slots, x, dt, -torch.exp(self.A_log.float()), B, C, self.D, self.dt_bias,
+                                      self.spec.time_step_limit)
         y, new = ssd.state_step(ssm[slots], x, dt, -torch.exp(self.A_log.float()), B, C, self.D, self.dt_bias,
                                 self.spec.time_step_limit)
         if isinstance(slots, torch.Tensor) or new.dtype != ssm.dtype:  # a gathered copy, or another dtype

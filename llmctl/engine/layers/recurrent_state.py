@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import torch
 
@@ -17,10 +18,27 @@ from llmctl.checkpoint.spec import StateMixer
 KERNELS_ON_CPU = "LLMCTL_RECURRENT_DECODE_KERNELS"  # "1": the GPU decode kernels on CPU tensors (interpreter tests)
 
 
-def decode_kernels_apply(x: torch.Tensor) -> bool:
-    """Whether decodes take the Triton kernels of kernels/recurrent_decode.py: on CUDA tensors; on CPU ones under
-    Triton's interpreter when KERNELS_ON_CPU says so (how the tests run the layers' kernel path here)."""
-    return x.is_cuda or (os.environ.get(KERNELS_ON_CPU) == "1" and os.environ.get("TRITON_INTERPRET") == "1")
+def decode_kernel(x: torch.Tensor, states: torch.Tensor) -> ModuleType | None:
+    """The kernels that advance the decodes' states in place in their slots (ssd_decode, delta_rule_decode,
+    selective_scan_decode): Triton's (kernels/recurrent_decode.py) on CUDA tensors, and on CPU ones under Triton's
+    interpreter when KERNELS_ON_CPU says so (how the tests run that path here); the C++ ones
+    (kernels/cpu_recurrent.cpp) where they are built and the states are float32 or bfloat16; None: torch's."""
+    if x.is_cuda or (os.environ.get(KERNELS_ON_CPU) == "1" and os.environ.get("TRITON_INTERPRET") == "1"):
+        from llmctl.kernels import recurrent_decode
+
+        return recurrent_decode
+    from llmctl.kernels import cpu as cpu_kernels
+
+    if states.dtype in (torch.float32, torch.bfloat16) and cpu_kernels.fused_layers_for(x):
+        return cpu_kernels
+    return None
+
+
+def slot_indices(slots: torch.Tensor | slice, count: int, device: torch.device) -> torch.Tensor:
+    """Slots as an int64 index tensor (a run of consecutive ones comes as a slice)."""
+    if isinstance(slots, slice):
+        return torch.arange(slots.start or 0, (slots.start or 0) + count, dtype=torch.int64, device=device)
+    return slots.to(device=device, dtype=torch.int64)
 
 
 @dataclass
@@ -49,6 +67,20 @@ def allocate_states(mixer: StateMixer, layers: list[int], slots: int, dtype: tor
                        for layer in layers}, slots)
 
 
+MAX_DECODE_RUNS = 4  # runs of consecutive slots decoded apart before one gathered batch is cheaper
+
+
+def _consecutive_runs(sorted_slots: list[int]) -> list[tuple[int, int]]:
+    """[start, end) positions of each run of consecutive values in an ascending list."""
+    runs: list[tuple[int, int]] = []
+    for position, slot in enumerate(sorted_slots):
+        if runs and slot == sorted_slots[position - 1] + 1:
+            runs[-1] = (runs[-1][0], position + 1)
+        else:
+            runs.append((position, position + 1))
+    return runs
+
+
 @dataclass
 class StateStep:
     """One step as the recurrent layers see it: per scheduled sequence, its rows, its slot, a fresh start."""
@@ -58,10 +90,10 @@ class StateStep:
     slots: list[int]  # [S]
     fresh: list[bool]  # [S]: no token of the sequence was computed before this step
     device: torch.device
-    decode_slots: torch.Tensor | slice = field(init=False)  # sequences continuing by one token, batched together:
-    # their slots, a slice where they are consecutive (views of the state, no gather or scatter)
-    decode_rows: torch.Tensor | slice = field(init=False)  # their rows of the step, likewise
-    decoding: bool = field(init=False)
+    # sequences continuing by one token, batched by runs of consecutive slots (a run's states are a view of the
+    # cache: no gather, no scatter), or all together through index tensors where the slots are too scattered
+    decode_runs: list[tuple[torch.Tensor | slice, torch.Tensor | slice]] = field(init=False)  # (rows, slots)
+    all_decodes: list[tuple[torch.Tensor | slice, torch.Tensor]] = field(init=False)
     prefills: list[int] = field(init=False)  # the others, one at a time
 
     def __post_init__(self) -> None:
@@ -69,9 +101,16 @@ class StateStep:
         decodes = [i for i in range(len(self.slots)) if starts[i + 1] - starts[i] == 1 and not self.fresh[i]]
         self.prefills = [i for i in range(len(self.slots))
                          if starts[i + 1] > starts[i] and i not in set(decodes)]
-        self.decode_slots = self._indexer([self.slots[i] for i in decodes])
-        self.decode_rows = self._indexer([starts[i] for i in decodes])
-        self.decoding = bool(decodes)
+        decodes.sort(key=lambda i: self.slots[i])
+        runs = _consecutive_runs([self.slots[i] for i in decodes])
+        if len(runs) > MAX_DECODE_RUNS:  # one gathered batch costs less than many small ones
+            runs = [(0, len(decodes))]
+        self.decode_runs = [(self._indexer([starts[i] for i in decodes[a:b]]),
+                             self._indexer([self.slots[i] for i in decodes[a:b]])) for a, b in runs]
+        # all decodes at once, for the kernels that index the slots themselves
+        self.all_decodes = [(self._indexer([starts[i] for i in decodes]),
+                             torch.tensor([self.slots[i] for i in decodes], dtype=torch.int64, device=self.device))
+                            ] if decodes else []
 
     def _indexer(self, indices: list[int]) -> torch.Tensor | slice:
         """A slice where the indices are consecutive (a view: no gather, no scatter), else an index tensor."""
@@ -90,12 +129,14 @@ Decode = Callable[[torch.Tensor | slice, MambaState, torch.Tensor | slice], torc
 Prefill = Callable[[slice, MambaState, int], torch.Tensor]  # (one sequence's rows, layer state, slot) -> outputs
 
 
-def run_by_sequence(states: StateStep, layer: int, out: torch.Tensor, decode: Decode, prefill: Prefill) -> None:
-    """A recurrent layer over the step: the decodes together, then each prompt chunk from its sequence's state
-    (zeroed first for a first chunk); each writes its rows of `out`."""
+def run_by_sequence(states: StateStep, layer: int, out: torch.Tensor, decode: Decode, prefill: Prefill,
+                    indexed: bool = False) -> None:
+    """A recurrent layer over the step: the decodes together (by runs of consecutive slots, or all at once with
+    their slots as an index tensor where `indexed`: a kernel updates them in place), then each prompt chunk from its
+    sequence's state (zeroed first for a first chunk); each writes its rows of `out`."""
     state = states.layer(layer)
-    if states.decoding:
-        out[states.decode_rows] = decode(states.decode_rows, state, states.decode_slots)
+    for rows, slots in states.all_decodes if indexed else states.decode_runs:
+        out[rows] = decode(rows, state, slots)
     for seq in states.prefills:
         span, slot = states.rows(seq), states.slots[seq]
         if states.fresh[seq]:
