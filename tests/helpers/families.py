@@ -34,7 +34,7 @@ def granite_config(vocab: int):
                          logits_scaling=3.0, tie_word_embeddings=True)
 
 
-def phi3_config(vocab: int):
+def phi3_config(vocab: int, original_max: int = 32):
     from transformers import Phi3Config
 
     # LongRoPE with a pretraining length of 32: the long prompts start past it and every sequence crosses it
@@ -42,7 +42,7 @@ def phi3_config(vocab: int):
     factors = {"short_factor": [1.0, 1.2, 1.5, 2.0], "long_factor": [1.5, 3.0, 6.0, 12.0]}
     return Phi3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      original_max_position_embeddings=32, partial_rotary_factor=0.5, sliding_window=None,
+                      original_max_position_embeddings=original_max, partial_rotary_factor=0.5, sliding_window=None,
                       rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, **factors},
                       tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
