@@ -17,7 +17,7 @@ from llmctl.checkpoint.mamba import Mamba2MixerSpec
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import causal_conv, ssd
 from llmctl.engine.layers.linear import Part, RowParallelLinear
-from llmctl.engine.layers.recurrent_state import StateStep, decode_kernel, run_by_sequence
+from llmctl.engine.layers.recurrent_state import MambaState, StateStep, decode_kernel, run_by_sequence
 from llmctl.engine.layers.stacked_rows import HeadVectors, ShardedRows, StackedColumnLinear
 
 
@@ -88,7 +88,8 @@ class Mamba2Mixer(HeadVectors, nn.Module):
                         lambda rows, state, slots: self._decode(xbc[rows], dt[rows], state.conv, state.ssm, slots,
                                                                 kernels),
                         lambda span, state, slot: self._prefill(xbc[span], dt[span], state.conv, state.ssm, slot),
-                        indexed=kernels is not None)
+                        indexed=kernels is not None,
+                        prefill_batch=lambda spans, state, slots: self._prefill_batch(xbc, dt, spans, state, slots))
         out = self.norm(y.view(x.shape[0], self.inner), gate)
         return self.out_proj(out.to(x.dtype))
 
@@ -112,6 +113,22 @@ class Mamba2Mixer(HeadVectors, nn.Module):
         if isinstance(slots, torch.Tensor) or new.dtype != ssm.dtype:  # a gathered copy, or another dtype
             ssm[slots] = new.to(ssm.dtype)
         return y
+
+    def _prefill_batch(self, xbc: torch.Tensor, dt: torch.Tensor, spans: list[slice], state: MambaState,
+                       slots: list[int]) -> list[torch.Tensor]:
+        """Several sequences' prompt chunks: each one's convolution from its window, then one scan for them all."""
+        bias = getattr(self.conv1d, "bias", None)
+        parts = []
+        for span, slot in zip(spans, slots):
+            out, state.conv[slot] = causal_conv.conv_chunk(xbc[span], state.conv[slot], self.conv1d.weight[:, 0], bias)
+            parts.append(self._split(out))
+        index = torch.tensor(slots, device=xbc.device)
+        ys, finals = ssd.chunk_scan_batch([p[0] for p in parts], [dt[span] for span in spans],
+                                          -torch.exp(self.A_log.float()), [p[1] for p in parts], [p[2] for p in parts],
+                                          self.D, self.dt_bias, self.spec.chunk_size, state.ssm[index],
+                                          self.spec.time_step_limit)
+        state.ssm[index] = finals.to(state.ssm.dtype)
+        return ys
 
     def _prefill(self, xbc: torch.Tensor, dt: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
                  slot: int) -> torch.Tensor:

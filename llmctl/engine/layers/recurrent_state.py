@@ -127,19 +127,36 @@ class StateStep:
 
 Decode = Callable[[torch.Tensor | slice, MambaState, torch.Tensor | slice], torch.Tensor]  # (rows, state, slots) -> y
 Prefill = Callable[[slice, MambaState, int], torch.Tensor]  # (one sequence's rows, layer state, slot) -> outputs
+PrefillBatch = Callable[[list[slice], MambaState, list[int]], list[torch.Tensor]]  # several sequences at once
 
 
 def run_by_sequence(states: StateStep, layer: int, out: torch.Tensor, decode: Decode, prefill: Prefill,
-                    indexed: bool = False) -> None:
+                    indexed: bool = False, prefill_batch: PrefillBatch | None = None) -> None:
     """A recurrent layer over the step: the decodes together (by runs of consecutive slots, or all at once with
-    their slots as an index tensor where `indexed`: a kernel updates them in place), then each prompt chunk from its
-    sequence's state (zeroed first for a first chunk); each writes its rows of `out`."""
+    their slots as an index tensor where `indexed`: a kernel updates them in place), then the prompt chunks from
+    their sequences' states (zeroed first for a first chunk) — one at a time, or with `prefill_batch` those of
+    similar lengths together (padded to the longest, at most twice each one); each writes its rows of `out`."""
     state = states.layer(layer)
     for rows, slots in states.all_decodes if indexed else states.decode_runs:
         out[rows] = decode(rows, state, slots)
     for seq in states.prefills:
-        span, slot = states.rows(seq), states.slots[seq]
         if states.fresh[seq]:
-            state.conv[slot].zero_()
-            state.ssm[slot].zero_()
-        out[span] = prefill(span, state, slot)
+            state.conv[states.slots[seq]].zero_()
+            state.ssm[states.slots[seq]].zero_()
+    for group in _length_groups(states) if prefill_batch is not None else [[seq] for seq in states.prefills]:
+        spans = [states.rows(seq) for seq in group]
+        if len(group) == 1 or prefill_batch is None:
+            out[spans[0]] = prefill(spans[0], state, states.slots[group[0]])
+            continue
+        for span, y in zip(spans, prefill_batch(spans, state, [states.slots[seq] for seq in group])):
+            out[span] = y
+
+
+def _length_groups(states: StateStep) -> list[list[int]]:
+    """The prompt chunks grouped by length bucket (powers of two): padding each to its group's longest at most
+    doubles it."""
+    groups: dict[int, list[int]] = {}
+    for seq in states.prefills:
+        length = states.query_start_loc[seq + 1] - states.query_start_loc[seq]
+        groups.setdefault((length - 1).bit_length(), []).append(seq)
+    return list(groups.values())

@@ -72,6 +72,13 @@ def test_mamba2_matches_transformers(mamba2, mamba2_reference):
     assert_close(mamba2_reference, ours)
 
 
+def test_mamba2_prompts_scanned_together(mamba2, mamba2_reference):
+    """All prompts in one step: those of similar lengths scanned as one batch, each padded to the longest of its
+    group with dt = 0 (its state passing the padding unchanged)."""
+    ours, _ = engine_outputs(mamba2, tokens=TOKENS, max_num_batched_tokens=512)
+    assert_close(mamba2_reference, ours)
+
+
 def test_mamba2_n_sequences_and_two_stages(mamba2, mamba2_reference):
     """n = 3 runs as three sequences with their own states (vLLM's fan-out); two pipeline stages hold their own
     layers' states."""
