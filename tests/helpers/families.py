@@ -265,3 +265,20 @@ def assert_backend_matches_transformers(folder: Path, tokenizer, backend: str) -
     prompts = ["The capital of France is", "def fibonacci(n):"]
     ours, _ = engine_outputs(folder, prompts, tokens=6, attention_backend=backend)
     assert_close(transformers_reference(folder, tokenizer, prompts=prompts, max_tokens=6), ours, prompts)
+
+
+def native_and_counted_as_transformers_counts(folder: Path):
+    """The folder's ModelSpec, after checking that llmctl's own layers serve it and that its parameter count from
+    config.json is transformers' own model's (random weights: every parameter counted once)."""
+    from transformers import AutoModelForCausalLM
+
+    from llmctl.checkpoint.config_file import load_spec
+    from llmctl.checkpoint.params import count_from_config
+    from llmctl.checkpoint.source import resolve_model
+    from llmctl.engine.models.registry import implementation
+
+    spec = load_spec(resolve_model(str(folder), weights=False))
+    assert implementation(spec) == ("llmctl", "")
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    assert count_from_config(spec).total == sum(p.numel() for p in hf.parameters())
+    return spec

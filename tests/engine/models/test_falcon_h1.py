@@ -18,6 +18,7 @@ from helpers.families import (
     assert_close,
     assert_tp2_equals_tp1,
     engine_outputs,
+    native_and_counted_as_transformers_counts,
     save_routed_moe,
     transformers_reference,
 )
@@ -44,18 +45,7 @@ def folder(request, tmp_path_factory, tokenizer) -> Path:
 
 
 def test_falcon_h1_matches_transformers(folder, tokenizer):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from llmctl.checkpoint.config_file import load_spec
-    from llmctl.checkpoint.params import count_from_config
-    from llmctl.checkpoint.source import resolve_model
-    from llmctl.engine.models.registry import implementation
-
-    spec = load_spec(resolve_model(str(folder), weights=False))
-    assert implementation(spec) == ("llmctl", "") and spec.layer_pattern() == "3 mamba2+attention"
-    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    assert count_from_config(spec).total == sum(p.numel() for p in hf.parameters())
+    assert native_and_counted_as_transformers_counts(folder).layer_pattern() == "3 mamba2+attention"
     reference = transformers_reference(folder, tokenizer, max_tokens=40)
     ours, _ = engine_outputs(folder, tokens=40)
     assert_close(reference, ours, PROMPTS)

@@ -14,6 +14,7 @@ from helpers.families import (
     assert_close,
     assert_tp2_equals_tp1,
     engine_outputs,
+    native_and_counted_as_transformers_counts,
     save_routed_moe,
     transformers_reference,
 )
@@ -40,18 +41,7 @@ def folder(request, tmp_path_factory, tokenizer) -> Path:
 
 
 def test_matches_transformers(folder, tokenizer):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from llmctl.checkpoint.config_file import load_spec
-    from llmctl.checkpoint.params import count_from_config
-    from llmctl.checkpoint.source import resolve_model
-    from llmctl.engine.models.registry import implementation
-
-    spec = load_spec(resolve_model(str(folder), weights=False))
-    assert implementation(spec) == ("llmctl", "") and spec.layer_pattern() == "2 mamba"
-    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    assert count_from_config(spec).total == sum(p.numel() for p in hf.parameters())
+    assert native_and_counted_as_transformers_counts(folder).layer_pattern() == "2 mamba"
     reference = transformers_reference(folder, tokenizer, max_tokens=TOKENS)
     ours, _ = engine_outputs(folder, tokens=TOKENS)
     assert_close(reference, ours)

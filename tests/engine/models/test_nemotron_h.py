@@ -18,6 +18,7 @@ from helpers.families import (
     assert_close,
     assert_tp2_equals_tp1,
     engine_outputs,
+    native_and_counted_as_transformers_counts,
     save_routed_moe,
     transformers_reference,
 )
@@ -42,27 +43,8 @@ def folder(tmp_path_factory, tokenizer) -> Path:
     return save_routed_moe(nemotron_h_config(len(tokenizer)), tmp_path_factory.mktemp("nemotron_h") / "m", tokenizer)
 
 
-def assert_counted_as_transformers_counts(folder: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from llmctl.checkpoint.config_file import load_spec
-    from llmctl.checkpoint.params import count_from_config
-    from llmctl.checkpoint.source import resolve_model
-    from llmctl.engine.models.registry import implementation
-
-    spec = load_spec(resolve_model(str(folder), weights=False))
-    assert implementation(spec) == ("llmctl", "")
-    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    assert count_from_config(spec).total == sum(p.numel() for p in hf.parameters())
-
-
 def test_nemotron_h_matches_transformers(folder, tokenizer):
-    from llmctl.checkpoint.config_file import load_spec
-    from llmctl.checkpoint.source import resolve_model
-
-    assert_counted_as_transformers_counts(folder)
-    spec = load_spec(resolve_model(str(folder), weights=False))
+    spec = native_and_counted_as_transformers_counts(folder)
     assert spec.layer_pattern() == "mamba2, MoE, attention, MLP, mamba2, MoE"
     assert spec.kv_bytes_per_token(2) == 2 * 2 * 16 * 2  # the one attention block's K and V
     reference = transformers_reference(folder, tokenizer, max_tokens=TOKENS)
@@ -84,7 +66,7 @@ def test_latent_experts_match_transformers(tmp_path, tokenizer):
     config = nemotron_h_config(len(tokenizer), layers_block_type=["mamba", "moe", "attention", "moe"],
                                moe_latent_size=32)
     folder = save_routed_moe(config, tmp_path / "latent", tokenizer)
-    assert_counted_as_transformers_counts(folder)
+    native_and_counted_as_transformers_counts(folder)
     prompts = PROMPTS[:3]
     reference = transformers_reference(folder, tokenizer, prompts=prompts, max_tokens=16)
     ours, _ = engine_outputs(folder, prompts, tokens=16)
