@@ -14,6 +14,7 @@ from rich.table import Table
 from llmctl.checkpoint.license import LicenseReport
 from llmctl.checkpoint.license_db import Term
 from llmctl.checkpoint.quant_schemes import describe as describe_quantization
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.inspect_report import InspectReport
 from llmctl.plan.planner import LayoutPlan
 from llmctl.plan.planner import Plan as PlanResult
@@ -109,22 +110,12 @@ def render_adapter(name: str, report: Any) -> None:
     console.print(table)
 
 
-def _architecture_table(report: InspectReport) -> Table:
-    spec = report.spec
+def _attention_rows(table: Table, spec: ModelSpec) -> None:
     att = spec.attention
-    table = _facts_table("Architecture")
-    table.add_row("model_type", spec.model_type)
-    table.add_row("architectures", ", ".join(spec.architectures) or "?")
-    table.add_row("structure", spec.structure)
-    table.add_row("layers", str(spec.num_layers))
-    if spec.recurrent is not None or (spec.moe and spec.moe.dense_layers) or spec.attention.sliding_layers:
-        table.add_row("layer pattern", spec.layer_pattern())
-    if spec.mixer is not None:
-        table.add_row(spec.mixer.label, spec.mixer.describe())
-    table.add_row("hidden size", str(spec.hidden_size))
-    table.add_row("intermediate size", str(spec.intermediate_size))
-    heads = f"{att.num_heads} query / {att.num_kv_heads} KV, head_dim {att.head_dim}"
-    table.add_row("attention", f"{att.kind}: {heads}")
+    if not any(map(spec.attends, range(spec.num_layers))):
+        table.add_row("attention", "none: every layer keeps a recurrent state")
+        return
+    table.add_row("attention", f"{att.kind}: {att.num_heads} query / {att.num_kv_heads} KV, head_dim {att.head_dim}")
     if att.kind == "MLA":
         table.add_row("MLA ranks", f"q_lora {att.q_lora_rank}, kv_lora {att.kv_lora_rank}, qk_nope "
                                    f"{att.qk_nope_head_dim}, qk_rope {att.qk_rope_head_dim}, v {att.v_head_dim}")
@@ -135,6 +126,23 @@ def _architecture_table(report: InspectReport) -> Table:
         table.add_row("attention sinks", "a learned logit per head in every softmax")
     if att.qk_norm:
         table.add_row("QK norm", "over the whole q and k projections" if att.qk_norm_whole else "per head")
+
+
+def _architecture_table(report: InspectReport) -> Table:
+    spec = report.spec
+    table = _facts_table("Architecture")
+    table.add_row("model_type", spec.model_type)
+    table.add_row("architectures", ", ".join(spec.architectures) or "?")
+    table.add_row("structure", spec.structure)
+    table.add_row("layers", str(spec.num_layers))
+    if spec.recurrent is not None or (spec.moe and spec.moe.dense_layers) or spec.attention.sliding_layers:
+        table.add_row("layer pattern", spec.layer_pattern())
+    if spec.mixer is not None:
+        table.add_row(spec.mixer.label, spec.mixer.describe())
+    table.add_row("hidden size", str(spec.hidden_size))
+    has_mlp = bool(spec.intermediate_size or spec.moe)
+    table.add_row("intermediate size", str(spec.intermediate_size) if has_mlp else "none (no MLP)")
+    _attention_rows(table, spec)
     table.add_row("positional encoding", spec.positional.describe())
     table.add_row("context length", f"{spec.max_context:,} ({spec.context_source})")
     table.add_row("vocab size", f"{spec.vocab_size:,}")
@@ -153,7 +161,9 @@ def _architecture_table(report: InspectReport) -> Table:
     biases = [name for name, on in (("qkv", lay.qkv_bias), ("o", lay.o_bias), ("mlp", lay.mlp_bias),
                                     ("lm_head", lay.lm_head_bias)) if on]
     table.add_row("biases", ", ".join(biases) or "none")
-    table.add_row("MLP", ("gated" if lay.gated_mlp else "plain") + (f" ({spec.activation})" if spec.activation else ""))
+    if has_mlp:
+        table.add_row("MLP", ("gated" if lay.gated_mlp else "plain") + (f" ({spec.activation})" if spec.activation
+                                                                         else ""))
     table.add_row("tied embeddings", "yes" if spec.tie_word_embeddings else "no")
     table.add_row("dtype", spec.torch_dtype or "not stated")
     table.add_row("quantization", describe_quantization(spec.quantization) if spec.quantization else "none")

@@ -435,9 +435,10 @@ def test_mamba2_state_is_planned_per_sequence_not_per_token(tmp_path):
     assert any(c.startswith(f"llmctl serve {tmp_path} --tp 1") for c in plan["commands"])
 
 
-def test_mamba1_state_is_planned_per_sequence():
+def test_mamba1_state_is_planned_per_sequence(tmp_path):
     """state-spaces/mamba-2.8b-hf's config.json (its published fields): vLLM's mamba1_state_shape per layer, conv
-    inner × (conv_kernel - 1) and the scan's inner × state, 16-bit; no KV; split by inner channel under TP."""
+    inner × (conv_kernel - 1) and the scan's inner × state, 16-bit; no KV; split by inner channel under TP.
+    `inspect` says it has no attention and no MLP."""
     from transformers import MambaConfig
 
     config = MambaConfig(architectures=["MambaForCausalLM"], hidden_size=2560, num_hidden_layers=64, vocab_size=50280,
@@ -447,3 +448,8 @@ def test_mamba1_state_is_planned_per_sequence():
     assert spec.kv_bytes_per_token(2) == 0 and spec.layer_pattern() == "64 mamba"
     assert spec.state_bytes_per_sequence(2) == 64 * (5120 * 3 + 5120 * 16) * 2
     assert spec.mixer is not None and spec.mixer.state_bytes(2, tp=2) == (2560 * 3 + 2560 * 16) * 2
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shown = run_cli("inspect", str(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    assert "none: every layer keeps a recurrent state" in shown.stdout and "none (no MLP)" in shown.stdout
+    assert "5120 inner channels, state 16, dt rank 160" in shown.stdout
