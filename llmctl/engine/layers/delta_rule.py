@@ -28,18 +28,31 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                      initial: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's chunk of L tokens: q, k [L, Hk, dk], v [L, Hv, dv], g and beta [L, Hv], from `initial`
     [Hv, dk, dv]. Returns the outputs [L, Hv, dv] and the state after the last token."""
-    length, v_heads, _ = v.shape
-    chunk = fitted_chunk(length, CHUNK)
-    q, k = prepare_heads(q, k, v_heads)
-    q, k, v = (x.transpose(0, 1) for x in (q, k, v.float()))  # [H, L, d]
-    g, beta = g.float().t(), beta.float().t()  # [H, L]
-    pad = (chunk - length % chunk) % chunk
-    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
+    outs, final = chunk_delta_rule_batch([q], [k], [v], [g], [beta], initial[None])
+    return outs[0], final[0]
+
+
+def chunk_delta_rule_batch(qs: list[torch.Tensor], ks: list[torch.Tensor], vs: list[torch.Tensor],
+                           gs: list[torch.Tensor], betas: list[torch.Tensor], initial: torch.Tensor
+                           ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Several sequences' chunks at once, each padded to the longest with g = 0 and β = 0 (no decay, no update:
+    the state passes the padding unchanged), from the states `initial` [S, Hv, dk, dv]; sequence and head are one
+    batch dimension throughout. Returns each one's outputs [L_i, Hv, dv] and the states after each last token."""
+    lengths = [v.shape[0] for v in vs]
+    count, v_heads = len(vs), vs[0].shape[1]
+    chunk = fitted_chunk(max(lengths), CHUNK)
+    padded = -(-max(lengths) // chunk) * chunk
+
+    def stacked(parts: list[torch.Tensor]) -> torch.Tensor:  # each [L, H, ·] -> [S·H, padded, ·], zeros after L
+        return torch.cat([F.pad(t.float().transpose(0, 1), (0, 0, 0, padded - t.shape[0])) for t in parts])
+
+    prepared = [prepare_heads(q, k, v_heads) for q, k in zip(qs, ks)]
+    q, k, v = stacked([p[0] for p in prepared]), stacked([p[1] for p in prepared]), stacked(vs)
+    g, beta = (stacked([t[..., None] for t in ts])[..., 0] for ts in (gs, betas))  # [S·H, padded]
     heads = q.shape[0]
     v_beta, k_beta = v * beta[..., None], k * beta[..., None]
     q, k, k_beta, v_beta = (x.reshape(heads, -1, chunk, x.shape[-1]) for x in (q, k, k_beta, v_beta))
-    decay = g.reshape(heads, -1, chunk).cumsum(-1)  # [H, C, T]
+    decay = g.reshape(heads, -1, chunk).cumsum(-1)  # [S·H, C, T]
     upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
     pairwise = (decay[..., :, None] - decay[..., None, :]).masked_fill(upper, float("-inf")).exp()
     system = (k_beta @ k.transpose(-1, -2)) * pairwise  # the UT transform's unit lower-triangular system
@@ -47,7 +60,7 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     new_values = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
     k_cumdecay = torch.linalg.solve_triangular(system, k_beta * decay.exp()[..., None], upper=False,
                                                unitriangular=True)
-    state = initial.float()
+    state = initial.float().flatten(0, 1)  # [S·H, dk, dv]
     out = torch.zeros_like(new_values)
     q = q * decay.exp()[..., None]
     k = k * (decay[..., -1:] - decay).exp()[..., None]
@@ -56,7 +69,8 @@ def chunk_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         v_new = new_values[:, c] - k_cumdecay[:, c] @ state
         out[:, c] = q[:, c] @ state + intra[:, c] @ v_new
         state = state * chunk_decay[:, c] + k[:, c].transpose(-1, -2) @ v_new
-    return out.reshape(heads, -1, out.shape[-1])[:, :length].transpose(0, 1), state
+    out = out.reshape(count, v_heads, -1, out.shape[-1])
+    return [out[i, :, :length].transpose(0, 1) for i, length in enumerate(lengths)], state.view_as(initial)
 
 
 def step_delta_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,

@@ -18,7 +18,7 @@ from llmctl.checkpoint.delta_net import GatedDeltaNetSpec
 from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import causal_conv, delta_rule
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear
-from llmctl.engine.layers.recurrent_state import StateStep, decode_kernel, run_by_sequence
+from llmctl.engine.layers.recurrent_state import MambaState, StateStep, decode_kernel, run_by_sequence
 from llmctl.engine.layers.stacked_rows import HeadVectors, ShardedRows, StackedColumnLinear
 
 
@@ -80,7 +80,9 @@ class GatedDeltaNet(HeadVectors, nn.Module):
                                                                 state.ssm, slots, kernels),
                         lambda span, state, slot: self._prefill(qkv[span], g[span], beta[span], state.conv,
                                                                 state.ssm, slot),
-                        indexed=kernels is not None)
+                        indexed=kernels is not None,
+                        prefill_batch=lambda spans, state, slots: self._prefill_batch(qkv, g, beta, spans, state,
+                                                                                      slots))
         out = self.norm(y.to(x.dtype), z)
         return self.out_proj(out.reshape(x.shape[0], self.value_dim))
 
@@ -115,6 +117,20 @@ class GatedDeltaNet(HeadVectors, nn.Module):
         if isinstance(slots, torch.Tensor) or new.dtype != ssm.dtype:  # a gathered copy, or another dtype
             ssm[slots] = new.to(ssm.dtype)
         return y
+
+    def _prefill_batch(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, spans: list[slice],
+                       state: MambaState, slots: list[int]) -> list[torch.Tensor]:
+        """Several sequences' prompt chunks: each one's convolution from its window, then one delta rule for all."""
+        heads = []
+        for span, slot in zip(spans, slots):
+            out, state.conv[slot] = causal_conv.conv_chunk(qkv[span], state.conv[slot], self.conv1d.weight[:, 0], None)
+            heads.append(self._heads(out))
+        index = torch.tensor(slots, device=qkv.device)
+        ys, finals = delta_rule.chunk_delta_rule_batch([h[0] for h in heads], [h[1] for h in heads],
+                                                       [h[2] for h in heads], [g[span] for span in spans],
+                                                       [beta[span] for span in spans], state.ssm[index])
+        state.ssm[index] = finals.to(state.ssm.dtype)
+        return ys
 
     def _prefill(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
                  slot: int) -> torch.Tensor:

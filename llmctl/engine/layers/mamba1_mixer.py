@@ -19,7 +19,7 @@ from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers import causal_conv, selective_scan
 from llmctl.engine.layers.linear import ColumnParallelLinear, Part, RowParallelLinear
 from llmctl.engine.layers.norms import RMSNorm
-from llmctl.engine.layers.recurrent_state import StateStep, decode_kernel, run_by_sequence
+from llmctl.engine.layers.recurrent_state import MambaState, StateStep, decode_kernel, run_by_sequence
 from llmctl.engine.layers.stacked_rows import HeadVectors, ShardedRows, StackedColumnLinear
 
 
@@ -54,7 +54,8 @@ class Mamba1Mixer(HeadVectors, nn.Module):
         run_by_sequence(states, layer, y,
                         lambda rows, state, slots: self._decode(xs[rows], state.conv, state.ssm, slots, kernels),
                         lambda span, state, slot: self._prefill(xs[span], state.conv, state.ssm, slot),
-                        indexed=kernels is not None)
+                        indexed=kernels is not None,
+                        prefill_batch=lambda spans, state, slots: self._prefill_batch(xs, spans, state, slots))
         return self.out_proj((y * F.silu(gate.float())).to(x.dtype))
 
     def _scan_inputs(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -79,6 +80,21 @@ class Mamba1Mixer(HeadVectors, nn.Module):
         if isinstance(slots, torch.Tensor) or new.dtype != ssm.dtype:  # a gathered copy, or another dtype
             ssm[slots] = new.to(ssm.dtype)
         return y
+
+    def _prefill_batch(self, xs: torch.Tensor, spans: list[slice], state: MambaState,
+                       slots: list[int]) -> list[torch.Tensor]:
+        """Several sequences' prompt chunks: each one's convolution from its window, then one scan for them all."""
+        bias = getattr(self.conv1d, "bias", None)
+        inputs = []
+        for span, slot in zip(spans, slots):
+            out, state.conv[slot] = causal_conv.conv_chunk(xs[span], state.conv[slot], self.conv1d.weight[:, 0], bias)
+            inputs.append(self._scan_inputs(F.silu(out)))
+        index = torch.tensor(slots, device=xs.device)
+        states = state.ssm[index].float()
+        ys = selective_scan.scan_batch([i[0] for i in inputs], [i[1] for i in inputs], -torch.exp(self.A_log.float()),
+                                       [i[2] for i in inputs], [i[3] for i in inputs], self.D.float(), states)
+        state.ssm[index] = states.to(state.ssm.dtype)
+        return ys
 
     def _prefill(self, xs: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, slot: int) -> torch.Tensor:
         bias = getattr(self.conv1d, "bias", None)

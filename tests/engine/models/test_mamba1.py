@@ -1,7 +1,8 @@
 """Mamba (1) natively — Mamba (state-spaces/mamba-*) and Falcon-Mamba (dt, B and C normed without weights) —
 against transformers on the same random weights: greedy tokens identical and log-probabilities within 1e-3, prompts
-chunked at 16 tokens (each sequence's convolution window and scan state carried between steps), a prompt over two
-of the scan's 64-token spans in one step; TP 2 as TP 1. Parameter counts as transformers counts them."""
+chunked at 16 tokens (each sequence's convolution window and scan state carried between steps), a prompt over
+several of the scan's spans in one step, all prompts scanned together; TP 2 as TP 1. Parameter counts as
+transformers counts them."""
 
 from __future__ import annotations
 
@@ -47,11 +48,22 @@ def test_matches_transformers(folder, tokenizer):
     assert_close(reference, ours)
 
 
-def test_a_prompt_over_two_scan_spans_in_one_step(folder, tokenizer):
+def test_a_prompt_over_several_scan_spans_in_one_step(folder, tokenizer, monkeypatch):
+    """Spans of 32 tokens' states (the scan holds that many at once), the state carried from one to the next."""
+    from llmctl.engine.layers import selective_scan
+
+    monkeypatch.setattr(selective_scan, "SPAN_VALUES", 32 * 128 * 16)  # 32 tokens × 128 channels × state 16
     assert len(tokenizer(LONG[0]).input_ids) > 64
     reference = transformers_reference(folder, tokenizer, prompts=LONG, max_tokens=8)
     ours, _ = engine_outputs(folder, LONG, tokens=8, max_num_batched_tokens=256)
     assert_close(reference, ours, LONG)
+
+
+def test_prompts_scanned_together(folder, tokenizer):
+    """All prompts in one step, token by token together, each padded to the longest with dt = 0."""
+    reference = transformers_reference(folder, tokenizer, max_tokens=16)
+    ours, _ = engine_outputs(folder, tokens=16, max_num_batched_tokens=512)
+    assert_close(reference, ours)
 
 
 def test_tp2_equals_tp1(folder):

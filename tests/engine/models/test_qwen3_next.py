@@ -64,6 +64,13 @@ def test_a_prompt_over_several_delta_rule_chunks_in_one_step(folder, tokenizer):
     assert_close(reference, ours, LONG)
 
 
+def test_prompts_scanned_together(folder, tokenizer):
+    """All prompts in one step: those of similar lengths through one delta rule, padded with g = β = 0."""
+    reference = transformers_reference(folder, tokenizer, max_tokens=16)
+    ours, _ = engine_outputs(folder, tokens=16, max_num_batched_tokens=512)
+    assert_close(reference, ours)
+
+
 def test_qwen3_next_attention_through_triton(folder, tokenizer):
     assert_backend_matches_transformers(folder, tokenizer, "triton")
 
