@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from llmctl.engine.layers import delta_rule, selective_scan, ssd
-from llmctl.engine.layers.recurrent_state import slot_indices
 from llmctl.kernels import cpu, recurrent_decode
 
 KERNELS = {"triton": recurrent_decode, "cpu": cpu}
@@ -71,11 +70,6 @@ def test_selective_scan_decode_matches_the_torch_step(kind):
     y = KERNELS[kind].selective_scan_decode(cache, SLOTS, x, dt, A, B, C, D)
     torch.testing.assert_close(y, expected_y, atol=1e-5, rtol=1e-5)
     assert_updated_like(cache, before, expected_states)
-
-
-def test_consecutive_slots_given_as_a_slice_become_indices():
-    assert slot_indices(slice(2, None), 3, torch.device("cpu")).tolist() == [2, 3, 4]
-    assert slot_indices(torch.tensor([5, 0], dtype=torch.int32), 2, torch.device("cpu")).dtype == torch.int64
 
 
 def test_decodes_split_into_runs_of_consecutive_slots_for_the_torch_path():

@@ -34,13 +34,6 @@ def decode_kernel(x: torch.Tensor, states: torch.Tensor) -> ModuleType | None:
     return None
 
 
-def slot_indices(slots: torch.Tensor | slice, count: int, device: torch.device) -> torch.Tensor:
-    """Slots as an int64 index tensor (a run of consecutive ones comes as a slice)."""
-    if isinstance(slots, slice):
-        return torch.arange(slots.start or 0, (slots.start or 0) + count, dtype=torch.int64, device=device)
-    return slots.to(device=device, dtype=torch.int64)
-
-
 @dataclass
 class MambaState:
     conv: torch.Tensor  # [slots, conv_dim, conv_kernel - 1]: the last inputs of the convolution
