@@ -4,13 +4,12 @@ window passed, and plan counting what the engine holds."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
 from helpers.families import WINDOW, gemma3_text_config
 from helpers.models import save_random_model
 from llmctl import LLM, SamplingParams
+from llmctl.checkpoint.spec import ModelSpec
 from llmctl.engine.core.block_manager import SLID_OUT, BlockManager
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.sampling_params import SamplingParams as Params
@@ -19,11 +18,13 @@ from llmctl.sizing.kv import kv_groups
 BS = 16
 
 
-def layout(kinds: str, window: int = 8) -> SimpleNamespace:
-    """A spec of layers given as 'f' (full) and 's' (sliding)."""
-    types = tuple("full" if kind == "f" else "sliding" for kind in kinds)
-    return SimpleNamespace(num_layers=len(kinds), attention=SimpleNamespace(layer_types=types, sliding_window=window),
-                           recurrent=None)
+def layout(kinds: str, window: int = 8) -> ModelSpec:
+    """A Gemma 3 spec of layers given as 'f' (full) and 's' (sliding)."""
+    types = ["full_attention" if kind == "f" else "sliding_attention" for kind in kinds]
+    return ModelSpec.from_config(dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_size=64,
+                                      num_hidden_layers=len(kinds), num_attention_heads=4, num_key_value_heads=2,
+                                      head_dim=16, intermediate_size=128, vocab_size=100, sliding_window=window,
+                                      layer_types=types))
 
 
 def test_groups_follow_vllms_rule():
