@@ -26,6 +26,7 @@ def test_kernels_built_for_haswell_pass_the_kernel_and_avx2_engine_tests(record_
     env = {**os.environ, cpu.TARGET_ENV: "haswell"}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                            str(tests / "test_cpu_kernels.py"), str(tests / "test_cpu_w8a8.py"),
+                           str(tests / "test_recurrent_decode.py"),
                            str(TESTS / "engine" / "models" / "test_avx2_panels_engine.py")],
                           capture_output=True, text=True, env=env, timeout=1200, cwd=ROOT)
     summary = done.stdout.strip().splitlines()[-2:]
