@@ -282,3 +282,14 @@ def native_and_counted_as_transformers_counts(folder: Path):
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     assert count_from_config(spec).total == sum(p.numel() for p in hf.parameters())
     return spec
+
+
+def assert_decodes_through_the_gpu_kernel(folder: Path, tokenizer, monkeypatch) -> None:
+    """The recurrent layers' decode path on GPUs (kernels/recurrent_decode.py), forced on CPU tensors under Triton's
+    interpreter: three prompts × 8 tokens equal transformers'."""
+    from llmctl.engine.layers.recurrent_state import KERNELS_ON_CPU
+
+    monkeypatch.setenv(KERNELS_ON_CPU, "1")
+    prompts = PROMPTS[:3]
+    ours, _ = engine_outputs(folder, prompts, tokens=8)
+    assert_close(transformers_reference(folder, tokenizer, prompts=prompts, max_tokens=8), ours, prompts)

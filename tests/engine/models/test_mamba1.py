@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from helpers.families import (
-    PROMPTS,
     assert_close,
+    assert_decodes_through_the_gpu_kernel,
     assert_tp2_equals_tp1,
     engine_outputs,
     native_and_counted_as_transformers_counts,
@@ -72,9 +72,4 @@ def test_tp2_equals_tp1(folder):
 
 def test_decodes_through_the_gpu_kernel(folder, tokenizer, monkeypatch):
     """Mamba (1)'s decode path on GPUs (kernels/recurrent_decode.py) under Triton's interpreter."""
-    from llmctl.engine.layers.recurrent_state import KERNELS_ON_CPU
-
-    monkeypatch.setenv(KERNELS_ON_CPU, "1")
-    prompts = PROMPTS[:3]
-    ours, _ = engine_outputs(folder, prompts, tokens=8)
-    assert_close(transformers_reference(folder, tokenizer, prompts=prompts, max_tokens=8), ours, prompts)
+    assert_decodes_through_the_gpu_kernel(folder, tokenizer, monkeypatch)

@@ -15,6 +15,7 @@ from helpers.families import (
     PROMPTS,
     assert_backend_matches_transformers,
     assert_close,
+    assert_decodes_through_the_gpu_kernel,
     assert_tp2_equals_tp1,
     engine_outputs,
     save_routed_moe,
@@ -77,12 +78,7 @@ def test_qwen3_next_attention_through_triton(folder, tokenizer):
 
 def test_qwen3_next_decodes_through_the_gpu_kernel(folder, tokenizer, monkeypatch):
     """The delta rule's decode path on GPUs (kernels/recurrent_decode.py) under Triton's interpreter."""
-    from llmctl.engine.layers.recurrent_state import KERNELS_ON_CPU
-
-    monkeypatch.setenv(KERNELS_ON_CPU, "1")
-    prompts = PROMPTS[:3]
-    ours, _ = engine_outputs(folder, prompts, tokens=8)
-    assert_close(transformers_reference(folder, tokenizer, prompts=prompts, max_tokens=8), ours, prompts)
+    assert_decodes_through_the_gpu_kernel(folder, tokenizer, monkeypatch)
 
 
 def test_tp2_equals_tp1(folder):
