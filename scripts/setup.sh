@@ -27,3 +27,5 @@ PYTHON="${PYTHON:-python3}"
 # Build the C++ CPU kernels now (about 20 s, once per machine) rather than in the first `llmctl serve`.
 # Without a C++ compiler the engine still works: it attends with torch SDPA and says so at startup.
 .venv/bin/python -m llmctl.kernels.cpu || echo "setup: continuing without the C++ CPU kernels (see above)"
+# OpenAI's o200k_base vocabulary (from npm's tiktoken package, hash-checked) for the gpt-oss harmony tests.
+.venv/bin/python scripts/fetch_o200k.py > /dev/null

@@ -19,7 +19,7 @@ MAX_LOOSE_SERVER_PARAMETERS = 5
 
 # Lowest first: a package imports only packages before it (docs/architecture.md, "Layers").
 LAYERS = ("errors", "settings", "units", "cache", "logs", "version", "progress", "jsonl",  # leaves
-          "checkpoint", "sizing", "plan", "kernels", "engine",
+          "checkpoint", "sizing", "plan", "kernels", "harmony", "engine",
           "quant", "inspect_report", "server", "bench", "display", "cli", "__main__", "<root>")
 # Inside the engine: the driver's core runs no model, workers know no front, layers and models no step.
 # Sampling runs torch on logits (driver or last stage), beside the core; the collectives know no executor.

@@ -18,6 +18,7 @@ from llmctl.server.chat_message import StreamedMessage, ToolCalling, finish_reas
 from llmctl.server.chat_request import chat_messages, chat_template_kwargs
 from llmctl.server.content_parts import Message
 from llmctl.server.generation import Endpoint, respond
+from llmctl.server.harmony_prompt import harmony_prompt, harmony_stop_ids, harmony_text
 from llmctl.server.images import check_images, with_images
 from llmctl.server.models import check_model
 from llmctl.server.protocol import (
@@ -77,6 +78,9 @@ def prepare_chat(state: ServerState, fields: Fields) -> PreparedChat:
     sampling = sampling_request(fields, chat=True)
     tools = read_tools(fields, state.tool_parser, state.ready_engine.tokenizer)
     sampling.params.structured_outputs = _constraint(fields, state, tools)
+    if state.harmony:
+        _check_harmony_choice(tools)
+        sampling.params.stop_token_ids = list(dict.fromkeys([*sampling.params.stop_token_ids, *harmony_stop_ids()]))
     reasoning = state.reasoning_parser
     if (tools.calling is not None and tools.calling.make_parser().keep_special_tokens) or \
             (reasoning is not None and reasoning.keep_special_tokens):
@@ -105,6 +109,12 @@ def _constraint(fields: Fields, state: ServerState, tools: ToolRequest) -> Struc
     return StructuredOutputsParams(json=tools.schema)
 
 
+def _check_harmony_choice(tools: ToolRequest) -> None:
+    if tools.schema is not None:
+        raise bad("gpt-oss writes its calls in harmony's commentary channel, which a forced tool choice cannot "
+                  "constrain: use tool_choice \"auto\" (with --tool-call-parser openai) or \"none\"", "tool_choice")
+
+
 def render_chat(state: ServerState, fields: Fields, add_generation_prompt: bool = True,
                 continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,
                 messages: list[Message] | None = None) -> tuple[str, list[int]]:
@@ -115,6 +125,12 @@ def render_chat(state: ServerState, fields: Fields, add_generation_prompt: bool 
     if continue_final_message and messages[-1]["role"] != "assistant":
         raise bad("continue_final_message needs the last message to be the assistant's", "continue_final_message")
     kwargs = chat_template_kwargs(fields)
+    if state.harmony:
+        if continue_final_message:
+            raise bad("continue_final_message: gpt-oss chats are rendered in harmony, where the assistant always "
+                      "starts a new message", "continue_final_message")
+        ids = harmony_prompt(fields.raw("messages"), tools, kwargs, add_generation_prompt)
+        return harmony_text(ids), ids
     if state.template is None:
         raise bad("this model has no chat template: start the server with --chat-template FILE or a built-in name "
                   "(chatml, bloom), or use /v1/completions", "messages")

@@ -13,6 +13,7 @@ from llmctl.engine.multimodal.processor import multimodal_processor
 from llmctl.errors import LlmctlError, debug_enabled
 from llmctl.server.chat import chat_template
 from llmctl.server.embeddings import load_encoder
+from llmctl.server.harmony_prompt import uses_harmony
 from llmctl.server.lora import AdapterLoadError
 from llmctl.server.state import ServerState
 
@@ -29,8 +30,9 @@ def load_engine(state: ServerState, engine: InProcessEngine | None, on_load_fail
         # the processor and the template before the engine is published: /health is 200 from then on
         state.multimodal = multimodal_processor(client.source.path, client.spec.model_type,
                                                 state.settings.engine_config.multimodal)
+        state.harmony = uses_harmony(client)
         state.template = chat_template(state.settings.chat_template, client) if client.pooler is None else None
-        if state.template is None and client.pooler is None:
+        if state.template is None and client.pooler is None and not state.harmony:
             logger.warning("%s has no chat template: /v1/chat/completions will answer 400 until the server is "
                            "started with --chat-template (a file, or chatml / bloom)", state.model_name)
         state.engine = client

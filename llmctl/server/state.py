@@ -63,6 +63,7 @@ class ServerState:
     encoder: EmbeddingModel | EncoderClassifier | None = None  # an encoder model, served through transformers
     template: str | None = None  # the chat template, resolved once at startup
     multimodal: MultimodalProcessor | None = None  # a vision-language model's processor, when images are served
+    harmony: bool = False  # gpt-oss: chats rendered and read in harmony (llmctl.server.harmony_prompt)
     load_error: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     # Engine ids stay unique when clients reuse an X-Request-Id: the response id is theirs, the engine's is ours.
@@ -89,7 +90,10 @@ class ServerState:
 
     @property
     def reasoning_parser(self) -> type[ReasoningParser] | None:
+        """--reasoning-parser; a harmony model's output is read in harmony without one (vLLM's gpt-oss path)."""
         name = self.settings.engine_config.reasoning_parser
+        if name is None and self.harmony:
+            name = "openai_gptoss"
         return ReasoningParserManager.get_reasoning_parser(name) if name is not None else None
 
     @property

@@ -212,7 +212,7 @@ def test_an_unknown_reasoning_parser_is_one_line():
     from helpers.cli_process import run_cli
 
     result = run_cli("serve", "--port", "0", "--reasoning-parser", "nope")
-    assert result.returncode == 2 and "deepseek_r1, deepseek_v3, ernie45, glm45, granite, hunyuan_a13b, minimax_m2, mistral, olmo3, qwen3, seed_oss, step3" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "deepseek_r1, deepseek_v3, ernie45, glm45, granite, hunyuan_a13b, minimax_m2, mistral, olmo3, openai_gptoss, qwen3, seed_oss, step3" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_bitmask_rows_of_thinking_requests_allow_everything():

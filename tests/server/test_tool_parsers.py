@@ -124,7 +124,7 @@ def test_unknown_parser_names_the_known_ones():
     from llmctl.errors import LlmctlError
 
     with pytest.raises(LlmctlError, match="glm45, glm4_moe, granite, granite-20b-fc, hermes, hunyuan_a13b, internlm, jamba, kimi_k2, llama3_json, "
-                       "llama4_json, llama4_pythonic, minimax_m2, mistral, phi4_mini_json"):
+                       "llama4_json, llama4_pythonic, minimax_m2, mistral, openai, phi4_mini_json"):
         ToolParserManager.get_tool_parser("nope")
 
 

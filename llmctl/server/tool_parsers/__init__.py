@@ -12,6 +12,7 @@ from llmctl.server.tool_parsers import (  # registers them
     llama3_json,
     minimax_m2,
     mistral,
+    openai,
     phi4_mini,
     pythonic,
     qwen3_coder,
@@ -20,5 +21,5 @@ from llmctl.server.tool_parsers import (  # registers them
 from llmctl.server.tool_parsers.base import ParsedText, ToolCallDraft, ToolParser, ToolParserManager
 
 __all__ = ["ParsedText", "ToolCallDraft", "ToolParser", "ToolParserManager", "deepseek", "glm45", "granite", "hermes",
-           "internlm", "jamba", "kimi_k2", "llama3_json", "minimax_m2", "mistral", "phi4_mini", "pythonic",
+           "internlm", "jamba", "kimi_k2", "llama3_json", "minimax_m2", "mistral", "openai", "phi4_mini", "pythonic",
            "qwen3_coder", "xlam"]
