@@ -17,9 +17,9 @@ time (scripts/setup.sh does). The ops, each tested against a torch reference:
   weight dequantized in torch;
 - `int8_linear` (cpu_int8.cpp, signed byte codes with a scale and offset per group of 16+: GGUF's Q5/Q6/Q8
   types; the same three paths): reference the same;
-- `ssd_decode`, `delta_rule_decode`, `selective_scan_decode` (cpu_recurrent.cpp, the recurrent layers' decode step
-  in place in each state's slot): references llmctl.engine.layers.ssd.state_step, delta_rule.step_delta_rule,
-  selective_scan.step.
+- `ssd_decode`, `delta_rule_decode`, `selective_scan_decode`, `conv_decode` (cpu_recurrent.cpp, the recurrent
+  layers' decode step in place in each state's slot): references llmctl.engine.layers.ssd.state_step,
+  delta_rule.step_delta_rule, selective_scan.step, causal_conv.conv_step.
 """
 
 from __future__ import annotations
@@ -306,6 +306,18 @@ def ssd_decode(states: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, dt: t
     f32 = [t.float().contiguous() for t in (x, dt, a, b, c, d, dt_bias)]
     torch.ops.llmctl_cpu.ssd_decode(states, slots, *f32, float(limit[0]), min(float(limit[1]), 3.0e38), y)
     return y
+
+
+def conv_decode(windows: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """The causal convolution's decode step, each window [slots, C, K-1] shifted in place -> out [S, C] float32,
+    as torch's step gives it (float32 weights promote) (cpu_recurrent.cpp)."""
+    load()
+    out = torch.empty(x.shape, dtype=torch.float32)
+    no_bias = torch.empty(0, dtype=torch.float32)
+    torch.ops.llmctl_cpu.conv_decode(windows, slots, x.float().contiguous(), weight.float().contiguous(),
+                                     bias.float().contiguous() if bias is not None else no_bias, out)
+    return out
 
 
 def delta_rule_decode(states: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -7,6 +7,8 @@
 // - ssd_decode: Mamba2 — per head, dt = clamp(softplus(dt + bias)), h <- exp(dt·A)·h + dt·x ⊗ B, y = h·C + D·x.
 // - delta_rule_decode: the gated delta rule — S <- exp(g)·S, S <- S + k ⊗ β(v − Sᵀk), y = Sᵀq (q, k prepared).
 // - selective_scan_decode: Mamba (1) — per channel, h <- exp(dt·A)·h + dt·x·B, y = h·C + D·x (dt after softplus).
+// - conv_decode: the causal depthwise convolution in front of them — out = w · [window, x] (+ bias), the slot's
+//   window of the last K-1 inputs shifted by one in place (reference: llmctl.engine.layers.causal_conv.conv_step).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -170,9 +172,54 @@ void selective_scan_decode(at::Tensor states, const at::Tensor& slots, const at:
   });
 }
 
+template <typename S>
+void conv_channels(S* window, int64_t first, int64_t last, int64_t taps, const float* x, const float* weight,
+                   const float* bias, float* out) {
+  const int64_t kept = taps - 1;
+  for (int64_t channel = first; channel < last; ++channel) {
+    S* row = window + channel * kept;
+    const float* w = weight + channel * taps;
+    float sum = bias != nullptr ? bias[channel] : 0.f;
+    for (int64_t k = 0; k < kept; ++k) sum += w[k] * static_cast<float>(row[k]);
+    sum += w[kept] * x[channel];
+    for (int64_t k = 0; k + 1 < kept; ++k) row[k] = row[k + 1];
+    if (kept > 0) row[kept - 1] = static_cast<S>(x[channel]);
+    out[channel] = sum;
+  }
+}
+
+// windows [slots, C, K-1] (float32, bfloat16 or float16); x [S, C], weight [C, K], bias [C] or empty: float32
+void conv_decode(at::Tensor windows, const at::Tensor& slots, const at::Tensor& x, const at::Tensor& weight,
+                 const at::Tensor& bias, at::Tensor out) {
+  check(windows.is_contiguous(), "windows are a contiguous cache");
+  check(slots.scalar_type() == at::kLong && slots.is_contiguous(), "slots are int64");
+  for (const auto* t : {&x, &weight, &bias})
+    check(t->scalar_type() == at::kFloat && t->is_contiguous(), "inputs are contiguous float32");
+  check(out.scalar_type() == at::kFloat && out.is_contiguous(), "outputs are float32");
+  const int64_t count = x.size(0), channels = x.size(1), taps = weight.size(1);
+  check(windows.size(1) == channels && windows.size(2) == taps - 1 && weight.size(0) == channels, "shapes agree");
+  check(bias.numel() == 0 || bias.numel() == channels, "one bias per channel");
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const float* bias_data = bias.numel() > 0 ? bias.data_ptr<float>() : nullptr;
+  constexpr int64_t kChannels = 256;  // channels per task
+  const int64_t blocks = (channels + kChannels - 1) / kChannels;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, windows.scalar_type(), "conv_decode", [&] {
+    scalar_t* base = windows.data_ptr<scalar_t>();
+    at::parallel_for(0, count * blocks, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t job = begin; job < end; ++job) {
+        const int64_t seq = job / blocks, first = (job % blocks) * kChannels;
+        conv_channels(base + slot[seq] * channels * (taps - 1), first, std::min(channels, first + kChannels), taps,
+                      x.data_ptr<float>() + seq * channels, weight.data_ptr<float>(), bias_data,
+                      out.data_ptr<float>() + seq * channels);
+      }
+    });
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(llmctl_cpu, m) {
+  m.def("conv_decode(Tensor(a!) windows, Tensor slots, Tensor x, Tensor weight, Tensor bias, Tensor(b!) out) -> ()");
   m.def("ssd_decode(Tensor(a!) states, Tensor slots, Tensor x, Tensor dt, Tensor a, Tensor b, Tensor c, Tensor d, "
         "Tensor dt_bias, float dt_min, float dt_max, Tensor(b!) y) -> ()");
   m.def("delta_rule_decode(Tensor(a!) states, Tensor slots, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, "
@@ -185,4 +232,5 @@ TORCH_LIBRARY_IMPL(llmctl_cpu, CPU, m) {
   m.impl("ssd_decode", &ssd_decode);
   m.impl("delta_rule_decode", &delta_rule_decode);
   m.impl("selective_scan_decode", &selective_scan_decode);
+  m.impl("conv_decode", &conv_decode);
 }

@@ -1,6 +1,7 @@
 """The recurrent layers' decode kernels — Triton's for GPUs (kernels/recurrent_decode.py, under the interpreter here)
 and the C++ ones for CPUs (kernels/cpu_recurrent.cpp) — against the torch paths they replace
-(llmctl.engine.layers.ssd.state_step, delta_rule.step_delta_rule, selective_scan.step), in float32 (and a bfloat16
+(llmctl.engine.layers.ssd.state_step, delta_rule.step_delta_rule, selective_scan.step, and causal_conv.conv_step
+for the C++ convolution step), in float32 (and a bfloat16
 state cache): sizes that are not powers of two (masked tiles), slots out of order (the kernels read and write them
 in place, the torch path on a gathered copy), the other slots untouched."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmctl.engine.layers import delta_rule, selective_scan, ssd
+from llmctl.engine.layers import causal_conv, delta_rule, selective_scan, ssd
 from llmctl.kernels import cpu, recurrent_decode
 
 KERNELS = {"triton": recurrent_decode, "cpu": cpu}
@@ -41,6 +42,20 @@ def test_ssd_decode_matches_the_torch_state_step(kind, dtype):
     y = KERNELS[kind].ssd_decode(cache, SLOTS, x, dt, A, B, C, D, bias, limit)
     torch.testing.assert_close(y, expected_y, atol=1e-5, rtol=1e-5)
     assert_updated_like(cache, before, expected_states)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("biased", [True, False])
+def test_conv_decode_matches_the_torch_conv_step(dtype, biased):
+    channels, taps = 300, 4  # more channels than one task's block
+    cache = random(6, channels, taps - 1, seed=0).to(dtype)
+    before = cache.clone()
+    x, weight = random(3, channels, seed=1).to(dtype), random(channels, taps, seed=2)
+    bias = random(channels, seed=3) if biased else None
+    expected_out, expected_windows = causal_conv.conv_step(x, cache[SLOTS].clone(), weight, bias)
+    out = cpu.conv_decode(cache, SLOTS, x, weight, bias)
+    torch.testing.assert_close(out, expected_out, atol=1e-5, rtol=1e-5)
+    assert_updated_like(cache, before, expected_windows)
 
 
 @pytest.mark.parametrize("kind", KERNELS)

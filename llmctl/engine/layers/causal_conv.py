@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 
@@ -22,3 +24,14 @@ def conv_step(x: torch.Tensor, states: torch.Tensor, weight: torch.Tensor, bias:
     window = torch.cat([states.to(x.dtype), x[:, :, None]], dim=2)  # [B, C, K]
     out = (window * weight).sum(-1)
     return (out + bias if bias is not None else out), window[:, :, 1:]
+
+
+def conv_step_in_slots(x: torch.Tensor, windows: torch.Tensor, slots: torch.Tensor | slice, weight: torch.Tensor,
+                       bias: torch.Tensor | None, kernels: ModuleType | None) -> torch.Tensor:
+    """conv_step on the cache's windows of `slots`, updated there: by the decode kernels' conv_decode where they
+    have one (the C++ kernels: each window shifted in place), else in torch (gathered, stepped, written back)."""
+    if kernels is not None and hasattr(kernels, "conv_decode") and isinstance(slots, torch.Tensor):
+        out: torch.Tensor = kernels.conv_decode(windows, slots, x, weight, bias)
+        return out
+    out, windows[slots] = conv_step(x, windows[slots], weight, bias)
+    return out

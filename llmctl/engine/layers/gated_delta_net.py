@@ -108,7 +108,7 @@ class GatedDeltaNet(HeadVectors, nn.Module):
 
     def _decode(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
                 slots: torch.Tensor | slice, kernels: ModuleType | None) -> torch.Tensor:
-        out, conv[slots] = causal_conv.conv_step(qkv, conv[slots], self.conv1d.weight[:, 0], None)
+        out = causal_conv.conv_step_in_slots(qkv, conv, slots, self.conv1d.weight[:, 0], None, kernels)
         if kernels is not None:  # one pass over each state, in place in its slot
             q, k, v = self._heads(out)
             q, k = delta_rule.prepare_heads(q, k, v.shape[1])

@@ -71,7 +71,7 @@ class Mamba1Mixer(HeadVectors, nn.Module):
     def _decode(self, xs: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, slots: torch.Tensor | slice,
                 kernels: ModuleType | None) -> torch.Tensor:
         bias = getattr(self.conv1d, "bias", None)
-        out, conv[slots] = causal_conv.conv_step(xs, conv[slots], self.conv1d.weight[:, 0], bias)
+        out = causal_conv.conv_step_in_slots(xs, conv, slots, self.conv1d.weight[:, 0], bias, kernels)
         u, dt, B, C = self._scan_inputs(F.silu(out))
         if kernels is not None:  # one pass over each state, in place in its slot
             return kernels.selective_scan_decode(ssm, slots, u, dt, -torch.exp(self.A_log.float()), B, C, self.D)

@@ -103,7 +103,7 @@ class Mamba2Mixer(HeadVectors, nn.Module):
     def _decode(self, xbc: torch.Tensor, dt: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
                 slots: torch.Tensor | slice, kernels: ModuleType | None) -> torch.Tensor:
         bias = getattr(self.conv1d, "bias", None)
-        out, conv[slots] = causal_conv.conv_step(xbc, conv[slots], self.conv1d.weight[:, 0], bias)
+        out = causal_conv.conv_step_in_slots(xbc, conv, slots, self.conv1d.weight[:, 0], bias, kernels)
         x, B, C = self._split(out)
         if kernels is not None:  # one pass over each state, in place in its slot
             return kernels.ssd_decode(ssm, slots, x, dt, -torch.exp(self.A_log.float()), B, C, self.D, self.dt_bias,

@@ -7,24 +7,25 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+CPU_CHUNK = 32  # on CPUs: the quadratic part within a chunk costs l² per head; 32 measured fastest (16-256)
 
-def fitted_chunk(length: int, chunk_size: int) -> int:
-    """The scan's chunk for `length` tokens: the configured size, or the power of two (≥ 16) that holds them all —
-    the chunked form is exact for any chunk size, and a short prompt need not be padded to a long chunk."""
-    return min(chunk_size, max(16, 1 << (length - 1).bit_length()))
+
+def fitted_chunk(length: int, chunk_size: int, on_cpu: bool = False) -> int:
+    """The scan's chunk for `length` tokens: the configured size (at most CPU_CHUNK on a CPU), or the power of two
+    (≥ 16) that holds them all — the chunked form is exact for any chunk size, and a short prompt need not be
+    padded to a long chunk."""
+    return min(CPU_CHUNK if on_cpu else chunk_size, chunk_size, max(16, 1 << (length - 1).bit_length()))
 
 
 def _discretized_dt(dt: torch.Tensor, dt_bias: torch.Tensor, limit: tuple[float, float]) -> torch.Tensor:
     return torch.clamp(F.softplus(dt.float() + dt_bias.float()), min=limit[0], max=limit[1])
 
 
-def _segment_sum(x: torch.Tensor) -> torch.Tensor:
-    """[..., T] -> [..., T, T]: out[i, j] = sum of x[j+1 .. i] for j <= i, -inf above the diagonal."""
-    size = x.size(-1)
-    x = x[..., None].expand(*x.size(), size)
-    below = torch.tril(torch.ones(size, size, dtype=torch.bool, device=x.device), diagonal=-1)
-    sums = torch.cumsum(x.masked_fill(~below, 0), dim=-2)
-    return sums.masked_fill(~torch.tril(torch.ones(size, size, dtype=torch.bool, device=x.device)), -torch.inf)
+def _decay_within(cumsum: torch.Tensor) -> torch.Tensor:
+    """[..., l] running sums of A·dt -> [..., l, l]: exp(cumsum[i] - cumsum[j]) for j <= i, 0 above the diagonal
+    (mamba_ssm's chunk-scan kernel takes the same differences; the sums only fall, so no difference below the
+    diagonal is positive)."""
+    return torch.exp(cumsum[..., :, None] - cumsum[..., None, :]).tril_()
 
 
 def chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -42,39 +43,49 @@ def chunk_scan_batch(xs: list[torch.Tensor], dts: list[torch.Tensor], A: torch.T
     """Several sequences' chunks at once, each padded to the longest with dt = 0 (no decay, no input: the state
     passes the padding unchanged): x_i [L_i, h, p], dt_i [L_i, h], B_i and C_i [L_i, g, n], from the states
     `initial` [S, h, p, n]. Returns each y_i [L_i, h, p] (with the D skip) and the states after each last token.
-    Sequence and head first throughout ([S·h, chunks, l, ·]), so every contraction is one batched matmul."""
+    The heads of a group share its B and C, so a chunk's state and its readout are one matmul per group over all
+    its heads' columns ([n, l] @ [l, r·p], [l, n] @ [n, r·p]), not one small matmul per head."""
     lengths = [x.shape[0] for x in xs]
-    count, heads, groups = len(xs), xs[0].shape[1], Bs[0].shape[1]
-    chunk = fitted_chunk(max(lengths), chunk_size)
-    padded = -(-max(lengths) // chunk) * chunk
+    count, heads, head_dim = len(xs), xs[0].shape[1], xs[0].shape[2]
+    groups, size = Bs[0].shape[1], Bs[0].shape[2]
     repeat = heads // groups
+    chunk = fitted_chunk(max(lengths), chunk_size, xs[0].device.type == "cpu")
+    padded = -(-max(lengths) // chunk) * chunk
+    c = padded // chunk
 
-    def stacked(parts: list[torch.Tensor]) -> torch.Tensor:  # [S, padded, k, ...], zeros after each length
-        return torch.stack([F.pad(t, (0, 0) * (t.dim() - 1) + (0, padded - t.shape[0])) for t in parts])
-
-    def chunks(t: torch.Tensor) -> torch.Tensor:  # [S, padded, k, ...] -> [S·k, c, chunk, ...]
-        t = t.reshape(count, -1, chunk, *t.shape[2:]).movedim(3, 1)
-        return t.flatten(0, 1).contiguous()
+    def stacked(parts: list[torch.Tensor]) -> torch.Tensor:  # [S, padded, ...] float32, zeros after each length
+        return torch.stack([F.pad(t.float(), (0, 0) * (t.dim() - 1) + (0, padded - t.shape[0])) for t in parts])
 
     dt = stacked([_discretized_dt(d, dt_bias, limit) for d in dts])  # [S, P, h]; 0 in the padding
-    x = stacked([t.float() for t in xs])
-    xdt = chunks(x * dt[..., None])  # [S·h, c, l, p]
-    Adt = chunks((A.float() * dt)[..., None])[..., 0]  # [S·h, c, l]
-    Bg, Cg = chunks(stacked([t.float() for t in Bs])), chunks(stacked([t.float() for t in Cs]))  # [S·g, c, l, n]
-    Bh, Ch = Bg.repeat_interleave(repeat, dim=0), Cg.repeat_interleave(repeat, dim=0)  # [S·h, c, l, n]
-    A_cumsum = torch.cumsum(Adt, dim=-1)
-    scores = (Cg @ Bg.transpose(-1, -2)).repeat_interleave(repeat, dim=0) * torch.exp(_segment_sum(Adt))
-    y = scores @ xdt  # [S·h, c, l, p]: within each chunk
-    decay_states = torch.exp(A_cumsum[..., -1:] - A_cumsum)  # [S·h, c, l]
-    states = (Bh * decay_states[..., None]).transpose(-1, -2) @ xdt  # [S·h, c, n, p]: each chunk's own
-    states = torch.cat([initial.float().flatten(0, 1).transpose(-1, -2)[:, None], states], dim=1)
-    decay_chunk = torch.exp(_segment_sum(F.pad(A_cumsum[..., -1], (1, 0))))  # [S·h, c + 1, c + 1]
-    states = (decay_chunk @ states.flatten(2)).view_as(states)  # the state at each chunk's start, then the end
-    y = y + (Ch @ states[:, :-1]) * torch.exp(A_cumsum)[..., None]  # from the state before each chunk
-    y = y.view(count, heads, -1, y.shape[-1]).transpose(1, 2)  # [S, padded, h, p]
+    x = stacked(xs)  # [S, P, h, p]
+    xdt = (x * dt[..., None]).view(count, c, chunk, groups, repeat, head_dim)
+    cumsum = torch.cumsum((A.float() * dt).view(count, c, chunk, heads), dim=2)  # [S, c, l, h]
+    B = stacked(Bs).view(count, c, chunk, groups, size).transpose(2, 3)  # [S, c, g, l, n]
+    C = stacked(Cs).view(count, c, chunk, groups, size).transpose(2, 3)
+    # within each chunk: y_i = Σ_{j<=i} (C_i · B_j) exp(cumsum_i - cumsum_j) dt_j x_j
+    decay = _decay_within(cumsum.permute(0, 1, 3, 2)).view(count, c, groups, repeat, chunk, chunk)
+    scores = decay.mul_((C @ B.transpose(-1, -2))[:, :, :, None])  # [S, c, g, r, l, l]
+    y = scores @ xdt.permute(0, 1, 3, 4, 2, 5)  # [S, c, g, r, l, p]
+    # each chunk's own state, then the state at each chunk's start
+    to_end = torch.exp(cumsum[:, :, -1:] - cumsum).view(count, c, chunk, groups, repeat, 1)
+    weighted = (xdt * to_end).permute(0, 1, 3, 2, 4, 5).reshape(count, c, groups, chunk, repeat * head_dim)
+    own = (B.transpose(-1, -2).contiguous() @ weighted).view(count, c, groups, size, repeat, head_dim)
+    through = torch.exp(cumsum[:, :, -1]).view(count, c, groups, 1, repeat, 1)  # each chunk's whole decay
+    # chunk first, so that the states before each chunk are one contiguous block: [c+1, S, g, n, r, p]
+    starts = torch.empty((c + 1, count, *own.shape[2:]), dtype=own.dtype, device=own.device)
+    starts[0] = initial.float().view(count, groups, repeat, head_dim, size).permute(0, 1, 4, 2, 3)
+    for index in range(c):  # in place: two passes over a state per chunk
+        torch.mul(starts[index], through[:, index], out=starts[index + 1])
+        starts[index + 1].add_(own[:, index])
+    # from the state before each chunk: y_i += exp(cumsum_i) C_i · state
+    carried = C.transpose(0, 1) @ starts[:-1].view(c, count, groups, size, repeat * head_dim)  # [c, S, g, l, r·p]
+    carried = carried.view(c, count, groups, chunk, repeat, head_dim).transpose(0, 1)
+    carried = carried * torch.exp(cumsum).view(count, c, chunk, groups, repeat, 1).transpose(2, 3)
+    y = y.transpose(3, 4) + carried  # [S, c, g, l, r, p]
+    y = y.transpose(2, 3).reshape(count, padded, heads, head_dim)
     skip = D.float()[:, None]
     ys = [y[i, :length] + skip * x[i, :length] for i, length in enumerate(lengths)]
-    return ys, states[:, -1].transpose(-1, -2).view(count, heads, *initial.shape[2:])
+    return ys, starts[-1].permute(0, 1, 3, 4, 2).reshape(count, heads, head_dim, size)
 
 
 def state_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
