@@ -167,13 +167,17 @@ def gemv_cases() -> list[KernelCase]:
 
 
 def moe_cases() -> list[KernelCase]:
-    """The fused-MoE grouped GEMM at decode, mid and prefill pair counts (16/32/64-row blocks), both launches."""
+    """The fused-MoE grouped GEMM at decode, mid and prefill pair counts (16/32/64-row blocks), both launches; with
+    experts' biases (gpt-oss) at the mid count (the bias adds one load per tile, whatever the block)."""
     from llmctl.kernels.fused_moe import choose_moe_tiles, moe_constexprs
 
     cases = []
-    for dtype, pairs, weighted in itertools.product(FLOAT_DTYPES, (16, 512, 8192), (False, True)):
+    for dtype, pairs, weighted, biased in itertools.product(FLOAT_DTYPES, (16, 512, 8192), (False, True),
+                                                            (False, True)):
+        if biased and pairs != 512:
+            continue
         tiles = choose_moe_tiles(pairs, 8, FLOAT_DTYPES[dtype].itemsize)
-        cases.append(_case("fused_moe", dtype, "", moe_constexprs(tiles, weighted, FLOAT_DTYPES[dtype])))
+        cases.append(_case("fused_moe", dtype, "", moe_constexprs(tiles, weighted, FLOAT_DTYPES[dtype], biased)))
     return list(dict.fromkeys(cases))
 
 
@@ -212,7 +216,7 @@ def fp8_cases() -> list[KernelCase]:
 def recurrent_cases() -> list[KernelCase]:
     """The recurrent layers' decode kernels at the published shapes (Mamba2: Codestral's and Nemotron-H's heads and
     groups; the gated DeltaNet's 128 × 128 heads; Mamba (1): Falcon-Mamba-7B's 8192 channels), their states in
-    float32 (mamba_ssm_cache_dtype) and in the model's dtype."""
+    float32 (mamba_ssm_cache_dtype) and in the model's dtype; Mamba2's prompt scan within chunks (head dims 64, 80)."""
     from llmctl.kernels.recurrent_decode import delta_rule_constexprs, selective_scan_constexprs, ssd_constexprs
 
     states = ("fp32", "bf16")
@@ -221,6 +225,9 @@ def recurrent_cases() -> list[KernelCase]:
     cases += [_case("delta_rule_decode", dtype, state, delta_rule_constexprs(128, 128))
               for dtype in FLOAT_DTYPES for state in states]
     cases += [_case("selective_scan_decode", "fp32", state, selective_scan_constexprs(8192, 16)) for state in states]
+    from llmctl.kernels.ssd_prefill import chunk_constexprs
+
+    cases += [_case("ssd_chunk", "fp32", "", chunk_constexprs(head_dim)) for head_dim in (64, 80)]  # Mamba2's prompt scan
     return cases
 
 
@@ -252,8 +259,13 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
     if case.kernel == "store":
         return kv_store._store_kernel, dict(key_ptr=act, value_ptr=act, cache_ptr=kv, slot_ptr="*i64")
     if case.kernel == "fused_moe":
-        return fused_moe._fused_moe_kernel, dict(a_ptr=act, b_ptr=act, out_ptr=act, routing_ptr="*fp32",
+        return fused_moe._fused_moe_kernel, dict(a_ptr=act, b_ptr=act, out_ptr=act, routing_ptr="*fp32", bias_ptr=act,
                                                  sorted_ids_ptr="*i32", block_expert_ptr="*i32", total_ptr="*i32")
+    if case.kernel == "ssd_chunk":
+        from llmctl.kernels import ssd_prefill
+
+        return ssd_prefill._within_chunks_kernel, dict(cb_ptr="*fp32", cumsum_ptr="*fp32", xdt_ptr="*fp32",
+                                                       y_ptr="*fp32")
     if case.kernel.endswith("_decode") and case.kernel != "fp8_dequantize":
         return _recurrent_kernel_and_types(case)
     if case.kernel == "fp8":

@@ -2,9 +2,13 @@
 expert and padded to whole row blocks, so that one launch multiplies every expert's rows by its own
 weight — a grouped GEMM over the permutation, no loop over experts on the host.
 
-    h = x[pair // top_k] @ w13[expert]ᵀ            (launch 1: gate and up of every pair)
-    y = (silu(gate) · up) @ w2[expert]ᵀ · weight    (launch 2: down, scaled by the routing weight)
+    h = x[pair // top_k] @ w13[expert]ᵀ (+ b13[expert])        (launch 1: gate and up of every pair)
+    y = (act(h) @ w2[expert]ᵀ (+ b2[expert])) · weight          (launch 2: down, scaled by the routing weight)
     out[token] = Σ_k y[token · top_k + k]
+
+act is SiLU-gated by default, or the family's own (gpt-oss's clamped SwiGLU); the biases are gpt-oss's. Llama 4
+weighs each expert's input, not its output (`scale_inputs`): with no bias the first projection is linear, so its
+output is scaled in launch 1 instead.
 
 `align_pairs` does the sorting with tensor ops only (no host synchronisation): rows padded per expert
 to `block_m`, each row block's expert, and the padded total the kernel stops at. Pairs whose expert
@@ -40,10 +44,10 @@ def choose_moe_tiles(pairs: int, num_experts: int, element_bytes: int) -> MoETil
     return MoETiles(block_m, 64, 64 if element_bytes <= 2 else 32)
 
 
-def moe_constexprs(tiles: MoETiles, weighted: bool, dtype: torch.dtype) -> dict:
+def moe_constexprs(tiles: MoETiles, weighted: bool, dtype: torch.dtype, biased: bool = False) -> dict:
     """The kernel's compile-time parameters (shared with `llmctl.kernels.compile_check`)."""
-    return dict(MUL_WEIGHT=weighted, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-                DOT_PRECISION=dot_precision(dtype))
+    return dict(MUL_WEIGHT=weighted, HAS_BIAS=biased, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+                BLOCK_K=tiles.block_k, DOT_PRECISION=dot_precision(dtype))
 
 
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -75,54 +79,68 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
 
 
 def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-              first_expert: int = 0, quantize: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+              first_expert: int = 0, quantize: Callable[[torch.Tensor], torch.Tensor] | None = None,
+              biases: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+              activation: Callable[[torch.Tensor], torch.Tensor] | None = None,
+              scale_inputs: bool = False) -> torch.Tensor:
     """Σ_k weight_k · expert_k(x): [T, H] -> [T, H], over this rank's experts (w13[i] is expert first_expert + i);
-    `quantize`: what each projection's input goes through first, per row (a checkpoint's per-token scheme)."""
+    `quantize`: what each projection's input goes through first, per row (a checkpoint's per-token scheme);
+    `biases`: (b13 [E, 2I], b2 [E, H] or None where another rank adds it); `activation`: [pairs, 2I] -> [pairs, I]
+    (SiLU-gated when None); `scale_inputs`: the routing weight on the expert's input (no biases then)."""
     if quantize is not None:
         x = quantize(x)
     tokens, top_k = ids.shape
     experts, intermediate = w13.shape[0], w2.shape[2]
     tiles = choose_moe_tiles(tokens * top_k, experts, x.element_size())
     sorted_ids, block_expert, total = align_pairs(ids - first_expert, experts, tiles.block_m)
+    routing = weights.flatten().float().contiguous()
+    b13, b2 = biases if biases is not None else (None, None)
     gate_up = torch.empty(tokens * top_k, 2 * intermediate, dtype=x.dtype, device=x.device)
     sizes = (tiles.block_m, tiles.block_n, tiles.block_k)
-    torch.ops.llmctl.moe_gemm.default(x, w13, gate_up, None, sorted_ids, block_expert, total, top_k, *sizes)
-    hidden = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
+    torch.ops.llmctl.moe_gemm.default(x, w13, gate_up, routing if scale_inputs else None, b13, sorted_ids,
+                                      block_expert, total, top_k, *sizes)
+    if activation is not None:
+        hidden = activation(gate_up)
+    else:
+        hidden = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
     if quantize is not None:
         hidden = quantize(hidden)  # each (token, expert) row: per token, as each expert's own linear would
     down = torch.zeros(tokens * top_k, w2.shape[1], dtype=x.dtype, device=x.device)  # pairs not here stay 0
-    torch.ops.llmctl.moe_gemm.default(hidden, w2, down, weights.flatten().float().contiguous(), sorted_ids,
+    torch.ops.llmctl.moe_gemm.default(hidden, w2, down, None if scale_inputs else routing, b2, sorted_ids,
                                       block_expert, total, 1, *sizes)
     return down.view(tokens, top_k, -1).sum(dim=1)
 
 
 def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, routing: torch.Tensor | None,
-            sorted_ids: torch.Tensor, block_expert: torch.Tensor, total: torch.Tensor, rows_per_token: int,
-            block_m: int, block_n: int, block_k: int) -> None:
-    """One grouped GEMM over the sorted pairs into `out` (the registered op `llmctl::moe_gemm`)."""
+            bias: torch.Tensor | None, sorted_ids: torch.Tensor, block_expert: torch.Tensor, total: torch.Tensor,
+            rows_per_token: int, block_m: int, block_n: int, block_k: int) -> None:
+    """One grouped GEMM over the sorted pairs into `out` (the registered op `llmctl::moe_gemm`): bias [E, N]
+    added to each pair's row, then the routing weight applied."""
     tiles = MoETiles(block_m, block_n, block_k)
     n, k = b.shape[1], b.shape[2]
     grid = (sorted_ids.numel() // tiles.block_m, triton.cdiv(n, tiles.block_n))
+    bias = bias.contiguous() if bias is not None else None
     _fused_moe_kernel[grid](
-        a, b, out, routing if routing is not None else out, sorted_ids, block_expert, total,
-        n, k, out.shape[0], rows_per_token, a.stride(0), b.stride(0), b.stride(1), out.stride(0),
-        **moe_constexprs(tiles, routing is not None, a.dtype))
+        a, b, out, routing if routing is not None else out, bias if bias is not None else out, sorted_ids,
+        block_expert, total, n, k, out.shape[0], rows_per_token, a.stride(0), b.stride(0), b.stride(1), out.stride(0),
+        **moe_constexprs(tiles, routing is not None, a.dtype, bias is not None))
 
 
 def _launch_fake(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, routing: torch.Tensor | None,
-                 sorted_ids: torch.Tensor, block_expert: torch.Tensor, total: torch.Tensor, rows_per_token: int,
-                 block_m: int, block_n: int, block_k: int) -> None:
+                 bias: torch.Tensor | None, sorted_ids: torch.Tensor, block_expert: torch.Tensor, total: torch.Tensor,
+                 rows_per_token: int, block_m: int, block_n: int, block_k: int) -> None:
     """A trace's stand-in: `out` is written in place, nothing is returned."""
 
 
-define("moe_gemm(Tensor a, Tensor b, Tensor(a!) out, Tensor? routing, Tensor sorted_ids, Tensor block_expert, "
-       "Tensor total, int rows_per_token, int block_m, int block_n, int block_k) -> ()", _launch, _launch_fake)
+define("moe_gemm(Tensor a, Tensor b, Tensor(a!) out, Tensor? routing, Tensor? bias, Tensor sorted_ids, "
+       "Tensor block_expert, Tensor total, int rows_per_token, int block_m, int block_n, int block_k) -> ()",
+       _launch, _launch_fake)
 
 
 @triton.jit
-def _fused_moe_kernel(a_ptr, b_ptr, out_ptr, routing_ptr, sorted_ids_ptr, block_expert_ptr, total_ptr,
+def _fused_moe_kernel(a_ptr, b_ptr, out_ptr, routing_ptr, bias_ptr, sorted_ids_ptr, block_expert_ptr, total_ptr,
                       N, K, num_pairs, rows_per_token, stride_a, stride_be, stride_bn, stride_out,
-                      MUL_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr,
+                      MUL_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
@@ -140,6 +158,8 @@ def _fused_moe_kernel(a_ptr, b_ptr, out_ptr, routing_ptr, sorted_ids_ptr, block_
         b = tl.load(b_ptr + expert * stride_be + cols[None, :].to(tl.int64) * stride_bn + inner[:, None],
                     mask=(inner < K)[:, None] & (cols < N)[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert * N + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     if MUL_WEIGHT:
         acc = acc * tl.load(routing_ptr + pair, mask=valid, other=0.0)[:, None]
     tl.store(out_ptr + pair[:, None].to(tl.int64) * stride_out + cols[None, :], acc.to(out_ptr.dtype.element_ty),

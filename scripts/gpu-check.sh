@@ -49,6 +49,7 @@ for part in ${GPU_CHECK_PARTS:-step compile kernels tiles gemv e2e tests}; do
         timeout "${GPU_CHECK_TEST_TIMEOUT:-900}" "$PYTHON" -m pytest -v -n 0 -p no:cacheprovider -rfEs \
             tests/kernels/test_kernels.py tests/kernels/test_fp8_w8a16.py \
             tests/engine/models/test_moe.py::test_fused_moe_kernel_equals_the_grouped_experts \
+            tests/engine/models/test_moe.py::test_fused_moe_kernel_runs_stacked_experts_as_their_grouped_path \
             tests/engine/worker/test_gpu_memory_budget.py tests/engine/models/test_engine_models.py \
             tests/engine/lora/test_lora.py::test_adapters_through_the_cuda_graph_buffers_equal_transformers_with_peft 2>&1 | tee "$OUT_DIR/tests.log"
         tests=${PIPESTATUS[0]} ;;

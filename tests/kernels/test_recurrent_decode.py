@@ -105,3 +105,24 @@ def test_decodes_split_into_runs_of_consecutive_slots_for_the_torch_path():
     assert holes.all_decodes[0][1].tolist() == [0, 1, 2, 7, 8]
     scattered = step(list(range(0, 2 * (MAX_DECODE_RUNS + 1), 2)))
     assert len(scattered.decode_runs) == 1 and scattered.decode_runs[0][1].tolist() == scattered.slots
+
+
+@pytest.mark.parametrize("chunk,head_dim", [(32, 24), (16, 64)])
+def test_the_prompt_scans_triton_part_within_chunks_matches_torchs(monkeypatch, chunk, head_dim):
+    """Mamba2's chunked scan with its within-chunk part through kernels/ssd_prefill.py (interpreted) equals the torch
+    path: two sequences of different lengths over several chunks, two groups of two heads, from carried states."""
+    from llmctl.engine.layers.recurrent_state import KERNELS_ON_CPU
+
+    heads, groups, state, lengths = 4, 2, 16, (70, 33)
+    xs = [random(n, heads, head_dim, seed=n) for n in lengths]
+    dts = [random(n, heads, seed=n + 1) for n in lengths]
+    Bs, Cs = ([random(n, groups, state, seed=n + k) for n in lengths] for k in (2, 3))
+    A, D, bias = -random(heads, seed=5).abs(), random(heads, seed=6), random(heads, seed=7)
+    initial = random(2, heads, head_dim, state, seed=8) * 0.1
+    arguments = (xs, dts, A, Bs, Cs, D, bias, chunk, initial, (0.0, float("inf")))
+    expected_ys, expected_final = ssd.chunk_scan_batch(*arguments)
+    monkeypatch.setenv(KERNELS_ON_CPU, "1")
+    ys, final = ssd.chunk_scan_batch(*arguments)
+    for y, expected in zip(ys, expected_ys):
+        torch.testing.assert_close(y, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(final, expected_final, atol=1e-4, rtol=1e-4)

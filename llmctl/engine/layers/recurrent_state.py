@@ -15,7 +15,13 @@ import torch
 
 from llmctl.checkpoint.spec import StateMixer
 
-KERNELS_ON_CPU = "LLMCTL_RECURRENT_DECODE_KERNELS"  # "1": the GPU decode kernels on CPU tensors (interpreter tests)
+KERNELS_ON_CPU = "LLMCTL_RECURRENT_DECODE_KERNELS"  # "1": the GPU kernels on CPU tensors (interpreter tests)
+
+
+def triton_kernels_for(x: torch.Tensor) -> bool:
+    """Whether the recurrent layers run Triton's kernels: on CUDA tensors, and on CPU ones under Triton's interpreter
+    when KERNELS_ON_CPU says so (how the tests run that path here)."""
+    return x.is_cuda or (os.environ.get(KERNELS_ON_CPU) == "1" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def decode_kernel(x: torch.Tensor, states: torch.Tensor) -> ModuleType | None:
@@ -23,7 +29,7 @@ def decode_kernel(x: torch.Tensor, states: torch.Tensor) -> ModuleType | None:
     selective_scan_decode): Triton's (kernels/recurrent_decode.py) on CUDA tensors, and on CPU ones under Triton's
     interpreter when KERNELS_ON_CPU says so (how the tests run that path here); the C++ ones
     (kernels/cpu_recurrent.cpp) where they are built and the states are float32 or bfloat16; None: torch's."""
-    if x.is_cuda or (os.environ.get(KERNELS_ON_CPU) == "1" and os.environ.get("TRITON_INTERPRET") == "1"):
+    if triton_kernels_for(x):
         from llmctl.kernels import recurrent_decode
 
         return recurrent_decode

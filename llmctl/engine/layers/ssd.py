@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from llmctl.engine.layers.recurrent_state import triton_kernels_for
+
 CPU_CHUNK = 32  # on CPUs: the quadratic part within a chunk costs l² per head; 32 measured fastest (16-256)
 
 
@@ -26,6 +28,24 @@ def _decay_within(cumsum: torch.Tensor) -> torch.Tensor:
     (mamba_ssm's chunk-scan kernel takes the same differences; the sums only fall, so no difference below the
     diagonal is positive)."""
     return torch.exp(cumsum[..., :, None] - cumsum[..., None, :]).tril_()
+
+
+def _within_chunks(C: torch.Tensor, B: torch.Tensor, cumsum: torch.Tensor, xdt: torch.Tensor) -> torch.Tensor:
+    """y_i = Σ_{j<=i} (C_i · B_j) exp(cumsum_i - cumsum_j) dt_j x_j in each chunk: C, B [S, c, g, l, n], cumsum
+    [S, c, l, h], xdt [S, c, l, g, r, p] -> [S, c, g, r, l, p]. Triton's kernel on GPUs (kernels/ssd_prefill.py:
+    no l × l matrix per head stored), else the scores and decays as tensors, one batched matmul."""
+    count, c, groups, chunk, _ = C.shape
+    repeat, head_dim = xdt.shape[-2:]
+    cb = C @ B.transpose(-1, -2)  # [S, c, g, l, l]
+    if triton_kernels_for(xdt):
+        from llmctl.kernels.ssd_prefill import ssd_within_chunks
+
+        y = ssd_within_chunks(cb.view(count * c, groups, chunk, chunk),
+                              cumsum.permute(0, 1, 3, 2).reshape(count * c, groups * repeat, chunk),
+                              xdt.permute(0, 1, 3, 4, 2, 5).reshape(count * c, groups * repeat, chunk, head_dim))
+        return y.view(count, c, groups, repeat, chunk, head_dim)
+    decay = _decay_within(cumsum.permute(0, 1, 3, 2)).view(count, c, groups, repeat, chunk, chunk)
+    return decay.mul_(cb[:, :, :, None]) @ xdt.permute(0, 1, 3, 4, 2, 5)
 
 
 def chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -62,10 +82,7 @@ def chunk_scan_batch(xs: list[torch.Tensor], dts: list[torch.Tensor], A: torch.T
     cumsum = torch.cumsum((A.float() * dt).view(count, c, chunk, heads), dim=2)  # [S, c, l, h]
     B = stacked(Bs).view(count, c, chunk, groups, size).transpose(2, 3)  # [S, c, g, l, n]
     C = stacked(Cs).view(count, c, chunk, groups, size).transpose(2, 3)
-    # within each chunk: y_i = Σ_{j<=i} (C_i · B_j) exp(cumsum_i - cumsum_j) dt_j x_j
-    decay = _decay_within(cumsum.permute(0, 1, 3, 2)).view(count, c, groups, repeat, chunk, chunk)
-    scores = decay.mul_((C @ B.transpose(-1, -2))[:, :, :, None])  # [S, c, g, r, l, l]
-    y = scores @ xdt.permute(0, 1, 3, 4, 2, 5)  # [S, c, g, r, l, p]
+    y = _within_chunks(C, B, cumsum, xdt)  # [S, c, g, r, l, p]
     # each chunk's own state, then the state at each chunk's start
     to_end = torch.exp(cumsum[:, :, -1:] - cumsum).view(count, c, chunk, groups, repeat, 1)
     weighted = (xdt * to_end).permute(0, 1, 3, 2, 4, 5).reshape(count, c, groups, chunk, repeat * head_dim)

@@ -14,6 +14,7 @@ other families.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -73,8 +74,16 @@ class StackedExperts(FusedMoE):
     def _own_experts(self, x: torch.Tensor, router_logits: torch.Tensor,
                      correction_bias: torch.Tensor | None) -> torch.Tensor:
         weights, ids = route(router_logits, self.routing)
+        if x.is_cuda:  # one grouped GEMM launch per projection (llmctl.kernels.fused_moe)
+            from llmctl.kernels.fused_moe import fused_moe
+
+            return fused_moe(x, weights, ids, self.w13, self.w2, self.first_expert, **self.fused_options())
         return grouped_experts(x, weights, ids, len(self.local_experts), self._project(), self.first_expert,
                                self.scale_inputs)
+
+    def fused_options(self) -> dict[str, object]:
+        """How fused_moe runs these experts: Llama 4 weighs their inputs."""
+        return {"scale_inputs": self.scale_inputs}
 
     def _project(self) -> Callable[[int, torch.Tensor], torch.Tensor]:
         size = self.part.size
@@ -105,6 +114,11 @@ class ClampedSwigluExperts(StackedExperts):
             self.w2_bias.copy_(ours)
         else:
             super()._store(kind, ours)
+
+    def fused_options(self) -> dict[str, object]:
+        """gpt-oss's biases (the down one where this rank adds it) and clamped SwiGLU, in the fused kernel."""
+        return {"biases": (self.w13_bias, self.w2_bias if self.adds_down_bias else None),
+                "activation": partial(clamped_swiglu, intermediate=self.part.size, alpha=self.alpha, limit=self.limit)}
 
     def _project(self) -> Callable[[int, torch.Tensor], torch.Tensor]:
         """Local expert i's biased, clamped MLP (through the packed CPU weights where there are some)."""

@@ -117,3 +117,30 @@ def test_fused_moe_kernel_equals_the_grouped_experts(tokens, experts, top_k, fir
     placed = sorted_ids[:int(total)]
     assert sorted(placed[placed < tokens * top_k].tolist()) == \
         [p for p in range(tokens * top_k) if first <= int(ids.flatten()[p]) < first + experts]
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "llama4"])
+def test_fused_moe_kernel_runs_stacked_experts_as_their_grouped_path(family):
+    """gpt-oss's experts (biases on both projections, the clamped SwiGLU) and Llama 4's (the routing weight on the
+    input) through the Triton grouped GEMM (interpreted here) with the options the layer gives it, against the
+    layer's own grouped path (which the family tests check against transformers)."""
+    from llmctl.engine.distributed.group import TPGroup
+    from llmctl.engine.layers.stacked_experts import ClampedSwigluExperts, StackedExperts
+    from llmctl.kernels.fused_moe import fused_moe
+
+    gen = torch.Generator().manual_seed(3)
+    experts, hidden, inter, tokens = 4, 32, 24, 13
+    routing = Routing(2, renormalize=False)
+    layer = ClampedSwigluExperts(experts, hidden, inter, routing, TPGroup(), None, alpha=1.702, limit=1.5) \
+        if family == "gpt_oss" else StackedExperts(experts, hidden, inter, routing, TPGroup(), None,
+                                                   scale_inputs=True)
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen) / 3)
+    x, logits = torch.randn(tokens, hidden, generator=gen), torch.randn(tokens, experts, generator=gen)
+    expected = layer._own_experts(x, logits, None)  # CPU tensors: the grouped path
+    weights, ids = route(logits, routing)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # compiled on a GPU, interpreted here
+    layer.to(device)
+    got = fused_moe(*(t.to(device) for t in (x, weights, ids)), layer.w13, layer.w2, 0, **layer.fused_options())
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
