@@ -230,8 +230,11 @@ def _tokenizer_table(report: InspectReport) -> Table:
     if tok.model_max_length:
         table.add_row("model_max_length", f"{tok.model_max_length:,}")
     template = tok.chat_template
-    table.add_row("chat template", "none — chat needs --chat-template" if template.text is None
-                  else f"from {template.source}" + (f" (named: {', '.join(template.names)})" if template.names else ""))
+    if report.spec.model_type == "gpt_oss":  # llmctl.server.harmony_prompt, as vLLM serves gpt-oss
+        table.add_row("chat template", "harmony, rendered and parsed by openai-harmony (the Jinja template unused)")
+    else:
+        table.add_row("chat template", "none — chat needs --chat-template" if template.text is None else
+                      f"from {template.source}" + (f" (named: {', '.join(template.names)})" if template.names else ""))
     if tok.note:
         table.add_row("note", tok.note)
     return table

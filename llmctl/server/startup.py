@@ -31,6 +31,9 @@ def load_engine(state: ServerState, engine: InProcessEngine | None, on_load_fail
         state.multimodal = multimodal_processor(client.source.path, client.spec.model_type,
                                                 state.settings.engine_config.multimodal)
         state.harmony = uses_harmony(client)
+        if state.harmony and state.settings.chat_template is not None:
+            logger.warning("--chat-template is not used: %s chats are rendered in harmony by openai-harmony, as "
+                           "vLLM renders gpt-oss's", state.model_name)
         state.template = chat_template(state.settings.chat_template, client) if client.pooler is None else None
         if state.template is None and client.pooler is None and not state.harmony:
             logger.warning("%s has no chat template: /v1/chat/completions will answer 400 until the server is "

@@ -246,3 +246,11 @@ def test_with_the_reasoning_parser_a_grammar_waits_for_the_final_channel(folder)
     maybe, yes = (tokenizer.encode(word, add_special_tokens=False)[0] for word in ("maybe", "yes"))
     assert all(gate.accept(token) for token in end)
     assert not gate.accept(maybe) and gate.accept(yes)  # the final channel: the grammar's
+
+
+def test_inspect_says_the_chat_is_harmony(folder):
+    from helpers.cli_process import run_cli
+
+    result = run_cli("inspect", str(folder))
+    assert result.returncode == 0, result.stderr
+    assert "harmony, rendered and parsed by openai-harmony" in " ".join(result.stdout.split())
