@@ -41,7 +41,7 @@ class HarmonyReader:
             self._feed(text, upto)
         if final and not self.ended and self.strayed_at is None:
             self.ended = True
-            self._end(len(text))
+            self._end(text)
         return self._messages(text, final)
 
     def _feed(self, text: str, upto: int) -> None:
@@ -59,12 +59,13 @@ class HarmonyReader:
         elif upto - self.settled > MAX_HEADER_CHARS:
             self.strayed_at = self.settled  # no header is this long: the model is not writing harmony
 
-    def _end(self, end: int) -> None:
+    def _end(self, text: str) -> None:
         from openai_harmony import HarmonyError, StreamState
 
-        if self.parser.state == StreamState.HEADER and end > self.settled:
-            self.strayed_at = self.settled  # text that never became a message
-            return
+        if self.parser.state == StreamState.HEADER:
+            if "<|" not in text[self.settled:] and text[self.settled:].strip():
+                self.strayed_at = self.settled  # text that never became a message: not harmony
+            return  # else a header cut off (max_tokens): markup, no message
         try:
             self.parser.process_eos()  # the stop token (<|call|>, <|return|>) is not in the text
         except HarmonyError:

@@ -193,6 +193,7 @@ SPLITS = [  # harmony text (markers as the detokenizer keeps them) → reasoning
      "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Oslo\"}",
      "A.\nB.", "Checking.", [("get_weather", {"city": "Oslo"})]),
     ("<|channel|>analysis<|message|>cut off while thinking", "cut off while thinking", "", []),
+    ("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>fin", "Think.", "", []),  # cut in a header
     ("no harmony at all", None, "no harmony at all", []),  # a model that strays: its text is kept as the answer
 ]
 
