@@ -216,7 +216,8 @@ def fp8_cases() -> list[KernelCase]:
 def recurrent_cases() -> list[KernelCase]:
     """The recurrent layers' decode kernels at the published shapes (Mamba2: Codestral's and Nemotron-H's heads and
     groups; the gated DeltaNet's 128 × 128 heads; Mamba (1): Falcon-Mamba-7B's 8192 channels), their states in
-    float32 (mamba_ssm_cache_dtype) and in the model's dtype; Mamba2's prompt scan within chunks (head dims 64, 80)."""
+    float32 (mamba_ssm_cache_dtype) and in the model's dtype; Mamba2's prompt scan within chunks (head dims 64, 80) and
+    Mamba (1)'s (Falcon-Mamba-7B's channels)."""
     from llmctl.kernels.recurrent_decode import delta_rule_constexprs, selective_scan_constexprs, ssd_constexprs
 
     states = ("fp32", "bf16")
@@ -225,9 +226,10 @@ def recurrent_cases() -> list[KernelCase]:
     cases += [_case("delta_rule_decode", dtype, state, delta_rule_constexprs(128, 128))
               for dtype in FLOAT_DTYPES for state in states]
     cases += [_case("selective_scan_decode", "fp32", state, selective_scan_constexprs(8192, 16)) for state in states]
-    from llmctl.kernels.ssd_prefill import chunk_constexprs
+    from llmctl.kernels.recurrent_prefill import chunk_constexprs, scan_constexprs
 
     cases += [_case("ssd_chunk", "fp32", "", chunk_constexprs(head_dim)) for head_dim in (64, 80)]  # Mamba2's prompt scan
+    cases += [_case("selective_scan_prompt", "fp32", "", scan_constexprs(8192, 16))]  # Mamba (1)'s
     return cases
 
 
@@ -262,10 +264,15 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
         return fused_moe._fused_moe_kernel, dict(a_ptr=act, b_ptr=act, out_ptr=act, routing_ptr="*fp32", bias_ptr=act,
                                                  sorted_ids_ptr="*i32", block_expert_ptr="*i32", total_ptr="*i32")
     if case.kernel == "ssd_chunk":
-        from llmctl.kernels import ssd_prefill
+        from llmctl.kernels import recurrent_prefill
 
-        return ssd_prefill._within_chunks_kernel, dict(cb_ptr="*fp32", cumsum_ptr="*fp32", xdt_ptr="*fp32",
+        return recurrent_prefill._within_chunks_kernel, dict(cb_ptr="*fp32", cumsum_ptr="*fp32", xdt_ptr="*fp32",
                                                        y_ptr="*fp32")
+    if case.kernel == "selective_scan_prompt":
+        from llmctl.kernels import recurrent_prefill
+
+        return recurrent_prefill._selective_scan_kernel, {f"{name}_ptr": "*fp32" for name in
+                                                          ("x", "dt", "a", "b", "c", "d", "states", "y")}
     if case.kernel.endswith("_decode") and case.kernel != "fp8_dequantize":
         return _recurrent_kernel_and_types(case)
     if case.kernel == "fp8":

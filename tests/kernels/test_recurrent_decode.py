@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from llmctl.engine.layers import causal_conv, delta_rule, selective_scan, ssd
 from llmctl.kernels import cpu, recurrent_decode
@@ -109,7 +110,7 @@ def test_decodes_split_into_runs_of_consecutive_slots_for_the_torch_path():
 
 @pytest.mark.parametrize("chunk,head_dim", [(32, 24), (16, 64)])
 def test_the_prompt_scans_triton_part_within_chunks_matches_torchs(monkeypatch, chunk, head_dim):
-    """Mamba2's chunked scan with its within-chunk part through kernels/ssd_prefill.py (interpreted) equals the torch
+    """Mamba2's chunked scan with its within-chunk part through kernels/recurrent_prefill.py (interpreted) equals the torch
     path: two sequences of different lengths over several chunks, two groups of two heads, from carried states."""
     from llmctl.engine.layers.recurrent_state import KERNELS_ON_CPU
 
@@ -126,3 +127,23 @@ def test_the_prompt_scans_triton_part_within_chunks_matches_torchs(monkeypatch, 
     for y, expected in zip(ys, expected_ys):
         torch.testing.assert_close(y, expected, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(final, expected_final, atol=1e-4, rtol=1e-4)
+
+
+def test_mamba1s_prompt_scan_kernel_matches_the_torch_token_loop(monkeypatch):
+    """Mamba (1)'s scan through kernels/recurrent_prefill.py (interpreted) equals torch's token loop: two sequences
+    of different lengths (the shorter padded with dt = 0), channels not a multiple of the block, from carried states."""
+    from llmctl.engine.layers.recurrent_state import KERNELS_ON_CPU
+
+    channels, state, lengths = 40, 6, (9, 4)
+    xs, dts = [random(n, channels, seed=n) for n in lengths], [F.softplus(random(n, channels, seed=n + 1)) for n in lengths]
+    Bs, Cs = ([random(n, state, seed=n + k) for n in lengths] for k in (2, 3))
+    A, D = -random(channels, state, seed=5).abs(), random(channels, seed=6)
+    initial = random(2, channels, state, seed=7)
+    expected_states = initial.clone()
+    expected = selective_scan.scan_batch(xs, dts, A, Bs, Cs, D, expected_states)
+    monkeypatch.setenv(KERNELS_ON_CPU, "1")
+    states = initial.clone()
+    got = selective_scan.scan_batch(xs, dts, A, Bs, Cs, D, states)
+    for y, reference in zip(got, expected):
+        torch.testing.assert_close(y, reference, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(states, expected_states, atol=1e-5, rtol=1e-5)

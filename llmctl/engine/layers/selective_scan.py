@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from llmctl.engine.layers.recurrent_state import triton_kernels_for
+
 SPAN_VALUES = 1 << 22  # per-token states held at once (sequences × tokens × channels × state floats: 16 MiB)
 
 
@@ -35,6 +37,11 @@ def scan_batch(xs: list[torch.Tensor], dts: list[torch.Tensor], A: torch.Tensor,
         return torch.stack([F.pad(t.float(), (0, 0, 0, max(lengths) - t.shape[0])) for t in parts])
 
     x, dt, B, C = stacked(xs), stacked(dts), stacked(Bs), stacked(Cs)  # [S, L, ·]
+    if triton_kernels_for(x):  # the state in registers while the tokens pass (kernels/recurrent_prefill.py)
+        from llmctl.kernels.recurrent_prefill import selective_scan_prompts
+
+        y = selective_scan_prompts(x, dt, A, B, C, D, states)
+        return [y[i, :length] for i, length in enumerate(lengths)]
     span = max(1, SPAN_VALUES // (count * channels * size))
     ys = []
     h = states

@@ -32,13 +32,13 @@ def _decay_within(cumsum: torch.Tensor) -> torch.Tensor:
 
 def _within_chunks(C: torch.Tensor, B: torch.Tensor, cumsum: torch.Tensor, xdt: torch.Tensor) -> torch.Tensor:
     """y_i = Σ_{j<=i} (C_i · B_j) exp(cumsum_i - cumsum_j) dt_j x_j in each chunk: C, B [S, c, g, l, n], cumsum
-    [S, c, l, h], xdt [S, c, l, g, r, p] -> [S, c, g, r, l, p]. Triton's kernel on GPUs (kernels/ssd_prefill.py:
+    [S, c, l, h], xdt [S, c, l, g, r, p] -> [S, c, g, r, l, p]. Triton's kernel on GPUs (kernels/recurrent_prefill.py:
     no l × l matrix per head stored), else the scores and decays as tensors, one batched matmul."""
     count, c, groups, chunk, _ = C.shape
     repeat, head_dim = xdt.shape[-2:]
     cb = C @ B.transpose(-1, -2)  # [S, c, g, l, l]
     if triton_kernels_for(xdt):
-        from llmctl.kernels.ssd_prefill import ssd_within_chunks
+        from llmctl.kernels.recurrent_prefill import ssd_within_chunks
 
         y = ssd_within_chunks(cb.view(count * c, groups, chunk, chunk),
                               cumsum.permute(0, 1, 3, 2).reshape(count * c, groups * repeat, chunk),
