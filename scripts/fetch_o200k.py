@@ -17,9 +17,10 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
+from llmctl.harmony.vocabulary import VOCAB_SHA256 as SHA256  # tiktoken's published hash, one home
+
 PACKAGE = "https://registry.npmjs.org/tiktoken/-/tiktoken-1.0.22.tgz"
 MEMBER = "package/encoders/o200k_base.json"
-SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"  # tiktoken_ext.openai_public
 
 
 def vocabulary_path() -> Path:

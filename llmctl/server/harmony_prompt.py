@@ -7,6 +7,7 @@ functions.NAME. openai-harmony drops earlier turns' reasoning itself."""
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 from typing import TYPE_CHECKING
 
@@ -122,7 +123,7 @@ def _assistant(message: dict[str, JSON], where: str, call_names: dict[str, str])
             call_names[call["id"]] = function["name"]
         arguments = function.get("arguments", "{}")
         turn.append(Message.from_role_and_content(Role.ASSISTANT, arguments if isinstance(arguments, str) else
-                                                  _json(arguments))
+                                                  json.dumps(arguments))
                     .with_channel("commentary").with_recipient(f"functions.{function['name']}")
                     .with_content_type("json"))
     return turn
@@ -143,12 +144,6 @@ def _text(message: dict[str, JSON], where: str) -> str:
     if any(part.get("type") != "text" for part in content):
         raise bad(f"{where}: gpt-oss takes text only", "messages")
     return "".join(str(part.get("text", "")) for part in content)
-
-
-def _json(value: JSON) -> str:
-    import json
-
-    return json.dumps(value)
 
 
 def uses_harmony(engine: EngineClient) -> bool:
