@@ -47,7 +47,8 @@ GROUPS = (1, 3, 8, 16, 32, 71)
 @dataclass(frozen=True)
 class KernelCase:
     # attention | merge | store | rotary_store | w4a16 | dequantize | gemv_gptq | gemv_awq | fused_moe | rms_norm |
-    # gated_activation | fp8 | fp8_dequantize | ssd_decode | delta_rule_decode | selective_scan_decode
+    # gated_activation | fp8 | fp8_dequantize | ssd_decode | delta_rule_decode | selective_scan_decode | conv_decode |
+    # ssd_chunk | selective_scan_prompt | delta_rule_prompt
     kernel: str
     dtype: str  # the activations' (query's) dtype
     kv_dtype: str  # the cache's dtype (fp8e4nv for --kv-cache-dtype fp8, fp8e5 for fp8_e5m2); "" where there is none
@@ -216,9 +217,15 @@ def fp8_cases() -> list[KernelCase]:
 def recurrent_cases() -> list[KernelCase]:
     """The recurrent layers' decode kernels at the published shapes (Mamba2: Codestral's and Nemotron-H's heads and
     groups; the gated DeltaNet's 128 × 128 heads; Mamba (1): Falcon-Mamba-7B's 8192 channels), their states in
-    float32 (mamba_ssm_cache_dtype) and in the model's dtype; Mamba2's prompt scan within chunks (head dims 64, 80) and
-    Mamba (1)'s (Falcon-Mamba-7B's channels)."""
-    from llmctl.kernels.recurrent_decode import delta_rule_constexprs, selective_scan_constexprs, ssd_constexprs
+    float32 (mamba_ssm_cache_dtype) and in the model's dtype; the convolution's step (Codestral's 10,240 channels
+    with a bias, Qwen3-Next's 8,192 without); Mamba2's prompt scan within chunks (head dims 64, 80), Mamba (1)'s
+    (Falcon-Mamba-7B's channels) and the delta rule's (128 × 128 heads)."""
+    from llmctl.kernels.recurrent_decode import (
+        conv_constexprs,
+        delta_rule_constexprs,
+        selective_scan_constexprs,
+        ssd_constexprs,
+    )
 
     states = ("fp32", "bf16")
     cases = [_case("ssd_decode", dtype, state, ssd_constexprs(*shape)) for dtype in FLOAT_DTYPES for state in states
@@ -226,10 +233,14 @@ def recurrent_cases() -> list[KernelCase]:
     cases += [_case("delta_rule_decode", dtype, state, delta_rule_constexprs(128, 128))
               for dtype in FLOAT_DTYPES for state in states]
     cases += [_case("selective_scan_decode", "fp32", state, selective_scan_constexprs(8192, 16)) for state in states]
+    cases += [_case("conv_decode", dtype, dtype, conv_constexprs(channels, 4, biased))
+              for dtype in FLOAT_DTYPES for channels, biased in ((10240, True), (8192, False))]
     from llmctl.kernels.recurrent_prefill import chunk_constexprs, scan_constexprs
+    from llmctl.kernels.recurrent_prefill import delta_rule_constexprs as prompt_delta_constexprs
 
     cases += [_case("ssd_chunk", "fp32", "", chunk_constexprs(head_dim)) for head_dim in (64, 80)]  # Mamba2's prompt scan
     cases += [_case("selective_scan_prompt", "fp32", "", scan_constexprs(8192, 16))]  # Mamba (1)'s
+    cases += [_case("delta_rule_prompt", "fp32", "", prompt_delta_constexprs(128, 128))]  # the gated DeltaNet's
     return cases
 
 
@@ -273,6 +284,11 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
 
         return recurrent_prefill._selective_scan_kernel, {f"{name}_ptr": "*fp32" for name in
                                                           ("x", "dt", "a", "b", "c", "d", "states", "y")}
+    if case.kernel == "delta_rule_prompt":
+        from llmctl.kernels import recurrent_prefill
+
+        return recurrent_prefill._delta_rule_kernel, {f"{name}_ptr": "*fp32" for name in
+                                                      ("q", "k", "v", "g", "beta", "states", "y")}
     if case.kernel.endswith("_decode") and case.kernel != "fp8_dequantize":
         return _recurrent_kernel_and_types(case)
     if case.kernel == "fp8":
@@ -294,6 +310,9 @@ def _recurrent_kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str
     from llmctl.kernels import recurrent_decode
 
     act, state, fp32 = f"*{case.dtype}", f"*{case.kv_dtype}", "*fp32"
+    if case.kernel == "conv_decode":
+        return recurrent_decode._conv_decode_kernel, dict(windows_ptr=state, slots_ptr="*i64", x_ptr=act, w_ptr=fp32,
+                                                          bias_ptr=fp32, out_ptr=fp32)
     common = dict(states_ptr=state, slots_ptr="*i64", y_ptr=fp32)
     if case.kernel == "ssd_decode":
         return recurrent_decode._ssd_decode_kernel, dict(common, x_ptr=act, dt_ptr=act, a_ptr=fp32, b_ptr=act,

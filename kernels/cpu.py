@@ -302,7 +302,7 @@ def ssd_decode(states: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, dt: t
                limit: tuple[float, float]) -> torch.Tensor:
     """Mamba2's decode step in place in `states` [slots, h, p, n] -> y [S, h, p] float32 (cpu_recurrent.cpp)."""
     load()
-    y = torch.empty(x.shape, dtype=torch.float32)
+    y = torch.zeros(x.shape, dtype=torch.float32)  # zeros: padding rows (slot -1) are skipped
     f32 = [t.float().contiguous() for t in (x, dt, a, b, c, d, dt_bias)]
     torch.ops.llmctl_cpu.ssd_decode(states, slots, *f32, float(limit[0]), min(float(limit[1]), 3.0e38), y)
     return y
@@ -313,7 +313,7 @@ def conv_decode(windows: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, wei
     """The causal convolution's decode step, each window [slots, C, K-1] shifted in place -> out [S, C] float32,
     as torch's step gives it (float32 weights promote) (cpu_recurrent.cpp)."""
     load()
-    out = torch.empty(x.shape, dtype=torch.float32)
+    out = torch.zeros(x.shape, dtype=torch.float32)  # zeros: padding rows (slot -1) are skipped
     no_bias = torch.empty(0, dtype=torch.float32)
     torch.ops.llmctl_cpu.conv_decode(windows, slots, x.float().contiguous(), weight.float().contiguous(),
                                      bias.float().contiguous() if bias is not None else no_bias, out)
@@ -324,7 +324,7 @@ def delta_rule_decode(states: torch.Tensor, slots: torch.Tensor, q: torch.Tensor
                       g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     """The gated delta rule's decode step in place in `states` [slots, Hv, dk, dv] -> y [S, Hv, dv] float32."""
     load()
-    y = torch.empty(v.shape, dtype=torch.float32)
+    y = torch.zeros(v.shape, dtype=torch.float32)  # zeros: padding rows (slot -1) are skipped
     torch.ops.llmctl_cpu.delta_rule_decode(states, slots, *[t.float().contiguous() for t in (q, k, v, g, beta)], y)
     return y
 
@@ -333,6 +333,6 @@ def selective_scan_decode(states: torch.Tensor, slots: torch.Tensor, x: torch.Te
                           a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """Mamba (1)'s decode step in place in `states` [slots, I, n] -> y [S, I] float32."""
     load()
-    y = torch.empty(x.shape, dtype=torch.float32)
+    y = torch.zeros(x.shape, dtype=torch.float32)  # zeros: padding rows (slot -1) are skipped
     torch.ops.llmctl_cpu.selective_scan_decode(states, slots, *[t.float().contiguous() for t in (x, dt, a, b, c, d)], y)
     return y

@@ -9,6 +9,9 @@
 // - selective_scan_decode: Mamba (1) — per channel, h <- exp(dt·A)·h + dt·x·B, y = h·C + D·x (dt after softplus).
 // - conv_decode: the causal depthwise convolution in front of them — out = w · [window, x] (+ bias), the slot's
 //   window of the last K-1 inputs shifted by one in place (reference: llmctl.engine.layers.causal_conv.conv_step).
+//
+// A row whose slot is negative is a padding row of the graphs' static buffers (llmctl.engine.worker.cuda_graphs):
+// it stores nothing and its outputs stay as the caller made them (zeros).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -63,6 +66,7 @@ void ssd_decode(at::Tensor states, const at::Tensor& slots, const at::Tensor& x,
     at::parallel_for(0, count * heads, 1, [&](int64_t begin, int64_t end) {
       for (int64_t job = begin; job < end; ++job) {
         const int64_t seq = job / heads, head = job % heads, group = head / (heads / groups);
+        if (slot[seq] < 0) continue;  // a padding row of the graphs' buffers: stores nothing
         float step = softplus(dt.data_ptr<float>()[job] + dt_bias.data_ptr<float>()[head]);
         step = std::min(std::max(step, static_cast<float>(dt_min)), static_cast<float>(dt_max));
         const float decay = std::exp(step * a.data_ptr<float>()[head]);
@@ -118,6 +122,7 @@ void delta_rule_decode(at::Tensor states, const at::Tensor& slots, const at::Ten
     at::parallel_for(0, count * heads, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> remembered(dv);
       for (int64_t job = begin; job < end; ++job) {
+        if (slot[job / heads] < 0) continue;  // a padding row of the graphs' buffers: stores nothing
         delta_rule_head(base + (slot[job / heads] * heads + job % heads) * dk * dv, dk, dv,
                         k.data_ptr<float>() + job * dk, q.data_ptr<float>() + job * dk,
                         v.data_ptr<float>() + job * dv, std::exp(g.data_ptr<float>()[job]),
@@ -163,6 +168,7 @@ void selective_scan_decode(at::Tensor states, const at::Tensor& slots, const at:
     at::parallel_for(0, count * blocks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t job = begin; job < end; ++job) {
         const int64_t seq = job / blocks, first = (job % blocks) * kChannels;
+        if (slot[seq] < 0) continue;  // a padding row of the graphs' buffers: stores nothing
         selective_scan_channels(base + slot[seq] * channels * n, first, std::min(channels, first + kChannels), n,
                                 x.data_ptr<float>() + seq * channels, dt.data_ptr<float>() + seq * channels,
                                 a.data_ptr<float>(), b.data_ptr<float>() + seq * n, c.data_ptr<float>() + seq * n,
@@ -208,6 +214,7 @@ void conv_decode(at::Tensor windows, const at::Tensor& slots, const at::Tensor& 
     at::parallel_for(0, count * blocks, 4, [&](int64_t begin, int64_t end) {
       for (int64_t job = begin; job < end; ++job) {
         const int64_t seq = job / blocks, first = (job % blocks) * kChannels;
+        if (slot[seq] < 0) continue;  // a padding row of the graphs' buffers: stores nothing
         conv_channels(base + slot[seq] * channels * (taps - 1), first, std::min(channels, first + kChannels), taps,
                       x.data_ptr<float>() + seq * channels, weight.data_ptr<float>(), bias_data,
                       out.data_ptr<float>() + seq * channels);

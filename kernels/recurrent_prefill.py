@@ -7,6 +7,11 @@
   (llmctl.engine.layers.ssd), as matmuls over all heads of a group.
 - `selective_scan_prompts`: Mamba (1)'s scan (mamba_ssm's selective_scan_fn), a block of channels per program, the
   state in registers while the tokens pass — where torch runs a token loop from the host.
+- `delta_rule_prompts`: the gated delta rule over a prompt, flash-linear-attention's fused_recurrent form — per
+  sequence, value head and block of value dimensions, the state tile S [d_k, block] in registers while the tokens
+  pass (S ← exp(g)·S, S ← S + k ⊗ β(v − Sᵀk), y = Sᵀq): the host's loop over 64-token chunks, its triangular
+  solves and small matmuls (llmctl.engine.layers.delta_rule) become one launch. Its work grows with d_k · d_v per
+  token, as the chunked form's does, without the chunked form's matmuls on tensor cores.
 
 Tested under Triton's interpreter against the torch paths (tests/kernels/test_recurrent_decode.py) and compiled for
 sm_80/89/90 by the compile check."""
@@ -111,3 +116,49 @@ def _within_chunks_kernel(cb_ptr, cumsum_ptr, xdt_ptr, y_ptr, heads, groups, len
         acc = tl.dot(weights, values, acc, input_precision="ieee")
     tl.store(y_ptr + (base + rows[:, None]) * HEAD_DIM + dims[None, :], acc,
              mask=row_ok[:, None] & (dims < HEAD_DIM)[None, :])
+
+
+def delta_rule_constexprs(key_dim: int, value_dim: int) -> dict:
+    return dict(KEY_DIM=key_dim, BLOCK_K=triton.next_power_of_2(key_dim), VALUE_DIM=value_dim,
+                BLOCK_V=min(32, triton.next_power_of_2(value_dim)))
+
+
+def delta_rule_prompts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                       states: torch.Tensor) -> torch.Tensor:
+    """q, k [S, L, H, dk] (prepared: L2-normed, q scaled), v [S, L, H, dv], g and beta [S, L, H] (0 in padding: the
+    state passes it unchanged), states [S, H, dk, dv] float32 (left holding each one's state after its last token)
+    -> y [S, L, H, dv] float32."""
+    count, length, heads, value_dim = v.shape
+    y = torch.empty(count, length, heads, value_dim, dtype=torch.float32, device=v.device)
+    if count == 0 or length == 0:
+        return y
+    constexprs = delta_rule_constexprs(k.shape[-1], value_dim)
+    grid = (count, heads, triton.cdiv(value_dim, constexprs["BLOCK_V"]))
+    work = states.contiguous()  # written in place
+    _delta_rule_kernel[grid](*(t.float().contiguous() for t in (q, k, v, g, beta)), work, y, length, heads,
+                             **constexprs)
+    if work.data_ptr() != states.data_ptr():
+        states.copy_(work)
+    return y
+
+
+@triton.jit
+def _delta_rule_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, states_ptr, y_ptr, length, heads,
+                       KEY_DIM: tl.constexpr, BLOCK_K: tl.constexpr, VALUE_DIM: tl.constexpr, BLOCK_V: tl.constexpr):
+    seq, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    keys = tl.arange(0, BLOCK_K)
+    values = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    key_ok, value_ok = keys < KEY_DIM, values < VALUE_DIM
+    tile = ((seq * heads + head) * KEY_DIM + keys[:, None]) * VALUE_DIM + values[None, :]
+    ok = key_ok[:, None] & value_ok[None, :]
+    s = tl.load(states_ptr + tile, mask=ok, other=0.0)
+    for t in range(length):
+        row = (seq * length + t) * heads + head  # token t's row of this head
+        q = tl.load(q_ptr + row * KEY_DIM + keys, mask=key_ok, other=0.0)
+        k = tl.load(k_ptr + row * KEY_DIM + keys, mask=key_ok, other=0.0)
+        v = tl.load(v_ptr + row * VALUE_DIM + values, mask=value_ok, other=0.0)
+        s = s * tl.exp(tl.load(g_ptr + row))
+        delta = (v - tl.sum(s * k[:, None], 0)) * tl.load(beta_ptr + row)
+        s = s + k[:, None] * delta[None, :]
+        tl.store(y_ptr + row * VALUE_DIM + values, tl.sum(s * q[:, None], 0), mask=value_ok)
+    tl.store(states_ptr + tile, s, mask=ok)

@@ -285,8 +285,9 @@ def native_and_counted_as_transformers_counts(folder: Path):
 
 
 def assert_decodes_through_the_gpu_kernel(folder: Path, tokenizer, monkeypatch) -> None:
-    """The recurrent layers' decode path on GPUs (kernels/recurrent_decode.py), forced on CPU tensors under Triton's
-    interpreter: three prompts × 8 tokens equal transformers'."""
+    """The recurrent layers' path on GPUs (the decode kernels of kernels/recurrent_decode.py, the prompt kernels of
+    kernels/recurrent_prefill.py), forced on CPU tensors under Triton's interpreter: three prompts × 8 tokens equal
+    transformers'."""
     from llmctl.engine.layers.recurrent_state import KERNELS_ON_CPU
 
     monkeypatch.setenv(KERNELS_ON_CPU, "1")

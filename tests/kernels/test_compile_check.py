@@ -32,7 +32,8 @@ def test_every_kernel_compiles_where_the_engine_runs_it(tmp_path):
     assert {o["kernel"] for o in outcomes} == {"attention", "merge", "store", "w4a16", "dequantize", "gemv_gptq",
                                                  "gemv_awq", "fused_moe", "rms_norm", "gated_activation", "rotary_store",
                                                  "fp8", "fp8_dequantize", "ssd_decode", "delta_rule_decode",
-                                                 "selective_scan_decode", "ssd_chunk", "selective_scan_prompt"}
+                                                 "selective_scan_decode", "ssd_chunk", "selective_scan_prompt",
+                                                 "conv_decode", "delta_rule_prompt"}
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]  # no case the engine gets wrong
     failed = [o for o in outcomes if o["error"]]
     assert failed and all(o["refusal"] for o in failed)

@@ -1,6 +1,7 @@
 """The gated delta rule in torch (the reference path on every device; flash-linear-attention's algorithms, as
 transformers' torch path writes them): for a prompt chunk, the chunked form (a UT transform per 64-token chunk,
-then a scan over chunks) from a carried state; for decodes, one recurrent step per sequence. q and k are
+then a scan over chunks) from a carried state — on GPUs a Triton kernel's token loop instead
+(kernels/recurrent_prefill.py); for decodes, one recurrent step per sequence. q and k are
 L2-normalized and q scaled by 1/√d_k inside, as the kernels do. All in float32.
 
 State S [heads_v, d_k, d_v]: per token, S ← exp(g)·S; S ← S + k ⊗ β(v − Sᵀk); output Sᵀq."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from llmctl.engine.layers.recurrent_state import triton_kernels_for
 from llmctl.engine.layers.ssd import fitted_chunk
 
 CHUNK = 64
@@ -40,6 +42,8 @@ def chunk_delta_rule_batch(qs: list[torch.Tensor], ks: list[torch.Tensor], vs: l
     batch dimension throughout. Returns each one's outputs [L_i, Hv, dv] and the states after each last token."""
     lengths = [v.shape[0] for v in vs]
     count, v_heads = len(vs), vs[0].shape[1]
+    if triton_kernels_for(vs[0]):
+        return _prompts_through_triton(qs, ks, vs, gs, betas, initial)
     chunk = fitted_chunk(max(lengths), CHUNK)
     padded = -(-max(lengths) // chunk) * chunk
 
@@ -71,6 +75,26 @@ def chunk_delta_rule_batch(qs: list[torch.Tensor], ks: list[torch.Tensor], vs: l
         state = state * chunk_decay[:, c] + k[:, c].transpose(-1, -2) @ v_new
     out = out.reshape(count, v_heads, -1, out.shape[-1])
     return [out[i, :, :length].transpose(0, 1) for i, length in enumerate(lengths)], state.view_as(initial)
+
+
+def _prompts_through_triton(qs: list[torch.Tensor], ks: list[torch.Tensor], vs: list[torch.Tensor],
+                            gs: list[torch.Tensor], betas: list[torch.Tensor], initial: torch.Tensor
+                            ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """chunk_delta_rule_batch on GPUs: the token loop in registers (kernels/recurrent_prefill.py), each sequence
+    padded to the longest with g = 0 and β = 0."""
+    from llmctl.kernels.recurrent_prefill import delta_rule_prompts
+
+    lengths, v_heads = [v.shape[0] for v in vs], vs[0].shape[1]
+    longest = max(lengths)
+
+    def stacked(parts: list[torch.Tensor]) -> torch.Tensor:  # each [L, ...] -> [S, longest, ...], zeros after L
+        return torch.stack([F.pad(t.float(), (0, 0) * (t.dim() - 1) + (0, longest - t.shape[0])) for t in parts])
+
+    prepared = [prepare_heads(q, k, v_heads) for q, k in zip(qs, ks)]
+    states = initial.float().clone()
+    y = delta_rule_prompts(stacked([p[0] for p in prepared]), stacked([p[1] for p in prepared]), stacked(vs),
+                           stacked(gs), stacked(betas), states)
+    return [y[i, :length] for i, length in enumerate(lengths)], states
 
 
 def step_delta_rule(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,

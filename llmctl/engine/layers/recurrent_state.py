@@ -111,6 +111,15 @@ class StateStep:
                              torch.tensor([self.slots[i] for i in decodes], dtype=torch.int64, device=self.device))
                             ] if decodes else []
 
+    @classmethod
+    def graph_decodes(cls, cache: StateCache, slots: torch.Tensor) -> StateStep:
+        """A decode step over the CUDA graphs' static buffers (llmctl.engine.worker.cuda_graphs): one token per row,
+        each row's slot read from `slots` [rows] on the device (-1: a padding row, which the kernels skip)."""
+        step = cls(cache, [], [], [], slots.device)
+        rows = slice(0, slots.shape[0])
+        step.decode_runs, step.all_decodes = [(rows, slots)], [(rows, slots)]
+        return step
+
     def _indexer(self, indices: list[int]) -> torch.Tensor | slice:
         """A slice where the indices are consecutive (a view: no gather, no scatter), else an index tensor."""
         if indices and indices == list(range(indices[0], indices[0] + len(indices))):

@@ -14,6 +14,10 @@ get one slot mapping and one block-table buffer per KV group, each read by its g
 With --enable-lora the step's adapter slots are a static one-hot (llmctl.engine.lora.slots).
 At TP > 1 every rank captures the same graphs in the same order, the all-reduces inside them.
 
+Models with recurrent layers (Mamba, Mamba2, gated DeltaNet) get one more static buffer: each row's state slot,
+read on the device by the in-place decode kernels (padding rows: slot -1, which they skip); a step where a
+sequence's state starts fresh (a one-token prompt) runs eagerly, as the state is zeroed first.
+
 Only the `triton` attention backend can be captured (the `torch` backend groups sequences
 on the host), and not with pipeline stages (hidden states arrive from another process) or
 MoE experts exchanged across data-parallel replicas. Prefill and mixed steps run eagerly.
@@ -36,6 +40,7 @@ from llmctl.engine.config import EngineConfig
 from llmctl.engine.core.step_messages import StepBatch
 from llmctl.engine.layers.attention import KVCache
 from llmctl.engine.layers.grouped_attention import GroupedAttention
+from llmctl.engine.layers.recurrent_state import StateCache, StateStep, decode_kernel
 from llmctl.engine.layers.triton_attention import StepTensors, TritonAttention
 from llmctl.engine.lora.slots import NO_ADAPTER, LoRAStep
 from llmctl.engine.models.common import StepContext
@@ -67,6 +72,7 @@ class GraphInputs:
     max_loras: int = 0
     lora_dtype: torch.dtype = torch.float32  # the adapters' slots' (the model's dtype)
     needs_lengths: bool = False  # LongRoPE: each token's sequence length (llmctl.engine.layers.positions)
+    states: StateCache | None = None  # recurrent layers' state slots
 
 
 class StepGraphs:
@@ -89,10 +95,13 @@ class StepGraphs:
                              for _ in self.backends]
         self.lora_one_hot = torch.zeros(tokens, inputs.max_loras, dtype=inputs.lora_dtype, device=device) \
             if inputs.lora_step is not None else None
+        self.state_slots = torch.full((rows,), -1, dtype=torch.long, device=device) \
+            if inputs.states is not None else None
         self.steps = {(size, q): self._step_tensors(size, q) for size in self.sizes for q in self.tokens_per_row}
         # the host side of each step's inputs, filled in place (pinned once on CUDA, not per step): rows of ids,
-        # positions, sequence lengths, then each KV group's slots; `_copied` marks when the last copy out ended
-        self.staging = torch.zeros(3 + len(self.backends), tokens, dtype=torch.int64,
+        # positions, sequence lengths, then each KV group's slots (and the state slots); `_copied` marks when the
+        # last copy out ended
+        self.staging = torch.zeros(3 + len(self.backends) + (self.state_slots is not None), tokens, dtype=torch.int64,
                                    pin_memory=device.type == "cuda")
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
@@ -107,7 +116,8 @@ class StepGraphs:
     def _step_tensors(self, size: int, q: int) -> list[StepTensors]:
         """Each KV group's attention inputs for `size` sequences of `q` new tokens: views of the buffers."""
         inputs, tokens = self.inputs, size * q
-        context = inputs.max_blocks_per_seq * next(iter(self.kv_caches.values())).kv.shape[1]  # the longest met
+        block = next(iter(self.kv_caches.values())).kv.shape[1] if self.kv_caches else 1  # none: Mamba's layers only
+        context = inputs.max_blocks_per_seq * block  # the longest met
         windows = self.backend.windows if isinstance(self.backend, GroupedAttention) else (inputs.sliding_window,)
         return [StepTensors(slots[:tokens], tables[:size], self.seq_lens[:size],
                             group.plan_uniform(size, q, inputs.heads, inputs.kv_heads, self.device, context),
@@ -121,7 +131,8 @@ class StepGraphs:
         count, starts = len(batch.seq_lens), batch.query_start_loc
         q = batch.num_tokens // count if count else 0
         if batch.block_copies or q not in self.tokens_per_row or count > self.largest \
-                or any(end - start != q for start, end in zip(starts, starts[1:])):
+                or any(end - start != q for start, end in zip(starts, starts[1:])) \
+                or (self.state_slots is not None and q in batch.seq_lens):  # a fresh state: zeroed eagerly
             return None
         return self.sizes[bisect.bisect_left(self.sizes, count)], q
 
@@ -132,8 +143,10 @@ class StepGraphs:
         if self.lora_one_hot is not None:
             self.inputs.lora_step.use_static(self.lora_one_hot[:tokens])
         lengths = self.lengths[:tokens] if self.lengths is not None else None
+        states = StateStep.graph_decodes(self.inputs.states, self.state_slots[:shape[0]]) \
+            if self.inputs.states is not None and self.state_slots is not None else None
         return self.model(self.input_ids[:tokens],
-                          StepContext(self.positions[:tokens], self.kv_caches, self.backend, lengths))
+                          StepContext(self.positions[:tokens], self.kv_caches, self.backend, lengths, states=states))
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -177,11 +190,13 @@ class StepGraphs:
         host = self.staging.numpy()
         rows = [(batch.input_ids, 0, tokens, padded), (batch.positions, 0, tokens, padded),
                 (batch.seq_lens, q, count, size)] + \
-            [(slots, -1, tokens, padded) for slots in [batch.slot_mapping] + batch.group_slot_mappings]
+            [(slots, -1, tokens, padded) for slots in [batch.slot_mapping] + batch.group_slot_mappings] + \
+            ([(batch.state_slots, -1, count, size)] if self.state_slots is not None else [])
         for row, (values, pad, used, end) in enumerate(rows):
             host[row, :used] = values
             host[row, used:end] = pad
-        statics = [self.input_ids, self.positions, self.seq_lens, *self.slot_mappings]
+        statics = [self.input_ids, self.positions, self.seq_lens, *self.slot_mappings] + \
+            ([self.state_slots] if self.state_slots is not None else [])
         for row, (static, (_, _, _, end)) in enumerate(zip(statics, rows)):
             static[:end].copy_(self.staging[row, :end], non_blocking=True)
         self._fill_tables(batch, size, tables)
@@ -201,6 +216,15 @@ class StepGraphs:
                 static_tables[:size].copy_(_padded_tables(lists, size, static_tables.shape[1]))
             else:  # padding rows keep earlier block ids: valid, and masked (nothing stored, outputs dropped)
                 static_tables[:count, :gathered.shape[1]].copy_(gathered)
+
+
+def _states_decode_in_place(loaded: LoadedModel) -> bool:
+    """Whether the recurrent layers' decodes index their slots on the device (Triton's kernels; on CPUs the C++
+    ones, float32 or bfloat16 states): the graphs' static slots need them."""
+    states = loaded.states
+    assert states is not None
+    probe = torch.empty(0, device=loaded.device)
+    return all(decode_kernel(probe, layer.ssm) is not None for layer in states.layers.values())
 
 
 def _one_hot(seq_slots: list[int], tokens_per_row: int, rows: int, slots: int) -> torch.Tensor:
@@ -230,8 +254,8 @@ def step_graphs(loaded: LoadedModel, config: EngineConfig) -> StepGraphs | None:
         return None  # CPUs have no graphs to capture: nothing to say
     elif not all(isinstance(b, TritonAttention) for b in getattr(loaded.backend, "backends", [loaded.backend])):
         why_not = f"the {loaded.backend.name} attention backend cannot be captured (it reads host-side lists)"
-    elif loaded.states is not None:
-        why_not = "recurrent layers (their prompt chunks scan one sequence at a time, on the host's lists)"
+    elif loaded.states is not None and not _states_decode_in_place(loaded):
+        why_not = "recurrent layers without in-place decode kernels here (they gather the states on the host)"
     elif rank.pp > 1:
         why_not = "pipeline parallelism (a later stage's input arrives from another process)"
     elif loaded.placement.experts is not None and loaded.placement.experts.exchange is not None:
@@ -243,6 +267,6 @@ def step_graphs(loaded: LoadedModel, config: EngineConfig) -> StepGraphs | None:
     tokens_per_row = [1] + ([1 + speculative.num_speculative_tokens] if speculative is not None else [])
     inputs = GraphInputs(-(-loaded.max_model_len // config.block_size), spec.attention.num_heads // rank.tp,
                          kv_heads_per_rank(spec, rank.tp), loaded.sliding_window, loaded.lora_step, config.max_loras,
-                         loaded.dtype, getattr(loaded.model, "needs_lengths", False))
+                         loaded.dtype, getattr(loaded.model, "needs_lengths", False), loaded.states)
     return StepGraphs(loaded.model, loaded.backend, loaded.kv_caches, capture_sizes(config.max_num_seqs),
                       tokens_per_row, inputs, loaded.device, capture=loaded.device.type == "cuda")

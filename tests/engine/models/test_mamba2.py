@@ -145,3 +145,31 @@ def test_mamba2_decodes_through_the_gpu_kernel(mamba2, mamba2_reference, monkeyp
     monkeypatch.setenv(KERNELS_ON_CPU, "1")
     ours, _ = engine_outputs(mamba2, PROMPTS[:3], tokens=8)
     assert_close([(t[:8], s[:8], p) for t, s, p in mamba2_reference[:3]], ours, PROMPTS[:3])
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "triton"])
+def test_mamba2_decodes_through_the_cuda_graph_buffers(mamba2, mamba2_reference, monkeypatch, kernels):
+    """Decode steps through the CUDA graphs' static buffers (captured and replayed on a GPU; run eagerly here): three
+    sequences in the size-4 buffers, their state slots read on the device by the in-place kernels (C++, or GPUs'
+    Triton ones interpreted) and the padding row's slot -1 storing nothing: transformers' tokens."""
+    import torch
+
+    from llmctl.engine.layers.recurrent_state import KERNELS_ON_CPU
+
+    capture = torch.cuda.is_available()  # scripts/gpu-check.sh runs it there
+    tokens = TOKENS if kernels == "cpu" or capture else 8
+    if kernels == "triton":
+        monkeypatch.setenv(KERNELS_ON_CPU, "1")
+    llm = LLM(str(mamba2), max_model_len=256, max_num_seqs=4, attention_backend="triton", dtype="float32",
+              device="cuda" if capture else "auto", graph_buffers_on_cpu=not capture)
+    graphs = llm.engine.executor.runner.graphs
+    assert graphs is not None and graphs.state_slots is not None and bool(graphs.graphs) == capture
+    replays: list[int] = []
+    run = graphs.run
+    graphs.run = lambda batch, shape, *rest: replays.append(shape[0]) or run(batch, shape, *rest)
+    try:
+        outputs = llm.generate(PROMPTS[:3], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
+    finally:
+        llm.shutdown()
+    assert replays and set(replays) == {4}  # every decode step: three rows and a padding row
+    assert [list(o.outputs[0].token_ids) for o in outputs] == [t[:tokens] for t, _, _ in mamba2_reference[:3]]
