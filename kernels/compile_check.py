@@ -169,7 +169,8 @@ def gemv_cases() -> list[KernelCase]:
 
 def moe_cases() -> list[KernelCase]:
     """The fused-MoE grouped GEMM at decode, mid and prefill pair counts (16/32/64-row blocks), both launches; with
-    experts' biases (gpt-oss) at the mid count (the bias adds one load per tile, whatever the block)."""
+    experts' biases (gpt-oss) at the mid count (the bias adds one load per tile, whatever the block), and so its
+    MXFP4 experts (kv dtype u8: the weights' bytes)."""
     from llmctl.kernels.fused_moe import choose_moe_tiles, moe_constexprs
 
     cases = []
@@ -179,6 +180,9 @@ def moe_cases() -> list[KernelCase]:
             continue
         tiles = choose_moe_tiles(pairs, 8, FLOAT_DTYPES[dtype].itemsize)
         cases.append(_case("fused_moe", dtype, "", moe_constexprs(tiles, weighted, FLOAT_DTYPES[dtype], biased)))
+        if biased:  # gpt-oss's MXFP4 experts, decoded in registers
+            cases.append(_case("fused_moe", dtype, "u8", moe_constexprs(tiles, weighted, FLOAT_DTYPES[dtype], True,
+                                                                        mxfp4=True)))
     return list(dict.fromkeys(cases))
 
 
@@ -272,7 +276,9 @@ def _kernel_and_types(case: KernelCase) -> tuple[object, dict[str, str]]:
     if case.kernel == "store":
         return kv_store._store_kernel, dict(key_ptr=act, value_ptr=act, cache_ptr=kv, slot_ptr="*i64")
     if case.kernel == "fused_moe":
-        return fused_moe._fused_moe_kernel, dict(a_ptr=act, b_ptr=act, out_ptr=act, routing_ptr="*fp32", bias_ptr=act,
+        mxfp4 = dict(case.constexprs)["MXFP4"]
+        return fused_moe._fused_moe_kernel, dict(a_ptr=act, b_ptr="*u8" if mxfp4 else act, out_ptr=act,
+                                                 routing_ptr="*fp32", bias_ptr=act, scales_ptr="*u8" if mxfp4 else act,
                                                  sorted_ids_ptr="*i32", block_expert_ptr="*i32", total_ptr="*i32")
     if case.kernel == "ssd_chunk":
         from llmctl.kernels import recurrent_prefill

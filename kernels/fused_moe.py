@@ -10,6 +10,9 @@ act is SiLU-gated by default, or the family's own (gpt-oss's clamped SwiGLU); th
 weighs each expert's input, not its output (`scale_inputs`): with no bias the first projection is linear, so its
 output is scaled in launch 1 instead.
 
+The expert weights are the model's dtype, or gpt-oss's MXFP4 as published (`Mxfp4Weights`: two E2M1 codes a
+byte, one E8M0 exponent per 32 inputs, 4.25 bits a weight), decoded in registers tile by tile.
+
 `align_pairs` does the sorting with tensor ops only (no host synchronisation): rows padded per expert
 to `block_m`, each row block's expert, and the padded total the kernel stops at. Pairs whose expert
 is not on this rank (expert parallelism) carry the id `num_experts` and are never computed.
@@ -30,6 +33,30 @@ from llmctl.kernels.torch_ops import define
 
 
 @dataclass(frozen=True)
+class Mxfp4Weights:
+    """An expert stack in MXFP4: blocks uint8 [E, N, K / 32, 16] (the low nibble first), scales uint8 [E, N, K / 32]
+    (2^(byte − 127)) — N outputs, K inputs, as gpt-oss's checkpoints store them."""
+
+    blocks: torch.Tensor
+    scales: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        experts, rows, groups, _ = self.blocks.shape
+        return experts, rows, groups * 32
+
+
+ExpertStack = torch.Tensor | Mxfp4Weights  # [E, N, K]
+
+
+def _operands(weights: ExpertStack) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the launch reads: the weights [E, N, K] and no scales, or MXFP4's bytes [E, N, K / 2] and scales."""
+    if isinstance(weights, Mxfp4Weights):
+        return weights.blocks.flatten(2), weights.scales
+    return weights, None
+
+
+@dataclass(frozen=True)
 class MoETiles:
     block_m: int
     block_n: int
@@ -44,9 +71,10 @@ def choose_moe_tiles(pairs: int, num_experts: int, element_bytes: int) -> MoETil
     return MoETiles(block_m, 64, 64 if element_bytes <= 2 else 32)
 
 
-def moe_constexprs(tiles: MoETiles, weighted: bool, dtype: torch.dtype, biased: bool = False) -> dict:
+def moe_constexprs(tiles: MoETiles, weighted: bool, dtype: torch.dtype, biased: bool = False,
+                   mxfp4: bool = False) -> dict:
     """The kernel's compile-time parameters (shared with `llmctl.kernels.compile_check`)."""
-    return dict(MUL_WEIGHT=weighted, HAS_BIAS=biased, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+    return dict(MUL_WEIGHT=weighted, HAS_BIAS=biased, MXFP4=mxfp4, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
                 BLOCK_K=tiles.block_k, DOT_PRECISION=dot_precision(dtype))
 
 
@@ -78,7 +106,7 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
     return sorted_ids, block_expert, padded_end[-1:].to(torch.int32)
 
 
-def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: ExpertStack, w2: ExpertStack,
               first_expert: int = 0, quantize: Callable[[torch.Tensor], torch.Tensor] | None = None,
               biases: tuple[torch.Tensor, torch.Tensor | None] | None = None,
               activation: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -97,8 +125,9 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: to
     b13, b2 = biases if biases is not None else (None, None)
     gate_up = torch.empty(tokens * top_k, 2 * intermediate, dtype=x.dtype, device=x.device)
     sizes = (tiles.block_m, tiles.block_n, tiles.block_k)
-    torch.ops.llmctl.moe_gemm.default(x, w13, gate_up, routing if scale_inputs else None, b13, sorted_ids,
-                                      block_expert, total, top_k, *sizes)
+    b, scales = _operands(w13)
+    torch.ops.llmctl.moe_gemm.default(x, b, gate_up, routing if scale_inputs else None, b13, sorted_ids,
+                                      block_expert, total, top_k, *sizes, scales)
     if activation is not None:
         hidden = activation(gate_up)
     else:
@@ -106,42 +135,48 @@ def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: to
     if quantize is not None:
         hidden = quantize(hidden)  # each (token, expert) row: per token, as each expert's own linear would
     down = torch.zeros(tokens * top_k, w2.shape[1], dtype=x.dtype, device=x.device)  # pairs not here stay 0
-    torch.ops.llmctl.moe_gemm.default(hidden, w2, down, None if scale_inputs else routing, b2, sorted_ids,
-                                      block_expert, total, 1, *sizes)
+    b, scales = _operands(w2)
+    torch.ops.llmctl.moe_gemm.default(hidden, b, down, None if scale_inputs else routing, b2, sorted_ids,
+                                      block_expert, total, 1, *sizes, scales)
     return down.view(tokens, top_k, -1).sum(dim=1)
 
 
 def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, routing: torch.Tensor | None,
             bias: torch.Tensor | None, sorted_ids: torch.Tensor, block_expert: torch.Tensor, total: torch.Tensor,
-            rows_per_token: int, block_m: int, block_n: int, block_k: int) -> None:
+            rows_per_token: int, block_m: int, block_n: int, block_k: int, scales: torch.Tensor | None = None
+            ) -> None:
     """One grouped GEMM over the sorted pairs into `out` (the registered op `llmctl::moe_gemm`): bias [E, N]
-    added to each pair's row, then the routing weight applied."""
+    added to each pair's row, then the routing weight applied; `scales`: b is MXFP4's bytes [E, N, K / 2]."""
     tiles = MoETiles(block_m, block_n, block_k)
-    n, k = b.shape[1], b.shape[2]
+    n, k = b.shape[1], b.shape[2] * (2 if scales is not None else 1)
     grid = (sorted_ids.numel() // tiles.block_m, triton.cdiv(n, tiles.block_n))
     bias = bias.contiguous() if bias is not None else None
+    scale_strides = (scales.stride(0), scales.stride(1)) if scales is not None else (0, 0)
     _fused_moe_kernel[grid](
-        a, b, out, routing if routing is not None else out, bias if bias is not None else out, sorted_ids,
-        block_expert, total, n, k, out.shape[0], rows_per_token, a.stride(0), b.stride(0), b.stride(1), out.stride(0),
-        **moe_constexprs(tiles, routing is not None, a.dtype, bias is not None))
+        a, b, out, routing if routing is not None else out, bias if bias is not None else out,
+        scales if scales is not None else b, sorted_ids, block_expert, total, n, k, out.shape[0], rows_per_token,
+        a.stride(0), b.stride(0), b.stride(1), *scale_strides, out.stride(0),
+        **moe_constexprs(tiles, routing is not None, a.dtype, bias is not None, scales is not None))
 
 
 def _launch_fake(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, routing: torch.Tensor | None,
                  bias: torch.Tensor | None, sorted_ids: torch.Tensor, block_expert: torch.Tensor, total: torch.Tensor,
-                 rows_per_token: int, block_m: int, block_n: int, block_k: int) -> None:
+                 rows_per_token: int, block_m: int, block_n: int, block_k: int, scales: torch.Tensor | None = None
+                 ) -> None:
     """A trace's stand-in: `out` is written in place, nothing is returned."""
 
 
 define("moe_gemm(Tensor a, Tensor b, Tensor(a!) out, Tensor? routing, Tensor? bias, Tensor sorted_ids, "
-       "Tensor block_expert, Tensor total, int rows_per_token, int block_m, int block_n, int block_k) -> ()",
-       _launch, _launch_fake)
+       "Tensor block_expert, Tensor total, int rows_per_token, int block_m, int block_n, int block_k, "
+       "Tensor? scales=None) -> ()", _launch, _launch_fake)
 
 
 @triton.jit
-def _fused_moe_kernel(a_ptr, b_ptr, out_ptr, routing_ptr, bias_ptr, sorted_ids_ptr, block_expert_ptr, total_ptr,
-                      N, K, num_pairs, rows_per_token, stride_a, stride_be, stride_bn, stride_out,
-                      MUL_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _fused_moe_kernel(a_ptr, b_ptr, out_ptr, routing_ptr, bias_ptr, scales_ptr, sorted_ids_ptr, block_expert_ptr,
+                      total_ptr, N, K, num_pairs, rows_per_token, stride_a, stride_be, stride_bn, stride_se, stride_sn,
+                      stride_out, MUL_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, MXFP4: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return  # past the last expert's padded rows
@@ -155,8 +190,12 @@ def _fused_moe_kernel(a_ptr, b_ptr, out_ptr, routing_ptr, bias_ptr, sorted_ids_p
         inner = start + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + rows[:, None] * stride_a + inner[None, :], mask=valid[:, None] & (inner < K)[None, :],
                     other=0.0)
-        b = tl.load(b_ptr + expert * stride_be + cols[None, :].to(tl.int64) * stride_bn + inner[:, None],
-                    mask=(inner < K)[:, None] & (cols < N)[None, :], other=0.0)
+        if MXFP4:
+            b = _mxfp4_tile(b_ptr + expert * stride_be, scales_ptr + expert * stride_se, cols, inner, stride_bn,
+                            stride_sn, N, K).to(a.dtype)
+        else:
+            b = tl.load(b_ptr + expert * stride_be + cols[None, :].to(tl.int64) * stride_bn + inner[:, None],
+                        mask=(inner < K)[:, None] & (cols < N)[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * N + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
@@ -164,3 +203,18 @@ def _fused_moe_kernel(a_ptr, b_ptr, out_ptr, routing_ptr, bias_ptr, sorted_ids_p
         acc = acc * tl.load(routing_ptr + pair, mask=valid, other=0.0)[:, None]
     tl.store(out_ptr + pair[:, None].to(tl.int64) * stride_out + cols[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=valid[:, None] & (cols < N)[None, :])
+
+
+@triton.jit
+def _mxfp4_tile(blocks_ptr, scales_ptr, cols, inner, stride_bn, stride_sn, N, K):
+    """W[col, inner] as a [BLOCK_K, BLOCK_N] float32 tile, from one expert's MXFP4 bytes and exponents: E2M1 codes
+    (sign, two exponent bits, one mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6) times 2^(scale − 127)."""
+    ok = (inner < K)[:, None] & (cols < N)[None, :]
+    rows = cols[None, :].to(tl.int64)
+    byte = tl.load(blocks_ptr + rows * stride_bn + (inner // 2)[:, None], mask=ok, other=0).to(tl.int32)
+    code = (byte >> ((inner % 2) * 4)[:, None]) & 0xF
+    exponent = (code >> 1) & 3
+    mantissa = (code & 1).to(tl.float32) * 0.5
+    magnitude = tl.where(exponent == 0, mantissa, (1.0 + mantissa) * tl.exp2(exponent.to(tl.float32) - 1.0))
+    scale = tl.load(scales_ptr + rows * stride_sn + (inner // 32)[:, None], mask=ok, other=127).to(tl.float32)
+    return tl.where(code >= 8, -magnitude, magnitude) * tl.exp2(scale - 127.0)

@@ -231,6 +231,8 @@ def converter_for(folder: Path, quant: QuantizationSpec | None, form: Quantizati
     are). `names`: every tensor name in the checkpoint."""
     if quant is not None and quant.method in ("gptq", "awq") and moe:
         return _experts_converter(quant, form, names, dtype)
+    if quant is not None and quant.method == "mxfp4" and form is not None:
+        return None, "gpt-oss's MXFP4 experts kept as MXFP4 (4.25 bits a weight) for the fused-MoE kernel"
     if quant is not None and quant.method == "mxfp4":
         from llmctl.checkpoint.mxfp4 import Mxfp4ExpertsDequantizer
 

@@ -121,9 +121,10 @@ class FusedMoE(nn.Module):
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, routing: Routing, group: TPGroup,
                  experts: ExpertPlacement | None = None, coded: str | None = None,
-                 activations: dict[str, Any] | None = None) -> None:
+                 activations: dict[str, Any] | None = None, stacked_weights: bool = True) -> None:
         """`activations`: a dynamic per-token scheme (compressed-tensors' input_activations) every expert
-        projection's input is quantized by first, as in the checkpoint's own linears (W8A8, FP8-dynamic)."""
+        projection's input is quantized by first, as in the checkpoint's own linears (W8A8, FP8-dynamic);
+        `stacked_weights` False: a subclass holds the weights in a form of its own (the stacked tensors empty)."""
         super().__init__()
         self.activation_args = activation_args(activations) if activations else None
         # expert parallel: whole experts [first, first + local); else a slice of every expert
@@ -136,7 +137,7 @@ class FusedMoE(nn.Module):
         # coded (a CPU with whole experts; GPTQ, AWQ or GGUF, the method): the experts as codes, the stacked
         # tensors empty
         self.coded = CodedExperts(self.local_experts, intermediate, coded) if coded else None
-        stacked = 0 if coded else local
+        stacked = local if stacked_weights and not coded else 0
         self.w13 = nn.Parameter(torch.empty(stacked, 2 * self.part.size, hidden), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(stacked, hidden, self.part.size), requires_grad=False)
         self.packed_experts: list[PackedPair] | None = None  # CPU: set by cpu_gemm.pack_linears

@@ -39,8 +39,9 @@ class StackedExperts(FusedMoE):
     kinds: tuple[str, ...] = ("gate_up_proj", "down_proj")
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, routing: Routing, group: TPGroup,
-                 experts: ExpertPlacement | None, interleaved: bool = False, scale_inputs: bool = False) -> None:
-        super().__init__(num_experts, hidden, intermediate, routing, group, experts)
+                 experts: ExpertPlacement | None, interleaved: bool = False, scale_inputs: bool = False,
+                 stacked_weights: bool = True) -> None:
+        super().__init__(num_experts, hidden, intermediate, routing, group, experts, stacked_weights=stacked_weights)
         self.interleaved, self.scale_inputs = interleaved, scale_inputs
 
     def expected(self) -> set[tuple[str, int]]:
@@ -99,8 +100,9 @@ class ClampedSwigluExperts(StackedExperts):
     kinds = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, routing: Routing, group: TPGroup,
-                 experts: ExpertPlacement | None, alpha: float, limit: float) -> None:
-        super().__init__(num_experts, hidden, intermediate, routing, group, experts, interleaved=True)
+                 experts: ExpertPlacement | None, alpha: float, limit: float, stacked_weights: bool = True) -> None:
+        super().__init__(num_experts, hidden, intermediate, routing, group, experts, interleaved=True,
+                         stacked_weights=stacked_weights)
         local = len(self.local_experts)
         self.w13_bias = nn.Parameter(torch.empty(local, 2 * self.part.size), requires_grad=False)
         self.w2_bias = nn.Parameter(torch.empty(local, hidden), requires_grad=False)

@@ -141,6 +141,8 @@ def _layer_form(spec: ModelSpec, device_type: str, chosen: str | None, shard: Sh
     if own_cpu_layers and family == "moe" and quant is not None and quant.method == "gguf" and not whole_experts:
         raise UnsupportedModelError("a GGUF mixture of experts runs its experts as codes, whole on one rank, on CPUs: "
                                     "use --tp 1 without --enable-expert-parallel (--pp splits the layers instead)")
+    if family == "gpt_oss" and quant is not None and quant.method == "mxfp4":  # only the experts are MXFP4
+        return QuantizationSpec("mxfp4", 4, 32, dict(quant.details)) if keeps_mxfp4(device_type) else None
     packed = quant if quant is not None and quant.method in ("gptq", "awq") else kept_as_gptq(quant)
     if family == "deepseek" and packed is not None:
         # MLA's layers take no packed weights: all dequantized at load, the routed experts coded where they can be
@@ -157,6 +159,12 @@ def _layer_form(spec: ModelSpec, device_type: str, chosen: str | None, shard: Sh
 def keeps_fp8(device_type: str) -> bool:
     """Whether fp8 weights stay float8 on this device: on GPUs, for the FP8 W8A16 Triton GEMM; CPUs have no FP8
     arithmetic and dequantize them once at load."""
+    return device_type == "cuda"
+
+
+def keeps_mxfp4(device_type: str) -> bool:
+    """Whether gpt-oss's MXFP4 experts stay MXFP4 on this device: on GPUs, decoded in the fused-MoE kernel's
+    registers; CPUs dequantize them once at load (llmctl.checkpoint.mxfp4)."""
     return device_type == "cuda"
 
 

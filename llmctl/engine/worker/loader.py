@@ -232,8 +232,9 @@ def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.de
     form = layer_form(spec, device.type, impl, shard)
     converter, what = converter_for(source.path, spec.quantization, form, set(stored), dtype, spec.moe is not None) \
         if stored else (None, "")
-    if converter is not None and tensors is not None:
+    if what and tensors is not None:
         logger.info("%s", what)
+    if converter is not None and tensors is not None:
         tensors = converted(tensors, converter, stored, dtype, _say_unused)
     with _no_init(dtype, device):
         model = create_model(spec, hf_config, shard, impl, device.type)

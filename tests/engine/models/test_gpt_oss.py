@@ -82,9 +82,30 @@ def save_mxfp4(folder: Path, into: Path) -> Path:
     return into
 
 
-def test_published_mxfp4_experts_are_read(folder, tokenizer, tmp_path):
-    """Dequantized at load as transformers' own MXFP4 loader does on a CPU (its reference): the same tokens."""
+def test_published_mxfp4_experts_are_read(folder, tokenizer, tmp_path, monkeypatch, caplog):
+    """Dequantized at load as transformers' own MXFP4 loader does on a CPU (its reference): the same tokens. Then kept
+    MXFP4 as on GPUs (the registry's `keeps_mxfp4`, which says yes only for CUDA), the fused-MoE kernel decoding the
+    codes in registers (interpreted here): the same tokens again, the experts held at 4.25 bits a weight."""
+    import logging
+
+    import torch
+
+    from llmctl import LLM
+    from llmctl.engine.layers.mxfp4_experts import Mxfp4Experts
+
     mxfp4 = save_mxfp4(folder, tmp_path / "gpt_oss_mxfp4")
     prompts = ["The capital of France is", "def fibonacci(n):"]
+    reference = transformers_reference(mxfp4, tokenizer, prompts=prompts, max_tokens=12)
     ours, _ = engine_outputs(mxfp4, prompts, tokens=12)
-    assert_close(transformers_reference(mxfp4, tokenizer, prompts=prompts, max_tokens=12), ours, prompts)
+    assert_close(reference, ours, prompts)
+    caplog.set_level(logging.INFO, logger="llmctl")
+    monkeypatch.setattr("llmctl.engine.models.registry.keeps_mxfp4", lambda device_type: True)
+    kept, _ = engine_outputs(mxfp4, prompts, tokens=12)
+    assert "MXFP4 experts kept as MXFP4" in caplog.text
+    assert_close(reference, kept, prompts)
+    llm = LLM(str(mxfp4), max_model_len=64)
+    experts = [m for m in llm.engine.executor.loaded.model.modules() if isinstance(m, Mxfp4Experts)]
+    assert len(experts) == 3 and all(e.w13.numel() == 0 and e.w13_blocks.dtype == torch.uint8 for e in experts)
+    weights = 8 * (64 * 2 * 32 + 32 * 64)  # per layer: 8 experts' gate/up and down
+    assert sum(e.w13_blocks.numel() + e.w13_scales.numel() + e.w2_blocks.numel() + e.w2_scales.numel()
+               for e in experts) == 3 * weights * 4.25 / 8  # half a byte a weight and a byte per 32
