@@ -23,8 +23,8 @@ GROUP = 32  # inputs per E8M0 scale
 
 
 class Mxfp4Experts(ClampedSwigluExperts):
-    kinds = ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias", "down_proj_blocks",
-             "down_proj_scales", "down_proj_bias")
+    kinds: tuple[str, ...] = ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
+                              "down_proj_blocks", "down_proj_scales", "down_proj_bias")
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, routing: Routing, group: TPGroup,
                  experts: ExpertPlacement | None, alpha: float, limit: float) -> None:

@@ -97,7 +97,7 @@ class StackedExperts(FusedMoE):
 
 
 class ClampedSwigluExperts(StackedExperts):
-    kinds = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+    kinds: tuple[str, ...] = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, routing: Routing, group: TPGroup,
                  experts: ExpertPlacement | None, alpha: float, limit: float, stacked_weights: bool = True) -> None:
