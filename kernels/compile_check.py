@@ -224,27 +224,21 @@ def recurrent_cases() -> list[KernelCase]:
     float32 (mamba_ssm_cache_dtype) and in the model's dtype; the convolution's step (Codestral's 10,240 channels
     with a bias, Qwen3-Next's 8,192 without); Mamba2's prompt scan within chunks (head dims 64, 80), Mamba (1)'s
     (Falcon-Mamba-7B's channels) and the delta rule's (128 × 128 heads)."""
-    from llmctl.kernels.recurrent_decode import (
-        conv_constexprs,
-        delta_rule_constexprs,
-        selective_scan_constexprs,
-        ssd_constexprs,
-    )
+    from llmctl.kernels import recurrent_decode as decode
+    from llmctl.kernels import recurrent_prefill as prompt
 
     states = ("fp32", "bf16")
-    cases = [_case("ssd_decode", dtype, state, ssd_constexprs(*shape)) for dtype in FLOAT_DTYPES for state in states
-             for shape in ((64, 128, 16), (80, 128, 16), (64, 64, 18))]
-    cases += [_case("delta_rule_decode", dtype, state, delta_rule_constexprs(128, 128))
+    cases = [_case("ssd_decode", dtype, state, decode.ssd_constexprs(*shape)) for dtype in FLOAT_DTYPES
+             for state in states for shape in ((64, 128, 16), (80, 128, 16), (64, 64, 18))]
+    cases += [_case("delta_rule_decode", dtype, state, decode.delta_rule_constexprs(128, 128))
               for dtype in FLOAT_DTYPES for state in states]
-    cases += [_case("selective_scan_decode", "fp32", state, selective_scan_constexprs(8192, 16)) for state in states]
-    cases += [_case("conv_decode", dtype, dtype, conv_constexprs(channels, 4, biased))
+    cases += [_case("selective_scan_decode", "fp32", state, decode.selective_scan_constexprs(8192, 16))
+              for state in states]
+    cases += [_case("conv_decode", dtype, dtype, decode.conv_constexprs(channels, 4, biased))
               for dtype in FLOAT_DTYPES for channels, biased in ((10240, True), (8192, False))]
-    from llmctl.kernels.recurrent_prefill import chunk_constexprs, scan_constexprs
-    from llmctl.kernels.recurrent_prefill import delta_rule_constexprs as prompt_delta_constexprs
-
-    cases += [_case("ssd_chunk", "fp32", "", chunk_constexprs(head_dim)) for head_dim in (64, 80)]  # Mamba2's prompt scan
-    cases += [_case("selective_scan_prompt", "fp32", "", scan_constexprs(8192, 16))]  # Mamba (1)'s
-    cases += [_case("delta_rule_prompt", "fp32", "", prompt_delta_constexprs(128, 128))]  # the gated DeltaNet's
+    cases += [_case("ssd_chunk", "fp32", "", prompt.chunk_constexprs(head_dim)) for head_dim in (64, 80)]
+    cases += [_case("selective_scan_prompt", "fp32", "", prompt.scan_constexprs(8192, 16))]
+    cases += [_case("delta_rule_prompt", "fp32", "", prompt.delta_rule_constexprs(128, 128))]
     return cases
 
 

@@ -190,9 +190,10 @@ def layer_quantization(quant: QuantizationSpec | None, moe: bool = False, int8_c
 
 
 def sizing_quantization(quant: QuantizationSpec | None) -> QuantizationSpec | None:
-    """The checkpoint's weights as `plan` sizes them (vLLM holds them as stored): GPTQ, AWQ and FP8 as they are,
+    """The checkpoint's weights as `plan` sizes them (vLLM holds them as stored): GPTQ, AWQ, FP8 and gpt-oss's
+    MXFP4 (its experts) as they are,
     compressed-tensors as the GPTQ-like int4/int8 or the fp8 they store; None for what plan sizes at 16 bits."""
-    if quant is None or quant.method in ("gptq", "awq", "fp8"):
+    if quant is None or quant.method in ("gptq", "awq", "fp8", "mxfp4"):
         return quant
     if quant.method != "compressed-tensors":
         return None

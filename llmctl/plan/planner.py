@@ -13,6 +13,7 @@ from llmctl.errors import LlmctlError
 from llmctl.plan.gguf_sizes import GgufSizes
 from llmctl.plan.gpus import GPU_CATALOG, GpuType
 from llmctl.plan.notes import plan_notes
+from llmctl.plan.ray_lines import ray_commands
 from llmctl.settings import DEFAULT_MAX_NUM_SEQS
 from llmctl.sizing.kv import BLOCK_SIZE, UNBOUNDED, StageKV, kv_dtype_bytes, planned_kv_format, stage_kv
 from llmctl.sizing.layout import structural_problems
@@ -26,7 +27,14 @@ from llmctl.sizing.memory import (
     runtime_overhead_bytes,
     state_slots,
 )
-from llmctl.sizing.weights import WEIGHT_DTYPES, WeightFormat, stage_weights, vllm_pipeline_stages, weight_format
+from llmctl.sizing.weights import (
+    WEIGHT_DTYPES,
+    WeightFormat,
+    mxfp4_split_problem,
+    stage_weights,
+    vllm_pipeline_stages,
+    weight_format,
+)
 from llmctl.units import GiB
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM's chunked-prefill budget for serving on data-center GPUs
@@ -291,7 +299,7 @@ def build_plan(spec: ModelSpec, req: PlanRequest, model: str, measured: Measured
     dtype_bytes = WEIGHT_DTYPES[dtype]
     stored = sizing_quantization(spec.quantization)
     quantization = req.quantization or (stored.method if stored else None)
-    if quantization and quantization not in ("awq", "gptq", "fp8", "int8"):
+    if quantization and quantization not in ("awq", "gptq", "fp8", "int8", "mxfp4"):
         quantization = None  # a checkpoint format we do not size (e.g. bitsandbytes): plan it as 16-bit
     fmt = weight_format(dtype_bytes, quantization, spec)
     if req.gguf is not None and req.quantization is None:
@@ -438,6 +446,9 @@ def serve_commands(model: str, plan: Plan, quantization: str | None, fmt: Weight
         unsupported.append("--enable-lora with TP × PP > 1")
     if req.expert_parallel and best.pp > 1 and best.replicas > 1:
         unsupported.append("--enable-expert-parallel over replicas with PP > 1")
+    if fmt.name == "mxfp4" and plan.spec.moe and not req.expert_parallel and \
+            (why := mxfp4_split_problem(plan.spec.moe.expert_intermediate_size, best.tp)):
+        unsupported.append(why)
     if not _fits_as_llmctl_holds_it(plan, best, fmt):
         unsupported.append(f"its {fmt.name} weights, which llmctl dequantizes to {plan.dtype} at load, do not fit")
     if unsupported:
@@ -459,8 +470,8 @@ def _fits_as_llmctl_holds_it(plan: Plan, best: LayoutPlan, fmt: WeightFormat) ->
     4-bit) stay packed as plan sized them; FP8, the other compressed-tensors schemes and GPTQ/AWQ routed experts
     are dequantized once at load — then the layout is weighed dense (attention included: an upper bound)."""
     quant = plan.spec.quantization
-    if quant is None or plan.request.quantization or sizing_quantization(quant) is None:
-        return True  # nothing pre-quantized, or a checkpoint plan sizes at 16 bits anyway
+    if quant is None or plan.request.quantization or sizing_quantization(quant) is None or quant.method == "mxfp4":
+        return True  # nothing pre-quantized, a checkpoint plan sizes at 16 bits anyway, or MXFP4 kept on GPUs
     form = layer_quantization(quant, plan.spec.moe is not None)
     if form is not None and form.method in ("gptq", "awq") and not (plan.spec.moe and quant.method in ("gptq", "awq")):
         return True
@@ -468,21 +479,6 @@ def _fits_as_llmctl_holds_it(plan: Plan, best: LayoutPlan, fmt: WeightFormat) ->
     layout = evaluate_layout(plan.spec, plan.request, best.tp, best.pp, dtype_bytes=dense.dense_bytes, fmt=dense,
                              kv_bytes=plan.kv_dtype_bytes, max_model_len=plan.max_model_len)
     return layout.feasible
-
-
-def ray_commands(commands: list[str], ranks: int, replicas: int, nodes: int) -> list[str]:
-    """The same servers on a Ray cluster: ranks as actors (--distributed-executor-backend ray), replicas as
-    actors (--data-parallel-backend ray; llmctl's replicas spawn their ranks on their own node, vLLM's take
-    both flags); after `ray start` on every node when the layout spans several."""
-    executor = ["--distributed-executor-backend ray"] if ranks > 1 else []
-    data_parallel = ["--data-parallel-backend ray"] if replicas > 1 else []
-    flags = {"llmctl": data_parallel or executor, "vllm": executor + data_parallel}
-    if not flags["vllm"]:
-        return []
-    start = ["ray start --head --port 6379   # first node; on the others: ray start --address FIRST_NODE:6379"] \
-        if nodes > 1 else []
-    return start + [f"{c} {' '.join(flags[c.split()[0]])}" for c in commands
-                    if c.startswith(("llmctl serve", "vllm serve"))]
 
 
 def vllm_log_lines(layout: LayoutPlan, max_model_len: int) -> list[str]:

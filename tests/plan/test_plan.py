@@ -355,6 +355,35 @@ def test_expert_parallel_spreads_mixtrals_experts_over_tp_times_replicas():
     assert any(c.endswith("--enable-expert-parallel --dp 8") for c in plan["commands"])
 
 
+def gpt_oss_120b(**quantization) -> ModelSpec:
+    """openai/gpt-oss-120b's config.json (its published fields)."""
+    layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(36)]
+    return ModelSpec.from_config(dict(
+        architectures=["GptOssForCausalLM"], model_type="gpt_oss", attention_bias=True, head_dim=64, hidden_size=2880,
+        intermediate_size=2880, layer_types=layer_types, num_attention_heads=64, num_experts_per_tok=4,
+        num_hidden_layers=36, num_key_value_heads=8, num_local_experts=128, sliding_window=128,
+        tie_word_embeddings=False, vocab_size=201088, torch_dtype="bfloat16", **quantization))
+
+
+def test_gpt_oss_mxfp4_experts_are_planned_as_their_published_tensors():
+    """gpt-oss-120b as published: the experts' MXFP4 tensors, which llmctl keeps on GPUs as vLLM does — per layer and
+    projection, blocks uint8 [128, out, in / 32, 16] and scales uint8 [128, out, in / 32] (the checkpoint's layout)
+    in place of bfloat16 [128, in, out]; everything else bfloat16. The model card's claim: one 80 GB GPU holds it."""
+    mxfp4, dense = gpt_oss_120b(quantization_config={"quant_method": "mxfp4"}), gpt_oss_120b()
+    shapes = [(2880, 2 * 2880), (2880, 2880)]  # gate_up (in, out), down (in, out)
+    published = 36 * sum(128 * out * (inputs // 32) * (16 + 1) for inputs, out in shapes)
+    as_bf16 = 36 * sum(128 * inputs * out * 2 for inputs, out in shapes)
+    [kept] = stage_weights(mxfp4, weight_format(2, "mxfp4", mxfp4), 1, 1)
+    [unquantized] = stage_weights(dense, weight_format(2, None, dense), 1, 1)
+    assert unquantized.total_bytes - kept.total_bytes == as_bf16 - published
+    plan = build_plan(mxfp4, PlanRequest(gpu=lookup_gpu("h100-80gb"), gpus=1), "openai/gpt-oss-120b")
+    assert plan.weight_format == "mxfp4" and plan.recommended is not None and plan.recommended.tp == 1
+    assert any(c.startswith("llmctl serve openai/gpt-oss-120b --tp 1") for c in plan.commands)
+    # at TP 4 each rank would hold 720 of an expert's 2,880 inputs: not whole groups of 32, so EP is named
+    four = build_plan(mxfp4, PlanRequest(gpu=lookup_gpu("h100-80gb"), gpus=4, tp=4), "openai/gpt-oss-120b")
+    assert any("--enable-expert-parallel holds them whole" in note for note in four.notes)
+
+
 def test_a_gguf_file_is_planned_in_its_quantized_blocks():
     """`plan FILE.gguf` counts each tensor in its GGUF blocks, as vLLM keeps them: at TP 1 the weights are the
     file's own tensor bytes as gguf-py reads them (Q4_1 layers, a Q8_0 table), but the F32 norms, which are

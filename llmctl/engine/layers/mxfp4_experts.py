@@ -18,6 +18,7 @@ from llmctl.engine.distributed.group import TPGroup
 from llmctl.engine.layers.moe import Routing, route
 from llmctl.engine.layers.stacked_experts import ClampedSwigluExperts
 from llmctl.errors import UnsupportedModelError
+from llmctl.sizing.weights import mxfp4_split_problem
 
 GROUP = 32  # inputs per E8M0 scale
 
@@ -31,11 +32,8 @@ class Mxfp4Experts(ClampedSwigluExperts):
         super().__init__(num_experts, hidden, intermediate, routing, group, experts, alpha, limit,
                          stacked_weights=False)
         size = self.part.size
-        if size % GROUP or hidden % GROUP:
-            raise UnsupportedModelError(
-                f"gpt-oss's MXFP4 experts split over {group.size} tensor-parallel ranks give each {size} of their "
-                f"{intermediate} inputs, not whole groups of {GROUP}: use --enable-expert-parallel (whole experts per "
-                "rank), or a tensor-parallel size that divides them in groups of 32")
+        if experts is None and (why := mxfp4_split_problem(intermediate, group.size)):
+            raise UnsupportedModelError(why)
         local = len(self.local_experts)
 
         def codes(*shape: int) -> nn.Parameter:
