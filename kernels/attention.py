@@ -39,7 +39,7 @@ PREFILL_ROWS = 64
 DECODE_KEY_TILE = 16  # keys per step of the walk; a tile may span pages (block size 8) or part of one
 PREFILL_KEY_TILE = 64
 SPLIT_BELOW_PROGRAMS = 256  # without the machine's SM count: decodes with fewer programs split ...
-SEGMENTS = 16  # ... the context in this many segments (the interpreter's, and a caller's that knows no context)
+SEGMENTS = 2  # ... the context in this many: the split and the merge exercised at the interpreter's least cost
 # A split decode aims at this many programs per SM: a program walks its keys one 16-key tile at a time, so the
 # memory system streams only with many in flight (the H200 run, docs/kernels.md: 16 segments beat 1 even at 2,048
 # programs over 32k contexts; 64-key segments lost at 1k).
