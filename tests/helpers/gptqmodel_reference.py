@@ -3,6 +3,9 @@ process (gptqmodel patches transformers and starts thread pools on import).
 
     python gptqmodel_reference.py score FOLDER  < [{"ids": [...], "start": N}, ...] -> per-position logprobs
     python gptqmodel_reference.py quantize SRC OUT gptq|awq < {"texts": [...]}  -> writes OUT
+    python gptqmodel_reference.py serve  < one {"argv": [...], "request": ...} per line -> one RESULT line each
+
+`serve` keeps one process for many requests (importing gptqmodel alone takes ~10 s).
 
 `score` prints, for each sequence and each position from `start` on: the log-probability of the token there under
 gptqmodel's forward, gptqmodel's own argmax, and the margin between its two best tokens.
@@ -56,10 +59,26 @@ def quantize(source: str, output: str, method: str, texts: list[str]) -> dict:
     return {"saved": output}
 
 
+def run(argv: list[str], request: dict | list) -> dict | list:
+    if argv[0] == "score":
+        return score(argv[1], request)
+    return quantize(argv[1], argv[2], argv[3], request["texts"])
+
+
+def serve() -> None:
+    """Requests as JSON lines on stdin; a RESULT line each, or an ERROR line with the traceback (the process goes on)."""
+    import traceback
+
+    for line in sys.stdin:
+        message = json.loads(line)
+        try:
+            print("RESULT " + json.dumps(run(message["argv"], message["request"])), flush=True)
+        except Exception:  # the test that asked shows it; the next request still gets an answer
+            print("ERROR " + json.dumps(traceback.format_exc()), flush=True)
+
+
 if __name__ == "__main__":
-    request = json.load(sys.stdin)
-    if sys.argv[1] == "score":
-        result = score(sys.argv[2], request)
+    if sys.argv[1] == "serve":
+        serve()
     else:
-        result = quantize(sys.argv[2], sys.argv[3], sys.argv[4], request["texts"])
-    print("RESULT " + json.dumps(result))
+        print("RESULT " + json.dumps(run(sys.argv[1:], json.load(sys.stdin))))

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -53,14 +54,49 @@ def tiny_model(tmp_path_factory, default_source) -> Path:
 GPTQMODEL_PYTHON = ROOT / ".venv-gptqmodel" / "bin" / "python"  # scripts/setup.sh
 
 
+class Reference:
+    """One gptqmodel process for the module (`gptqmodel_reference.py serve`; its import alone takes ~10 s): a
+    request line in, a result line out."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.log = tempfile.TemporaryFile("w+")  # its stderr: a file, so that a full pipe cannot stall it
+
+    def ask(self, *args: str, request: dict | list) -> dict | list:
+        if self.process is None:
+            assert GPTQMODEL_PYTHON.exists(), "run ./scripts/setup.sh: it makes .venv-gptqmodel, GPTQModel's own venv"
+            env = {"GPTQMODEL_CPU_WORKERS": "2", **os.environ, "PYTHONPATH": str(ROOT)}  # its loader's pool: two
+            self.process = subprocess.Popen([str(GPTQMODEL_PYTHON), str(REFERENCE), "serve"], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"argv": list(args), "request": request}) + "\n")
+        self.process.stdin.flush()
+        for line in self.process.stdout:  # its own prints (progress) come first
+            if line.startswith(("RESULT ", "ERROR ")):
+                kind, payload = line.split(" ", 1)
+                assert kind == "RESULT", json.loads(payload)
+                return json.loads(payload)
+        self.log.seek(0)
+        raise AssertionError(f"gptqmodel's process ended: {self.log.read()[-3000:]}")
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stdin.close()  # type: ignore[union-attr]
+            self.process.wait(timeout=60)
+        self.log.close()
+
+
+REFERENCE_PROCESS = Reference()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def reference_process():
+    yield
+    REFERENCE_PROCESS.close()
+
+
 def gptqmodel(*args: str, request: dict | list) -> dict | list:
-    assert GPTQMODEL_PYTHON.exists(), "run ./scripts/setup.sh: it makes .venv-gptqmodel, GPTQModel's own venv"
-    env = {"GPTQMODEL_CPU_WORKERS": "2", **os.environ, "PYTHONPATH": str(ROOT)}  # its loader's pool takes two
-    result = subprocess.run([str(GPTQMODEL_PYTHON), str(REFERENCE), *args], input=json.dumps(request),
-                            capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    [line] = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    return json.loads(line.removeprefix("RESULT "))
+    return REFERENCE_PROCESS.ask(*args, request=request)
 
 
 def eval_text() -> str:
