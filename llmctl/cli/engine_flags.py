@@ -52,6 +52,9 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
     "kv_cache_dtype": Flag(("--kv-cache-dtype",), str, kv_cache_help()),
     "enforce_eager": Flag(("--enforce-eager",), bool, "no CUDA graphs (captured on CUDA with the triton backend, "
                                                       "PP 1, for decode and speculative verification steps)"),
+    "enable_sleep_mode": Flag(("--enable-sleep-mode",), bool, "POST /sleep?level=1 (the KV cache given back, "
+                              "the weights kept in CPU memory) or level=2 (the weights given back too, read again "
+                              "on waking), POST /wake_up, GET /is_sleeping, as vLLM's; one process"),
     "async_scheduling": Flag(("--async-scheduling",), bool, "model steps on a thread of their own: the next step "
                              "is scheduled, and the last one's outputs made, while one runs (vLLM's flag; steps "
                              "with grammars, penalties, bad words or speculative decoding still wait for their "

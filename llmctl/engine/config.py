@@ -85,6 +85,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # triton on CUDA, cpu (C++) on CPUs (llmctl.engine.attention_selector)
     seed: int = 0
     enforce_eager: bool = False  # True: no CUDA graphs for uniform steps (llmctl.engine.worker.cuda_graphs)
+    enable_sleep_mode: bool = False  # vLLM's: sleep() and wake_up() give memory back (llmctl.engine.worker.sleep)
     graph_buffers_on_cpu: bool = False  # tests, no flag: the CUDA graphs' static-buffer path, run eagerly on CPUs
     async_scheduling: bool = False  # vLLM's: the next step scheduled while one runs (llmctl.engine.executor.overlap)
     device: str = "auto"
@@ -251,3 +252,7 @@ class EngineConfig:
                 bad("enable_lora", "runs with --tensor-parallel-size 1 and --pipeline-parallel-size 1 for now; use "
                     "--data-parallel-size to scale out")
         self._validate_loading()
+        if self.enable_sleep_mode and (self.tensor_parallel_size * self.pipeline_parallel_size > 1
+                                       or self.data_parallel_size > 1 or self.speculative_config):
+            bad("enable_sleep_mode", "runs in one process without a draft yet: --tensor-parallel-size, "
+                "--pipeline-parallel-size and --data-parallel-size 1, no --speculative-config")

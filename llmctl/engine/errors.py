@@ -27,6 +27,14 @@ class InvalidRequestError(LlmctlError):
         self.param = param
 
 
+class ModelAsleepError(LlmctlError):
+    """A request while sleep mode holds the model asleep (503): the message says how to wake it."""
+
+
+class SleepConflictError(LlmctlError):
+    """Sleep asked of a model with requests still running, or asleep already (409)."""
+
+
 class StepFailedError(RuntimeError):
     """A model step raised: its requests were aborted (blocks freed); other requests are unaffected."""
 

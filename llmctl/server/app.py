@@ -33,6 +33,7 @@ from llmctl.server.protocol import APIError, bad
 from llmctl.server.rerank import rerank
 from llmctl.server.responses_api.endpoint import create_response
 from llmctl.server.score import score
+from llmctl.server.sleep_mode import is_sleeping, sleep, wake_up
 from llmctl.server.startup import OnFailure, exit_when_ranks_are_lost, load_engine
 from llmctl.server.state import ServerSettings, ServerState
 from llmctl.server.tokenize import detokenize, tokenize
@@ -48,7 +49,7 @@ POOLING_ROUTES: dict[str, Handler] = {  # what a pooling model answers (vLLM's p
     "/v1/embeddings": embeddings, "/pooling": pooling, "/classify": classify_endpoint,
     "/score": score, "/v1/score": score, "/rerank": rerank, "/v1/rerank": rerank, "/v2/rerank": rerank,
 }
-POOLING_HANDLERS = {*POOLING_ROUTES.values(), models}
+POOLING_HANDLERS = {*POOLING_ROUTES.values(), models, sleep, wake_up, is_sleeping}
 
 
 def create_app(settings: ServerSettings, engine: InProcessEngine | None = None,
@@ -111,6 +112,9 @@ def _routes(state: ServerState) -> list[Route]:
         Route("/v1/embeddings", api(embeddings), methods=["POST"]),
         *[Route(path, api(handler), methods=["POST"]) for path, handler in POOLING_ROUTES.items()
           if handler is not embeddings],
+        Route("/sleep", api(sleep), methods=["POST"]),
+        Route("/wake_up", api(wake_up), methods=["POST"]),
+        Route("/is_sleeping", api(is_sleeping), methods=["GET"]),
         Route("/tokenize", api(tokenize), methods=["POST"]),
         Route("/detokenize", api(detokenize), methods=["POST"]),
         *([Route("/v1/load_lora_adapter", api(load_lora_adapter), methods=["POST"]),
@@ -179,5 +183,6 @@ DOCS_PAGE = """<!doctype html><html><head><title>llmctl API</title></head><body>
 <code>POST /v1/responses</code>, <code>POST /v1/messages</code>, <code>POST /v1/messages/count_tokens</code>,
 <code>POST /v1/embeddings</code>, <code>POST /v1/score</code>, <code>POST /v1/rerank</code>, <code>POST /classify</code>,
 <code>POST /pooling</code>, <code>POST /tokenize</code>, <code>POST /detokenize</code>, <code>GET /health</code>,
-<code>GET /metrics</code>, <code>GET /version</code>. Schema: <a href="{root}/openapi.json">{root}/openapi.json</a>.</p>
+<code>GET /metrics</code>, <code>GET /version</code>; with <code>--enable-sleep-mode</code> <code>POST /sleep</code>,
+<code>POST /wake_up</code>, <code>GET /is_sleeping</code>. Schema: <a href="{root}/openapi.json">{root}/openapi.json</a>.</p>
 </body></html>"""

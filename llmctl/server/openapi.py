@@ -29,7 +29,8 @@ ANTHROPIC_ERROR_SCHEMA = {"type": "object", "required": ["type", "error"], "prop
         "type": {"type": "string"}, "message": {"type": "string"}}}}}
 ERRORS = {"400": "invalid request", "401": "missing or wrong API key", "404": "unknown model or route",
           "408": "the request body did not arrive in time", "413": "request body too large",
-          "500": "the model step failed", "503": "loading, queue full, or the engine stopped"}
+          "409": "sleep mode: requests still running, or asleep already",
+          "500": "the model step failed", "503": "loading, queue full, asleep (sleep mode), or the engine stopped"}
 
 
 def request_schema(fields: dict[str, FieldSpec], required: list[str]) -> dict[str, Any]:
@@ -48,6 +49,20 @@ def _post(summary: str, fields: dict[str, FieldSpec], required: list[str], respo
 
 def _get(summary: str) -> dict[str, Any]:
     return {"get": {"summary": summary, "responses": {"200": {"description": "OK"}}}}
+
+
+def _query_post(summary: str, name: str, values: list[int] | list[str], meaning: str,
+                repeated: bool = False) -> dict[str, Any]:
+    """A POST whose one setting is a query parameter (sleep mode's, as vLLM's): one of `values` (the first by
+    default), or several of them (`repeated`)."""
+    one = {"type": "integer" if isinstance(values[0], int) else "string", "enum": values}
+    schema = {"type": "array", "items": one} if repeated else {**one, "default": values[0]}
+    responses: dict[str, Any] = {"200": {"description": "OK"}}
+    responses.update({code: {"description": text, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+                      for code, text in ERRORS.items()})
+    return {"post": {"summary": summary, "parameters": [{"name": name, "in": "query", "required": False,
+                                                         "schema": schema, "description": meaning}],
+                     "responses": responses}}
 
 
 LOAD_LORA_FIELDS = {"lora_name": FieldSpec("string", "the name requests will give as 'model'"),
@@ -87,6 +102,11 @@ def openapi_schema(runtime_lora: bool = False) -> dict[str, Any]:
         "/pooling": _post("The pooler's raw output per input", POOLING_FIELDS, ["input"], "a list of pooled outputs"),
         "/tokenize": _post("Token ids of a prompt or of chat messages", TOKENIZE_FIELDS, [], "tokens, count"),
         "/detokenize": _post("Text of token ids", DETOKENIZE_FIELDS, REQUIRED_FIELDS["detokenize"], "prompt"),
+        "/sleep": _query_post("Give memory back until /wake_up (--enable-sleep-mode)", "level", [1, 2],
+                              "1: the KV cache; 2: the weights too (read again on waking)"),
+        "/wake_up": _query_post("Make what sleep gave back again (--enable-sleep-mode)", "tags",
+                                ["weights", "kv_cache"], "what to make again (default: all)", repeated=True),
+        "/is_sleeping": _get("{\"is_sleeping\": true|false} (--enable-sleep-mode)"),
         "/health": _get("200 when the engine is ready, 503 while loading or after it died"),
         "/metrics": _get("Prometheus metrics (llmctl:...)"),
         "/version": _get("llmctl version"),

@@ -13,7 +13,14 @@ from typing import TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from llmctl.engine.errors import EngineDeadError, InvalidRequestError, StepFailedError, WorkerLostError
+from llmctl.engine.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    ModelAsleepError,
+    SleepConflictError,
+    StepFailedError,
+    WorkerLostError,
+)
 from llmctl.errors import LlmctlError
 from llmctl.server.lora import AdapterLoadError
 from llmctl.server.protocol import APIError, Fields, bad
@@ -34,6 +41,10 @@ def as_api_error(exc: Exception, where: str) -> APIError:
         return bad(str(exc), exc.param)
     if isinstance(exc, AdapterLoadError):
         return APIError(str(exc), exc.status)
+    if isinstance(exc, ModelAsleepError):  # sleep mode: POST /wake_up
+        return APIError(str(exc), 503, headers={"Retry-After": "5"})
+    if isinstance(exc, SleepConflictError):
+        return APIError(str(exc), 409)
     if isinstance(exc, LlmctlError):  # e.g. an adapter that does not fit: what the user must change
         return bad(str(exc))
     # 500 as vLLM answers; the engine logged the traceback

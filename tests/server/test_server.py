@@ -183,6 +183,11 @@ def test_version_openapi_docs_detokenize(server):
     assert post(server, "/detokenize", {"tokens": tokens["tokens"]})[1]["prompt"] == "Hello world"
 
 
+def test_sleep_without_sleep_mode_says_how_to_turn_it_on(server):
+    status, payload = post(server, "/sleep?level=1", {})
+    assert status == 400 and "--enable-sleep-mode" in payload["error"]["message"]
+
+
 def idle(server) -> bool:
     """No request running or waiting, by the server's own Prometheus gauges."""
     values = metrics(server)

@@ -25,8 +25,9 @@ from llmctl.engine.executor.results import ResultReceiver
 from llmctl.engine.executor.stage import LendExperts, Stop, build_stage
 from llmctl.engine.worker.cuda_graphs import step_graphs
 from llmctl.engine.worker.loaded_model import LoadedModel, Placement
-from llmctl.engine.worker.loader import device_for, load_model
+from llmctl.engine.worker.loader import device_for, load_model, read_weights_again
 from llmctl.engine.worker.model_runner import make_runner
+from llmctl.engine.worker.sleep import Sleeper
 from llmctl.engine.worker.threads import thread_governor, use_threads
 from llmctl.errors import InternalError, LlmctlError
 from llmctl.units import GiB
@@ -69,6 +70,13 @@ class LocalExecutor:
         self.runner.graphs = step_graphs(self.loaded, config)
         self.rank_memory = [(self.loaded.weights_bytes, self.loaded.kv_cache_bytes)]
         self._ready: deque[StepLogits] = deque()
+        self.sleeper = Sleeper(self.loaded, lambda: read_weights_again(self.loaded, config),
+                               lambda: self._capture_again(config)) if config.enable_sleep_mode else None
+
+    def _capture_again(self, config: EngineConfig) -> None:
+        """After waking: CUDA graphs hold the addresses of storage made again (CPUs kept theirs)."""
+        if self.runner.graphs is not None and self.runner.graphs.graphs:
+            self.runner.graphs = step_graphs(self.loaded, config)
 
     def submit(self, batch: StepBatch) -> None:
         if self.governor is not None:

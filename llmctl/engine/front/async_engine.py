@@ -8,11 +8,12 @@ asyncio.Queue with call_soon_threadsafe.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,12 @@ class _Add:
 @dataclass
 class _Abort:
     request_id: str
+
+
+@dataclass
+class _Call:  # run on the engine thread between steps (sleep mode: no step may run meanwhile)
+    function: Callable[[], Any]
+    done: concurrent.futures.Future
 
 
 class AsyncLLMEngine:
@@ -142,6 +149,23 @@ class AsyncLLMEngine:
         self._commands.put(_Abort(request_id))
         self._wake.set()
 
+    # -- sleep mode: on the engine thread, between steps (llmctl.engine.worker.sleep) -------------------------
+    async def sleep(self, level: int = 1) -> None:
+        await self._on_engine_thread(lambda: self.engine.sleep(level))
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        await self._on_engine_thread(lambda: self.engine.wake_up(tags))
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self.engine.is_sleeping
+
+    async def _on_engine_thread(self, function: Callable[[], Any]) -> Any:
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(_Call(function, done))
+        self._wake.set()
+        return await asyncio.wrap_future(done)
+
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stopping = True
         self._wake.set()
@@ -183,13 +207,15 @@ class AsyncLLMEngine:
         """Requests still queued for a loop that is gone get its error (called by the dying loop, and by a
         request queued just after it died)."""
         for command in self._queued():
-            if isinstance(command, _Add):
+            if isinstance(command, _Call):
+                command.done.set_exception(self._death())
+            elif isinstance(command, _Add):
                 try:
                     command.loop.call_soon_threadsafe(command.stream.put_nowait, self._death())
                 except RuntimeError:  # the caller's loop is closed: nobody is listening any more
                     pass
 
-    def _queued(self) -> Iterator[_Add | _Abort]:
+    def _queued(self) -> Iterator[_Add | _Abort | _Call]:
         """The commands waiting now, taken off the queue one by one."""
         while True:
             try:
@@ -206,6 +232,11 @@ class AsyncLLMEngine:
                                             command.lora_request)
                 except Exception as exc:  # invalid request: the caller gets the error
                     self._deliver(command.request_id, exc, done=True)
+            elif isinstance(command, _Call):
+                try:
+                    command.done.set_result(command.function())
+                except Exception as exc:  # the caller gets it (a 400/409 naming what to do)
+                    command.done.set_exception(exc)
             else:
                 self.engine.abort(command.request_id)
                 self._streams.pop(command.request_id, None)

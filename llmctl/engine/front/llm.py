@@ -51,6 +51,14 @@ class LLM(PoolingCalls):
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's: with enable_sleep_mode, give the KV cache (level 1) or the weights too (level 2) back."""
+        self.engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """vLLM's: make what `tags` name ("weights", "kv_cache"; default both) again."""
+        self.engine.wake_up(tags)
+
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:

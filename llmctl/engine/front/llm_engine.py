@@ -21,7 +21,15 @@ from llmctl.engine.core.scheduler import Scheduler, SchedulerOutput
 from llmctl.engine.core.sequence import Sequence, SequenceStatus
 from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepLogits
 from llmctl.engine.core.table_updates import TableRows
-from llmctl.engine.errors import DeviceFailedError, InvalidRequestError, StepFailedError, WorkerLostError
+from llmctl.engine.errors import (
+    DeviceFailedError,
+    EngineConfigError,
+    InvalidRequestError,
+    ModelAsleepError,
+    SleepConflictError,
+    StepFailedError,
+    WorkerLostError,
+)
 from llmctl.engine.executor.executor import Executor, create_executor
 from llmctl.engine.front.input_processor import InputProcessor
 from llmctl.engine.front.output_processor import OutputProcessor
@@ -41,6 +49,7 @@ from llmctl.engine.sampling_params import SamplingParams
 from llmctl.engine.spec_decode.speculator import Speculator
 from llmctl.engine.structured.manager import StructuredOutputManager
 from llmctl.engine.worker.loaded_model import LoadedModel
+from llmctl.engine.worker.sleep import Sleeper
 from llmctl.logs import configure_logging
 
 logger = logging.getLogger("llmctl.engine")
@@ -132,6 +141,8 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: EnginePrompt, params: SamplingParams | PoolingParams | None = None,
                     lora_request: LoRARequest | None = None) -> None:
+        if self.is_sleeping:
+            raise ModelAsleepError("the model is asleep (sleep mode): wake it up first (POST /wake_up, LLM.wake_up())")
         if request_id in self.output_processor.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         if isinstance(params, PoolingParams) != (self.pooler is not None):
@@ -170,6 +181,30 @@ class LLMEngine:
     @property
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_requests or bool(self.in_flight)
+
+    # -- sleep mode (vLLM's sleep / wake_up / is_sleeping; llmctl.engine.worker.sleep) -------
+    def sleep(self, level: int = 1) -> int:
+        """Give memory back until wake_up: level 1 the KV cache, level 2 the weights too; returns the bytes."""
+        sleeper = self._sleeper()
+        if self.has_unfinished_requests:
+            raise SleepConflictError(f"{len(self.output_processor.requests)} requests are running: sleep when they "
+                                     "have finished (or abort them)")
+        self.block_manager.reset_prefix_cache()  # the cached blocks' K/V is given back with the pool
+        return sleeper.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self._sleeper().wake_up(tags)
+
+    @property
+    def is_sleeping(self) -> bool:
+        sleeper = getattr(self.executor, "sleeper", None)
+        return sleeper is not None and sleeper.is_sleeping
+
+    def _sleeper(self) -> Sleeper:
+        sleeper = getattr(self.executor, "sleeper", None)
+        if sleeper is None:
+            raise EngineConfigError("sleep mode is off: start with --enable-sleep-mode (LLM(enable_sleep_mode=True))")
+        return sleeper
 
     # -- adapters (vLLM's add_lora / remove_lora / list_loras) ---------------------------
     def add_lora(self, lora_request: LoRARequest) -> None:

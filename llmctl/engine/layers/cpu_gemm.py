@@ -233,6 +233,30 @@ class PackedLinear(nn.Module):
         return linear(x, self.weight, self.packed, self.bias)
 
 
+def packed_weights(model: nn.Module) -> list[tuple[torch.Tensor, PackedWeight]]:
+    """Every (weight, its packed copy) pack_linears made: the linears', the LM head's, the routed experts'."""
+    pairs: list[tuple[torch.Tensor, PackedWeight | None]] = []
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            pairs.append((module.weight, module.packed))
+        if getattr(module, "packed_head", None) is not None:
+            pairs.append((module.weight, module.packed_head))
+        if getattr(module, "packed_experts", None):
+            pairs += zip(module.expert_weights(), [p for pair in module.packed_experts for p in pair])
+    return [(weight, packed) for weight, packed in pairs if packed is not None]
+
+
+def repack_panels(model: nn.Module) -> None:
+    """llmctl's panel copies made again, in place, from weights read again (sleep level 2's waking; oneDNN's
+    copies are not released, llmctl.engine.worker.sleep)."""
+    for weight, packed in packed_weights(model):
+        if not packed.panels:
+            continue
+        fresh = pack_weight(weight)
+        assert fresh is not None and fresh.data.shape == packed.data.shape
+        packed.data.copy_(fresh.data)
+
+
 def _available_memory() -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -102,7 +102,7 @@ class ColumnParallelLinear(nn.Module):
         bias = ("bias",) if self.inner.bias is not None else ()
         if isinstance(self.inner, CodedLinear):
             return {(kind, i) for i in range(len(self.parts)) for kind in _coded_kinds(self._arrived.get(i)) + bias}
-        kinds = ("weight",) if isinstance(self.inner, nn.Linear) else self.inner.stored_kinds
+        kinds = getattr(self.inner, "stored_kinds", ("weight",))  # a plain linear (packed or not): its weight
         return {(kind, i) for kind in kinds + bias for i in range(len(self.parts))}
 
     def load(self, kind: str, tensor: CheckpointTensor, part: int, offset: int | None = None) -> None:
@@ -161,8 +161,8 @@ class RowParallelLinear(nn.Module):
         self._arrived: set[str] = set()  # a coded layer's kinds (weight, or codes/scales/offsets)
 
     def expected(self) -> set[tuple[str, int]]:
-        kinds = ("weight",) if isinstance(self.inner, nn.Linear) else \
-            _coded_kinds(self._arrived) if isinstance(self.inner, CodedLinear) else self.inner.stored_kinds
+        kinds = _coded_kinds(self._arrived) if isinstance(self.inner, CodedLinear) else \
+            getattr(self.inner, "stored_kinds", ("weight",))  # a plain linear (packed or not): its weight
         return {(kind, 0) for kind in kinds + (("bias",) if self.bias is not None else ())}
 
     def load(self, kind: str, tensor: CheckpointTensor, part: int = 0, offset: int | None = None) -> None:

@@ -26,7 +26,7 @@ from llmctl.engine.errors import EngineConfigError
 from llmctl.engine.gpu_support import check_this_gpu
 from llmctl.engine.layers.attention import AttentionBackend
 from llmctl.engine.layers.coded_linear import CodedLinear, coded_summary
-from llmctl.engine.layers.cpu_gemm import head_small_batch, pack_linears, packed_kernel, small_batch
+from llmctl.engine.layers.cpu_gemm import head_small_batch, pack_linears, packed_kernel, repack_panels, small_batch
 from llmctl.engine.layers.grouped_attention import GroupedAttention
 from llmctl.engine.layers.linear import VocabParallelEmbedding
 from llmctl.engine.layers.moe import FusedMoE
@@ -248,6 +248,14 @@ def _build(spec: ModelSpec, hf_config: Any, dtype: torch.dtype, device: torch.de
     except WeightMismatchError as exc:
         raise CorruptModelError(f"the weights of {source.name} do not match its config.json: {exc}") from None
     return model.eval()
+
+
+def read_weights_again(loaded: LoadedModel, config: EngineConfig) -> None:
+    """Sleep level 2's waking (llmctl.engine.worker.sleep): the unquantized checkpoint read again into the same
+    layers, and their packed CPU panels made again from it."""
+    loaded.model.load_weights(iterate_tensors(loaded.source.path, loaded.dtype, config.allow_pickle_weights))
+    if loaded.device.type == "cpu":
+        repack_panels(loaded.model)
 
 
 def _say_unused(names: list[str]) -> None:
