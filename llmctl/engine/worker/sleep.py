@@ -142,7 +142,10 @@ class Sleeper:
         freed = self.state.release(kv_tensors(self.loaded))
         weights = weight_tensors(self.loaded)
         if level == 1:
+            freed += sum(t.untyped_storage().nbytes() for t in weights if t.is_cuda)
             offload(weights, torch.device("cpu"))
+            if self.loaded.device.type == "cuda":
+                torch.cuda.empty_cache()
         else:
             freed += self.state.release(weights)
         self.state.level, self.state.asleep = level, set(WAKE_TAGS)
