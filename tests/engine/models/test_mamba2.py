@@ -173,3 +173,36 @@ def test_mamba2_decodes_through_the_cuda_graph_buffers(mamba2, mamba2_reference,
         llm.shutdown()
     assert replays and set(replays) == {4}  # every decode step: three rows and a padding row
     assert [list(o.outputs[0].token_ids) for o in outputs] == [t[:tokens] for t, _, _ in mamba2_reference[:3]]
+
+
+def test_granite_hybrid_decodes_through_the_cuda_graph_buffers(granite, tokenizer):
+    """Attention (the Triton backend, interpreted), Mamba2 state slots and experts in one graph step's buffers:
+    three sequences in the size-4 buffers, transformers' tokens."""
+    llm = LLM(str(granite), max_model_len=128, max_num_seqs=4, attention_backend="triton", dtype="float32",
+              graph_buffers_on_cpu=True)
+    graphs = llm.engine.executor.runner.graphs
+    assert graphs is not None and graphs.state_slots is not None and graphs.kv_caches
+    replays: list[int] = []
+    run = graphs.run
+    graphs.run = lambda batch, shape, *rest: replays.append(shape[0]) or run(batch, shape, *rest)
+    try:
+        outputs = llm.generate(PROMPTS[:3], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    finally:
+        llm.shutdown()
+    assert replays and set(replays) == {4}
+    reference = transformers_reference(granite, tokenizer, prompts=PROMPTS[:3], max_tokens=6)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == [t for t, _, _ in reference]
+
+
+def test_mamba2_sleeps_and_wakes_to_the_same_tokens(mamba2, mamba2_reference):
+    """Sleep mode gives the state cache back with the KV pool (level 1) and the weights too (level 2)."""
+    llm = LLM(str(mamba2), max_model_len=256, enable_sleep_mode=True)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    try:
+        for level in (1, 2):
+            llm.sleep(level)
+            llm.wake_up()
+            outputs = llm.generate(PROMPTS[:2], params)
+            assert [list(o.outputs[0].token_ids) for o in outputs] == [t[:8] for t, _, _ in mamba2_reference[:2]]
+    finally:
+        llm.shutdown()
