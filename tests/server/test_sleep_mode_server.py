@@ -1,6 +1,6 @@
 """vLLM's sleep-mode endpoints through `llmctl serve --enable-sleep-mode` (a tiny random Llama with the default
 model's tokenizer): POST /sleep at both levels, GET /is_sleeping, a completion while asleep answered 503 saying to
-wake it, POST /wake_up (by tags too) and the official openai client's greedy completion unchanged after each;
+wake it (/tokenize and /v1/models still answered), POST /wake_up (by tags too) and the official openai client's greedy completion unchanged after each;
 bad levels and tags are 400s naming the field. What memory each level gives back is measured in
 tests/engine/front/test_sleep_mode.py."""
 
@@ -39,6 +39,9 @@ def test_sleep_answers_503_until_woken_and_then_the_same_tokens(server, level):
     assert httpx.get(f"{server.url}/is_sleeping").json() == {"is_sleeping": True}
     asleep = httpx.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 2})
     assert asleep.status_code == 503 and "wake it up" in asleep.json()["error"]["message"]
+    # what needs no weights keeps answering, as vLLM's
+    assert httpx.post(f"{server.url}/tokenize", json={"prompt": "Hi"}).json()["count"] >= 1
+    assert httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"] == "tiny"
     assert httpx.post(f"{server.url}/sleep").status_code == 409  # asleep already
     assert httpx.post(f"{server.url}/wake_up", params={"tags": "weights"}).status_code == 200
     assert httpx.get(f"{server.url}/is_sleeping").json() == {"is_sleeping": True}  # the KV cache is not back yet
