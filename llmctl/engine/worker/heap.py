@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
+
+import torch
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+MADV_DONTNEED = 4
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -20,7 +24,7 @@ def _glibc() -> ctypes.CDLL | None:
     if not name or "libc" not in name:
         return None
     try:
-        return ctypes.CDLL(name)
+        return ctypes.CDLL(name, use_errno=True)
     except OSError:
         return None
 
@@ -44,3 +48,18 @@ def release_loading_garbage() -> None:
             libc.malloc_trim(0)
     except AttributeError:
         pass
+
+
+def release_pages(tensor: torch.Tensor) -> int:
+    """Hand a CPU tensor storage's whole pages back to the OS (madvise DONTNEED: the addresses stay valid, a page
+    touched again is zeros; sleep mode, llmctl.engine.worker.sleep); returns the bytes released."""
+    storage = tensor.untyped_storage()
+    start, size = storage.data_ptr(), storage.nbytes()
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    last = (start + size) // mmap.PAGESIZE * mmap.PAGESIZE
+    libc = _glibc()
+    if last <= first or libc is None:
+        return 0
+    if libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), MADV_DONTNEED) != 0:
+        raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed")
+    return last - first

@@ -14,40 +14,23 @@ copy at load, so they sleep at level 1).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
-import mmap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 
 from llmctl.engine.errors import InvalidRequestError, SleepConflictError
+from llmctl.engine.worker.heap import release_pages
 from llmctl.engine.worker.loaded_model import LoadedModel
 
 logger = logging.getLogger("llmctl.engine")
 
-MADV_DONTNEED = 4
 SLEEP_LEVELS = (1, 2)
 WAKE_TAGS = ("weights", "kv_cache")
 
 
-def release_pages(tensor: torch.Tensor) -> int:
-    """Hand a CPU tensor storage's whole pages back to the OS; returns the bytes released."""
-    storage = tensor.untyped_storage()
-    start, size = storage.data_ptr(), storage.nbytes()
-    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
-    last = (start + size) // mmap.PAGESIZE * mmap.PAGESIZE
-    if last <= first:
-        return 0
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    if libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), MADV_DONTNEED) != 0:
-        raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed")
-    return last - first
-
-
-def _distinct(tensors: Iterator[torch.Tensor]) -> list[torch.Tensor]:
+def _distinct(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     """One tensor per storage (tied embeddings, views of one arena); emptied GPU tensors each by themselves."""
     seen: dict[int, torch.Tensor] = {}
     for tensor in tensors:
@@ -60,7 +43,7 @@ def kv_tensors(loaded: LoadedModel) -> list[torch.Tensor]:
     tensors = [cache.kv for cache in loaded.kv_caches.values()]
     if loaded.states is not None:
         tensors += [t for layer in loaded.states.layers.values() for t in (layer.conv, layer.ssm)]
-    return _distinct(iter(tensors))
+    return _distinct(tensors)
 
 
 def weight_tensors(loaded: LoadedModel) -> list[torch.Tensor]:
@@ -68,7 +51,7 @@ def weight_tensors(loaded: LoadedModel) -> list[torch.Tensor]:
     from llmctl.engine.layers.cpu_gemm import packed_weights
 
     packed = [pair[1].data for pair in packed_weights(loaded.model) if pair[1].panels]
-    return _distinct(iter([*loaded.model.parameters(), *packed]))
+    return _distinct([*loaded.model.parameters(), *packed])
 
 
 @dataclass
