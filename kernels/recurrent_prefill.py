@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from llmctl.kernels.recurrent_decode import delta_rule_constexprs  # the same tile as the decode step's
+
 
 def chunk_constexprs(head_dim: int) -> dict:
     return dict(BLOCK_I=16, BLOCK_J=16, HEAD_DIM=head_dim, BLOCK_P=max(16, triton.next_power_of_2(head_dim)))
@@ -116,11 +118,6 @@ def _within_chunks_kernel(cb_ptr, cumsum_ptr, xdt_ptr, y_ptr, heads, groups, len
         acc = tl.dot(weights, values, acc, input_precision="ieee")
     tl.store(y_ptr + (base + rows[:, None]) * HEAD_DIM + dims[None, :], acc,
              mask=row_ok[:, None] & (dims < HEAD_DIM)[None, :])
-
-
-def delta_rule_constexprs(key_dim: int, value_dim: int) -> dict:
-    return dict(KEY_DIM=key_dim, BLOCK_K=triton.next_power_of_2(key_dim), VALUE_DIM=value_dim,
-                BLOCK_V=min(32, triton.next_power_of_2(value_dim)))
 
 
 def delta_rule_prompts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
