@@ -121,6 +121,7 @@ SERVER_SEES_OF_THE_ENGINE = ("llmctl.engine.config", "llmctl.engine.errors", "ll
                              "llmctl.engine.front.outputs",
                              "llmctl.engine.front.stats", "llmctl.engine.front.embedding",
                              "llmctl.engine.front.beam_search", "llmctl.engine.lora.request",
+                             "llmctl.engine.front.tracing",  # spans made from finished outputs
                              "llmctl.engine.structured.params", "llmctl.engine.structured.config",
                              "llmctl.engine.reasoning",
                              # pooling models: vLLM's PoolingParams and outputs, the pooler's facts, scoring's pure

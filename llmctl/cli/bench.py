@@ -168,7 +168,7 @@ def _result_name(model: str, rates: list[float]) -> str:
 
 @bench_app.command("offline")
 @with_flags(DATASET_GROUP, num_prompts=64, random_input_len=128)
-@with_engine_flags(exclude=("seed",))  # --seed is the workload's, as in bench serve
+@with_engine_flags(exclude=("seed", "otlp_traces_endpoint", "collect_detailed_traces"))  # --seed: the workload's, as in bench serve; no spans
 def bench_offline(
     model: ModelArg = None,
     temperature: Annotated[float, typer.Option("--temperature")] = 1.0,

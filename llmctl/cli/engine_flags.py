@@ -74,6 +74,15 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                              "reasoning_content: deepseek_r1, qwen3, mistral, seed_oss, step3, ernie45, minimax_m2, "
                              "granite, glm45, deepseek_v3, olmo3 or hunyuan_a13b (structured outputs constrain the "
                              "answer)"),
+    "otlp_traces_endpoint": Flag(("--otlp-traces-endpoint",), Optional[str], "an OpenTelemetry collector: one span "
+                                 "per finished generation request (vLLM's llm_request and gen_ai.* attributes, the "
+                                 "trace of an incoming traceparent), over gRPC or, with "
+                                 "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf, HTTP (pip install "
+                                 "'llmctl[otel]')"),
+    "collect_detailed_traces": Flag(("--collect-detailed-traces",), Optional[str], "with --otlp-traces-endpoint: "
+                                    "model (each request's forward-pass time; a GPU is synchronized after each "
+                                    "step), worker (its steps from submission to sampled tokens) or all, "
+                                    "comma-separated"),
     "enable_lora": Flag(("--enable-lora",), bool, "serve PEFT LoRA adapters on the base model, chosen per request by "
                                                   "its 'model' field"),
     "max_loras": Flag(("--max-loras",), int, "adapters resident (and running) at once; more are swapped in from "

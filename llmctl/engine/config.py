@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from llmctl.engine.errors import EngineConfigError
+from llmctl.engine.front.tracing import check_tracing_available, parse_detailed_traces
 from llmctl.engine.multimodal.config import MultimodalLimits, parse_multimodal_limits
 from llmctl.engine.pooling.config import CONVERTS, RUNNERS
 from llmctl.engine.spec_decode.config import SpeculativeConfig, parse_speculative_config
@@ -117,6 +118,8 @@ class EngineConfig:
     mm_processor_kwargs: str | dict | None = None  # vLLM's JSON, passed to the model's processor
     allowed_local_media_path: str | None = None  # file:// image URLs only below this folder (None: refused)
     allowed_media_domains: list[str] | None = None  # http(s) image URLs only from these hosts (None: any)
+    otlp_traces_endpoint: str | None = None  # vLLM's: a span per finished request, exported there (front.tracing)
+    collect_detailed_traces: str | list[str] | tuple[str, ...] | None = None  # vLLM's: model, worker or all
     replica_group: ReplicaGroup | None = None  # set by the data-parallel front: replicas exchanging MoE tokens
 
     @property
@@ -252,7 +255,20 @@ class EngineConfig:
                 bad("enable_lora", "runs with --tensor-parallel-size 1 and --pipeline-parallel-size 1 for now; use "
                     "--data-parallel-size to scale out")
         self._validate_loading()
+        self._validate_tracing()
         if self.enable_sleep_mode and (self.tensor_parallel_size * self.pipeline_parallel_size > 1
                                        or self.data_parallel_size > 1 or self.speculative_config):
             bad("enable_sleep_mode", "runs in one process without a draft yet: --tensor-parallel-size, "
                 "--pipeline-parallel-size and --data-parallel-size 1, no --speculative-config")
+
+    def _validate_tracing(self) -> None:
+        self.collect_detailed_traces = parse_detailed_traces(self.collect_detailed_traces) or None
+        if self.collect_detailed_traces and not self.otlp_traces_endpoint:
+            raise EngineConfigError("--collect-detailed-traces needs tracing: give --otlp-traces-endpoint too (as "
+                                    "vLLM requires)")
+        if self.collect_detailed_traces and self.async_scheduling and {"model", "all"} & set(
+                self.collect_detailed_traces):
+            raise EngineConfigError("--collect-detailed-traces model times the forward pass the engine waits for; "
+                                    "with --async-scheduling it runs on a thread of its own: use worker instead")
+        if self.otlp_traces_endpoint:
+            check_tracing_available()

@@ -143,6 +143,8 @@ def _lifespan(state: ServerState, engine: InProcessEngine | None, on_load_failur
             stats.stop()
         if state.engine is not None:
             state.engine.shutdown()
+        if state.tracer is not None:
+            state.tracer.shutdown()  # the spans still batched are sent
 
     return lifespan
 

@@ -5,6 +5,7 @@ stream of events. The endpoint supplies its id prefix, body builder and StreamFo
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from llmctl.engine.errors import InvalidRequestError
 from llmctl.engine.front.beam_search import BeamSearchParams, run_beam_search
 from llmctl.engine.front.outputs import RequestOutput
+from llmctl.engine.front.tracing import trace_headers
 from llmctl.engine.multimodal.items import ProcessedPrompt
 from llmctl.engine.sampling_params import SamplingParams
 from llmctl.server.admission import AdmittedStream
@@ -54,6 +56,8 @@ async def respond(state: ServerState, request: Request, endpoint: Endpoint, mode
     ctx = ResponseContext(endpoint.id_prefix + request_id_of(request.scope), model, int(time.time()), sampling,
                           engine.tokenizer, prompts)
     number = next(state.engine_ids)
+    if state.tracer is None and "traceparent" in request.headers:
+        _warn_trace_context_ignored()
     if state.settings.log_requests:
         log_requests(state, ctx.request_id, number, prompts, sampling)
     lora = state.adapters.get(model)
@@ -66,8 +70,12 @@ async def respond(state: ServerState, request: Request, endpoint: Endpoint, mode
         streams = [engine.generate(processed[i] if processed else ids, sampling.params,
                                    f"{ctx.request_id}-{number}-{i}", lora) for i, (_, ids) in enumerate(prompts)]
 
+    headers = trace_headers(request.headers)
+
     def record(output: RequestOutput | None, token_times: list[float]) -> None:
         record_finished(state, output, token_times)
+        if output is not None and state.tracer is not None:
+            state.tracer.record(output, sampling.params, headers)
 
     if sampling.stream:
         if endpoint.event_stream is not None:
@@ -132,6 +140,12 @@ async def last_output(stream: AsyncIterator[RequestOutput],
     record(final, token_times)
     assert final is not None, "the engine's stream ends with the request's final output"
     return final
+
+
+@functools.cache
+def _warn_trace_context_ignored() -> None:
+    logger.warning("a request came with a traceparent header, but tracing is off: start with "
+                   "--otlp-traces-endpoint to export spans (vLLM logs the same, once)")
 
 
 def record_finished(state: ServerState, output: RequestOutput | None, token_times: list[float]) -> None:

@@ -14,6 +14,7 @@ from llmctl.engine.front.embedding import EmbeddingModel
 from llmctl.engine.front.encoder_classifier import EncoderClassifier
 from llmctl.engine.front.engine_client import EngineClient
 from llmctl.engine.front.stats import EngineStats
+from llmctl.engine.front.tracing import RequestTracer
 from llmctl.engine.multimodal.processor import MultimodalProcessor
 from llmctl.engine.reasoning import ReasoningParser, ReasoningParserManager
 from llmctl.server.admission import InFlight
@@ -59,6 +60,7 @@ class ServerState:
     adapters: ServedAdapters = field(init=False)  # LoRA adapters by name
     in_flight: InFlight = field(init=False)  # the queue limit
     metrics: ServerMetrics = field(init=False)
+    tracer: RequestTracer | None = field(init=False)  # --otlp-traces-endpoint
     engine: EngineClient | None = None
     encoder: EmbeddingModel | EncoderClassifier | None = None  # an encoder model, served through transformers
     template: str | None = None  # the chat template, resolved once at startup
@@ -74,6 +76,8 @@ class ServerState:
         self.adapters = ServedAdapters(settings.served_model_names)
         self.in_flight = InFlight(settings.engine_config.max_num_seqs, settings.max_queue_len)
         self.metrics = ServerMetrics(self.engine_stats, self.model_name, settings.metrics_prefix)
+        endpoint = settings.engine_config.otlp_traces_endpoint
+        self.tracer = RequestTracer(endpoint, self.model_name) if endpoint else None
 
     def engine_stats(self) -> list[EngineStats]:
         return self.engine.stats() if self.engine is not None else []

@@ -56,6 +56,7 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     advanced: bool = False  # async scheduling: counted as computed when submitted, not when its tokens come back
     encoder: EncoderWork = field(default_factory=EncoderWork)  # images to encode, encoder outputs to free
+    submitted_at: float = 0.0  # time.perf_counter() when it went to the executor
 
     @property
     def num_tokens(self) -> int:

@@ -39,6 +39,8 @@ class Timings:
     first_token: float | None = None
     last_token: float | None = None
     finished: float | None = None
+    model_forward: float | None = None  # seconds, summed over its steps (--collect-detailed-traces model)
+    model_execute: float | None = None  # seconds, summed over its steps (--collect-detailed-traces worker)
 
 
 @dataclass

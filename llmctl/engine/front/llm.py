@@ -14,6 +14,7 @@ from llmctl.engine.front.llm_engine import LLMEngine
 from llmctl.engine.front.llm_pooling import PoolingCalls
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.front.prompt_lists import is_token_ids, per_prompt
+from llmctl.engine.front.tracing import RequestTracer
 from llmctl.engine.lora.request import LoRARequest
 from llmctl.engine.multimodal.items import ProcessedPrompt
 from llmctl.engine.sampling_params import SamplingParams
@@ -30,6 +31,8 @@ class LLM(PoolingCalls):
         self.encoder = encoder_model_for(config)  # an encoder: through transformers, pooling calls only
         self._engine = LLMEngine(config) if self.encoder is None else None
         self._ids = itertools.count()
+        self.tracer = RequestTracer(config.otlp_traces_endpoint, config.model or "default") \
+            if config.otlp_traces_endpoint and self._engine is not None else None
 
     @property
     def engine(self) -> LLMEngine:
@@ -47,6 +50,8 @@ class LLM(PoolingCalls):
         """Stop the worker ranks of a tensor/pipeline-parallel engine (they also exit with this process)."""
         if self._engine is not None:
             self._engine.executor.shutdown()
+        if self.tracer is not None:
+            self.tracer.shutdown()
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
@@ -86,6 +91,10 @@ class LLM(PoolingCalls):
             for output in self.engine.step():
                 if output.finished:
                     finished[output.request_id] = output
+        if self.tracer is not None:
+            for rid, params in zip(order, params_list):
+                if isinstance(params, SamplingParams):  # generation requests, as the server traces
+                    self.tracer.record(finished[rid], params)
         return [finished[rid] for rid in order]
 
     def _engine_prompt(self, prompt: Prompt) -> str | list[int] | ProcessedPrompt:

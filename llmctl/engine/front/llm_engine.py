@@ -35,6 +35,7 @@ from llmctl.engine.front.input_processor import InputProcessor
 from llmctl.engine.front.output_processor import OutputProcessor
 from llmctl.engine.front.outputs import RequestOutput
 from llmctl.engine.front.stats import EngineStats, snapshot
+from llmctl.engine.front.step_timer import StepTimer
 from llmctl.engine.lora.adapter import LoRAAdapter
 from llmctl.engine.lora.manager import LoRAManager
 from llmctl.engine.lora.request import LoRARequest
@@ -113,6 +114,8 @@ class LLMEngine:
         # async scheduling: the next step is submitted while one runs (not across LongRoPE's recomputation)
         self.overlaps = getattr(self.executor, "overlaps", False) and switch is None
         self.steps_ahead = 0  # steps submitted while the one before still ran
+        self.step_timer = StepTimer(config.collect_detailed_traces or (), self.loaded.device) \
+            if config.collect_detailed_traces else None
         if self.overlaps:
             logger.info("async scheduling: model steps run on their own thread, the next scheduled while one runs "
                         "(steps with grammars, penalties or bad words wait for their tokens)")
@@ -240,6 +243,8 @@ class LLMEngine:
         _, sched, sample_seqs = self.in_flight.popleft()
         result = self._collect(sched)
         sampled = self.sampler.sample_step(sched, result, sample_seqs)
+        if self.step_timer is not None:
+            self.step_timer.executed(sched)
         touched = self.scheduler.update_from_output(sched, sampled, self.output_processor, result.pooled)
         if self.speculator is not None:
             self._propose(sched)
@@ -284,7 +289,7 @@ class LLMEngine:
                 self.steps_ahead += 1
 
     def _submit(self, lane: int, sched: SchedulerOutput, pending_rows: dict[int, int] | None = None) -> None:
-        now = time.perf_counter()
+        now = sched.submitted_at = time.perf_counter()
         for item in sched.scheduled:
             item.seq.timings.first_scheduled = item.seq.timings.first_scheduled or now
         lora_slots = self.lora.activate([item.seq for item in sched.scheduled]) if self.lora else None
@@ -297,12 +302,15 @@ class LLMEngine:
         else:
             drafted = {item.seq.seq_id for item in sched.scheduled if item.draft is not None}
             self.sampler.prefetch_bitmasks([seq for seq in sample_seqs if seq.seq_id not in drafted])
+        forward_started = time.perf_counter()
         try:
             self.executor.submit(batch)
         except WorkerLostError:
             raise
         except Exception as exc:
             raise self._fail_step(sched, exc) from exc
+        if self.step_timer is not None:
+            self.step_timer.forward_done(sched, forward_started)
         if self.speculator is not None:
             self.speculator.observe(batch)
         self.in_flight.append((lane, sched, sample_seqs))

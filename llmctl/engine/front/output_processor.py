@@ -166,4 +166,6 @@ def _metrics(request: Request) -> RequestMetrics:
         first_token_time=min((t.first_token for t in timings if t.first_token), default=None),
         last_token_time=max((t.last_token for t in timings if t.last_token), default=None),
         finished_time=max((t.finished for t in timings if t.finished), default=None) if request.finished else None,
+        model_forward_time=max((t.model_forward for t in timings if t.model_forward is not None), default=None),
+        model_execute_time=max((t.model_execute for t in timings if t.model_execute is not None), default=None),
     )

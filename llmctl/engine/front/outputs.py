@@ -29,6 +29,8 @@ class RequestMetrics:
     first_token_time: float | None
     last_token_time: float | None
     finished_time: float | None
+    model_forward_time: float | None = None  # --collect-detailed-traces model: its steps' forward passes (s)
+    model_execute_time: float | None = None  # … worker: its steps from submission to sampled tokens (s)
 
     @property
     def ttft(self) -> float | None:
