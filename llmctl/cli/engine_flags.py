@@ -74,6 +74,10 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                              "reasoning_content: deepseek_r1, qwen3, mistral, seed_oss, step3, ernie45, minimax_m2, "
                              "granite, glm45, deepseek_v3, olmo3 or hunyuan_a13b (structured outputs constrain the "
                              "answer)"),
+    "kv_offloading_size": Flag(("--kv-offloading-size",), Optional[float], "GiB of CPU memory for KV blocks the "
+                               "cache evicts: a later prompt with that prefix loads them back instead of computing "
+                               "them (vLLM's native offloading; all ranks together)"),
+    "kv_offloading_backend": Flag(("--kv-offloading-backend",), str, "native (llmctl's CPU tier)"),
     "otlp_traces_endpoint": Flag(("--otlp-traces-endpoint",), Optional[str], "an OpenTelemetry collector: one span "
                                  "per finished generation request (vLLM's llm_request and gen_ai.* attributes, the "
                                  "trace of an incoming traceparent), over gRPC or, with "

@@ -118,6 +118,8 @@ class EngineConfig:
     mm_processor_kwargs: str | dict | None = None  # vLLM's JSON, passed to the model's processor
     allowed_local_media_path: str | None = None  # file:// image URLs only below this folder (None: refused)
     allowed_media_domains: list[str] | None = None  # http(s) image URLs only from these hosts (None: any)
+    kv_offloading_size: float | None = None  # vLLM's: GiB of CPU memory for evicted KV blocks (core.host_tier)
+    kv_offloading_backend: str = "native"  # vLLM's: native (llmctl's own tier); lmcache is not offered
     otlp_traces_endpoint: str | None = None  # vLLM's: a span per finished request, exported there (front.tracing)
     collect_detailed_traces: str | list[str] | tuple[str, ...] | None = None  # vLLM's: model, worker or all
     replica_group: ReplicaGroup | None = None  # set by the data-parallel front: replicas exchanging MoE tokens
@@ -256,6 +258,7 @@ class EngineConfig:
                     "--data-parallel-size to scale out")
         self._validate_loading()
         self._validate_tracing()
+        self._validate_offloading()
         if self.enable_sleep_mode and (self.tensor_parallel_size * self.pipeline_parallel_size > 1
                                        or self.data_parallel_size > 1 or self.speculative_config):
             bad("enable_sleep_mode", "runs in one process without a draft yet: --tensor-parallel-size, "
@@ -272,3 +275,14 @@ class EngineConfig:
                                     "with --async-scheduling it runs on a thread of its own: use worker instead")
         if self.otlp_traces_endpoint:
             check_tracing_available()
+
+    def _validate_offloading(self) -> None:
+        size = self.kv_offloading_size
+        if size is not None and not (math.isfinite(size) and size > 0):
+            raise EngineConfigError(f"--kv-offloading-size {size}: give the CPU tier's size in GiB, e.g. 8")
+        if self.kv_offloading_backend != "native":
+            raise EngineConfigError(f"--kv-offloading-backend {self.kv_offloading_backend!r}: llmctl offers "
+                                    "native (its own CPU tier) only")
+        if size and not self.enable_prefix_caching:
+            raise EngineConfigError("--kv-offloading-size keeps prefix-cached KV blocks in CPU memory: it needs "
+                                    "prefix caching (leave out --no-enable-prefix-caching)")

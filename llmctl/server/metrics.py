@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from llmctl.engine.front.outputs import RequestMetrics, RequestOutput
-from llmctl.engine.front.stats import EngineStats, SpecDecodeCounts
+from llmctl.engine.front.stats import EngineStats, OffloadCounts, SpecDecodeCounts
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                    20.0, 40.0, 80.0, 160.0)
@@ -72,6 +72,8 @@ class EngineCollector:
         yield family(counter, "prompt_tokens", "Prefill tokens processed.", lambda s: s.prompt_tokens)
         yield family(counter, "generation_tokens", "Generation tokens processed.",
                      lambda s: s.generation_tokens)
+        if all(s.offload is not None for _, s in labelled):
+            yield from _offload_families(family)
         if all(s.spec_decode is not None for _, s in labelled):
             yield from _spec_decode_families(family, labelled, names, self.prefix)
         if all(s.max_loras for _, s in labelled):
@@ -104,6 +106,24 @@ def _spec_decode_families(family: StatsFamily, labelled: list[tuple[dict[str, st
         for position, count in enumerate(_spec_counts(stats).accepted_per_position):
             per_position.add_metric(list(labels.values()) + [str(position)], count)
     yield per_position
+
+
+def _offload_families(family: StatsFamily) -> Iterator[Any]:
+    """The KV cache's CPU tier (--kv-offloading-size), under vLLM's names; every replica has one."""
+    counter = CounterMetricFamily
+    yield family(counter, "external_prefix_cache_queries", "Prompt tokens looked up in the KV cache's CPU tier.",
+                 lambda s: _offload(s).queries)
+    yield family(counter, "external_prefix_cache_hits", "Prompt tokens loaded from the KV cache's CPU tier.",
+                 lambda s: _offload(s).hits)
+    yield family(counter, "kv_offload_store_bytes", "Bytes of KV blocks copied to the CPU tier.",
+                 lambda s: _offload(s).store_bytes)
+    yield family(counter, "kv_offload_load_bytes", "Bytes of KV blocks loaded back from the CPU tier.",
+                 lambda s: _offload(s).load_bytes)
+
+
+def _offload(stats: EngineStats) -> OffloadCounts:
+    assert stats.offload is not None, "the collector yields these families only when every replica has a tier"
+    return stats.offload
 
 
 def _spec_counts(stats: EngineStats) -> SpecDecodeCounts:

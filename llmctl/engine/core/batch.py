@@ -62,7 +62,7 @@ def build_batch(sched: SchedulerOutput, block_size: int, lora_slots: list[int] |
     batch = StepBatch(ids, positions, slots[0], starts, lens, tables[0], sample_rows, prompt_rows,
                       list(sched.block_copies), lora_slots or [], total_lens=total_lens,
                       group_slot_mappings=slots[1:], group_block_tables=tables[1:], table_rows=rows,
-                      table_updates=updates, placeholders=placeholders,
+                      table_updates=updates, placeholders=placeholders, host_copies=list(sched.host_copies),
                       encoder_inputs=[EncoderInput(i.content_hash, i.data) for i in sched.encoder.encode],
                       encoder_frees=list(sched.encoder.free), pool_spans=pool_spans(sched),
                       state_slots=[item.seq.state_slot for item in sched.scheduled])

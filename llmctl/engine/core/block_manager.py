@@ -10,7 +10,8 @@ long the sequence grows; their tables keep SLID_OUT in those places.
 A full block is identified by a chained hash of its parent's hash and its token ids, so
 equal prefixes map to equal blocks. The stored token ids are compared on every hit, so a
 hash collision can never serve the wrong K/V. Freed blocks that carry a hash stay
-findable until they are reused, least recently freed first.
+findable until they are reused, least recently freed first — and with a CPU tier
+(llmctl.engine.core.host_tier), findable there after that.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from llmctl.engine.core.host_tier import HostTier
 from llmctl.engine.core.sequence import Sequence
 
 SLID_OUT = -1  # a block-table entry whose block was given back (outside the sliding window)
@@ -57,6 +59,7 @@ class BlockManager:
     freed_seq_ids: list[int] = field(default_factory=list)  # since the last step was built (table_updates)
     state_slots: int = 0  # recurrent layers' state cache: one slot per running sequence (0: no such layers)
     free_states: list[int] = field(init=False)
+    host: HostTier | None = None  # the KV cache's CPU tier (--kv-offloading-size); one KV group only
 
     def __post_init__(self) -> None:
         windows = self.group_windows or (self.sliding_window,)
@@ -109,22 +112,50 @@ class BlockManager:
             return
         parent = seq.prefix_root
         tables = self.tables(seq)
+        on_device = 0
         for index in range(max_blocks):
             chunk = seq.block_key(index, self.block_size)
             digest = chain_hash(parent, chunk)
-            found = [self.cached.get((group, digest)) for group in range(self.num_groups)]
-            hits = [block_id for block_id in found if block_id is not None and self.blocks[block_id].token_ids == chunk]
-            if len(hits) < self.num_groups:
-                break  # a hit needs the block of every group
-            for table, block_id in zip(tables, hits):
-                self._take(block_id)
-                table.append(block_id)
+            hits = self._device_hits(digest, chunk)
+            if hits is not None:
+                for table, block_id in zip(tables, hits):
+                    self._take(block_id)
+                    table.append(block_id)
+                on_device += 1
+            elif (loaded := self._load_from_host(digest, chunk)) is not None:
+                tables[0].append(loaded)
+            else:
+                break
             seq.block_hashes.append(digest)
             parent = digest
+        if self.host is not None:  # what the device pool did not hold was asked of the CPU tier
+            self.host.stats.queries += max(0, len(seq.prompt_token_ids) - on_device * self.block_size)
         hit = len(seq.block_table) * self.block_size
         seq.num_computed_tokens = hit
         seq.num_cached_tokens = hit
         self.stats.hits += min(hit, len(seq.prompt_token_ids))
+
+    def _device_hits(self, digest: int, chunk: tuple[int | str, ...]) -> list[int] | None:
+        """The cached block of every KV group for this chunk, or None (a hit needs them all)."""
+        found = [self.cached.get((group, digest)) for group in range(self.num_groups)]
+        hits = [block_id for block_id in found if block_id is not None and self.blocks[block_id].token_ids == chunk]
+        return hits if len(hits) == self.num_groups else None
+
+    def _load_from_host(self, digest: int, chunk: tuple[int | str, ...]) -> int | None:
+        """A fresh device block that the CPU tier's copy of this chunk is loaded into, or None."""
+        host, key = self.host, (0, digest)
+        if host is None or self.num_free_blocks == 0:
+            return None
+        slot = host.claim(key, chunk)  # before the pop, whose eviction may store a block in the tier
+        if slot is None:
+            return None
+        block_id = self._pop_free()
+        host.load(slot, block_id)
+        block = self.blocks[block_id]
+        block.hash, block.token_ids = key, chunk
+        self.cached[key] = block_id
+        host.stats.hits += self.block_size
+        return block_id
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Hash the blocks whose tokens are all computed, so later prompts can reuse them."""
@@ -248,6 +279,8 @@ class BlockManager:
             self._drop_hash(self.blocks[block_id])
             self.free_ids.append(block_id)
         self.evictable.clear()
+        if self.host is not None:
+            self.host.clear()
 
     # -- internals ------------------------------------------------------------------------
     def _take(self, block_id: int) -> None:
@@ -261,7 +294,10 @@ class BlockManager:
             block_id = self.free_ids.pop()
         else:
             block_id, _ = self.evictable.popitem(last=False)  # least recently freed
-            self._drop_hash(self.blocks[block_id])
+            block = self.blocks[block_id]
+            if self.host is not None and block.hash is not None:
+                self.host.store(block.hash, block.token_ids, block_id)  # copied out before anything is written
+            self._drop_hash(block)
         self.blocks[block_id].ref_count = 1
         return block_id
 

@@ -25,6 +25,7 @@ from typing import Protocol
 
 from llmctl.engine.core.block_manager import BlockManager, PrefixCacheStats
 from llmctl.engine.core.sequence import Sequence, SequenceStatus, TokenLogprob
+from llmctl.engine.core.step_messages import HostCopy
 from llmctl.engine.multimodal.encoder_budget import EncoderScheduler, EncoderWork
 from llmctl.engine.multimodal.items import MultimodalItem
 from llmctl.engine.spec_decode.proposal import Draft
@@ -53,6 +54,7 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    host_copies: list[HostCopy] = field(default_factory=list)  # the KV cache's CPU tier (core.host_tier)
     preempted: list[Sequence] = field(default_factory=list)
     advanced: bool = False  # async scheduling: counted as computed when submitted, not when its tokens come back
     encoder: EncoderWork = field(default_factory=EncoderWork)  # images to encode, encoder outputs to free
@@ -168,6 +170,8 @@ class Scheduler:
             self._schedule_waiting(out, budget, lane)
         if self.encoder is not None:
             self.encoder.take_frees(out.encoder)
+        if self.block_manager.host is not None and out.scheduled:  # an empty step is not submitted: they wait
+            out.host_copies = self.block_manager.host.take_copies()
         return out
 
     def _fit_encoder(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> tuple[int, list[MultimodalItem]]:

@@ -56,6 +56,15 @@ class EmbeddingSlice:
     sources: list[int]
 
 
+@dataclass(frozen=True)
+class HostCopy:
+    """One block between the device pool and the KV cache's CPU tier (llmctl.engine.core.host_tier)."""
+
+    store: bool  # True: device block -> host slot; False: host slot -> device block
+    block: int
+    slot: int
+
+
 @dataclass
 class StepBatch:
     """One step, flat: T new tokens of B sequences. Small and picklable."""
@@ -92,6 +101,7 @@ class StepBatch:
     both_ways_spans: list[tuple[int, int, int]] = field(default_factory=list)  # (seq, first, last) attending both ways
     pool_spans: dict[int, tuple[int, int]] = field(default_factory=dict)  # pooling: seq_id -> its rows (first, end)
     state_slots: list[int] = field(default_factory=list)  # [B] recurrent layers: each sequence's state slot
+    host_copies: list[HostCopy] = field(default_factory=list)  # the KV CPU tier's, in order, before block_copies
 
     @property
     def num_tokens(self) -> int:

@@ -17,6 +17,7 @@ import torch
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.core.batch import build_batch
 from llmctl.engine.core.block_manager import BlockManager
+from llmctl.engine.core.host_tier import HostTier
 from llmctl.engine.core.scheduler import Scheduler, SchedulerOutput
 from llmctl.engine.core.sequence import Sequence, SequenceStatus
 from llmctl.engine.core.step_messages import SampledTokens, StepBatch, StepLogits
@@ -356,8 +357,9 @@ def block_manager(config: EngineConfig, loaded: LoadedModel) -> BlockManager:
     elif config.enable_prefix_caching and loaded.states is not None:
         logger.info("prefix caching is off: the recurrent layers' state is kept per sequence, not per block "
                     "(as vLLM without --mamba-cache-mode align)")
+    host = HostTier(loaded.host_kv.num_blocks, loaded.host_kv.model_block_bytes) if loaded.host_kv is not None else None
     return BlockManager(loaded.kv_pool.num_blocks, config.block_size, caching, group_windows=loaded.kv_groups.windows,
-                        state_slots=loaded.states.slots if loaded.states is not None else 0)
+                        state_slots=loaded.states.slots if loaded.states is not None else 0, host=host)
 
 
 def _runner_mismatch(pooler: PoolerConfig | None) -> str:

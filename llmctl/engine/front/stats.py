@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmctl.engine.core.host_tier import HostTier
 from llmctl.engine.core.scheduler import Scheduler
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.spec_decode.stats import SpecDecodeStats
@@ -16,6 +17,15 @@ class SpecDecodeCounts:
     num_draft_tokens: int
     num_accepted_tokens: int
     accepted_per_position: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class OffloadCounts:
+    """The KV cache's CPU tier (--kv-offloading-size): vLLM's external prefix cache counters, and bytes moved."""
+    queries: int  # prompt tokens asked of the tier (those the device pool did not hold)
+    hits: int  # of those, loaded from it
+    store_bytes: int  # device -> CPU
+    load_bytes: int  # CPU -> device
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,7 @@ class EngineStats:
     running_adapters: tuple[str, ...] = ()
     waiting_adapters: tuple[str, ...] = ()
     spec_decode: SpecDecodeCounts | None = None  # None: no speculative decoding
+    offload: OffloadCounts | None = None  # None: no CPU tier
 
 
 def snapshot(scheduler: Scheduler, spec: SpecDecodeStats | None, max_loras: int) -> EngineStats:
@@ -44,7 +55,16 @@ def snapshot(scheduler: Scheduler, spec: SpecDecodeStats | None, max_loras: int)
         generation_tokens=scheduler.counts.generation_tokens, max_loras=max_loras,
         running_adapters=_adapter_names(running), waiting_adapters=_adapter_names(waiting),
         spec_decode=None if spec is None else SpecDecodeCounts(
-            spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens, list(spec.accepted_per_position)))
+            spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens, list(spec.accepted_per_position)),
+        offload=_offload_counts(blocks.host))
+
+
+def _offload_counts(host: HostTier | None) -> OffloadCounts | None:
+    if host is None:
+        return None
+    stats = host.stats
+    return OffloadCounts(stats.queries, stats.hits, stats.blocks_stored * host.block_bytes,
+                         stats.blocks_loaded * host.block_bytes)
 
 
 def _adapter_names(seqs: tuple[Sequence, ...]) -> tuple[str, ...]:

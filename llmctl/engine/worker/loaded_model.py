@@ -19,6 +19,7 @@ from llmctl.engine.layers.recurrent_state import StateCache
 from llmctl.engine.lora.slots import LoRASlots, LoRAStep
 from llmctl.engine.models.common import Shard
 from llmctl.engine.pooling.config import PoolerConfig
+from llmctl.engine.worker.kv_offload import HostKVPool
 from llmctl.sizing.kv import KVGroups, StageKV, kv_groups
 from llmctl.sizing.memory import KVPool
 from llmctl.sizing.weights import pipeline_stages
@@ -50,6 +51,7 @@ class LoadedModel:
     lora_slots: dict[tuple[int, str], LoRASlots] = field(default_factory=dict)  # (layer, module) -> slots
     pooler: PoolerConfig | None = None  # a pooling model (--runner pooling): what its last stage returns
     states: StateCache | None = None  # the recurrent layers' per-sequence states (Mamba2)
+    host_kv: HostKVPool | None = None  # the KV cache's CPU tier (--kv-offloading-size)
 
     @property
     def lora_bytes(self) -> int:

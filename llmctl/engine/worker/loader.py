@@ -39,6 +39,7 @@ from llmctl.engine.pooling.config import PoolerConfig, generative_spec, resolve_
 from llmctl.engine.pooling.pooler import adapt_for_pooling
 from llmctl.engine.worker.heap import keep_freed_memory_in_heap, release_loading_garbage
 from llmctl.engine.worker.kv_cache import kv_cache_dtype, set_up_kv_cache
+from llmctl.engine.worker.kv_offload import host_kv_pool
 from llmctl.engine.worker.load_flags import (
     check_load_flags,
     check_recurrent_flags,
@@ -99,6 +100,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     max_model_len = _max_model_len(config, spec)
     max_batched = _max_batched(config, device, max_model_len)
     groups = kv_groups(spec)
+    _check_offloading(config, spec, groups.hybrid)
     if groups.hybrid:  # a backend of the same kind for each further KV group
         backend = GroupedAttention([backend, *(create_backend(backend.name, dtype, spec.attention.head_dim)
                                                for _ in groups.groups[1:])], groups)
@@ -109,11 +111,26 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
                          kv.caches, max_model_len, max_batched, _eos_ids(defaults, tokenizer), defaults, weights_bytes,
                          placement, choice.reason, kv.activation_peak_bytes, packed_bytes, lora_step, lora_slots,
                          pooler, kv.states)
+    if config.kv_offloading_size:
+        loaded.host_kv = host_kv_pool(config.kv_offloading_size, spec, kv.caches, config.block_size, device)
     if device.type == "cpu":
         release_loading_garbage()
     if rank.rank == 0:
         _log_startup(loaded, time.perf_counter() - started)
     return loaded
+
+
+def _check_offloading(config: EngineConfig, spec: ModelSpec, hybrid: bool) -> None:
+    """The CPU tier keeps prefix-cached blocks of one KV group: refused, by name, where there are none."""
+    if not config.kv_offloading_size:
+        return
+    reason = ("its layers keep KV groups of different windows" if hybrid else
+              "its recurrent layers keep a state per sequence, not per block" if spec.recurrent is not None else
+              "with LongRoPE a token's keys depend on its sequence's length"
+              if spec.positional.long_rope_switch is not None else None)
+    if reason:
+        raise EngineConfigError(f"--kv-offloading-size keeps prefix-cached KV blocks in CPU memory; {spec.model_type} "
+                                f"has none to keep ({reason}): leave the flag out")
 
 
 def runs_gguf_coded(config: EngineConfig, device: torch.device) -> bool:

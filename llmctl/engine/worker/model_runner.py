@@ -20,6 +20,7 @@ from llmctl.engine.multimodal.encoder_cache import EncoderCache
 from llmctl.engine.pooling.config import PoolerConfig
 from llmctl.engine.pooling.pooler import pool
 from llmctl.engine.worker.block_tables import BlockTableCopy
+from llmctl.engine.worker.kv_offload import HostKVPool
 from llmctl.kernels.transfer import to_device
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class ModelRunner:
         self.device = device
         self.graphs: StepGraphs | None = None  # captured uniform steps (llmctl.engine.worker.cuda_graphs)
         self.exchange: ReplicaExchange | None = None  # EP across data-parallel replicas
+        self.host_kv: HostKVPool | None = None  # the KV cache's CPU tier (llmctl.engine.worker.kv_offload)
         backends = backend.backends if isinstance(backend, GroupedAttention) else [backend]
         on_device = all(isinstance(b, TritonAttention) for b in backends)  # the others read the host lists
         self.tables = BlockTableCopy(len(backends), device if on_device else None)
@@ -61,6 +63,8 @@ class ModelRunner:
         if self.exchange is not None:  # only steps the replicas run together exchange (not load-time ones)
             self.exchange.active = batch.exchange_experts
         self.tables.apply(batch)
+        if batch.host_copies and self.host_kv is not None:  # before any step copy, graph or forward
+            self.host_kv.apply(batch.host_copies)
         if self.encoder_cache is not None:
             self.encoder_cache.update(batch)
         plain = hidden is None and not batch.embedding_slices and not batch.mrope_positions \
@@ -148,6 +152,7 @@ def make_runner(loaded: LoadedModel, block_size: int) -> ModelRunner:
     runner = ModelRunner(loaded.model, loaded.kv_caches, loaded.backend, block_size, loaded.device,
                          loaded.sliding_window, loaded.lora_step, loaded.pooler, loaded.states)
     runner.exchange = loaded.placement.experts.exchange if loaded.placement.experts else None
+    runner.host_kv = loaded.host_kv
     return runner
 
 
