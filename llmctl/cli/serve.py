@@ -54,6 +54,17 @@ MaxLogLenOpt = Annotated[Optional[int], typer.Option(
 MetricsPrefixOpt = Annotated[str, typer.Option(
     "--metrics-prefix", help="/metrics names: llmctl (llmctl:…) or vllm (vLLM's vllm:… names, which its Grafana "
                              "dashboard and autoscalers read)")]
+ModelsOpt = Annotated[Optional[list[str]], typer.Option(
+    "--models", help="serve several models, routed by each request's 'model': NAME=PATH (a folder, GGUF or hub id; "
+                     "NAME= for the default model), then that model's own serve flags in the same quoted value, "
+                     "e.g. --models 'chat=./Qwen3-0.6B --max-model-len 4096'; or a folder of model folders and "
+                     "GGUF files; repeat for more. Each runs as a server process of its own, loaded on first use; "
+                     "the other flags go to every model")]
+MaxLoadedModelsOpt = Annotated[int, typer.Option(
+    "--max-loaded-models", help="with --models: most models loaded at once; the least recently used idle one is "
+                                "unloaded to make room")]
+ModelLoadTimeoutOpt = Annotated[float, typer.Option(
+    "--model-load-timeout", help="with --models: seconds a request waits for its model to load (503 after)")]
 NoStatsLogOpt = Annotated[bool, typer.Option(
     "--disable-log-stats/--no-disable-log-stats", help="no periodic engine stats line")]
 
@@ -85,6 +96,9 @@ def serve(
     enable_auto_tool_choice: AutoToolChoiceOpt = False,
     tool_call_parser: ToolCallParserOpt = None,
     tool_parser_plugin: ToolParserPluginOpt = None,
+    models: ModelsOpt = None,
+    max_loaded_models: MaxLoadedModelsOpt = 4,
+    model_load_timeout: ModelLoadTimeoutOpt = 600.0,
     *,
     listener: Listener,
     engine_flags: EngineFlags,
@@ -99,6 +113,9 @@ def serve(
     listener.validate()
     config = engine_flags.config(model=model, revision=revision, show_progress=True)
     config.validate()
+    if models:
+        raise typer.Exit(_route(models, model, served_model_name, listener, max_loaded_models, model_load_timeout,
+                                api_key))
     adapters = _lora_adapters(lora_modules or [], allow_runtime_lora_updating, config.enable_lora)
     if run_torchrun_worker_if_not_driver(config):  # torchrun rank > 0: a worker, no HTTP server
         return
@@ -113,6 +130,16 @@ def serve(
         allowed_origins=parse_origins(allowed_origins or []), **logs, lora_modules=adapters,
         allow_runtime_lora_updating=allow_runtime_lora_updating, tool_parser=tool_parser, metrics_prefix=metrics_prefix)
     raise typer.Exit(run_server(settings, listener))
+
+
+def _route(models: list[str], model: str | None, served_model_name: list[str] | None, listener: Listener,
+           max_loaded: int, load_timeout: float, api_key: str | None) -> int:
+    from llmctl.server.router.run import serve_router
+
+    if model or served_model_name:
+        raise LlmctlError("--models names every model it serves: leave out the MODEL argument and "
+                          "--served-model-name")
+    return serve_router(models, listener, max_loaded, load_timeout, api_key)
 
 
 def _lora_adapters(values: list[str], runtime_updates: bool, enable_lora: bool) -> list:

@@ -43,7 +43,7 @@ def load_chat_template(value: str | None) -> str | None:
                           "a Jinja template") from None
 
 
-def _graceful_server_class() -> type[uvicorn.Server]:  # uvicorn is imported lazily: `llmctl inspect` never pays for it
+def graceful_server_class() -> type[uvicorn.Server]:  # uvicorn is imported lazily: `llmctl inspect` never pays for it
     import uvicorn
 
     class GracefulServer(uvicorn.Server):
@@ -77,7 +77,7 @@ def serve(settings: ServerSettings, listener: Listener) -> int:
             server.should_exit = True
 
     app = create_app(settings, on_load_failure=stop)
-    server = _graceful_server_class()(uvicorn.Config(app, log_level="warning", **listener.uvicorn_options(),
+    server = graceful_server_class()(uvicorn.Config(app, log_level="warning", **listener.uvicorn_options(),
                                                      timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS))
     logger.info("serving %s on %s (OpenAI API under /v1)", settings.served_model_names[0], listener.url())
     server.run()
