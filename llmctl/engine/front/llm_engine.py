@@ -313,7 +313,7 @@ class LLMEngine:
         if self.step_timer is not None:
             self.step_timer.forward_done(sched, forward_started)
         if self.speculator is not None:
-            self.speculator.observe(batch)
+            self.speculator.observe(batch, sched)
         self.in_flight.append((lane, sched, sample_seqs))
 
     def _collect(self, sched: SchedulerOutput) -> StepLogits | SampledTokens:

@@ -154,6 +154,9 @@ class LlamaForCausalLM(nn.Module):
                 VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, group)
         self.coded_layers: dict[int, coded_decode.CodedLayer] | None | bool = False  # False: not decided yet
         self.needs_lengths = rotary.original_max is not None  # LongRoPE switches factors by sequence length
+        # EAGLE-3 (llmctl.engine.spec_decode.eagle3): the residual stream entering these layers, kept each step
+        self.aux_layers: tuple[int, ...] = ()
+        self.aux_hidden: torch.Tensor | None = None  # [T, len(aux_layers) * hidden]
         self.qwen1 = spec.model_type == "qwen"
         if self.qwen1:
             self.supports_lora = False  # PEFT names q/k/v/o and gate/up/down; Qwen 1 fuses c_attn
@@ -174,9 +177,14 @@ class LlamaForCausalLM(nn.Module):
         else:
             x = self.embed(input_ids) if self.embed_tokens is not None else hidden
         attention = self._coded_step(ctx, x)
+        aux = {}
         for index in self.stage_layers:
+            if index in self.aux_layers:  # copied: the layer adds into its input in place
+                aux[index] = x.clone()
             x = coded_decode.run_layer(self.coded_layers[index], x, ctx, attention, index) if attention else \
                 self.layers[index](x, ctx, index)
+        if self.aux_layers:
+            self.aux_hidden = torch.cat([aux[index] for index in self.aux_layers], dim=-1)
         return self.norm(x) if self.norm is not None else x
 
     def _coded_step(self, ctx: StepContext, x: torch.Tensor) -> list[torch.Tensor] | None:

@@ -9,7 +9,8 @@ from typing import Any
 from llmctl.engine.errors import SpeculativeConfigError
 from llmctl.kernels.limits import SHORT_QUERY_LIMIT
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "eagle3")
+LATER = {"eagle": "EAGLE-1/2 heads", "mtp": "multi-token prediction layers", "deepseek_mtp": "multi-token prediction layers"}
 KNOWN_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",
               "disable_by_batch_size"}
 MAX_SPECULATIVE_TOKENS = SHORT_QUERY_LIMIT  # verification chunks stay on the C++ CPU attention kernel everywhere
@@ -17,7 +18,7 @@ MAX_SPECULATIVE_TOKENS = SHORT_QUERY_LIMIT  # verification chunks stay on the C+
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    method: str  # "ngram" or "draft_model"
+    method: str  # "ngram", "draft_model" or "eagle3"
     num_speculative_tokens: int
     prompt_lookup_max: int = 0  # n-gram: longest suffix matched
     prompt_lookup_min: int = 0  # n-gram: shortest suffix matched
@@ -30,6 +31,8 @@ class SpeculativeConfig:
         if self.method == "ngram":
             what = (f"n-gram prompt lookup, up to {self.num_speculative_tokens} tokens per step "
                     f"(suffixes of {self.prompt_lookup_min}–{self.prompt_lookup_max} tokens)")
+        elif self.method == "eagle3":
+            what = f"EAGLE-3 head {self.model}, {self.num_speculative_tokens} chained tokens per step"
         else:
             what = f"draft model {self.model}, {self.num_speculative_tokens} tokens per step"
         if self.disable_by_batch_size is not None:
@@ -68,9 +71,12 @@ def parse_speculative_config(value: str | dict[str, Any] | SpeculativeConfig | N
     if method is None:
         raise SpeculativeConfigError('--speculative-config needs "method": "ngram", or a draft "model"')
     method = "draft_model" if method == "draft" else method
+    if method in LATER:
+        raise SpeculativeConfigError(f"--speculative-config: method {method!r} ({LATER[method]}) is not in llmctl yet; "
+                                     "use eagle3 (an EAGLE-3 head), draft_model or ngram")
     if method not in METHODS:
-        raise SpeculativeConfigError(f"--speculative-config: method {method!r} is not supported; use ngram or "
-                                     "draft_model (a \"model\" of the same tokenizer)")
+        raise SpeculativeConfigError(f"--speculative-config: method {method!r} is not supported; use ngram, "
+                                     "draft_model (a \"model\" of the same tokenizer) or eagle3 (an EAGLE-3 head)")
     k = _integer(value, "num_speculative_tokens", None)
     if k is None:
         raise SpeculativeConfigError("--speculative-config needs num_speculative_tokens (e.g. 4)")
@@ -80,9 +86,9 @@ def parse_speculative_config(value: str | dict[str, Any] | SpeculativeConfig | N
     disable_by = _integer(value, "disable_by_batch_size", None)
     if disable_by is not None and disable_by < 1:
         raise SpeculativeConfigError(f"--speculative-config: disable_by_batch_size must be at least 1, got {disable_by}")
-    if method == "draft_model":
+    if method in ("draft_model", "eagle3"):
         if not isinstance(model, str) or not model:
-            raise SpeculativeConfigError('--speculative-config: method draft_model needs "model": a hub id or folder')
+            raise SpeculativeConfigError(f'--speculative-config: method {method} needs "model": a hub id or folder')
         return SpeculativeConfig(method, k, model=model, disable_by_batch_size=disable_by)
     low, high = _integer(value, "prompt_lookup_min", None), _integer(value, "prompt_lookup_max", None)
     if low is None and high is None:

@@ -23,8 +23,8 @@ from llmctl.engine.core.block_manager import BlockManager
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.core.step_messages import StepBatch
 from llmctl.engine.errors import SpeculativeConfigError
-from llmctl.engine.sample.sampler import greedy_tokens, inverse_cdf, probabilities
 from llmctl.engine.spec_decode.config import SpeculativeConfig
+from llmctl.engine.spec_decode.draft_sampling import draw
 from llmctl.engine.spec_decode.proposal import Draft
 from llmctl.engine.worker.loaded_model import LoadedModel
 from llmctl.engine.worker.loader import load_model
@@ -67,12 +67,7 @@ class DraftModelProposer:
         for step in range(max(ks[i] for i in active)):
             rows = [i for i in active if ks[i] > step]
             logits = self._step([seqs[i] for i in rows], [tokens[i][-1] for i in rows], step)
-            params = [seqs[i].params for i in rows]
-            q = probabilities(logits, params)
-            greedy = greedy_tokens(logits)
-            uniforms = torch.cat([torch.rand(1, generator=seqs[i].generator or self.generator) for i in rows])
-            drawn = inverse_cdf(q, uniforms.to(q.device))
-            chosen = torch.where(torch.tensor([p.greedy for p in params], device=q.device), greedy, drawn).tolist()
+            chosen, q = draw(logits, [seqs[i] for i in rows], self.generator)
             for row, i in enumerate(rows):
                 tokens[i].append(chosen[row])
                 probs[i].append(q[row])

@@ -8,10 +8,12 @@ import torch
 
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.core.block_manager import BlockManager
+from llmctl.engine.core.scheduler import SchedulerOutput
 from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.core.step_messages import StepBatch
 from llmctl.engine.spec_decode.config import SpeculativeConfig
 from llmctl.engine.spec_decode.draft_model import DraftModelProposer
+from llmctl.engine.spec_decode.eagle3 import Eagle3Proposer
 from llmctl.engine.spec_decode.ngram import propose_ngram
 from llmctl.engine.spec_decode.proposal import Draft
 from llmctl.engine.spec_decode.stats import SpecDecodeStats
@@ -26,6 +28,7 @@ class Speculator:
         self.stats = SpecDecodeStats(spec_config.num_speculative_tokens)
         self.draft_model = DraftModelProposer(spec_config, config, target, generator) \
             if spec_config.method == "draft_model" else None
+        self.eagle3 = Eagle3Proposer(spec_config, config, target, generator) if spec_config.method == "eagle3" else None
 
     @staticmethod
     def create(config: EngineConfig, target: LoadedModel, generator: torch.Generator) -> Speculator | None:
@@ -40,20 +43,23 @@ class Speculator:
     def describe(self) -> str:
         return self.config.describe()
 
-    def observe(self, batch: StepBatch) -> None:
+    def observe(self, batch: StepBatch, sched: SchedulerOutput) -> None:
         if self.draft_model is not None:
             self.draft_model.observe(batch)
+        if self.eagle3 is not None:
+            self.eagle3.observe(batch, sched)
 
     def propose(self, seqs: list[Sequence], num_running: int, block_manager: BlockManager) -> None:
         """Set `seq.draft` for the decoding sequences that can speculate on their next step
         (none while `num_running` reaches disable_by_batch_size)."""
         limit = self.config.disable_by_batch_size
-        if limit is not None and num_running >= limit:
-            for seq in seqs:
-                seq.draft = None
-            return
-        ks = [self._budget(seq) for seq in seqs]
-        if self.draft_model is not None:
+        off = limit is not None and num_running >= limit
+        ks = [0 if off else self._budget(seq) for seq in seqs]
+        if self.eagle3 is not None:  # its catch-up runs even when nothing is proposed: it keeps the head's KV
+            drafts = self.eagle3.propose(seqs, ks, block_manager)
+        elif off:
+            drafts = [None] * len(seqs)
+        elif self.draft_model is not None:
             drafts = self.draft_model.propose(seqs, ks, block_manager)
         else:
             cfg = self.config

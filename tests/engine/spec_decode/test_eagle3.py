@@ -1,0 +1,69 @@
+"""EAGLE-3 (--speculative-config method eagle3) with random heads in the published layout on a random 6-layer
+Llama: the head's first draft after a prompt, and after a verified step, equals EAGLE-3 computed from its
+definition over the whole sequence (transformers' hidden states, no cache) — so its paged KV, the catch-up and
+the positions are right; greedy output equals transformers' without speculation, with a head whose drafts are
+mostly rejected and with one whose drafts the target often accepts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from helpers.eagle3_heads import reference_first_draft, save_eagle3_head
+from helpers.models import save_random_model
+from llmctl import LLM, SamplingParams
+from llmctl.engine.errors import SpeculativeConfigError
+from llmctl.engine.front.llm_engine import LLMEngine
+
+PROMPT = [1, 450, 701, 112, 318, 9, 27, 88, 1000, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory, tokenizer):
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=96, intermediate_size=128, num_hidden_layers=6,
+                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512)
+    folder = save_random_model(config, tmp_path_factory.mktemp("eagle3") / "target", tokenizer)
+    return folder, config, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
+
+def spec(head, k: int = 3) -> dict:
+    return {"method": "eagle3", "model": str(head), "num_speculative_tokens": k}
+
+
+def test_first_drafts_equal_eagle3_computed_from_its_definition(target, tmp_path):
+    folder, config, reference = target
+    head = save_eagle3_head(tmp_path / "head", config, list(range(0, config.vocab_size, 97)), seed=1)
+    engine = LLMEngine(model=str(folder), max_model_len=128, block_size=16, speculative_config=spec(head))
+    engine.add_request("r", PROMPT, SamplingParams(max_tokens=12, temperature=0))
+    for _ in range(3):  # the prompt, then two verified steps (whatever they accepted)
+        engine.step()
+        seq = engine.scheduler.running[0]
+        assert seq.draft is not None
+        assert seq.draft.token_ids[0] == reference_first_draft(reference, head, seq.all_token_ids)
+
+
+@pytest.mark.parametrize("constant", [False, True])
+def test_greedy_output_is_the_targets_whatever_the_drafts(target, tmp_path, constant):
+    folder, config, reference = target
+    expected = reference.generate(torch.tensor([PROMPT]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                                  pad_token_id=0)[0, len(PROMPT):].tolist()
+    favourite = max(set(expected), key=expected.count)
+    # the constant head has one token, the target's commonest: it drafts it whatever the context
+    ids = [favourite] if constant else list(range(0, config.vocab_size, 89))
+    head = save_eagle3_head(tmp_path / "head", config, ids, seed=2)
+    llm = LLM(str(folder), max_model_len=128, speculative_config=spec(head, 4))
+    out = llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=24, ignore_eos=True, temperature=0))
+    assert list(out[0].outputs[0].token_ids) == expected
+    stats = llm.engine.speculator.stats
+    assert stats.num_drafts > 0
+    if constant and expected.count(favourite) > len(expected) // 3:
+        assert stats.num_accepted_tokens > 0  # the chain and its partial acceptance were exercised
+
+
+def test_eagle_1_and_mtp_are_refused_by_name():
+    from llmctl.engine.spec_decode.config import parse_speculative_config
+
+    for method in ("eagle", "mtp"):
+        with pytest.raises(SpeculativeConfigError, match="not in llmctl yet"):
+            parse_speculative_config({"method": method, "model": "x", "num_speculative_tokens": 2})
