@@ -154,8 +154,9 @@ class DeepseekForCausalLM(MixtureOfExpertsForCausalLM):
     def __init__(self, spec: ModelSpec, hf_config: Any, shard=None) -> None:
         super().__init__(spec, hf_config, shard)
         if spec.mtp_layers and self.shard.is_first and self.shard.group.rank == 0:
-            logger.info("config.json names %d multi-token-prediction layer(s): llmctl does not run them (their "
-                        "tensors, where the checkpoint has them, are skipped)", spec.mtp_layers)
+            logger.info("config.json names %d multi-token-prediction layer(s): the model runs without them; "
+                        "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 1}' drafts with the "
+                        "first", spec.mtp_layers)
 
     @staticmethod
     def routing_for(spec: ModelSpec, hf_config: Any) -> Routing:

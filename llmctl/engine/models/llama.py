@@ -157,6 +157,8 @@ class LlamaForCausalLM(nn.Module):
         # EAGLE-3 (llmctl.engine.spec_decode.eagle3): the residual stream entering these layers, kept each step
         self.aux_layers: tuple[int, ...] = ()
         self.aux_hidden: torch.Tensor | None = None  # [T, len(aux_layers) * hidden]
+        self.keep_last_hidden = False  # multi-token prediction (llmctl.engine.spec_decode.mtp): the output, kept
+        self.last_hidden: torch.Tensor | None = None
         self.qwen1 = spec.model_type == "qwen"
         if self.qwen1:
             self.supports_lora = False  # PEFT names q/k/v/o and gate/up/down; Qwen 1 fuses c_attn
@@ -185,7 +187,10 @@ class LlamaForCausalLM(nn.Module):
                 self.layers[index](x, ctx, index)
         if self.aux_layers:
             self.aux_hidden = torch.cat([aux[index] for index in self.aux_layers], dim=-1)
-        return self.norm(x) if self.norm is not None else x
+        out = self.norm(x) if self.norm is not None else x
+        if self.keep_last_hidden:
+            self.last_hidden = out
+        return out
 
     def _coded_step(self, ctx: StepContext, x: torch.Tensor) -> list[torch.Tensor] | None:
         """The step's attention arguments where every layer runs as one C++ call (coded_decode), else None."""

@@ -9,8 +9,8 @@ from typing import Any
 from llmctl.engine.errors import SpeculativeConfigError
 from llmctl.kernels.limits import SHORT_QUERY_LIMIT
 
-METHODS = ("ngram", "draft_model", "eagle3")
-LATER = {"eagle": "EAGLE-1/2 heads", "mtp": "multi-token prediction layers", "deepseek_mtp": "multi-token prediction layers"}
+METHODS = ("ngram", "draft_model", "eagle3", "mtp")
+LATER = {"eagle": "EAGLE-1/2 heads"}
 KNOWN_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",
               "disable_by_batch_size"}
 MAX_SPECULATIVE_TOKENS = SHORT_QUERY_LIMIT  # verification chunks stay on the C++ CPU attention kernel everywhere
@@ -18,7 +18,7 @@ MAX_SPECULATIVE_TOKENS = SHORT_QUERY_LIMIT  # verification chunks stay on the C+
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    method: str  # "ngram", "draft_model" or "eagle3"
+    method: str  # "ngram", "draft_model", "eagle3" or "mtp"
     num_speculative_tokens: int
     prompt_lookup_max: int = 0  # n-gram: longest suffix matched
     prompt_lookup_min: int = 0  # n-gram: shortest suffix matched
@@ -31,6 +31,8 @@ class SpeculativeConfig:
         if self.method == "ngram":
             what = (f"n-gram prompt lookup, up to {self.num_speculative_tokens} tokens per step "
                     f"(suffixes of {self.prompt_lookup_min}–{self.prompt_lookup_max} tokens)")
+        elif self.method == "mtp":
+            what = f"the checkpoint's multi-token-prediction layer, {self.num_speculative_tokens} chained tokens per step"
         elif self.method == "eagle3":
             what = f"EAGLE-3 head {self.model}, {self.num_speculative_tokens} chained tokens per step"
         else:
@@ -63,20 +65,7 @@ def parse_speculative_config(value: str | dict[str, Any] | SpeculativeConfig | N
     if unknown:
         raise SpeculativeConfigError(f"--speculative-config: unknown key(s) {', '.join(unknown)}; "
                                      f"llmctl reads {', '.join(sorted(KNOWN_KEYS))}")
-    model = value.get("model")
-    if model in ("[ngram]", "ngram"):
-        method, model = "ngram", None
-    else:
-        method = value.get("method") or ("draft_model" if model else None)
-    if method is None:
-        raise SpeculativeConfigError('--speculative-config needs "method": "ngram", or a draft "model"')
-    method = "draft_model" if method == "draft" else method
-    if method in LATER:
-        raise SpeculativeConfigError(f"--speculative-config: method {method!r} ({LATER[method]}) is not in llmctl yet; "
-                                     "use eagle3 (an EAGLE-3 head), draft_model or ngram")
-    if method not in METHODS:
-        raise SpeculativeConfigError(f"--speculative-config: method {method!r} is not supported; use ngram, "
-                                     "draft_model (a \"model\" of the same tokenizer) or eagle3 (an EAGLE-3 head)")
+    method, model = _method(value)
     k = _integer(value, "num_speculative_tokens", None)
     if k is None:
         raise SpeculativeConfigError("--speculative-config needs num_speculative_tokens (e.g. 4)")
@@ -90,6 +79,30 @@ def parse_speculative_config(value: str | dict[str, Any] | SpeculativeConfig | N
         if not isinstance(model, str) or not model:
             raise SpeculativeConfigError(f'--speculative-config: method {method} needs "model": a hub id or folder')
         return SpeculativeConfig(method, k, model=model, disable_by_batch_size=disable_by)
+    if method == "mtp":  # the layers ship in the target's checkpoint
+        return SpeculativeConfig(method, k, disable_by_batch_size=disable_by)
+    return _ngram(value, k, disable_by)
+
+
+def _method(value: dict[str, Any]) -> tuple[str, Any]:
+    """(the method, by vLLM's names and defaults; the "model" key's value)."""
+    model = value.get("model")
+    if model in ("[ngram]", "ngram"):
+        return "ngram", None
+    method = value.get("method") or ("draft_model" if model else None)
+    if method is None:
+        raise SpeculativeConfigError('--speculative-config needs "method": "ngram", or a draft "model"')
+    method = {"draft": "draft_model", "deepseek_mtp": "mtp"}.get(method, method)  # vLLM's older names
+    if method in LATER:
+        raise SpeculativeConfigError(f"--speculative-config: method {method!r} ({LATER[method]}) is not in llmctl yet; "
+                                     "use eagle3 (an EAGLE-3 head), mtp, draft_model or ngram")
+    if method not in METHODS:
+        raise SpeculativeConfigError(f"--speculative-config: method {method!r} is not supported; use ngram, "
+                                     "draft_model (a \"model\" of the same tokenizer), eagle3 (an EAGLE-3 head) or mtp")
+    return method, model
+
+
+def _ngram(value: dict[str, Any], k: int, disable_by: int | None) -> SpeculativeConfig:
     low, high = _integer(value, "prompt_lookup_min", None), _integer(value, "prompt_lookup_max", None)
     if low is None and high is None:
         low = high = 5

@@ -19,8 +19,7 @@ from llmctl.engine.layers.activations import silu_and_mul
 from llmctl.engine.layers.norms import RMSNorm
 from llmctl.engine.layers.positions import RotaryEmbedding
 from llmctl.engine.models.common import StepContext
-
-HEAD_LAYER = 0  # the head's one attention layer, as its KV cache is keyed
+from llmctl.engine.spec_decode.hidden_proposer import HEAD_LAYER
 
 
 @dataclass(frozen=True)

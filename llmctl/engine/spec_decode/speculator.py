@@ -13,7 +13,9 @@ from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.core.step_messages import StepBatch
 from llmctl.engine.spec_decode.config import SpeculativeConfig
 from llmctl.engine.spec_decode.draft_model import DraftModelProposer
-from llmctl.engine.spec_decode.eagle3 import Eagle3Proposer
+from llmctl.engine.spec_decode.eagle3 import eagle3_proposer
+from llmctl.engine.spec_decode.hidden_proposer import HiddenStateProposer
+from llmctl.engine.spec_decode.mtp import mtp_proposer
 from llmctl.engine.spec_decode.ngram import propose_ngram
 from llmctl.engine.spec_decode.proposal import Draft
 from llmctl.engine.spec_decode.stats import SpecDecodeStats
@@ -28,7 +30,9 @@ class Speculator:
         self.stats = SpecDecodeStats(spec_config.num_speculative_tokens)
         self.draft_model = DraftModelProposer(spec_config, config, target, generator) \
             if spec_config.method == "draft_model" else None
-        self.eagle3 = Eagle3Proposer(spec_config, config, target, generator) if spec_config.method == "eagle3" else None
+        self.hidden: HiddenStateProposer | None = \
+            eagle3_proposer(spec_config, config, target, generator) if spec_config.method == "eagle3" else \
+            mtp_proposer(config, target, generator) if spec_config.method == "mtp" else None
 
     @staticmethod
     def create(config: EngineConfig, target: LoadedModel, generator: torch.Generator) -> Speculator | None:
@@ -46,8 +50,8 @@ class Speculator:
     def observe(self, batch: StepBatch, sched: SchedulerOutput) -> None:
         if self.draft_model is not None:
             self.draft_model.observe(batch)
-        if self.eagle3 is not None:
-            self.eagle3.observe(batch, sched)
+        if self.hidden is not None:
+            self.hidden.observe(batch, sched)
 
     def propose(self, seqs: list[Sequence], num_running: int, block_manager: BlockManager) -> None:
         """Set `seq.draft` for the decoding sequences that can speculate on their next step
@@ -55,8 +59,8 @@ class Speculator:
         limit = self.config.disable_by_batch_size
         off = limit is not None and num_running >= limit
         ks = [0 if off else self._budget(seq) for seq in seqs]
-        if self.eagle3 is not None:  # its catch-up runs even when nothing is proposed: it keeps the head's KV
-            drafts = self.eagle3.propose(seqs, ks, block_manager)
+        if self.hidden is not None:  # its catch-up runs even when nothing is proposed: it keeps the head's KV
+            drafts = self.hidden.propose(seqs, ks, block_manager)
         elif off:
             drafts = [None] * len(seqs)
         elif self.draft_model is not None:

@@ -61,9 +61,10 @@ def test_greedy_output_is_the_targets_whatever_the_drafts(target, tmp_path, cons
         assert stats.num_accepted_tokens > 0  # the chain and its partial acceptance were exercised
 
 
-def test_eagle_1_and_mtp_are_refused_by_name():
+def test_eagle_1_heads_are_refused_by_name_and_mtp_on_a_model_without_mtp_layers(target):
     from llmctl.engine.spec_decode.config import parse_speculative_config
 
-    for method in ("eagle", "mtp"):
-        with pytest.raises(SpeculativeConfigError, match="not in llmctl yet"):
-            parse_speculative_config({"method": method, "model": "x", "num_speculative_tokens": 2})
+    with pytest.raises(SpeculativeConfigError, match="not in llmctl yet"):
+        parse_speculative_config({"method": "eagle", "model": "x", "num_speculative_tokens": 2})
+    with pytest.raises(SpeculativeConfigError, match="has none llmctl runs"):
+        LLM(str(target[0]), max_model_len=64, speculative_config={"method": "mtp", "num_speculative_tokens": 1})

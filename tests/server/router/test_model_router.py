@@ -50,10 +50,9 @@ def expected(folders, default_source, tokenizer, adapter):
     text of that one token, as logprobs name them."""
     from transformers import AutoModelForCausalLM
 
-    gguf = next(default_source.path.glob("*.gguf"), None) if default_source.path.is_dir() else default_source.path
+    gguf = default_source.gguf_path  # transformers' own GGUF reading, not llmctl's conversion
     models = {name: AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32) for name, folder in folders.items()}
-    models["smol"] = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32) \
-        if gguf is not None else AutoModelForCausalLM.from_pretrained(default_source.path, dtype=torch.float32)
+    models["smol"] = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     from peft import PeftModel
 
     models["sql"] = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folders["llama"], dtype=torch.float32),
