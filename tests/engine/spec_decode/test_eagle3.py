@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from helpers.eagle3_heads import reference_first_draft, save_eagle3_head
 from helpers.models import save_random_model
 from llmctl import LLM, SamplingParams
-from llmctl.engine.errors import SpeculativeConfigError
+from llmctl.engine.config import EngineConfig
+from llmctl.engine.errors import EngineConfigError, SpeculativeConfigError
 from llmctl.engine.front.llm_engine import LLMEngine
 
 PROMPT = [1, 450, 701, 112, 318, 9, 27, 88, 1000, 4, 5]
@@ -66,5 +67,7 @@ def test_eagle_1_heads_are_refused_by_name_and_mtp_on_a_model_without_mtp_layers
 
     with pytest.raises(SpeculativeConfigError, match="not in llmctl yet"):
         parse_speculative_config({"method": "eagle", "model": "x", "num_speculative_tokens": 2})
+    with pytest.raises(EngineConfigError, match="does not run with --speculative-config method eagle3"):
+        EngineConfig(speculative_config=spec("head"), async_scheduling=True).validate()
     with pytest.raises(SpeculativeConfigError, match="has none llmctl runs"):
         LLM(str(target[0]), max_model_len=64, speculative_config={"method": "mtp", "num_speculative_tokens": 1})
