@@ -154,7 +154,7 @@ class EngineConfig:
             raise EngineConfigError("--async-scheduling is for --pipeline-parallel-size 1: with more stages their "
                                     "batches in flight already keep every stage busy; drop one of the two flags")
         speculative = parse_speculative_config(self.speculative_config)
-        if self.async_scheduling and speculative is not None and speculative.method in ("eagle3", "mtp"):
+        if self.async_scheduling and speculative is not None and speculative.method in ("eagle", "eagle3", "mtp"):
             raise EngineConfigError(f"--async-scheduling does not run with --speculative-config method "
                                     f"{speculative.method} yet: its head reads the hidden states of the step just "
                                     "run, which async scheduling computes on another thread; drop one of the two")

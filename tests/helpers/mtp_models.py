@@ -1,7 +1,8 @@
-"""A tiny random DeepSeek-V3 with one multi-token-prediction layer in its checkpoint (DeepSeek's names:
-`model.layers.{num_hidden_layers}.{enorm,hnorm,eh_proj,shared_head.*}` and the layer's own attention and experts),
-and the MTP layer's first draft computed from its definition (vLLM's DeepSeekMultiTokenPredictorLayer) with
-transformers' own DeepseekV3DecoderLayer as its block and transformers' hidden states, no cache."""
+"""Tiny random DeepSeek-V3 and GLM-4.5 models with one multi-token-prediction layer in their checkpoints (the names
+both publish: `model.layers.{num_hidden_layers}.{enorm,hnorm,eh_proj,shared_head.*}` and the layer's own attention
+and experts), and the MTP layer's first draft computed from its definition (vLLM's DeepSeekMultiTokenPredictorLayer,
+Glm4MoeMultiTokenPredictorLayer) with transformers' own decoder layer of the family as its block and transformers'
+hidden states, no cache."""
 
 from __future__ import annotations
 
@@ -24,16 +25,39 @@ def tiny_v3_config(vocab: int):
                             routed_scaling_factor=2.5, num_nextn_predict_layers=1)
 
 
-def mtp_block(config):
-    """transformers' decoder layer in the MTP layer's place (index num_hidden_layers: experts, as DeepSeek-V3's)."""
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+def tiny_glm4_moe_config(vocab: int):
+    from transformers import Glm4MoeConfig
 
+    return Glm4MoeConfig(vocab_size=vocab, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         max_position_embeddings=256, partial_rotary_factor=0.5, attention_bias=True, use_qk_norm=True,
+                         n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=4, topk_group=2,
+                         norm_topk_prob=True, routed_scaling_factor=2.5, first_k_dense_replace=1,
+                         num_nextn_predict_layers=1)
+
+
+def _family(config):
+    """(transformers' decoder layer, rotary embedding) of the config's family."""
+    if config.model_type == "glm4_moe":
+        from transformers.models.glm4_moe import modeling_glm4_moe as glm
+
+        return glm.Glm4MoeDecoderLayer, glm.Glm4MoeRotaryEmbedding
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as v3
+
+    return v3.DeepseekV3DecoderLayer, v3.DeepseekV3RotaryEmbedding
+
+
+def mtp_block(config):
+    """transformers' decoder layer in the MTP layer's place (index num_hidden_layers: experts, as the releases')."""
     config._attn_implementation = "eager"
-    return DeepseekV3DecoderLayer(config, config.num_hidden_layers).eval()
+    return _family(config)[0](config, config.num_hidden_layers).eval()
 
 
 def save_v3_with_mtp(folder: Path, tokenizer) -> Path:
-    config = tiny_v3_config(len(tokenizer))
+    return save_with_mtp(tiny_v3_config(len(tokenizer)), folder, tokenizer)
+
+
+def save_with_mtp(config, folder: Path, tokenizer) -> Path:
     save_routed_moe(config, folder, tokenizer)
     torch.manual_seed(1)
     block, h, index = mtp_block(config), config.hidden_size, config.num_hidden_layers
@@ -76,8 +100,6 @@ def fused_experts(weights: dict[str, torch.Tensor], experts: int) -> dict[str, t
 def reference_first_draft(target, folder: Path, token_ids: list[int]) -> int:
     """The MTP layer's guess for the token after the next, from the target's final hidden states (as vLLM feeds
     it): position p reads (the embedding of token p + 1, zero at position 0; the target's state at p)."""
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
-
     config, index = target.config, target.config.num_hidden_layers
     weights = {name.removeprefix(f"model.layers.{index}."): t for name, t in
                load_file(str(folder / "model.safetensors")).items() if name.startswith(f"model.layers.{index}.")}
@@ -98,7 +120,7 @@ def reference_first_draft(target, folder: Path, token_ids: list[int]) -> int:
         positions = torch.arange(n)[None]
         mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
         out = block(x[None], attention_mask=mask, position_ids=positions,
-                    position_embeddings=DeepseekV3RotaryEmbedding(config)(x[None], positions))
+                    position_embeddings=_family(config)[1](config)(x[None], positions))
         out = out[0] if isinstance(out, tuple) else out
         logits = rms(out[0, -1], "shared_head.norm.weight") @ weights["shared_head.head.weight"].T
     return int(logits.argmax())

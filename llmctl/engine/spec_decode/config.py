@@ -9,8 +9,7 @@ from typing import Any
 from llmctl.engine.errors import SpeculativeConfigError
 from llmctl.kernels.limits import SHORT_QUERY_LIMIT
 
-METHODS = ("ngram", "draft_model", "eagle3", "mtp")
-LATER = {"eagle": "EAGLE-1/2 heads"}
+METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 KNOWN_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",
               "disable_by_batch_size"}
 MAX_SPECULATIVE_TOKENS = SHORT_QUERY_LIMIT  # verification chunks stay on the C++ CPU attention kernel everywhere
@@ -18,7 +17,7 @@ MAX_SPECULATIVE_TOKENS = SHORT_QUERY_LIMIT  # verification chunks stay on the C+
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    method: str  # "ngram", "draft_model", "eagle3" or "mtp"
+    method: str  # "ngram", "draft_model", "eagle", "eagle3" or "mtp"
     num_speculative_tokens: int
     prompt_lookup_max: int = 0  # n-gram: longest suffix matched
     prompt_lookup_min: int = 0  # n-gram: shortest suffix matched
@@ -33,8 +32,9 @@ class SpeculativeConfig:
                     f"(suffixes of {self.prompt_lookup_min}–{self.prompt_lookup_max} tokens)")
         elif self.method == "mtp":
             what = f"the checkpoint's multi-token-prediction layer, {self.num_speculative_tokens} chained tokens per step"
-        elif self.method == "eagle3":
-            what = f"EAGLE-3 head {self.model}, {self.num_speculative_tokens} chained tokens per step"
+        elif self.method in ("eagle", "eagle3"):
+            what = f"{'EAGLE-3' if self.method == 'eagle3' else 'EAGLE'} head {self.model}, " \
+                   f"{self.num_speculative_tokens} chained tokens per step"
         else:
             what = f"draft model {self.model}, {self.num_speculative_tokens} tokens per step"
         if self.disable_by_batch_size is not None:
@@ -75,7 +75,7 @@ def parse_speculative_config(value: str | dict[str, Any] | SpeculativeConfig | N
     disable_by = _integer(value, "disable_by_batch_size", None)
     if disable_by is not None and disable_by < 1:
         raise SpeculativeConfigError(f"--speculative-config: disable_by_batch_size must be at least 1, got {disable_by}")
-    if method in ("draft_model", "eagle3"):
+    if method in ("draft_model", "eagle", "eagle3"):
         if not isinstance(model, str) or not model:
             raise SpeculativeConfigError(f'--speculative-config: method {method} needs "model": a hub id or folder')
         return SpeculativeConfig(method, k, model=model, disable_by_batch_size=disable_by)
@@ -93,12 +93,9 @@ def _method(value: dict[str, Any]) -> tuple[str, Any]:
     if method is None:
         raise SpeculativeConfigError('--speculative-config needs "method": "ngram", or a draft "model"')
     method = {"draft": "draft_model", "deepseek_mtp": "mtp"}.get(method, method)  # vLLM's older names
-    if method in LATER:
-        raise SpeculativeConfigError(f"--speculative-config: method {method!r} ({LATER[method]}) is not in llmctl yet; "
-                                     "use eagle3 (an EAGLE-3 head), mtp, draft_model or ngram")
     if method not in METHODS:
         raise SpeculativeConfigError(f"--speculative-config: method {method!r} is not supported; use ngram, "
-                                     "draft_model (a \"model\" of the same tokenizer), eagle3 (an EAGLE-3 head) or mtp")
+                                     "draft_model (a \"model\" of the same tokenizer), eagle or eagle3 (an EAGLE head) or mtp")
     return method, model
 
 

@@ -1,8 +1,9 @@
-"""DeepSeek-V3's multi-token-prediction layer as the drafter (--speculative-config '{"method": "mtp",
-"num_speculative_tokens": k}'; vLLM's older "deepseek_mtp" too), read from the target's own checkpoint
-(`model.layers.{num_hidden_layers}.*`) and run as vLLM runs it: the token's embedding (zero at position 0) and the
-target's final hidden state, each normed (`enorm`, `hnorm`), joined by `eh_proj`, through one more decoder layer of
-the target's kind (latent attention, mixture of experts) with its own KV cache, then `shared_head` (norm, LM head).
+"""The multi-token-prediction layer of DeepSeek-V3 (and its kind: Kimi K2) or GLM-4.5 as the drafter
+(--speculative-config '{"method": "mtp", "num_speculative_tokens": k}'; vLLM's older "deepseek_mtp" too), read
+from the target's own checkpoint (`model.layers.{num_hidden_layers}.*`, the same names in both) and run as vLLM
+runs both: the token's embedding (zero at position 0) and the target's final hidden state, each normed (`enorm`,
+`hnorm`), joined by `eh_proj`, through one more decoder layer of the target's kind (latent attention or GLM's
+attention, mixture of experts) with its own KV cache, then `shared_head` (norm, LM head).
 Chained drafts reuse the layer on its own output (vLLM does the same with one MTP layer); the hidden-state proposer
 (llmctl.engine.spec_decode.hidden_proposer) drives it."""
 
@@ -21,10 +22,11 @@ from llmctl.engine.layers.attention import KVCache
 from llmctl.engine.layers.norms import RMSNorm
 from llmctl.engine.models.common import StepContext, Target, layer_index, load_checkpoint
 from llmctl.engine.spec_decode.hidden_proposer import HEAD_LAYER, HiddenStateProposer
-from llmctl.engine.worker.kv_cache import token_shape
 from llmctl.engine.worker.loaded_model import LoadedModel
 
 logger = logging.getLogger("llmctl.engine")
+FAMILIES = ("glm4_moe",)  # beside DeepSeek's latent-attention models
+LATER = {"qwen3_next": "Qwen3-Next's MTP layer (`mtp.*`, drafting beside a hybrid of linear and full attention) is"}
 OWN = {"enorm.weight": "enorm.weight", "hnorm.weight": "hnorm.weight", "eh_proj.weight": "eh_proj.weight",
        "shared_head.norm.weight": "shared_head_norm.weight", "shared_head.head.weight": "shared_head.weight"}
 
@@ -56,18 +58,19 @@ class MtpLayer(nn.Module):
 
 def mtp_proposer(config: EngineConfig, target: LoadedModel, generator: torch.Generator) -> HiddenStateProposer:
     spec, model = target.spec, target.model
-    if not spec.mtp_layers or not hasattr(model, "keep_last_hidden") or spec.attention.kind != "MLA":
-        raise SpeculativeConfigError(f"--speculative-config method mtp reads DeepSeek-V3's multi-token-prediction "
-                                     f"layers; {spec.model_type} has none llmctl runs (config.json's "
-                                     "num_nextn_predict_layers, a DeepSeek-V3 architecture)")
+    if spec.model_type in LATER:
+        raise SpeculativeConfigError(f"--speculative-config method mtp: {LATER[spec.model_type]} not in llmctl yet")
+    if not spec.mtp_layers or not hasattr(model, "keep_last_hidden") or \
+            not (spec.attention.kind == "MLA" or spec.model_type in FAMILIES):
+        raise SpeculativeConfigError(f"--speculative-config method mtp reads the multi-token-prediction layers of "
+                                     f"DeepSeek-V3 and GLM-4.5 checkpoints; {spec.model_type} has none llmctl runs "
+                                     "(config.json's num_nextn_predict_layers)")
     if spec.quantization is not None:
         raise SpeculativeConfigError("method mtp reads unquantized checkpoints so far; this one is "
                                      f"{spec.quantization.method}")
     layer = _load_layer(config, target)
     setattr(model, "keep_last_hidden", True)  # noqa: B010 — the target keeps its final hidden states each step
-    cache_dtype = next(iter(target.kv_caches.values())).kv.dtype
-    cache = KVCache(torch.zeros((target.kv_pool.num_blocks, config.block_size, *token_shape(spec, 1)),
-                                dtype=cache_dtype, device=target.device))
+    cache = KVCache(torch.zeros_like(next(iter(target.kv_caches.values())).kv))  # one more layer of the target's kind
     return HiddenStateProposer(layer, cache, target, lambda: model.last_hidden, config.block_size, generator)
 
 
@@ -81,6 +84,11 @@ def _load_layer(config: EngineConfig, target: LoadedModel) -> MtpLayer:
         raise SpeculativeConfigError("the MTP layer's decoder block has no layer of its kind in the target")
     block_index = kind[-1]
     layer = MtpLayer(model, target.hf_config, block_index)
+    tensors = list(iterate_tensors(target.source.path, target.dtype, config.allow_pickle_weights))
+    if not any(layer_index(t.name, "layers.") == mtp_index for t in tensors):
+        raise SpeculativeConfigError(f"config.json names {spec.mtp_layers} multi-token-prediction layer(s) but the "
+                                     f"checkpoint ships no model.layers.{mtp_index}.* tensors: use a checkpoint "
+                                     "with its MTP weights, or another speculative method")
 
     def targets(name: str) -> list[Target]:
         if layer_index(name, "layers.") != mtp_index:
@@ -93,8 +101,9 @@ def _load_layer(config: EngineConfig, target: LoadedModel) -> MtpLayer:
         return [Target("block." + t.path.removeprefix(f"layers.{block_index}."), t.part, t.offset)
                 for t in model.targets(f"model.layers.{block_index}.{rest}")]
 
-    load_checkpoint(layer, iterate_tensors(target.source.path, target.dtype, config.allow_pickle_weights), targets)
+    load_checkpoint(layer, tensors, targets)
     layer.to(device=target.device, dtype=target.dtype)
-    logger.info("multi-token prediction: layer %d of %s drafts (its block: latent attention, %s)", mtp_index,
-                target.source.name, "experts" if moe else "a dense MLP")
+    logger.info("multi-token prediction: layer %d of %s drafts (its block: %s attention, %s)", mtp_index,
+                target.source.name, "latent" if spec.attention.kind == "MLA" else "grouped-query",
+                "experts" if moe else "a dense MLP")
     return layer

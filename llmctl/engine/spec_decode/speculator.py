@@ -13,6 +13,7 @@ from llmctl.engine.core.sequence import Sequence
 from llmctl.engine.core.step_messages import StepBatch
 from llmctl.engine.spec_decode.config import SpeculativeConfig
 from llmctl.engine.spec_decode.draft_model import DraftModelProposer
+from llmctl.engine.spec_decode.eagle import eagle_proposer
 from llmctl.engine.spec_decode.eagle3 import eagle3_proposer
 from llmctl.engine.spec_decode.hidden_proposer import HiddenStateProposer
 from llmctl.engine.spec_decode.mtp import mtp_proposer
@@ -31,6 +32,7 @@ class Speculator:
         self.draft_model = DraftModelProposer(spec_config, config, target, generator) \
             if spec_config.method == "draft_model" else None
         self.hidden: HiddenStateProposer | None = \
+            eagle_proposer(spec_config, config, target, generator) if spec_config.method == "eagle" else \
             eagle3_proposer(spec_config, config, target, generator) if spec_config.method == "eagle3" else \
             mtp_proposer(config, target, generator) if spec_config.method == "mtp" else None
 

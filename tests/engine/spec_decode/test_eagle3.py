@@ -62,11 +62,7 @@ def test_greedy_output_is_the_targets_whatever_the_drafts(target, tmp_path, cons
         assert stats.num_accepted_tokens > 0  # the chain and its partial acceptance were exercised
 
 
-def test_eagle_1_heads_are_refused_by_name_and_mtp_on_a_model_without_mtp_layers(target):
-    from llmctl.engine.spec_decode.config import parse_speculative_config
-
-    with pytest.raises(SpeculativeConfigError, match="not in llmctl yet"):
-        parse_speculative_config({"method": "eagle", "model": "x", "num_speculative_tokens": 2})
+def test_refusals_with_async_scheduling_and_mtp_on_a_model_without_mtp_layers(target):
     with pytest.raises(EngineConfigError, match="does not run with --speculative-config method eagle3"):
         EngineConfig(speculative_config=spec("head"), async_scheduling=True).validate()
     with pytest.raises(SpeculativeConfigError, match="has none llmctl runs"):

@@ -1,7 +1,8 @@
-"""DeepSeek-V3's multi-token prediction (--speculative-config method mtp) on a tiny random DeepSeek-V3 whose
-checkpoint carries one MTP layer in DeepSeek's names: the layer's first draft after a prompt, and after verified
-steps, equals the layer computed from its definition (transformers' own DeepseekV3DecoderLayer as its block,
-transformers' hidden states, no cache); greedy output equals transformers' without speculation."""
+"""Multi-token prediction (--speculative-config method mtp) on tiny random DeepSeek-V3 and GLM-4.5 models whose
+checkpoints carry one MTP layer in the published names: the layer's first draft after a prompt, and after verified
+steps, equals the layer computed from its definition (transformers' own decoder layer of the family as its block,
+transformers' hidden states, no cache); greedy output equals transformers' without speculation; a checkpoint whose
+config names an MTP layer it does not ship is refused by what is missing."""
 
 from __future__ import annotations
 
@@ -9,17 +10,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from helpers.mtp_models import reference_first_draft, save_v3_with_mtp
+from helpers.families import save_routed_moe
+from helpers.mtp_models import reference_first_draft, save_with_mtp, tiny_glm4_moe_config, tiny_v3_config
 from llmctl import LLM, SamplingParams
+from llmctl.engine.errors import SpeculativeConfigError
 from llmctl.engine.front.llm_engine import LLMEngine
 
 PROMPT = [1, 450, 701, 112, 318, 9, 27, 88, 1000, 4, 5]
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory, tokenizer):
-    folder = save_v3_with_mtp(tmp_path_factory.mktemp("mtp") / "v3", tokenizer)
+@pytest.fixture(scope="module", params=[tiny_v3_config, tiny_glm4_moe_config], ids=["deepseek_v3", "glm4_moe"])
+def target(tmp_path_factory, tokenizer, request):
+    folder = save_with_mtp(request.param(len(tokenizer)), tmp_path_factory.mktemp("mtp") / "model", tokenizer)
     return folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
 
 
@@ -42,3 +45,9 @@ def test_greedy_output_is_the_targets(target):
     out = llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=16, ignore_eos=True, temperature=0))
     assert list(out[0].outputs[0].token_ids) == expected
     assert llm.engine.speculator.stats.num_drafts > 0
+
+
+def test_a_config_naming_an_mtp_layer_its_checkpoint_lacks_is_refused(tmp_path, tokenizer):
+    folder = save_routed_moe(tiny_glm4_moe_config(len(tokenizer)), tmp_path / "glm", tokenizer)  # no layer 3 saved
+    with pytest.raises(SpeculativeConfigError, match=r"ships no model\.layers\.3\.\* tensors"):
+        LLM(str(folder), max_model_len=64, speculative_config=MTP)

@@ -1,0 +1,55 @@
+"""EAGLE-1/2 heads (--speculative-config method eagle) in EAGLE's published layout on a random 6-layer Llama: the
+head's first draft after a prompt and after verified steps equals EAGLE computed from its definition (transformers'
+one-layer LlamaModel over transformers' final hidden states, no cache), and the greedy output equals transformers'
+without speculation; a head for another model is refused by what differs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from helpers.eagle_heads import reference_first_draft, save_eagle_head
+from helpers.models import save_random_model
+from llmctl import LLM, SamplingParams
+from llmctl.engine.errors import SpeculativeConfigError
+from llmctl.engine.front.llm_engine import LLMEngine
+
+PROMPT = [1, 450, 701, 112, 318, 9, 27, 88, 1000, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory, tokenizer):
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=96, intermediate_size=128, num_hidden_layers=6,
+                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512)
+    folder = save_random_model(config, tmp_path_factory.mktemp("eagle") / "target", tokenizer)
+    return folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("para_norm", [False, True], ids=["eagle", "hass"])
+def test_drafts_equal_eagle_from_its_definition_and_output_the_targets(target, tmp_path, para_norm):
+    folder, reference = target
+    head = save_eagle_head(tmp_path / "head", folder, seed=3, para_norm=para_norm)
+    expected = reference.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                                  pad_token_id=0)[0, len(PROMPT):].tolist()
+    spec = {"method": "eagle", "model": str(head), "num_speculative_tokens": 3}
+    engine = LLMEngine(model=str(folder), max_model_len=128, block_size=16, speculative_config=spec)
+    engine.add_request("r", PROMPT, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    checked, final = 0, None
+    while engine.has_unfinished_requests:
+        final = next((out for out in engine.step() if out.finished), final)
+        running = engine.scheduler.running
+        if running and running[0].draft is not None:
+            seq = running[0]
+            assert seq.draft.token_ids[0] == reference_first_draft(reference, head, seq.all_token_ids)
+            checked += 1
+    assert checked >= 3
+    assert final is not None and list(final.outputs[0].token_ids) == expected
+
+
+def test_a_head_for_another_model_is_refused_by_what_differs(target, tmp_path):
+    folder, _ = target
+    head = save_eagle_head(tmp_path / "head", folder, seed=4, num_key_value_heads=6)
+    with pytest.raises(SpeculativeConfigError, match="num_key_value_heads 6, the target 2: is it a head for this model"):
+        LLM(str(folder), max_model_len=64, speculative_config={"method": "eagle", "model": str(head),
+                                                                "num_speculative_tokens": 2})
