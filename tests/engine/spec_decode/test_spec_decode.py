@@ -66,7 +66,7 @@ def test_speculative_config_follows_vllms_keys_and_defaults():
     ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 2}',
      "prompt_lookup_min ≤ prompt_lookup_max"),
     ('{"method": "medusa", "num_speculative_tokens": 4}', "not supported"),
-    ('{"method": "eagle", "num_speculative_tokens": 4}', "not in llmctl yet"),
+    ('{"method": "eagle", "num_speculative_tokens": 4}', 'method eagle needs "model"'),
     ('{"method": "draft_model", "num_speculative_tokens": 4}', 'needs "model"'),
     ('{"method": "ngram", "num_speculative_tokens": 4, "lookahead": 2}', "unknown key(s) lookahead"),
     ('{"num_speculative_tokens": 4}', 'needs "method"'),
