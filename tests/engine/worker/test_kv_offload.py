@@ -19,6 +19,8 @@ from llmctl.server.metrics import ServerMetrics
 
 BLOCK_BYTES = 16 * 2 * 2 * 2 * 16 * 4  # tokens · layers · (K, V) · KV heads · head dim · float32 (small_config)
 GREEDY = SamplingParams(max_tokens=6, temperature=0)
+ON_A_GPU = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                          reason="the copy stream needs a CUDA GPU")])
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +38,18 @@ def conversations(llm: LLM) -> tuple[list[list[int]], list[list[int]]]:
                                                          for p in second]
 
 
-def test_second_turns_load_their_prefix_from_the_cpu_tier_and_keep_transformers_tokens(folder):
+@pytest.mark.parametrize("device", ["cpu", ON_A_GPU])
+def test_second_turns_load_their_prefix_from_the_cpu_tier_and_keep_transformers_tokens(folder, device):
+    """On a GPU the copies run on the tier's own stream (pinned host memory), the same checks hold."""
     from transformers import AutoModelForCausalLM
 
     pool = 16 * BLOCK_BYTES  # one conversation's blocks, not two
-    llm = LLM(str(folder), max_model_len=256, kv_cache_memory=pool, kv_offloading_size=64 * BLOCK_BYTES / 2**30)
+    engine = {"max_model_len": 256, "kv_cache_memory": pool, "device": device, "dtype": "float32"}
+    llm = LLM(str(folder), kv_offloading_size=64 * BLOCK_BYTES / 2**30, **engine)
+    assert (llm.engine.loaded.host_kv.stream is not None) == (device == "cuda")
     second, tokens = conversations(llm)
     stats = llm.engine.stats()
-    plain = LLM(str(folder), max_model_len=256, kv_cache_memory=pool)
+    plain = LLM(str(folder), **engine)
     _, plain_tokens = conversations(plain)
     plain_stats = plain.engine.stats()
     assert tokens == plain_tokens
