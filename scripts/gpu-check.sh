@@ -53,7 +53,8 @@ for part in ${GPU_CHECK_PARTS:-step compile kernels tiles gemv e2e tests}; do
             tests/engine/worker/test_gpu_memory_budget.py tests/engine/models/test_engine_models.py \
             tests/engine/lora/test_lora.py::test_adapters_through_the_cuda_graph_buffers_equal_transformers_with_peft \
             tests/engine/models/test_mamba2.py::test_mamba2_decodes_through_the_cuda_graph_buffers \
-            tests/engine/worker/test_kv_offload.py 2>&1 | tee "$OUT_DIR/tests.log"
+            tests/engine/worker/test_kv_offload.py tests/engine/spec_decode/test_eagle.py \
+            tests/engine/spec_decode/test_eagle3.py::test_first_drafts_equal_eagle3_computed_from_its_definition 2>&1 | tee "$OUT_DIR/tests.log"
         tests=${PIPESTATUS[0]} ;;
     *) echo "gpu-check: no part named '$part' (parts: step compile kernels tiles gemv e2e tests)" >&2; exit 2 ;;
     esac

@@ -71,10 +71,11 @@ class LocalExecutor:
         self.rank_memory = [(self.loaded.weights_bytes, self.loaded.kv_cache_bytes)]
         self._ready: deque[StepLogits] = deque()
         self.sleeper = Sleeper(self.loaded, lambda: read_weights_again(self.loaded, config),
-                               lambda: self._capture_again(config)) if config.enable_sleep_mode else None
+                               lambda: self.capture_again(config)) if config.enable_sleep_mode else None
 
-    def _capture_again(self, config: EngineConfig) -> None:
-        """After waking: CUDA graphs hold the addresses of storage made again (CPUs kept theirs)."""
+    def capture_again(self, config: EngineConfig) -> None:
+        """CUDA graphs captured again: after waking (they hold the addresses of storage made again; CPUs kept
+        theirs), or once a speculative head has the model keep hidden states (the first capture kept none)."""
         if self.runner.graphs is not None and self.runner.graphs.graphs:
             self.runner.graphs = step_graphs(self.loaded, config)
 

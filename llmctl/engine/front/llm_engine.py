@@ -102,6 +102,8 @@ class LLMEngine:
             self.scheduler.encoder = EncoderScheduler(self.loaded.max_num_batched_tokens)
         generator = torch.Generator().manual_seed(config.seed)
         self.speculator = Speculator.create(config, self.loaded, generator)
+        if self.speculator is not None and self.speculator.hidden is not None and hasattr(self.executor, "capture_again"):
+            self.executor.capture_again(config)  # the target's graphs now keep the hidden states the head reads
         self.structured = StructuredOutputManager(
             self.tokenizer, self.loaded.spec.vocab_size, self.loaded.eos_token_ids,
             config.structured_outputs,

@@ -18,6 +18,9 @@ Models with recurrent layers (Mamba, Mamba2, gated DeltaNet) get one more static
 read on the device by the in-place decode kernels (padding rows: slot -1, which they skip); a step where a
 sequence's state starts fresh (a one-token prompt) runs eagerly, as the state is zeroed first.
 
+A speculative head that reads the target's hidden states (EAGLE, EAGLE-3, MTP) gets them from the graph just
+replayed: each graph keeps the tensors its capture wrote them to (KEPT_STATES).
+
 Only the `triton` attention backend can be captured (the `torch` backend groups sequences
 on the host), and not with pipeline stages (hidden states arrive from another process) or
 MoE experts exchanged across data-parallel replicas. Prefill and mixed steps run eagerly.
@@ -106,6 +109,7 @@ class StepGraphs:
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.kept: dict[tuple[int, int], dict[str, torch.Tensor]] = {}  # per graph: its hidden states a head reads
         if capture:
             self._capture_all()
 
@@ -158,6 +162,8 @@ class StepGraphs:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self.outputs[shape] = self._forward(shape)
+            self.kept[shape] = {name: getattr(self.model, name) for name in KEPT_STATES
+                                if getattr(self.model, name, None) is not None}
             pool = graph.pool()
             self.graphs[shape] = graph
         torch.cuda.synchronize(self.device)
@@ -176,6 +182,8 @@ class StepGraphs:
             fill_placeholders(batch, self.input_ids)
         if self.graphs:
             self.graphs[shape].replay()
+            for name, static in self.kept[shape].items():  # what eager forwards set, the graph wrote here
+                setattr(self.model, name, static[:batch.num_tokens])
             return self.outputs[shape][:batch.num_tokens]
         return self._forward(shape)[:batch.num_tokens]
 
@@ -216,6 +224,9 @@ class StepGraphs:
                 static_tables[:size].copy_(_padded_tables(lists, size, static_tables.shape[1]))
             else:  # padding rows keep earlier block ids: valid, and masked (nothing stored, outputs dropped)
                 static_tables[:count, :gathered.shape[1]].copy_(gathered)
+
+
+KEPT_STATES = ("last_hidden", "aux_hidden")  # a speculative head's inputs (llmctl.engine.spec_decode.hidden_proposer)
 
 
 def _states_decode_in_place(loaded: LoadedModel) -> bool:

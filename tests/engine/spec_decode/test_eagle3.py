@@ -32,10 +32,15 @@ def spec(head, k: int = 3) -> dict:
     return {"method": "eagle3", "model": str(head), "num_speculative_tokens": k}
 
 
-def test_first_drafts_equal_eagle3_computed_from_its_definition(target, tmp_path):
+@pytest.mark.parametrize("captured", [False, pytest.param(True, marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")])])
+def test_first_drafts_equal_eagle3_computed_from_its_definition(target, tmp_path, captured):
+    """`captured`: the target's uniform steps replay CUDA graphs; the head reads the states the graph kept."""
     folder, config, reference = target
     head = save_eagle3_head(tmp_path / "head", config, list(range(0, config.vocab_size, 97)), seed=1)
-    engine = LLMEngine(model=str(folder), max_model_len=128, block_size=16, speculative_config=spec(head))
+    graphs = {"attention_backend": "triton", "dtype": "float32", "device": "cuda"} if captured else {}
+    engine = LLMEngine(model=str(folder), max_model_len=128, block_size=16, speculative_config=spec(head), **graphs)
+    assert not captured or engine.executor.runner.graphs.graphs
     engine.add_request("r", PROMPT, SamplingParams(max_tokens=12, temperature=0))
     for _ in range(3):  # the prompt, then two verified steps (whatever they accepted)
         engine.step()
