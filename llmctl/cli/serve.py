@@ -63,6 +63,10 @@ ModelsOpt = Annotated[Optional[list[str]], typer.Option(
 MaxLoadedModelsOpt = Annotated[int, typer.Option(
     "--max-loaded-models", help="with --models: most models loaded at once; the least recently used idle one is "
                                 "unloaded to make room")]
+ModelSleepLevelOpt = Annotated[int, typer.Option(
+    "--model-sleep-level", help="with --models: put the least recently used idle model to sleep at this level "
+                                "(vLLM's sleep mode: 1 keeps its weights in CPU memory, 2 reads them again on waking) "
+                                "instead of stopping its server; it wakes on its next request. 0: stop it")]
 ModelLoadTimeoutOpt = Annotated[float, typer.Option(
     "--model-load-timeout", help="with --models: seconds a request waits for its model to load (503 after)")]
 NoStatsLogOpt = Annotated[bool, typer.Option(
@@ -99,6 +103,7 @@ def serve(
     models: ModelsOpt = None,
     max_loaded_models: MaxLoadedModelsOpt = 4,
     model_load_timeout: ModelLoadTimeoutOpt = 600.0,
+    model_sleep_level: ModelSleepLevelOpt = 0,
     *,
     listener: Listener,
     engine_flags: EngineFlags,
@@ -115,7 +120,7 @@ def serve(
     config.validate()
     if models:
         raise typer.Exit(_route(models, model, served_model_name, listener, max_loaded_models, model_load_timeout,
-                                api_key))
+                                api_key, model_sleep_level))
     adapters = _lora_adapters(lora_modules or [], allow_runtime_lora_updating, config.enable_lora)
     if run_torchrun_worker_if_not_driver(config):  # torchrun rank > 0: a worker, no HTTP server
         return
@@ -133,13 +138,13 @@ def serve(
 
 
 def _route(models: list[str], model: str | None, served_model_name: list[str] | None, listener: Listener,
-           max_loaded: int, load_timeout: float, api_key: str | None) -> int:
+           max_loaded: int, load_timeout: float, api_key: str | None, sleep_level: int) -> int:
     from llmctl.server.router.run import serve_router
 
     if model or served_model_name:
         raise LlmctlError("--models names every model it serves: leave out the MODEL argument and "
                           "--served-model-name")
-    return serve_router(models, listener, max_loaded, load_timeout, api_key)
+    return serve_router(models, listener, max_loaded, load_timeout, api_key, sleep_level)
 
 
 def _lora_adapters(values: list[str], runtime_updates: bool, enable_lora: bool) -> list:

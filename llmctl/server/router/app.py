@@ -1,5 +1,5 @@
 """The router's HTTP front: GET /v1/models lists every routed model with its state (llama.cpp's router shape:
-`status.value` loaded, loading, unloaded or failed); POST /models/load and /models/unload (llama.cpp's) load or
+`status.value` loaded, loading, sleeping, unloaded or failed); POST /models/load and /models/unload (llama.cpp's) load or
 stop one by name; every other POST is answered by the model its JSON body's `model` names, proxied to that model's
 server with the body, query and headers as they came, its answer (a stream too) passed back as it is made."""
 

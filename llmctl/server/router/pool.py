@@ -1,23 +1,29 @@
 """Which routed models run: a request's model is loaded on first use (requests for a model being loaded wait for
 it, up to the load timeout); when --max-loaded-models are running, the least recently used one without requests
-in flight is stopped first (one that is busy is waited for, within the same bound)."""
+in flight is stopped first, or put to sleep with --model-sleep-level (one that is busy is waited for, within the
+same bound). A sleeping model counts against no budget and is woken on its next use."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
+
+import httpx
 
 from llmctl.server.protocol import APIError
 from llmctl.server.router.catalog import RoutedModel
 from llmctl.server.router.model_process import ModelProcess
 
+logger = logging.getLogger("llmctl.server")
+
 
 class ModelPool:
     def __init__(self, models: list[RoutedModel], shared_flags: tuple[str, ...], max_loaded: int,
-                 load_timeout: float) -> None:
-        self.processes = {model.name: ModelProcess(model, shared_flags) for model in models}
+                 load_timeout: float, sleep_level: int = 0) -> None:
+        self.processes = {model.name: ModelProcess(model, shared_flags, sleep_level) for model in models}
         self.routes = {name: model.name for model in models for name in (model.name, *model.adapters)}
         self.max_loaded, self.load_timeout = max_loaded, load_timeout
         self._lock = asyncio.Lock()  # one decision at a time about what runs
@@ -59,7 +65,7 @@ class ModelPool:
             process.last_used = time.monotonic()
 
     async def _make_room(self, wanted: ModelProcess) -> bool:
-        """Stop least recently used idle models until `wanted` fits; False when every running one is busy."""
+        """Put away least recently used idle models until `wanted` fits; False when every running one is busy."""
         while True:
             running = [p for p in self.processes.values() if p.state in ("loaded", "loading") and p is not wanted]
             if len(running) < self.max_loaded:
@@ -67,7 +73,7 @@ class ModelPool:
             idle = [p for p in running if p.state == "loaded" and p.in_flight == 0]
             if not idle:
                 return False
-            await min(idle, key=lambda p: p.last_used).stop()
+            await _put_away(min(idle, key=lambda p: p.last_used))
 
     async def unload(self, name: str) -> None:
         process = self.process_for(name)
@@ -79,6 +85,17 @@ class ModelPool:
 
     async def shutdown(self) -> None:
         await asyncio.gather(*(process.stop() for process in self.processes.values()))
+
+
+async def _put_away(process: ModelProcess) -> None:
+    """Asleep with a sleep level (stopped if its server will not sleep), else stopped."""
+    if process.sleep_level:
+        try:
+            await process.sleep()
+            return
+        except (httpx.HTTPError, RuntimeError) as exc:
+            logger.warning("%s did not go to sleep (%s): stopping it instead", process.model.name, exc)
+    await process.stop()
 
 
 async def _wait(event: asyncio.Event, deadline: float) -> None:

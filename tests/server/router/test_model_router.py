@@ -2,7 +2,8 @@
 the default model's GGUF served dequantized) and --max-loaded-models 2: each answers with transformers' greedy
 tokens, whichever order the requests come in, and a LoRA adapter of one with peft's; concurrent requests during a load all complete; the third model's
 first request unloads the least recently used one (seen in /v1/models, llama.cpp's router's status field) and a
-later request for it loads it again; unknown or missing models are OpenAI-shaped errors; streams pass through."""
+later request for it loads it again; with --model-sleep-level the idle model sleeps and is woken instead; unknown or
+missing models are OpenAI-shaped errors; streams pass through."""
 
 from __future__ import annotations
 
@@ -102,3 +103,20 @@ def test_streams_pass_through_and_bad_model_names_are_openai_errors(router, expe
     assert "llama, sql, mistral, smol" in unknown.json()["error"]["message"]
     missing = httpx.post(f"{router.url}/v1/completions", json={"prompt": "hi"})
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "model"
+
+
+def test_with_a_sleep_level_the_least_recently_used_sleeps_and_wakes_instead(folders, expected):
+    """--model-sleep-level 2: the idle model's server sleeps (its weights dropped, read again on waking) rather than
+    stopping; the next request wakes it — the same process, loaded once — and it answers as before."""
+    server = start_server("--models", f"llama={folders['llama']}", "--models", f"mistral={folders['mistral']}",
+                          "--max-loaded-models", "1", "--model-sleep-level", "2", "--max-model-len", "128",
+                          "--disable-log-stats")
+    try:
+        assert complete(server, "llama") == expected["llama"]
+        assert complete(server, "mistral") == expected["mistral"]
+        assert states(server) == {"llama": "sleeping", "mistral": "loaded"}
+        assert complete(server, "llama") == expected["llama"]
+        assert states(server) == {"llama": "loaded", "mistral": "sleeping"}
+    finally:
+        server.stop()
+    assert server.log.count("loading llama (") == 1 and "llama woken in" in server.log
