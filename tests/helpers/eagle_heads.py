@@ -11,6 +11,20 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+PROMPT = [1, 450, 701, 112, 318, 9, 27, 88, 1000, 4, 5]
+
+
+def eagle_target(folder: Path, tokenizer):
+    """The random 6-layer Llama the EAGLE heads' tests draft for: (its folder, config, transformers' model)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from helpers.models import save_random_model
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=96, intermediate_size=128, num_hidden_layers=6,
+                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512)
+    save_random_model(config, folder, tokenizer)
+    return folder, config, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
 
 def save_eagle_head(folder: Path, target_folder: Path, seed: int, std: float = 0.2, para_norm: bool = False,
                     **config_changes) -> Path:

@@ -7,23 +7,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
-from helpers.eagle_heads import reference_first_draft, save_eagle_head
-from helpers.models import save_random_model
+from helpers.eagle_heads import PROMPT, eagle_target, reference_first_draft, save_eagle_head
 from llmctl import LLM, SamplingParams
 from llmctl.engine.errors import SpeculativeConfigError
 from llmctl.engine.front.llm_engine import LLMEngine
 
-PROMPT = [1, 450, 701, 112, 318, 9, 27, 88, 1000, 4, 5]
-
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory, tokenizer):
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=96, intermediate_size=128, num_hidden_layers=6,
-                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512)
-    folder = save_random_model(config, tmp_path_factory.mktemp("eagle") / "target", tokenizer)
-    return folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return eagle_target(tmp_path_factory.mktemp("eagle") / "target", tokenizer)
 
 
 CAPTURED = pytest.param(False, "captured", marks=[pytest.mark.gpu, pytest.mark.skipif(
@@ -36,7 +29,7 @@ CAPTURED = pytest.param(False, "captured", marks=[pytest.mark.gpu, pytest.mark.s
 def test_drafts_equal_eagle_from_its_definition_and_output_the_targets(target, tmp_path, para_norm, graphs):
     """`graphs`: the target's uniform steps through CUDA graphs' static buffers (captured and replayed on a GPU,
     run eagerly on a CPU): the head must read the hidden states of the graph just replayed."""
-    folder, reference = target
+    folder, _, reference = target
     head = save_eagle_head(tmp_path / "head", folder, seed=3, para_norm=para_norm)
     expected = reference.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False, eos_token_id=None,
                                   pad_token_id=0)[0, len(PROMPT):].tolist()
@@ -70,7 +63,7 @@ def replays_of(engine: LLMEngine) -> list[tuple[int, int]]:
 
 
 def test_a_head_for_another_model_is_refused_by_what_differs(target, tmp_path):
-    folder, _ = target
+    folder, _, _ = target
     head = save_eagle_head(tmp_path / "head", folder, seed=4, num_key_value_heads=6)
     with pytest.raises(SpeculativeConfigError, match="num_key_value_heads 6, the target 2: is it a head for this model"):
         LLM(str(folder), max_model_len=64, speculative_config={"method": "eagle", "model": str(head),

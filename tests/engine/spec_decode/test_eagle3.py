@@ -8,24 +8,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from helpers.eagle3_heads import reference_first_draft, save_eagle3_head
-from helpers.models import save_random_model
+from helpers.eagle_heads import PROMPT, eagle_target
 from llmctl import LLM, SamplingParams
 from llmctl.engine.config import EngineConfig
 from llmctl.engine.errors import EngineConfigError, SpeculativeConfigError
 from llmctl.engine.front.llm_engine import LLMEngine
 
-PROMPT = [1, 450, 701, 112, 318, 9, 27, 88, 1000, 4, 5]
-
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory, tokenizer):
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=96, intermediate_size=128, num_hidden_layers=6,
-                         num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512)
-    folder = save_random_model(config, tmp_path_factory.mktemp("eagle3") / "target", tokenizer)
-    return folder, config, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return eagle_target(tmp_path_factory.mktemp("eagle3") / "target", tokenizer)
 
 
 def spec(head, k: int = 3) -> dict:
