@@ -61,7 +61,8 @@ ENGINE_FLAGS: dict[str, Flag] = {  # EngineConfig field -> its flag, in --help o
                              "tokens; not with --pp > 1)"),
     "speculative_config": Flag(("--speculative-config",), Optional[str], "speculative decoding as vLLM's JSON, e.g. "
                                '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\' or '
-                               '\'{"model": DRAFT, "num_speculative_tokens": 3}\''),
+                               '\'{"model": DRAFT, "num_speculative_tokens": 3}\'; methods ngram, draft_model, '
+                               'eagle, eagle3 (a head as "model"), mtp (the checkpoint\'s own layer)'),
     "structured_outputs_config": Flag(("--structured-outputs-config",), Optional[str], "structured outputs as "
                                       'vLLM\'s JSON: \'{"backend": "auto"}\' (xgrammar, llguidance for what it '
                                       'refuses), "xgrammar" or "guidance"; "disable_any_whitespace": true; "enable_in_reasoning": '
