@@ -26,7 +26,6 @@ from llmctl.engine.worker.loaded_model import LoadedModel
 
 logger = logging.getLogger("llmctl.engine")
 FAMILIES = ("glm4_moe",)  # beside DeepSeek's latent-attention models
-LATER = {"qwen3_next": "Qwen3-Next's MTP layer (`mtp.*`, drafting beside a hybrid of linear and full attention) is"}
 OWN = {"enorm.weight": "enorm.weight", "hnorm.weight": "hnorm.weight", "eh_proj.weight": "eh_proj.weight",
        "shared_head.norm.weight": "shared_head_norm.weight", "shared_head.head.weight": "shared_head.weight"}
 
@@ -58,8 +57,6 @@ class MtpLayer(nn.Module):
 
 def mtp_proposer(config: EngineConfig, target: LoadedModel, generator: torch.Generator) -> HiddenStateProposer:
     spec, model = target.spec, target.model
-    if spec.model_type in LATER:
-        raise SpeculativeConfigError(f"--speculative-config method mtp: {LATER[spec.model_type]} not in llmctl yet")
     if not spec.mtp_layers or not hasattr(model, "keep_last_hidden") or \
             not (spec.attention.kind == "MLA" or spec.model_type in FAMILIES):
         raise SpeculativeConfigError(f"--speculative-config method mtp reads the multi-token-prediction layers of "
