@@ -78,9 +78,9 @@ def _load_head(name: str, config: EngineConfig, target: LoadedModel) -> EagleHea
     head_config = AutoConfig.from_pretrained(str(source.path))
     _check_shape(name, head_config, target.hf_config)
     tensors = list(iterate_tensors(source.path, target.dtype, config.allow_pickle_weights))
-    names = {SPECULATORS_NAMES.get(t.name.removeprefix("model."), t.name.removeprefix("model.")) for t in tensors}
     model: Any = target.model
-    head = EagleHead(model, head_config, model.stage_layers[-1], fc_bias="fc.bias" in names)
+    head = EagleHead(model, head_config, model.stage_layers[-1], fc_bias=any(_our_name(t.name) == "fc.bias"
+                                                                             for t in tensors))
     load_checkpoint(head, tensors, _targets(model, model.stage_layers[-1]))
     head.to(device=target.device, dtype=target.dtype)
     logger.info("EAGLE head %s: one decoder layer over the target's final hidden states%s", name,
@@ -101,8 +101,7 @@ def _check_shape(name: str, head_config: Any, target_config: Any) -> None:
 def _targets(model: Any, block_index: int) -> Any:
     """The head's names (EAGLE's, the speculators format's) → its parameters; the layer's as the target's layer."""
     def targets(name: str) -> list[Target]:
-        name = name.removeprefix("model.")
-        name = SPECULATORS_NAMES.get(name, name)
+        name = _our_name(name)
         if name in OWN:
             return [Target(name)]
         if name.startswith(("embed_tokens.", "lm_head.", "transformer.")) or "rotary_emb." in name \
@@ -113,3 +112,8 @@ def _targets(model: Any, block_index: int) -> Any:
         return [Target("block." + t.path.removeprefix(f"layers.{block_index}."), t.part, t.offset)
                 for t in model.targets(f"model.layers.{block_index}.{name.removeprefix('layers.0.')}")]
     return targets
+
+
+def _our_name(name: str) -> str:
+    name = name.removeprefix("model.")
+    return SPECULATORS_NAMES.get(name, name)
