@@ -36,11 +36,19 @@ from pathlib import Path
 from held_isa import HELD_TO, held_environment
 
 
-def rss_mib() -> float:
+def rss_mib(field: str = "VmRSS") -> float:
+    """This process's resident memory now (VmRSS) or at its peak so far (VmHWM), MiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def baseline_worker(args: argparse.Namespace) -> dict[str, float]:
+    """The interpreter baseline every torch process pays before llmctl loads anything: `import torch`."""
+    import torch  # noqa: F401
+
+    return {"peak_mib": rss_mib("VmHWM")}
 
 
 def prompt_ids(length: int) -> list[int]:
@@ -83,7 +91,8 @@ def llmctl_worker(args: argparse.Namespace) -> dict[str, float]:
     timed(1)  # warm-up
     first, full = timed(1), timed(args.decode_len + 1)
     return {"load_s": loaded, "rss_loaded_mib": rss_loaded, "prompt_tok_s": args.prompt_len / first,
-            "decode_tok_s": args.decode_len / (full - first), "rss_after_mib": rss_mib()}
+            "decode_tok_s": args.decode_len / (full - first), "rss_after_mib": rss_mib(),
+            "peak_mib": rss_mib("VmHWM")}
 
 
 def llama_cpp_worker(args: argparse.Namespace) -> dict[str, float]:
@@ -106,7 +115,8 @@ def llama_cpp_worker(args: argparse.Namespace) -> dict[str, float]:
     timed(1)
     first, full = timed(1), timed(args.decode_len + 1)
     return {"load_s": loaded, "rss_loaded_mib": rss_loaded, "prompt_tok_s": args.prompt_len / first,
-            "decode_tok_s": args.decode_len / (full - first), "rss_after_mib": rss_mib()}
+            "decode_tok_s": args.decode_len / (full - first), "rss_after_mib": rss_mib(),
+            "peak_mib": rss_mib("VmHWM")}
 
 
 def run_worker(engine: str, args: argparse.Namespace, kv_cache_dtype: str = "auto") -> dict[str, float]:
@@ -143,6 +153,28 @@ def single_stream(args: argparse.Namespace) -> None:
             ratio = statistics.median(a / b for a, b in zip(ours, theirs))
             row += f"{statistics.median(ours):20.1f}{ratio:8.2f}"
         print(f"{label:24}{row}{statistics.median(theirs):12.1f}")
+
+
+def memory(args: argparse.Namespace) -> None:
+    """Peak RSS (VmHWM) of a load, a prompt and a decode in fresh processes: llmctl's beyond what `import torch`
+    alone holds (measured in the same run), against llama.cpp's whole process (llama-cpp-python's interpreter
+    included); both KV pools hold the same tokens."""
+    kinds = args.llmctl_kv_cache_dtype.split(",")
+    rows: dict[str, list[float]] = {name: [] for name in ["baseline", *kinds, "llama.cpp"]}
+    for _ in range(args.runs):
+        rows["baseline"].append(run_worker("baseline", args)["peak_mib"])
+        for kind in kinds:
+            rows[kind].append(run_worker("llmctl", args, kind)["peak_mib"])
+        rows["llama.cpp"].append(run_worker("llama.cpp", args)["peak_mib"])
+    baseline, theirs = statistics.median(rows["baseline"]), statistics.median(rows["llama.cpp"])
+    print(f"{Path(args.gguf).name}, {args.threads} threads, peak RSS MiB, median of {args.runs} fresh processes "
+          f"(prompt {args.prompt_len} + decode {args.decode_len}; instructions {args.isa})")
+    print(f"  import torch alone (baseline)   {baseline:8.1f}")
+    for kind in kinds:
+        ours = statistics.median(rows[kind])
+        print(f"  llmctl, KV {kind:8}             {ours:8.1f}  beyond the baseline {ours - baseline:7.1f}  "
+              f"= {(ours - baseline) / theirs:.2f}x llama.cpp's")
+    print(f"  llama.cpp (whole process)       {theirs:8.1f}")
 
 
 def wait_for(url: str, process: subprocess.Popen, timeout: float = 300) -> None:
@@ -239,15 +271,20 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true", help="also the 16-stream serving comparison")
     parser.add_argument("--isa", choices=("native", *HELD_TO), default="native",
                         help="hold llmctl to an older CPU's instructions (see above)")
-    parser.add_argument("--worker", choices=["llmctl", "llama.cpp"], help=argparse.SUPPRESS)
+    parser.add_argument("--memory", action="store_true",
+                        help="peak resident memory only: llmctl's beyond a torch-import baseline against llama.cpp's")
+    parser.add_argument("--worker", choices=["llmctl", "llama.cpp", "baseline"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.gguf is None:
         from llmctl.checkpoint.gguf_convert import bundled_default_gguf
 
         args.gguf = str(bundled_default_gguf())
     if args.worker:
-        worker = llmctl_worker if args.worker == "llmctl" else llama_cpp_worker
+        worker = {"llmctl": llmctl_worker, "llama.cpp": llama_cpp_worker, "baseline": baseline_worker}[args.worker]
         print(json.dumps(worker(args)))
+        return
+    if args.memory:
+        memory(args)
         return
     single_stream(args)
     if args.serve:

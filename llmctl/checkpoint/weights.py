@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from llmctl.checkpoint.safetensors_read import stored_tensors
 from llmctl.errors import CorruptModelError
 
 
@@ -95,9 +96,15 @@ def iterate_tensors(folder: Path, dtype: torch.dtype, allow_pickle: bool = False
 
 
 def _safetensors_tensors(files: list[Path], dtype: torch.dtype) -> Iterator[CheckpointTensor]:
+    """Read with pread (llmctl.checkpoint.safetensors_read: no memory map resident while loading); a file with a
+    dtype that reader does not know, through the safetensors library."""
     from safetensors import SafetensorError, safe_open
 
     for path in files:
+        stored = stored_tensors(path)
+        if stored is not None:
+            yield from (CheckpointTensor(name, tensor.shape, tensor, dtype) for name, tensor in stored.items())
+            continue
         try:
             with safe_open(str(path), framework="pt") as handle:
                 for name in handle.keys():

@@ -37,7 +37,7 @@ from llmctl.engine.models.registry import create_model, is_supported, layer_form
 from llmctl.engine.multimodal.processor import serves_images
 from llmctl.engine.pooling.config import PoolerConfig, generative_spec, resolve_pooler, with_token_ids
 from llmctl.engine.pooling.pooler import adapt_for_pooling
-from llmctl.engine.worker.heap import keep_freed_memory_in_heap, release_loading_garbage
+from llmctl.engine.worker.heap import hand_freed_memory_back, keep_freed_memory_in_heap, release_loading_garbage
 from llmctl.engine.worker.kv_cache import kv_cache_dtype, set_up_kv_cache
 from llmctl.engine.worker.kv_offload import host_kv_pool
 from llmctl.engine.worker.load_flags import (
@@ -76,7 +76,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
     check_recurrent_flags(config, spec)
     shard, rank = placement.shard(spec), placement.rank
     if device.type == "cpu":
-        keep_freed_memory_in_heap()
+        hand_freed_memory_back()  # until loading ends (llmctl.engine.worker.heap)
     bind_device(device)
     dtype = _dtype(config.dtype, device, spec, pooler)
     choice, backend = _attention_backend(config, spec, device, dtype)  # refuses what this GPU cannot run first
@@ -115,6 +115,7 @@ def load_model(config: EngineConfig, placement: Placement | None = None) -> Load
         loaded.host_kv = host_kv_pool(config.kv_offloading_size, spec, kv.caches, config.block_size, device)
     if device.type == "cpu":
         release_loading_garbage()
+        keep_freed_memory_in_heap()
     if rank.rank == 0:
         _log_startup(loaded, time.perf_counter() - started)
     return loaded
