@@ -17,6 +17,10 @@ Serving (`--serve`): 16 concurrent streaming completions (the `openai` client, 6
     pip install 'llama-cpp-python[server]'   # builds llama.cpp from source for this CPU (minutes)
     python benchmarks/llama_cpp_vs_llmctl.py [GGUF] [--threads 2] [--runs 3] [--serve] [--llama-cpp-python PY]
 
+`--memory` measures peak resident memory only (VmHWM over a load, the prompt and the decode, fresh processes):
+llmctl's beyond what a process that has only imported torch holds, measured in the same run, against llama.cpp's
+whole process.
+
 `--isa avx2` holds llmctl to AVX2 on a newer CPU (benchmarks/held_isa.py); give it a llama-cpp-python built
 for AVX2 only (CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF …")
 so that both stand in for an AVX2 laptop.

@@ -68,7 +68,7 @@ class StoredTensor:
 
 
 def _read_exactly(path: Path, into: torch.Tensor, offset: int) -> None:
-    view, done = memoryview(into.numpy()), 0
+    view, done = into.numpy().data, 0  # a memoryview of the tensor's own bytes
     with open(path, "rb", buffering=0) as handle:
         while done < len(view):
             got = os.preadv(handle.fileno(), [view[done:]], offset + done)
