@@ -11,6 +11,7 @@ first bundle, the driver's, is pinned to the driver's node. `ray.init()` joins t
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,9 @@ PLACEMENT_TIMEOUT = 60.0  # seconds to wait for the cluster to hold every bundle
 
 
 def import_ray() -> Any:
+    # Ray's C++ crash handler also takes SIGTERM in the driver: it calls the server's graceful-stop handler,
+    # then aborts the process on the way out (exit -6 instead of 0). Read by Ray when it is first imported.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
         import ray
     except ImportError:
