@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from helpers.gguf_models import coded_weight, gguf_tensor, reference
-from llmctl.engine.layers.coded_linear import CodedWeight, coded_from
+from llmctl.engine.layers.coded_linear import DECODE_ROWS, CodedWeight, coded_from
 from llmctl.kernels import cpu
 
 ISAS = cpu.int4_isas() if cpu.unavailable_reason() is None else []
@@ -122,6 +122,22 @@ def test_gguf_weights_decode_with_int8_activations_and_others_with_floats():
     q6 = coded_from({"codes": q6.codes, "scales": q6.scales, "offsets": q6.offsets})
     assert q6.group_size == 16 and q6.int8_kernel
     check_against_reference(q6.matmul(x), x, reference(six, "Q6_K").view(16, 256))
+
+
+@needs_kernels
+def test_prompts_through_wide_4_bit_weights_multiply_int8_activations():
+    """From DECODE_ROWS rows a weight is normally decoded once for a float GEMM; 4-bit GGUF codes from 2048 inputs
+    (every width with VNNI) stay in integers, as llama.cpp multiplies prompts: the product of the Q8_0-rounded
+    activations, which a float GEMM of x itself misses by far more than the bound. Each block of x holds 127/16
+    (d = 1/16 exactly) and otherwise (n + 1/4)/16: every x / d is a quarter off an integer, far from a tie."""
+    raw = gguf_tensor("Q4_K", 8, 2048, seed=9)
+    parts = coded_weight(raw, "Q4_K", 8, 2048)
+    weight = coded_from({"codes": parts.codes, "scales": parts.scales, "offsets": parts.offsets})
+    steps = torch.randint(-126, 126, (2 * DECODE_ROWS, 2048), generator=torch.Generator().manual_seed(4)) + 0.25
+    steps[:, ::32] = 127
+    x = steps / 16
+    assert weight.integer_prompts
+    check_against_reference(weight.matmul(x), x, reference(raw, "Q4_K").view(8, 2048))
 
 
 @needs_kernels

@@ -3,7 +3,8 @@
 A `CodedWeight` is w[n, k] = code · scale[n, g] + offset[n, g] per group g along k: 4-bit codes packed
 two to a byte in GGUF's Q4 order (the C++ `int4_linear`), or signed bytes (`int8_linear`). For few
 input rows (decoding) the kernels decode the codes as they multiply; for many (prompts) the weight is
-decoded once into float32 for one float GEMM, which is faster there (benchmarks/cpu_int4.py).
+decoded once into float32 for one float GEMM, which is faster there (benchmarks/cpu_int4.py) — except for
+4-bit GGUF codes with int8 activations where the int8 dot products win at every size (`integer_prompts`).
 GGUF weights multiply int8 activations when decoding (`int8_activations`, the C++ `q8_linear`): x is
 rounded to llama.cpp's Q8_0 blocks and the dot products are integer, as llama.cpp and vLLM's GGUF kernels
 do; GPTQ/AWQ weights multiply float activations, as vLLM's kernels for them do. A compressed-tensors W8A8
@@ -18,6 +19,7 @@ the common one, which is exact: 4-bit codes fit a byte and a group splits into s
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -30,6 +32,7 @@ from llmctl.errors import SettingError
 from llmctl.kernels import cpu as cpu_kernels
 
 DECODE_ROWS = 128  # input rows from which the weight is decoded once, then one float GEMM
+INTEGER_PROMPT_MIN_IN_FEATURES = 2048  # without VNNI, q8_linear beats decode + float GEMM from here (see below)
 GGUF_ACTIVATIONS_ENV = "LLMCTL_GGUF_ACTIVATIONS"
 CODED_KINDS = ("codes", "scales", "offsets")
 
@@ -86,12 +89,25 @@ class CodedWeight:
         return self.per_token_activations and self.group_size == 32
 
     @property
+    def integer_prompts(self) -> bool:
+        """Whether prompts too go through q8_linear rather than a decoded float copy: W8A8 checkpoints (their
+        scheme), and 4-bit GGUF codes with int8 activations on AVX-512 VNNI, or without it from 2048 inputs.
+        q8 / float time on 2 Zen 4 cores, 128 and 512 rows (benchmarks/q8_prompt_rows.py): with VNNI 0.33–0.89
+        on every shape from 576 to 8192 inputs; held to AVX2 0.47–0.98 from 2048 inputs, 1.2–1.6 at 576 (the
+        default model's). 8-bit codes (Q6_K, Q8_0) stay on the float GEMM for prompts (q8 took 0.6–1.7× its
+        time). No float copy also means no transient weight-sized buffers while a prompt runs."""
+        if self.per_token_kernel:
+            return True
+        return self.int8_kernel and self.bits == 4 and (self.in_features >= INTEGER_PROMPT_MIN_IN_FEATURES or
+                                                        _q8_vnni())
+
+    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.offsets))
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x Wᵀ + b for float32 x [M, K]."""
-        if x.shape[0] >= DECODE_ROWS and not self.per_token_kernel:  # W8A8: in integers at every size
+        if x.shape[0] >= DECODE_ROWS and not self.integer_prompts:
             return F.linear(x, self.dequantize(), bias)
         if self.int8_kernel or self.per_token_kernel:
             return cpu_kernels.q8_linear(x, self.codes, self.scales, self.offsets, bias,
@@ -133,6 +149,11 @@ class CodedWeight:
         joined.int8_activations = all(p.int8_activations for p in same)
         joined.offsets_used = any(p.offsets_used for p in same)
         return joined
+
+
+@functools.cache
+def _q8_vnni() -> bool:
+    return cpu_kernels.q8_vnni()
 
 
 def gguf_int8_activations() -> bool:
