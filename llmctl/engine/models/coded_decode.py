@@ -152,7 +152,7 @@ def step_attention(ctx: StepContext, rotary: RotaryEmbedding, dtype: torch.dtype
     step has tokens outside the paged kernel (prompts through torch) or a cache the op does not read."""
     backend = ctx.backend
     if not isinstance(backend, CPUAttention) or backend.paged is None or backend.paged_rows is not None \
-            or ctx.positions.shape[-1] >= DECODE_ROWS:  # [T], or M-RoPE's [3, T]  # from 128 rows the Python layers decode weights once
+            or ctx.positions.shape[-1] >= DECODE_ROWS:  # [T], or M-RoPE's [3, T]; from 128 rows: the Python layers (CodedWeight.matmul picks)
         return None
     cos, sin = rotary.cos_sin(ctx.positions, dtype, ctx.lengths)
     tables, lens, starts = backend.paged
