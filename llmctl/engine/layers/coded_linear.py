@@ -31,7 +31,7 @@ from llmctl.engine.layers.activation_quant import activation_args, int8_per_toke
 from llmctl.errors import SettingError
 from llmctl.kernels import cpu as cpu_kernels
 
-DECODE_ROWS = 128  # input rows from which the weight is decoded once, then one float GEMM
+DECODE_ROWS = 128  # input rows from which the weight is decoded once for one float GEMM (unless integer_prompts)
 INTEGER_PROMPT_MIN_IN_FEATURES = 2048  # without VNNI, q8_linear beats decode + float GEMM from here (see below)
 GGUF_ACTIVATIONS_ENV = "LLMCTL_GGUF_ACTIVATIONS"
 CODED_KINDS = ("codes", "scales", "offsets")
